@@ -1,0 +1,298 @@
+//! Benchmarks of issue 2, printed as figures (run: `cargo bench --bench engine`;
+//! one scenario: `cargo bench --bench engine -- limit`).
+//!
+//! Every figure is measured in this run on this machine; targets are checked
+//! as ratios against the limit the mock enforces, not against wall clocks of
+//! other runs.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use docket::mock::{MockConfig, MockServer};
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_docket");
+
+struct Figures {
+    wall_s: f64,
+    /// From session start (after planning) to completion, per the ledger.
+    dispatch_s: f64,
+    ok: u64,
+    accepted_rate: f64,
+    rate_limited: u64,
+    requests: u64,
+    errors: u64,
+    hangs: u64,
+    ambiguous: u64,
+}
+
+async fn scenario(
+    cfg: MockConfig,
+    client_rpm: u64,
+    n: usize,
+    timeout_secs: f64,
+    concurrency: u64,
+) -> Figures {
+    let m = MockServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock");
+    let mut job = Job::new(&m.base_url());
+    job.rpm = client_rpm;
+    job.concurrency = concurrency;
+    job.timeout_secs = timeout_secs;
+    let ws = workspace(&job);
+    import_demo_items(&ws, n);
+    let started = Instant::now();
+    let (report, _lines) = run(options(&ws)).await;
+    let wall_s = started.elapsed().as_secs_f64();
+    let s = report.session.expect("session");
+    let stats = m.stats();
+    let oks: Vec<u64> = m
+        .log()
+        .iter()
+        .filter(|e| e.status == 200)
+        .map(|e| e.at_ms)
+        .collect();
+    let span = (oks.iter().max().unwrap_or(&0) - oks.iter().min().unwrap_or(&0)) as f64 / 1000.0;
+    let accepted_rate = if span > 0.0 {
+        (oks.len() as f64 - 1.0) / span
+    } else {
+        0.0
+    };
+    check_complete(&ws.conn(), &s.session_id);
+    m.shutdown().await;
+    Figures {
+        wall_s,
+        dispatch_s: s.completed_at.unwrap_or(f64::NAN) - s.started_at,
+        ok: stats.ok,
+        accepted_rate,
+        rate_limited: stats.rate_limited,
+        requests: stats.requests,
+        errors: s.error_count,
+        hangs: stats.hangs,
+        ambiguous: s.ambiguous_count,
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "PASS" } else { "FAIL" }
+}
+
+fn latency_limited() -> MockConfig {
+    MockConfig {
+        latency_median_ms: 300.0,
+        latency_p99_ms: 1200.0,
+        rpm_limit: 6000,
+        ..Default::default()
+    }
+}
+
+async fn limits() {
+    let limit_rps = 6000.0 / 60.0;
+    let a = scenario(latency_limited(), 6000, 3000, 10.0, 256).await;
+    println!(
+        "A  client 6000/min vs server 6000/min, 3000 req, 300 ms median: accepted {:.1} req/s = {:.1}% of the limit; \
+         429s {}; failed items {}; wall {:.1} s  [{}: >= 98%, 0 429s, 0 failed]",
+        a.accepted_rate,
+        a.accepted_rate * 100.0 / limit_rps,
+        a.rate_limited,
+        a.errors,
+        a.wall_s,
+        verdict(a.accepted_rate >= 0.98 * limit_rps && a.rate_limited == 0 && a.errors == 0)
+    );
+    let b = scenario(latency_limited(), 12_000, 3000, 10.0, 256).await;
+    let share = b.rate_limited as f64 * 100.0 / b.requests as f64;
+    println!(
+        "B  client 12000/min vs server 6000/min: accepted {:.1} req/s = {:.1}% of the server's limit; 429s {} = {:.2}% of {} requests; \
+         failed items {}; wall {:.1} s  [{}: >= 90%, < 2%, 0 failed]",
+        b.accepted_rate,
+        b.accepted_rate * 100.0 / limit_rps,
+        b.rate_limited,
+        share,
+        b.requests,
+        b.errors,
+        b.wall_s,
+        verdict(b.accepted_rate >= 0.90 * limit_rps && share < 2.0 && b.errors == 0)
+    );
+    let c = scenario(
+        MockConfig {
+            fail_500: 0.05,
+            hang: 0.005,
+            ..latency_limited()
+        },
+        6000,
+        3000,
+        5.0,
+        256,
+    )
+    .await;
+    println!(
+        "C  as A with 5% 500s and 0.5% hangs (timeout 5 s): failed items {}; hangs {} (ambiguous {}); wall {:.1} s = {:.2}x A's wall \
+         [{}: 0 failed, hangs cut by the timeout]",
+        c.errors,
+        c.hangs,
+        c.ambiguous,
+        c.wall_s,
+        c.wall_s / a.wall_s,
+        verdict(c.errors == 0 && c.wall_s / a.wall_s < 1.3)
+    );
+}
+
+async fn raw_speed() {
+    let n = 30_000;
+    let d = scenario(MockConfig::default(), 0, n, 10.0, 64).await;
+    let rate = d.ok as f64 / d.dispatch_s;
+    println!(
+        "D  no latency, no limit, {n} items, mock in the same process: {:.0} requests/s from session start to completion \
+         (every attempt and result committed to the ledger); {:.0}/s counting planning (rendering + tokenizing every prompt) \
+         [{}: >= 5000/s]",
+        rate,
+        d.ok as f64 / d.wall_s,
+        verdict(rate >= 5000.0)
+    );
+}
+
+fn import_and_memory() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    // 1,000,000 items for the import figure.
+    let big = dir.path().join("big.jsonl");
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+        for i in 0..1_000_000u32 {
+            writeln!(f, "{{\"id\":\"item-{i:07}\",\"artist\":\"Artist {}\",\"title\":\"Title {}\",\"chart\":\"UK Singles\",\"position\":{}}}", i % 977, i % 10_007, i % 100 + 1).unwrap();
+        }
+    }
+    let ws1 = dir.path().join("ws1");
+    docket::workspace::init(&ws1, false).unwrap();
+    let t = Instant::now();
+    let out = Command::new(BIN)
+        .env("HOME", &home)
+        .arg("--workspace")
+        .arg(&ws1)
+        .arg("import")
+        .arg(&big)
+        .output()
+        .unwrap();
+    let import_s = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "E1 docket import of 1,000,000 JSONL items: {import_s:.2} s  [{}: < 10 s]",
+        verdict(import_s < 10.0)
+    );
+
+    // A 100,000-item run against a separate mock process; the engine's peak RSS.
+    let port = free_port();
+    let mut mock = Command::new(BIN)
+        .env("HOME", &home)
+        .args([
+            "mock-provider",
+            "--port",
+            &port.to_string(),
+            "--log-capacity",
+            "1000",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let ws2 = dir.path().join("ws2");
+    docket::workspace::init(&ws2, false).unwrap();
+    let toml = std::fs::read_to_string(ws2.join("docket.toml")).unwrap();
+    let toml = toml
+        .replace(
+            "kind = \"mock\"",
+            &format!("kind = \"openai_compatible\"\nbase_url = \"http://127.0.0.1:{port}/v1\""),
+        )
+        .replace("requests_per_minute = 1200", "requests_per_minute = 0")
+        .replace("max_concurrency = 16", "max_concurrency = 64");
+    let toml = toml
+        .split("[providers.main.mock]")
+        .next()
+        .unwrap()
+        .to_string()
+        + "\n[[stages]]"
+        + toml.split("[[stages]]").nth(1).unwrap();
+    std::fs::write(ws2.join("docket.toml"), toml).unwrap();
+    let items = dir.path().join("items100k.jsonl");
+    docket::demo::write_chart_items(
+        &mut std::io::BufWriter::new(std::fs::File::create(&items).unwrap()),
+        100_000,
+        5,
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .env("HOME", &home)
+        .arg("--workspace")
+        .arg(&ws2)
+        .arg("import")
+        .arg(&items)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let t = Instant::now();
+    let out = Command::new(BIN)
+        .env("HOME", &home)
+        .env("DOCKET_REPORT_PEAK_RSS", "1")
+        .arg("--workspace")
+        .arg(&ws2)
+        .args(["run", "--yes", "--headless"])
+        .output()
+        .unwrap();
+    let run_s = t.elapsed().as_secs_f64();
+    let _ = mock.kill();
+    let _ = mock.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let kb: f64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("peak_rss_kb="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN);
+    let mb = kb / 1024.0;
+    println!(
+        "E2 peak memory of a 100,000-item run (mock in another process): {mb:.1} MB over {run_s:.1} s, exit {:?}  [{}: < 150 MB]",
+        out.status.code(),
+        verdict(mb < 150.0 && out.status.success())
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("docket benchmarks (release build, 2-core machine)");
+    if want("limits") {
+        rt.block_on(limits());
+    }
+    if want("speed") {
+        rt.block_on(raw_speed());
+    }
+    if want("import-memory") {
+        import_and_memory();
+    }
+}

@@ -1,0 +1,177 @@
+//! The command line (clap). Thin: every command calls into the library.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "docket",
+    version,
+    about = "A terminal operations console for batch LLM adjudication"
+)]
+pub struct Cli {
+    /// The workspace folder (docket.toml + docket.sqlite). Default: the current folder.
+    #[arg(long, global = true, env = "DOCKET_WORKSPACE", value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Demo workspace + built-in mock provider + a live run. No key, no network.
+    Demo(DemoArgs),
+    /// Write a working workspace (docket.toml, prompt, schema, sample items).
+    Init {
+        /// Folder to create it in (default: the workspace, else the current folder).
+        dir: Option<PathBuf>,
+        /// Overwrite the scaffold files if a docket.toml is already there.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Load JSONL or CSV items as undecided (indeterminate) decisions.
+    ///
+    /// Idempotent by item id: an id already in the ledger is left as it is.
+    /// Bad rows are reported as FILE:LINE: reason and skipped; the good rows
+    /// are imported, and the exit code is 2 when any row was bad. With
+    /// --strict nothing is imported when any row is bad.
+    Import {
+        file: PathBuf,
+        /// The field (JSONL) or column (CSV) holding the item id.
+        #[arg(long, default_value = "id")]
+        id_field: String,
+        /// Import nothing if any row is bad.
+        #[arg(long)]
+        strict: bool,
+        /// Force the format instead of guessing from the extension.
+        #[arg(long, value_enum)]
+        format: Option<ImportFormatArg>,
+    },
+    /// Adjudicate every indeterminate item: render, send, gate, route, record.
+    #[command(visible_alias = "run")]
+    BatchAdjudicate(RunArgs),
+    /// A session's results.
+    #[command(visible_alias = "results")]
+    BatchResults {
+        session: String,
+        #[arg(long, value_enum, default_value_t = FormatArg::Table)]
+        format: FormatArg,
+    },
+    /// List sessions with state and counters.
+    Sessions {
+        #[arg(long, value_enum, default_value_t = FormatArg::Table)]
+        format: FormatArg,
+    },
+    /// Export decisions, results or requests as CSV or JSONL (snake_case columns).
+    Export {
+        /// Only this session (results and requests).
+        #[arg(long)]
+        session: Option<String>,
+        #[arg(long, value_enum, default_value_t = ExportWhat::Results)]
+        what: ExportWhat,
+        #[arg(long, value_enum, default_value_t = ExportFormat::Csv)]
+        format: ExportFormat,
+        /// Write here instead of standard output.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Ask a running session to pause (in-flight requests finish).
+    Pause { session: String },
+    /// Ask a paused session to continue.
+    Resume { session: String },
+    /// Ask a running session to stop; it stays resumable.
+    Cancel { session: String },
+    /// Serve the built-in mock provider on 127.0.0.1 (OpenAI wire format).
+    MockProvider {
+        #[arg(long, default_value_t = 8089)]
+        port: u16,
+        #[command(flatten)]
+        config: docket::mock::MockConfig,
+    },
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// Process at most N items.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// A floor on auto-accept: an answer is accepted only when its confidence
+    /// is at least max(auto-accept threshold, this). Review and reject are
+    /// unchanged.
+    #[arg(long, value_name = "FLOAT")]
+    pub min_confidence: Option<f64>,
+    /// Max requests per minute (overrides the provider's requests_per_minute).
+    #[arg(long, value_name = "N")]
+    pub rate_limit: Option<u64>,
+    /// Show what would be done (counts, estimate, first prompt); send nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Resume a session (within 7 days of its start).
+    #[arg(long, value_name = "SESSION_ID")]
+    pub resume: Option<String>,
+    /// Run even when job.enabled = false.
+    #[arg(long)]
+    pub force: bool,
+    /// Skip items that already have a pending review item.
+    #[arg(long)]
+    pub skip_reviewed: bool,
+    /// Auto-accept at or above this confidence (default: routing.auto_accept_threshold).
+    #[arg(long, value_name = "FLOAT")]
+    pub auto_accept_threshold: Option<f64>,
+    /// Review at or above this confidence, reject below (default: routing.review_threshold).
+    #[arg(long, value_name = "FLOAT")]
+    pub review_threshold: Option<f64>,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Line output instead of the console.
+    #[arg(long)]
+    pub headless: bool,
+    /// A hard budget in USD: dispatch pauses (resumable) before the spend could pass it.
+    #[arg(long, value_name = "USD")]
+    pub max_cost: Option<f64>,
+    /// Seconds in-flight requests may take to finish after Ctrl-C.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    pub grace: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Line output (the console arrives with the console issue).
+    #[arg(long)]
+    pub headless: bool,
+    /// How many demo items.
+    #[arg(long, default_value_t = 500)]
+    pub items: usize,
+    /// Keep the previous demo ledger instead of starting fresh.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FormatArg {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExportFormat {
+    Csv,
+    Jsonl,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExportWhat {
+    Decisions,
+    Results,
+    Requests,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ImportFormatArg {
+    Jsonl,
+    Csv,
+}

@@ -1,0 +1,663 @@
+//! `docket.toml`: the job a workspace runs.
+//!
+//! Parsing is strict: unknown keys, wrong types and out-of-range values are
+//! errors naming the file, line and key. Nothing here reads an API key: a
+//! provider names the environment variable that holds it (`api_key_env`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+use crate::mock::MockConfig;
+
+/// The job file name inside a workspace.
+pub const CONFIG_FILE: &str = "docket.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{path}:{line}: {message} (at `{text}`)")]
+    ParseAt {
+        path: String,
+        line: usize,
+        message: String,
+        text: String,
+    },
+    #[error("{path}:{line}: {key}: {message}")]
+    Invalid {
+        path: String,
+        line: usize,
+        key: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub job: JobConfig,
+    pub providers: BTreeMap<String, ProviderConfig>,
+    #[serde(rename = "stages")]
+    pub stages: Vec<StageConfig>,
+    #[serde(default)]
+    pub routing: RoutingConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    #[serde(default = "default_job_name")]
+    pub name: String,
+    /// `false` stops `batch-adjudicate` unless `--force` is given.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Which item field names the item in a prompt or a report (informational).
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        Self {
+            name: default_job_name(),
+            enabled: true,
+            description: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI's Chat Completions API (api.openai.com or any base URL).
+    Openai,
+    /// Any server speaking OpenAI's Chat Completions wire format.
+    OpenaiCompatible,
+    /// The built-in mock, started in-process on a free loopback port and
+    /// spoken to over real HTTP in OpenAI's wire format.
+    Mock,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    pub model: String,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The *name* of the environment variable holding the key, never the key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Client-side requests per minute; 0 means no client-side limit.
+    #[serde(default = "default_rpm")]
+    pub requests_per_minute: Spanned<u64>,
+    /// Client-side tokens per minute; 0 means no client-side limit.
+    #[serde(default = "default_tpm")]
+    pub tokens_per_minute: Spanned<u64>,
+    #[serde(default = "default_concurrency")]
+    pub max_concurrency: Spanned<u64>,
+    #[serde(default = "default_timeout")]
+    pub request_timeout_secs: Spanned<f64>,
+    /// Transport attempts per request (network errors, 5xx, timeouts).
+    #[serde(default = "default_transport_attempts")]
+    pub max_transport_attempts: Spanned<u64>,
+    /// Settings of the in-process mock when `kind = "mock"`.
+    #[serde(default)]
+    pub mock: Option<MockConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageConfig {
+    pub name: String,
+    pub provider: String,
+    /// Template file, relative to the workspace.
+    pub template: PathBuf,
+    /// Optional system prompt file, relative to the workspace.
+    #[serde(default)]
+    pub system_prompt: Option<PathBuf>,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: Spanned<u64>,
+    /// What a typical answer costs in output tokens, for the estimate.
+    #[serde(default = "default_expected_output")]
+    pub expected_output_tokens: Spanned<u64>,
+    #[serde(default)]
+    pub temperature: Option<Spanned<f64>>,
+    /// Sends allowed when answers fail the gate (parse errors, truncation).
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: Spanned<u64>,
+    pub gate: GateConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum GateConfig {
+    /// The answer must be a JSON object valid against the schema; the schema is
+    /// also sent to the provider as its structured-output format.
+    JsonSchema {
+        schema: PathBuf,
+        #[serde(default = "default_confidence_field")]
+        confidence_field: String,
+        #[serde(default = "default_rationale_field")]
+        rationale_field: String,
+    },
+    /// The answer must match the pattern; named captures become the answer's
+    /// fields, and the `confidence` capture is required.
+    Regex {
+        pattern: String,
+        #[serde(default = "default_confidence_field")]
+        confidence_field: String,
+        #[serde(default = "default_rationale_field")]
+        rationale_field: String,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingConfig {
+    #[serde(default = "default_auto_accept")]
+    pub auto_accept_threshold: Spanned<f64>,
+    #[serde(default = "default_review")]
+    pub review_threshold: Spanned<f64>,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            auto_accept_threshold: default_auto_accept(),
+            review_threshold: default_review(),
+        }
+    }
+}
+
+fn default_job_name() -> String {
+    "docket-job".into()
+}
+fn yes() -> bool {
+    true
+}
+fn unspanned<T>(v: T) -> Spanned<T> {
+    Spanned::new(0..0, v)
+}
+fn default_rpm() -> Spanned<u64> {
+    unspanned(500)
+}
+fn default_tpm() -> Spanned<u64> {
+    unspanned(200_000)
+}
+fn default_concurrency() -> Spanned<u64> {
+    unspanned(16)
+}
+fn default_timeout() -> Spanned<f64> {
+    unspanned(120.0)
+}
+fn default_transport_attempts() -> Spanned<u64> {
+    unspanned(5)
+}
+fn default_max_tokens() -> Spanned<u64> {
+    unspanned(512)
+}
+fn default_expected_output() -> Spanned<u64> {
+    unspanned(120)
+}
+fn default_max_attempts() -> Spanned<u64> {
+    unspanned(3)
+}
+fn default_confidence_field() -> String {
+    "confidence".into()
+}
+fn default_rationale_field() -> String {
+    "rationale".into()
+}
+fn default_auto_accept() -> Spanned<f64> {
+    unspanned(0.85)
+}
+fn default_review() -> Spanned<f64> {
+    unspanned(0.60)
+}
+
+/// A parsed, validated config with the file it came from.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub path: PathBuf,
+    pub root: PathBuf,
+    pub config: Config,
+    source: String,
+}
+
+impl LoadedConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let source = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(path, source)
+    }
+
+    pub fn parse(path: &Path, source: String) -> Result<Self, ConfigError> {
+        let config: Config =
+            toml::from_str(&source).map_err(|e| describe_toml_error(path, &source, &e))?;
+        let root = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let loaded = Self {
+            path: path.to_path_buf(),
+            root,
+            config,
+            source,
+        };
+        loaded.validate()?;
+        Ok(loaded)
+    }
+
+    /// Resolve a path from the config relative to the workspace.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.root.join(p)
+        }
+    }
+
+    pub fn provider_for(&self, stage: &StageConfig) -> &ProviderConfig {
+        // validate() guarantees the name exists.
+        &self.config.providers[&stage.provider]
+    }
+
+    /// The line (1-based) of a span, or of a key found by text when the value
+    /// took its default and has no span.
+    pub fn line_of<T>(&self, value: &Spanned<T>, key: &str) -> usize {
+        let span = value.span();
+        if span.end > 0 {
+            return line_at(&self.source, span.start);
+        }
+        let leaf = key.rsplit('.').next().unwrap_or(key);
+        self.source
+            .lines()
+            .position(|l| l.trim_start().starts_with(leaf))
+            .map(|i| i + 1)
+            .unwrap_or(0)
+    }
+
+    pub fn invalid<T>(
+        &self,
+        value: &Spanned<T>,
+        key: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.display().to_string(),
+            line: self.line_of(value, key),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn invalid_at_text(&self, needle: &str, key: &str, message: impl Into<String>) -> ConfigError {
+        let line = self
+            .source
+            .lines()
+            .position(|l| l.contains(needle))
+            .map(|i| i + 1)
+            .unwrap_or(0);
+        ConfigError::Invalid {
+            path: self.path.display().to_string(),
+            line,
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.config;
+        if c.providers.is_empty() {
+            return Err(self.invalid_at_text(
+                "[providers",
+                "providers",
+                "at least one provider is required",
+            ));
+        }
+        for (name, p) in &c.providers {
+            let key = |k: &str| format!("providers.{name}.{k}");
+            if p.model.trim().is_empty() {
+                return Err(self.invalid_at_text("model", &key("model"), "must not be empty"));
+            }
+            range_u64(self, &p.max_concurrency, &key("max_concurrency"), 1, 10_000)?;
+            range_u64(
+                self,
+                &p.requests_per_minute,
+                &key("requests_per_minute"),
+                0,
+                100_000_000,
+            )?;
+            range_u64(
+                self,
+                &p.tokens_per_minute,
+                &key("tokens_per_minute"),
+                0,
+                10_000_000_000,
+            )?;
+            range_u64(
+                self,
+                &p.max_transport_attempts,
+                &key("max_transport_attempts"),
+                1,
+                100,
+            )?;
+            let t = *p.request_timeout_secs.get_ref();
+            if !(0.05..=3600.0).contains(&t) {
+                return Err(self.invalid(
+                    &p.request_timeout_secs,
+                    &key("request_timeout_secs"),
+                    format!("{t} is out of range (0.05 to 3600 seconds)"),
+                ));
+            }
+            if matches!(
+                p.kind,
+                ProviderKind::Openai | ProviderKind::OpenaiCompatible
+            ) {
+                if p.kind == ProviderKind::OpenaiCompatible && p.base_url.is_none() {
+                    return Err(self.invalid_at_text(
+                        &format!("[providers.{name}"),
+                        &key("base_url"),
+                        "is required for kind = \"openai_compatible\"",
+                    ));
+                }
+                if let Some(url) = &p.base_url
+                    && !(url.starts_with("http://") || url.starts_with("https://"))
+                {
+                    return Err(self.invalid_at_text(
+                        "base_url",
+                        &key("base_url"),
+                        format!("\"{url}\" is not an http:// or https:// URL"),
+                    ));
+                }
+            }
+            if let Some(env) = &p.api_key_env
+                && (env.is_empty()
+                    || env.contains(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_')))
+            {
+                return Err(self.invalid_at_text("api_key_env", &key("api_key_env"),
+                    format!("\"{env}\" is not an environment variable name (it must name the variable, not hold the key)")));
+            }
+        }
+        if c.stages.is_empty() {
+            return Err(self.invalid_at_text(
+                "stages",
+                "stages",
+                "at least one [[stages]] entry is required",
+            ));
+        }
+        if c.stages.len() > 1 {
+            // The format holds several stages; running more than one arrives
+            // with staged pipelines. Refuse rather than silently run one.
+            return Err(self.invalid_at_text(
+                &c.stages[1].name,
+                "stages",
+                "this docket runs one stage per job; multi-stage pipelines are not supported yet",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, s) in c.stages.iter().enumerate() {
+            let key = |k: &str| format!("stages[{i}].{k}");
+            if !names.insert(s.name.as_str()) {
+                return Err(self.invalid_at_text(
+                    &s.name,
+                    &key("name"),
+                    format!("duplicate stage name \"{}\"", s.name),
+                ));
+            }
+            if s.name.is_empty()
+                || !s
+                    .name
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+            {
+                return Err(self.invalid_at_text(
+                    "name",
+                    &key("name"),
+                    "use letters, digits, '_' or '-'",
+                ));
+            }
+            if !c.providers.contains_key(&s.provider) {
+                return Err(self.invalid_at_text(
+                    &format!("\"{}\"", s.provider),
+                    &key("provider"),
+                    format!(
+                        "no provider named \"{}\" (declared: {})",
+                        s.provider,
+                        c.providers.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            range_u64(self, &s.max_tokens, &key("max_tokens"), 1, 1_000_000)?;
+            range_u64(self, &s.max_attempts, &key("max_attempts"), 1, 100)?;
+            range_u64(
+                self,
+                &s.expected_output_tokens,
+                &key("expected_output_tokens"),
+                0,
+                1_000_000,
+            )?;
+            if let Some(t) = &s.temperature
+                && !(0.0..=2.0).contains(t.get_ref())
+            {
+                return Err(self.invalid(
+                    t,
+                    &key("temperature"),
+                    format!("{} is out of range (0 to 2)", t.get_ref()),
+                ));
+            }
+        }
+        let r = &c.routing;
+        for (v, k) in [
+            (&r.auto_accept_threshold, "routing.auto_accept_threshold"),
+            (&r.review_threshold, "routing.review_threshold"),
+        ] {
+            if !(0.0..=1.0).contains(v.get_ref()) {
+                return Err(self.invalid(
+                    v,
+                    k,
+                    format!("{} is out of range (0.0 to 1.0)", v.get_ref()),
+                ));
+            }
+        }
+        if r.review_threshold.get_ref() > r.auto_accept_threshold.get_ref() {
+            return Err(self.invalid(
+                &r.review_threshold,
+                "routing.review_threshold",
+                format!(
+                    "{} is above auto_accept_threshold {}",
+                    r.review_threshold.get_ref(),
+                    r.auto_accept_threshold.get_ref()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The config as JSON for the session snapshot. Holds the names of key
+    /// variables, never their values (no key is ever read into the config).
+    pub fn snapshot_json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+fn range_u64(
+    cfg: &LoadedConfig,
+    v: &Spanned<u64>,
+    key: &str,
+    min: u64,
+    max: u64,
+) -> Result<(), ConfigError> {
+    let x = *v.get_ref();
+    if x < min || x > max {
+        return Err(cfg.invalid(v, key, format!("{x} is out of range ({min} to {max})")));
+    }
+    Ok(())
+}
+
+fn line_at(source: &str, offset: usize) -> usize {
+    source[..offset.min(source.len())]
+        .bytes()
+        .filter(|b| *b == b'\n')
+        .count()
+        + 1
+}
+
+/// toml's message names the key and what was expected; add the file and
+/// line in the usual `file:line:` form.
+fn describe_toml_error(path: &Path, source: &str, e: &toml::de::Error) -> ConfigError {
+    let message = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let line = line_at(source, span.start);
+            let text = source
+                .lines()
+                .nth(line.saturating_sub(1))
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            ConfigError::ParseAt {
+                path: path.display().to_string(),
+                line,
+                message,
+                text,
+            }
+        }
+        None => ConfigError::Parse {
+            path: path.display().to_string(),
+            message,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[providers.p]
+kind = "openai"
+model = "gpt-4o-mini"
+
+[[stages]]
+name = "s"
+provider = "p"
+template = "t.j2"
+
+[stages.gate]
+kind = "regex"
+pattern = "(?P<confidence>[0-9.]+)"
+"#;
+
+    fn parse(text: &str) -> Result<LoadedConfig, ConfigError> {
+        LoadedConfig::parse(Path::new("ws/docket.toml"), text.to_string())
+    }
+
+    #[test]
+    fn a_minimal_config_takes_defaults() {
+        let c = parse(BASE).unwrap();
+        assert_eq!(*c.config.routing.auto_accept_threshold.get_ref(), 0.85);
+        assert_eq!(*c.config.providers["p"].requests_per_minute.get_ref(), 500);
+        assert_eq!(c.resolve(Path::new("t.j2")), Path::new("ws/t.j2"));
+    }
+
+    #[test]
+    fn unknown_keys_name_the_line_and_key() {
+        let text = BASE.replace(
+            "model = \"gpt-4o-mini\"",
+            "model = \"gpt-4o-mini\"\nrate = 3",
+        );
+        let e = parse(&text).err().unwrap().to_string();
+        assert!(e.starts_with("ws/docket.toml:5:"), "{e}");
+        assert!(e.contains("rate"), "{e}");
+        let e = parse(&format!("{BASE}\n[routing]\nauto_accept = 0.9\n"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("auto_accept") && e.contains("docket.toml:16:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_types_and_ranges_name_the_key() {
+        let e = parse(&BASE.replace(
+            "model = \"gpt-4o-mini\"",
+            "model = \"m\"\nmax_concurrency = -1",
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("docket.toml:5"), "{e}");
+        let e = parse(&format!(
+            "{BASE}\n[routing]\nreview_threshold = 0.9\nauto_accept_threshold = 0.8\n"
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("routing.review_threshold") && e.contains("above"),
+            "{e}"
+        );
+        let e = parse(&BASE.replace(
+            "template = \"t.j2\"",
+            "template = \"t.j2\"\ntemperature = 3.0",
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("stages[0].temperature") && e.contains(":10:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn references_and_key_names_are_checked() {
+        let e = parse(&BASE.replace("provider = \"p\"", "provider = \"q\""))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("no provider named \"q\""), "{e}");
+        let e = parse(&BASE.replace(
+            "model = \"gpt-4o-mini\"",
+            "model = \"m\"\napi_key_env = \"sk-live-abc\"",
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("api_key_env") && e.contains("not an environment variable name"),
+            "{e}"
+        );
+        let e = parse(&BASE.replace("kind = \"openai\"", "kind = \"nope\""))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("nope"), "{e}");
+        let two = format!(
+            "{BASE}\n[[stages]]\nname = \"critic\"\nprovider = \"p\"\ntemplate = \"c.j2\"\n[stages.gate]\nkind = \"regex\"\npattern = \"(?P<confidence>.)\"\n"
+        );
+        let e = parse(&two).err().unwrap().to_string();
+        assert!(e.contains("multi-stage"), "{e}");
+    }
+
+    #[test]
+    fn mock_settings_are_strict_too() {
+        let text = BASE.replace("kind = \"openai\"", "kind = \"mock\"")
+            + "\n[providers.p.mock]\nlatency_median_ms = 5.0\nlatencyy = 1\n";
+        let e = parse(&text).err().unwrap().to_string();
+        assert!(e.contains("latencyy"), "{e}");
+    }
+}

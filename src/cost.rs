@@ -1,0 +1,187 @@
+//! Token counts and prices.
+//!
+//! OpenAI models are counted with their real tokenizer (tiktoken); other
+//! models fall back to a characters/4 estimate and say so. Prices come from
+//! `assets/prices.toml`, embedded at build time.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::template::Prompt;
+
+const PRICES_TOML: &str = include_str!("../assets/prices.toml");
+
+/// Per-request framing tokens OpenAI adds around each chat message.
+const TOKENS_PER_MESSAGE: u64 = 4;
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+pub struct Price {
+    /// USD per million input tokens.
+    pub input: f64,
+    /// USD per million cached input tokens (defaults to `input`).
+    #[serde(default)]
+    pub cached_input: Option<f64>,
+    /// USD per million output tokens.
+    pub output: f64,
+}
+
+#[derive(Debug, Deserialize)]
+struct PriceTable {
+    default: Price,
+    models: BTreeMap<String, Price>,
+}
+
+fn table() -> &'static PriceTable {
+    static TABLE: OnceLock<PriceTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        toml::from_str(PRICES_TOML).unwrap_or(PriceTable {
+            default: Price {
+                input: 1.0,
+                cached_input: None,
+                output: 4.0,
+            },
+            models: BTreeMap::new(),
+        })
+    })
+}
+
+/// The price of `model`, and whether it was found (not the default).
+/// Dated snapshots ("gpt-4o-mini-2024-07-18") use their family's price.
+pub fn price_of(model: &str) -> (Price, bool) {
+    let t = table();
+    if let Some(p) = t.models.get(model) {
+        return (*p, true);
+    }
+    let best = t
+        .models
+        .iter()
+        .filter(|(name, _)| model.starts_with(name.as_str()))
+        .max_by_key(|(name, _)| name.len());
+    match best {
+        Some((_, p)) => (*p, true),
+        None => (t.default, false),
+    }
+}
+
+impl Price {
+    pub fn cost(&self, input_tokens: u64, cached_input_tokens: u64, output_tokens: u64) -> f64 {
+        let cached = cached_input_tokens.min(input_tokens);
+        let fresh = input_tokens - cached;
+        (fresh as f64 * self.input
+            + cached as f64 * self.cached_input.unwrap_or(self.input)
+            + output_tokens as f64 * self.output)
+            / 1_000_000.0
+    }
+}
+
+/// Counts prompt tokens for one model.
+pub struct TokenCounter {
+    bpe: Option<&'static tiktoken_rs::CoreBPE>,
+}
+
+impl TokenCounter {
+    pub fn for_model(model: &str) -> Self {
+        let bpe = if is_openai_family(model) {
+            // o200k covers gpt-4o, gpt-4.1, o-series; older models use cl100k.
+            if model.starts_with("gpt-4o")
+                || model.starts_with("gpt-4.1")
+                || model.starts_with('o')
+                || model.starts_with("gpt-5")
+            {
+                Some(tiktoken_rs::o200k_base_singleton())
+            } else {
+                Some(tiktoken_rs::cl100k_base_singleton())
+            }
+        } else {
+            None
+        };
+        Self { bpe }
+    }
+
+    /// True when counts come from the model's real tokenizer.
+    pub fn is_exact(&self) -> bool {
+        self.bpe.is_some()
+    }
+
+    pub fn count_text(&self, text: &str) -> u64 {
+        match self.bpe {
+            Some(bpe) => bpe.encode_ordinary(text).len() as u64,
+            None => (text.chars().count() as u64).div_ceil(4),
+        }
+    }
+
+    /// Input tokens of a chat request carrying this prompt.
+    pub fn count_prompt(&self, prompt: &Prompt) -> u64 {
+        let mut n = 3 + TOKENS_PER_MESSAGE + self.count_text(&prompt.user);
+        if let Some(s) = &prompt.system {
+            n += TOKENS_PER_MESSAGE + self.count_text(s);
+        }
+        n
+    }
+}
+
+fn is_openai_family(model: &str) -> bool {
+    ["gpt-", "o1", "o3", "o4", "chatgpt-", "text-embedding-"]
+        .iter()
+        .any(|p| model.starts_with(p))
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut s = String::with_capacity(64);
+    for b in digest.iter() {
+        s.push(char::from(b"0123456789abcdef"[(b >> 4) as usize]));
+        s.push(char::from(b"0123456789abcdef"[(b & 15) as usize]));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_and_snapshot_and_unknown_prices() {
+        let (p, found) = price_of("gpt-4o-mini");
+        assert!(found);
+        assert!((p.input - 0.15).abs() < 1e-12);
+        let (q, found) = price_of("gpt-4o-mini-2024-07-18");
+        assert!(found);
+        assert_eq!(p, q);
+        let (_, found) = price_of("some-local-llama");
+        assert!(!found);
+    }
+
+    #[test]
+    fn cost_uses_cached_and_output_prices() {
+        let p = Price {
+            input: 1.0,
+            cached_input: Some(0.5),
+            output: 2.0,
+        };
+        let c = p.cost(1_000_000, 500_000, 1_000_000);
+        assert!((c - (0.5 + 0.25 + 2.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn real_tokenizer_for_openai_models() {
+        let t = TokenCounter::for_model("gpt-4o-mini");
+        assert!(t.is_exact());
+        // "hello world" is two tokens in o200k.
+        assert_eq!(t.count_text("hello world"), 2);
+        let other = TokenCounter::for_model("llama3");
+        assert!(!other.is_exact());
+        assert_eq!(other.count_text("abcdefgh"), 2);
+    }
+
+    #[test]
+    fn sha256_is_hex() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

@@ -1,0 +1,491 @@
+//! The batch engine: `batch-adjudicate` from config to a finished session.
+//!
+//! `prepare` loads and checks everything that can be wrong before a request
+//! is sent (config, template, gate, thresholds, key); `run` plans or resumes a
+//! session, asks to continue, then dispatches under the shared limiter and
+//! records every attempt and outcome in the ledger.
+
+mod budget;
+mod dispatch;
+mod plan;
+mod progress;
+mod stats;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+pub use budget::Budget;
+pub use plan::{Estimate, Plan};
+pub use progress::{Reporter, StdoutReporter, format_summary};
+pub use stats::{Stats, StatsSnapshot};
+
+use crate::config::{ConfigError, LoadedConfig, ProviderKind};
+use crate::cost::{Price, price_of};
+use crate::gate::{Gate, GateBuildError};
+use crate::ledger::store::{self, RESUME_WINDOW_SECS, SessionRow};
+use crate::ledger::{LEDGER_FILE, LedgerError, now_ts};
+use crate::mock::MockServer;
+use crate::routing::{ThresholdError, Thresholds};
+use crate::template::{PromptTemplate, TemplateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Gate(#[from] GateBuildError),
+    #[error(transparent)]
+    Thresholds(#[from] ThresholdError),
+    #[error("{0}")]
+    Ledger(String),
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Provider(#[from] crate::provider::ProviderSetupError),
+}
+
+impl From<LedgerError> for EngineError {
+    fn from(e: LedgerError) -> Self {
+        EngineError::Ledger(e.to_string())
+    }
+}
+
+impl From<rusqlite::Error> for EngineError {
+    fn from(e: rusqlite::Error) -> Self {
+        EngineError::Ledger(format!("ledger: {e}"))
+    }
+}
+
+/// The flags of `batch-adjudicate`.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub workspace: PathBuf,
+    pub limit: Option<u64>,
+    pub min_confidence: Option<f64>,
+    pub rate_limit: Option<u64>,
+    pub dry_run: bool,
+    pub resume: Option<String>,
+    pub force: bool,
+    pub skip_reviewed: bool,
+    pub auto_accept_threshold: Option<f64>,
+    pub review_threshold: Option<f64>,
+    pub max_cost: Option<f64>,
+    /// Point the provider at this base URL instead of the config's.
+    pub base_url_override: Option<String>,
+    /// How long in-flight requests may finish after a stop.
+    pub grace: Option<Duration>,
+}
+
+/// Everything checked and loaded before planning.
+pub struct Prepared {
+    pub config: LoadedConfig,
+    pub ledger_path: PathBuf,
+    pub template: PromptTemplate,
+    pub gate: Gate,
+    pub thresholds: Thresholds,
+    pub stage: String,
+    pub provider_name: String,
+    pub provider_kind: ProviderKind,
+    pub model: String,
+    pub max_tokens: u64,
+    pub expected_output_tokens: u64,
+    pub temperature: Option<f64>,
+    pub max_attempts: u32,
+    pub max_transport_attempts: u32,
+    pub request_timeout: Duration,
+    pub rpm: u64,
+    pub tpm: u64,
+    pub max_concurrency: usize,
+    pub price: Price,
+    pub price_known: bool,
+    pub params_hash: String,
+}
+
+pub fn config_path(workspace: &Path) -> PathBuf {
+    workspace.join(crate::config::CONFIG_FILE)
+}
+
+/// Load and check config, template, gate and thresholds. Nothing is sent.
+pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
+    let cfg_path = config_path(&opts.workspace);
+    if !cfg_path.exists() {
+        return Err(EngineError::Usage(format!(
+            "{}: no docket.toml here (create a workspace with `docket init {}`, or pass --workspace)",
+            cfg_path.display(),
+            opts.workspace.display()
+        )));
+    }
+    let config = LoadedConfig::load(&cfg_path)?;
+    if !config.config.job.enabled && !opts.force {
+        return Err(EngineError::Usage(format!(
+            "{}: job.enabled = false: LLM adjudication is disabled for this workspace (pass --force to run anyway)",
+            cfg_path.display()
+        )));
+    }
+    let stage = config.config.stages[0].clone();
+    let provider = config.provider_for(&stage).clone();
+    let template = PromptTemplate::load(
+        &config.resolve(&stage.template),
+        stage
+            .system_prompt
+            .as_ref()
+            .map(|p| config.resolve(p))
+            .as_deref(),
+    )?;
+    let gate = Gate::build(&stage.gate, &config.root, &cfg_path)?;
+    let routing = &config.config.routing;
+    let thresholds = Thresholds::new(
+        opts.auto_accept_threshold
+            .unwrap_or(*routing.auto_accept_threshold.get_ref()),
+        opts.review_threshold
+            .unwrap_or(*routing.review_threshold.get_ref()),
+        opts.min_confidence,
+    )?;
+    if let Some(m) = opts.max_cost
+        && !(m.is_finite() && m >= 0.0)
+    {
+        return Err(EngineError::Usage(format!(
+            "--max-cost {m}: must be a non-negative amount of USD"
+        )));
+    }
+    let (price, price_known) = price_of(&provider.model);
+    let params = serde_json::json!({
+        "max_tokens": stage.max_tokens.get_ref(),
+        "temperature": stage.temperature.as_ref().map(|t| *t.get_ref()),
+        "gate": &stage.gate,
+    });
+    Ok(Prepared {
+        ledger_path: opts.workspace.join(LEDGER_FILE),
+        template,
+        gate,
+        thresholds,
+        stage: stage.name.clone(),
+        provider_name: stage.provider.clone(),
+        provider_kind: provider.kind,
+        model: provider.model.clone(),
+        max_tokens: *stage.max_tokens.get_ref(),
+        expected_output_tokens: *stage.expected_output_tokens.get_ref(),
+        temperature: stage.temperature.as_ref().map(|t| *t.get_ref()),
+        max_attempts: (*stage.max_attempts.get_ref()).min(u64::from(u32::MAX)) as u32,
+        max_transport_attempts: (*provider.max_transport_attempts.get_ref())
+            .min(u64::from(u32::MAX)) as u32,
+        request_timeout: Duration::from_secs_f64(*provider.request_timeout_secs.get_ref()),
+        rpm: opts
+            .rate_limit
+            .unwrap_or(*provider.requests_per_minute.get_ref()),
+        tpm: *provider.tokens_per_minute.get_ref(),
+        max_concurrency: (*provider.max_concurrency.get_ref()).min(10_000) as usize,
+        price,
+        price_known,
+        params_hash: crate::cost::sha256_hex(params.to_string().as_bytes()),
+        config,
+    })
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEnd {
+    /// Every item has an outcome.
+    Completed,
+    /// Ctrl-C, SIGTERM or a cancel from the ledger; resumable.
+    Cancelled,
+    /// A non-retryable provider error (credentials, quota); resumable.
+    Stopped(String),
+    /// Paused with the process exiting (the budget); resumable.
+    Paused(String),
+    /// `--dry-run`: nothing sent.
+    DryRun,
+    /// No indeterminate items to process.
+    NothingToDo,
+    /// The operator said no at the prompt.
+    Declined,
+}
+
+impl RunEnd {
+    /// The process exit code for this end (see the README).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunEnd::Completed | RunEnd::DryRun | RunEnd::NothingToDo | RunEnd::Declined => 0,
+            RunEnd::Stopped(_) => 3,
+            RunEnd::Paused(_) => 4,
+            RunEnd::Cancelled => 130,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub session_id: Option<String>,
+    pub end: RunEnd,
+    pub session: Option<SessionRow>,
+}
+
+/// Signals from outside the engine.
+#[derive(Clone, Default)]
+pub struct Interrupts {
+    /// Stop dispatching, let in-flight requests finish within the grace, save.
+    pub stop: CancellationToken,
+    /// Abandon in-flight requests now (a second Ctrl-C).
+    pub abort: CancellationToken,
+}
+
+/// `docket batch-adjudicate`.
+///
+/// `confirm` is asked once with the estimate before a new session starts; it
+/// returns false to decline.
+pub async fn run(
+    opts: RunOptions,
+    reporter: Arc<dyn Reporter>,
+    confirm: impl FnOnce(&Estimate) -> bool,
+    interrupts: Interrupts,
+) -> Result<RunReport, EngineError> {
+    let prepared = Arc::new(tokio::task::block_in_place(|| prepare(&opts))?);
+    let (session_id, stats_seed) = match &opts.resume {
+        Some(id) => (
+            resume_session(&prepared, id, opts.max_cost, &*reporter)?,
+            true,
+        ),
+        None => {
+            reporter.line("Batch LLM Adjudication");
+            reporter.line("======================");
+            reporter.line("");
+            let plan = tokio::task::block_in_place(|| {
+                plan::plan(&prepared, opts.limit, opts.skip_reviewed)
+            })?;
+            reporter.line(&format!(
+                "Querying INDETERMINATE decisions... {} found",
+                plan.estimate.items
+            ));
+            if plan.estimate.items == 0 {
+                reporter.line("Nothing to do: no indeterminate items (import some with `docket import FILE`).");
+                return Ok(RunReport {
+                    session_id: None,
+                    end: RunEnd::NothingToDo,
+                    session: None,
+                });
+            }
+            for l in plan.estimate.describe() {
+                reporter.line(&l);
+            }
+            if opts.dry_run {
+                dry_run_report(&prepared, &plan, &*reporter);
+                return Ok(RunReport {
+                    session_id: None,
+                    end: RunEnd::DryRun,
+                    session: None,
+                });
+            }
+            if let Some(max) = opts.max_cost {
+                reporter.line(&format!(
+                    "Budget: at most ${max:.4} (dispatch pauses before the spend could pass it)"
+                ));
+            }
+            if !confirm(&plan.estimate) {
+                reporter.line("Not started.");
+                return Ok(RunReport {
+                    session_id: None,
+                    end: RunEnd::Declined,
+                    session: None,
+                });
+            }
+            let id = new_session_id();
+            let snapshot = serde_json::json!({
+                "config": prepared.config.snapshot_json(),
+                "flags": {
+                    "limit": opts.limit, "min_confidence": opts.min_confidence, "rate_limit": opts.rate_limit,
+                    "skip_reviewed": opts.skip_reviewed, "force": opts.force,
+                    "auto_accept_threshold": prepared.thresholds.auto_accept,
+                    "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
+                },
+                "template_hash": prepared.template.hash,
+                "params_hash": prepared.params_hash,
+            })
+            .to_string();
+            tokio::task::block_in_place(|| -> Result<(), EngineError> {
+                let mut conn = crate::ledger::open(&prepared.ledger_path)?;
+                store::create_session(
+                    &mut conn,
+                    &store::NewSession {
+                        session_id: &id,
+                        config_snapshot_json: &snapshot,
+                        stage: &prepared.stage,
+                        provider: &prepared.provider_name,
+                        model: &prepared.model,
+                        template_hash: &prepared.template.hash,
+                        params_hash: &prepared.params_hash,
+                        estimated_tokens: plan.estimate.prompt_tokens
+                            + plan.estimate.expected_output_tokens,
+                        estimated_cost_usd: plan.estimate.cost_usd,
+                        max_cost_usd: opts.max_cost,
+                        item_ids: &plan.item_ids,
+                    },
+                )?;
+                Ok(())
+            })?;
+            reporter.line("");
+            reporter.line(&format!("Creating batch session: {id}"));
+            (id, false)
+        }
+    };
+    let _ = stats_seed;
+
+    // The in-process mock, when the provider is the built-in one.
+    let mut mock: Option<MockServer> = None;
+    let mut base_url = opts.base_url_override.clone();
+    if base_url.is_none() && prepared.provider_kind == ProviderKind::Mock {
+        let provider_cfg = &prepared.config.config.providers[&prepared.provider_name];
+        let mock_cfg = provider_cfg.mock.clone().unwrap_or_default();
+        let server = MockServer::start(mock_cfg, std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .map_err(|e| {
+                EngineError::Usage(format!("cannot start the built-in mock provider: {e}"))
+            })?;
+        base_url = Some(server.base_url());
+        mock = Some(server);
+    }
+    let provider_cfg = &prepared.config.config.providers[&prepared.provider_name];
+    let provider =
+        crate::provider::build(&prepared.provider_name, provider_cfg, base_url.as_deref())?;
+    let grace = opts.grace.unwrap_or(Duration::from_secs(10));
+    let result = dispatch::dispatch(
+        prepared.clone(),
+        session_id.clone(),
+        provider,
+        reporter.clone(),
+        interrupts,
+        grace,
+    )
+    .await;
+    if let Some(m) = mock {
+        m.shutdown().await;
+    }
+    let end = result?;
+    let session = tokio::task::block_in_place(|| -> Result<Option<SessionRow>, EngineError> {
+        let conn = crate::ledger::open(&prepared.ledger_path)?;
+        Ok(store::load_session(&conn, &session_id)?)
+    })?;
+    if let Some(s) = &session {
+        for l in format_summary(s, &end) {
+            reporter.line(&l);
+        }
+    }
+    Ok(RunReport {
+        session_id: Some(session_id),
+        end,
+        session,
+    })
+}
+
+fn resume_session(
+    p: &Prepared,
+    id: &str,
+    max_cost: Option<f64>,
+    reporter: &dyn Reporter,
+) -> Result<String, EngineError> {
+    tokio::task::block_in_place(|| {
+        let mut conn = crate::ledger::open(&p.ledger_path)?;
+        let Some(s) = store::load_session(&conn, id)? else {
+            let hint = store::latest_session(&conn)?
+                .map(|l| format!(" (newest: {l})"))
+                .unwrap_or_default();
+            return Err(EngineError::Usage(format!(
+                "no session {id} in {}{hint}; list them with `docket sessions`",
+                p.ledger_path.display()
+            )));
+        };
+        let age = now_ts() - s.started_at;
+        if age > RESUME_WINDOW_SECS {
+            return Err(EngineError::Usage(format!(
+                "session {id} started {:.1} days ago; sessions can be resumed for 7 days only. \
+                 Start a new session with `docket batch-adjudicate` (answered requests are reused, not paid again).",
+                age / 86_400.0
+            )));
+        }
+        if s.state == "completed" {
+            return Err(EngineError::Usage(format!(
+                "session {id} is already completed ({} of {} items processed); see `docket batch-results {id}`",
+                s.processed_count, s.total_count
+            )));
+        }
+        let ambiguous = store::repair_interrupted(&mut conn, id, max_cost)?;
+        reporter.line(&format!(
+            "Resuming session {id}: {} of {} items already processed{}",
+            s.processed_count,
+            s.total_count,
+            if ambiguous > 0 {
+                format!("; {ambiguous} request(s) were in flight at the stop and will be sent again (counted as ambiguous)")
+            } else {
+                String::new()
+            }
+        ));
+        Ok(id.to_string())
+    })
+}
+
+fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
+    reporter.line("");
+    reporter.line(&format!(
+        "Dry run: nothing was sent. A session would send {} requests to {} ({}) for stage \"{}\"; \
+         routing: accept ≥ {:.2}, review ≥ {:.2}, reject below.",
+        plan.estimate.items,
+        p.provider_name,
+        p.model,
+        p.stage,
+        p.thresholds.effective_accept(),
+        p.thresholds.review
+    ));
+    if let Some(prompt) = &plan.estimate.first_prompt {
+        reporter.line(&format!(
+            "First rendered prompt (item {}):",
+            plan.item_ids.first().map(String::as_str).unwrap_or("")
+        ));
+        if let Some(s) = &prompt.system {
+            reporter.line("--- system ---");
+            for l in s.lines() {
+                reporter.line(&crate::sanitize::for_terminal(l));
+            }
+        }
+        reporter.line("--- user ---");
+        for l in prompt.user.lines() {
+            reporter.line(&crate::sanitize::for_terminal(l));
+        }
+        reporter.line("--------------");
+    }
+}
+
+/// `batch_YYYYMMDD_xxxxxx`: the date and six random lowercase letters/digits.
+pub fn new_session_id() -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..6)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
+    format!("batch_{}_{suffix}", chrono::Utc::now().format("%Y%m%d"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids_have_the_seed_shape() {
+        let id = new_session_id();
+        let re = regex::Regex::new(r"^batch_\d{8}_[a-z0-9]{6}$").unwrap();
+        assert!(re.is_match(&id), "{id}");
+        assert_ne!(new_session_id(), new_session_id());
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(RunEnd::Completed.exit_code(), 0);
+        assert_eq!(RunEnd::Stopped("x".into()).exit_code(), 3);
+        assert_eq!(RunEnd::Paused("x".into()).exit_code(), 4);
+        assert_eq!(RunEnd::Cancelled.exit_code(), 130);
+    }
+}

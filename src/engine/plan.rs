@@ -1,0 +1,169 @@
+//! Planning a session: choose the items, render every prompt once (so a
+//! broken template or a missing variable stops the run before anything is
+//! sent), and estimate tokens and cost.
+
+use serde_json::Value;
+
+use super::{EngineError, Prepared};
+use crate::cost::TokenCounter;
+use crate::ledger::store::{Candidate, for_each_candidate};
+use crate::template::Prompt;
+
+/// Above this many items the estimate tokenizes a uniform sample and scales
+/// it; below it every prompt is counted.
+const EXACT_COUNT_MAX: u64 = 20_000;
+
+#[derive(Debug, Clone)]
+pub struct Estimate {
+    pub items: u64,
+    pub prompt_tokens: u64,
+    pub expected_output_tokens: u64,
+    pub max_output_tokens: u64,
+    pub cost_usd: f64,
+    /// If every answer used all of max_tokens.
+    pub worst_cost_usd: f64,
+    pub model: String,
+    pub price_input: f64,
+    pub price_output: f64,
+    pub price_known: bool,
+    /// Counted with the model's own tokenizer (else characters/4).
+    pub exact_tokenizer: bool,
+    /// Prompts actually tokenized (all, or a sample for large sessions).
+    pub counted_prompts: u64,
+    pub first_prompt: Option<Prompt>,
+}
+
+pub struct Plan {
+    pub item_ids: Vec<String>,
+    pub estimate: Estimate,
+}
+
+/// Pick and render the candidates. Rendering errors name the template file,
+/// line and item.
+pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Plan, EngineError> {
+    let conn = crate::ledger::open(&p.ledger_path)?;
+    let counter = TokenCounter::for_model(&p.model);
+    let total: u64 = count_candidates(&conn, limit, skip_reviewed)?;
+    // Sample every `stride`-th prompt for the token count when large.
+    let stride = total.div_ceil(EXACT_COUNT_MAX).max(1);
+    let mut item_ids = Vec::with_capacity(total as usize);
+    let mut counted_tokens = 0u64;
+    let mut counted = 0u64;
+    let mut first_prompt = None;
+    let mut render_error: Option<EngineError> = None;
+    for_each_candidate(&conn, limit, skip_reviewed, |c: Candidate| {
+        let evidence: Value = serde_json::from_str(&c.evidence_json)
+            .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
+        match p.template.render(&c.item_id, &evidence) {
+            Ok(prompt) => {
+                if (item_ids.len() as u64).is_multiple_of(stride) {
+                    counted_tokens += counter.count_prompt(&prompt);
+                    counted += 1;
+                }
+                if first_prompt.is_none() {
+                    first_prompt = Some(prompt);
+                }
+            }
+            Err(e) => {
+                render_error = Some(EngineError::Template(e));
+                return Err("template".into());
+            }
+        }
+        item_ids.push(c.item_id);
+        Ok(())
+    })
+    .map_err(|e| match render_error.take() {
+        Some(err) => err,
+        None => EngineError::Ledger(e),
+    })?;
+    let items = item_ids.len() as u64;
+    let prompt_tokens = if counted == 0 {
+        0
+    } else {
+        (counted_tokens as f64 * items as f64 / counted as f64).round() as u64
+    };
+    let expected_out = p.expected_output_tokens.min(p.max_tokens);
+    let expected_output_tokens = expected_out * items;
+    let max_output_tokens = p.max_tokens * items;
+    Ok(Plan {
+        item_ids,
+        estimate: Estimate {
+            items,
+            prompt_tokens,
+            expected_output_tokens,
+            max_output_tokens,
+            cost_usd: p.price.cost(prompt_tokens, 0, expected_output_tokens),
+            worst_cost_usd: p.price.cost(prompt_tokens, 0, max_output_tokens),
+            model: p.model.clone(),
+            price_input: p.price.input,
+            price_output: p.price.output,
+            price_known: p.price_known,
+            exact_tokenizer: counter.is_exact(),
+            counted_prompts: counted,
+            first_prompt,
+        },
+    })
+}
+
+fn count_candidates(
+    conn: &rusqlite::Connection,
+    limit: Option<u64>,
+    skip_reviewed: bool,
+) -> Result<u64, EngineError> {
+    let sql = if skip_reviewed {
+        "SELECT COUNT(*) FROM decision d WHERE d.state = 'indeterminate'
+           AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')"
+    } else {
+        "SELECT COUNT(*) FROM decision WHERE state = 'indeterminate'"
+    };
+    let n: i64 = conn
+        .query_row(sql, [], |r| r.get(0))
+        .map_err(|e| EngineError::Ledger(e.to_string()))?;
+    Ok(limit.map_or(n as u64, |l| l.min(n as u64)))
+}
+
+impl Estimate {
+    /// The seed's estimate lines.
+    pub fn describe(&self) -> Vec<String> {
+        let avg = self.prompt_tokens.checked_div(self.items).unwrap_or(0);
+        let mut lines = vec![format!(
+            "Estimating cost: ~${:.4} ({} items × ~{} prompt tokens × ${}/1M in, ~{} output tokens × ${}/1M out; model {})",
+            self.cost_usd,
+            self.items,
+            avg,
+            self.price_input,
+            self.expected_output_tokens / self.items.max(1),
+            self.price_output,
+            self.model
+        )];
+        lines.push(format!(
+            "  tokens: ~{} in, ~{} out expected (at most {} out: worst case ${:.4})",
+            self.prompt_tokens,
+            self.expected_output_tokens,
+            self.max_output_tokens,
+            self.worst_cost_usd
+        ));
+        let mut notes = Vec::new();
+        if !self.exact_tokenizer {
+            notes.push(
+                "token counts approximate (characters/4): no tokenizer for this model".to_string(),
+            );
+        }
+        if self.counted_prompts < self.items {
+            notes.push(format!(
+                "tokens counted on a sample of {} prompts",
+                self.counted_prompts
+            ));
+        }
+        if !self.price_known {
+            notes.push(
+                "model not in the price table: default prices used (assets/prices.toml)"
+                    .to_string(),
+            );
+        }
+        if !notes.is_empty() {
+            lines.push(format!("  note: {}", notes.join("; ")));
+        }
+        lines
+    }
+}

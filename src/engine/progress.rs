@@ -1,0 +1,274 @@
+//! Headless output: at most one progress line a second while a run is live,
+//! and the seed's final summary.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::RunEnd;
+use super::stats::{Stats, StatsSnapshot};
+use crate::ledger::store::SessionRow;
+use crate::limiter::{Limiter, SlowReason};
+
+/// Where the engine's lines go (stdout for the CLI; a buffer in tests).
+pub trait Reporter: Send + Sync {
+    fn line(&self, text: &str);
+}
+
+pub struct StdoutReporter;
+
+impl Reporter for StdoutReporter {
+    fn line(&self, text: &str) {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (a pipe to `head`) must not stop the run.
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    }
+}
+
+pub(super) fn spawn_progress(
+    stats: Arc<Stats>,
+    limiter: Arc<Limiter>,
+    reporter: Arc<dyn Reporter>,
+    paused: watch::Receiver<bool>,
+    estimated_cost: f64,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let first = stats.snapshot();
+        let mut window: Vec<(Instant, u64)> = vec![(started, first.sent)];
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        let mut last_line = String::new();
+        loop {
+            tick.tick().await;
+            let s = stats.snapshot();
+            let now = Instant::now();
+            window.push((now, s.sent));
+            // Request rate over the last ten seconds.
+            while window.len() > 11 {
+                window.remove(0);
+            }
+            let (t0, n0) = window[0];
+            let rate = (s.sent - n0) as f64 / now.duration_since(t0).as_secs_f64().max(0.001);
+            let done_here = s.done.saturating_sub(first.done);
+            let elapsed = now.duration_since(started);
+            let eta = if done_here > 0 && s.total > s.done {
+                let per_item = elapsed.as_secs_f64() / done_here as f64;
+                Some(Duration::from_secs_f64(
+                    per_item * (s.total - s.done) as f64,
+                ))
+            } else {
+                None
+            };
+            let lim = limiter.snapshot();
+            let why = if *paused.borrow() {
+                "PAUSED"
+            } else {
+                lim.slow_reason.describe()
+            };
+            let line = progress_line(
+                &s,
+                rate,
+                elapsed,
+                eta,
+                lim.concurrency_limit,
+                estimated_cost,
+                why,
+                lim.slow_reason,
+            );
+            if line != last_line {
+                reporter.line(&line);
+                last_line = line;
+            }
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn progress_line(
+    s: &StatsSnapshot,
+    rate: f64,
+    elapsed: Duration,
+    eta: Option<Duration>,
+    concurrency: usize,
+    estimated_cost: f64,
+    why: &str,
+    _reason: SlowReason,
+) -> String {
+    // Never 100% while anything is still in flight.
+    let pct = if s.total == 0 {
+        0.0
+    } else {
+        (s.done as f64 * 100.0 / s.total as f64).min(if s.in_flight > 0 { 99.9 } else { 100.0 })
+    };
+    let mut line = format!(
+        "[{}/{} {:>5.1}%] ✓ {} acc  ⚠ {} rev  ✗ {} rej  ⨯ {} err | {:.1} req/s  in flight {} (limit {})  429s {}  retries {}  ambiguous {} | tokens {} | ${:.4} of ~${:.4} | elapsed {}  ETA {}",
+        s.done,
+        s.total,
+        pct,
+        s.accepted,
+        s.review,
+        s.rejected,
+        s.errors,
+        rate,
+        s.in_flight,
+        concurrency,
+        s.rate_limited,
+        s.retries,
+        s.ambiguous,
+        s.input_tokens + s.output_tokens,
+        s.cost_usd,
+        estimated_cost,
+        clock(elapsed),
+        eta.map(clock).unwrap_or_else(|| "--:--".into()),
+    );
+    if !why.is_empty() {
+        line.push_str(&format!(" | {why}"));
+    }
+    line
+}
+
+pub fn clock(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+fn share(n: u64, total: u64) -> String {
+    if total == 0 {
+        "0%".into()
+    } else {
+        format!("{:.0}%", n as f64 * 100.0 / total as f64)
+    }
+}
+
+/// The seed's final summary, from the ledger's counters.
+pub fn format_summary(s: &SessionRow, end: &RunEnd) -> Vec<String> {
+    let p = s.processed_count;
+    let mut lines = vec![
+        String::new(),
+        format!("Session {}: {}", s.session_id, s.state),
+        format!(
+            "Processed {}/{} ({})",
+            p,
+            s.total_count,
+            share(p, s.total_count)
+        ),
+        String::new(),
+        "Statistics:".into(),
+        format!(
+            "  ✓ Auto-accepted:  {} ({})",
+            s.accepted_count,
+            share(s.accepted_count, p)
+        ),
+        format!(
+            "  ⚠ Needs review:   {} ({})",
+            s.reviewed_count,
+            share(s.reviewed_count, p)
+        ),
+        format!(
+            "  ✗ Rejected:       {} ({})",
+            s.rejected_count,
+            share(s.rejected_count, p)
+        ),
+        format!(
+            "  ⨯ Errors:         {} ({})",
+            s.error_count,
+            share(s.error_count, p)
+        ),
+        format!(
+            "  retries {}  429s {}  ambiguous attempts {}  pending {}",
+            s.retry_count,
+            s.rate_limited_count,
+            s.ambiguous_count,
+            s.total_count.saturating_sub(p)
+        ),
+        format!(
+            "  tokens {} in / {} out  cost ${:.4} (estimate ${:.4})",
+            s.input_tokens, s.output_tokens, s.cost_usd, s.estimated_cost_usd
+        ),
+    ];
+    let resume = format!("  docket batch-adjudicate --resume {}", s.session_id);
+    match end {
+        RunEnd::Completed => {
+            lines.push(String::new());
+            lines.push(format!("Results: docket batch-results {}", s.session_id));
+        }
+        RunEnd::Cancelled => {
+            lines.push(String::new());
+            lines.push("Session saved. Resume with:".into());
+            lines.push(resume);
+        }
+        RunEnd::Stopped(why) => {
+            lines.push(String::new());
+            lines.push(format!("Stopped: {why}"));
+            lines.push("Session saved. Resume with:".into());
+            lines.push(resume);
+        }
+        RunEnd::Paused(why) => {
+            lines.push(String::new());
+            lines.push(format!("Paused: {why}"));
+            lines.push(
+                "Session saved. Resume with (raise --max-cost if the budget stopped it):".into(),
+            );
+            lines.push(resume);
+        }
+        _ => {}
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_shows_100_percent_while_in_flight() {
+        let s = StatsSnapshot {
+            total: 10,
+            done: 10,
+            in_flight: 1,
+            ..Default::default()
+        };
+        let l = progress_line(
+            &s,
+            1.0,
+            Duration::from_secs(5),
+            None,
+            4,
+            0.0,
+            "",
+            SlowReason::None,
+        );
+        assert!(l.contains(" 99.9%"), "{l}");
+        let s = StatsSnapshot {
+            total: 10,
+            done: 10,
+            ..Default::default()
+        };
+        let l = progress_line(
+            &s,
+            1.0,
+            Duration::from_secs(5),
+            None,
+            4,
+            0.0,
+            "",
+            SlowReason::None,
+        );
+        assert!(l.contains("100.0%"), "{l}");
+    }
+
+    #[test]
+    fn clock_format() {
+        assert_eq!(clock(Duration::from_secs(923)), "15:23");
+        assert_eq!(clock(Duration::from_secs(3_723)), "1:02:03");
+    }
+}

@@ -1,0 +1,121 @@
+//! The SQLite ledger: schema, migrations and connection set-up.
+//!
+//! The ledger is the source of truth and the bus between processes. Every
+//! connection uses WAL (many readers, one writer), foreign keys and a long busy
+//! timeout; writers take `BEGIN IMMEDIATE` so two processes queue for the write
+//! lock instead of failing with SQLITE_BUSY halfway through a transaction.
+
+mod migrate;
+pub mod store;
+pub mod writer;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+pub use migrate::{MIGRATIONS, migrate};
+
+/// The ledger file name inside a workspace.
+pub const LEDGER_FILE: &str = "docket.sqlite";
+
+/// How long a connection waits for another process's write lock before it
+/// gives up. Long on purpose: a console or second worker must never see BUSY.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("ledger {path} is not a docket ledger or is damaged: {detail}")]
+    Corrupt { path: String, detail: String },
+    #[error(
+        "ledger {path} was written by a newer docket (schema version {found}, this build knows {known})"
+    )]
+    TooNew {
+        path: String,
+        found: i64,
+        known: i64,
+    },
+    #[error(transparent)]
+    Sql(#[from] rusqlite::Error),
+}
+
+/// Open (creating if needed) the ledger at `path` and bring its schema up to date.
+pub fn open(path: &Path) -> Result<Connection, LedgerError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| LedgerError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    configure(&conn).map_err(|e| classify_open_error(path, e))?;
+    migrate(&conn, path)?;
+    Ok(conn)
+}
+
+/// Open an existing ledger read-only (reports, the console). Fails if missing.
+pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| LedgerError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| classify_open_error(path, e))?;
+    if version == 0 {
+        return Err(LedgerError::Corrupt {
+            path: path.display().to_string(),
+            detail: "no docket schema in it (run `docket init` or `docket import` first)".into(),
+        });
+    }
+    Ok(conn)
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // NORMAL in WAL mode is durable against process crashes (kill -9); only an
+    // OS crash or power loss can drop the last commits, never corrupt the file.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(())
+}
+
+fn classify_open_error(path: &Path, e: rusqlite::Error) -> LedgerError {
+    let detail = e.to_string();
+    if detail.contains("not a database") || detail.contains("malformed") {
+        LedgerError::Corrupt {
+            path: path.display().to_string(),
+            detail,
+        }
+    } else {
+        LedgerError::Open {
+            path: path.display().to_string(),
+            source: e,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, as stored in every `*_at` column.
+pub fn now_ts() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,441 @@
+//! The ledger writer: one thread owns the write connection and applies
+//! operations in order. Operations that arrive together share one immediate
+//! transaction (group commit); each still commits whole with the counters it
+//! changes, and its sender hears back only after the commit, so "recorded
+//! before the HTTP call" means on disk, not in a queue.
+
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use rusqlite::{Connection, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::now_ts;
+use crate::routing::Outcome;
+
+/// The most operations one transaction takes.
+const GROUP_MAX: usize = 1024;
+
+/// An attempt is about to be sent.
+#[derive(Debug, Clone)]
+pub struct SendIntent {
+    pub session_id: String,
+    pub request_id: i64,
+    pub attempt: i64,
+    pub client_request_id: String,
+    pub system_prompt: Option<String>,
+    pub user_prompt: String,
+}
+
+/// What came back for one attempt.
+#[derive(Debug, Clone, Default)]
+pub struct AttemptRecord {
+    pub session_id: String,
+    pub request_id: i64,
+    pub attempt: i64,
+    /// 'answered', 'failed' or 'ambiguous'
+    pub state: &'static str,
+    pub output: Option<String>,
+    pub finish_reason: Option<String>,
+    pub http_status: Option<u16>,
+    pub error_kind: Option<String>,
+    pub error_message: Option<String>,
+    pub provider_request_id: Option<String>,
+    pub model_reported: Option<String>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub cached_input_tokens: Option<u64>,
+    pub reasoning_tokens: Option<u64>,
+    pub cost_usd: f64,
+    pub latency_ms: f64,
+    /// Counts toward `retry_count` (transport retries and gate retries).
+    pub will_retry: bool,
+    pub rate_limited: bool,
+    pub gate_failure: bool,
+    pub transport_failure: bool,
+}
+
+/// An item's final outcome in a session.
+#[derive(Debug, Clone)]
+pub struct FinalResult {
+    pub session_id: String,
+    pub item_id: String,
+    pub request_id: i64,
+    pub stage: String,
+    pub outcome: Outcome,
+    pub answer_json: Option<String>,
+    pub confidence: Option<f64>,
+    pub rationale: Option<String>,
+    pub model_id: String,
+    pub error_message: Option<String>,
+    /// The request's status after this: 'completed' (gate passed) or 'error'.
+    pub request_status: &'static str,
+}
+
+// Ops move once through a channel to the writer thread; boxing the large
+// variants would add an allocation per op for no gain.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum WriteOp {
+    Send(SendIntent),
+    Attempt(AttemptRecord),
+    /// The attempt record (if any) and the final result, in one transaction.
+    Final(Option<AttemptRecord>, FinalResult),
+    /// A request goes back to pending (session stopped before it finished).
+    Requeue {
+        request_id: i64,
+        last_error: Option<String>,
+    },
+    Heartbeat {
+        session_id: String,
+    },
+    SessionState {
+        session_id: String,
+        state: &'static str,
+        stop_reason: Option<String>,
+        completed: bool,
+    },
+}
+
+type Reply = oneshot::Sender<Result<(), String>>;
+
+#[derive(Clone)]
+pub struct LedgerWriter {
+    tx: mpsc::UnboundedSender<(WriteOp, Option<Reply>)>,
+}
+
+pub struct WriterHandle {
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WriterHandle {
+    /// Wait for every queued write to commit (all senders must be dropped).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl LedgerWriter {
+    pub fn start(path: &Path) -> Result<(LedgerWriter, WriterHandle), super::LedgerError> {
+        let conn = super::open(path)?;
+        // The writer touches the same hot pages (session row, indexes) in
+        // every transaction: a larger cache keeps them out of the read path.
+        conn.pragma_update(None, "cache_size", -65_536)
+            .map_err(super::LedgerError::Sql)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || run(conn, rx))
+            .map_err(|e| super::LedgerError::Corrupt {
+                path: path.display().to_string(),
+                detail: format!("cannot start writer thread: {e}"),
+            })?;
+        Ok((
+            LedgerWriter { tx },
+            WriterHandle {
+                thread: Some(thread),
+            },
+        ))
+    }
+
+    /// Apply `op` and wait for its commit.
+    pub async fn write(&self, op: WriteOp) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send((op, Some(reply)))
+            .map_err(|_| "ledger writer has stopped".to_string())?;
+        rx.await
+            .map_err(|_| "ledger writer has stopped".to_string())?
+    }
+
+    /// Queue `op` without waiting (heartbeats).
+    pub fn post(&self, op: WriteOp) {
+        let _ = self.tx.send((op, None));
+    }
+}
+
+fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<(WriteOp, Option<Reply>)>) {
+    let mut group: Vec<(WriteOp, Option<Reply>)> = Vec::with_capacity(GROUP_MAX);
+    while let Some(first) = rx.blocking_recv() {
+        group.push(first);
+        while group.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(op) => group.push(op),
+                Err(_) => break,
+            }
+        }
+        let results = apply_group(&mut conn, &group);
+        for ((_, reply), result) in group.drain(..).zip(results) {
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
+        }
+    }
+    let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+}
+
+fn apply_group(
+    conn: &mut Connection,
+    group: &[(WriteOp, Option<Reply>)],
+) -> Vec<Result<(), String>> {
+    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            return group
+                .iter()
+                .map(|_| Err(format!("ledger: cannot begin: {e}")))
+                .collect();
+        }
+    };
+    let mut results = Vec::with_capacity(group.len());
+    for (op, _) in group {
+        // A savepoint per operation: one bad operation never takes the
+        // others' writes down with it.
+        let r = (|| -> rusqlite::Result<()> {
+            tx.execute_batch("SAVEPOINT op")?;
+            match apply(&tx, op) {
+                Ok(()) => tx.execute_batch("RELEASE op"),
+                Err(e) => {
+                    tx.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                    Err(e)
+                }
+            }
+        })();
+        results.push(r.map_err(|e| format!("ledger write failed: {e}")));
+    }
+    if let Err(e) = tx.commit() {
+        let msg = format!("ledger: commit failed: {e}");
+        return group.iter().map(|_| Err(msg.clone())).collect();
+    }
+    results
+}
+
+fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
+    let now = now_ts();
+    match op {
+        WriteOp::Send(s) => {
+            conn.prepare_cached(
+                "INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state, system_prompt, user_prompt, sent_at)
+                 VALUES (?1, ?2, ?3, ?4, 'sent', ?5, ?6, ?7)",
+            )?
+            .execute(params![s.request_id, s.attempt, s.session_id, s.client_request_id, s.system_prompt, s.user_prompt, now])?;
+            conn.prepare_cached("UPDATE llm_requests SET status = 'in_flight', attempt = ?2, updated_at = ?3 WHERE request_id = ?1")?
+                .execute(params![s.request_id, s.attempt, now])?;
+            conn.prepare_cached(
+                "UPDATE llm_batch_session SET attempt_count = attempt_count + 1, updated_at = ?2 WHERE session_id = ?1",
+            )?
+            .execute(params![s.session_id, now])?;
+            Ok(())
+        }
+        WriteOp::Attempt(a) => apply_attempt(conn, a, now),
+        WriteOp::Final(attempt, f) => {
+            if let Some(a) = attempt {
+                apply_attempt(conn, a, now)?;
+            }
+            apply_final(conn, f, now)
+        }
+        WriteOp::Requeue {
+            request_id,
+            last_error,
+        } => {
+            conn.prepare_cached(
+                "UPDATE llm_requests SET status = 'pending', last_error = COALESCE(?2, last_error), updated_at = ?3 WHERE request_id = ?1",
+            )?
+            .execute(params![request_id, last_error, now])?;
+            Ok(())
+        }
+        WriteOp::Heartbeat { session_id } => {
+            conn.prepare_cached(
+                "UPDATE llm_batch_session SET heartbeat_at = ?2 WHERE session_id = ?1",
+            )?
+            .execute(params![session_id, now])?;
+            Ok(())
+        }
+        WriteOp::SessionState {
+            session_id,
+            state,
+            stop_reason,
+            completed,
+        } => {
+            conn.prepare_cached(
+                "UPDATE llm_batch_session SET state = ?2, stop_reason = ?3,
+                     completed_at = CASE WHEN ?4 THEN ?5 ELSE completed_at END,
+                     desired_state = CASE WHEN ?2 IN ('completed', 'cancelled', 'error') AND desired_state = 'paused' THEN 'running' ELSE desired_state END,
+                     owner_pid = CASE WHEN ?2 = 'running' THEN owner_pid ELSE NULL END,
+                     updated_at = ?5
+                 WHERE session_id = ?1",
+            )?
+            .execute(params![session_id, state, stop_reason, completed, now])?;
+            Ok(())
+        }
+    }
+}
+
+fn apply_attempt(conn: &Connection, a: &AttemptRecord, now: f64) -> rusqlite::Result<()> {
+    let total = match (a.input_tokens, a.output_tokens) {
+        (None, None) => None,
+        (i, o) => Some(i.unwrap_or(0) + o.unwrap_or(0)),
+    };
+    conn.prepare_cached(
+        "UPDATE llm_messages SET state = ?3, assistant_output = ?4, finish_reason = ?5, http_status = ?6,
+             error_kind = ?7, error_message = ?8, provider_request_id = ?9, model_reported = ?10,
+             input_tokens = ?11, output_tokens = ?12, total_tokens = ?13, cached_input_tokens = ?14,
+             reasoning_tokens = ?15, cost_usd = ?16, latency_ms = ?17, finished_at = ?18
+         WHERE request_id = ?1 AND attempt = ?2",
+    )?
+    .execute(params![
+        a.request_id,
+        a.attempt,
+        a.state,
+        a.output,
+        a.finish_reason,
+        a.http_status,
+        a.error_kind,
+        a.error_message,
+        a.provider_request_id,
+        a.model_reported,
+        a.input_tokens.map(|v| v as i64),
+        a.output_tokens.map(|v| v as i64),
+        total.map(|v| v as i64),
+        a.cached_input_tokens.map(|v| v as i64),
+        a.reasoning_tokens.map(|v| v as i64),
+        a.cost_usd,
+        a.latency_ms,
+        now
+    ])?;
+    conn.prepare_cached(
+        "UPDATE llm_requests SET
+             transport_retries = transport_retries + ?2,
+             gate_failures = gate_failures + ?3,
+             last_error = COALESCE(?4, last_error),
+             updated_at = ?5
+         WHERE request_id = ?1",
+    )?
+    .execute(params![
+        a.request_id,
+        a.transport_failure as i64,
+        a.gate_failure as i64,
+        a.error_message,
+        now
+    ])?;
+    conn.prepare_cached(
+        "UPDATE llm_batch_session SET
+             retry_count = retry_count + ?2,
+             rate_limited_count = rate_limited_count + ?3,
+             ambiguous_count = ambiguous_count + ?4,
+             input_tokens = input_tokens + ?5,
+             output_tokens = output_tokens + ?6,
+             cost_usd = cost_usd + ?7,
+             updated_at = ?8
+         WHERE session_id = ?1",
+    )?
+    .execute(params![
+        a.session_id,
+        a.will_retry as i64,
+        a.rate_limited as i64,
+        (a.state == "ambiguous") as i64,
+        a.input_tokens.unwrap_or(0) as i64,
+        a.output_tokens.unwrap_or(0) as i64,
+        a.cost_usd,
+        now
+    ])?;
+    Ok(())
+}
+
+fn apply_final(conn: &Connection, f: &FinalResult, now: f64) -> rusqlite::Result<()> {
+    // `+session_id` keeps the planner on the request_id index: the session
+    // index would scan every message of the session for each result.
+    let (attempts, input, output, cost): (i64, i64, i64, f64) = conn
+        .prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), COALESCE(SUM(cost_usd), 0)
+             FROM llm_messages WHERE request_id = ?1 AND +session_id = ?2",
+        )?
+        .query_row(params![f.request_id, f.session_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    let adjudication_id = f.request_id.to_string();
+    // The primary key (session_id, item_id) makes a second result for the
+    // same item a hard error: at most one recorded result, ever.
+    conn.prepare_cached(
+        "INSERT INTO llm_batch_result (session_id, item_id, processed_at, outcome, answer_json, confidence, rationale,
+             model_id, error_message, adjudication_id, stage, request_id, attempts, input_tokens, output_tokens, cost_usd)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )?
+    .execute(params![
+        f.session_id,
+        f.item_id,
+        now,
+        f.outcome.as_str(),
+        f.answer_json,
+        f.confidence,
+        f.rationale,
+        f.model_id,
+        f.error_message,
+        adjudication_id,
+        f.stage,
+        f.request_id,
+        attempts,
+        input,
+        output,
+        cost
+    ])?;
+    let result_message: Option<i64> = if f.request_status == "completed" {
+        conn.prepare_cached(
+            "SELECT message_id FROM llm_messages WHERE request_id = ?1 AND state = 'answered' ORDER BY attempt DESC LIMIT 1",
+        )?
+        .query_row(params![f.request_id], |r| r.get(0))
+        .ok()
+    } else {
+        None
+    };
+    conn.prepare_cached(
+        "UPDATE llm_requests SET status = ?2, parsed_output_json = COALESCE(?3, parsed_output_json),
+             result_message_id = COALESCE(?4, result_message_id), last_error = COALESCE(?5, last_error), updated_at = ?6
+         WHERE request_id = ?1",
+    )?
+    .execute(params![f.request_id, f.request_status, f.answer_json, result_message, f.error_message, now])?;
+    let (acc, rev, rej, err) = match f.outcome {
+        Outcome::Accepted => (1, 0, 0, 0),
+        Outcome::Review => (0, 1, 0, 0),
+        Outcome::Rejected => (0, 0, 1, 0),
+        Outcome::Error => (0, 0, 0, 1),
+    };
+    conn.prepare_cached(
+        "UPDATE llm_batch_session SET processed_count = processed_count + 1,
+             accepted_count = accepted_count + ?2, reviewed_count = reviewed_count + ?3,
+             rejected_count = rejected_count + ?4, error_count = error_count + ?5, updated_at = ?6
+         WHERE session_id = ?1",
+    )?
+    .execute(params![f.session_id, acc, rev, rej, err, now])?;
+    match f.outcome {
+        Outcome::Accepted => {
+            // Never overwrite a decision someone made meanwhile.
+            conn.prepare_cached(
+                "UPDATE decision SET state = 'decided', decided_answer_json = ?2, decided_by = 'llm_auto_accept',
+                     decided_at = ?3, confidence = ?4, model_id = ?5, adjudication_id = ?6, updated_at = ?3
+                 WHERE item_id = ?1 AND state = 'indeterminate'",
+            )?
+            .execute(params![f.item_id, f.answer_json, now, f.confidence, f.model_id, adjudication_id])?;
+        }
+        Outcome::Review => {
+            conn.prepare_cached(
+                "INSERT INTO review_item (item_id, session_id, source, status, llm_suggestion_json, confidence, rationale,
+                     model_id, request_id, created_at)
+                 VALUES (?1, ?2, 'LLM_REVIEW', 'pending', ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (session_id, item_id) DO NOTHING",
+            )?
+            .execute(params![
+                f.item_id,
+                f.session_id,
+                f.answer_json.clone().unwrap_or_else(|| "{}".into()),
+                f.confidence,
+                f.rationale,
+                f.model_id,
+                f.request_id,
+                now
+            ])?;
+        }
+        Outcome::Rejected | Outcome::Error => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! docket: batch LLM adjudication engine.
+//!
+//! The engine (ledger, limiter, providers, routing, sessions) lives here; the
+//! CLI in `main.rs` and the console sit on top and never speak HTTP or SQL.
+
+pub mod config;
+pub mod cost;
+pub mod demo;
+pub mod engine;
+pub mod gate;
+pub mod items;
+pub mod ledger;
+pub mod limiter;
+pub mod mock;
+pub mod provider;
+pub mod report;
+pub mod retry;
+pub mod routing;
+pub mod sanitize;
+pub mod template;
+pub mod workspace;

@@ -1,0 +1,60 @@
+//! docket's entry point: parse the command line, set up logging and the
+//! runtime, and call the library. Exit codes: 0 done; 2 bad usage, config or
+//! input; 3 stopped by a non-retryable provider error; 4 paused (budget);
+//! 130 interrupted (the session is saved and resumable).
+
+mod cli;
+mod commands;
+
+use clap::Parser;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let cli = cli::Cli::parse();
+    let _log_guard = init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("docket: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(commands::run(cli));
+    // Do not wait for stray tasks (a hung provider connection) at exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    if std::env::var_os("DOCKET_REPORT_PEAK_RSS").is_some() {
+        report_peak_rss();
+    }
+    std::process::exit(code);
+}
+
+/// For the memory benchmark: the process's peak resident set, from /proc.
+fn report_peak_rss() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if let Some(line) = status.lines().find(|l| l.starts_with("VmHWM:")) {
+        let kb = line.split_whitespace().nth(1).unwrap_or("0");
+        eprintln!("peak_rss_kb={kb}");
+    }
+}
+
+/// Logs go to a file in the data dir, never to the terminal.
+fn init_logging() -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    let dir = docket::workspace::log_dir();
+    std::fs::create_dir_all(&dir).ok()?;
+    let appender = tracing_appender::rolling::never(&dir, "docket.log");
+    let (writer, guard) = tracing_appender::non_blocking(appender);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DOCKET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_ansi(false)
+        .with_env_filter(filter)
+        .try_init()
+        .ok()?;
+    Some(guard)
+}

@@ -1,0 +1,194 @@
+//! The built-in mock provider: an HTTP server on loopback that speaks OpenAI's
+//! Chat Completions wire format byte for byte.
+//!
+//! Contract:
+//! - `POST /v1/chat/completions` answers deterministically (same model + messages
+//!   give the same content), honours `response_format` (text, `json_object`,
+//!   `json_schema`), enforces optional per-second RPM/TPM buckets the way OpenAI
+//!   does, and injects faults drawn from a seeded RNG (not from the prompt, so a
+//!   retry of a failed request can succeed).
+//! - `GET /v1/models` lists a few model ids.
+//! - `GET /_mock/stats`, `GET /_mock/log`, `GET|POST /_mock/config` and
+//!   `POST /_mock/reset` let tests and the demo observe and steer the server live.
+//!
+//! Layout: `server` (lifecycle, shared state, admin routes), `chat` (the
+//! chat-completion pipeline), `wire` (OpenAI request/response/error bodies),
+//! `answer` and `schema` (deterministic content), `json` (an order-preserving
+//! JSON value used for schemas), `limits` (token buckets and Go duration
+//! strings), `faults` (seeded fault and latency draws), `stats` (atomic
+//! counters and the bounded request log).
+
+mod answer;
+mod chat;
+mod faults;
+mod json;
+mod limits;
+mod schema;
+mod server;
+mod stats;
+mod wire;
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+pub use server::MockServer;
+
+/// Runtime knobs of the mock provider. Usable as clap arguments
+/// (`docket mock-provider --rpm-limit 600 …`) and as the JSON body of
+/// `POST /_mock/config` (missing fields take their defaults).
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MockConfig {
+    /// median latency ms (0 = none); latency is log-normal with this median and the p99 below
+    #[arg(long, default_value_t = 0.0)]
+    pub latency_median_ms: f64,
+    /// p99 latency ms (<= median means constant latency)
+    #[arg(long, default_value_t = 0.0)]
+    pub latency_p99_ms: f64,
+    /// server-side requests/min limit, enforced per second like OpenAI (bucket holds one second's
+    /// worth = limit/60, refills continuously); 0 = no limit
+    #[arg(long, default_value_t = 0)]
+    pub rpm_limit: u64,
+    /// server-side tokens/min limit, same per-second bucket; request cost = estimated prompt
+    /// tokens + max_tokens (or max_completion_tokens, default 256); 0 = none
+    #[arg(long, default_value_t = 0)]
+    pub tpm_limit: u64,
+    /// rate of 500 server_error responses, in [0,1]
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_500: f64,
+    /// rate of 503 overloaded responses, in [0,1]
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_503: f64,
+    /// rate of requests that never get an answer (held ~1 hour, until the client gives up)
+    #[arg(long, default_value_t = 0.0)]
+    pub hang: f64,
+    /// rate of 200 responses whose body is not JSON
+    #[arg(long, default_value_t = 0.0)]
+    pub malformed: f64,
+    /// rate of 200 responses with finish_reason "length" and content cut mid-way
+    #[arg(long, default_value_t = 0.0)]
+    pub truncated: f64,
+    /// rate of 200 responses whose JSON content lacks a required field
+    #[arg(long, default_value_t = 0.0)]
+    pub wrong_schema: f64,
+    /// "normal" | "unauthorized" (every request 401 invalid_api_key) | "quota" (every request 429 insufficient_quota)
+    #[arg(long, default_value = "normal")]
+    pub mode: String,
+    /// seed of the fault/latency RNG
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// max entries kept in the request log (oldest dropped)
+    #[arg(long, default_value_t = 1_000_000)]
+    pub log_capacity: usize,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            latency_median_ms: 0.0,
+            latency_p99_ms: 0.0,
+            rpm_limit: 0,
+            tpm_limit: 0,
+            fail_500: 0.0,
+            fail_503: 0.0,
+            hang: 0.0,
+            malformed: 0.0,
+            truncated: 0.0,
+            wrong_schema: 0.0,
+            mode: "normal".to_string(),
+            seed: 42,
+            log_capacity: 1_000_000,
+        }
+    }
+}
+
+impl MockConfig {
+    /// Check the values a human may get wrong: the mode name, fault rates in
+    /// [0,1], finite non-negative latencies. `MockServer::start` and
+    /// `POST /_mock/config` refuse an invalid config with this message.
+    pub fn validate(&self) -> Result<(), String> {
+        if !matches!(self.mode.as_str(), "normal" | "unauthorized" | "quota") {
+            return Err(format!(
+                "mode must be \"normal\", \"unauthorized\" or \"quota\", not {:?}",
+                self.mode
+            ));
+        }
+        let rates = [
+            ("fail_500", self.fail_500),
+            ("fail_503", self.fail_503),
+            ("hang", self.hang),
+            ("malformed", self.malformed),
+            ("truncated", self.truncated),
+            ("wrong_schema", self.wrong_schema),
+        ];
+        for (name, rate) in rates {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(format!("{name} must be a rate in [0,1], got {rate}"));
+            }
+        }
+        for (name, ms) in [
+            ("latency_median_ms", self.latency_median_ms),
+            ("latency_p99_ms", self.latency_p99_ms),
+        ] {
+            if !ms.is_finite() || ms < 0.0 {
+                return Err(format!("{name} must be a finite number >= 0, got {ms}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Counters since start (or the last `POST /_mock/reset`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MockStats {
+    /// every POST /v1/chat/completions received
+    pub requests: u64,
+    pub ok: u64,
+    /// 429 rate_limit_exceeded
+    pub rate_limited: u64,
+    pub unauthorized: u64,
+    pub quota: u64,
+    /// 500
+    pub server_errors: u64,
+    /// 503
+    pub overloaded: u64,
+    pub hangs: u64,
+    pub malformed: u64,
+    pub truncated: u64,
+    pub wrong_schema: u64,
+    /// 400
+    pub bad_requests: u64,
+    /// summed over 200 responses that carried usage (ok, truncated, wrong_schema)
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub models_requests: u64,
+}
+
+/// One chat-completion request as the server saw it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MockLogEntry {
+    pub seq: u64,
+    /// ms since server start
+    pub at_ms: u64,
+    /// X-Client-Request-Id header
+    pub client_request_id: Option<String>,
+    /// hex sha256 of the concatenated message contents ("" when the body was unreadable)
+    pub prompt_sha256: String,
+    pub model: String,
+    /// HTTP status sent; 0 for a hang (nothing is ever sent)
+    pub status: u16,
+    /// "ok","rate_limited","unauthorized","quota","server_error","overloaded","hang",
+    /// "malformed","truncated","wrong_schema","bad_request"
+    pub outcome: String,
+}
+
+/// Blocking entry for `docket mock-provider`: serve until Ctrl-C. Prints one
+/// line "mock provider listening on http://127.0.0.1:PORT/v1" to stdout first.
+pub async fn serve_forever(config: MockConfig, addr: SocketAddr) -> std::io::Result<()> {
+    let server = MockServer::start(config, addr).await?;
+    println!("mock provider listening on {}", server.base_url());
+    let stopped = tokio::signal::ctrl_c().await;
+    server.shutdown().await;
+    stopped
+}

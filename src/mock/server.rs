@@ -1,0 +1,297 @@
+//! Server lifecycle, shared state and the admin routes.
+//!
+//! Contract: `MockServer::start` binds, spawns `axum::serve` in a tokio task and
+//! returns at once. All request handlers share one `Shared`: the live config
+//! (an `Arc` swapped under an `RwLock`, so a handler sees one consistent config
+//! for its whole life), the rate buckets and fault RNG (one `Mutex` each, taken
+//! only when limits/faults are on), the stats recorder, and a shutdown flag.
+//! Shutdown flips the flag, which ends axum's accept loop and wakes every
+//! latency and hang sleep, so graceful shutdown is quick even with hung
+//! requests; the server task is aborted if it still has not ended after a grace.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::chat;
+use super::faults::{FaultPlan, FaultRng};
+use super::limits::Limits;
+use super::stats::Recorder;
+use super::wire::{self, error_body, splitmix};
+use super::{MockConfig, MockLogEntry, MockStats};
+
+/// How long `shutdown` waits for in-flight requests before aborting the server task.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Bodies up to this size are accepted (long prompts are a legitimate load test).
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Normal,
+    Unauthorized,
+    Quota,
+}
+
+/// A config plus what is derived from it once, instead of per request.
+pub(crate) struct Live {
+    pub config: MockConfig,
+    pub mode: Mode,
+    pub plan: FaultPlan,
+    pub quiet: bool,
+    pub limits_on: bool,
+}
+
+impl Live {
+    fn new(config: MockConfig) -> Live {
+        let mode = match config.mode.as_str() {
+            "unauthorized" => Mode::Unauthorized,
+            "quota" => Mode::Quota,
+            // `set_config` cannot report errors; an unknown mode behaves like "normal".
+            _ => Mode::Normal,
+        };
+        let plan = FaultPlan::from_config(&config);
+        Live {
+            mode,
+            quiet: plan.is_quiet(),
+            plan,
+            limits_on: config.rpm_limit > 0 || config.tpm_limit > 0,
+            config,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    live: RwLock<Arc<Live>>,
+    pub limits: Mutex<Limits>,
+    pub rng: Mutex<FaultRng>,
+    pub stats: Recorder,
+    /// counter behind response and request ids
+    pub ids: AtomicU64,
+    /// makes ids differ between server instances
+    pub salt: u64,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn new(config: MockConfig) -> Shared {
+        let now = Instant::now();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Shared {
+            limits: Mutex::new(Limits::new(config.rpm_limit, config.tpm_limit, now)),
+            rng: Mutex::new(FaultRng::new(config.seed)),
+            stats: Recorder::new(now),
+            ids: AtomicU64::new(0),
+            salt: splitmix(nanos ^ config.seed),
+            shutdown: watch::channel(false).0,
+            live: RwLock::new(Arc::new(Live::new(config))),
+        }
+    }
+
+    pub(crate) fn live(&self) -> Arc<Live> {
+        Arc::clone(&self.live.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn set_config(&self, config: MockConfig) {
+        let now = Instant::now();
+        let old_seed = self.live().config.seed;
+        lock(&self.limits).reconfigure(config.rpm_limit, config.tpm_limit, now);
+        if config.seed != old_seed {
+            *lock(&self.rng) = FaultRng::new(config.seed);
+        }
+        self.stats.trim_log(config.log_capacity);
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Live::new(config));
+    }
+
+    /// Resolves once shutdown has begun; long sleeps race against it.
+    pub(crate) async fn stopping(&self) {
+        let mut rx = self.shutdown.subscribe();
+        // An Err means the sender is gone, which also means we are stopping.
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Lock, ignoring poisoning: the guarded data stays consistent between statements.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running mock provider. Dropping it starts a graceful stop in the background.
+pub struct MockServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl MockServer {
+    /// Bind `addr` (use 127.0.0.1:0 for a free port) and serve in a tokio task.
+    /// An invalid config (see `MockConfig::validate`) is an `InvalidInput` error.
+    pub async fn start(config: MockConfig, addr: SocketAddr) -> io::Result<MockServer> {
+        config
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(config));
+        let app = router(Arc::clone(&shared));
+        // Small request/response pairs: never let Nagle hold a write back.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let stop = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.stopping().await })
+                .await
+        });
+        Ok(MockServer {
+            addr,
+            shared,
+            task: Some(task),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// "http://127.0.0.1:PORT/v1" (an unspecified bind address is shown as loopback).
+    pub fn base_url(&self) -> String {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        format!("http://{addr}/v1")
+    }
+
+    /// Snapshot of counters (same as GET /_mock/stats).
+    pub fn stats(&self) -> MockStats {
+        self.shared.stats.snapshot()
+    }
+
+    /// The request log (same as GET /_mock/log).
+    pub fn log(&self) -> Vec<MockLogEntry> {
+        self.shared.stats.log()
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> MockConfig {
+        self.shared.live().config.clone()
+    }
+
+    /// Replace the config live (rate buckets keep their fill ratio, the fault RNG
+    /// is reseeded if the seed changed). An unknown mode behaves like "normal".
+    pub fn set_config(&self, config: MockConfig) {
+        self.shared.set_config(config);
+    }
+
+    /// Graceful stop: no new connections, sleeping requests woken, in-flight
+    /// requests given a short grace, then the server task is aborted.
+    pub async fn shutdown(mut self) {
+        self.shared.shutdown.send_replace(true);
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+        {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        // Without this a dropped server would keep its port and sleeping tasks alive.
+        self.shared.shutdown.send_replace(true);
+    }
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/models", get(models))
+        .route("/_mock/stats", get(stats))
+        .route("/_mock/log", get(log))
+        .route("/_mock/config", get(get_config).post(post_config))
+        .route("/_mock/reset", post(reset))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(shared)
+}
+
+pub(crate) fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(e) => json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error_body(&e.to_string(), Some("server_error"), None),
+        ),
+    }
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    shared.stats.models_request();
+    json_response(StatusCode::OK, wire::models_body())
+}
+
+async fn stats(State(shared): State<Arc<Shared>>) -> Response {
+    to_json(&shared.stats.snapshot())
+}
+
+async fn log(State(shared): State<Arc<Shared>>) -> Response {
+    to_json(&shared.stats.log())
+}
+
+async fn get_config(State(shared): State<Arc<Shared>>) -> Response {
+    to_json(&shared.live().config)
+}
+
+async fn post_config(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let invalid = |msg: &str| {
+        json_response(
+            StatusCode::BAD_REQUEST,
+            error_body(msg, Some("invalid_request_error"), None),
+        )
+    };
+    let config: MockConfig = match serde_json::from_slice(&body) {
+        Ok(c) => c,
+        Err(e) => return invalid(&format!("invalid mock config: {e}")),
+    };
+    if let Err(e) = config.validate() {
+        return invalid(&format!("invalid mock config: {e}"));
+    }
+    shared.set_config(config);
+    to_json(&shared.live().config)
+}
+
+async fn reset(State(shared): State<Arc<Shared>>) -> Response {
+    shared.stats.reset();
+    to_json(&shared.stats.snapshot())
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    let msg = format!("Invalid URL ({method} {})", uri.path());
+    json_response(
+        StatusCode::NOT_FOUND,
+        error_body(&msg, Some("invalid_request_error"), None),
+    )
+}

@@ -1,0 +1,404 @@
+//! OpenAI Chat Completions wire format: the request fields the mock reads and
+//! the exact response, error and model-list bodies it writes.
+//!
+//! Contract: parsing ignores unknown fields and accepts `content` as a string,
+//! an array of parts (only `text` parts count) or null; anything else that
+//! does not fit is a 400 `invalid_request_error`. Bodies serialize with the
+//! field names and order of the OpenAI spec (reference section 1).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::json::Json;
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<Message>>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Message {
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Part {
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct JsonSchemaSpec {
+    #[serde(default)]
+    pub schema: Option<Json>,
+}
+
+/// What the answer should look like, after validation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Format<'a> {
+    Text,
+    JsonObject,
+    /// `None` when `json_schema` came without a `schema` (answer like json_object).
+    JsonSchema(Option<&'a Json>),
+}
+
+/// A request that passed validation, borrowed from the parsed body.
+pub(crate) struct Prompt<'a> {
+    pub model: &'a str,
+    /// one entry per message (its text parts; other parts are ignored)
+    pub messages: Vec<MessageText<'a>>,
+    pub format: Format<'a>,
+    /// max_completion_tokens, else max_tokens
+    pub max_tokens: Option<u64>,
+}
+
+pub(crate) enum MessageText<'a> {
+    Whole(&'a str),
+    Parts(Vec<&'a str>),
+}
+
+impl MessageText<'_> {
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &str> {
+        let (one, many): (Option<&str>, &[&str]) = match self {
+            MessageText::Whole(s) => (Some(s), &[]),
+            MessageText::Parts(p) => (None, p),
+        };
+        one.into_iter().chain(many.iter().copied())
+    }
+}
+
+impl<'a> Prompt<'a> {
+    /// Validate a parsed body; `Err` carries the 400 message.
+    pub(crate) fn from_request(req: &'a ChatRequest) -> Result<Prompt<'a>, String> {
+        let model = match req.model.as_deref() {
+            Some(m) if !m.is_empty() => m,
+            _ => return Err("you must provide a model parameter".to_string()),
+        };
+        let messages = match &req.messages {
+            None => return Err("Missing required parameter: 'messages'.".to_string()),
+            Some(m) if m.is_empty() => {
+                return Err("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.".to_string());
+            }
+            Some(m) => m,
+        };
+        let format = match &req.response_format {
+            None => Format::Text,
+            Some(rf) => match rf.kind.as_str() {
+                "text" => Format::Text,
+                "json_object" => Format::JsonObject,
+                "json_schema" => match &rf.json_schema {
+                    Some(spec) => Format::JsonSchema(spec.schema.as_ref()),
+                    None => {
+                        return Err("Missing required parameter: 'response_format.json_schema'."
+                            .to_string());
+                    }
+                },
+                other => {
+                    return Err(format!(
+                        "Invalid value: '{other}'. Supported values are: 'json_object', 'json_schema', and 'text'."
+                    ));
+                }
+            },
+        };
+        let messages = messages
+            .iter()
+            .map(|m| match &m.content {
+                None => MessageText::Parts(Vec::new()),
+                Some(Content::Text(s)) => MessageText::Whole(s),
+                Some(Content::Parts(parts)) => {
+                    MessageText::Parts(parts.iter().filter_map(|p| p.text.as_deref()).collect())
+                }
+            })
+            .collect();
+        Ok(Prompt {
+            model,
+            messages,
+            format,
+            max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        })
+    }
+
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &str> {
+        self.messages.iter().flat_map(MessageText::pieces)
+    }
+
+    /// Prompt tokens the way a tokenizer roughly counts them: ~4 chars per token,
+    /// plus 4 per message of chat framing, plus 3 to prime the reply.
+    pub(crate) fn prompt_tokens(&self) -> u64 {
+        3 + self
+            .messages
+            .iter()
+            .map(|m| {
+                4 + m
+                    .pieces()
+                    .map(|p| p.chars().count() as u64)
+                    .sum::<u64>()
+                    .div_ceil(4)
+            })
+            .sum::<u64>()
+    }
+
+    /// (hex sha256 of the concatenated contents, sha256 of model + contents).
+    pub(crate) fn hashes(&self) -> (String, [u8; 32]) {
+        let mut contents = Sha256::new();
+        for p in self.pieces() {
+            contents.update(p.as_bytes());
+        }
+        let mut seeded = Sha256::new();
+        seeded.update(self.model.as_bytes());
+        for p in self.pieces() {
+            seeded.update(p.as_bytes());
+        }
+        let mut seed = [0u8; 32];
+        seed.copy_from_slice(seeded.finalize().as_slice());
+        (hex(contents.finalize().as_slice()), seed)
+    }
+}
+
+/// Completion tokens for generated content: ~4 chars per token, at least 1.
+pub(crate) fn completion_tokens(content: &str) -> u64 {
+    (content.chars().count() as u64).div_ceil(4).max(1)
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    s
+}
+
+/// 32 hex digits derived from a counter (ids only need to be unique per server).
+pub(crate) fn id_hex(n: u64, salt: u64) -> String {
+    let a = splitmix(n ^ salt);
+    let b = splitmix(a ^ n.rotate_left(29));
+    format!("{a:016x}{b:016x}")
+}
+
+pub(crate) fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[derive(Serialize)]
+pub(crate) struct Completion<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: [Choice<'a>; 1],
+    pub usage: Usage,
+    pub service_tier: &'static str,
+    pub system_fingerprint: &'static str,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Choice<'a> {
+    pub index: u32,
+    pub message: AssistantMessage<'a>,
+    pub logprobs: Option<()>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+pub(crate) struct AssistantMessage<'a> {
+    pub role: &'static str,
+    pub content: &'a str,
+    pub refusal: Option<&'a str>,
+    pub annotations: [(); 0],
+}
+
+#[derive(Serialize)]
+pub(crate) struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub prompt_tokens_details: PromptDetails,
+    pub completion_tokens_details: CompletionDetails,
+}
+
+#[derive(Serialize, Default)]
+pub(crate) struct PromptDetails {
+    pub cached_tokens: u64,
+    pub audio_tokens: u64,
+}
+
+#[derive(Serialize, Default)]
+pub(crate) struct CompletionDetails {
+    pub reasoning_tokens: u64,
+    pub audio_tokens: u64,
+    pub accepted_prediction_tokens: u64,
+    pub rejected_prediction_tokens: u64,
+}
+
+impl<'a> Completion<'a> {
+    pub(crate) fn new(
+        id: &'a str,
+        created: u64,
+        model: &'a str,
+        content: &'a str,
+        finish_reason: &'static str,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+    ) -> Completion<'a> {
+        Completion {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices: [Choice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                    refusal: None,
+                    annotations: [],
+                },
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens,
+                total_tokens: prompt_tokens + completion_tokens,
+                prompt_tokens_details: PromptDetails::default(),
+                completion_tokens_details: CompletionDetails::default(),
+            },
+            service_tier: "default",
+            system_fingerprint: "fp_mock",
+        }
+    }
+}
+
+/// `{"error":{"message","type","param","code"}}`
+pub(crate) fn error_body(message: &str, kind: Option<&str>, code: Option<&str>) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Body<'a> {
+        error: Inner<'a>,
+    }
+    #[derive(Serialize)]
+    struct Inner<'a> {
+        message: &'a str,
+        #[serde(rename = "type")]
+        kind: Option<&'a str>,
+        param: Option<&'a str>,
+        code: Option<&'a str>,
+    }
+    let body = Body {
+        error: Inner {
+            message,
+            kind,
+            param: None,
+            code,
+        },
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+pub(crate) const MSG_NOT_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON. If you have trouble figuring out how to fix this, please contact us through our help center at help.openai.com.)";
+pub(crate) const MSG_BAD_KEY: &str = "Incorrect API key provided: sk-mock***. You can find your API key at https://platform.openai.com/account/api-keys.";
+pub(crate) const MSG_QUOTA: &str =
+    "You exceeded your current quota, please check your plan and billing details.";
+pub(crate) const MSG_500: &str =
+    "The server had an error while processing your request. Sorry about that!";
+pub(crate) const MSG_503: &str = "The engine is currently overloaded, please try again later.";
+
+pub(crate) const MODELS: [&str; 4] = ["gpt-4o-mini", "gpt-4o", "gpt-4.1-mini", "mock-1"];
+
+/// `GET /v1/models` body.
+pub(crate) fn models_body() -> Vec<u8> {
+    #[derive(Serialize)]
+    struct List {
+        object: &'static str,
+        data: Vec<Model>,
+    }
+    #[derive(Serialize)]
+    struct Model {
+        id: &'static str,
+        object: &'static str,
+        created: u64,
+        owned_by: &'static str,
+    }
+    let list = List {
+        object: "list",
+        data: MODELS
+            .iter()
+            .map(|id| Model {
+                id,
+                object: "model",
+                // a fixed date (2024-07-18) like OpenAI's per-model creation times
+                created: 1_721_260_800,
+                owned_by: "docket-mock",
+            })
+            .collect(),
+    };
+    serde_json::to_vec(&list).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_string_and_part_contents_and_counts_tokens() {
+        let body = r#"{"model":"m","messages":[{"role":"system","content":"abcdefgh"},
+            {"role":"user","content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{"url":"x"}}]},
+            {"role":"assistant","content":null}],"max_tokens":9,"unknown":1}"#;
+        let req: ChatRequest = serde_json::from_str(body).expect("parse");
+        let p = Prompt::from_request(&req).expect("valid");
+        assert_eq!(p.pieces().collect::<Vec<_>>(), ["abcdefgh", "abcd"]);
+        assert_eq!(p.prompt_tokens(), 3 + (4 + 2) + (4 + 1) + 4);
+        assert_eq!(p.max_tokens, Some(9));
+        let (hex_sha, _) = p.hashes();
+        // sha256("abcdefghabcd")
+        assert_eq!(hex_sha.len(), 64);
+        assert_eq!(hex(&[0x0f, 0xa0]), "0fa0");
+    }
+
+    #[test]
+    fn rejects_what_openai_rejects() {
+        for body in [
+            r#"{"messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"model":"m"}"#,
+            r#"{"model":"m","messages":[]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}}"#,
+        ] {
+            let req: ChatRequest = serde_json::from_str(body).expect("parse");
+            assert!(Prompt::from_request(&req).is_err(), "{body}");
+        }
+        assert!(
+            serde_json::from_str::<ChatRequest>(r#"{"model":"m","messages":[{"content":5}]}"#)
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,511 @@
+//! OpenAI Chat Completions (and any server speaking its wire format, the
+//! built-in mock included): `POST {base}/chat/completions`.
+//!
+//! Errors are classified on `error.type` / `error.code`, not the status alone:
+//! a 429 is a rate limit unless its type says the quota or billing is spent
+//! (then the session stops), or its message says one request is larger than
+//! the whole limit (then only the item fails).
+
+// ProviderError carries the rate-limit headers of the failed answer, which
+// the limiter needs; errors are the rare path, so its size is not boxed away.
+#![allow(clippy::result_large_err)]
+
+use std::time::Instant;
+
+use reqwest::header::HeaderMap;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{
+    ApiKey, ChatAnswer, ChatFuture, ChatProvider, ChatRequest, ErrorClass, FinishReason,
+    ProviderError, Usage,
+};
+use crate::limiter::RateHeaders;
+use crate::retry::{parse_go_duration, parse_retry_after};
+
+pub struct OpenAiChat {
+    label: String,
+    url: String,
+    key: Option<ApiKey>,
+    client: reqwest::Client,
+}
+
+impl OpenAiChat {
+    pub fn new(label: &str, base_url: &str, key: Option<ApiKey>) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(1024)
+            .tcp_nodelay(true)
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .user_agent(concat!("docket/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+        Ok(Self {
+            label: label.to_string(),
+            url,
+            key,
+            client,
+        })
+    }
+
+    async fn send_inner(&self, req: &ChatRequest) -> Result<ChatAnswer, ProviderError> {
+        let body = request_body(req);
+        let mut builder = self
+            .client
+            .post(&self.url)
+            .timeout(req.timeout)
+            .header("X-Client-Request-Id", &req.client_request_id)
+            .json(&body);
+        if let Some(key) = &self.key {
+            builder = builder.bearer_auth(key.expose());
+        }
+        let started = Instant::now();
+        let response = builder.send().await.map_err(|e| transport_error(&e))?;
+        let status = response.status().as_u16();
+        let headers = rate_headers(response.headers());
+        let provider_request_id = response
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let bytes = response.bytes().await.map_err(|e| transport_error(&e))?;
+        let _ = started;
+        if status == 200 {
+            return parse_success(&bytes, headers, provider_request_id, status);
+        }
+        Err(classify_error(status, &bytes, headers))
+    }
+}
+
+impl ChatProvider for OpenAiChat {
+    fn name(&self) -> &str {
+        &self.label
+    }
+
+    fn send<'a>(&'a self, request: &'a ChatRequest) -> ChatFuture<'a> {
+        Box::pin(self.send_inner(request))
+    }
+}
+
+pub(crate) fn request_body(req: &ChatRequest) -> Value {
+    let mut messages = Vec::with_capacity(2);
+    if let Some(system) = &req.system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.push(json!({"role": "user", "content": req.user}));
+    let mut body = json!({
+        "model": req.model,
+        "messages": messages,
+        "max_completion_tokens": req.max_tokens,
+    });
+    if let Some(t) = req.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some((name, schema)) = &req.response_schema {
+        body["response_format"] = json!({
+            "type": "json_schema",
+            "json_schema": {"name": name, "strict": true, "schema": schema},
+        });
+    }
+    body
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<UsageBody>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: MessageBody,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MessageBody {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct UsageBody {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize, Default)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+#[derive(Deserialize, Default)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: u64,
+}
+
+fn parse_success(
+    bytes: &[u8],
+    headers: RateHeaders,
+    provider_request_id: Option<String>,
+    status: u16,
+) -> Result<ChatAnswer, ProviderError> {
+    let body: CompletionBody = serde_json::from_slice(bytes).map_err(|e| ProviderError {
+        // The server answered, so this is not ambiguous; it is garbage, and a
+        // retry may well get a good answer.
+        class: ErrorClass::Transient,
+        http_status: Some(status),
+        message: format!(
+            "answer body is not a chat completion: {e}; body starts {}",
+            preview(bytes)
+        ),
+        headers,
+    })?;
+    let Some(choice) = body.choices.into_iter().next() else {
+        return Err(ProviderError {
+            class: ErrorClass::Transient,
+            http_status: Some(status),
+            message: "answer has no choices".into(),
+            headers,
+        });
+    };
+    let finish_reason = match choice.finish_reason.as_deref() {
+        Some("stop") | None => FinishReason::Stop,
+        Some("length") => FinishReason::Length,
+        Some("content_filter") => FinishReason::ContentFilter,
+        Some(other) => FinishReason::Other(other.to_string()),
+    };
+    let usage = body.usage.map(|u| Usage {
+        input_tokens: u.prompt_tokens,
+        output_tokens: u.completion_tokens,
+        cached_input_tokens: u
+            .prompt_tokens_details
+            .map(|d| d.cached_tokens)
+            .unwrap_or(0),
+        reasoning_tokens: u
+            .completion_tokens_details
+            .map(|d| d.reasoning_tokens)
+            .unwrap_or(0),
+    });
+    Ok(ChatAnswer {
+        content: choice.message.content,
+        refusal: choice.message.refusal,
+        finish_reason,
+        usage,
+        provider_request_id: provider_request_id.or(body.id),
+        model: body.model,
+        headers,
+        http_status: status,
+    })
+}
+
+#[derive(Deserialize)]
+struct ErrorEnvelope {
+    error: ErrorBody,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<Value>,
+}
+
+pub(crate) fn classify_error(status: u16, bytes: &[u8], headers: RateHeaders) -> ProviderError {
+    let parsed: Option<ErrorBody> = serde_json::from_slice::<ErrorEnvelope>(bytes)
+        .ok()
+        .map(|e| e.error);
+    let kind = parsed
+        .as_ref()
+        .and_then(|e| e.kind.clone())
+        .unwrap_or_default();
+    let code = parsed
+        .as_ref()
+        .and_then(|e| e.code.as_ref())
+        .map(|c| {
+            c.as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| c.to_string())
+        })
+        .unwrap_or_default();
+    let message = parsed
+        .as_ref()
+        .and_then(|e| e.message.clone())
+        .unwrap_or_else(|| format!("body: {}", preview(bytes)));
+    let quota = kind == "insufficient_quota"
+        || code == "insufficient_quota"
+        || code == "credit_balance_exhausted"
+        || code == "billing_hard_limit_reached";
+    let class = match status {
+        401 | 403 => ErrorClass::Auth,
+        429 if quota => ErrorClass::Quota,
+        429 if message.starts_with("Request too large") => ErrorClass::Request,
+        429 => ErrorClass::RateLimited,
+        503 | 529 => ErrorClass::Overloaded,
+        408 | 409 | 500..=599 => ErrorClass::Transient,
+        _ if quota => ErrorClass::Quota,
+        _ => ErrorClass::Request,
+    };
+    let detail = if code.is_empty() {
+        message
+    } else {
+        format!("{message} [{code}]")
+    };
+    ProviderError {
+        class,
+        http_status: Some(status),
+        message: redact(&detail),
+        headers,
+    }
+}
+
+fn transport_error(e: &reqwest::Error) -> ProviderError {
+    // A connect failure means nothing left this machine: safe to resend.
+    // A timeout or a broken connection after the request went out may have
+    // been billed: ambiguous.
+    let class = if e.is_connect() {
+        ErrorClass::Transient
+    } else if e.is_timeout() || e.is_request() || e.is_body() || e.is_decode() {
+        ErrorClass::Ambiguous
+    } else {
+        ErrorClass::Transient
+    };
+    let what = if e.is_timeout() {
+        "no answer before the request timeout".to_string()
+    } else {
+        e.to_string()
+    };
+    ProviderError {
+        class,
+        http_status: None,
+        message: redact(&what),
+        headers: RateHeaders::default(),
+    }
+}
+
+fn header_u64(h: &HeaderMap, name: &str) -> Option<u64> {
+    h.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name)?.to_str().ok()
+}
+
+pub(crate) fn rate_headers(h: &HeaderMap) -> RateHeaders {
+    let retry_after = header_str(h, "retry-after-ms")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map(|ms| std::time::Duration::from_secs_f64(ms.min(3_600_000.0) / 1000.0))
+        .or_else(|| header_str(h, "retry-after").and_then(parse_retry_after));
+    RateHeaders {
+        limit_requests: header_u64(h, "x-ratelimit-limit-requests"),
+        limit_tokens: header_u64(h, "x-ratelimit-limit-tokens"),
+        remaining_requests: header_u64(h, "x-ratelimit-remaining-requests"),
+        remaining_tokens: header_u64(h, "x-ratelimit-remaining-tokens"),
+        reset_requests: header_str(h, "x-ratelimit-reset-requests").and_then(parse_go_duration),
+        reset_tokens: header_str(h, "x-ratelimit-reset-tokens").and_then(parse_go_duration),
+        retry_after,
+    }
+}
+
+fn preview(bytes: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&bytes[..bytes.len().min(120)]);
+    crate::sanitize::for_terminal(&s)
+}
+
+/// Providers echo a partial key in 401 messages ("Incorrect API key provided:
+/// sk-abc***"). Mask anything key-shaped before it is stored or shown.
+pub(crate) fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, word) in text.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let looks_like_key =
+            (word.starts_with("sk-") || word.starts_with("sk_") || word.starts_with("key-"))
+                && word.len() > 6;
+        if looks_like_key {
+            out.push_str("[redacted]")
+        } else {
+            out.push_str(word)
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn parses_a_spec_shaped_completion() {
+        let body = br#"{"id":"chatcmpl-1","object":"chat.completion","created":1711652795,"model":"gpt-4o-mini-2024-07-18",
+          "choices":[{"index":0,"message":{"role":"assistant","content":"{\"a\":1}","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"length"}],
+          "usage":{"prompt_tokens":24,"completion_tokens":8,"total_tokens":32,"prompt_tokens_details":{"cached_tokens":4,"audio_tokens":0},
+                   "completion_tokens_details":{"reasoning_tokens":2,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},
+          "service_tier":"default","system_fingerprint":"fp_x"}"#;
+        let a = parse_success(body, RateHeaders::default(), None, 200).unwrap();
+        assert_eq!(a.finish_reason, FinishReason::Length);
+        assert_eq!(a.content.as_deref(), Some("{\"a\":1}"));
+        assert_eq!(
+            a.usage,
+            Some(Usage {
+                input_tokens: 24,
+                output_tokens: 8,
+                cached_input_tokens: 4,
+                reasoning_tokens: 2
+            })
+        );
+        assert_eq!(a.provider_request_id.as_deref(), Some("chatcmpl-1"));
+    }
+
+    #[test]
+    fn usage_and_details_may_be_missing() {
+        let body = br#"{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":null,"finish_reason":"stop"}]}"#;
+        let a = parse_success(body, RateHeaders::default(), None, 200).unwrap();
+        assert_eq!(a.usage, None);
+        let body = br#"{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+        let a = parse_success(body, RateHeaders::default(), None, 200).unwrap();
+        assert_eq!(a.usage.unwrap().cached_input_tokens, 0);
+    }
+
+    #[test]
+    fn garbage_is_transient_not_a_panic() {
+        let e = parse_success(
+            b"{\"id\":\"chatcmpl-x\",\"object\":\"chat.compl",
+            RateHeaders::default(),
+            None,
+            200,
+        )
+        .unwrap_err();
+        assert_eq!(e.class, ErrorClass::Transient);
+        let e = parse_success(b"{\"choices\":[]}", RateHeaders::default(), None, 200).unwrap_err();
+        assert_eq!(e.class, ErrorClass::Transient);
+    }
+
+    #[test]
+    fn classifies_openai_error_bodies() {
+        let c =
+            |status, body: &str| classify_error(status, body.as_bytes(), RateHeaders::default());
+        let e = c(
+            401,
+            r#"{"error":{"message":"Incorrect API key provided: sk-abc12***. You can find your API key at x.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::Auth);
+        assert!(!e.message.contains("sk-abc"), "{}", e.message);
+        let e = c(
+            429,
+            r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::Quota);
+        let e = c(
+            429,
+            r#"{"error":{"message":"You have no credits remaining.","type":"x","param":null,"code":"credit_balance_exhausted"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::Quota);
+        let e = c(
+            429,
+            r#"{"error":{"message":"Rate limit reached for gpt-4o-mini on requests per min (RPM): Limit 3, Used 3, Requested 1.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        let e = c(
+            429,
+            r#"{"error":{"message":"Request too large for gpt-4o on tokens per min (TPM): Limit 30000, Requested 50000.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::Request);
+        assert_eq!(
+            c(
+                500,
+                r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#
+            )
+            .class,
+            ErrorClass::Transient
+        );
+        assert_eq!(c(503, "Service Unavailable").class, ErrorClass::Overloaded);
+        let e = c(
+            400,
+            r#"{"error":{"message":"maximum context length","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::Request);
+        assert!(e.message.contains("context_length_exceeded"));
+    }
+
+    #[test]
+    fn reads_rate_limit_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-ratelimit-limit-requests",
+            HeaderValue::from_static("6000"),
+        );
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("0"),
+        );
+        h.insert(
+            "x-ratelimit-reset-requests",
+            HeaderValue::from_static("1m30.5s"),
+        );
+        h.insert("retry-after", HeaderValue::from_static("2"));
+        let r = rate_headers(&h);
+        assert_eq!(r.limit_requests, Some(6000));
+        assert_eq!(r.remaining_requests, Some(0));
+        assert_eq!(
+            r.reset_requests,
+            Some(std::time::Duration::from_millis(90_500))
+        );
+        assert_eq!(r.retry_after, Some(std::time::Duration::from_secs(2)));
+        h.insert("retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(
+            rate_headers(&h).retry_after,
+            Some(std::time::Duration::from_millis(250))
+        );
+    }
+
+    #[test]
+    fn request_body_uses_structured_output() {
+        let req = ChatRequest {
+            model: "gpt-4o-mini".into(),
+            system: Some("sys".into()),
+            user: "u".into(),
+            max_tokens: 100,
+            temperature: Some(0.0),
+            response_schema: Some(("verdict".into(), json!({"type":"object"}))),
+            client_request_id: "r1".into(),
+            timeout: std::time::Duration::from_secs(1),
+        };
+        let b = request_body(&req);
+        assert_eq!(b["messages"][0]["role"], "system");
+        assert_eq!(b["messages"][1]["content"], "u");
+        assert_eq!(b["response_format"]["type"], "json_schema");
+        assert_eq!(b["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(b["max_completion_tokens"], 100);
+    }
+
+    #[test]
+    fn redacts_key_shaped_words() {
+        assert_eq!(
+            redact("bad key sk-abc123*** given"),
+            "bad key [redacted] given"
+        );
+    }
+}

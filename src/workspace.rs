@@ -1,0 +1,121 @@
+//! Workspaces: where one is, and `docket init`.
+//!
+//! A workspace is a folder with `docket.toml` (the job) and `docket.sqlite`
+//! (the ledger). `--workspace DIR` or `DOCKET_WORKSPACE` pick it; the default
+//! is the current folder. The demo workspace lives in the user data dir.
+
+use std::path::{Path, PathBuf};
+
+const TEMPLATE_FILES: &[(&str, &str)] = &[
+    (
+        "docket.toml",
+        include_str!("../assets/workspace/docket.toml"),
+    ),
+    (
+        "prompts/adjudicate.j2",
+        include_str!("../assets/workspace/prompts/adjudicate.j2"),
+    ),
+    (
+        "prompts/system.txt",
+        include_str!("../assets/workspace/prompts/system.txt"),
+    ),
+    (
+        "schemas/adjudicate.schema.json",
+        include_str!("../assets/workspace/schemas/adjudicate.schema.json"),
+    ),
+];
+
+/// Sample items written by `docket init`.
+pub const SAMPLE_ITEMS: &str = "items/sample.jsonl";
+const SAMPLE_COUNT: usize = 50;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error("{0}: a docket.toml is already there (pass --force to overwrite the scaffold files)")]
+    Exists(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Write a working workspace into `dir`. Returns the files written.
+pub fn init(dir: &Path, force: bool) -> Result<Vec<PathBuf>, WorkspaceError> {
+    let io = |p: &Path| {
+        let path = p.display().to_string();
+        move |source| WorkspaceError::Io { path, source }
+    };
+    if dir.join("docket.toml").exists() && !force {
+        return Err(WorkspaceError::Exists(dir.display().to_string()));
+    }
+    let mut written = Vec::new();
+    for (rel, body) in TEMPLATE_FILES {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        std::fs::write(&path, body).map_err(io(&path))?;
+        written.push(path);
+    }
+    let items = dir.join(SAMPLE_ITEMS);
+    if let Some(parent) = items.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&items).map_err(io(&items))?);
+    crate::demo::write_chart_items(&mut f, SAMPLE_COUNT, 1).map_err(io(&items))?;
+    std::io::Write::flush(&mut f).map_err(io(&items))?;
+    written.push(items);
+    Ok(written)
+}
+
+/// The workspace to use: the flag, else `DOCKET_WORKSPACE`, else the current
+/// folder. (clap already folds the env var into the flag.)
+pub fn resolve(flag: Option<&Path>) -> PathBuf {
+    flag.map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// docket's per-user directories.
+pub fn project_dirs() -> Option<directories::ProjectDirs> {
+    directories::ProjectDirs::from("", "", "docket")
+}
+
+/// The demo workspace, in the user data dir (or a temp dir when there is no
+/// home directory).
+pub fn demo_dir() -> PathBuf {
+    match project_dirs() {
+        Some(d) => d.data_dir().join("demo"),
+        None => std::env::temp_dir().join("docket-demo"),
+    }
+}
+
+/// Where logs go.
+pub fn log_dir() -> PathBuf {
+    match project_dirs() {
+        Some(d) => d.data_local_dir().join("logs"),
+        None => std::env::temp_dir().join("docket-logs"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_writes_a_loadable_workspace_and_refuses_to_clobber() {
+        let d = tempfile::tempdir().unwrap();
+        let files = init(d.path(), false).unwrap();
+        assert!(files.iter().any(|f| f.ends_with("docket.toml")));
+        let cfg = crate::config::LoadedConfig::load(&d.path().join("docket.toml")).unwrap();
+        assert_eq!(cfg.config.stages[0].name, "adjudicate");
+        let text = std::fs::read_to_string(d.path().join(SAMPLE_ITEMS)).unwrap();
+        assert_eq!(text.lines().count(), SAMPLE_COUNT);
+        assert!(matches!(
+            init(d.path(), false),
+            Err(WorkspaceError::Exists(_))
+        ));
+        assert!(init(d.path(), true).is_ok());
+    }
+}

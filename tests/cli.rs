@@ -1,0 +1,483 @@
+//! The real binary: signals, kill -9 and resume, and the errors a user sees.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use docket::mock::{MockConfig, MockServer};
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_docket");
+
+async fn mock(cfg: MockConfig) -> MockServer {
+    MockServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock")
+}
+
+fn docket(ws: &Workspace, home: &std::path::Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--workspace")
+        .arg(ws.path())
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env_remove("DOCKET_WORKSPACE");
+    c
+}
+
+fn processed(ws: &Workspace) -> i64 {
+    let conn = ws.conn();
+    conn.query_row(
+        "SELECT COALESCE(MAX(processed_count), 0) FROM llm_batch_session",
+        [],
+        |r| r.get(0),
+    )
+    .unwrap_or(0)
+}
+
+async fn wait_for_progress(ws: &Workspace, at_least: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while processed(ws) < at_least {
+        assert!(Instant::now() < deadline, "no progress");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn latest_session(ws: &Workspace) -> String {
+    docket::ledger::store::latest_session(&ws.conn())
+        .unwrap()
+        .expect("a session")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_saves_the_session_and_resume_completes_it() {
+    let m = mock(MockConfig {
+        latency_median_ms: 40.0,
+        latency_p99_ms: 100.0,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 4;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 150);
+    let home = tempfile::tempdir().unwrap();
+    let child = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_progress(&ws, 10).await;
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sid = latest_session(&ws);
+    assert!(stdout.contains("Session saved. Resume with:"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("docket batch-adjudicate --resume {sid}")),
+        "{stdout}"
+    );
+    let conn = ws.conn();
+    let state: String = conn
+        .query_row("SELECT state FROM llm_batch_session", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(state, "cancelled");
+    check_invariants(&conn, &sid);
+    let before = processed(&ws);
+    assert!(before < 150);
+
+    let out = docket(&ws, home.path())
+        .args(["run", "--yes", "--resume", &sid])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    check_complete(&ws.conn(), &sid);
+    // No answered request was sent again.
+    let answered_twice = count(
+        &ws.conn(),
+        "SELECT COUNT(*) FROM (SELECT request_id FROM llm_messages WHERE state = 'answered' GROUP BY request_id HAVING COUNT(*) > 1)",
+        [],
+    );
+    assert_eq!(answered_twice, 0);
+    assert_eq!(m.stats().ok, 150);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_run_then_resume_processes_every_item_exactly_once() {
+    let m = mock(MockConfig {
+        latency_median_ms: 30.0,
+        latency_p99_ms: 200.0,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 8;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 200);
+    let home = tempfile::tempdir().unwrap();
+    let mut child = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_progress(&ws, 40).await;
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    let sid = latest_session(&ws);
+    let conn = ws.conn();
+    let ok: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    check_invariants(&conn, &sid);
+    // Attempts that were in flight at the kill are still 'sent' in the ledger.
+    let in_flight_at_kill = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'sent'",
+        [],
+    );
+    drop(conn);
+
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless", "--resume", &sid])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let conn = ws.conn();
+    check_complete(&conn, &sid);
+    assert_eq!(
+        200,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1",
+            [&sid]
+        )
+    );
+    let ambiguous: i64 = conn
+        .query_row("SELECT ambiguous_count FROM llm_batch_session", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(
+        ambiguous, in_flight_at_kill,
+        "every re-sent attempt is counted as ambiguous"
+    );
+
+    // The mock's request log against the ledger: every request the mock saw
+    // was recorded before it was sent (intent before side effect) ...
+    let log = m.log();
+    let mut stmt = conn
+        .prepare("SELECT state FROM llm_messages WHERE client_request_id = ?1")
+        .unwrap();
+    let mut sent_per_request = std::collections::HashMap::<i64, i64>::new();
+    for entry in &log {
+        let id = entry.client_request_id.clone().expect("client request id");
+        let state: String = stmt
+            .query_row([&id], |r| r.get(0))
+            .unwrap_or_else(|_| panic!("{id} sent but not in the ledger"));
+        let request_id: i64 = id.rsplit('-').nth(1).unwrap().parse().unwrap();
+        if entry.status == 200 {
+            *sent_per_request.entry(request_id).or_default() += 1;
+            assert!(state == "answered" || state == "ambiguous", "{id}: {state}");
+        }
+    }
+    // ... and a request answered twice by the mock was re-sent only because
+    // its first answer never reached the ledger (an ambiguous attempt).
+    for (request_id, n) in sent_per_request {
+        if n > 1 {
+            let amb = count(
+                &conn,
+                "SELECT COUNT(*) FROM llm_messages WHERE request_id = ?1 AND state = 'ambiguous'",
+                [request_id],
+            );
+            assert_eq!(
+                n - 1,
+                amb,
+                "request {request_id} answered {n} times with {amb} ambiguous attempts"
+            );
+        }
+    }
+}
+
+fn run_err(ws: &Workspace, home: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = docket(ws, home).args(args).output().unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_config_key_missing_template_and_undefined_variable_are_named() {
+    let m = mock(MockConfig::default()).await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 3);
+    let home = tempfile::tempdir().unwrap();
+    let toml_path = ws.path().join("docket.toml");
+    let good = std::fs::read_to_string(&toml_path).unwrap();
+
+    // An unknown key: file, line and key.
+    std::fs::write(
+        &toml_path,
+        good.replace("max_attempts = 3", "max_attempts = 3\nmax_atempts = 4"),
+    )
+    .unwrap();
+    let line = good
+        .lines()
+        .position(|l| l.starts_with("max_attempts"))
+        .unwrap()
+        + 2;
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("docket.toml")
+            && text.contains(&format!("docket.toml:{line}:"))
+            && text.contains("max_atempts"),
+        "{text}"
+    );
+
+    // A value out of range.
+    std::fs::write(
+        &toml_path,
+        good.replace("review_threshold = 0.60", "review_threshold = 1.5"),
+    )
+    .unwrap();
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        text.contains("routing.review_threshold") && text.contains("out of range"),
+        "{text}"
+    );
+    let line = good
+        .lines()
+        .position(|l| l.starts_with("review_threshold"))
+        .unwrap()
+        + 1;
+    assert!(text.contains(&format!("docket.toml:{line}")), "{text}");
+
+    // A wrong type.
+    std::fs::write(
+        &toml_path,
+        good.replace("max_concurrency = 16", "max_concurrency = \"lots\""),
+    )
+    .unwrap();
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        text.contains("max_concurrency") || text.contains("integer"),
+        "{text}"
+    );
+
+    // A missing template file.
+    std::fs::write(
+        &toml_path,
+        good.replace("prompts/adjudicate.j2", "prompts/nope.j2"),
+    )
+    .unwrap();
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        text.contains("prompts/nope.j2") && text.contains("cannot be read"),
+        "{text}"
+    );
+
+    // An undefined template variable: caught before any request is sent.
+    std::fs::write(&toml_path, &good).unwrap();
+    std::fs::write(
+        ws.path().join("prompts/adjudicate.j2"),
+        "Entry {{ item.title }}\nby {{ item.singer }}\n",
+    )
+    .unwrap();
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        text.contains("adjudicate.j2:2")
+            && text.contains("undefined")
+            && text.contains("chart-000001"),
+        "{text}"
+    );
+    assert_eq!(m.stats().requests, 0);
+    assert_eq!(
+        count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_import_rows_are_reported_and_good_rows_kept() {
+    let ws = workspace(&Job::new("http://127.0.0.1:9/v1"));
+    let home = tempfile::tempdir().unwrap();
+    let file = ws.path().join("items/mixed.jsonl");
+    std::fs::write(
+        &file,
+        "{\"id\":\"a\",\"x\":1}\n{\"id\":\"b\",\n{\"x\":2}\n{\"id\":\"c\"}\n",
+    )
+    .unwrap();
+    let (code, text) = run_err(&ws, home.path(), &["import", file.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("mixed.jsonl:2"), "{text}");
+    assert!(text.contains("mixed.jsonl:3"), "{text}");
+    assert_eq!(count(&ws.conn(), "SELECT COUNT(*) FROM decision", []), 2);
+    // Importing again changes nothing.
+    let (_, text) = run_err(&ws, home.path(), &["import", file.to_str().unwrap()]);
+    assert!(
+        text.contains("2 already present") || text.contains("already present"),
+        "{text}"
+    );
+    assert_eq!(count(&ws.conn(), "SELECT COUNT(*) FROM decision", []), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_reaches_no_ledger_log_or_export() {
+    let m = mock(MockConfig {
+        mode: "normal".into(),
+        fail_500: 0.2,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.api_key_env = Some("DOCKET_TEST_KEY");
+    let ws = workspace(&job);
+    import_demo_items(&ws, 20);
+    let home = tempfile::tempdir().unwrap();
+    let canary = "sk-canary-7f3a9c2e1d";
+    // Without the variable the run refuses before sending.
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        text.contains("DOCKET_TEST_KEY") && text.contains("not set"),
+        "{text}"
+    );
+    let out = docket(&ws, home.path())
+        .env("DOCKET_TEST_KEY", canary)
+        .env("DOCKET_LOG", "trace")
+        .args(["run", "--yes"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let sid = latest_session(&ws);
+    let mut haystack = stdout + &String::from_utf8_lossy(&out.stderr);
+    for what in ["decisions", "results", "requests"] {
+        let o = docket(&ws, home.path())
+            .args(["export", "--what", what, "--format", "jsonl"])
+            .output()
+            .unwrap();
+        haystack.push_str(&String::from_utf8_lossy(&o.stdout));
+    }
+    let o = docket(&ws, home.path())
+        .args(["batch-results", &sid, "--format", "json"])
+        .output()
+        .unwrap();
+    haystack.push_str(&String::from_utf8_lossy(&o.stdout));
+    assert!(!haystack.contains(canary));
+    // The ledger file (and its WAL) byte for byte, and every log file.
+    let mut files = vec![ws.ledger(), ws.path().join("docket.sqlite-wal")];
+    for entry in walk(home.path()) {
+        files.push(entry);
+    }
+    for f in files {
+        if let Ok(bytes) = std::fs::read(&f) {
+            assert!(
+                !bytes.windows(canary.len()).any(|w| w == canary.as_bytes()),
+                "key found in {}",
+                f.display()
+            );
+        }
+    }
+    // The snapshot names the variable.
+    let snap: String = ws
+        .conn()
+        .query_row(
+            "SELECT config_snapshot_json FROM llm_batch_session",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(snap.contains("DOCKET_TEST_KEY"));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p))
+            } else {
+                out.push(p)
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn init_then_dry_run_works_in_a_fresh_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let ws_dir = dir.path().join("ws");
+    let out = Command::new(BIN)
+        .env("HOME", home.path())
+        .args(["init", ws_dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("wrote") && text.contains("docket.toml"),
+        "{text}"
+    );
+    let out = Command::new(BIN)
+        .env("HOME", home.path())
+        .env("DOCKET_WORKSPACE", &ws_dir)
+        .args([
+            "import",
+            ws_dir.join("items/sample.jsonl").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(BIN)
+        .env("HOME", home.path())
+        .env("DOCKET_WORKSPACE", &ws_dir)
+        .args(["run", "--dry-run"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("50 found") && text.contains("Dry run: nothing was sent"),
+        "{text}"
+    );
+}

@@ -1,0 +1,585 @@
+//! The engine end to end against the built-in mock (and one scripted server)
+//! over loopback: counters, routing, flags, faults, budgets, resume.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use docket::engine::RunEnd;
+use docket::mock::{MockConfig, MockServer};
+use support::*;
+
+async fn mock(cfg: MockConfig) -> MockServer {
+    MockServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_add_up_and_match_the_results_table() {
+    let m = mock(MockConfig::default()).await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 300);
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let sid = report.session_id.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &sid);
+    let s = report.session.unwrap();
+    assert_eq!(s.total_count, 300);
+    // The mock's confidence spread reaches every band.
+    assert!(
+        s.accepted_count > 0 && s.reviewed_count > 0 && s.rejected_count > 0,
+        "{s:?}"
+    );
+    // One answered send per item, nothing sent twice.
+    assert_eq!(m.stats().ok, 300);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'answered'",
+            []
+        ),
+        300
+    );
+    // Tokens and cost are recorded and summed.
+    let (tin, cost): (i64, f64) = conn
+        .query_row(
+            "SELECT SUM(input_tokens), SUM(cost_usd) FROM llm_batch_result WHERE session_id = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(tin as u64, s.input_tokens);
+    assert!((cost - s.cost_usd).abs() < 1e-9 && cost > 0.0);
+    // The snapshot holds the config, never a key value.
+    assert!(s.config_snapshot_json.contains("\"model\":\"gpt-4o-mini\""));
+    // The seed's summary was printed.
+    let text = lines.text();
+    assert!(text.contains("✓ Auto-accepted:"), "{text}");
+    assert!(text.contains(&format!("Creating batch session: {sid}")));
+}
+
+/// A scripted provider that answers with the confidence written in the prompt.
+async fn echo_confidence_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use axum::{Json, Router, routing::post};
+    async fn handler(Json(body): Json<serde_json::Value>) -> Json<serde_json::Value> {
+        let user = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("");
+        let conf: f64 = user
+            .split("CONF=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0.0);
+        let content = serde_json::json!({"crg_mbid": "c", "rr_mbid": "r", "confidence": conf, "rationale": "scripted"}).to_string();
+        Json(serde_json::json!({
+            "id": "chatcmpl-x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        }))
+    }
+    let app = Router::new().route("/v1/chat/completions", post(handler));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let h = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, h)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thresholds_route_boundary_values() {
+    let (addr, _h) = echo_confidence_server().await;
+    let mut job = Job::new(&format!("http://{addr}/v1"));
+    job.template = Some("CONF={{ item.conf }} end");
+    let ws = workspace(&job);
+    let confs = [
+        ("a", "1.0"),
+        ("b", "0.85"),
+        ("c", "0.8499"),
+        ("d", "0.6"),
+        ("e", "0.5999"),
+        ("f", "0.0"),
+        ("g", "0.9"),
+    ];
+    let path = ws.path().join("items/conf.jsonl");
+    let body: String = confs
+        .iter()
+        .map(|(id, c)| format!("{{\"id\":\"{id}\",\"conf\":\"{c}\"}}\n"))
+        .collect();
+    std::fs::write(&path, body).unwrap();
+    import(&ws, &path);
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let sid = report.session_id.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &sid);
+    let outcome = |id: &str| -> String {
+        conn.query_row(
+            "SELECT outcome FROM llm_batch_result WHERE item_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(outcome("a"), "accepted");
+    assert_eq!(
+        outcome("b"),
+        "accepted",
+        "== auto-accept threshold is accepted"
+    );
+    assert_eq!(outcome("c"), "review");
+    assert_eq!(outcome("d"), "review", "== review threshold is review");
+    assert_eq!(outcome("e"), "rejected");
+    assert_eq!(outcome("f"), "rejected");
+    // The decision took the model's answer; the review item holds the suggestion.
+    let (state, answer): (String, String) = conn
+        .query_row(
+            "SELECT state, decided_answer_json FROM decision WHERE item_id = 'b'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(state, "decided");
+    assert!(answer.contains("\"crg_mbid\":\"c\""));
+    let sugg: String = conn
+        .query_row(
+            "SELECT llm_suggestion_json FROM review_item WHERE item_id = 'c'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(sugg.contains("0.8499"));
+
+    // --min-confidence raises the accept bar; flags override the config.
+    let ws2 = workspace(&job);
+    import(&ws2, &path);
+    let mut o = options(&ws2);
+    o.min_confidence = Some(0.95);
+    o.review_threshold = Some(0.5);
+    let (report, _) = run(o).await;
+    let conn = ws2.conn();
+    let sid = report.session_id.unwrap();
+    check_complete(&conn, &sid);
+    let outcome = |id: &str| -> String {
+        conn.query_row(
+            "SELECT outcome FROM llm_batch_result WHERE item_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(outcome("a"), "accepted");
+    assert_eq!(outcome("g"), "review", "0.9 is below the 0.95 floor");
+    assert_eq!(
+        outcome("e"),
+        "review",
+        "0.5999 is above --review-threshold 0.5"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_and_skip_reviewed_choose_the_items() {
+    let m = mock(MockConfig::default()).await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 40);
+    let mut o = options(&ws);
+    o.limit = Some(15);
+    let (r1, _) = run(o).await;
+    let s1 = r1.session.unwrap();
+    assert_eq!(s1.total_count, 15);
+    assert_eq!(m.stats().ok, 15);
+    let conn = ws.conn();
+    check_complete(&conn, &s1.session_id);
+    let pending_reviews = count(
+        &conn,
+        "SELECT COUNT(*) FROM review_item WHERE status = 'pending'",
+        [],
+    );
+    assert!(pending_reviews > 0);
+    let indeterminate = count(
+        &conn,
+        "SELECT COUNT(*) FROM decision WHERE state = 'indeterminate'",
+        [],
+    );
+    // --skip-reviewed leaves out the items waiting for review.
+    let mut o = options(&ws);
+    o.skip_reviewed = true;
+    let (r2, _) = run(o).await;
+    let s2 = r2.session.unwrap();
+    assert_eq!(s2.total_count as i64, indeterminate - pending_reviews);
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_item si JOIN review_item r ON r.item_id = si.item_id
+             WHERE si.session_id = ?1 AND r.session_id = ?2",
+            rusqlite::params![s2.session_id, s1.session_id]
+        )
+    );
+    // Items answered in the first session were not sent again in the second.
+    let sent_twice = count(
+        &conn,
+        "SELECT COUNT(*) FROM (SELECT request_id FROM llm_messages WHERE state = 'answered' GROUP BY request_id HAVING COUNT(*) > 1)",
+        [],
+    );
+    assert_eq!(sent_twice, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_sends_nothing_and_shows_the_first_prompt() {
+    let m = mock(MockConfig::default()).await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 25);
+    let mut o = options(&ws);
+    o.dry_run = true;
+    let (report, lines) = run(o).await;
+    assert_eq!(report.end, RunEnd::DryRun);
+    assert_eq!(m.stats().requests, 0, "the mock's counter: no HTTP request");
+    let text = lines.text();
+    assert!(text.contains("25 found"), "{text}");
+    assert!(text.contains("Estimating cost: ~$"), "{text}");
+    assert!(
+        text.contains("First rendered prompt (item chart-000001)"),
+        "{text}"
+    );
+    assert!(text.contains("Candidate release groups:"), "{text}");
+    assert_eq!(
+        count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_completes_with_aimd_backing_off() {
+    // The server allows 10 requests/s; the client has no limit of its own and
+    // 32 slots, so it is refused until it learns to back off.
+    let m = mock(MockConfig {
+        rpm_limit: 600,
+        latency_median_ms: 20.0,
+        latency_p99_ms: 60.0,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 32;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 60);
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    assert_eq!(s.error_count, 0, "no item failed");
+    let st = m.stats();
+    assert!(st.rate_limited > 0, "the storm happened: {st:?}");
+    assert_eq!(
+        s.rate_limited_count, st.rate_limited,
+        "every 429 is counted"
+    );
+    assert_eq!(st.ok, 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthorized_stops_at_once_with_a_clear_message() {
+    let m = mock(MockConfig {
+        mode: "unauthorized".into(),
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 4;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 200);
+    let (report, lines) = run(options(&ws)).await;
+    let RunEnd::Stopped(msg) = &report.end else {
+        panic!("{:?}\n{}", report.end, lines.text())
+    };
+    assert!(msg.contains("credentials"), "{msg}");
+    assert_eq!(report.end.exit_code(), 3);
+    assert!(
+        m.stats().requests <= 8,
+        "stopped at once, not after 200 tries: {:?}",
+        m.stats()
+    );
+    let s = report.session.unwrap();
+    assert_eq!(s.state, "error");
+    assert_eq!(
+        s.processed_count, 0,
+        "no item is marked as failed: all stay pending"
+    );
+    assert!(lines.text().contains(&format!(
+        "docket batch-adjudicate --resume {}",
+        s.session_id
+    )));
+    // Resumable: with the provider fixed, resume finishes it.
+    m.set_config(MockConfig::default());
+    let mut o = options(&ws);
+    o.resume = Some(s.session_id.clone());
+    let (report, lines) = run(o).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    check_complete(&ws.conn(), &s.session_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_exhausted_stops_and_is_not_a_rate_limit() {
+    let m = mock(MockConfig {
+        mode: "quota".into(),
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 2;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 50);
+    let (report, _) = run(options(&ws)).await;
+    let RunEnd::Stopped(msg) = &report.end else {
+        panic!("{:?}", report.end)
+    };
+    assert!(msg.contains("quota"), "{msg}");
+    assert!(m.stats().requests <= 4);
+    assert_eq!(report.session.unwrap().rate_limited_count, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_answers_are_retried_then_recorded_as_truncation() {
+    let m = mock(MockConfig {
+        truncated: 1.0,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.max_attempts = 2;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 5);
+    let (report, _) = run(options(&ws)).await;
+    let s = report.session.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &s.session_id);
+    assert_eq!(s.error_count, 5);
+    assert_eq!(m.stats().requests, 10, "two attempts each");
+    let err: String = conn
+        .query_row(
+            "SELECT error_message FROM llm_batch_result LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(err.starts_with("truncated"), "{err}");
+    assert!(!err.contains("parse error"), "{err}");
+    // Raw output is always kept.
+    assert_eq!(
+        10,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE finish_reason = 'length' AND assistant_output IS NOT NULL AND error_kind = 'truncated'",
+            []
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_wrong_schema_answers_are_retried_then_recorded() {
+    // Half the bodies are garbage: retried as transport errors; all complete.
+    let m = mock(MockConfig {
+        malformed: 0.5,
+        seed: 3,
+        ..Default::default()
+    })
+    .await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 40);
+    let (report, _) = run(options(&ws)).await;
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    let malformed = m.stats().malformed;
+    assert!(malformed > 0);
+    // Each garbage body is retried, except the last of an item that used up
+    // all five transport attempts (then the item is an error that says so).
+    assert_eq!(s.retry_count, malformed - s.error_count);
+    assert_eq!(m.stats().ok, 40 - s.error_count);
+    if s.error_count > 0 {
+        let err: String = ws
+            .conn()
+            .query_row(
+                "SELECT error_message FROM llm_batch_result WHERE outcome = 'error'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(err.contains("gave up after 5"), "{err}");
+    }
+
+    // Every answer misses a required field: a parse error after the budget.
+    let m = mock(MockConfig {
+        wrong_schema: 1.0,
+        ..Default::default()
+    })
+    .await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 4);
+    let (report, _) = run(options(&ws)).await;
+    let s = report.session.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &s.session_id);
+    assert_eq!(s.error_count, 4);
+    assert_eq!(
+        m.stats().requests,
+        12,
+        "three attempts each (max_attempts = 3)"
+    );
+    let err: String = conn
+        .query_row(
+            "SELECT error_message FROM llm_batch_result LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(err.starts_with("parse error"), "{err}");
+    assert_eq!(
+        12,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE error_kind = 'gate' AND assistant_output IS NOT NULL",
+            []
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hangs_are_cut_by_the_timeout_and_counted_ambiguous() {
+    let m = mock(MockConfig {
+        hang: 0.3,
+        seed: 11,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.timeout_secs = 0.3;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 20);
+    let (report, _) = run(options(&ws)).await;
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    let hangs = m.stats().hangs;
+    assert!(hangs > 0);
+    assert_eq!(
+        s.ambiguous_count, hangs,
+        "each timed-out send may have been billed"
+    );
+    assert_eq!(s.error_count, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_cost_pauses_before_the_budget_and_resume_finishes() {
+    let m = mock(MockConfig::default()).await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 1;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 30);
+    let mut o = options(&ws);
+    // gpt-4o-mini: a ~300-token prompt and 200 max output tokens cost at most
+    // about $0.00017 a request, so $0.001 covers a handful only.
+    o.max_cost = Some(0.001);
+    let (report, lines) = run(o).await;
+    let RunEnd::Paused(why) = &report.end else {
+        panic!("{:?}\n{}", report.end, lines.text())
+    };
+    assert!(why.contains("budget"), "{why}");
+    let s = report.session.unwrap();
+    assert!(
+        s.cost_usd <= 0.001,
+        "spend {} passed the budget",
+        s.cost_usd
+    );
+    assert!(s.processed_count > 0 && s.processed_count < 30);
+    assert_eq!(s.state, "paused");
+    check_invariants(&ws.conn(), &s.session_id);
+    let mut o = options(&ws);
+    o.resume = Some(s.session_id.clone());
+    o.max_cost = Some(10.0);
+    let (report, _) = run(o).await;
+    assert_eq!(report.end, RunEnd::Completed);
+    check_complete(&ws.conn(), &s.session_id);
+    assert_eq!(m.stats().ok, 30, "nothing paid twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_older_than_seven_days_cannot_be_resumed() {
+    let m = mock(MockConfig {
+        mode: "unauthorized".into(),
+        ..Default::default()
+    })
+    .await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 3);
+    let (report, _) = run(options(&ws)).await;
+    let sid = report.session_id.unwrap();
+    ws.conn()
+        .execute("UPDATE llm_batch_session SET started_at = started_at - 8 * 86400 WHERE session_id = ?1", [&sid])
+        .unwrap();
+    let mut o = options(&ws);
+    o.resume = Some(sid);
+    let err = docket::engine::run(
+        o,
+        std::sync::Arc::new(Lines::default()),
+        |_| true,
+        Default::default(),
+    )
+    .await
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        err.contains("7 days") && err.contains("new session"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
+    let m = mock(MockConfig {
+        latency_median_ms: 50.0,
+        latency_p99_ms: 80.0,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 2;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 60);
+    let path = ws.path().to_path_buf();
+    let handle = tokio::spawn(run(options(&ws)));
+    // Wait for the session to exist and make progress, then pause it from
+    // "another process": a plain connection writing desired_state.
+    let ledger = path.join("docket.sqlite");
+    let sid = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let conn = docket::ledger::open(&ledger).unwrap();
+        if let Ok(Some(id)) = docket::ledger::store::latest_session(&conn)
+            && count(&conn, "SELECT processed_count FROM llm_batch_session", []) >= 5
+        {
+            docket::ledger::store::set_desired_state(&conn, &id, "paused").unwrap();
+            break id;
+        }
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let sent_paused = m.stats().requests;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        m.stats().requests,
+        sent_paused,
+        "no request sent while paused"
+    );
+    let conn = docket::ledger::open(&ledger).unwrap();
+    let state: String = conn
+        .query_row("SELECT state FROM llm_batch_session", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(state, "paused");
+    docket::ledger::store::set_desired_state(&conn, &sid, "running").unwrap();
+    let (report, _) = handle.await.unwrap();
+    assert_eq!(report.end, RunEnd::Completed);
+    check_complete(&ws.conn(), &sid);
+}

@@ -1,0 +1,247 @@
+//! Shared helpers for the integration tests: throwaway workspaces pointed at
+//! a provider on loopback, item files, and the ledger invariants every run
+//! must keep.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use docket::engine::Reporter;
+use rusqlite::Connection;
+
+pub struct Workspace {
+    pub dir: tempfile::TempDir,
+}
+
+impl Workspace {
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+    pub fn ledger(&self) -> PathBuf {
+        self.dir.path().join("docket.sqlite")
+    }
+    pub fn conn(&self) -> Connection {
+        docket::ledger::open(&self.ledger()).expect("open ledger")
+    }
+}
+
+/// Provider knobs for a test job.
+pub struct Job {
+    pub base_url: String,
+    pub rpm: u64,
+    pub concurrency: u64,
+    pub timeout_secs: f64,
+    pub max_attempts: u64,
+    pub transport_attempts: u64,
+    pub template: Option<&'static str>,
+    pub api_key_env: Option<&'static str>,
+}
+
+impl Job {
+    pub fn new(base_url: &str) -> Self {
+        Job {
+            base_url: base_url.to_string(),
+            rpm: 0,
+            concurrency: 16,
+            timeout_secs: 10.0,
+            max_attempts: 3,
+            transport_attempts: 5,
+            template: None,
+            api_key_env: None,
+        }
+    }
+}
+
+/// A workspace from `docket init`, with its provider pointed at `job.base_url`.
+pub fn workspace(job: &Job) -> Workspace {
+    let dir = tempfile::tempdir().expect("tempdir");
+    docket::workspace::init(dir.path(), false).expect("init");
+    if let Some(t) = job.template {
+        std::fs::write(dir.path().join("prompts/adjudicate.j2"), t).unwrap();
+    }
+    let key = job
+        .api_key_env
+        .map(|k| format!("api_key_env = \"{k}\"\n"))
+        .unwrap_or_default();
+    let toml = format!(
+        r#"[job]
+name = "test"
+
+[providers.main]
+kind = "openai_compatible"
+model = "gpt-4o-mini"
+base_url = "{base}"
+{key}requests_per_minute = {rpm}
+tokens_per_minute = 0
+max_concurrency = {conc}
+request_timeout_secs = {timeout}
+max_transport_attempts = {transport}
+
+[[stages]]
+name = "adjudicate"
+provider = "main"
+template = "prompts/adjudicate.j2"
+system_prompt = "prompts/system.txt"
+max_tokens = 200
+max_attempts = {attempts}
+
+[stages.gate]
+kind = "json_schema"
+schema = "schemas/adjudicate.schema.json"
+
+[routing]
+auto_accept_threshold = 0.85
+review_threshold = 0.60
+"#,
+        base = job.base_url,
+        rpm = job.rpm,
+        conc = job.concurrency,
+        timeout = job.timeout_secs,
+        transport = job.transport_attempts,
+        attempts = job.max_attempts,
+    );
+    std::fs::write(dir.path().join("docket.toml"), toml).unwrap();
+    Workspace { dir }
+}
+
+/// Import `n` demo chart items.
+pub fn import_demo_items(ws: &Workspace, n: usize) {
+    let path = ws.path().join("items/test.jsonl");
+    let mut f = std::fs::File::create(&path).unwrap();
+    docket::demo::write_chart_items(&mut f, n, 99).unwrap();
+    import(ws, &path);
+}
+
+pub fn import(ws: &Workspace, path: &Path) {
+    let mut conn = ws.conn();
+    let opts = docket::items::ImportOptions {
+        id_field: "id".into(),
+        format: None,
+        strict: true,
+    };
+    let r = docket::items::import_file(&mut conn, path, &opts).expect("import");
+    assert_eq!(r.bad_count, 0);
+}
+
+/// Collects the engine's lines.
+#[derive(Default)]
+pub struct Lines(pub Mutex<Vec<String>>);
+
+impl Reporter for Lines {
+    fn line(&self, text: &str) {
+        self.0.lock().unwrap().push(text.to_string());
+    }
+}
+
+impl Lines {
+    pub fn text(&self) -> String {
+        self.0.lock().unwrap().join("\n")
+    }
+}
+
+pub fn options(ws: &Workspace) -> docket::engine::RunOptions {
+    docket::engine::RunOptions {
+        workspace: ws.path().to_path_buf(),
+        ..Default::default()
+    }
+}
+
+pub async fn run(opts: docket::engine::RunOptions) -> (docket::engine::RunReport, Arc<Lines>) {
+    let lines = Arc::new(Lines::default());
+    let report = docket::engine::run(opts, lines.clone(), |_| true, Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("run failed: {e}"));
+    (report, lines)
+}
+
+pub fn count(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> i64 {
+    conn.query_row(sql, p, |r| r.get(0))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// The invariants of DESIGN.md that every run keeps, checked on the ledger.
+pub fn check_invariants(conn: &Connection, session_id: &str) {
+    let ok: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    let (total, processed, acc, rev, rej, err): (i64, i64, i64, i64, i64, i64) = conn
+        .query_row(
+            "SELECT total_count, processed_count, accepted_count, reviewed_count, rejected_count, error_count
+             FROM llm_batch_session WHERE session_id = ?1",
+            [session_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+        )
+        .unwrap();
+    let by = |o: &str| {
+        count(
+            conn,
+            "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1 AND outcome = ?2",
+            rusqlite::params![session_id, o],
+        )
+    };
+    assert_eq!(acc, by("accepted"), "accepted counter vs results");
+    assert_eq!(rev, by("review"), "review counter vs results");
+    assert_eq!(rej, by("rejected"), "rejected counter vs results");
+    assert_eq!(err, by("error"), "error counter vs results");
+    assert_eq!(processed, acc + rev + rej + err);
+    assert_eq!(
+        total,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM session_item WHERE session_id = ?1",
+            [session_id]
+        )
+    );
+    // Every result belongs to an item of the session; none is lost or extra.
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM llm_batch_result b WHERE b.session_id = ?1
+               AND NOT EXISTS (SELECT 1 FROM session_item s WHERE s.session_id = b.session_id AND s.item_id = b.item_id)",
+            [session_id]
+        )
+    );
+    // Accepted items are decided; review items have a review row; others stay indeterminate.
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM llm_batch_result b JOIN decision d ON d.item_id = b.item_id
+             WHERE b.session_id = ?1 AND b.outcome = 'accepted' AND d.state != 'decided'",
+            [session_id]
+        )
+    );
+    assert_eq!(
+        rev,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM review_item WHERE session_id = ?1 AND source = 'LLM_REVIEW'",
+            [session_id]
+        )
+    );
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM llm_batch_result b JOIN decision d ON d.item_id = b.item_id
+             WHERE b.session_id = ?1 AND b.outcome IN ('review', 'rejected', 'error') AND d.state != 'indeterminate'",
+            [session_id]
+        )
+    );
+}
+
+/// A finished session: every item has exactly one outcome.
+pub fn check_complete(conn: &Connection, session_id: &str) {
+    check_invariants(conn, session_id);
+    let (total, processed, state): (i64, i64, String) = conn
+        .query_row(
+            "SELECT total_count, processed_count, state FROM llm_batch_session WHERE session_id = ?1",
+            [session_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(total, processed, "every item processed");
+    assert_eq!(state, "completed");
+}
