@@ -1,20 +1,19 @@
 //! Make item and model text safe for a terminal: no control characters, no
 //! escape sequences, bounded length.
 
-/// Replace every control character (C0, DEL, C1, which covers ESC and CSI)
-/// with a visible stand-in; newlines and tabs become spaces.
+/// Newlines, tabs and carriage returns become spaces; every other control
+/// character (C0, DEL, C1: ESC, CSI, BEL, NUL...) is removed, so no escape
+/// sequence can start; bidi overrides, which reorder what the operator
+/// reads, are removed too.
 pub fn for_terminal(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for ch in text.chars() {
-        match ch {
-            '\n' | '\r' | '\t' => out.push(' '),
-            c if c.is_control() => out.push('\u{FFFD}'),
-            // Bidi overrides can reorder what the operator reads.
-            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => out.push('\u{FFFD}'),
-            c => out.push(c),
-        }
-    }
-    out
+    text.chars()
+        .filter_map(|c| match c {
+            '\n' | '\r' | '\t' => Some(' '),
+            c if c.is_control() => None,
+            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => None,
+            c => Some(c),
+        })
+        .collect()
 }
 
 /// `for_terminal`, then cut to at most `max` characters with an ellipsis.

@@ -106,7 +106,7 @@ fn progress_line(
         (s.done as f64 * 100.0 / s.total as f64).min(if s.in_flight > 0 { 99.9 } else { 100.0 })
     };
     let mut line = format!(
-        "[{}/{} {:>5.1}%] ✓ {} acc  ⚠ {} rev  ✗ {} rej  ⨯ {} err | {:.1} req/s  in flight {} (limit {})  429s {}  retries {}  ambiguous {} | tokens {} | ${:.4} of ~${:.4} | elapsed {}  ETA {}",
+        "[{}/{} {:>5.1}%] ✓ {} acc  ⚠ {} rev  ✗ {} rej  ⨯ {} err | pending {} | {:.1} req/s  in flight {} (limit {})  429s {}  retries {}  ambiguous {} | tokens {} | ${:.4} of ~${:.4} | elapsed {}  ETA {}",
         s.done,
         s.total,
         pct,
@@ -114,6 +114,7 @@ fn progress_line(
         s.review,
         s.rejected,
         s.errors,
+        s.total.saturating_sub(s.done + s.in_flight),
         rate,
         s.in_flight,
         concurrency,
@@ -208,13 +209,13 @@ pub fn format_summary(s: &SessionRow, end: &RunEnd) -> Vec<String> {
         }
         RunEnd::Stopped(why) => {
             lines.push(String::new());
-            lines.push(format!("Stopped: {why}"));
+            lines.push(format!("Stopped: {}", crate::sanitize::for_terminal(why)));
             lines.push("Session saved. Resume with:".into());
             lines.push(resume);
         }
         RunEnd::Paused(why) => {
             lines.push(String::new());
-            lines.push(format!("Paused: {why}"));
+            lines.push(format!("Paused: {}", crate::sanitize::for_terminal(why)));
             lines.push(
                 "Session saved. Resume with (raise --max-cost if the budget stopped it):".into(),
             );

@@ -16,7 +16,7 @@ pub struct Candidate {
     pub evidence_json: String,
 }
 
-/// Visit indeterminate items in id order, at most `limit`; with
+/// Visit indeterminate items in import order, at most `limit`; with
 /// `skip_reviewed`, items that already have a pending review item are left out.
 pub fn for_each_candidate(
     conn: &Connection,
@@ -24,13 +24,15 @@ pub fn for_each_candidate(
     skip_reviewed: bool,
     mut visit: impl FnMut(Candidate) -> Result<(), String>,
 ) -> Result<u64, String> {
+    // Import (rowid) order streams straight off the state index; ordering by
+    // item_id would make SQLite sort every row, evidence included, in memory.
     let sql = if skip_reviewed {
         "SELECT d.item_id, d.evidence_json FROM decision d
          WHERE d.state = 'indeterminate'
            AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')
-         ORDER BY d.item_id LIMIT ?1"
+         ORDER BY d.rowid LIMIT ?1"
     } else {
-        "SELECT d.item_id, d.evidence_json FROM decision d WHERE d.state = 'indeterminate' ORDER BY d.item_id LIMIT ?1"
+        "SELECT d.item_id, d.evidence_json FROM decision d WHERE d.state = 'indeterminate' ORDER BY d.rowid LIMIT ?1"
     };
     let limit = limit.map(|l| l as i64).unwrap_or(-1);
     let mut stmt = conn.prepare(sql).map_err(|e| e.to_string())?;
@@ -202,7 +204,8 @@ pub fn repair_interrupted(
         params![session_id, now],
     )?;
     tx.execute(
-        "UPDATE llm_batch_session SET ambiguous_count = ambiguous_count + ?2, state = 'running', desired_state = 'running',
+        "UPDATE llm_batch_session SET ambiguous_count = ambiguous_count + ?2, attempt_count = attempt_count + ?2,
+             state = 'running', desired_state = 'running',
              stop_reason = NULL, completed_at = NULL, max_cost_usd = COALESCE(?3, max_cost_usd),
              owner_pid = ?4, owner_host = ?5, heartbeat_at = ?6, updated_at = ?6
          WHERE session_id = ?1",
@@ -234,8 +237,11 @@ pub fn next_work(
     n: usize,
 ) -> rusqlite::Result<Vec<WorkItem>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT si.position, si.item_id, si.request_id, d.evidence_json, r.status, r.attempt, r.gate_failures,
-                r.transport_retries, r.parsed_output_json
+        "SELECT si.position, si.item_id, si.request_id, d.evidence_json, r.status,
+                -- attempts are numbered from the messages: one sent just before a
+                -- crash is on disk there even though the request never heard of it
+                MAX(r.attempt, (SELECT COALESCE(MAX(m.attempt), 0) FROM llm_messages m WHERE m.request_id = r.request_id)),
+                r.gate_failures, r.transport_retries, r.parsed_output_json
          FROM session_item si
          JOIN decision d ON d.item_id = si.item_id
          JOIN llm_requests r ON r.request_id = si.request_id

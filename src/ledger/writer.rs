@@ -122,7 +122,7 @@ impl LedgerWriter {
         let conn = super::open(path)?;
         // The writer touches the same hot pages (session row, indexes) in
         // every transaction: a larger cache keeps them out of the read path.
-        conn.pragma_update(None, "cache_size", -65_536)
+        conn.pragma_update(None, "cache_size", -16_384)
             .map_err(super::LedgerError::Sql)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
@@ -190,20 +190,32 @@ fn apply_group(
         }
     };
     let mut results = Vec::with_capacity(group.len());
+    // With one operation the transaction itself is its savepoint.
+    let isolate = group.len() > 1;
     for (op, _) in group {
         // A savepoint per operation: one bad operation never takes the
-        // others' writes down with it.
+        // others' writes down with it. (Cached statements: execute_batch
+        // would parse the SQL every time, thousands of times a second.)
         let r = (|| -> rusqlite::Result<()> {
-            tx.execute_batch("SAVEPOINT op")?;
+            if !isolate {
+                return apply(&tx, op);
+            }
+            tx.prepare_cached("SAVEPOINT op")?.execute([])?;
             match apply(&tx, op) {
-                Ok(()) => tx.execute_batch("RELEASE op"),
+                Ok(()) => tx.prepare_cached("RELEASE op")?.execute([]).map(|_| ()),
                 Err(e) => {
-                    tx.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                    tx.prepare_cached("ROLLBACK TO op")?.execute([])?;
+                    tx.prepare_cached("RELEASE op")?.execute([])?;
                     Err(e)
                 }
             }
         })();
         results.push(r.map_err(|e| format!("ledger write failed: {e}")));
+    }
+    if !isolate && results.iter().any(Result::is_err) {
+        // The only operation failed: nothing of it may stay.
+        let _ = tx.rollback();
+        return results;
     }
     if let Err(e) = tx.commit() {
         let msg = format!("ledger: commit failed: {e}");
@@ -215,27 +227,28 @@ fn apply_group(
 fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
     let now = now_ts();
     match op {
+        // One insert: the attempt exists on disk before its request leaves.
+        // The request's `attempt` and the session's counters are settled when
+        // the attempt closes (a crash leaves it 'sent': see repair_interrupted).
         WriteOp::Send(s) => {
             conn.prepare_cached(
                 "INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state, system_prompt, user_prompt, sent_at)
                  VALUES (?1, ?2, ?3, ?4, 'sent', ?5, ?6, ?7)",
             )?
             .execute(params![s.request_id, s.attempt, s.session_id, s.client_request_id, s.system_prompt, s.user_prompt, now])?;
-            conn.prepare_cached("UPDATE llm_requests SET status = 'in_flight', attempt = ?2, updated_at = ?3 WHERE request_id = ?1")?
-                .execute(params![s.request_id, s.attempt, now])?;
-            conn.prepare_cached(
-                "UPDATE llm_batch_session SET attempt_count = attempt_count + 1, updated_at = ?2 WHERE session_id = ?1",
-            )?
-            .execute(params![s.session_id, now])?;
             Ok(())
         }
-        WriteOp::Attempt(a) => apply_attempt(conn, a, now),
-        WriteOp::Final(attempt, f) => {
-            if let Some(a) = attempt {
-                apply_attempt(conn, a, now)?;
-            }
-            apply_final(conn, f, now)
+        WriteOp::Attempt(a) => {
+            close_attempt(conn, a, now)?;
+            conn.prepare_cached(
+                "UPDATE llm_requests SET attempt = MAX(attempt, ?2), transport_retries = transport_retries + ?3,
+                     gate_failures = gate_failures + ?4, last_error = COALESCE(?5, last_error), updated_at = ?6
+                 WHERE request_id = ?1",
+            )?
+            .execute(params![a.request_id, a.attempt, a.transport_failure as i64, a.gate_failure as i64, a.error_message, now])?;
+            bump_session(conn, &a.session_id, Some(a), None, now)
         }
+        WriteOp::Final(attempt, f) => apply_final(conn, attempt.as_ref(), f, now),
         WriteOp::Requeue {
             request_id,
             last_error,
@@ -273,7 +286,8 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
     }
 }
 
-fn apply_attempt(conn: &Connection, a: &AttemptRecord, now: f64) -> rusqlite::Result<()> {
+/// Record what came back for one attempt on its message row.
+fn close_attempt(conn: &Connection, a: &AttemptRecord, now: f64) -> rusqlite::Result<()> {
     let total = match (a.input_tokens, a.output_tokens) {
         (None, None) => None,
         (i, o) => Some(i.unwrap_or(0) + o.unwrap_or(0)),
@@ -305,46 +319,67 @@ fn apply_attempt(conn: &Connection, a: &AttemptRecord, now: f64) -> rusqlite::Re
         a.latency_ms,
         now
     ])?;
-    conn.prepare_cached(
-        "UPDATE llm_requests SET
-             transport_retries = transport_retries + ?2,
-             gate_failures = gate_failures + ?3,
-             last_error = COALESCE(?4, last_error),
-             updated_at = ?5
-         WHERE request_id = ?1",
-    )?
-    .execute(params![
-        a.request_id,
-        a.transport_failure as i64,
-        a.gate_failure as i64,
-        a.error_message,
-        now
-    ])?;
+    Ok(())
+}
+
+/// One update of the session row for a closed attempt and/or an outcome.
+fn bump_session(
+    conn: &Connection,
+    session_id: &str,
+    a: Option<&AttemptRecord>,
+    outcome: Option<Outcome>,
+    now: f64,
+) -> rusqlite::Result<()> {
+    let (acc, rev, rej, err) = match outcome {
+        Some(Outcome::Accepted) => (1, 0, 0, 0),
+        Some(Outcome::Review) => (0, 1, 0, 0),
+        Some(Outcome::Rejected) => (0, 0, 1, 0),
+        Some(Outcome::Error) => (0, 0, 0, 1),
+        None => (0, 0, 0, 0),
+    };
     conn.prepare_cached(
         "UPDATE llm_batch_session SET
-             retry_count = retry_count + ?2,
-             rate_limited_count = rate_limited_count + ?3,
-             ambiguous_count = ambiguous_count + ?4,
-             input_tokens = input_tokens + ?5,
-             output_tokens = output_tokens + ?6,
-             cost_usd = cost_usd + ?7,
-             updated_at = ?8
+             attempt_count = attempt_count + ?2,
+             retry_count = retry_count + ?3,
+             rate_limited_count = rate_limited_count + ?4,
+             ambiguous_count = ambiguous_count + ?5,
+             input_tokens = input_tokens + ?6,
+             output_tokens = output_tokens + ?7,
+             cost_usd = cost_usd + ?8,
+             processed_count = processed_count + ?9,
+             accepted_count = accepted_count + ?10, reviewed_count = reviewed_count + ?11,
+             rejected_count = rejected_count + ?12, error_count = error_count + ?13,
+             updated_at = ?14
          WHERE session_id = ?1",
     )?
     .execute(params![
-        a.session_id,
-        a.will_retry as i64,
-        a.rate_limited as i64,
-        (a.state == "ambiguous") as i64,
-        a.input_tokens.unwrap_or(0) as i64,
-        a.output_tokens.unwrap_or(0) as i64,
-        a.cost_usd,
+        session_id,
+        a.is_some() as i64,
+        a.is_some_and(|a| a.will_retry) as i64,
+        a.is_some_and(|a| a.rate_limited) as i64,
+        a.is_some_and(|a| a.state == "ambiguous") as i64,
+        a.and_then(|a| a.input_tokens).unwrap_or(0) as i64,
+        a.and_then(|a| a.output_tokens).unwrap_or(0) as i64,
+        a.map_or(0.0, |a| a.cost_usd),
+        outcome.is_some() as i64,
+        acc,
+        rev,
+        rej,
+        err,
         now
     ])?;
     Ok(())
 }
 
-fn apply_final(conn: &Connection, f: &FinalResult, now: f64) -> rusqlite::Result<()> {
+fn apply_final(
+    conn: &Connection,
+    attempt: Option<&AttemptRecord>,
+    f: &FinalResult,
+    now: f64,
+) -> rusqlite::Result<()> {
+    if let Some(a) = attempt {
+        close_attempt(conn, a, now)?;
+    }
     // `+session_id` keeps the planner on the request_id index: the session
     // index would scan every message of the session for each result.
     let (attempts, input, output, cost): (i64, i64, i64, f64) = conn
@@ -379,34 +414,31 @@ fn apply_final(conn: &Connection, f: &FinalResult, now: f64) -> rusqlite::Result
         output,
         cost
     ])?;
-    let result_message: Option<i64> = if f.request_status == "completed" {
-        conn.prepare_cached(
-            "SELECT message_id FROM llm_messages WHERE request_id = ?1 AND state = 'answered' ORDER BY attempt DESC LIMIT 1",
-        )?
-        .query_row(params![f.request_id], |r| r.get(0))
-        .ok()
-    } else {
-        None
-    };
+    // The answer that passed is the attempt just closed (or, for a reused
+    // answer, the one already linked).
+    let passed_attempt = attempt
+        .filter(|_| f.request_status == "completed")
+        .map(|a| a.attempt);
     conn.prepare_cached(
         "UPDATE llm_requests SET status = ?2, parsed_output_json = COALESCE(?3, parsed_output_json),
-             result_message_id = COALESCE(?4, result_message_id), last_error = COALESCE(?5, last_error), updated_at = ?6
+             result_message_id = COALESCE((SELECT message_id FROM llm_messages WHERE request_id = ?1 AND attempt = ?4), result_message_id),
+             attempt = MAX(attempt, COALESCE(?5, 0)),
+             transport_retries = transport_retries + ?6, gate_failures = gate_failures + ?7,
+             last_error = COALESCE(?8, last_error), updated_at = ?9
          WHERE request_id = ?1",
     )?
-    .execute(params![f.request_id, f.request_status, f.answer_json, result_message, f.error_message, now])?;
-    let (acc, rev, rej, err) = match f.outcome {
-        Outcome::Accepted => (1, 0, 0, 0),
-        Outcome::Review => (0, 1, 0, 0),
-        Outcome::Rejected => (0, 0, 1, 0),
-        Outcome::Error => (0, 0, 0, 1),
-    };
-    conn.prepare_cached(
-        "UPDATE llm_batch_session SET processed_count = processed_count + 1,
-             accepted_count = accepted_count + ?2, reviewed_count = reviewed_count + ?3,
-             rejected_count = rejected_count + ?4, error_count = error_count + ?5, updated_at = ?6
-         WHERE session_id = ?1",
-    )?
-    .execute(params![f.session_id, acc, rev, rej, err, now])?;
+    .execute(params![
+        f.request_id,
+        f.request_status,
+        f.answer_json,
+        passed_attempt,
+        attempt.map(|a| a.attempt),
+        attempt.is_some_and(|a| a.transport_failure) as i64,
+        attempt.is_some_and(|a| a.gate_failure) as i64,
+        f.error_message.as_ref().or(attempt.and_then(|a| a.error_message.as_ref())),
+        now
+    ])?;
+    bump_session(conn, &f.session_id, attempt, Some(f.outcome), now)?;
     match f.outcome {
         Outcome::Accepted => {
             // Never overwrite a decision someone made meanwhile.

@@ -68,30 +68,9 @@ impl ReportError {
     }
 }
 
-/// Make text from items and models safe for a terminal: newlines, tabs and
-/// carriage returns become spaces, every other control character (ESC, CSI,
-/// BEL, NUL…) and the bidi overrides that reorder text are removed.
-pub fn strip_controls(text: &str) -> String {
-    text.chars()
-        .filter_map(|c| match c {
-            '\n' | '\t' | '\r' => Some(' '),
-            c if c.is_control() => None,
-            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => None,
-            c => Some(c),
-        })
-        .collect()
-}
-
-/// `strip_controls`, then cut to at most `max` characters (ending in `…` if cut).
-pub fn clip(text: &str, max: usize) -> String {
-    let clean = strip_controls(text);
-    if clean.chars().count() <= max {
-        return clean;
-    }
-    let mut s: String = clean.chars().take(max.saturating_sub(1)).collect();
-    s.push('…');
-    s
-}
+// One sanitizer for the whole crate: reports use the same rules as the
+// engine's output.
+pub use crate::sanitize::{for_terminal as strip_controls, truncate as clip};
 
 /// Unix seconds as `YYYY-MM-DD HH:MM:SS` (UTC), for tables.
 pub fn table_time(ts: f64) -> String {
