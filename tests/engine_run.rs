@@ -583,3 +583,36 @@ async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
     assert_eq!(report.end, RunEnd::Completed);
     check_complete(&ws.conn(), &sid);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_refuses_a_changed_job() {
+    let m = mock(MockConfig {
+        mode: "unauthorized".into(),
+        ..Default::default()
+    })
+    .await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 3);
+    let (report, _) = run(options(&ws)).await;
+    let sid = report.session_id.unwrap();
+    let tpl = ws.path().join("prompts/adjudicate.j2");
+    let original = std::fs::read_to_string(&tpl).unwrap();
+    std::fs::write(&tpl, format!("{original}\nBe brief.")).unwrap();
+    let mut o = options(&ws);
+    o.resume = Some(sid.clone());
+    let err = docket::engine::run(
+        o.clone(),
+        std::sync::Arc::new(Lines::default()),
+        |_| true,
+        Default::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(err.to_string().contains("the prompt template"), "{err}");
+    // Restored, it resumes (and the fixed provider finishes it).
+    std::fs::write(&tpl, original).unwrap();
+    m.set_config(MockConfig::default());
+    let (report, _) = run(o).await;
+    assert_eq!(report.end, RunEnd::Completed);
+    check_complete(&ws.conn(), &sid);
+}

@@ -637,9 +637,9 @@ fn sessions_list_newest_first_with_resumable() {
     let now = docket::ledger::now_ts();
     conn.execute(
         "INSERT INTO llm_batch_session (session_id, started_at, total_count, processed_count, \
-         config_snapshot_json, state, desired_state, updated_at) \
-         VALUES ('batch_live', ?1, 10, 4, '{}', 'running', 'paused', ?1)",
-        [now - 3600.0],
+         config_snapshot_json, state, desired_state, updated_at, heartbeat_at) \
+         VALUES ('batch_live', ?1, 10, 4, '{}', 'running', 'paused', ?1, ?2)",
+        [now - 3600.0, now],
     )
     .unwrap();
 

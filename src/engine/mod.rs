@@ -412,6 +412,7 @@ fn resume_session(
                 s.processed_count, s.total_count
             )));
         }
+        check_same_job(p, &s)?;
         let ambiguous = store::repair_interrupted(&mut conn, id, max_cost)?;
         reporter.line(&format!(
             "Resuming session {id}: {} of {} items already processed{}",
@@ -425,6 +426,50 @@ fn resume_session(
         ));
         Ok(id.to_string())
     })
+}
+
+/// A resumed session must send what it started with: the same stage,
+/// provider, model, template and parameters. Mixing two jobs in one session
+/// would make its results meaningless, so a change is refused, not followed.
+fn check_same_job(p: &Prepared, s: &SessionRow) -> Result<(), EngineError> {
+    let snap: serde_json::Value = serde_json::from_str(&s.config_snapshot_json).unwrap_or_default();
+    let was_stage = snap
+        .pointer("/config/stages/0/name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let was_provider = snap
+        .pointer("/config/stages/0/provider")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let was_model = snap
+        .pointer(&format!("/config/providers/{was_provider}/model"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let mut changes = Vec::new();
+    if was_stage != p.stage {
+        changes.push(format!("stage {was_stage} -> {}", p.stage));
+    }
+    if was_provider != p.provider_name || was_model != p.model {
+        changes.push(format!(
+            "provider/model {was_provider}/{was_model} -> {}/{}",
+            p.provider_name, p.model
+        ));
+    }
+    if snap.get("template_hash").and_then(|v| v.as_str()) != Some(p.template.hash.as_str()) {
+        changes.push("the prompt template".into());
+    }
+    if snap.get("params_hash").and_then(|v| v.as_str()) != Some(p.params_hash.as_str()) {
+        changes.push("the stage parameters (max_tokens, temperature or gate)".into());
+    }
+    if changes.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::Usage(format!(
+        "session {} was started with a different job: {} changed in docket.toml since. \
+         Restore them to resume it, or start a new session (answered requests are reused only when nothing changed).",
+        s.session_id,
+        changes.join(", ")
+    )))
 }
 
 fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {

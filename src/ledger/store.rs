@@ -195,7 +195,8 @@ pub fn repair_interrupted(
     let n = tx.execute(
         "UPDATE llm_messages SET state = 'ambiguous', error_kind = 'ambiguous',
              error_message = 'no answer was recorded before the process stopped; it may have been billed', finished_at = ?2
-         WHERE session_id = ?1 AND state = 'sent'",
+         WHERE state = 'sent' AND +session_id = ?1
+           AND request_id IN (SELECT request_id FROM session_item WHERE session_id = ?1)",
         params![session_id, now],
     )? as u64;
     tx.execute(

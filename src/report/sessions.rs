@@ -12,6 +12,9 @@ use crate::ledger::now_ts;
 /// A session can be resumed for this long after it started.
 pub const RESUMABLE_FOR_SECS: f64 = 7.0 * 24.0 * 3600.0;
 
+/// A live engine writes a heartbeat every half second.
+const STALE_HEARTBEAT_SECS: f64 = 15.0;
+
 /// Keys of `sessions --format json` (and csv), in order.
 pub const SESSION_COLUMNS: &[&str] = &[
     "session_id",
@@ -62,7 +65,12 @@ const SESSION_KINDS: &[Kind] = &[
 const _: () = assert!(SESSION_COLUMNS.len() == SESSION_KINDS.len());
 
 /// `?1` is the oldest start time that is still resumable.
-const SESSIONS_SQL: &str = "SELECT session_id, state, desired_state, started_at, completed_at, \
+/// `?2` is the heartbeat age below which a running session's process is taken
+/// to be alive; older, it is shown as `interrupted` (killed, or the machine
+/// went down) and can be resumed.
+const SESSIONS_SQL: &str = "SELECT session_id, \
+     CASE WHEN state IN ('running', 'paused') AND COALESCE(heartbeat_at, 0) < ?2 THEN 'interrupted' ELSE state END, \
+     desired_state, started_at, completed_at, \
      total_count, processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
      retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, cost_usd, \
      estimated_cost_usd, stop_reason, \
@@ -97,12 +105,24 @@ pub fn write_sessions(
         OutputFormat::Table => write_table(conn, cutoff, out),
         OutputFormat::Csv => {
             let mut w = RecordWriter::csv(out, SESSION_COLUMNS)?;
-            stream_rows(conn, SESSIONS_SQL, [cutoff], SESSION_KINDS, |c| w.write(c))?;
+            stream_rows(
+                conn,
+                SESSIONS_SQL,
+                rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS],
+                SESSION_KINDS,
+                |c| w.write(c),
+            )?;
             w.finish()
         }
         OutputFormat::Json => {
             let mut w = RecordWriter::json_array(out, SESSION_COLUMNS)?;
-            stream_rows(conn, SESSIONS_SQL, [cutoff], SESSION_KINDS, |c| w.write(c))?;
+            stream_rows(
+                conn,
+                SESSIONS_SQL,
+                rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS],
+                SESSION_KINDS,
+                |c| w.write(c),
+            )?;
             w.finish()
         }
     }
@@ -111,10 +131,16 @@ pub fn write_sessions(
 fn write_table(conn: &Connection, cutoff: f64, out: &mut dyn Write) -> Result<(), ReportError> {
     // Sessions are few (one per run): collect them to size the columns.
     let mut rows: Vec<Vec<String>> = Vec::new();
-    stream_rows(conn, SESSIONS_SQL, [cutoff], SESSION_KINDS, |c| {
-        rows.push(table_row(c));
-        Ok(())
-    })?;
+    stream_rows(
+        conn,
+        SESSIONS_SQL,
+        rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS],
+        SESSION_KINDS,
+        |c| {
+            rows.push(table_row(c));
+            Ok(())
+        },
+    )?;
     let mut out = io::BufWriter::new(out);
     if rows.is_empty() {
         writeln!(

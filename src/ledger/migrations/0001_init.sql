@@ -96,7 +96,9 @@ CREATE TABLE llm_messages (
     request_id           INTEGER NOT NULL REFERENCES llm_requests(request_id),
     attempt              INTEGER NOT NULL,
     session_id           TEXT REFERENCES llm_batch_session(session_id),
-    client_request_id    TEXT NOT NULL UNIQUE,
+    -- sent as X-Client-Request-Id: '<session>-<request_id>-<attempt>', so
+    -- unique by construction (no index: one less write per attempt)
+    client_request_id    TEXT NOT NULL,
     state                TEXT NOT NULL
                          CHECK (state IN ('sent', 'answered', 'failed', 'ambiguous')),
     system_prompt        TEXT,
@@ -119,7 +121,6 @@ CREATE TABLE llm_messages (
     finished_at          REAL,
     UNIQUE (request_id, attempt)
 );
-CREATE INDEX idx_llm_messages_session ON llm_messages(session_id);
 
 -- The outcome of each item in a session: at most one (the primary key).
 -- `file_id`, `crg_mbid` and `rr_mbid` keep the seed's column names: file_id is
