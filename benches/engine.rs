@@ -19,9 +19,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_docket");
 
 struct Figures {
     wall_s: f64,
-    /// From session start (after planning) to completion, per the ledger.
-    dispatch_s: f64,
-    ok: u64,
     accepted_rate: f64,
     rate_limited: u64,
     requests: u64,
@@ -67,8 +64,6 @@ async fn scenario(
     m.shutdown().await;
     Figures {
         wall_s,
-        dispatch_s: s.completed_at.unwrap_or(f64::NAN) - s.started_at,
-        ok: stats.ok,
         accepted_rate,
         rate_limited: stats.rate_limited,
         requests: stats.requests,

@@ -143,6 +143,22 @@ impl Gate {
         }
     }
 
+    /// The names of the confidence and rationale fields in a parsed answer.
+    pub fn fields(&self) -> (&str, &str) {
+        match self {
+            Gate::JsonSchema {
+                confidence_field,
+                rationale_field,
+                ..
+            }
+            | Gate::Regex {
+                confidence_field,
+                rationale_field,
+                ..
+            } => (confidence_field, rationale_field),
+        }
+    }
+
     /// The JSON schema to request as the provider's structured output, if any.
     pub fn response_schema(&self) -> Option<&Value> {
         match self {

@@ -331,41 +331,24 @@ async fn control_loop(
 
 /// An answer recorded by an earlier session: route it again, send nothing.
 async fn reuse_answer(ctx: &Ctx, item: WorkItem) {
+    let (confidence_field, rationale_field) = ctx.p.gate.fields();
     let parsed = item
         .parsed_output_json
         .as_deref()
         .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok());
-    let (outcome, confidence, rationale, error) = match parsed.as_ref().and_then(|v| {
-        let c = match &ctx.p.gate {
-            crate::gate::Gate::JsonSchema {
-                confidence_field, ..
-            }
-            | crate::gate::Gate::Regex {
-                confidence_field, ..
-            } => v
-                .get(confidence_field.as_str())
-                .and_then(serde_json::Value::as_f64),
-        }?;
-        Some((c, v))
-    }) {
-        Some((c, v)) => {
-            let r = match &ctx.p.gate {
-                crate::gate::Gate::JsonSchema {
-                    rationale_field, ..
-                }
-                | crate::gate::Gate::Regex {
-                    rationale_field, ..
-                } => v
-                    .get(rationale_field.as_str())
-                    .and_then(|x| x.as_str())
-                    .map(str::to_string),
-            };
-            (ctx.p.thresholds.route(c), Some(c), r, None)
-        }
+    let confidence = parsed
+        .as_ref()
+        .and_then(|v| v.get(confidence_field))
+        .and_then(serde_json::Value::as_f64);
+    let rationale = parsed
+        .as_ref()
+        .and_then(|v| v.get(rationale_field))
+        .and_then(|x| x.as_str())
+        .map(str::to_string);
+    let (outcome, error) = match confidence {
+        Some(c) => (ctx.p.thresholds.route(c), None),
         None => (
             Outcome::Error,
-            None,
-            None,
             Some("stored answer could not be read".to_string()),
         ),
     };

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use super::RunEnd;
 use super::stats::{Stats, StatsSnapshot};
 use crate::ledger::store::SessionRow;
-use crate::limiter::{Limiter, SlowReason};
+use crate::limiter::Limiter;
 
 /// Where the engine's lines go (stdout for the CLI; a buffer in tests).
 pub trait Reporter: Send + Sync {
@@ -78,7 +78,6 @@ pub(super) fn spawn_progress(
                 lim.concurrency_limit,
                 estimated_cost,
                 why,
-                lim.slow_reason,
             );
             if line != last_line {
                 reporter.line(&line);
@@ -97,7 +96,6 @@ fn progress_line(
     concurrency: usize,
     estimated_cost: f64,
     why: &str,
-    _reason: SlowReason,
 ) -> String {
     // Never 100% while anything is still in flight.
     let pct = if s.total == 0 {
@@ -232,39 +230,17 @@ mod tests {
 
     #[test]
     fn never_shows_100_percent_while_in_flight() {
-        let s = StatsSnapshot {
-            total: 10,
-            done: 10,
-            in_flight: 1,
-            ..Default::default()
+        let line = |in_flight| {
+            let s = StatsSnapshot {
+                total: 10,
+                done: 10,
+                in_flight,
+                ..Default::default()
+            };
+            progress_line(&s, 1.0, Duration::from_secs(5), None, 4, 0.0, "")
         };
-        let l = progress_line(
-            &s,
-            1.0,
-            Duration::from_secs(5),
-            None,
-            4,
-            0.0,
-            "",
-            SlowReason::None,
-        );
-        assert!(l.contains(" 99.9%"), "{l}");
-        let s = StatsSnapshot {
-            total: 10,
-            done: 10,
-            ..Default::default()
-        };
-        let l = progress_line(
-            &s,
-            1.0,
-            Duration::from_secs(5),
-            None,
-            4,
-            0.0,
-            "",
-            SlowReason::None,
-        );
-        assert!(l.contains("100.0%"), "{l}");
+        assert!(line(1).contains(" 99.9%"), "{}", line(1));
+        assert!(line(0).contains("100.0%"), "{}", line(0));
     }
 
     #[test]

@@ -101,31 +101,14 @@ pub fn write_sessions(
     out: &mut dyn Write,
 ) -> Result<(), ReportError> {
     let cutoff = now_ts() - RESUMABLE_FOR_SECS;
-    match format {
-        OutputFormat::Table => write_table(conn, cutoff, out),
-        OutputFormat::Csv => {
-            let mut w = RecordWriter::csv(out, SESSION_COLUMNS)?;
-            stream_rows(
-                conn,
-                SESSIONS_SQL,
-                rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS],
-                SESSION_KINDS,
-                |c| w.write(c),
-            )?;
-            w.finish()
-        }
-        OutputFormat::Json => {
-            let mut w = RecordWriter::json_array(out, SESSION_COLUMNS)?;
-            stream_rows(
-                conn,
-                SESSIONS_SQL,
-                rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS],
-                SESSION_KINDS,
-                |c| w.write(c),
-            )?;
-            w.finish()
-        }
-    }
+    let mut w = match format {
+        OutputFormat::Table => return write_table(conn, cutoff, out),
+        OutputFormat::Csv => RecordWriter::csv(out, SESSION_COLUMNS)?,
+        OutputFormat::Json => RecordWriter::json_array(out, SESSION_COLUMNS)?,
+    };
+    let params = rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS];
+    stream_rows(conn, SESSIONS_SQL, params, SESSION_KINDS, |c| w.write(c))?;
+    w.finish()
 }
 
 fn write_table(conn: &Connection, cutoff: f64, out: &mut dyn Write) -> Result<(), ReportError> {
