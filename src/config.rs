@@ -382,11 +382,10 @@ impl LoadedConfig {
                 }
             }
             if let Some(env) = &p.api_key_env
-                && (env.is_empty()
-                    || env.contains(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_')))
+                && !is_env_var_name(env)
             {
                 return Err(self.invalid_at_text("api_key_env", &key("api_key_env"),
-                    format!("\"{env}\" is not an environment variable name (it must name the variable, not hold the key)")));
+                    "is not an environment variable name such as OPENAI_API_KEY (it must name the variable that holds the key, never the key itself; the value is not repeated here)".to_string()));
             }
         }
         if c.stages.is_empty() {
@@ -489,6 +488,18 @@ impl LoadedConfig {
     pub fn snapshot_json(&self) -> serde_json::Value {
         serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null)
     }
+}
+
+/// `OPENAI_API_KEY`-shaped: upper-case letters, digits and `_`, not starting
+/// with a digit, at most 64 characters. Stricter than POSIX on purpose: a key
+/// pasted here by mistake (they are mixed-case or contain `-`) is refused
+/// instead of being stored in the session snapshot.
+fn is_env_var_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
 fn range_u64(
@@ -630,17 +641,26 @@ pattern = "(?P<confidence>[0-9.]+)"
             .unwrap()
             .to_string();
         assert!(e.contains("no provider named \"q\""), "{e}");
-        let e = parse(&BASE.replace(
+        for bad in ["sk-live-abc", "gsk_abcDEF123", "1KEY", ""] {
+            let text = BASE.replace(
+                "model = \"gpt-4o-mini\"",
+                &format!("model = \"m\"\napi_key_env = \"{bad}\""),
+            );
+            let e = parse(&text).err().unwrap().to_string();
+            assert!(
+                e.contains("api_key_env") && e.contains("not an environment variable name"),
+                "{e}"
+            );
+            assert!(
+                bad.len() < 5 || !e.contains(bad),
+                "the would-be key is not echoed: {e}"
+            );
+        }
+        let ok = BASE.replace(
             "model = \"gpt-4o-mini\"",
-            "model = \"m\"\napi_key_env = \"sk-live-abc\"",
-        ))
-        .err()
-        .unwrap()
-        .to_string();
-        assert!(
-            e.contains("api_key_env") && e.contains("not an environment variable name"),
-            "{e}"
+            "model = \"m\"\napi_key_env = \"OPENAI_API_KEY\"",
         );
+        assert!(parse(&ok).is_ok());
         let e = parse(&BASE.replace("kind = \"openai\"", "kind = \"nope\""))
             .err()
             .unwrap()

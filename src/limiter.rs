@@ -111,6 +111,9 @@ struct Inner {
     requests: Option<Bucket>,
     tokens: Option<Bucket>,
     token_burst: u32,
+    /// Tokens reserved or overspent but not yet paid into the bucket.
+    token_debt: u64,
+    /// Tokens reserved but not used, to be taken off the next reservations.
     token_credit: u64,
     cooldown_until: Option<Instant>,
     last_cut: Option<Instant>,
@@ -165,6 +168,7 @@ impl Limiter {
             requests: None,
             tokens: None,
             token_burst: 1,
+            token_debt: 0,
             token_credit: 0,
             cooldown_until: None,
             last_cut: None,
@@ -211,19 +215,24 @@ impl Limiter {
     /// Wait until a send of about `tokens` tokens fits every bucket and no
     /// cooldown holds sends, then reserve it.
     pub async fn reserve(&self, tokens: u64) -> Reservation {
+        // The tokens join the shared debt once; then this send waits until
+        // every token owed (its own and any sent earlier) has been paid into
+        // the bucket, one burst at a time. Sends of any size are paced at
+        // exactly the tokens/min limit.
+        self.lock().owe(tokens);
         loop {
             let wait = {
                 let mut g = self.lock();
-                self.try_reserve(&mut g, tokens)
+                self.try_reserve(&mut g)
             };
             match wait {
-                Ok(r) => return r,
+                Ok(()) => return Reservation { tokens },
                 Err(d) => tokio::time::sleep(d.max(Duration::from_millis(1))).await,
             }
         }
     }
 
-    fn try_reserve(&self, g: &mut Inner, tokens: u64) -> Result<Reservation, Duration> {
+    fn try_reserve(&self, g: &mut Inner) -> Result<(), Duration> {
         let now = Instant::now();
         if let Some(until) = g.cooldown_until {
             if until > now {
@@ -232,32 +241,32 @@ impl Limiter {
             }
             g.cooldown_until = None;
         }
-        // Tokens first (without consuming requests), then requests: both must
-        // pass in the same instant or neither is charged.
-        let credit_used = g.token_credit.min(tokens);
-        let need = (tokens - credit_used).min(u64::from(g.token_burst)) as u32;
-        if let (Some(bucket), Some(n)) = (&g.tokens, NonZeroU32::new(need)) {
+        while g.token_debt > 0 {
+            let Some(bucket) = &g.tokens else {
+                g.token_debt = 0;
+                break;
+            };
+            let chunk = g.token_debt.min(u64::from(g.token_burst)) as u32;
+            let Some(n) = NonZeroU32::new(chunk) else {
+                break;
+            };
             match bucket.check_n(n) {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => g.token_debt -= u64::from(chunk),
                 Ok(Err(not_until)) => {
                     g.last_rate_wait = Some((now, SlowReason::Tokens));
                     return Err(not_until.wait_time_from(self.clock.now()));
                 }
-                // Larger than the bucket can ever hold: `need` is clamped to
-                // the burst, so this cannot happen; treat it as passing.
-                Err(_) => {}
+                // `chunk` never exceeds the burst, so the bucket can hold it.
+                Err(_) => g.token_debt -= u64::from(chunk),
             }
         }
         if let Some(bucket) = &g.requests
             && let Err(not_until) = bucket.check()
         {
-            // Give the tokens back as credit: they were charged but not used.
-            g.token_credit += u64::from(need);
             g.last_rate_wait = Some((now, SlowReason::Requests));
             return Err(not_until.wait_time_from(self.clock.now()));
         }
-        g.token_credit -= credit_used;
-        Ok(Reservation { tokens })
+        Ok(())
     }
 
     /// A successful answer: raise concurrency a little and settle the tokens.
@@ -368,6 +377,18 @@ impl Limiter {
     }
 }
 
+impl Inner {
+    /// Add tokens to the debt, paying with credit first.
+    fn owe(&mut self, tokens: u64) {
+        if self.tokens.is_none() {
+            return;
+        }
+        let from_credit = self.token_credit.min(tokens);
+        self.token_credit -= from_credit;
+        self.token_debt = self.token_debt.saturating_add(tokens - from_credit);
+    }
+}
+
 fn extend_cooldown(g: &mut Inner, until: Instant) {
     if g.cooldown_until.is_none_or(|t| t < until) {
         g.cooldown_until = Some(until);
@@ -376,16 +397,16 @@ fn extend_cooldown(g: &mut Inner, until: Instant) {
 
 fn settle_tokens(g: &mut Inner, reserved: u64, used: u64) {
     if used > reserved {
-        // Overspend: charge the difference now; if the bucket cannot take it
-        // all, the next reservations wait for it instead (negative credit is
-        // modelled by charging up front).
-        let extra = (used - reserved).min(u64::from(g.token_burst)) as u32;
-        if let (Some(bucket), Some(n)) = (&g.tokens, NonZeroU32::new(extra)) {
-            let _ = bucket.check_n(n);
-        }
+        // Overspend is owed: the next sends wait for it.
+        g.owe(used - reserved);
     } else {
-        let cap = u64::from(g.token_burst);
-        g.token_credit = (g.token_credit + (reserved - used)).min(cap);
+        // Underspend first cancels debt not yet paid, then becomes credit
+        // (at most one burst, so a quiet spell cannot bank a burst).
+        let mut back = reserved - used;
+        let cancel = back.min(g.token_debt);
+        g.token_debt -= cancel;
+        back -= cancel;
+        g.token_credit = (g.token_credit + back).min(u64::from(g.token_burst));
     }
 }
 
@@ -482,6 +503,34 @@ mod tests {
             start.elapsed() >= Duration::from_millis(990),
             "{:?}",
             start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sends_larger_than_the_bucket_are_paced_at_the_limit() {
+        // 6,000 tokens/min = 100/s, bucket of 100; each send is 250 tokens.
+        let l = Limiter::new(settings(0, 6_000, 10));
+        let start = Instant::now();
+        for _ in 0..9 {
+            let r = l.reserve(250).await;
+            l.on_success(r, Some(250), &RateHeaders::default());
+        }
+        // 2,250 tokens: the first 100 were in the bucket, 2,150 more at 100/s.
+        // (The ninth send goes once its tokens are paid.)
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(21_400) && took <= Duration::from_millis(21_600),
+            "{took:?}"
+        );
+        // Overspend is owed too: a send that used 600 of 100 reserved.
+        let r = l.reserve(100).await;
+        let t = Instant::now();
+        l.on_success(r, Some(600), &RateHeaders::default());
+        l.reserve(1).await;
+        assert!(
+            t.elapsed() >= Duration::from_millis(4_990),
+            "{:?}",
+            t.elapsed()
         );
     }
 

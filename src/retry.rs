@@ -47,11 +47,13 @@ impl Backoff {
     ) -> Duration {
         let ours = self.delay(retry, rng);
         match server_hint {
-            // A small jitter on top keeps a crowd of clients from returning together.
+            // The server's word is a floor, with a little jitter on top so a
+            // crowd of clients does not return in the same instant.
             Some(hint) => {
-                hint + Duration::from_millis(
+                let jitter = Duration::from_millis(
                     rng.random_range(0..=hint.as_millis().min(1000) as u64 / 10 + 1),
-                )
+                );
+                ours.max(hint + jitter)
             }
             None => ours,
         }
@@ -94,7 +96,9 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
         total += value * factor;
         rest = &rest[unit_len..];
     }
-    (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total))
+    // A day caps nonsense such as "99999999999999999999s" (which would not
+    // even fit a Duration) without failing the answer that carried it.
+    (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total.min(86_400.0)))
 }
 
 /// `retry-after` is seconds (possibly fractional); an HTTP date is not used by
@@ -147,6 +151,9 @@ mod tests {
             d >= Duration::from_secs(7) && d <= Duration::from_millis(7_101),
             "{d:?}"
         );
+        // A hint shorter than our own backoff does not shorten it.
+        let d = b.delay_with_hint(4, Some(Duration::from_millis(10)), &mut rng);
+        assert!(d >= Duration::from_secs(4), "{d:?}");
     }
 
     #[test]
@@ -161,6 +168,10 @@ mod tests {
         assert_eq!(parse_go_duration("1h2m"), Some(Duration::from_secs(3720)));
         assert_eq!(parse_go_duration("abc"), None);
         assert_eq!(parse_go_duration("5x"), None);
+        assert_eq!(
+            parse_go_duration("99999999999999999999s"),
+            Some(Duration::from_secs(86_400))
+        );
         assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
         assert_eq!(parse_retry_after("0.25"), Some(Duration::from_millis(250)));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015"), None);

@@ -481,3 +481,63 @@ fn init_then_dry_run_works_in_a_fresh_folder() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_session_is_neither_resumed_twice_nor_planned_twice() {
+    let m = mock(MockConfig {
+        latency_median_ms: 200.0,
+        latency_p99_ms: 300.0,
+        ..Default::default()
+    })
+    .await;
+    let mut job = Job::new(&m.base_url());
+    job.concurrency = 2;
+    let ws = workspace(&job);
+    import_demo_items(&ws, 100);
+    let home = tempfile::tempdir().unwrap();
+    let child = docket(&ws, home.path())
+        .args(["run", "--yes", "--headless", "--limit", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_progress(&ws, 2).await;
+    let sid = latest_session(&ws);
+    // A second process may not resume the live session ...
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes", "--resume", &sid]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("being run right now"), "{text}");
+    // ... and a new session leaves the live one's items alone.
+    // (Items the live session already answered but left undecided may be
+    // taken again; the ones it still has to answer may not.)
+    let (code, text) = run_err(&ws, home.path(), &["run", "--dry-run"]);
+    let done_after = processed(&ws) as u64;
+    assert_eq!(code, Some(0), "{text}");
+    let found: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Querying INDETERMINATE decisions... "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("a count");
+    assert!(
+        (40..=40 + done_after).contains(&found),
+        "{found} found, {done_after} done: {text}"
+    );
+    assert!(
+        done_after < 55,
+        "the live run must still be going for this check to mean anything"
+    );
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    // Once it has stopped, resuming is fine.
+    let (code, text) = run_err(&ws, home.path(), &["run", "--yes", "--resume", &sid]);
+    assert_eq!(code, Some(0), "{text}");
+    check_complete(&ws.conn(), &sid);
+}

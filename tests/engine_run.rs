@@ -616,3 +616,62 @@ async fn resume_refuses_a_changed_job() {
     assert_eq!(report.end, RunEnd::Completed);
     check_complete(&ws.conn(), &sid);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_routes_with_the_thresholds_the_session_started_with() {
+    let m = mock(MockConfig {
+        mode: "unauthorized".into(),
+        ..Default::default()
+    })
+    .await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 30);
+    let mut o = options(&ws);
+    o.auto_accept_threshold = Some(1.0);
+    let (report, _) = run(o).await;
+    let sid = report.session_id.unwrap();
+    m.set_config(MockConfig::default());
+    // Resumed without the flag: the session's 1.0 still applies.
+    let mut o = options(&ws);
+    o.resume = Some(sid.clone());
+    let (report, _) = run(o).await;
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &sid);
+    assert_eq!(s.accepted_count, 0, "nothing reaches confidence 1.0: {s:?}");
+    assert!(s.reviewed_count > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_template_is_sent_again_not_reused() {
+    let m = mock(MockConfig::default()).await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 30);
+    let (first, _) = run(options(&ws)).await;
+    let s1 = first.session.unwrap();
+    let left = s1.reviewed_count + s1.rejected_count;
+    assert!(left > 0);
+    // Same job: the second session reuses every answer, sends nothing.
+    let (second, _) = run(options(&ws)).await;
+    assert_eq!(second.session.unwrap().total_count, left);
+    assert_eq!(m.stats().ok, 30);
+    // A new prompt: the remaining items are asked again.
+    let tpl = ws.path().join("prompts/adjudicate.j2");
+    let text = std::fs::read_to_string(&tpl).unwrap();
+    std::fs::write(&tpl, format!("{text}\nThink twice.")).unwrap();
+    let (third, _) = run(options(&ws)).await;
+    let s3 = third.session.unwrap();
+    check_complete(&ws.conn(), &s3.session_id);
+    assert_eq!(m.stats().ok, 30 + s3.total_count);
+    let hash: String = ws
+        .conn()
+        .query_row("SELECT template_hash FROM llm_requests r JOIN session_item si ON si.request_id = r.request_id WHERE si.session_id = ?1 LIMIT 1", [&s3.session_id], |r| r.get(0))
+        .unwrap();
+    let snap_hash: String = ws
+        .conn()
+        .query_row("SELECT json_extract(config_snapshot_json, '$.template_hash') FROM llm_batch_session WHERE session_id = ?1", [&s3.session_id], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        hash, snap_hash,
+        "requests record the template they were sent with"
+    );
+}

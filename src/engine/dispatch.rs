@@ -163,7 +163,9 @@ pub(super) async fn dispatch(
         Ok(store::next_work(&conn, &session_id, -1, 1)?.len())
     })?;
     let (state, reason, end) = match cause {
-        None if remaining == 0 => ("completed", None, RunEnd::Completed),
+        // Every item has its outcome: a stop that came after the last one
+        // changes nothing.
+        _ if remaining == 0 => ("completed", None, RunEnd::Completed),
         None => (
             "paused",
             Some("stopped with items left".to_string()),
@@ -184,6 +186,7 @@ pub(super) async fn dispatch(
             state,
             stop_reason: reason,
             completed: state == "completed",
+            released: true,
         })
         .await;
     drop(ctx);
@@ -242,11 +245,28 @@ async fn feed(ctx: &Arc<Ctx>, read: rusqlite::Connection) -> Result<(), EngineEr
                 process(&ctx2, item, Some(slot)).await;
                 drop(permit);
             });
-            while workers.try_join_next().is_some() {}
+            while let Some(done) = workers.try_join_next() {
+                note_crash(ctx, done);
+            }
         }
     }
-    while workers.join_next().await.is_some() {}
+    while let Some(done) = workers.join_next().await {
+        note_crash(ctx, done);
+    }
     Ok(())
+}
+
+/// A worker that panicked left its item without an outcome: stop the session
+/// (resumable) rather than report it complete or lose the item silently.
+fn note_crash(ctx: &Ctx, done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done
+        && e.is_panic()
+    {
+        tracing::error!("a worker crashed: {e}");
+        ctx.stop(StopCause::LedgerFailed(format!(
+            "internal error: a worker crashed ({e}); the session is resumable"
+        )));
+    }
 }
 
 /// Watch the ledger's desired_state, the signals and the heartbeat.
@@ -308,6 +328,7 @@ async fn control_loop(
                     state: "paused",
                     stop_reason: Some("paused by operator".into()),
                     completed: false,
+                    released: false,
                 });
             }
             "running" if paused => {
@@ -318,6 +339,7 @@ async fn control_loop(
                     state: "running",
                     stop_reason: None,
                     completed: false,
+                    released: false,
                 });
             }
             "cancelled" if !ctx.soft_stop.is_cancelled() => {
@@ -402,7 +424,12 @@ async fn process(ctx: &Ctx, item: WorkItem, mut slot: Option<crate::limiter::Slo
     // A cheap estimate for the limiter (corrected from usage afterwards); the
     // pre-run estimate used the real tokenizer.
     let prompt_chars = prompt.user.len() + prompt.system.as_ref().map_or(0, String::len);
-    let est_prompt = (prompt_chars as u64).div_ceil(4) + 12;
+    // With a budget, the worst case must not be underestimated: count with
+    // the real tokenizer (token-dense text beats characters/4).
+    let est_prompt = match &p.budget_counter {
+        Some(counter) => counter.count_prompt(&prompt),
+        None => (prompt_chars as u64).div_ceil(4) + 12,
+    };
     let worst_cost = p.price.cost(est_prompt, 0, p.max_tokens);
     let mut attempt = item.attempt;
     let mut gate_failures = item.gate_failures as u32;
@@ -498,11 +525,14 @@ async fn process(ctx: &Ctx, item: WorkItem, mut slot: Option<crate::limiter::Slo
         match result {
             Ok(answer) => {
                 let usage = answer.usage.unwrap_or_default();
-                let cost = p.price.cost(
-                    usage.input_tokens,
-                    usage.cached_input_tokens,
-                    usage.output_tokens,
-                );
+                // An answer without usage is charged its worst case: the
+                // budget must never believe a send was free.
+                let cost = match answer.usage {
+                    Some(u) => p
+                        .price
+                        .cost(u.input_tokens, u.cached_input_tokens, u.output_tokens),
+                    None => worst_cost,
+                };
                 ctx.budget.settle(worst_cost, cost);
                 ctx.limiter.on_success(
                     reservation,

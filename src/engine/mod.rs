@@ -104,6 +104,8 @@ pub struct Prepared {
     pub price: Price,
     pub price_known: bool,
     pub params_hash: String,
+    /// The model's tokenizer, loaded only when a budget needs exact counts.
+    pub budget_counter: Option<crate::cost::TokenCounter>,
 }
 
 pub fn config_path(workspace: &Path) -> PathBuf {
@@ -183,6 +185,9 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
         price,
         price_known,
         params_hash: crate::cost::sha256_hex(params.to_string().as_bytes()),
+        budget_counter: opts
+            .max_cost
+            .map(|_| crate::cost::TokenCounter::for_model(&provider.model)),
         config,
     })
 }
@@ -244,6 +249,10 @@ pub async fn run(
     confirm: impl FnOnce(&Estimate) -> bool,
     interrupts: Interrupts,
 ) -> Result<RunReport, EngineError> {
+    let mut opts = opts;
+    if let Some(id) = opts.resume.clone() {
+        tokio::task::block_in_place(|| keep_session_flags(&mut opts, &id));
+    }
     let prepared = Arc::new(tokio::task::block_in_place(|| prepare(&opts))?);
     let (session_id, stats_seed) = match &opts.resume {
         Some(id) => (
@@ -413,7 +422,21 @@ fn resume_session(
             )));
         }
         check_same_job(p, &s)?;
-        let ambiguous = store::repair_interrupted(&mut conn, id, max_cost)?;
+        let ambiguous = match store::repair_interrupted(&mut conn, id, max_cost)? {
+            store::Repair::Repaired { ambiguous } => ambiguous,
+            store::Repair::Live {
+                pid,
+                host,
+                heartbeat_age_secs,
+            } => {
+                return Err(EngineError::Usage(format!(
+                    "session {id} is being run right now by process {} on {} (heartbeat {heartbeat_age_secs:.1} s ago); \
+                     running it twice would pay twice. Pause or cancel it there (`docket pause {id}`), or wait for it.",
+                    pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
+                    host.unwrap_or_else(|| "?".into()),
+                )));
+            }
+        };
         reporter.line(&format!(
             "Resuming session {id}: {} of {} items already processed{}",
             s.processed_count,
@@ -426,6 +449,29 @@ fn resume_session(
         ));
         Ok(id.to_string())
     })
+}
+
+/// A resumed session routes with the thresholds (and paces with the rate
+/// limit) it started with, unless the operator passes the flag again.
+fn keep_session_flags(opts: &mut RunOptions, id: &str) {
+    let path = opts.workspace.join(LEDGER_FILE);
+    let Ok(conn) = crate::ledger::open_read_only(&path) else {
+        return;
+    };
+    let Ok(Some(s)) = store::load_session(&conn, id) else {
+        return;
+    };
+    let Ok(snap) = serde_json::from_str::<serde_json::Value>(&s.config_snapshot_json) else {
+        return;
+    };
+    let flag = |name: &str| {
+        snap.pointer(&format!("/flags/{name}"))
+            .and_then(serde_json::Value::as_f64)
+    };
+    opts.auto_accept_threshold = opts.auto_accept_threshold.or(flag("auto_accept_threshold"));
+    opts.review_threshold = opts.review_threshold.or(flag("review_threshold"));
+    opts.min_confidence = opts.min_confidence.or(flag("min_confidence"));
+    opts.rate_limit = opts.rate_limit.or(flag("rate_limit").map(|r| r as u64));
 }
 
 /// A resumed session must send what it started with: the same stage,

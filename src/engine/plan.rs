@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{EngineError, Prepared};
 use crate::cost::TokenCounter;
-use crate::ledger::store::{Candidate, for_each_candidate};
+use crate::ledger::store::{Candidate, CandidateFilter, count_candidates, for_each_candidate};
 use crate::template::Prompt;
 
 /// Above this many items the estimate tokenizes a uniform sample and scales
@@ -43,7 +43,11 @@ pub struct Plan {
 pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Plan, EngineError> {
     let conn = crate::ledger::open(&p.ledger_path)?;
     let counter = TokenCounter::for_model(&p.model);
-    let total: u64 = count_candidates(&conn, limit, skip_reviewed)?;
+    let filter = CandidateFilter {
+        limit,
+        skip_reviewed,
+    };
+    let total: u64 = count_candidates(&conn, filter)?;
     // Sample every `stride`-th prompt for the token count when large.
     let stride = total.div_ceil(EXACT_COUNT_MAX).max(1);
     let mut item_ids = Vec::with_capacity(total as usize);
@@ -51,7 +55,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     let mut counted = 0u64;
     let mut first_prompt = None;
     let mut render_error: Option<EngineError> = None;
-    for_each_candidate(&conn, limit, skip_reviewed, |c: Candidate| {
+    for_each_candidate(&conn, filter, |c: Candidate| {
         let evidence: Value = serde_json::from_str(&c.evidence_json)
             .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
         match p.template.render(&c.item_id, &evidence) {
@@ -103,23 +107,6 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
             first_prompt,
         },
     })
-}
-
-fn count_candidates(
-    conn: &rusqlite::Connection,
-    limit: Option<u64>,
-    skip_reviewed: bool,
-) -> Result<u64, EngineError> {
-    let sql = if skip_reviewed {
-        "SELECT COUNT(*) FROM decision d WHERE d.state = 'indeterminate'
-           AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')"
-    } else {
-        "SELECT COUNT(*) FROM decision WHERE state = 'indeterminate'"
-    };
-    let n: i64 = conn
-        .query_row(sql, [], |r| r.get(0))
-        .map_err(|e| EngineError::Ledger(e.to_string()))?;
-    Ok(limit.map_or(n as u64, |l| l.min(n as u64)))
 }
 
 impl Estimate {

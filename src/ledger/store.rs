@@ -16,27 +16,82 @@ pub struct Candidate {
     pub evidence_json: String,
 }
 
-/// Visit indeterminate items in import order, at most `limit`; with
-/// `skip_reviewed`, items that already have a pending review item are left out.
+/// A session whose heartbeat is younger than this is being run by a live
+/// process (the engine beats every 400 ms).
+pub const LIVE_HEARTBEAT_SECS: f64 = 5.0;
+
+/// Which indeterminate items a new session may take.
+#[derive(Debug, Clone, Copy)]
+pub struct CandidateFilter {
+    pub limit: Option<u64>,
+    /// Leave out items with a pending review item.
+    pub skip_reviewed: bool,
+}
+
+impl CandidateFilter {
+    /// Items that a live session (another process) still has to answer are
+    /// never taken twice.
+    fn sql(&self, select: &str, live_sessions: bool) -> String {
+        let mut sql = format!("{select} FROM decision d WHERE d.state = 'indeterminate'");
+        if self.skip_reviewed {
+            sql.push_str(
+                " AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')",
+            );
+        }
+        if live_sessions {
+            sql.push_str(
+                " AND NOT EXISTS (SELECT 1 FROM session_item si JOIN llm_batch_session s ON s.session_id = si.session_id
+                   WHERE si.item_id = d.item_id AND s.state IN ('running', 'paused') AND s.heartbeat_at >= ?2
+                     AND NOT EXISTS (SELECT 1 FROM llm_batch_result b WHERE b.session_id = si.session_id AND b.item_id = si.item_id))",
+            );
+        }
+        // Import (rowid) order streams straight off the state index; ordering
+        // by item_id would make SQLite sort every row, evidence included.
+        sql.push_str(" ORDER BY d.rowid LIMIT ?1");
+        sql
+    }
+}
+
+fn live_cutoff(conn: &Connection) -> rusqlite::Result<Option<f64>> {
+    let cutoff = now_ts() - LIVE_HEARTBEAT_SECS;
+    let live: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM llm_batch_session WHERE state IN ('running', 'paused') AND heartbeat_at >= ?1",
+        params![cutoff],
+        |r| r.get(0),
+    )?;
+    Ok((live > 0).then_some(cutoff))
+}
+
+/// How many items a new session would take.
+pub fn count_candidates(conn: &Connection, filter: CandidateFilter) -> rusqlite::Result<u64> {
+    let cutoff = live_cutoff(conn)?;
+    let sql = format!(
+        "SELECT COUNT(*) FROM ({})",
+        filter.sql("SELECT 1", cutoff.is_some())
+    );
+    let limit = filter.limit.map(|l| l as i64).unwrap_or(-1);
+    let n: i64 = match cutoff {
+        Some(c) => conn.query_row(&sql, params![limit, c], |r| r.get(0))?,
+        None => conn.query_row(&sql, params![limit], |r| r.get(0))?,
+    };
+    Ok(n as u64)
+}
+
+/// Visit the items a new session would take, in import order.
 pub fn for_each_candidate(
     conn: &Connection,
-    limit: Option<u64>,
-    skip_reviewed: bool,
+    filter: CandidateFilter,
     mut visit: impl FnMut(Candidate) -> Result<(), String>,
 ) -> Result<u64, String> {
-    // Import (rowid) order streams straight off the state index; ordering by
-    // item_id would make SQLite sort every row, evidence included, in memory.
-    let sql = if skip_reviewed {
-        "SELECT d.item_id, d.evidence_json FROM decision d
-         WHERE d.state = 'indeterminate'
-           AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')
-         ORDER BY d.rowid LIMIT ?1"
-    } else {
-        "SELECT d.item_id, d.evidence_json FROM decision d WHERE d.state = 'indeterminate' ORDER BY d.rowid LIMIT ?1"
-    };
-    let limit = limit.map(|l| l as i64).unwrap_or(-1);
-    let mut stmt = conn.prepare(sql).map_err(|e| e.to_string())?;
-    let mut rows = stmt.query(params![limit]).map_err(|e| e.to_string())?;
+    let cutoff = live_cutoff(conn).map_err(|e| e.to_string())?;
+    let sql = filter.sql("SELECT d.item_id, d.evidence_json", cutoff.is_some());
+    let limit = filter.limit.map(|l| l as i64).unwrap_or(-1);
+    let mut stmt = conn.prepare(&sql).map_err(|e| e.to_string())?;
+    let mut rows = match cutoff {
+        Some(c) => stmt.query(params![limit, c]),
+        None => stmt.query(params![limit]),
+    }
+    .map_err(|e| e.to_string())?;
     let mut n = 0;
     while let Some(row) = rows.next().map_err(|e| e.to_string())? {
         visit(Candidate {
@@ -89,11 +144,19 @@ pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Re
             "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
              VALUES (?1, ?2, ?3, ?4, 1, 'pending', ?5, ?6, ?7, ?7)
              ON CONFLICT (item_id, stage, provider, model, request_version) DO UPDATE SET
-                 -- an answered request is reused, never sent again; anything
-                 -- unfinished starts this session with fresh budgets
-                 status = CASE WHEN status = 'completed' THEN status ELSE 'pending' END,
-                 gate_failures = CASE WHEN status = 'completed' THEN gate_failures ELSE 0 END,
-                 transport_retries = CASE WHEN status = 'completed' THEN transport_retries ELSE 0 END,
+                 -- an answered request is reused, never sent again, as long as
+                 -- it was made with the same template and parameters; anything
+                 -- else starts this session afresh (new hashes, fresh budgets)
+                 status = CASE WHEN status = 'completed' AND template_hash = excluded.template_hash
+                               AND params_hash = excluded.params_hash THEN 'completed' ELSE 'pending' END,
+                 parsed_output_json = CASE WHEN status = 'completed' AND template_hash = excluded.template_hash
+                               AND params_hash = excluded.params_hash THEN parsed_output_json ELSE NULL END,
+                 result_message_id = CASE WHEN status = 'completed' AND template_hash = excluded.template_hash
+                               AND params_hash = excluded.params_hash THEN result_message_id ELSE NULL END,
+                 gate_failures = 0,
+                 transport_retries = 0,
+                 template_hash = excluded.template_hash,
+                 params_hash = excluded.params_hash,
                  updated_at = excluded.updated_at
              RETURNING request_id",
         )?;
@@ -189,9 +252,28 @@ pub fn repair_interrupted(
     conn: &mut Connection,
     session_id: &str,
     max_cost_usd: Option<f64>,
-) -> rusqlite::Result<u64> {
+) -> rusqlite::Result<Repair> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Under the write lock: two resumes cannot both pass this check.
+    let (state, heartbeat, pid, host): (String, Option<f64>, Option<i64>, Option<String>) = tx.query_row(
+        "SELECT state, heartbeat_at, owner_pid, owner_host FROM llm_batch_session WHERE session_id = ?1",
+        params![session_id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?;
+    let age = heartbeat.map(|h| now - h);
+    let same_host = host.as_deref() == Some(hostname().as_str());
+    let owner_gone = same_host && pid.is_some_and(|p| !process_alive(p));
+    if matches!(state.as_str(), "running" | "paused")
+        && age.is_some_and(|a| a < LIVE_HEARTBEAT_SECS)
+        && !owner_gone
+    {
+        return Ok(Repair::Live {
+            pid,
+            host,
+            heartbeat_age_secs: age.unwrap_or(0.0),
+        });
+    }
     let n = tx.execute(
         "UPDATE llm_messages SET state = 'ambiguous', error_kind = 'ambiguous',
              error_message = 'no answer was recorded before the process stopped; it may have been billed', finished_at = ?2
@@ -213,7 +295,40 @@ pub fn repair_interrupted(
         params![session_id, n as i64, max_cost_usd, std::process::id(), hostname(), now],
     )?;
     tx.commit()?;
-    Ok(n)
+    Ok(Repair::Repaired { ambiguous: n })
+}
+
+/// What `repair_interrupted` found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Repair {
+    /// Ready to resume; this many attempts were in flight at the stop.
+    Repaired { ambiguous: u64 },
+    /// Another live process is running the session: nothing was changed.
+    Live {
+        pid: Option<i64>,
+        host: Option<String>,
+        heartbeat_age_secs: f64,
+    },
+}
+
+/// Whether a process of this machine is alive (Linux: /proc). Elsewhere a
+/// fresh heartbeat is trusted and the caller waits for it to go stale.
+fn process_alive(pid: i64) -> bool {
+    if pid == i64::from(std::process::id()) {
+        return false;
+    }
+    if cfg!(target_os = "linux") {
+        // A zombie (killed, not yet reaped) is as good as gone.
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => !stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+            Err(_) => false,
+        }
+    } else {
+        true
+    }
 }
 
 /// One item still to process in a session.

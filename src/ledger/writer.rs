@@ -94,6 +94,9 @@ pub enum WriteOp {
         state: &'static str,
         stop_reason: Option<String>,
         completed: bool,
+        /// The engine is letting go of the session (its run ended): no owner,
+        /// no heartbeat, so another process may resume it at once.
+        released: bool,
     },
 }
 
@@ -271,16 +274,18 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
             state,
             stop_reason,
             completed,
+            released,
         } => {
             conn.prepare_cached(
                 "UPDATE llm_batch_session SET state = ?2, stop_reason = ?3,
                      completed_at = CASE WHEN ?4 THEN ?5 ELSE completed_at END,
                      desired_state = CASE WHEN ?2 IN ('completed', 'cancelled', 'error') AND desired_state = 'paused' THEN 'running' ELSE desired_state END,
-                     owner_pid = CASE WHEN ?2 = 'running' THEN owner_pid ELSE NULL END,
+                     owner_pid = CASE WHEN ?6 THEN NULL ELSE owner_pid END,
+                     heartbeat_at = CASE WHEN ?6 THEN NULL ELSE heartbeat_at END,
                      updated_at = ?5
                  WHERE session_id = ?1",
             )?
-            .execute(params![session_id, state, stop_reason, completed, now])?;
+            .execute(params![session_id, state, stop_reason, completed, now, released])?;
             Ok(())
         }
     }

@@ -23,6 +23,8 @@ use super::{
 use crate::limiter::RateHeaders;
 use crate::retry::{parse_go_duration, parse_retry_after};
 
+const MAX_TOKENS_REPORTED: u64 = 1_000_000_000_000;
+
 pub struct OpenAiChat {
     label: String,
     url: String,
@@ -191,17 +193,20 @@ fn parse_success(
         Some("content_filter") => FinishReason::ContentFilter,
         Some(other) => FinishReason::Other(other.to_string()),
     };
+    // Counts are capped so a nonsense number cannot overflow a sum or a
+    // ledger column (no real request comes near a trillion tokens).
+    let cap = |n: u64| n.min(MAX_TOKENS_REPORTED);
     let usage = body.usage.map(|u| Usage {
-        input_tokens: u.prompt_tokens,
-        output_tokens: u.completion_tokens,
-        cached_input_tokens: u
+        input_tokens: cap(u.prompt_tokens),
+        output_tokens: cap(u.completion_tokens),
+        cached_input_tokens: cap(u
             .prompt_tokens_details
             .map(|d| d.cached_tokens)
-            .unwrap_or(0),
-        reasoning_tokens: u
+            .unwrap_or(0)),
+        reasoning_tokens: cap(u
             .completion_tokens_details
             .map(|d| d.reasoning_tokens)
-            .unwrap_or(0),
+            .unwrap_or(0)),
     });
     Ok(ChatAnswer {
         content: choice.message.content,
@@ -335,20 +340,27 @@ fn preview(bytes: &[u8]) -> String {
 /// Providers echo a partial key in 401 messages ("Incorrect API key provided:
 /// sk-abc***"). Mask anything key-shaped before it is stored or shown.
 pub(crate) fn redact(text: &str) -> String {
+    // Words are runs of key-ish characters, so a key after a quote, a colon
+    // or a newline is caught as well as one after a space.
+    let is_key_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '*' | '.');
     let mut out = String::with_capacity(text.len());
-    for (i, word) in text.split(' ').enumerate() {
-        if i > 0 {
-            out.push(' ');
-        }
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
         let looks_like_key =
             (word.starts_with("sk-") || word.starts_with("sk_") || word.starts_with("key-"))
                 && word.len() > 6;
-        if looks_like_key {
-            out.push_str("[redacted]")
+        out.push_str(if looks_like_key { "[redacted]" } else { word });
+        word.clear();
+    };
+    for c in text.chars() {
+        if is_key_char(c) {
+            word.push(c);
         } else {
-            out.push_str(word)
+            flush(&mut word, &mut out);
+            out.push(c);
         }
     }
+    flush(&mut word, &mut out);
     out
 }
 
@@ -506,6 +518,10 @@ mod tests {
         assert_eq!(
             redact("bad key sk-abc123*** given"),
             "bad key [redacted] given"
+        );
+        assert_eq!(
+            redact("key \"sk-abc123\"\nsk_live_99x: no"),
+            "key \"[redacted]\"\n[redacted]: no"
         );
     }
 }

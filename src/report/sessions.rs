@@ -65,11 +65,11 @@ const SESSION_KINDS: &[Kind] = &[
 const _: () = assert!(SESSION_COLUMNS.len() == SESSION_KINDS.len());
 
 /// `?1` is the oldest start time that is still resumable.
-/// `?2` is the heartbeat age below which a running session's process is taken
-/// to be alive; older, it is shown as `interrupted` (killed, or the machine
-/// went down) and can be resumed.
+/// `?2` is the oldest heartbeat of a live engine: a session still owned by a
+/// process whose heartbeat is older is shown as `interrupted` (killed, or the
+/// machine went down); it can be resumed.
 const SESSIONS_SQL: &str = "SELECT session_id, \
-     CASE WHEN state IN ('running', 'paused') AND COALESCE(heartbeat_at, 0) < ?2 THEN 'interrupted' ELSE state END, \
+     CASE WHEN state IN ('running', 'paused') AND owner_pid IS NOT NULL AND COALESCE(heartbeat_at, 0) < ?2 THEN 'interrupted' ELSE state END, \
      desired_state, started_at, completed_at, \
      total_count, processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
      retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, cost_usd, \

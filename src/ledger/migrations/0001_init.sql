@@ -64,6 +64,8 @@ CREATE TABLE session_item (
     PRIMARY KEY (session_id, item_id),
     UNIQUE (session_id, position)
 );
+-- Planning asks "is this item in a live session?" per candidate.
+CREATE INDEX idx_session_item_item ON session_item(item_id);
 
 -- One logical LLM call. Retries are attempts of the same request (llm_messages).
 CREATE TABLE llm_requests (
