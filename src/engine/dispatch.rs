@@ -149,6 +149,7 @@ pub(super) async fn dispatch(
         reporter.clone(),
     ));
 
+    tracing::info!(session = %session_id, model = %p.model, "dispatch started");
     let feed_result = feed(&ctx, read).await;
     if let Err(e) = &feed_result {
         ctx.stop(StopCause::LedgerFailed(e.to_string()));
@@ -189,6 +190,7 @@ pub(super) async fn dispatch(
             released: true,
         })
         .await;
+    tracing::info!(session = %session_id, state, "dispatch ended");
     drop(ctx);
     drop(writer);
     tokio::task::block_in_place(|| writer_handle.join());
@@ -614,7 +616,9 @@ async fn process(ctx: &Ctx, item: WorkItem, mut slot: Option<crate::limiter::Slo
                     transport_failure: !is_rl && err.class.is_retryable(),
                     ..base
                 };
+                tracing::debug!(request = item.request_id, attempt, "attempt failed: {err}");
                 if err.class.stops_session() {
+                    tracing::warn!(session = %ctx.session_id, "stopping: {err}");
                     ctx.stop(StopCause::Fatal(fatal_message(&err, &p.provider_name)));
                     if ctx.write(WriteOp::Attempt(rec)).await {
                         requeue(ctx, &item).await;

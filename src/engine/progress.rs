@@ -103,8 +103,11 @@ fn progress_line(
     } else {
         (s.done as f64 * 100.0 / s.total as f64).min(if s.in_flight > 0 { 99.9 } else { 100.0 })
     };
+    // The seed's bar: 20 cells, full only when nothing is left.
+    let filled = ((pct / 5.0).floor() as usize).min(20);
+    let bar = format!("{}{}", "█".repeat(filled), "░".repeat(20 - filled));
     let mut line = format!(
-        "[{}/{} {:>5.1}%] ✓ {} acc  ⚠ {} rev  ✗ {} rej  ⨯ {} err | pending {} | {:.1} req/s  in flight {} (limit {})  429s {}  retries {}  ambiguous {} | tokens {} | ${:.4} of ~${:.4} | elapsed {}  ETA {}",
+        "[{bar}] {}/{} {:>5.1}% | ✓ {} acc  ⚠ {} rev  ✗ {} rej  ⨯ {} err | pending {} | {:.1} req/s  in flight {} (limit {})  429s {}  retries {}  ambiguous {} | tokens {} | ${:.4} of ~${:.4} | elapsed {}  ETA {}",
         s.done,
         s.total,
         pct,
@@ -240,7 +243,9 @@ mod tests {
             progress_line(&s, 1.0, Duration::from_secs(5), None, 4, 0.0, "")
         };
         assert!(line(1).contains(" 99.9%"), "{}", line(1));
+        assert!(line(1).contains("███████████████████░]"), "{}", line(1));
         assert!(line(0).contains("100.0%"), "{}", line(0));
+        assert!(line(0).starts_with("[████████████████████]"), "{}", line(0));
     }
 
     #[test]
