@@ -53,6 +53,15 @@ fn latest_session(ws: &Workspace) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_saves_the_session_and_resume_completes_it() {
+    interrupt_then_resume("-INT").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_saves_the_session_like_ctrl_c() {
+    interrupt_then_resume("-TERM").await;
+}
+
+async fn interrupt_then_resume(signal: &str) {
     let m = mock(MockConfig {
         latency_median_ms: 40.0,
         latency_p99_ms: 100.0,
@@ -72,7 +81,7 @@ async fn ctrl_c_saves_the_session_and_resume_completes_it() {
         .unwrap();
     wait_for_progress(&ws, 10).await;
     Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     let out = tokio::task::spawn_blocking(move || child.wait_with_output())
@@ -85,6 +94,15 @@ async fn ctrl_c_saves_the_session_and_resume_completes_it() {
         Some(130),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // The grace let every in-flight request finish: no attempt is left open.
+    assert_eq!(
+        0,
+        count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM llm_messages WHERE state IN ('sent', 'ambiguous')",
+            []
+        )
     );
     let sid = latest_session(&ws);
     assert!(stdout.contains("Session saved. Resume with:"), "{stdout}");
@@ -540,4 +558,50 @@ async fn a_live_session_is_neither_resumed_twice_nor_planned_twice() {
     let (code, text) = run_err(&ws, home.path(), &["run", "--yes", "--resume", &sid]);
     assert_eq!(code, Some(0), "{text}");
     check_complete(&ws.conn(), &sid);
+}
+
+#[test]
+fn mock_provider_command_serves_openai_routes() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(BIN)
+        .args([
+            "mock-provider",
+            "--port",
+            &port.to_string(),
+            "--mode",
+            "unauthorized",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(
+        first.contains(&format!("http://127.0.0.1:{port}/v1")),
+        "{first}"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (models, chat) = rt.block_on(async {
+        let c = reqwest::Client::new();
+        let models = c.get(format!("http://127.0.0.1:{port}/v1/models")).send().await.unwrap().text().await.unwrap();
+        let chat = c
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .json(&serde_json::json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        (models, chat.status().as_u16())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(models.contains("gpt-4o-mini"), "{models}");
+    assert_eq!(chat, 401, "the --mode switch reached the server");
 }

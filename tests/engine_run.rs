@@ -281,6 +281,17 @@ async fn a_429_storm_completes_with_aimd_backing_off() {
         "every 429 is counted"
     );
     assert_eq!(st.ok, 60);
+    // AIMD: the progress lines show the concurrency limit cut below its max.
+    let text = lines.text();
+    let limits: Vec<usize> = text
+        .split("(limit ")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next()?.parse().ok())
+        .collect();
+    assert!(
+        limits.iter().any(|l| *l < 32),
+        "no cut seen in {limits:?}\n{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
