@@ -605,3 +605,80 @@ fn mock_provider_command_serves_openai_routes() {
     assert!(models.contains("gpt-4o-mini"), "{models}");
     assert_eq!(chat, 401, "the --mode switch reached the server");
 }
+
+/// The estimate and "Continue? [y/N]" on a real terminal (tmux), answered no
+/// then yes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_it_asks_before_spending() {
+    let m = mock(MockConfig::default()).await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 12);
+    let home = tempfile::tempdir().unwrap();
+    let tmux_session = format!("docket-confirm-{}", std::process::id());
+    let cmd = format!(
+        "HOME={} {} --workspace {} batch-adjudicate",
+        home.path().display(),
+        BIN,
+        ws.path().display()
+    );
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .args(args)
+            .output()
+            .expect("tmux is needed by this test")
+    };
+    let pane = |s: &str| {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", s]).stdout).to_string()
+    };
+    let wait_for = |s: &str, text: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let screen = pane(s);
+            if screen.contains(text) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited for {text:?}; screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for (answer, expect) in [
+        ("n", "Not started."),
+        ("y", "Results: docket batch-results"),
+    ] {
+        let out = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &tmux_session,
+            "-x",
+            "200",
+            "-y",
+            "50",
+            &cmd,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tmux(&["set-option", "-t", &tmux_session, "remain-on-exit", "on"]);
+        let screen = wait_for(&tmux_session, "Continue? [y/N]");
+        assert!(screen.contains("Estimating cost: ~$"), "{screen}");
+        let sessions_before = count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
+        assert_eq!(m.stats().requests, 0, "nothing is sent before the answer");
+        tmux(&["send-keys", "-t", &tmux_session, answer, "Enter"]);
+        wait_for(&tmux_session, expect);
+        tmux(&["kill-session", "-t", &tmux_session]);
+        let sessions_after = count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
+        if answer == "n" {
+            assert_eq!(sessions_after, sessions_before, "declined: no session");
+            assert_eq!(m.stats().requests, 0, "declined: nothing sent");
+        } else {
+            assert_eq!(sessions_after, sessions_before + 1);
+            assert_eq!(m.stats().ok, 12);
+        }
+    }
+}

@@ -4,6 +4,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use docket::engine::RunEnd;
 use docket::mock::{MockConfig, MockServer};
@@ -684,5 +685,64 @@ async fn a_changed_template_is_sent_again_not_reused() {
     assert_eq!(
         hash, snap_hash,
         "requests record the template they were sent with"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_writer_during_a_run_never_sees_busy() {
+    let m = mock(MockConfig {
+        latency_median_ms: 5.0,
+        latency_p99_ms: 20.0,
+        ..Default::default()
+    })
+    .await;
+    let ws = workspace(&Job::new(&m.base_url()));
+    import_demo_items(&ws, 400);
+    let dir = ws.path().to_path_buf();
+    let run_handle = tokio::spawn(run(options(&ws)));
+    // (Once the session exists: items imported before planning would be in
+    // it, and these have no chart fields for the template.)
+    while docket::ledger::store::latest_session(&ws.conn())
+        .unwrap()
+        .is_none()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A second connection imports batches and flips desired_state while the
+    // engine writes: every write must wait its turn, none may fail.
+    let writer = std::thread::spawn(move || {
+        let mut conn = docket::ledger::open(&dir.join("docket.sqlite")).unwrap();
+        for i in 0..30 {
+            let path = dir.join(format!("items/extra{i}.jsonl"));
+            let body: String = (0..20)
+                .map(|k| format!("{{\"id\":\"extra-{i}-{k}\",\"x\":{k}}}\n"))
+                .collect();
+            std::fs::write(&path, body).unwrap();
+            let opts = docket::items::ImportOptions {
+                id_field: "id".into(),
+                format: None,
+                strict: true,
+            };
+            docket::items::import_file(&mut conn, &path, &opts).expect("import during a run");
+            if let Ok(Some(id)) = docket::ledger::store::latest_session(&conn) {
+                docket::ledger::store::set_desired_state(&conn, &id, "running")
+                    .expect("control write during a run");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    tokio::task::spawn_blocking(move || writer.join().expect("writer thread"))
+        .await
+        .unwrap();
+    let (report, lines) = run_handle.await.unwrap();
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    check_complete(&ws.conn(), &report.session_id.unwrap());
+    assert_eq!(
+        count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM decision WHERE item_id LIKE 'extra-%'",
+            []
+        ),
+        600
     );
 }
