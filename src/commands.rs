@@ -218,9 +218,10 @@ fn verb(desired: &str) -> &'static str {
 }
 
 /// Ctrl-C / SIGTERM: the first asks for a graceful stop, a second abandons
-/// in-flight requests.
-fn spawn_signal_handler() -> Interrupts {
-    let interrupts = Interrupts::default();
+/// in-flight requests. Installed only once the run is going (after the
+/// confirmation): until then Ctrl-C keeps its ordinary meaning and simply
+/// ends docket, with nothing created and nothing sent.
+fn spawn_signal_handler(interrupts: &Interrupts) {
     let i = interrupts.clone();
     tokio::spawn(async move {
         #[cfg(unix)]
@@ -249,7 +250,6 @@ fn spawn_signal_handler() -> Interrupts {
             }
         }
     });
-    interrupts
 }
 
 async fn batch_adjudicate(ws: &Path, args: RunArgs) -> i32 {
@@ -272,11 +272,22 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs) -> i32 {
         grace: Some(Duration::from_secs_f64(args.grace)),
     };
     let ask = !args.yes && std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let interrupts = spawn_signal_handler();
+    let interrupts = Interrupts::default();
+    let listen = interrupts.clone();
+    if args.resume.is_some() {
+        // A resume asks nothing: it is going from the start.
+        spawn_signal_handler(&interrupts);
+    }
     let result = engine::run(
         opts,
         Arc::new(StdoutReporter),
-        |_| if ask { confirm() } else { true },
+        move |_| {
+            let go = if ask { confirm() } else { true };
+            if go {
+                spawn_signal_handler(&listen);
+            }
+            go
+        },
         interrupts,
     )
     .await;

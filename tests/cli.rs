@@ -644,6 +644,43 @@ async fn on_a_terminal_it_asks_before_spending() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
+    // Ctrl-C at the question ends docket: nothing created, nothing sent.
+    let out = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &tmux_session,
+        "-x",
+        "200",
+        "-y",
+        "50",
+        &cmd,
+    ]);
+    assert!(out.status.success());
+    tmux(&["set-option", "-t", &tmux_session, "remain-on-exit", "on"]);
+    wait_for(&tmux_session, "Continue? [y/N]");
+    tmux(&["send-keys", "-t", &tmux_session, "C-c"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while String::from_utf8_lossy(
+        &tmux(&["display", "-p", "-t", &tmux_session, "#{pane_dead}"]).stdout,
+    )
+    .trim()
+        != "1"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "still running after Ctrl-C:\n{}",
+            pane(&tmux_session)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tmux(&["kill-session", "-t", &tmux_session]);
+    assert_eq!(
+        count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []),
+        0
+    );
+    assert_eq!(m.stats().requests, 0);
+
     for (answer, expect) in [
         ("n", "Not started."),
         ("y", "Results: docket batch-results"),
