@@ -10,6 +10,7 @@ mod dispatch;
 mod plan;
 mod progress;
 mod stats;
+mod worker;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
