@@ -392,6 +392,11 @@ async fn the_api_key_reaches_no_ledger_log_or_export() {
         text.contains("DOCKET_TEST_KEY") && text.contains("not set"),
         "{text}"
     );
+    assert_eq!(
+        count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []),
+        0,
+        "refused before a session exists"
+    );
     let out = docket(&ws, home.path())
         .env("DOCKET_TEST_KEY", canary)
         .env("DOCKET_LOG", "trace")

@@ -156,6 +156,8 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
             "--max-cost {m}: must be a non-negative amount of USD"
         )));
     }
+    // A missing key stops the run here, before planning creates anything.
+    crate::provider::check_key(&stage.provider, &provider)?;
     let (price, price_known) = price_of(&provider.model);
     let params = serde_json::json!({
         "max_tokens": stage.max_tokens.get_ref(),
@@ -255,112 +257,20 @@ pub async fn run(
         tokio::task::block_in_place(|| keep_session_flags(&mut opts, &id));
     }
     let prepared = Arc::new(tokio::task::block_in_place(|| prepare(&opts))?);
-    let (session_id, stats_seed) = match &opts.resume {
-        Some(id) => (
-            resume_session(&prepared, id, opts.max_cost, &*reporter)?,
-            true,
-        ),
-        None => {
-            reporter.line("Batch LLM Adjudication");
-            reporter.line("======================");
-            reporter.line("");
-            let plan = tokio::task::block_in_place(|| {
-                plan::plan(&prepared, opts.limit, opts.skip_reviewed)
-            })?;
-            reporter.line(&format!(
-                "Querying INDETERMINATE decisions... {} found",
-                plan.estimate.items
-            ));
-            if plan.estimate.items == 0 {
-                reporter.line("Nothing to do: no indeterminate items (import some with `docket import FILE`).");
+    let session_id = match &opts.resume {
+        Some(id) => resume_session(&prepared, id, opts.max_cost, &*reporter)?,
+        None => match start_session(&prepared, &opts, &*reporter, confirm)? {
+            Started::Session(id) => id,
+            Started::Ended(end) => {
                 return Ok(RunReport {
                     session_id: None,
-                    end: RunEnd::NothingToDo,
+                    end,
                     session: None,
                 });
             }
-            for l in plan.estimate.describe() {
-                reporter.line(&l);
-            }
-            if opts.dry_run {
-                dry_run_report(&prepared, &plan, &*reporter);
-                return Ok(RunReport {
-                    session_id: None,
-                    end: RunEnd::DryRun,
-                    session: None,
-                });
-            }
-            if let Some(max) = opts.max_cost {
-                reporter.line(&format!(
-                    "Budget: at most ${max:.4} (dispatch pauses before the spend could pass it)"
-                ));
-            }
-            if !confirm(&plan.estimate) {
-                reporter.line("Not started.");
-                return Ok(RunReport {
-                    session_id: None,
-                    end: RunEnd::Declined,
-                    session: None,
-                });
-            }
-            let id = new_session_id();
-            let snapshot = serde_json::json!({
-                "config": prepared.config.snapshot_json(),
-                "flags": {
-                    "limit": opts.limit, "min_confidence": opts.min_confidence, "rate_limit": opts.rate_limit,
-                    "skip_reviewed": opts.skip_reviewed, "force": opts.force,
-                    "auto_accept_threshold": prepared.thresholds.auto_accept,
-                    "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
-                },
-                "template_hash": prepared.template.hash,
-                "params_hash": prepared.params_hash,
-            })
-            .to_string();
-            tokio::task::block_in_place(|| -> Result<(), EngineError> {
-                let mut conn = crate::ledger::open(&prepared.ledger_path)?;
-                store::create_session(
-                    &mut conn,
-                    &store::NewSession {
-                        session_id: &id,
-                        config_snapshot_json: &snapshot,
-                        stage: &prepared.stage,
-                        provider: &prepared.provider_name,
-                        model: &prepared.model,
-                        template_hash: &prepared.template.hash,
-                        params_hash: &prepared.params_hash,
-                        estimated_tokens: plan.estimate.prompt_tokens
-                            + plan.estimate.expected_output_tokens,
-                        estimated_cost_usd: plan.estimate.cost_usd,
-                        max_cost_usd: opts.max_cost,
-                        item_ids: &plan.item_ids,
-                    },
-                )?;
-                Ok(())
-            })?;
-            reporter.line("");
-            reporter.line(&format!("Creating batch session: {id}"));
-            (id, false)
-        }
+        },
     };
-    let _ = stats_seed;
-
-    // The in-process mock, when the provider is the built-in one.
-    let mut mock: Option<MockServer> = None;
-    let mut base_url = opts.base_url_override.clone();
-    if base_url.is_none() && prepared.provider_kind == ProviderKind::Mock {
-        let provider_cfg = &prepared.config.config.providers[&prepared.provider_name];
-        let mock_cfg = provider_cfg.mock.clone().unwrap_or_default();
-        let server = MockServer::start(mock_cfg, std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
-            .await
-            .map_err(|e| {
-                EngineError::Usage(format!("cannot start the built-in mock provider: {e}"))
-            })?;
-        base_url = Some(server.base_url());
-        mock = Some(server);
-    }
-    let provider_cfg = &prepared.config.config.providers[&prepared.provider_name];
-    let provider =
-        crate::provider::build(&prepared.provider_name, provider_cfg, base_url.as_deref())?;
+    let (provider, mock) = connect(&prepared, &opts).await?;
     let grace = opts.grace.unwrap_or(Duration::from_secs(10));
     let result = dispatch::dispatch(
         prepared.clone(),
@@ -389,6 +299,113 @@ pub async fn run(
         end,
         session,
     })
+}
+
+enum Started {
+    Session(String),
+    /// Nothing to do, a dry run, or the operator said no.
+    Ended(RunEnd),
+}
+
+/// Plan, estimate, ask, and create the session with its items and requests.
+fn start_session(
+    prepared: &Prepared,
+    opts: &RunOptions,
+    reporter: &dyn Reporter,
+    confirm: impl FnOnce(&Estimate) -> bool,
+) -> Result<Started, EngineError> {
+    reporter.line("Batch LLM Adjudication");
+    reporter.line("======================");
+    reporter.line("");
+    let plan =
+        tokio::task::block_in_place(|| plan::plan(prepared, opts.limit, opts.skip_reviewed))?;
+    reporter.line(&format!(
+        "Querying INDETERMINATE decisions... {} found",
+        plan.estimate.items
+    ));
+    if plan.estimate.items == 0 {
+        reporter
+            .line("Nothing to do: no indeterminate items (import some with `docket import FILE`).");
+        return Ok(Started::Ended(RunEnd::NothingToDo));
+    }
+    for l in plan.estimate.describe() {
+        reporter.line(&l);
+    }
+    if opts.dry_run {
+        dry_run_report(prepared, &plan, reporter);
+        return Ok(Started::Ended(RunEnd::DryRun));
+    }
+    if let Some(max) = opts.max_cost {
+        reporter.line(&format!(
+            "Budget: at most ${max:.4} (dispatch pauses before the spend could pass it)"
+        ));
+    }
+    if !confirm(&plan.estimate) {
+        reporter.line("Not started.");
+        return Ok(Started::Ended(RunEnd::Declined));
+    }
+    let id = new_session_id();
+    // Names of key variables only: no key is ever read into the config.
+    let snapshot = serde_json::json!({
+        "config": prepared.config.snapshot_json(),
+        "flags": {
+            "limit": opts.limit, "min_confidence": opts.min_confidence, "rate_limit": opts.rate_limit,
+            "skip_reviewed": opts.skip_reviewed, "force": opts.force,
+            "auto_accept_threshold": prepared.thresholds.auto_accept,
+            "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
+        },
+        "template_hash": prepared.template.hash,
+        "params_hash": prepared.params_hash,
+    })
+    .to_string();
+    tokio::task::block_in_place(|| -> Result<(), EngineError> {
+        let mut conn = crate::ledger::open(&prepared.ledger_path)?;
+        store::create_session(
+            &mut conn,
+            &store::NewSession {
+                session_id: &id,
+                config_snapshot_json: &snapshot,
+                stage: &prepared.stage,
+                provider: &prepared.provider_name,
+                model: &prepared.model,
+                template_hash: &prepared.template.hash,
+                params_hash: &prepared.params_hash,
+                estimated_tokens: plan.estimate.prompt_tokens
+                    + plan.estimate.expected_output_tokens,
+                estimated_cost_usd: plan.estimate.cost_usd,
+                max_cost_usd: opts.max_cost,
+                item_ids: &plan.item_ids,
+            },
+        )?;
+        Ok(())
+    })?;
+    reporter.line("");
+    reporter.line(&format!("Creating batch session: {id}"));
+    Ok(Started::Session(id))
+}
+
+/// The provider client, and the in-process mock when the provider is the
+/// built-in one (its port is only known once it listens).
+async fn connect(
+    prepared: &Prepared,
+    opts: &RunOptions,
+) -> Result<(Box<dyn crate::provider::ChatProvider>, Option<MockServer>), EngineError> {
+    let provider_cfg = &prepared.config.config.providers[&prepared.provider_name];
+    let mut mock = None;
+    let mut base_url = opts.base_url_override.clone();
+    if base_url.is_none() && prepared.provider_kind == ProviderKind::Mock {
+        let server = MockServer::start(
+            provider_cfg.mock.clone().unwrap_or_default(),
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        )
+        .await
+        .map_err(|e| EngineError::Usage(format!("cannot start the built-in mock provider: {e}")))?;
+        base_url = Some(server.base_url());
+        mock = Some(server);
+    }
+    let provider =
+        crate::provider::build(&prepared.provider_name, provider_cfg, base_url.as_deref())?;
+    Ok((provider, mock))
 }
 
 fn resume_session(

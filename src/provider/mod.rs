@@ -174,6 +174,25 @@ pub enum ProviderSetupError {
     Other { provider: String, message: String },
 }
 
+/// Check that the key the config names is in the environment (without
+/// keeping it): run before anything is planned or created.
+pub fn check_key(name: &str, cfg: &ProviderConfig) -> Result<(), ProviderSetupError> {
+    read_key(name, cfg).map(|_| ())
+}
+
+fn read_key(name: &str, cfg: &ProviderConfig) -> Result<Option<ApiKey>, ProviderSetupError> {
+    match &cfg.api_key_env {
+        Some(var) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Ok(Some(ApiKey(v))),
+            _ => Err(ProviderSetupError::MissingKey {
+                provider: name.into(),
+                var: var.clone(),
+            }),
+        },
+        None => Ok(None),
+    }
+}
+
 /// Build the provider a config names. `base_url_override` is used for the
 /// in-process mock, whose port is only known at run time.
 pub fn build(
@@ -181,18 +200,7 @@ pub fn build(
     cfg: &ProviderConfig,
     base_url_override: Option<&str>,
 ) -> Result<Box<dyn ChatProvider>, ProviderSetupError> {
-    let key = match &cfg.api_key_env {
-        Some(var) => match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Some(ApiKey(v)),
-            _ => {
-                return Err(ProviderSetupError::MissingKey {
-                    provider: name.into(),
-                    var: var.clone(),
-                });
-            }
-        },
-        None => None,
-    };
+    let key = read_key(name, cfg)?;
     let base = base_url_override
         .map(str::to_string)
         .or_else(|| cfg.base_url.clone())
