@@ -2,20 +2,13 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use docket::mock::{MockConfig, MockServer};
+use docket::mock::MockConfig;
 use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_docket");
-
-async fn mock(cfg: MockConfig) -> MockServer {
-    MockServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("mock")
-}
 
 fn docket(ws: &Workspace, home: &std::path::Path) -> Command {
     let mut c = Command::new(BIN);
@@ -62,16 +55,18 @@ async fn sigterm_saves_the_session_like_ctrl_c() {
 }
 
 async fn interrupt_then_resume(signal: &str) {
-    let m = mock(MockConfig {
-        latency_median_ms: 40.0,
-        latency_p99_ms: 100.0,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            latency_median_ms: 40.0,
+            latency_p99_ms: 100.0,
+            ..Default::default()
+        },
+        150,
+        |job| {
+            job.concurrency = 4;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 4;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 150);
     let home = tempfile::tempdir().unwrap();
     let child = docket(&ws, home.path())
         .args(["batch-adjudicate", "--yes", "--headless"])
@@ -142,16 +137,18 @@ async fn interrupt_then_resume(signal: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_run_then_resume_processes_every_item_exactly_once() {
-    let m = mock(MockConfig {
-        latency_median_ms: 30.0,
-        latency_p99_ms: 200.0,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            latency_median_ms: 30.0,
+            latency_p99_ms: 200.0,
+            ..Default::default()
+        },
+        200,
+        |job| {
+            job.concurrency = 8;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 8;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 200);
     let home = tempfile::tempdir().unwrap();
     let mut child = docket(&ws, home.path())
         .args(["batch-adjudicate", "--yes", "--headless"])
@@ -253,9 +250,7 @@ fn run_err(ws: &Workspace, home: &std::path::Path, args: &[&str]) -> (Option<i32
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_config_key_missing_template_and_undefined_variable_are_named() {
-    let m = mock(MockConfig::default()).await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 3);
+    let (m, ws) = mocked(MockConfig::default(), 3, |_| {}).await;
     let home = tempfile::tempdir().unwrap();
     let toml_path = ws.path().join("docket.toml");
     let good = std::fs::read_to_string(&toml_path).unwrap();
@@ -373,16 +368,18 @@ async fn bad_import_rows_are_reported_and_good_rows_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_key_reaches_no_ledger_log_or_export() {
-    let m = mock(MockConfig {
-        mode: "normal".into(),
-        fail_500: 0.2,
-        ..Default::default()
-    })
+    let (_m, ws) = mocked(
+        MockConfig {
+            mode: "normal".into(),
+            fail_500: 0.2,
+            ..Default::default()
+        },
+        20,
+        |job| {
+            job.api_key_env = Some("DOCKET_TEST_KEY");
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.api_key_env = Some("DOCKET_TEST_KEY");
-    let ws = workspace(&job);
-    import_demo_items(&ws, 20);
     let home = tempfile::tempdir().unwrap();
     let canary = "sk-canary-7f3a9c2e1d";
     // Without the variable the run refuses before sending.
@@ -507,16 +504,18 @@ fn init_then_dry_run_works_in_a_fresh_folder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_session_is_neither_resumed_twice_nor_planned_twice() {
-    let m = mock(MockConfig {
-        latency_median_ms: 200.0,
-        latency_p99_ms: 300.0,
-        ..Default::default()
-    })
+    let (_m, ws) = mocked(
+        MockConfig {
+            latency_median_ms: 200.0,
+            latency_p99_ms: 300.0,
+            ..Default::default()
+        },
+        100,
+        |job| {
+            job.concurrency = 2;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 2;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 100);
     let home = tempfile::tempdir().unwrap();
     let child = docket(&ws, home.path())
         .args(["run", "--yes", "--headless", "--limit", "60"])
@@ -615,9 +614,7 @@ fn mock_provider_command_serves_openai_routes() {
 /// then yes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_terminal_it_asks_before_spending() {
-    let m = mock(MockConfig::default()).await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 12);
+    let (m, ws) = mocked(MockConfig::default(), 12, |_| {}).await;
     let home = tempfile::tempdir().unwrap();
     let tmux_session = format!("docket-confirm-{}", std::process::id());
     let cmd = format!(

@@ -7,20 +7,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use docket::engine::RunEnd;
-use docket::mock::{MockConfig, MockServer};
+use docket::mock::MockConfig;
 use support::*;
-
-async fn mock(cfg: MockConfig) -> MockServer {
-    MockServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("mock")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_add_up_and_match_the_results_table() {
-    let m = mock(MockConfig::default()).await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 300);
+    let (m, ws) = mocked(MockConfig::default(), 300, |_| {}).await;
     let (report, lines) = run(options(&ws)).await;
     assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
     let sid = report.session_id.unwrap();
@@ -185,9 +177,7 @@ async fn thresholds_route_boundary_values() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_and_skip_reviewed_choose_the_items() {
-    let m = mock(MockConfig::default()).await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 40);
+    let (m, ws) = mocked(MockConfig::default(), 40, |_| {}).await;
     let mut o = options(&ws);
     o.limit = Some(15);
     let (r1, _) = run(o).await;
@@ -233,9 +223,7 @@ async fn limit_and_skip_reviewed_choose_the_items() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_sends_nothing_and_shows_the_first_prompt() {
-    let m = mock(MockConfig::default()).await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 25);
+    let (m, ws) = mocked(MockConfig::default(), 25, |_| {}).await;
     let mut o = options(&ws);
     o.dry_run = true;
     let (report, lines) = run(o).await;
@@ -259,17 +247,19 @@ async fn dry_run_sends_nothing_and_shows_the_first_prompt() {
 async fn a_429_storm_completes_with_aimd_backing_off() {
     // The server allows 10 requests/s; the client has no limit of its own and
     // 32 slots, so it is refused until it learns to back off.
-    let m = mock(MockConfig {
-        rpm_limit: 600,
-        latency_median_ms: 20.0,
-        latency_p99_ms: 60.0,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            rpm_limit: 600,
+            latency_median_ms: 20.0,
+            latency_p99_ms: 60.0,
+            ..Default::default()
+        },
+        60,
+        |job| {
+            job.concurrency = 32;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 32;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 60);
     let (report, lines) = run(options(&ws)).await;
     assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
     let s = report.session.unwrap();
@@ -297,15 +287,17 @@ async fn a_429_storm_completes_with_aimd_backing_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthorized_stops_at_once_with_a_clear_message() {
-    let m = mock(MockConfig {
-        mode: "unauthorized".into(),
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            mode: "unauthorized".into(),
+            ..Default::default()
+        },
+        200,
+        |job| {
+            job.concurrency = 4;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 4;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 200);
     let (report, lines) = run(options(&ws)).await;
     let RunEnd::Stopped(msg) = &report.end else {
         panic!("{:?}\n{}", report.end, lines.text())
@@ -338,15 +330,17 @@ async fn unauthorized_stops_at_once_with_a_clear_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_exhausted_stops_and_is_not_a_rate_limit() {
-    let m = mock(MockConfig {
-        mode: "quota".into(),
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            mode: "quota".into(),
+            ..Default::default()
+        },
+        50,
+        |job| {
+            job.concurrency = 2;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 2;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 50);
     let (report, _) = run(options(&ws)).await;
     let RunEnd::Stopped(msg) = &report.end else {
         panic!("{:?}", report.end)
@@ -358,15 +352,17 @@ async fn quota_exhausted_stops_and_is_not_a_rate_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_answers_are_retried_then_recorded_as_truncation() {
-    let m = mock(MockConfig {
-        truncated: 1.0,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            truncated: 1.0,
+            ..Default::default()
+        },
+        5,
+        |job| {
+            job.max_attempts = 2;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.max_attempts = 2;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 5);
     let (report, _) = run(options(&ws)).await;
     let s = report.session.unwrap();
     let conn = ws.conn();
@@ -396,14 +392,16 @@ async fn truncated_answers_are_retried_then_recorded_as_truncation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_wrong_schema_answers_are_retried_then_recorded() {
     // Half the bodies are garbage: retried as transport errors; all complete.
-    let m = mock(MockConfig {
-        malformed: 0.5,
-        seed: 3,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            malformed: 0.5,
+            seed: 3,
+            ..Default::default()
+        },
+        40,
+        |_| {},
+    )
     .await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 40);
     let (report, _) = run(options(&ws)).await;
     let s = report.session.unwrap();
     check_complete(&ws.conn(), &s.session_id);
@@ -426,13 +424,15 @@ async fn malformed_and_wrong_schema_answers_are_retried_then_recorded() {
     }
 
     // Every answer misses a required field: a parse error after the budget.
-    let m = mock(MockConfig {
-        wrong_schema: 1.0,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            wrong_schema: 1.0,
+            ..Default::default()
+        },
+        4,
+        |_| {},
+    )
     .await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 4);
     let (report, _) = run(options(&ws)).await;
     let s = report.session.unwrap();
     let conn = ws.conn();
@@ -463,16 +463,18 @@ async fn malformed_and_wrong_schema_answers_are_retried_then_recorded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hangs_are_cut_by_the_timeout_and_counted_ambiguous() {
-    let m = mock(MockConfig {
-        hang: 0.3,
-        seed: 11,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            hang: 0.3,
+            seed: 11,
+            ..Default::default()
+        },
+        20,
+        |job| {
+            job.timeout_secs = 0.3;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.timeout_secs = 0.3;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 20);
     let (report, _) = run(options(&ws)).await;
     let s = report.session.unwrap();
     check_complete(&ws.conn(), &s.session_id);
@@ -487,11 +489,10 @@ async fn hangs_are_cut_by_the_timeout_and_counted_ambiguous() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_cost_pauses_before_the_budget_and_resume_finishes() {
-    let m = mock(MockConfig::default()).await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 1;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 30);
+    let (m, ws) = mocked(MockConfig::default(), 30, |job| {
+        job.concurrency = 1;
+    })
+    .await;
     let mut o = options(&ws);
     // gpt-4o-mini: a ~300-token prompt and 200 max output tokens cost at most
     // about $0.00017 a request, so $0.001 covers a handful only.
@@ -521,13 +522,15 @@ async fn max_cost_pauses_before_the_budget_and_resume_finishes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_older_than_seven_days_cannot_be_resumed() {
-    let m = mock(MockConfig {
-        mode: "unauthorized".into(),
-        ..Default::default()
-    })
+    let (_m, ws) = mocked(
+        MockConfig {
+            mode: "unauthorized".into(),
+            ..Default::default()
+        },
+        3,
+        |_| {},
+    )
     .await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 3);
     let (report, _) = run(options(&ws)).await;
     let sid = report.session_id.unwrap();
     ws.conn()
@@ -552,16 +555,18 @@ async fn sessions_older_than_seven_days_cannot_be_resumed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
-    let m = mock(MockConfig {
-        latency_median_ms: 50.0,
-        latency_p99_ms: 80.0,
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            latency_median_ms: 50.0,
+            latency_p99_ms: 80.0,
+            ..Default::default()
+        },
+        60,
+        |job| {
+            job.concurrency = 2;
+        },
+    )
     .await;
-    let mut job = Job::new(&m.base_url());
-    job.concurrency = 2;
-    let ws = workspace(&job);
-    import_demo_items(&ws, 60);
     let path = ws.path().to_path_buf();
     let handle = tokio::spawn(run(options(&ws)));
     // Wait for the session to exist and make progress, then pause it from
@@ -598,13 +603,15 @@ async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_refuses_a_changed_job() {
-    let m = mock(MockConfig {
-        mode: "unauthorized".into(),
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            mode: "unauthorized".into(),
+            ..Default::default()
+        },
+        3,
+        |_| {},
+    )
     .await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 3);
     let (report, _) = run(options(&ws)).await;
     let sid = report.session_id.unwrap();
     let tpl = ws.path().join("prompts/adjudicate.j2");
@@ -631,13 +638,15 @@ async fn resume_refuses_a_changed_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_routes_with_the_thresholds_the_session_started_with() {
-    let m = mock(MockConfig {
-        mode: "unauthorized".into(),
-        ..Default::default()
-    })
+    let (m, ws) = mocked(
+        MockConfig {
+            mode: "unauthorized".into(),
+            ..Default::default()
+        },
+        30,
+        |_| {},
+    )
     .await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 30);
     let mut o = options(&ws);
     o.auto_accept_threshold = Some(1.0);
     let (report, _) = run(o).await;
@@ -655,9 +664,7 @@ async fn resume_routes_with_the_thresholds_the_session_started_with() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_template_is_sent_again_not_reused() {
-    let m = mock(MockConfig::default()).await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 30);
+    let (m, ws) = mocked(MockConfig::default(), 30, |_| {}).await;
     let (first, _) = run(options(&ws)).await;
     let s1 = first.session.unwrap();
     let left = s1.reviewed_count + s1.rejected_count;
@@ -690,14 +697,16 @@ async fn a_changed_template_is_sent_again_not_reused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_writer_during_a_run_never_sees_busy() {
-    let m = mock(MockConfig {
-        latency_median_ms: 5.0,
-        latency_p99_ms: 20.0,
-        ..Default::default()
-    })
+    let (_m, ws) = mocked(
+        MockConfig {
+            latency_median_ms: 5.0,
+            latency_p99_ms: 20.0,
+            ..Default::default()
+        },
+        400,
+        |_| {},
+    )
     .await;
-    let ws = workspace(&Job::new(&m.base_url()));
-    import_demo_items(&ws, 400);
     let dir = ws.path().to_path_buf();
     let run_handle = tokio::spawn(run(options(&ws)));
     // (Once the session exists: items imported before planning would be in

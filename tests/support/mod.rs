@@ -104,6 +104,28 @@ review_threshold = 0.60
     Workspace { dir }
 }
 
+/// The built-in mock on a free loopback port.
+pub async fn mock(cfg: docket::mock::MockConfig) -> docket::mock::MockServer {
+    docket::mock::MockServer::start(cfg, std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock")
+}
+
+/// A mock, and a workspace pointed at it holding `items` demo items; `tweak`
+/// adjusts the job first.
+pub async fn mocked(
+    cfg: docket::mock::MockConfig,
+    items: usize,
+    tweak: impl FnOnce(&mut Job),
+) -> (docket::mock::MockServer, Workspace) {
+    let m = mock(cfg).await;
+    let mut job = Job::new(&m.base_url());
+    tweak(&mut job);
+    let ws = workspace(&job);
+    import_demo_items(&ws, items);
+    (m, ws)
+}
+
 /// Import `n` demo chart items.
 pub fn import_demo_items(ws: &Workspace, n: usize) {
     let path = ws.path().join("items/test.jsonl");
