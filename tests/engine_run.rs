@@ -755,3 +755,104 @@ async fn another_writer_during_a_run_never_sees_busy() {
         600
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regex_gate_reads_verdict_and_confidence_from_text_answers() {
+    let (m, ws) = mocked(MockConfig::default(), 40, |job| {
+        job.template =
+            Some("Is {{ item.title }} by {{ item.artist }} a match?\nLabels: match, no_match\n");
+    })
+    .await;
+    let toml_path = ws.path().join("docket.toml");
+    let toml = std::fs::read_to_string(&toml_path).unwrap().replace(
+        "kind = \"json_schema\"\nschema = \"schemas/adjudicate.schema.json\"",
+        "kind = \"regex\"\npattern = '(?s)(?P<rationale>.*)VERDICT:\\s*(?P<verdict>\\w+)\\s+CONFIDENCE:\\s*(?P<confidence>[0-9.]+)'",
+    );
+    assert!(toml.contains("kind = \"regex\""));
+    std::fs::write(&toml_path, toml).unwrap();
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    assert_eq!(s.error_count, 0);
+    assert_eq!(m.stats().ok, 40);
+    // The named captures are the answer; the verdict is one of the labels.
+    let verdicts: Vec<String> = ws
+        .conn()
+        .prepare("SELECT json_extract(answer_json, '$.verdict') FROM llm_batch_result")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(verdicts.len(), 40);
+    assert!(
+        verdicts.iter().all(|v| v == "match" || v == "no_match"),
+        "{verdicts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_still_in_flight_after_the_grace_are_ambiguous_and_sent_again() {
+    let (m, ws) = mocked(
+        MockConfig {
+            latency_median_ms: 3_000.0,
+            latency_p99_ms: 3_000.0,
+            ..Default::default()
+        },
+        6,
+        |job| {
+            job.concurrency = 6;
+        },
+    )
+    .await;
+    let interrupts = docket::engine::Interrupts::default();
+    let stop = interrupts.stop.clone();
+    let mut o = options(&ws);
+    o.grace = Some(Duration::from_millis(200));
+    let lines = std::sync::Arc::new(Lines::default());
+    let handle = tokio::spawn(docket::engine::run(o, lines.clone(), |_| true, interrupts));
+    // Every request is out (3 s latency), then Ctrl-C.
+    while m.stats().requests < 6 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    let report = handle.await.unwrap().unwrap();
+    assert_eq!(report.end, RunEnd::Cancelled, "{}", lines.text());
+    let s = report.session.unwrap();
+    assert_eq!(
+        s.ambiguous_count, 6,
+        "abandoned after the grace: may have been billed"
+    );
+    assert_eq!(s.processed_count, 0);
+    let conn = ws.conn();
+    assert_eq!(
+        6,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous'",
+            []
+        )
+    );
+    check_invariants(&conn, &s.session_id);
+    // Resume sends them again (attempt 2), and finishes.
+    m.set_config(MockConfig::default());
+    let mut o = options(&ws);
+    o.resume = Some(s.session_id.clone());
+    let (report, _) = run(o).await;
+    assert_eq!(report.end, RunEnd::Completed);
+    check_complete(&ws.conn(), &s.session_id);
+    assert_eq!(
+        6,
+        count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM llm_messages WHERE attempt = 2 AND state = 'answered'",
+            []
+        )
+    );
+    assert_eq!(
+        report.session.unwrap().ambiguous_count,
+        6,
+        "counted once, not again on resume"
+    );
+}
