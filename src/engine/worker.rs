@@ -73,14 +73,13 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, slot: Option<crate::limit
     let mut slot = slot;
     loop {
         let next = match attempt_once(ctx, &mut job, slot.take()).await {
-            Sent::Stopped => Next::Requeue,
+            // A request that did not finish simply stays pending: a resume
+            // (or a later session) picks it up.
+            Sent::Stopped => Next::Done,
             Sent::Abandoned(rec) => {
                 ctx.stats.ambiguous.fetch_add(1, Relaxed);
-                if ctx.write(WriteOp::Attempt(rec)).await {
-                    Next::Requeue
-                } else {
-                    Next::Done
-                }
+                ctx.write(WriteOp::Attempt(rec)).await;
+                Next::Done
             }
             Sent::LedgerFailed => Next::Done,
             Sent::Answer(base, answer, reservation) => {
@@ -90,15 +89,11 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, slot: Option<crate::limit
         };
         match next {
             Next::Done => return,
-            Next::Requeue => {
-                requeue(ctx, &item).await;
-                return;
-            }
             Next::Retry => {}
             Next::RetryAfter(delay) => {
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = ctx.soft_stop.cancelled() => { requeue(ctx, &item).await; return; }
+                    _ = ctx.soft_stop.cancelled() => return,
                 }
             }
         }
@@ -175,7 +170,6 @@ enum Sent {
 /// What to do after an attempt.
 enum Next {
     Done,
-    Requeue,
     Retry,
     RetryAfter(Duration),
 }
@@ -379,11 +373,8 @@ async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &Provi
     if err.class.stops_session() {
         tracing::warn!(session = %ctx.session_id, "stopping: {err}");
         ctx.stop(StopCause::Fatal(fatal_message(err, &p.provider_name)));
-        return if ctx.write(WriteOp::Attempt(rec)).await {
-            Next::Requeue
-        } else {
-            Next::Done
-        };
+        ctx.write(WriteOp::Attempt(rec)).await;
+        return Next::Done;
     }
     if !err.class.is_retryable() {
         finish_error(ctx, job.item, Some(rec), err.to_string()).await;
@@ -502,16 +493,6 @@ fn fatal_message(err: &ProviderError, provider: &str) -> String {
             "the provider says the quota or billing is exhausted ({err}). Add credit or raise the limit, then resume."
         ),
     }
-}
-
-async fn requeue(ctx: &Ctx, item: &WorkItem) {
-    let _ = ctx
-        .writer
-        .write(WriteOp::Requeue {
-            request_id: item.request_id,
-            last_error: None,
-        })
-        .await;
 }
 
 async fn finish_error(ctx: &Ctx, item: &WorkItem, rec: Option<AttemptRecord>, message: String) {

@@ -282,11 +282,6 @@ pub fn repair_interrupted(
         params![session_id, now],
     )? as u64;
     tx.execute(
-        "UPDATE llm_requests SET status = 'pending', updated_at = ?2
-         WHERE status = 'in_flight' AND request_id IN (SELECT request_id FROM session_item WHERE session_id = ?1)",
-        params![session_id, now],
-    )?;
-    tx.execute(
         "UPDATE llm_batch_session SET ambiguous_count = ambiguous_count + ?2, attempt_count = attempt_count + ?2,
              state = 'running', desired_state = 'running',
              stop_reason = NULL, completed_at = NULL, max_cost_usd = COALESCE(?3, max_cost_usd),

@@ -81,11 +81,6 @@ pub enum WriteOp {
     Attempt(AttemptRecord),
     /// The attempt record (if any) and the final result, in one transaction.
     Final(Option<AttemptRecord>, FinalResult),
-    /// A request goes back to pending (session stopped before it finished).
-    Requeue {
-        request_id: i64,
-        last_error: Option<String>,
-    },
     Heartbeat {
         session_id: String,
     },
@@ -252,16 +247,6 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
             bump_session(conn, &a.session_id, Some(a), None, now)
         }
         WriteOp::Final(attempt, f) => apply_final(conn, attempt.as_ref(), f, now),
-        WriteOp::Requeue {
-            request_id,
-            last_error,
-        } => {
-            conn.prepare_cached(
-                "UPDATE llm_requests SET status = 'pending', last_error = COALESCE(?2, last_error), updated_at = ?3 WHERE request_id = ?1",
-            )?
-            .execute(params![request_id, last_error, now])?;
-            Ok(())
-        }
         WriteOp::Heartbeat { session_id } => {
             conn.prepare_cached(
                 "UPDATE llm_batch_session SET heartbeat_at = ?2 WHERE session_id = ?1",

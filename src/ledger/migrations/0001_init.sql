@@ -76,7 +76,9 @@ CREATE TABLE llm_requests (
     model              TEXT NOT NULL,
     request_version    INTEGER NOT NULL DEFAULT 1,
     status             TEXT NOT NULL DEFAULT 'pending'
-                       CHECK (status IN ('pending', 'in_flight', 'completed', 'error')),
+                       -- in flight is not a status: an attempt 'sent' in llm_messages
+                       -- with no answer yet says it, and survives a crash
+                       CHECK (status IN ('pending', 'completed', 'error')),
     attempt            INTEGER NOT NULL DEFAULT 0,   -- sends so far
     transport_retries  INTEGER NOT NULL DEFAULT 0,
     gate_failures      INTEGER NOT NULL DEFAULT 0,
