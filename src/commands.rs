@@ -309,6 +309,8 @@ fn confirm() -> bool {
 
 async fn demo(args: DemoArgs) -> i32 {
     let dir = docket::workspace::demo_dir();
+    // Line output is the only output until the console lands; --headless is
+    // accepted now so scripts written for both keep working.
     let _ = args.headless;
     if !dir.join("docket.toml").exists()
         && let Err(e) = docket::workspace::init(&dir, true)
