@@ -55,17 +55,9 @@ async fn sigterm_saves_the_session_like_ctrl_c() {
 }
 
 async fn interrupt_then_resume(signal: &str) {
-    let (m, ws) = mocked(
-        MockConfig {
-            latency_median_ms: 40.0,
-            latency_p99_ms: 100.0,
-            ..Default::default()
-        },
-        150,
-        |job| {
-            job.concurrency = 4;
-        },
-    )
+    let (m, ws) = mocked(latency(40.0, 100.0), 150, |job| {
+        job.concurrency = 4;
+    })
     .await;
     let home = tempfile::tempdir().unwrap();
     let child = docket(&ws, home.path())
@@ -137,17 +129,9 @@ async fn interrupt_then_resume(signal: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_run_then_resume_processes_every_item_exactly_once() {
-    let (m, ws) = mocked(
-        MockConfig {
-            latency_median_ms: 30.0,
-            latency_p99_ms: 200.0,
-            ..Default::default()
-        },
-        200,
-        |job| {
-            job.concurrency = 8;
-        },
-    )
+    let (m, ws) = mocked(latency(30.0, 200.0), 200, |job| {
+        job.concurrency = 8;
+    })
     .await;
     let home = tempfile::tempdir().unwrap();
     let mut child = docket(&ws, home.path())
@@ -302,8 +286,15 @@ async fn bad_config_key_missing_template_and_undefined_variable_are_named() {
     .unwrap();
     let (code, text) = run_err(&ws, home.path(), &["run", "--yes"]);
     assert_eq!(code, Some(2));
+    let line = good
+        .lines()
+        .position(|l| l.starts_with("max_concurrency"))
+        .unwrap()
+        + 1;
     assert!(
-        text.contains("max_concurrency") || text.contains("integer"),
+        text.contains(&format!("docket.toml:{line}:"))
+            && text.contains("max_concurrency = \"lots\"")
+            && text.contains("invalid type"),
         "{text}"
     );
 
@@ -504,17 +495,9 @@ fn init_then_dry_run_works_in_a_fresh_folder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_session_is_neither_resumed_twice_nor_planned_twice() {
-    let (_m, ws) = mocked(
-        MockConfig {
-            latency_median_ms: 200.0,
-            latency_p99_ms: 300.0,
-            ..Default::default()
-        },
-        100,
-        |job| {
-            job.concurrency = 2;
-        },
-    )
+    let (_m, ws) = mocked(latency(200.0, 300.0), 100, |job| {
+        job.concurrency = 2;
+    })
     .await;
     let home = tempfile::tempdir().unwrap();
     let child = docket(&ws, home.path())
@@ -646,21 +629,29 @@ async fn on_a_terminal_it_asks_before_spending() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
+    // Open docket in a fresh tmux session and wait for its question.
+    let start_at_question = || {
+        let out = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &tmux_session,
+            "-x",
+            "200",
+            "-y",
+            "50",
+            &cmd,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tmux(&["set-option", "-t", &tmux_session, "remain-on-exit", "on"]);
+        wait_for(&tmux_session, "Continue? [y/N]")
+    };
     // Ctrl-C at the question ends docket: nothing created, nothing sent.
-    let out = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &tmux_session,
-        "-x",
-        "200",
-        "-y",
-        "50",
-        &cmd,
-    ]);
-    assert!(out.status.success());
-    tmux(&["set-option", "-t", &tmux_session, "remain-on-exit", "on"]);
-    wait_for(&tmux_session, "Continue? [y/N]");
+    start_at_question();
     tmux(&["send-keys", "-t", &tmux_session, "C-c"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while String::from_utf8_lossy(
@@ -687,24 +678,7 @@ async fn on_a_terminal_it_asks_before_spending() {
         ("n", "Not started."),
         ("y", "Results: docket batch-results"),
     ] {
-        let out = tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            &tmux_session,
-            "-x",
-            "200",
-            "-y",
-            "50",
-            &cmd,
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tmux(&["set-option", "-t", &tmux_session, "remain-on-exit", "on"]);
-        let screen = wait_for(&tmux_session, "Continue? [y/N]");
+        let screen = start_at_question();
         assert!(screen.contains("Estimating cost: ~$"), "{screen}");
         let sessions_before = count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
         assert_eq!(m.stats().requests, 0, "nothing is sent before the answer");

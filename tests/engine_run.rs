@@ -287,16 +287,9 @@ async fn a_429_storm_completes_with_aimd_backing_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthorized_stops_at_once_with_a_clear_message() {
-    let (m, ws) = mocked(
-        MockConfig {
-            mode: "unauthorized".into(),
-            ..Default::default()
-        },
-        200,
-        |job| {
-            job.concurrency = 4;
-        },
-    )
+    let (m, ws) = mocked(mode("unauthorized"), 200, |job| {
+        job.concurrency = 4;
+    })
     .await;
     let (report, lines) = run(options(&ws)).await;
     let RunEnd::Stopped(msg) = &report.end else {
@@ -330,16 +323,9 @@ async fn unauthorized_stops_at_once_with_a_clear_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_exhausted_stops_and_is_not_a_rate_limit() {
-    let (m, ws) = mocked(
-        MockConfig {
-            mode: "quota".into(),
-            ..Default::default()
-        },
-        50,
-        |job| {
-            job.concurrency = 2;
-        },
-    )
+    let (m, ws) = mocked(mode("quota"), 50, |job| {
+        job.concurrency = 2;
+    })
     .await;
     let (report, _) = run(options(&ws)).await;
     let RunEnd::Stopped(msg) = &report.end else {
@@ -522,15 +508,7 @@ async fn max_cost_pauses_before_the_budget_and_resume_finishes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_older_than_seven_days_cannot_be_resumed() {
-    let (_m, ws) = mocked(
-        MockConfig {
-            mode: "unauthorized".into(),
-            ..Default::default()
-        },
-        3,
-        |_| {},
-    )
-    .await;
+    let (_m, ws) = mocked(mode("unauthorized"), 3, |_| {}).await;
     let (report, _) = run(options(&ws)).await;
     let sid = report.session_id.unwrap();
     ws.conn()
@@ -555,17 +533,9 @@ async fn sessions_older_than_seven_days_cannot_be_resumed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
-    let (m, ws) = mocked(
-        MockConfig {
-            latency_median_ms: 50.0,
-            latency_p99_ms: 80.0,
-            ..Default::default()
-        },
-        60,
-        |job| {
-            job.concurrency = 2;
-        },
-    )
+    let (m, ws) = mocked(latency(50.0, 80.0), 60, |job| {
+        job.concurrency = 2;
+    })
     .await;
     let path = ws.path().to_path_buf();
     let handle = tokio::spawn(run(options(&ws)));
@@ -603,15 +573,7 @@ async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_refuses_a_changed_job() {
-    let (m, ws) = mocked(
-        MockConfig {
-            mode: "unauthorized".into(),
-            ..Default::default()
-        },
-        3,
-        |_| {},
-    )
-    .await;
+    let (m, ws) = mocked(mode("unauthorized"), 3, |_| {}).await;
     let (report, _) = run(options(&ws)).await;
     let sid = report.session_id.unwrap();
     let tpl = ws.path().join("prompts/adjudicate.j2");
@@ -638,15 +600,7 @@ async fn resume_refuses_a_changed_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_routes_with_the_thresholds_the_session_started_with() {
-    let (m, ws) = mocked(
-        MockConfig {
-            mode: "unauthorized".into(),
-            ..Default::default()
-        },
-        30,
-        |_| {},
-    )
-    .await;
+    let (m, ws) = mocked(mode("unauthorized"), 30, |_| {}).await;
     let mut o = options(&ws);
     o.auto_accept_threshold = Some(1.0);
     let (report, _) = run(o).await;
@@ -697,16 +651,7 @@ async fn a_changed_template_is_sent_again_not_reused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_writer_during_a_run_never_sees_busy() {
-    let (_m, ws) = mocked(
-        MockConfig {
-            latency_median_ms: 5.0,
-            latency_p99_ms: 20.0,
-            ..Default::default()
-        },
-        400,
-        |_| {},
-    )
-    .await;
+    let (_m, ws) = mocked(latency(5.0, 20.0), 400, |_| {}).await;
     let dir = ws.path().to_path_buf();
     let run_handle = tokio::spawn(run(options(&ws)));
     // (Once the session exists: items imported before planning would be in
@@ -794,17 +739,9 @@ async fn a_regex_gate_reads_verdict_and_confidence_from_text_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_still_in_flight_after_the_grace_are_ambiguous_and_sent_again() {
-    let (m, ws) = mocked(
-        MockConfig {
-            latency_median_ms: 3_000.0,
-            latency_p99_ms: 3_000.0,
-            ..Default::default()
-        },
-        6,
-        |job| {
-            job.concurrency = 6;
-        },
-    )
+    let (m, ws) = mocked(latency(3_000.0, 3_000.0), 6, |job| {
+        job.concurrency = 6;
+    })
     .await;
     let interrupts = docket::engine::Interrupts::default();
     let stop = interrupts.stop.clone();

@@ -142,7 +142,8 @@ pub(super) async fn dispatch(
     ));
 
     tracing::info!(session = %session_id, model = %p.model, "dispatch started");
-    let feed_result = feed(&ctx, read).await;
+    let read = Arc::new(std::sync::Mutex::new(read));
+    let feed_result = feed(&ctx, &read).await;
     if let Err(e) = &feed_result {
         ctx.stop(StopCause::LedgerFailed(e.to_string()));
     }
@@ -151,9 +152,9 @@ pub(super) async fn dispatch(
     let _ = progress.await;
 
     let cause = ctx.cause();
-    let remaining = tokio::task::block_in_place(|| -> Result<usize, EngineError> {
-        let conn = crate::ledger::open(&p.ledger_path)?;
-        Ok(store::next_work(&conn, &session_id, -1, 1)?.len())
+    let remaining = tokio::task::block_in_place(|| {
+        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
+        store::next_work(&conn, &session_id, -1, 1).map(|w| w.len())
     })?;
     let (state, reason, end) = match cause {
         // Every item has its outcome: a stop that came after the last one
@@ -190,8 +191,10 @@ pub(super) async fn dispatch(
 }
 
 /// Page through unprocessed items and hand each to a worker.
-async fn feed(ctx: &Arc<Ctx>, read: rusqlite::Connection) -> Result<(), EngineError> {
-    let read = Arc::new(std::sync::Mutex::new(read));
+async fn feed(
+    ctx: &Arc<Ctx>,
+    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+) -> Result<(), EngineError> {
     // Bound the tasks alive at once (in flight plus waiting to retry) so a
     // long 429 storm cannot pile up the whole session in memory.
     let outstanding = Arc::new(Semaphore::new((ctx.p.max_concurrency * 4).max(256)));

@@ -104,6 +104,24 @@ review_threshold = 0.60
     Workspace { dir }
 }
 
+/// A mock that answers every request the same non-retryable way
+/// ("unauthorized" or "quota").
+pub fn mode(name: &str) -> docket::mock::MockConfig {
+    docket::mock::MockConfig {
+        mode: name.into(),
+        ..Default::default()
+    }
+}
+
+/// A mock with a log-normal latency (median and p99, in ms).
+pub fn latency(median_ms: f64, p99_ms: f64) -> docket::mock::MockConfig {
+    docket::mock::MockConfig {
+        latency_median_ms: median_ms,
+        latency_p99_ms: p99_ms,
+        ..Default::default()
+    }
+}
+
 /// The built-in mock on a free loopback port.
 pub async fn mock(cfg: docket::mock::MockConfig) -> docket::mock::MockServer {
     docket::mock::MockServer::start(cfg, std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
