@@ -4,6 +4,7 @@
 //! CLI in `main.rs` and the console sit on top and never speak HTTP or SQL.
 
 pub mod config;
+pub mod control;
 pub mod cost;
 pub mod demo;
 pub mod engine;
@@ -14,8 +15,11 @@ pub mod limiter;
 pub mod mock;
 pub mod provider;
 pub mod report;
+pub mod review;
 pub mod retry;
 pub mod routing;
 pub mod sanitize;
 pub mod template;
+pub mod tui;
+pub mod watch;
 pub mod workspace;

@@ -8,7 +8,10 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::LedgerError;
 
 /// (version, sql) in order.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/0001_init.sql")),
+    (2, include_str!("migrations/0002_console.sql")),
+];
 
 pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
     let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);

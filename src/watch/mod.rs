@@ -1,0 +1,171 @@
+//! Read-only views of the ledger for the console: sessions, one session's
+//! live state and events, and the review queue. Everything the console shows
+//! comes from here, so a console in another process or SSH login shows a run
+//! exactly as one in the same process does.
+
+use crate::ledger::store::SessionRow;
+
+/// One line of the sessions pane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSummary {
+    pub session_id: String,
+    pub state: String,
+    pub desired_state: String,
+    pub started_at: f64,
+    pub completed_at: Option<f64>,
+    pub total: u64,
+    pub processed: u64,
+    pub accepted: u64,
+    pub review: u64,
+    pub rejected: u64,
+    pub errors: u64,
+    pub cost_usd: f64,
+    pub estimated_cost_usd: f64,
+    pub stop_reason: Option<String>,
+    /// An engine's heartbeat is fresh (the run is live in some process).
+    pub live: bool,
+}
+
+/// The engine's own gauges, written with each heartbeat (`live_json`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LiveGauges {
+    pub in_flight: u64,
+    pub concurrency_limit: u64,
+    pub max_concurrency: u64,
+    /// Effective limits (ours or the server's, the lower); 0 = none.
+    pub rpm_limit: u64,
+    pub tpm_limit: u64,
+    /// Requests and tokens per minute over the last minute (or since start).
+    pub rpm_used: f64,
+    pub tpm_used: f64,
+    /// Empty when nothing is slowing the run; else a short reason.
+    pub slow_reason: String,
+    pub paused: bool,
+    /// The stage being dispatched now.
+    pub stage: String,
+    /// Seconds since this engine started dispatching.
+    pub elapsed_secs: f64,
+    /// Its estimate of the time left, when it has one.
+    pub eta_secs: Option<f64>,
+}
+
+/// Operator overrides of a live run's limits (NULL columns are None).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tune {
+    pub rpm: Option<u64>,
+    pub tpm: Option<u64>,
+    pub concurrency: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageProgress {
+    pub name: String,
+    pub total: u64,
+    pub done: u64,
+    pub failed: u64,
+    pub in_flight: u64,
+}
+
+/// One session in full, for the stages, outcomes and gauges panes.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub row: SessionRow,
+    pub stop_after_stage: Option<String>,
+    pub tune: Tune,
+    /// None when no engine has written gauges yet.
+    pub gauges: Option<LiveGauges>,
+    pub stages: Vec<StageProgress>,
+    /// An engine's heartbeat is fresh.
+    pub live: bool,
+    pub heartbeat_age_secs: Option<f64>,
+    /// Attempts sent and not answered yet (from the ledger).
+    pub in_flight: u64,
+    /// total - processed - in_flight, never negative.
+    pub pending: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+/// One line of the events pane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub at: f64,
+    pub level: Level,
+    pub kind: String,
+    pub message: String,
+    pub item_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReviewQuery {
+    /// Case-insensitive substring over item id, suggestion and rationale.
+    pub filter: Option<String>,
+    /// Only this session's review items (None: every session).
+    pub session: Option<String>,
+    pub offset: u64,
+    pub limit: u64,
+}
+
+/// One line of the review queue (pending items, highest confidence first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReviewRow {
+    pub review_id: i64,
+    pub item_id: String,
+    pub session_id: Option<String>,
+    pub confidence: Option<f64>,
+    /// The suggestion as compact JSON.
+    pub suggestion: String,
+    pub rationale: Option<String>,
+    pub model_id: Option<String>,
+    /// Held by someone (claimant string) with an unexpired lease.
+    pub claimed_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReviewPage {
+    /// Pending items matching the query (all pages).
+    pub total: u64,
+    pub offset: u64,
+    pub rows: Vec<ReviewRow>,
+}
+
+/// What one stage produced for the item (every request of the item).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageOutput {
+    pub stage: String,
+    pub provider: String,
+    pub model: String,
+    pub status: String,
+    pub attempts: u64,
+    pub parsed_output_json: Option<String>,
+    pub raw_output: Option<String>,
+    pub finish_reason: Option<String>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: f64,
+}
+
+/// The detail view of one review item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReviewDetail {
+    pub review_id: i64,
+    pub item_id: String,
+    pub session_id: Option<String>,
+    pub status: String,
+    /// Pretty-printed JSON.
+    pub evidence_json: String,
+    pub suggestion_json: String,
+    pub confidence: Option<f64>,
+    pub rationale: Option<String>,
+    pub model_id: Option<String>,
+    pub stages: Vec<StageOutput>,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<f64>,
+    pub claimed_by: Option<String>,
+}
