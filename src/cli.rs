@@ -15,14 +15,44 @@ pub struct Cli {
     #[arg(long, global = true, env = "DOCKET_WORKSPACE", value_name = "DIR")]
     pub workspace: Option<PathBuf>,
 
+    #[command(flatten)]
+    pub console: ConsoleArgs,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
 
+/// How the console looks and what it may do (for `docket`, `console`,
+/// `review`, and `batch-adjudicate`/`demo` on a terminal).
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConsoleArgs {
+    /// Watch only: no decisions, no run controls.
+    #[arg(long, global = true)]
+    pub read_only: bool,
+    /// No colour (also when NO_COLOR is set). States keep their words and glyphs.
+    #[arg(long, global = true)]
+    pub no_color: bool,
+    /// A keymap.toml overriding the default bindings, binding by binding
+    /// (default: keymap.toml in the config dir).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub keymap: Option<PathBuf>,
+    /// Print the effective keymap (defaults plus overrides) and exit.
+    #[arg(long)]
+    pub print_keymap: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Demo workspace + built-in mock provider + a live run. No key, no network.
+    /// Demo workspace + built-in mock provider + a live run in the console. No key, no network.
     Demo(DemoArgs),
+    /// The console on the workspace: live view of any running session (also plain `docket`).
+    Console {
+        /// Watch this session (default: the newest).
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// The console opened on the review queue.
+    Review,
     /// Write a working workspace (docket.toml, prompt, schema, sample items).
     Init {
         /// Folder to create it in (default: the workspace, else the current folder).
@@ -83,6 +113,8 @@ pub enum Command {
     Resume { session: String },
     /// Ask a running session to stop; it stays resumable.
     Cancel { session: String },
+    /// Ask a running session to finish its current stage, then stop.
+    StopAtStage { session: String },
     /// Serve the built-in mock provider on 127.0.0.1 (OpenAI wire format).
     MockProvider {
         #[arg(long, default_value_t = 8089)]
@@ -126,7 +158,7 @@ pub struct RunArgs {
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
-    /// Line output instead of the console.
+    /// Line output instead of the console (the default when not on a terminal).
     #[arg(long)]
     pub headless: bool,
     /// A hard budget in USD: dispatch pauses (resumable) before the spend could pass it.
@@ -139,7 +171,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Line output (the console arrives with the console issue).
+    /// Line output instead of the console.
     #[arg(long)]
     pub headless: bool,
     /// How many demo items.

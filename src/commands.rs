@@ -9,27 +9,36 @@ use docket::engine::{self, Interrupts, RunOptions, StdoutReporter};
 use docket::ledger::{self, LEDGER_FILE, store};
 use docket::{items, report};
 
+use docket::control::Desired;
+use docket::tui::app::Pane;
+
 use crate::cli::{
-    Cli, Command, DemoArgs, ExportFormat, ExportWhat, FormatArg, ImportFormatArg, RunArgs,
+    Cli, Command, ConsoleArgs, DemoArgs, ExportFormat, ExportWhat, FormatArg, ImportFormatArg,
+    RunArgs,
 };
 
 pub const EXIT_USAGE: i32 = 2;
 
 pub async fn run(cli: Cli) -> i32 {
     let ws = docket::workspace::resolve(cli.workspace.as_deref());
-    let Some(command) = cli.command else {
-        // The console arrives with the console issue; until then say what to run.
-        println!(
-            "docket {}: batch LLM adjudication.",
-            env!("CARGO_PKG_VERSION")
-        );
-        println!(
-            "Try `docket demo`, or `docket init DIR` then `docket batch-adjudicate`. See `docket --help`."
-        );
+    let console_args = cli.console.clone();
+    if console_args.print_keymap {
+        let (keymap, warnings) = docket::tui::keymap::Keymap::load(console_args.keymap.as_deref());
+        for w in &warnings {
+            eprintln!("keymap: {w}");
+        }
+        print!("{}", keymap.to_toml());
         return 0;
+    }
+    let Some(command) = cli.command else {
+        return crate::console::open(&ws, &console_args, Pane::Stages, None).await;
     };
     match command {
-        Command::Demo(args) => demo(args).await,
+        Command::Demo(args) => demo(args, &console_args).await,
+        Command::Console { session } => {
+            crate::console::open(&ws, &console_args, Pane::Stages, session).await
+        }
+        Command::Review => crate::console::open(&ws, &console_args, Pane::Review, None).await,
         Command::Init { dir, force } => init(dir.as_deref().unwrap_or(&ws), force),
         Command::Import {
             file,
@@ -37,7 +46,7 @@ pub async fn run(cli: Cli) -> i32 {
             strict,
             format,
         } => import(&ws, &file, id_field, strict, format),
-        Command::BatchAdjudicate(args) => batch_adjudicate(&ws, args).await,
+        Command::BatchAdjudicate(args) => batch_adjudicate(&ws, args, &console_args).await,
         Command::BatchResults { session, format } => with_ledger(&ws, |c| {
             let f = match format {
                 FormatArg::Table => report::OutputFormat::Table,
@@ -60,9 +69,10 @@ pub async fn run(cli: Cli) -> i32 {
             format,
             output,
         } => export(&ws, session, what, format, output),
-        Command::Pause { session } => control(&ws, &session, "paused"),
-        Command::Resume { session } => control(&ws, &session, "running"),
-        Command::Cancel { session } => control(&ws, &session, "cancelled"),
+        Command::Pause { session } => control(&ws, &session, Some(Desired::Paused)),
+        Command::Resume { session } => control(&ws, &session, Some(Desired::Running)),
+        Command::Cancel { session } => control(&ws, &session, Some(Desired::Cancelled)),
+        Command::StopAtStage { session } => control(&ws, &session, None),
         Command::MockProvider { port, config } => {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
             match docket::mock::serve_forever(config, addr).await {
@@ -185,36 +195,36 @@ fn export(
     })
 }
 
-fn control(ws: &Path, session: &str, desired: &str) -> i32 {
+/// `pause`, `resume`, `cancel` (a desired state) or `stop-at-stage` (None),
+/// written to the ledger with who asked; the engine running the session, in
+/// whatever process, obeys within a second.
+fn control(ws: &Path, session: &str, desired: Option<Desired>) -> i32 {
+    let actor = format!("cli:{}", docket::review::Operator::current().user);
     with_ledger(ws, |c| {
-        let Some(s) = store::load_session(c, session).map_err(|e| e.to_string())? else {
-            return Err(format!(
-                "no session {session}; list them with `docket sessions`"
-            ));
+        let live = match store::load_session(c, session).map_err(|e| e.to_string())? {
+            Some(s) if s.state == "running" || s.state == "paused" => {
+                "the engine running it obeys within a second"
+            }
+            _ => "it is not running now; `docket batch-adjudicate --resume` continues it",
         };
-        if matches!(s.state.as_str(), "completed") {
-            return Err(format!(
-                "session {session} is completed; nothing to {}",
-                verb(desired)
-            ));
+        match desired {
+            Some(d) => {
+                docket::control::set_desired(c, session, d, &actor).map_err(|e| e.to_string())?;
+                let verb = match d {
+                    Desired::Paused => "pause",
+                    Desired::Running => "resume",
+                    Desired::Cancelled => "cancel",
+                };
+                println!("Session {session}: asked to {verb} ({live}).");
+            }
+            None => {
+                let stage = docket::control::stop_after_stage(c, session, &actor)
+                    .map_err(|e| e.to_string())?;
+                println!("Session {session}: asked to stop after stage {stage} ({live}).");
+            }
         }
-        store::set_desired_state(c, session, desired).map_err(|e| e.to_string())?;
-        let live = if s.state == "running" || s.state == "paused" {
-            "the engine running it obeys within a second"
-        } else {
-            "it is not running now; `docket batch-adjudicate --resume` continues it"
-        };
-        println!("Session {session}: asked to {} ({live}).", verb(desired));
         Ok(())
     })
-}
-
-fn verb(desired: &str) -> &'static str {
-    match desired {
-        "paused" => "pause",
-        "running" => "resume",
-        _ => "cancel",
-    }
 }
 
 /// Ctrl-C / SIGTERM: the first asks for a graceful stop, a second abandons
@@ -252,7 +262,7 @@ fn spawn_signal_handler(interrupts: &Interrupts) {
     });
 }
 
-async fn batch_adjudicate(ws: &Path, args: RunArgs) -> i32 {
+async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i32 {
     if !(args.grace.is_finite() && args.grace >= 0.0) {
         return fail("--grace: must be a non-negative number of seconds");
     }
@@ -271,23 +281,35 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs) -> i32 {
         base_url_override: None,
         grace: Some(Duration::from_secs_f64(args.grace)),
     };
-    let ask = !args.yes && std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let ask = !args.yes && tty;
     let interrupts = Interrupts::default();
     let listen = interrupts.clone();
     if args.resume.is_some() {
         // A resume asks nothing: it is going from the start.
         spawn_signal_handler(&interrupts);
     }
+    let confirm_then_listen = move |_: &engine::Estimate| {
+        let go = if ask { confirm() } else { true };
+        if go {
+            spawn_signal_handler(&listen);
+        }
+        go
+    };
+    if tty && !args.headless && !args.dry_run {
+        return crate::console::run_with_console(
+            opts,
+            console,
+            confirm_then_listen,
+            interrupts,
+            Pane::Stages,
+        )
+        .await;
+    }
     let result = engine::run(
         opts,
         Arc::new(StdoutReporter),
-        move |_| {
-            let go = if ask { confirm() } else { true };
-            if go {
-                spawn_signal_handler(&listen);
-            }
-            go
-        },
+        confirm_then_listen,
         interrupts,
     )
     .await;
@@ -307,11 +329,8 @@ fn confirm() -> bool {
     matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes")
 }
 
-async fn demo(args: DemoArgs) -> i32 {
+async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
     let dir = docket::workspace::demo_dir();
-    // Line output is the only output until the console lands; --headless is
-    // accepted now so scripts written for both keep working.
-    let _ = args.headless;
     if !dir.join("docket.toml").exists()
         && let Err(e) = docket::workspace::init(&dir, true)
     {
@@ -353,11 +372,11 @@ async fn demo(args: DemoArgs) -> i32 {
         auto_accept_threshold: None,
         review_threshold: None,
         yes: true,
-        headless: true,
+        headless: args.headless,
         max_cost: None,
         grace: 5.0,
     };
-    let code = batch_adjudicate(&dir, args).await;
+    let code = batch_adjudicate(&dir, args, console).await;
     if code == 0 {
         println!();
         println!("Explore it: docket --workspace {} sessions", dir.display());

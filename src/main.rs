@@ -5,6 +5,7 @@
 
 mod cli;
 mod commands;
+mod console;
 
 use clap::Parser;
 

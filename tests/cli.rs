@@ -683,6 +683,12 @@ async fn on_a_terminal_it_asks_before_spending() {
         let sessions_before = count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
         assert_eq!(m.stats().requests, 0, "nothing is sent before the answer");
         tmux(&["send-keys", "-t", &tmux_session, answer, "Enter"]);
+        if answer == "y" {
+            // On a terminal the run opens the console; once it is done, `q`
+            // closes it and the summary follows on the normal screen.
+            wait_for(&tmux_session, "✓ COMPLETED");
+            tmux(&["send-keys", "-t", &tmux_session, "q"]);
+        }
         wait_for(&tmux_session, expect);
         tmux(&["kill-session", "-t", &tmux_session]);
         let sessions_after = count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);

@@ -793,3 +793,427 @@ async fn requests_still_in_flight_after_the_grace_are_ambiguous_and_sent_again()
         "counted once, not again on resume"
     );
 }
+
+fn heartbeat_age(conn: &rusqlite::Connection, sid: &str) -> Option<f64> {
+    let hb: Option<f64> = conn
+        .query_row(
+            "SELECT heartbeat_at FROM llm_batch_session WHERE session_id = ?1",
+            [sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    hb.map(|h| docket::ledger::now_ts() - h)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gauges_are_written_with_each_heartbeat() {
+    let (_m, ws) = mocked(latency(100.0, 150.0), 120, |job| {
+        job.concurrency = 3;
+        job.rpm = 6_000;
+    })
+    .await;
+    let handle = tokio::spawn(run(options(&ws)));
+    let sid = session_created(&ws).await;
+    let conn = ws.conn();
+    // Gauges of a run that is sending: limits from the config, a rate.
+    let g = poll("gauges with a rate", Duration::from_secs(10), || {
+        live_gauges(&conn, &sid).filter(|g| g.rpm_used > 0.0 && g.in_flight > 0)
+    })
+    .await;
+    assert_eq!(g.max_concurrency, 3, "{g:?}");
+    assert!(
+        g.concurrency_limit >= 1 && g.concurrency_limit <= 3,
+        "{g:?}"
+    );
+    assert_eq!(g.rpm_limit, 6_000, "{g:?}");
+    assert_eq!(g.tpm_limit, 0, "{g:?}");
+    assert_eq!(g.stage, "adjudicate");
+    assert!(!g.paused);
+    assert!(g.in_flight <= 3, "{g:?}");
+    assert!(g.elapsed_secs > 0.0, "{g:?}");
+    let age = heartbeat_age(&conn, &sid).expect("a heartbeat");
+    assert!(age < 1.5, "heartbeat {age} s old");
+    // The gauges move: a later heartbeat has a later elapsed time and an ETA.
+    let later = poll("later gauges with an ETA", Duration::from_secs(10), || {
+        live_gauges(&conn, &sid).filter(|l| l.elapsed_secs > g.elapsed_secs && l.eta_secs.is_some())
+    })
+    .await;
+    assert!(later.eta_secs.unwrap() >= 0.0);
+    // A stop after the (only) stage is acknowledged, nothing else changes.
+    conn.execute(
+        "UPDATE llm_batch_session SET stop_after_stage = 'adjudicate' WHERE session_id = ?1",
+        [&sid],
+    )
+    .unwrap();
+    let ev = poll("the stop_at_stage event", Duration::from_secs(2), || {
+        events_of(&conn, &sid, "stop_at_stage").into_iter().next()
+    })
+    .await;
+    assert!(
+        ev.message.contains("adjudicate is the last stage"),
+        "{ev:?}"
+    );
+    assert_eq!(ev.actor, None);
+    let (report, lines) = handle.await.unwrap();
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    check_complete(&conn, &sid);
+    assert_eq!(
+        events_of(&conn, &sid, "stop_at_stage").len(),
+        1,
+        "reported once"
+    );
+    // Released: no heartbeat; the last gauges stay for the console.
+    assert_eq!(heartbeat_age(&conn, &sid), None);
+    assert!(live_gauges(&conn, &sid).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retune_in_the_ledger_is_followed_within_a_second() {
+    let (_m, ws) = mocked(latency(100.0, 150.0), 400, |job| {
+        job.concurrency = 4;
+        job.rpm = 6_000;
+    })
+    .await;
+    let lines = std::sync::Arc::new(Lines::default());
+    let handle = tokio::spawn(docket::engine::run(
+        options(&ws),
+        lines.clone(),
+        |_| true,
+        Default::default(),
+    ));
+    let sid = session_created(&ws).await;
+    let conn = ws.conn();
+    poll("the first gauges", Duration::from_secs(10), || {
+        live_gauges(&conn, &sid).filter(|g| g.in_flight > 0)
+    })
+    .await;
+    // Lower: concurrency 2, 3,000 requests/min.
+    conn.execute(
+        "UPDATE llm_batch_session SET tune_concurrency = 2, tune_rpm = 3000 WHERE session_id = ?1",
+        [&sid],
+    )
+    .unwrap();
+    let g = poll(
+        "the lowered limits in the gauges",
+        Duration::from_millis(1_500),
+        || live_gauges(&conn, &sid).filter(|g| g.max_concurrency == 2 && g.rpm_limit == 3_000),
+    )
+    .await;
+    assert!(g.concurrency_limit <= 2, "{g:?}");
+    let ev = events_of(&conn, &sid, "retuned");
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].level, "info");
+    assert!(
+        ev[0].message.contains("concurrency 4 -> 2")
+            && ev[0].message.contains("requests/min 6000 -> 3000"),
+        "{ev:?}"
+    );
+    // In flight drops to the new limit once the earlier sends are answered.
+    poll(
+        "in flight within the lowered limit",
+        Duration::from_secs(3),
+        || live_gauges(&conn, &sid).filter(|g| g.in_flight <= 2),
+    )
+    .await;
+    // Raise: concurrency 8; the limit climbs past the lowered one.
+    conn.execute(
+        "UPDATE llm_batch_session SET tune_concurrency = 8 WHERE session_id = ?1",
+        [&sid],
+    )
+    .unwrap();
+    poll(
+        "the raised limit in the gauges",
+        Duration::from_millis(1_500),
+        || live_gauges(&conn, &sid).filter(|g| g.max_concurrency == 8 && g.rpm_limit == 3_000),
+    )
+    .await;
+    let g = poll(
+        "concurrency to climb above 2",
+        Duration::from_secs(5),
+        || live_gauges(&conn, &sid).filter(|g| g.concurrency_limit > 2 && g.in_flight > 2),
+    )
+    .await;
+    assert!(g.concurrency_limit <= 8, "{g:?}");
+    assert_eq!(events_of(&conn, &sid, "retuned").len(), 2);
+    let report = handle.await.unwrap().unwrap();
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    check_complete(&conn, &sid);
+    assert!(
+        lines
+            .text()
+            .contains("Retuned from the ledger: concurrency 2 -> 8"),
+        "{}",
+        lines.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_pause_stops_sending_and_records_events() {
+    let (_m, ws) = mocked(latency(50.0, 80.0), 200, |job| {
+        job.concurrency = 2;
+    })
+    .await;
+    let handle = tokio::spawn(run(options(&ws)));
+    let sid = session_created(&ws).await;
+    let conn = ws.conn();
+    poll("some progress", Duration::from_secs(10), || {
+        let n = count(
+            &conn,
+            "SELECT processed_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+        );
+        (n >= 5).then_some(())
+    })
+    .await;
+    docket::ledger::store::set_desired_state(&conn, &sid, "paused").unwrap();
+    let ev = poll("the paused event", Duration::from_millis(1_500), || {
+        events_of(&conn, &sid, "paused").into_iter().next()
+    })
+    .await;
+    assert_eq!(ev.level, "warn");
+    // The pause took effect once nothing is in flight any more.
+    poll("in-flight sends to finish", Duration::from_secs(5), || {
+        let open = count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'sent'",
+            [&sid],
+        );
+        let g = live_gauges(&conn, &sid)?;
+        (open == 0 && g.paused && g.slow_reason == "paused by operator").then_some(())
+    })
+    .await;
+    let attempts = |c: &rusqlite::Connection| {
+        count(
+            c,
+            "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1",
+            [&sid],
+        )
+    };
+    let before = attempts(&conn);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(attempts(&conn), before, "no attempt while paused");
+    assert!(before < 200, "paused before the end: {before}");
+    let (state, reason): (String, Option<String>) = conn
+        .query_row(
+            "SELECT state, stop_reason FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(state, "paused");
+    assert_eq!(reason.as_deref(), Some("paused by operator"));
+    // Still live while paused: the heartbeat goes on.
+    assert!(heartbeat_age(&conn, &sid).unwrap() < 1.5);
+    docket::ledger::store::set_desired_state(&conn, &sid, "running").unwrap();
+    poll("the resumed event", Duration::from_millis(1_500), || {
+        events_of(&conn, &sid, "resumed").into_iter().next()
+    })
+    .await;
+    let (report, lines) = handle.await.unwrap();
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    check_complete(&conn, &sid);
+    let kinds: Vec<String> = events(&conn, &sid).into_iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        ["started", "paused", "resumed", "ended"],
+        "{kinds:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_pause_ends_paused_and_resume_finishes_every_item_once() {
+    let (m, ws) = mocked(latency(200.0, 300.0), 40, |job| {
+        job.concurrency = 4;
+    })
+    .await;
+    let interrupts = docket::engine::Interrupts::default();
+    let pause = interrupts.pause.clone();
+    let lines = std::sync::Arc::new(Lines::default());
+    let handle = tokio::spawn(docket::engine::run(
+        options(&ws),
+        lines.clone(),
+        |_| true,
+        interrupts,
+    ));
+    let sid = session_created(&ws).await;
+    let conn = ws.conn();
+    poll("some answers", Duration::from_secs(10), || {
+        let n = count(
+            &conn,
+            "SELECT processed_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+        );
+        (n >= 4).then_some(())
+    })
+    .await;
+    pause.cancel();
+    let report = handle.await.unwrap().unwrap();
+    assert_eq!(
+        report.end,
+        RunEnd::Paused("paused by operator".into()),
+        "{}",
+        lines.text()
+    );
+    assert_eq!(report.end.exit_code(), 4);
+    let s = report.session.unwrap();
+    assert_eq!(s.state, "paused");
+    assert_eq!(s.stop_reason.as_deref(), Some("paused by operator"));
+    assert!(s.processed_count < 40, "{s:?}");
+    assert_eq!(
+        s.ambiguous_count, 0,
+        "in-flight sends finished within the grace"
+    );
+    check_invariants(&conn, &sid);
+    assert_eq!(heartbeat_age(&conn, &sid), None, "released");
+    let ended = events_of(&conn, &sid, "ended");
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].level, "warn");
+    assert!(ended[0].message.contains("paused by operator"), "{ended:?}");
+    assert_eq!(events_of(&conn, &sid, "paused").len(), 1);
+    // Resumed to the end: every item exactly once, nothing paid twice.
+    m.set_config(MockConfig::default());
+    let rec = std::sync::Arc::new(Recorder::default());
+    let mut o = options(&ws);
+    o.resume = Some(sid.clone());
+    let report = docket::engine::run(o, rec.clone(), |_| true, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(report.end, RunEnd::Completed, "{}", rec.lines.text());
+    check_complete(&conn, &sid);
+    assert_eq!(m.stats().ok, 40, "every item answered exactly once");
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM (SELECT request_id FROM llm_messages WHERE state = 'answered' GROUP BY request_id HAVING COUNT(*) > 1)",
+            []
+        )
+    );
+    let told: Vec<String> = rec
+        .sessions
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, _)| s.clone())
+        .collect();
+    assert_eq!(told, vec![sid.clone()], "session_started on resume too");
+    let started: Vec<String> = events_of(&conn, &sid, "started")
+        .into_iter()
+        .map(|e| e.message)
+        .collect();
+    assert_eq!(started.len(), 2, "{started:?}");
+    assert!(
+        started[0].starts_with("started with gpt-4o-mini"),
+        "{started:?}"
+    );
+    assert!(
+        started[1].starts_with("resumed with gpt-4o-mini"),
+        "{started:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_run_ends_with_an_event_and_tells_the_reporter_its_session() {
+    let (_m, ws) = mocked(MockConfig::default(), 20, |_| {}).await;
+    let rec = std::sync::Arc::new(Recorder::default());
+    let report = docket::engine::run(options(&ws), rec.clone(), |_| true, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(report.end, RunEnd::Completed, "{}", rec.lines.text());
+    let sid = report.session_id.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &sid);
+    let told = rec.sessions.lock().unwrap().clone();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].0, sid);
+    // Told once the session exists, before any progress or summary line.
+    let lines = rec.lines.0.lock().unwrap().clone();
+    assert!(
+        lines[..told[0].1]
+            .iter()
+            .any(|l| l.contains(&format!("Creating batch session: {sid}")))
+    );
+    assert!(
+        !lines[..told[0].1].iter().any(|l| l.starts_with('[')),
+        "{lines:?}"
+    );
+    let evs = events(&conn, &sid);
+    assert_eq!(
+        evs.first().map(|e| e.kind.as_str()),
+        Some("started"),
+        "{evs:?}"
+    );
+    let last = evs.last().unwrap();
+    assert_eq!(last.kind, "ended");
+    assert_eq!(last.level, "info");
+    assert!(
+        last.message.contains("completed") && last.message.contains("20 of 20"),
+        "{last:?}"
+    );
+    assert!(
+        evs.iter().all(|e| e.actor.is_none()),
+        "the engine's events have no actor"
+    );
+    assert_eq!(evs.iter().filter(|e| e.kind == "ended").count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limiting_is_recorded_as_events_but_not_one_per_refusal() {
+    let (m, ws) = mocked(
+        MockConfig {
+            rpm_limit: 600,
+            latency_median_ms: 20.0,
+            latency_p99_ms: 60.0,
+            ..Default::default()
+        },
+        60,
+        |job| {
+            job.concurrency = 32;
+        },
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (report, lines) = run(options(&ws)).await;
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let sid = report.session_id.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &sid);
+    assert!(m.stats().rate_limited > 0);
+    let ev = events_of(&conn, &sid, "rate_limited");
+    assert!(!ev.is_empty(), "no rate_limited event");
+    assert!(ev.iter().all(|e| e.level == "warn"));
+    assert!(
+        (ev.len() as f64) <= (took / 10.0).ceil() + 1.0,
+        "{} events in {took:.1} s",
+        ev.len()
+    );
+    for w in ev.windows(2) {
+        assert!(w[1].at - w[0].at >= 9.9, "{ev:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_cancel_is_recorded_and_ends_cancelled() {
+    let (_m, ws) = mocked(latency(100.0, 150.0), 100, |job| {
+        job.concurrency = 2;
+    })
+    .await;
+    let handle = tokio::spawn(run(options(&ws)));
+    let sid = session_created(&ws).await;
+    let conn = ws.conn();
+    poll("the first gauges", Duration::from_secs(10), || {
+        live_gauges(&conn, &sid)
+    })
+    .await;
+    docket::ledger::store::set_desired_state(&conn, &sid, "cancelled").unwrap();
+    let (report, lines) = handle.await.unwrap();
+    assert_eq!(report.end, RunEnd::Cancelled, "{}", lines.text());
+    check_invariants(&conn, &sid);
+    let ev = events_of(&conn, &sid, "cancelled");
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    let ended = events_of(&conn, &sid, "ended");
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].level, "warn");
+    assert!(ended[0].message.contains("ended cancelled"), "{ended:?}");
+}

@@ -2,11 +2,14 @@
 //! limiter, obey pause / cancel from the ledger and from signals, and end the
 //! session in a resumable state whatever stops it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::Budget;
@@ -15,17 +18,25 @@ use super::stats::Stats;
 use super::{EngineError, Interrupts, Prepared, RunEnd};
 use crate::ledger::store;
 use crate::ledger::writer::{LedgerWriter, WriteOp};
-use crate::limiter::{Limiter, LimiterSettings};
+use crate::limiter::{Limiter, LimiterSettings, SlowReason};
 use crate::provider::ChatProvider;
 use crate::retry::Backoff;
+use crate::watch::{LiveGauges, Tune};
 
 const PAGE: usize = 512;
 const CONTROL_POLL: Duration = Duration::from_millis(400);
+/// The window of the gauges' requests/min and tokens/min.
+const RATE_WINDOW: Duration = Duration::from_secs(60);
+/// At most one `rate_limited` event this often.
+const RATE_EVENT_SPACING: Duration = Duration::from_secs(10);
+const PAUSED_BY_OPERATOR: &str = "paused by operator";
 
 /// Why a run stopped before every item had an outcome.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum StopCause {
     Cancelled,
+    /// The operator paused the run and the process lets go of it.
+    Paused(String),
     Fatal(String),
     Budget(String),
     LedgerFailed(String),
@@ -46,6 +57,10 @@ pub(super) struct Ctx {
     pub(super) hard_stop: CancellationToken,
     pub(super) paused: watch::Receiver<bool>,
     pub(super) cause: std::sync::Mutex<Option<StopCause>>,
+    /// Bounds the worker tasks alive at once; grows when concurrency is
+    /// retuned upward.
+    outstanding: Arc<Semaphore>,
+    outstanding_cap: AtomicUsize,
 }
 
 impl Ctx {
@@ -80,6 +95,27 @@ impl Ctx {
         }
     }
 
+    /// Record a session event without waiting for it.
+    pub(super) fn event(&self, level: &'static str, kind: &'static str, message: String) {
+        self.writer.post(WriteOp::Event {
+            session_id: self.session_id.clone(),
+            level,
+            kind,
+            message,
+        });
+    }
+
+    /// Let enough worker tasks be alive for `concurrency` requests in flight
+    /// (in flight plus waiting to retry). Never shrinks: it is only a bound
+    /// on memory, and a lower concurrency is enforced by the limiter.
+    fn make_room_for(&self, concurrency: usize) {
+        let want = outstanding_for(concurrency);
+        let had = self.outstanding_cap.fetch_max(want, Ordering::Relaxed);
+        if want > had {
+            self.outstanding.add_permits(want - had);
+        }
+    }
+
     pub(super) async fn write(&self, op: WriteOp) -> bool {
         match self.writer.write(op).await {
             Ok(()) => true,
@@ -91,6 +127,34 @@ impl Ctx {
     }
 }
 
+/// Worker tasks alive at once for a concurrency: a long 429 storm must not
+/// pile the whole session up in memory.
+fn outstanding_for(concurrency: usize) -> usize {
+    (concurrency.saturating_mul(4)).max(256)
+}
+
+/// The limiter's settings under an operator's retune (None: the config's).
+fn tuned_settings(p: &Prepared, tune: &Tune) -> LimiterSettings {
+    LimiterSettings {
+        requests_per_minute: tune.rpm.unwrap_or(p.rpm),
+        tokens_per_minute: tune.tpm.unwrap_or(p.tpm),
+        max_concurrency: tune
+            .concurrency
+            .map(|c| c.min(usize::MAX as u64) as usize)
+            .unwrap_or(p.max_concurrency)
+            .clamp(1, 10_000),
+    }
+}
+
+fn per_minute(n: u64) -> String {
+    if n == 0 {
+        "unlimited".into()
+    } else {
+        n.to_string()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn dispatch(
     p: Arc<Prepared>,
     session_id: String,
@@ -98,6 +162,7 @@ pub(super) async fn dispatch(
     reporter: Arc<dyn Reporter>,
     interrupts: Interrupts,
     grace: Duration,
+    resumed: bool,
 ) -> Result<RunEnd, EngineError> {
     let (writer, writer_handle) = LedgerWriter::start(&p.ledger_path)?;
     let read = crate::ledger::open(&p.ledger_path)?;
@@ -106,11 +171,7 @@ pub(super) async fn dispatch(
     })?;
     let stats = Arc::new(Stats::default());
     stats.seed(&row);
-    let limiter = Arc::new(Limiter::new(LimiterSettings {
-        requests_per_minute: p.rpm,
-        tokens_per_minute: p.tpm,
-        max_concurrency: p.max_concurrency,
-    }));
+    let limiter = Arc::new(Limiter::new(tuned_settings(&p, &Tune::default())));
     let (pause_tx, pause_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
         budget: Budget::new(row.max_cost_usd, row.cost_usd),
@@ -125,7 +186,22 @@ pub(super) async fn dispatch(
         hard_stop: CancellationToken::new(),
         paused: pause_rx,
         cause: std::sync::Mutex::new(None),
+        outstanding: Arc::new(Semaphore::new(outstanding_for(p.max_concurrency))),
+        outstanding_cap: AtomicUsize::new(outstanding_for(p.max_concurrency)),
     });
+    ctx.event(
+        "info",
+        "started",
+        format!(
+            "{} with {} ({}): requests/min {}, tokens/min {}, concurrency {}",
+            if resumed { "resumed" } else { "started" },
+            p.model,
+            p.provider_name,
+            per_minute(p.rpm),
+            per_minute(p.tpm),
+            p.max_concurrency
+        ),
+    );
     let progress = spawn_progress(
         stats.clone(),
         limiter.clone(),
@@ -170,10 +246,28 @@ pub(super) async fn dispatch(
             Some("cancelled".to_string()),
             RunEnd::Cancelled,
         ),
+        Some(StopCause::Paused(m)) => ("paused", Some(m.clone()), RunEnd::Paused(m)),
         Some(StopCause::Fatal(m)) => ("error", Some(m.clone()), RunEnd::Stopped(m)),
         Some(StopCause::Budget(m)) => ("paused", Some(m.clone()), RunEnd::Paused(m)),
         Some(StopCause::LedgerFailed(m)) => ("error", Some(m.clone()), RunEnd::Stopped(m)),
     };
+    let s = stats.snapshot();
+    let level = match state {
+        "error" => "error",
+        "completed" => "info",
+        _ => "warn",
+    };
+    // Posted just before the final state, so both land in one flush.
+    ctx.event(
+        level,
+        "ended",
+        format!(
+            "session ended {state}: {} ({} of {} items processed)",
+            reason.as_deref().unwrap_or("every item has an outcome"),
+            s.done,
+            s.total
+        ),
+    );
     let _ = writer
         .write(WriteOp::SessionState {
             session_id: session_id.clone(),
@@ -197,7 +291,7 @@ async fn feed(
 ) -> Result<(), EngineError> {
     // Bound the tasks alive at once (in flight plus waiting to retry) so a
     // long 429 storm cannot pile up the whole session in memory.
-    let outstanding = Arc::new(Semaphore::new((ctx.p.max_concurrency * 4).max(256)));
+    let outstanding = ctx.outstanding.clone();
     let mut workers = JoinSet::new();
     let mut after = -1i64;
     'pages: loop {
@@ -266,7 +360,91 @@ fn note_crash(ctx: &Ctx, done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// Watch the ledger's desired_state, the signals and the heartbeat.
+/// What the control loop has applied and reported so far.
+#[derive(Default)]
+struct Seen {
+    /// The retune the limiter runs with (all None: the config's limits).
+    tune: Tune,
+    stop_after_stage: Option<String>,
+    cancel_reported: bool,
+    rate_limited: bool,
+    last_cuts: u64,
+    last_rate_event: Option<Instant>,
+}
+
+/// Requests and tokens sent over the last minute, for the gauges.
+struct Window {
+    started: Instant,
+    first_done: u64,
+    /// (when, attempts sent, tokens used) at each tick.
+    samples: VecDeque<(Instant, u64, u64)>,
+}
+
+impl Window {
+    fn new(stats: &super::stats::StatsSnapshot) -> Self {
+        Window {
+            started: Instant::now(),
+            first_done: stats.done,
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// Add a sample; per-minute requests and tokens over the last minute (or
+    /// since the start, scaled, when that is shorter).
+    fn rates(&mut self, now: Instant, sent: u64, tokens: u64) -> (f64, f64) {
+        self.samples.push_back((now, sent, tokens));
+        // Keep the newest sample at least a minute old as the window's start.
+        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= RATE_WINDOW {
+            self.samples.pop_front();
+        }
+        let (t0, sent0, tokens0) = self.samples[0];
+        let secs = now.duration_since(t0).as_secs_f64();
+        if secs < 0.05 {
+            return (0.0, 0.0);
+        }
+        let scale = 60.0 / secs;
+        (
+            sent.saturating_sub(sent0) as f64 * scale,
+            tokens.saturating_sub(tokens0) as f64 * scale,
+        )
+    }
+}
+
+/// The gauges this engine writes with its heartbeat.
+fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
+    let now = Instant::now();
+    let s = ctx.stats.snapshot();
+    let lim = ctx.limiter.snapshot();
+    let (rpm_used, tpm_used) = window.rates(now, s.sent, s.input_tokens + s.output_tokens);
+    let elapsed = now.duration_since(window.started).as_secs_f64();
+    let done_here = s.done.saturating_sub(window.first_done);
+    let eta_secs = (!paused && done_here > 0 && s.total > s.done)
+        .then(|| elapsed / done_here as f64 * (s.total - s.done) as f64);
+    let slow_reason = if paused {
+        PAUSED_BY_OPERATOR.to_string()
+    } else if ctx.soft_stop.is_cancelled() {
+        "stopping: requests in flight are finishing".to_string()
+    } else {
+        lim.slow_reason.describe().to_string()
+    };
+    LiveGauges {
+        in_flight: lim.in_flight as u64,
+        concurrency_limit: lim.concurrency_limit as u64,
+        max_concurrency: lim.max_concurrency as u64,
+        rpm_limit: lim.requests_per_minute,
+        tpm_limit: lim.tokens_per_minute,
+        rpm_used,
+        tpm_used,
+        slow_reason,
+        paused,
+        stage: ctx.p.stage.clone(),
+        elapsed_secs: elapsed,
+        eta_secs,
+    }
+}
+
+/// Watch the run controls in the ledger (desired_state, stop after a stage,
+/// retune), the signals and the heartbeat with the live gauges.
 async fn control_loop(
     ctx: Arc<Ctx>,
     pause_tx: watch::Sender<bool>,
@@ -279,71 +457,267 @@ async fn control_loop(
         Err(_) => return,
     };
     let mut tick = tokio::time::interval(CONTROL_POLL);
-    let mut hard_deadline: Option<tokio::time::Instant> = None;
+    let mut hard_deadline: Option<Instant> = None;
+    let mut seen = Seen::default();
+    let mut window = Window::new(&ctx.stats.snapshot());
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = interrupts.stop.cancelled(), if !ctx.soft_stop.is_cancelled() => {
                 reporter.line("^C Stopping gracefully... (in-flight requests may finish; Ctrl-C again to abandon them)");
-                ctx.stop(StopCause::Cancelled);
+                cancel(&ctx, &mut seen, "cancelled by a signal: in-flight requests may finish within the grace");
+            }
+            _ = interrupts.pause.cancelled(), if !ctx.soft_stop.is_cancelled() => {
+                reporter.line("Pausing: no new requests; in-flight ones finish, then the session is saved paused.");
+                ctx.stop(StopCause::Paused(PAUSED_BY_OPERATOR.into()));
+                ctx.event(
+                    "warn",
+                    "paused",
+                    "paused by operator: in-flight requests finish, then this process lets go of the session (resume with --resume)".into(),
+                );
             }
             _ = interrupts.abort.cancelled(), if !ctx.hard_stop.is_cancelled() => {
-                ctx.stop(StopCause::Cancelled);
+                cancel(&ctx, &mut seen, "cancelled: requests in flight abandoned");
                 ctx.hard_stop.cancel();
             }
         }
         if ctx.soft_stop.is_cancelled() && hard_deadline.is_none() {
-            hard_deadline = Some(tokio::time::Instant::now() + grace);
+            hard_deadline = Some(Instant::now() + grace);
         }
         if let Some(d) = hard_deadline
-            && tokio::time::Instant::now() >= d
+            && Instant::now() >= d
         {
             ctx.hard_stop.cancel();
         }
-        ctx.writer.post(WriteOp::Heartbeat {
-            session_id: ctx.session_id.clone(),
-        });
-        let desired = {
+        let controls = {
             let conn = conn.clone();
             let sid = ctx.session_id.clone();
             tokio::task::spawn_blocking(move || {
                 let c = conn.lock().unwrap_or_else(|p| p.into_inner());
-                store::desired_state(&c, &sid)
+                store::session_controls(&c, &sid)
             })
             .await
         };
-        let Ok(Ok(Some(desired))) = desired else {
-            continue;
-        };
-        let paused = *pause_tx.borrow();
-        match desired.as_str() {
-            "paused" if !paused => {
-                pause_tx.send_replace(true);
-                reporter.line("Paused from the ledger: no new requests; in-flight ones finish. Resume with `docket resume SESSION`.");
-                ctx.writer.post(WriteOp::SessionState {
-                    session_id: ctx.session_id.clone(),
-                    state: "paused",
-                    stop_reason: Some("paused by operator".into()),
-                    completed: false,
-                    released: false,
-                });
-            }
-            "running" if paused => {
-                pause_tx.send_replace(false);
-                reporter.line("Resumed.");
-                ctx.writer.post(WriteOp::SessionState {
-                    session_id: ctx.session_id.clone(),
-                    state: "running",
-                    stop_reason: None,
-                    completed: false,
-                    released: false,
-                });
-            }
-            "cancelled" if !ctx.soft_stop.is_cancelled() => {
-                reporter.line("Cancelled from the ledger: stopping.");
-                ctx.stop(StopCause::Cancelled);
-            }
-            _ => {}
+        if let Ok(Ok(Some(controls))) = controls {
+            obey(&ctx, &pause_tx, &mut seen, &controls, &*reporter);
         }
+        let paused = *pause_tx.borrow();
+        let live = gauges(&ctx, &mut window, paused);
+        ctx.writer.post(WriteOp::Heartbeat {
+            session_id: ctx.session_id.clone(),
+            live_json: serde_json::to_string(&live).ok(),
+        });
+        note_rate_limiting(&ctx, &mut seen);
+    }
+}
+
+fn cancel(ctx: &Ctx, seen: &mut Seen, message: &str) {
+    ctx.stop(StopCause::Cancelled);
+    if !seen.cancel_reported {
+        seen.cancel_reported = true;
+        ctx.event("warn", "cancelled", message.to_string());
+    }
+}
+
+/// Apply what the ledger asks: pause, resume, cancel, stop after a stage,
+/// retune.
+fn obey(
+    ctx: &Ctx,
+    pause_tx: &watch::Sender<bool>,
+    seen: &mut Seen,
+    controls: &store::Controls,
+    reporter: &dyn Reporter,
+) {
+    let paused = *pause_tx.borrow();
+    match controls.desired_state.as_str() {
+        "paused" if !paused && !ctx.soft_stop.is_cancelled() => {
+            pause_tx.send_replace(true);
+            reporter.line("Paused from the ledger: no new requests; in-flight ones finish. Resume with `docket resume SESSION`.");
+            ctx.writer.post(WriteOp::SessionState {
+                session_id: ctx.session_id.clone(),
+                state: "paused",
+                stop_reason: Some(PAUSED_BY_OPERATOR.into()),
+                completed: false,
+                released: false,
+            });
+            ctx.event(
+                "warn",
+                "paused",
+                "paused by operator: no new requests; in-flight ones finish".into(),
+            );
+        }
+        "running" if paused => {
+            pause_tx.send_replace(false);
+            reporter.line("Resumed.");
+            ctx.writer.post(WriteOp::SessionState {
+                session_id: ctx.session_id.clone(),
+                state: "running",
+                stop_reason: None,
+                completed: false,
+                released: false,
+            });
+            ctx.event("info", "resumed", "resumed by operator".into());
+        }
+        "cancelled" if !ctx.soft_stop.is_cancelled() => {
+            reporter.line("Cancelled from the ledger: stopping.");
+            cancel(
+                ctx,
+                seen,
+                "cancelled by operator: in-flight requests may finish within the grace",
+            );
+        }
+        _ => {}
+    }
+    match &controls.stop_after_stage {
+        Some(stage) if seen.stop_after_stage.as_ref() != Some(stage) => {
+            seen.stop_after_stage = Some(stage.clone());
+            // One stage per job for now: whichever is named, the session
+            // ends when this one finishes, which it does anyway.
+            let message = if *stage == ctx.p.stage {
+                format!("stage {stage} is the last stage; the session ends when it finishes")
+            } else {
+                format!(
+                    "stop after stage {stage}: this job has one stage, {}, so it is the last stage; the session ends when it finishes",
+                    ctx.p.stage
+                )
+            };
+            reporter.line(&format!("Stop after stage requested: {message}."));
+            ctx.event("info", "stop_at_stage", message);
+        }
+        None => seen.stop_after_stage = None,
+        Some(_) => {}
+    }
+    if controls.tune != seen.tune {
+        let before = tuned_settings(&ctx.p, &seen.tune);
+        let after = tuned_settings(&ctx.p, &controls.tune);
+        seen.tune = controls.tune;
+        if before != after {
+            ctx.limiter.retune(after);
+            ctx.make_room_for(after.max_concurrency);
+            let mut changes = Vec::new();
+            if before.max_concurrency != after.max_concurrency {
+                changes.push(format!(
+                    "concurrency {} -> {}",
+                    before.max_concurrency, after.max_concurrency
+                ));
+            }
+            if before.requests_per_minute != after.requests_per_minute {
+                changes.push(format!(
+                    "requests/min {} -> {}",
+                    per_minute(before.requests_per_minute),
+                    per_minute(after.requests_per_minute)
+                ));
+            }
+            if before.tokens_per_minute != after.tokens_per_minute {
+                changes.push(format!(
+                    "tokens/min {} -> {}",
+                    per_minute(before.tokens_per_minute),
+                    per_minute(after.tokens_per_minute)
+                ));
+            }
+            let message = format!("retuned: {}", changes.join(", "));
+            reporter.line(&format!("Retuned from the ledger: {}.", changes.join(", ")));
+            ctx.event("info", "retuned", message);
+        }
+    }
+}
+
+/// One `rate_limited` event when the limiter starts backing off (a cut or a
+/// cooldown), at most one per `RATE_EVENT_SPACING`.
+fn note_rate_limiting(ctx: &Ctx, seen: &mut Seen) {
+    let lim = ctx.limiter.snapshot();
+    let limited = lim.slow_reason == SlowReason::Cooldown || lim.cuts > seen.last_cuts;
+    seen.last_cuts = lim.cuts;
+    let onset = limited && !seen.rate_limited;
+    seen.rate_limited = limited;
+    if onset
+        && seen
+            .last_rate_event
+            .is_none_or(|t| t.elapsed() >= RATE_EVENT_SPACING)
+    {
+        seen.last_rate_event = Some(Instant::now());
+        let s = ctx.stats.snapshot();
+        ctx.event(
+            "warn",
+            "rate_limited",
+            format!(
+                "rate limited by the provider: backing off (concurrency limit {} of {}, {} refusals so far)",
+                lim.concurrency_limit, lim.max_concurrency, s.rate_limited
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(conc: usize) -> LimiterSettings {
+        LimiterSettings {
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            max_concurrency: conc,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn raising_concurrency_after_a_lower_retune_lets_it_climb_again() {
+        let l = Arc::new(Limiter::new(settings(8)));
+        l.retune(settings(2));
+        assert_eq!(l.snapshot().concurrency_limit, 2);
+        let a = l.acquire_slot().await;
+        let _b = l.acquire_slot().await;
+        let l2 = l.clone();
+        let third = tokio::spawn(async move { l2.acquire_slot().await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!third.is_finished(), "held at the lowered limit");
+        l.retune(settings(16));
+        assert_eq!(l.snapshot().max_concurrency, 16);
+        // Additive increase from where the lower retune left it.
+        for _ in 0..3 {
+            l.on_success(
+                crate::limiter::Reservation { tokens: 0 },
+                None,
+                &Default::default(),
+            );
+        }
+        assert!(l.snapshot().concurrency_limit >= 3);
+        let _c = tokio::time::timeout(Duration::from_secs(1), third)
+            .await
+            .expect("a third slot once the limit grew")
+            .unwrap();
+        for _ in 0..500 {
+            l.on_success(
+                crate::limiter::Reservation { tokens: 0 },
+                None,
+                &Default::default(),
+            );
+        }
+        assert_eq!(l.snapshot().concurrency_limit, 16, "climbs to the new max");
+        drop(a);
+    }
+
+    #[test]
+    fn rates_scale_a_short_window_and_keep_a_minute() {
+        let t = Instant::now();
+        let mut w = Window {
+            started: t,
+            first_done: 0,
+            samples: VecDeque::new(),
+        };
+        assert_eq!(w.rates(t, 0, 0), (0.0, 0.0));
+        // 10 requests and 1,000 tokens in 10 s: 60/min and 6,000/min.
+        let (r, k) = w.rates(t + Duration::from_secs(10), 10, 1_000);
+        assert!(
+            (r - 60.0).abs() < 1e-9 && (k - 6_000.0).abs() < 1e-6,
+            "{r} {k}"
+        );
+        // Past a minute, the oldest samples leave the window.
+        for i in 1..=200u64 {
+            w.rates(t + Duration::from_secs(10 + i), 10 + i, 1_000);
+        }
+        let (r, _) = w.rates(t + Duration::from_secs(211), 211, 1_000);
+        assert!((r - 60.0).abs() < 1.5, "{r}");
+        assert!(w.samples.len() <= 63, "{}", w.samples.len());
     }
 }

@@ -240,6 +240,10 @@ pub struct Interrupts {
     pub stop: CancellationToken,
     /// Abandon in-flight requests now (a second Ctrl-C).
     pub abort: CancellationToken,
+    /// Stop like `stop` (in-flight requests finish within the grace), but
+    /// end the session paused by the operator rather than cancelled: the
+    /// console's "quit, pause it".
+    pub pause: CancellationToken,
 }
 
 /// `docket batch-adjudicate`.
@@ -257,6 +261,7 @@ pub async fn run(
         tokio::task::block_in_place(|| keep_session_flags(&mut opts, &id));
     }
     let prepared = Arc::new(tokio::task::block_in_place(|| prepare(&opts))?);
+    let resumed = opts.resume.is_some();
     let session_id = match &opts.resume {
         Some(id) => resume_session(&prepared, id, opts.max_cost, &*reporter)?,
         None => match start_session(&prepared, &opts, &*reporter, confirm)? {
@@ -270,6 +275,7 @@ pub async fn run(
             }
         },
     };
+    reporter.session_started(&session_id);
     let (provider, mock) = connect(&prepared, &opts).await?;
     let grace = opts.grace.unwrap_or(Duration::from_secs(10));
     let result = dispatch::dispatch(
@@ -279,6 +285,7 @@ pub async fn run(
         reporter.clone(),
         interrupts,
         grace,
+        resumed,
     )
     .await;
     if let Some(m) = mock {

@@ -16,6 +16,10 @@ use crate::limiter::Limiter;
 /// Where the engine's lines go (stdout for the CLI; a buffer in tests).
 pub trait Reporter: Send + Sync {
     fn line(&self, text: &str);
+
+    /// The session this run works on is known (created, or resumed); called
+    /// once, before anything is dispatched.
+    fn session_started(&self, _session_id: &str) {}
 }
 
 pub struct StdoutReporter;

@@ -200,6 +200,12 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
         r = ctx.limiter.reserve(job.est_prompt + p.max_tokens) => r,
         _ = ctx.soft_stop.cancelled() => { ctx.budget.settle(job.worst_cost, 0.0); return Sent::Stopped; }
     };
+    // A pause that came while this send waited for the rate limits holds it
+    // too: nothing leaves while paused.
+    if !ctx.wait_unpaused().await {
+        ctx.budget.settle(job.worst_cost, 0.0);
+        return Sent::Stopped;
+    }
     job.attempt += 1;
     let client_request_id = format!("{}-{}-{}", ctx.session_id, job.item.request_id, job.attempt);
     let intent = SendIntent {

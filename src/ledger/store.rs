@@ -386,6 +386,37 @@ pub fn desired_state(conn: &Connection, session_id: &str) -> rusqlite::Result<Op
     .optional()
 }
 
+/// Everything an operator may have asked of a running session: its desired
+/// state, a stop after a stage, and a retune of its limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Controls {
+    pub desired_state: String,
+    pub stop_after_stage: Option<String>,
+    pub tune: crate::watch::Tune,
+}
+
+/// The run controls of a session (None when there is no such session). A
+/// negative tune value is not a limit anyone meant: it reads as unset.
+pub fn session_controls(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<Controls>> {
+    let tune = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+    conn.prepare_cached(
+        "SELECT desired_state, stop_after_stage, tune_rpm, tune_tpm, tune_concurrency
+         FROM llm_batch_session WHERE session_id = ?1",
+    )?
+    .query_row(params![session_id], |r| {
+        Ok(Controls {
+            desired_state: r.get(0)?,
+            stop_after_stage: r.get(1)?,
+            tune: crate::watch::Tune {
+                rpm: tune(r.get(2)?),
+                tpm: tune(r.get(3)?),
+                concurrency: tune(r.get(4)?),
+            },
+        })
+    })
+    .optional()
+}
+
 /// Ask a session to pause, resume or cancel; any engine running it obeys.
 pub fn set_desired_state(
     conn: &Connection,

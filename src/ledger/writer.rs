@@ -81,8 +81,20 @@ pub enum WriteOp {
     Attempt(AttemptRecord),
     /// The attempt record (if any) and the final result, in one transaction.
     Final(Option<AttemptRecord>, FinalResult),
+    /// The engine is alive; `live_json` is its gauges (a serialized
+    /// `watch::LiveGauges`), kept as they were when None.
     Heartbeat {
         session_id: String,
+        live_json: Option<String>,
+    },
+    /// Something notable happened to the session (state changes, controls
+    /// obeyed, rate limiting); the engine's events have no actor.
+    Event {
+        session_id: String,
+        /// 'info', 'warn' or 'error'
+        level: &'static str,
+        kind: &'static str,
+        message: String,
     },
     SessionState {
         session_id: String,
@@ -247,11 +259,28 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
             bump_session(conn, &a.session_id, Some(a), None, now)
         }
         WriteOp::Final(attempt, f) => apply_final(conn, attempt.as_ref(), f, now),
-        WriteOp::Heartbeat { session_id } => {
+        WriteOp::Heartbeat {
+            session_id,
+            live_json,
+        } => {
             conn.prepare_cached(
-                "UPDATE llm_batch_session SET heartbeat_at = ?2 WHERE session_id = ?1",
+                "UPDATE llm_batch_session SET heartbeat_at = ?2, live_json = COALESCE(?3, live_json)
+                 WHERE session_id = ?1",
             )?
-            .execute(params![session_id, now])?;
+            .execute(params![session_id, now, live_json])?;
+            Ok(())
+        }
+        WriteOp::Event {
+            session_id,
+            level,
+            kind,
+            message,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO session_event (session_id, at, level, kind, message, actor)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULL)",
+            )?
+            .execute(params![session_id, now, level, kind, message])?;
             Ok(())
         }
         WriteOp::SessionState {
@@ -460,4 +489,102 @@ fn apply_final(
         Outcome::Rejected | Outcome::Error => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::store;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeat_gauges_events_and_controls_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docket.sqlite");
+        let mut conn = crate::ledger::open(&path).unwrap();
+        store::create_session(
+            &mut conn,
+            &store::NewSession {
+                session_id: "s1",
+                config_snapshot_json: "{}",
+                stage: "adjudicate",
+                provider: "main",
+                model: "m",
+                template_hash: "t",
+                params_hash: "p",
+                estimated_tokens: 0,
+                estimated_cost_usd: 0.0,
+                max_cost_usd: None,
+                item_ids: &[],
+            },
+        )
+        .unwrap();
+        let (writer, handle) = LedgerWriter::start(&path).unwrap();
+        let hb = |live: Option<&str>| WriteOp::Heartbeat {
+            session_id: "s1".into(),
+            live_json: live.map(str::to_string),
+        };
+        writer.write(hb(Some("{\"in_flight\":3}"))).await.unwrap();
+        // A heartbeat without gauges keeps the last ones.
+        writer.write(hb(None)).await.unwrap();
+        writer
+            .write(WriteOp::Event {
+                session_id: "s1".into(),
+                level: "warn",
+                kind: "paused",
+                message: "paused by operator".into(),
+            })
+            .await
+            .unwrap();
+        drop(writer);
+        tokio::task::block_in_place(|| handle.join());
+        let (live, hb_at): (Option<String>, Option<f64>) = conn
+            .query_row(
+                "SELECT live_json, heartbeat_at FROM llm_batch_session WHERE session_id = 's1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(live.as_deref(), Some("{\"in_flight\":3}"));
+        assert!(now_ts() - hb_at.unwrap() < 5.0);
+        let ev: (String, String, String, Option<String>) = conn
+            .query_row(
+                "SELECT level, kind, message, actor FROM session_event WHERE session_id = 's1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            ev,
+            (
+                "warn".into(),
+                "paused".into(),
+                "paused by operator".into(),
+                None
+            )
+        );
+
+        // Controls: NULL tune columns are None; a negative one reads as unset.
+        let c = store::session_controls(&conn, "s1").unwrap().unwrap();
+        assert_eq!(c.desired_state, "running");
+        assert_eq!(c.stop_after_stage, None);
+        assert_eq!(c.tune, crate::watch::Tune::default());
+        conn.execute(
+            "UPDATE llm_batch_session SET desired_state = 'paused', stop_after_stage = 'adjudicate',
+                 tune_rpm = 1200, tune_tpm = -5, tune_concurrency = 3 WHERE session_id = 's1'",
+            [],
+        )
+        .unwrap();
+        let c = store::session_controls(&conn, "s1").unwrap().unwrap();
+        assert_eq!(c.desired_state, "paused");
+        assert_eq!(c.stop_after_stage.as_deref(), Some("adjudicate"));
+        assert_eq!(
+            c.tune,
+            crate::watch::Tune {
+                rpm: Some(1200),
+                tpm: None,
+                concurrency: Some(3)
+            }
+        );
+        assert_eq!(store::session_controls(&conn, "nope").unwrap(), None);
+    }
 }

@@ -1,6 +1,16 @@
 //! The operations console (ratatui + crossterm). A client of the engine: it
 //! reads the ledger through `watch`, writes decisions and controls through
 //! `review` and `control`, and never speaks HTTP or SQL itself.
+//!
+//! `app` is the state (pure), `keys` turns keys into actions, `view` draws,
+//! `data` is the ledger worker thread, `term` the terminal loop.
 
 pub mod action;
+pub mod app;
+pub mod cmdline;
+pub mod data;
 pub mod keymap;
+mod keys;
+pub mod term;
+pub mod theme;
+pub mod view;

@@ -285,3 +285,103 @@ pub fn check_complete(conn: &Connection, session_id: &str) {
     assert_eq!(total, processed, "every item processed");
     assert_eq!(state, "completed");
 }
+
+/// Poll `f` every 25 ms until it gives a value; panic naming `what` after
+/// `timeout`.
+pub async fn poll<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if std::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+/// The id of the newest session, once one exists.
+pub async fn session_created(ws: &Workspace) -> String {
+    let conn = ws.conn();
+    poll(
+        "the session to be created",
+        std::time::Duration::from_secs(20),
+        || docket::ledger::store::latest_session(&conn).ok().flatten(),
+    )
+    .await
+}
+
+/// The engine's gauges as last written with its heartbeat.
+pub fn live_gauges(conn: &Connection, session_id: &str) -> Option<docket::watch::LiveGauges> {
+    let json: Option<String> = conn
+        .query_row(
+            "SELECT live_json FROM llm_batch_session WHERE session_id = ?1",
+            [session_id],
+            |r| r.get(0),
+        )
+        .ok()
+        .flatten();
+    json.map(|j| serde_json::from_str(&j).unwrap_or_else(|e| panic!("live_json {j}: {e}")))
+}
+
+/// One row of session_event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRow {
+    pub level: String,
+    pub kind: String,
+    pub message: String,
+    pub actor: Option<String>,
+    pub at: f64,
+}
+
+/// A session's events, oldest first.
+pub fn events(conn: &Connection, session_id: &str) -> Vec<EventRow> {
+    conn.prepare("SELECT level, kind, message, actor, at FROM session_event WHERE session_id = ?1 ORDER BY event_id")
+        .unwrap()
+        .query_map([session_id], |r| {
+            Ok(EventRow {
+                level: r.get(0)?,
+                kind: r.get(1)?,
+                message: r.get(2)?,
+                actor: r.get(3)?,
+                at: r.get(4)?,
+            })
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// Events of one kind.
+pub fn events_of(conn: &Connection, session_id: &str, kind: &str) -> Vec<EventRow> {
+    events(conn, session_id)
+        .into_iter()
+        .filter(|e| e.kind == kind)
+        .collect()
+}
+
+/// A reporter that keeps the engine's lines and the session ids it was told
+/// about (with how many lines had been printed by then).
+#[derive(Default)]
+pub struct Recorder {
+    pub lines: Lines,
+    pub sessions: Mutex<Vec<(String, usize)>>,
+}
+
+impl Reporter for Recorder {
+    fn line(&self, text: &str) {
+        self.lines.line(text);
+    }
+    fn session_started(&self, session_id: &str) {
+        let n = self.lines.0.lock().unwrap().len();
+        self.sessions
+            .lock()
+            .unwrap()
+            .push((session_id.to_string(), n));
+    }
+}

@@ -1,0 +1,321 @@
+//! The console's ledger worker: a thread that owns the console's connection,
+//! reads snapshots when the ledger changed (`PRAGMA data_version`) or a second
+//! passed, and carries out decisions and controls. The UI thread never waits
+//! on it.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use super::app::{Control, Effect, Snapshot};
+use crate::control::{self, Desired};
+use crate::review::{self, Claim, Operator};
+use crate::watch::{self, ReviewQuery};
+
+/// From the worker to the UI.
+#[derive(Debug)]
+pub enum DataMsg {
+    Snapshot(Box<Snapshot>),
+    Toast(String),
+}
+
+/// How many events the events pane keeps.
+const EVENTS: usize = 200;
+/// A fresh read at least this often, so ages and heartbeats stay true.
+const REFRESH: Duration = Duration::from_secs(1);
+/// Claims are renewed well inside their lease.
+const CLAIM_RENEW: Duration = Duration::from_secs(10);
+
+pub struct DataWorker {
+    ledger_path: PathBuf,
+    workspace: PathBuf,
+    operator: Operator,
+    read_only: bool,
+    watch: Option<String>,
+    query: ReviewQuery,
+    detail: Option<i64>,
+    claim: Option<i64>,
+    claim_at: Instant,
+}
+
+impl DataWorker {
+    pub fn new(workspace: PathBuf, operator: Operator, read_only: bool) -> DataWorker {
+        DataWorker {
+            ledger_path: workspace.join(crate::ledger::LEDGER_FILE),
+            workspace,
+            operator,
+            read_only,
+            watch: None,
+            query: ReviewQuery {
+                limit: super::app::REVIEW_WINDOW,
+                ..ReviewQuery::default()
+            },
+            detail: None,
+            claim: None,
+            claim_at: Instant::now(),
+        }
+    }
+
+    /// Run until the UI drops its sender.
+    pub fn run(mut self, rx: Receiver<Effect>, out: impl Fn(DataMsg) -> bool) {
+        let mut conn: Option<Connection> = None;
+        let mut last_version = -1i64;
+        let mut last_read = Instant::now() - REFRESH;
+        let mut said_missing = false;
+        loop {
+            let mut dirty = false;
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(fx) => {
+                    dirty = true;
+                    self.apply(conn.as_ref(), fx, &out);
+                    while let Ok(fx) = rx.try_recv() {
+                        self.apply(conn.as_ref(), fx, &out);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if conn.is_none() {
+                // The console may open before the first import: wait for it.
+                if self.ledger_path.exists() {
+                    match self.open() {
+                        Ok(c) => conn = Some(c),
+                        Err(e) => {
+                            if !said_missing {
+                                out(DataMsg::Toast(e));
+                                said_missing = true;
+                            }
+                            std::thread::sleep(Duration::from_millis(500));
+                            continue;
+                        }
+                    }
+                    dirty = true;
+                } else {
+                    if !said_missing {
+                        said_missing = true;
+                        let msg = format!(
+                            "{}: no ledger yet (import items with `docket import FILE`)",
+                            self.ledger_path.display()
+                        );
+                        if !out(DataMsg::Toast(msg)) {
+                            break;
+                        }
+                        if !out(DataMsg::Snapshot(Box::default())) {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+            }
+            let Some(c) = conn.as_ref() else { continue };
+            let version: i64 = c
+                .pragma_query_value(None, "data_version", |r| r.get(0))
+                .unwrap_or(-2);
+            if version != last_version || dirty || last_read.elapsed() >= REFRESH {
+                last_version = version;
+                last_read = Instant::now();
+                match self.read(c) {
+                    Ok(snap) => {
+                        if !out(DataMsg::Snapshot(Box::new(snap))) {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("console read failed: {e}");
+                        if !out(DataMsg::Toast(format!("ledger read failed: {e}"))) {
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(id) = self.claim
+                && self.claim_at.elapsed() >= CLAIM_RENEW
+            {
+                self.claim_at = Instant::now();
+                let _ = review::claim(c, id, &self.operator);
+            }
+        }
+        if let Some(c) = conn.as_ref()
+            && !self.read_only
+        {
+            let _ = review::release_all(c, &self.operator);
+        }
+    }
+
+    fn open(&self) -> Result<Connection, String> {
+        let conn = if self.read_only {
+            crate::ledger::open_read_only(&self.ledger_path)
+        } else {
+            crate::ledger::open(&self.ledger_path)
+        };
+        conn.map_err(|e| e.to_string())
+    }
+
+    fn read(&self, c: &Connection) -> rusqlite::Result<Snapshot> {
+        let sessions = watch::sessions(c)?;
+        let id = self
+            .watch
+            .clone()
+            .or_else(|| sessions.first().map(|s| s.session_id.clone()));
+        let (view, events) = match &id {
+            Some(id) => (watch::session_view(c, id)?, watch::events(c, id, EVENTS)?),
+            None => (None, Vec::new()),
+        };
+        let review = watch::review_page(c, &self.query)?;
+        let detail = match self.detail {
+            Some(rid) => watch::review_detail(c, rid)?,
+            None => None,
+        };
+        Ok(Snapshot {
+            sessions,
+            view,
+            events,
+            review,
+            detail,
+            now: crate::ledger::now_ts(),
+        })
+    }
+
+    fn apply(&mut self, conn: Option<&Connection>, fx: Effect, out: &impl Fn(DataMsg) -> bool) {
+        let toast = |t: String| {
+            out(DataMsg::Toast(t));
+        };
+        match fx {
+            Effect::Watch(s) => self.watch = s,
+            Effect::Query(q) => self.query = q,
+            Effect::Detail(d) => self.detail = d,
+            Effect::Quit(_) => {}
+            other => {
+                let Some(c) = conn else {
+                    toast("no ledger yet".into());
+                    return;
+                };
+                if self.read_only {
+                    return;
+                }
+                if let Some(t) = self.write(c, other) {
+                    toast(t);
+                }
+            }
+        }
+    }
+
+    /// Decisions and controls; returns what to tell the operator.
+    fn write(&mut self, c: &Connection, fx: Effect) -> Option<String> {
+        let op = &self.operator;
+        let actor = format!("review:{}", op.user);
+        match fx {
+            Effect::Claim(id) => {
+                if let Some(old) = self.claim
+                    && Some(old) != id
+                {
+                    let _ = review::release(c, old, op);
+                }
+                self.claim = id;
+                self.claim_at = Instant::now();
+                let id = id?;
+                match review::claim(c, id, op) {
+                    Ok(Claim::HeldByOther(who)) => {
+                        Some(format!("held by {who}: another operator is on it"))
+                    }
+                    Ok(_) => None,
+                    Err(e) => Some(e.to_string()),
+                }
+            }
+            Effect::Accept(ids) => Some(match review::accept(c, &ids, op) {
+                Ok(a) => applied("Accepted", &a),
+                Err(e) => e.to_string(),
+            }),
+            Effect::Reject(ids) => Some(match review::reject(c, &ids, op) {
+                Ok(a) => applied("Rejected", &a),
+                Err(e) => e.to_string(),
+            }),
+            Effect::Undo => Some(match review::undo_last(c, op) {
+                Ok(Some(u)) => format!(
+                    "Undid {} of {}",
+                    u.action,
+                    crate::sanitize::truncate(&u.item_id, 40)
+                ),
+                Ok(None) => "Nothing to undo.".into(),
+                Err(e) => e.to_string(),
+            }),
+            Effect::Control {
+                session_id,
+                control: ctl,
+            } => Some(match do_control(c, &session_id, ctl, &actor) {
+                Ok(msg) => msg,
+                Err(e) => e,
+            }),
+            Effect::Export { what, format, path } => Some(self.export(c, &what, &format, &path)),
+            Effect::Watch(_) | Effect::Query(_) | Effect::Detail(_) | Effect::Quit(_) => None,
+        }
+    }
+
+    fn export(&self, c: &Connection, what: &str, format: &str, path: &str) -> String {
+        use crate::report::{ExportFormat, ExportOptions, ExportWhat};
+        let opts = ExportOptions {
+            session: if what == "decisions" {
+                None
+            } else {
+                self.watch.clone()
+            },
+            what: match what {
+                "decisions" => ExportWhat::Decisions,
+                "requests" => ExportWhat::Requests,
+                _ => ExportWhat::Results,
+            },
+            format: if format == "jsonl" {
+                ExportFormat::Jsonl
+            } else {
+                ExportFormat::Csv
+            },
+        };
+        let target = self.workspace.join(path);
+        let result = (|| -> Result<u64, String> {
+            let file = std::fs::File::create(&target).map_err(|e| e.to_string())?;
+            let mut w = std::io::BufWriter::new(file);
+            let n = crate::report::export(c, &opts, &mut w).map_err(|e| e.to_string())?;
+            std::io::Write::flush(&mut w).map_err(|e| e.to_string())?;
+            Ok(n)
+        })();
+        match result {
+            Ok(n) => format!("Exported {n} rows to {}", target.display()),
+            Err(e) => format!("export to {} failed: {e}", target.display()),
+        }
+    }
+}
+
+fn applied(verb: &str, a: &review::Applied) -> String {
+    let mut msg = match a.done.len() {
+        0 => format!("{verb} nothing"),
+        1 => format!("{verb} 1 item (u undoes)"),
+        n => format!("{verb} {n} items (u undoes one at a time)"),
+    };
+    if let Some((_, why)) = a.skipped.first() {
+        msg.push_str(&format!("; skipped {}: {why}", a.skipped.len()));
+    }
+    msg
+}
+
+fn do_control(c: &Connection, sid: &str, ctl: Control, actor: &str) -> Result<String, String> {
+    let e = |e: control::ControlError| e.to_string();
+    match ctl {
+        Control::Pause => control::set_desired(c, sid, Desired::Paused, actor)
+            .map(|()| "Pause asked: no new requests; in-flight ones finish.".into())
+            .map_err(e),
+        Control::Resume => control::set_desired(c, sid, Desired::Running, actor)
+            .map(|()| "Resume asked.".into())
+            .map_err(e),
+        Control::Cancel => control::set_desired(c, sid, Desired::Cancelled, actor)
+            .map(|()| "Cancel asked: the session stops and stays resumable.".into())
+            .map_err(e),
+        Control::StopAtStage => control::stop_after_stage(c, sid, actor)
+            .map(|stage| format!("Stops after stage {stage}."))
+            .map_err(e),
+        Control::Retune(t) => control::retune(c, sid, t, actor)
+            .map(|()| "Retune asked: the engine follows within a second.".into())
+            .map_err(e),
+    }
+}

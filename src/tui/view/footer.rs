@@ -1,0 +1,110 @@
+//! The footer: mode, badges, the most useful keys for the focused pane (from
+//! the live keymap), and the latest message.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+
+use super::styled;
+use crate::tui::action::Action;
+use crate::tui::app::{App, Mode, Overlay, Pane};
+use crate::tui::keymap::Section;
+use crate::tui::theme::Theme;
+
+pub(super) fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
+    let mode = app.mode();
+    let mut spans = vec![
+        styled(format!(" {} ", mode.label()), theme.badge()),
+        Span::raw(" "),
+    ];
+    if app.paused() {
+        spans.push(styled(" PAUSED ", theme.alert_badge()));
+        spans.push(Span::raw(" "));
+    }
+    if app.read_only {
+        spans.push(styled(" READ-ONLY ", theme.alert_badge()));
+        spans.push(Span::raw(" "));
+    }
+    if !app.marks.is_empty() {
+        spans.push(styled(
+            format!("{} marked ", app.marks.len()),
+            theme.marked(),
+        ));
+    }
+    match &app.overlay {
+        Overlay::Filter(input) | Overlay::Command(input) => {
+            let prefix = if mode == Mode::Filter { "/" } else { ":" };
+            spans.push(Span::raw(format!(
+                "{prefix}{}",
+                crate::sanitize::for_terminal(input.value())
+            )));
+            spans.push(styled("▏", theme.key()));
+        }
+        _ => {
+            for (section, action, label) in hints(app) {
+                if let Some(k) = app.keymap.first_key(section, action) {
+                    spans.push(styled(k, theme.key()));
+                    spans.push(Span::raw(format!(" {label}  ")));
+                }
+            }
+        }
+    }
+    if let Some(t) = &app.toast {
+        spans.push(styled(format!("│ {t}"), theme.warn()));
+    }
+    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// The keys worth showing now, most useful first.
+fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
+    use Action as A;
+    use Section::{Global as G, Review as R};
+    match (&app.overlay, app.focus) {
+        (Overlay::Help { .. }, _) => vec![(G, A::Back, "close"), (G, A::Down, "scroll")],
+        (Overlay::Dialog(_), _) => Vec::new(),
+        (Overlay::Detail { .. }, _) => vec![
+            (R, A::Accept, "accept"),
+            (R, A::Reject, "reject"),
+            (R, A::Skip, "skip"),
+            (R, A::Undo, "undo"),
+            (G, A::Back, "back"),
+            (G, A::Help, "help"),
+        ],
+        (_, Pane::Review) if !app.read_only => vec![
+            (R, A::Accept, "accept"),
+            (R, A::Reject, "reject"),
+            (R, A::Skip, "skip"),
+            (R, A::Undo, "undo"),
+            (R, A::ToggleMark, "mark"),
+            (G, A::Open, "detail"),
+            (G, A::Filter, "filter"),
+            (G, A::Help, "help"),
+        ],
+        (_, Pane::Sessions) => vec![
+            (G, A::Open, "watch"),
+            (G, A::FocusNext, "next pane"),
+            (G, A::Help, "help"),
+            (G, A::Quit, "quit"),
+        ],
+        _ if app.read_only => vec![
+            (G, A::FocusNext, "next pane"),
+            (G, A::FocusReview, "review"),
+            (G, A::Help, "help"),
+            (G, A::Quit, "quit"),
+        ],
+        _ => vec![
+            (
+                G,
+                A::PauseResume,
+                if app.paused() { "resume" } else { "pause" },
+            ),
+            (G, A::CancelRun, "cancel"),
+            (G, A::FocusNext, "next pane"),
+            (G, A::FocusReview, "review"),
+            (G, A::CommandLine, "cmd"),
+            (G, A::Help, "help"),
+            (G, A::Quit, "quit"),
+        ],
+    }
+}
