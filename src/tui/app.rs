@@ -189,6 +189,9 @@ pub struct App {
     pub loaded: bool,
     /// Claim requested for this id (to ask once per cursor move).
     pub(super) claimed: Option<i64>,
+    /// Who this console is when it holds an item (`user@host:pid`); an
+    /// item held by anyone else is not ours to decide.
+    pub claimant: Option<String>,
     pub(super) detail_wanted: Option<i64>,
 }
 
@@ -214,6 +217,7 @@ impl App {
             quit: None,
             loaded: false,
             claimed: None,
+            claimant: None,
             detail_wanted: None,
         }
     }
@@ -286,7 +290,7 @@ impl App {
         }
         let still: BTreeSet<i64> = self.snap.review.rows.iter().map(|r| r.review_id).collect();
         // Marks on items that left the queue mean nothing any more.
-        if !self.snap.review.rows.is_empty() {
+        if !self.snap.review.rows.is_empty() || self.snap.review.total == 0 {
             self.marks.retain(|id| still.contains(id));
         }
         if self.sessions_cursor >= self.snap.sessions.len() {
@@ -327,6 +331,11 @@ impl App {
             fx.push(Effect::Detail(detail));
         }
         fx
+    }
+
+    /// The holder of an item when it is someone else (a live lease).
+    pub fn held_by_other<'a>(&self, claimed_by: Option<&'a str>) -> Option<&'a str> {
+        claimed_by.filter(|who| self.claimant.as_deref() != Some(*who))
     }
 
     pub fn set_toast(&mut self, text: impl Into<String>) {

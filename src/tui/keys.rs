@@ -23,6 +23,7 @@ impl App {
             _ => {}
         }
         let sections: &[Section] = match (&self.overlay, self.focus) {
+            (Overlay::Help { .. }, _) => &[Section::Global],
             (Overlay::Detail { .. }, _) | (_, Pane::Review) => &[Section::Review, Section::Global],
             _ => &[Section::Global],
         };
@@ -390,7 +391,11 @@ impl App {
     }
 
     fn decide(&mut self, accept: bool) -> Vec<Effect> {
-        let in_queue = self.focus == Pane::Review || matches!(self.overlay, Overlay::Detail { .. });
+        let in_queue = match self.overlay {
+            Overlay::Detail { .. } => true,
+            Overlay::None => self.focus == Pane::Review,
+            _ => false,
+        };
         if !in_queue {
             return Vec::new();
         }
@@ -400,7 +405,7 @@ impl App {
         }
         let ids: Vec<i64> = if self.marks.is_empty() {
             match self.cursor_row() {
-                Some(r) if r.claimed_by.is_some() && self.claimed != Some(r.review_id) => {
+                Some(r) if self.held_by_other(r.claimed_by.as_deref()).is_some() => {
                     let who = r.claimed_by.clone().unwrap_or_default();
                     self.set_toast(format!("{} is held by {who}", r.item_id));
                     return Vec::new();

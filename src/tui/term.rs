@@ -109,7 +109,9 @@ pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
         tracing::warn!("keymap: {w}");
     }
     let theme = Theme::detect(opts.no_color);
+    let operator = Operator::current();
     let mut app = App::new(keymap, opts.read_only);
+    app.claimant = Some(operator.claimant.clone());
     app.focus = opts.focus;
     app.chosen_session = opts.session.clone();
     if let Some(run) = &opts.in_process {
@@ -128,7 +130,7 @@ pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
 
     let (ui_tx, ui_rx) = mpsc::channel::<UiEvent>();
     let (fx_tx, fx_rx) = mpsc::channel::<Effect>();
-    let worker = DataWorker::new(opts.workspace.clone(), Operator::current(), opts.read_only);
+    let worker = DataWorker::new(opts.workspace.clone(), operator, opts.read_only);
     let data_tx = ui_tx.clone();
     let worker_thread = std::thread::Builder::new()
         .name("console-ledger".into())

@@ -3,7 +3,19 @@
 //! comes from here, so a console in another process or SSH login shows a run
 //! exactly as one in the same process does.
 
+mod events;
+mod review;
+mod sessions;
+
+pub use events::events;
+pub use review::{review_detail, review_page};
+pub(crate) use sessions::current_stage;
+pub use sessions::{session_view, sessions};
+
 use crate::ledger::store::SessionRow;
+
+/// The review queue's page size when a query asks for 0 rows.
+pub const DEFAULT_PAGE: u64 = 50;
 
 /// One line of the sessions pane.
 #[derive(Debug, Clone, PartialEq)]

@@ -93,6 +93,13 @@ fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
             (G, A::Help, "help"),
             (G, A::Quit, "quit"),
         ],
+        _ if app.snap.view.is_none() => vec![
+            (G, A::FocusNext, "next pane"),
+            (G, A::FocusReview, "review"),
+            (G, A::CommandLine, "cmd"),
+            (G, A::Help, "help"),
+            (G, A::Quit, "quit"),
+        ],
         _ => vec![
             (
                 G,

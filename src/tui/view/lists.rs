@@ -62,11 +62,9 @@ pub(super) fn draw_review(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         let conf = r
             .confidence
             .map_or("  -- ".to_string(), |c| format!("{c:.2} "));
-        let held = match &r.claimed_by {
-            Some(who) if !is_cursor || app.claimed != Some(r.review_id) => {
-                format!(" [held: {}]", truncate(who, 24))
-            }
-            _ => String::new(),
+        let held = match app.held_by_other(r.claimed_by.as_deref()) {
+            Some(who) => format!(" [held: {}]", truncate(who, 24)),
+            None => String::new(),
         };
         let id = truncate(&r.item_id, 18);
         let fixed = 2 + 2 + conf.len() + id.chars().count() + 1 + held.chars().count();

@@ -60,8 +60,10 @@ pub(super) fn draw_detail(frame: &mut Frame, area: Rect, app: &App, scroll: u16,
     if let Some(by) = &d.decided_by {
         who.push(format!("decided by {}", truncate(by, 30)));
     }
-    if let Some(c) = &d.claimed_by {
-        who.push(format!("held by {}", truncate(c, 40)));
+    match (app.held_by_other(d.claimed_by.as_deref()), &d.claimed_by) {
+        (Some(other), _) => who.push(format!("held by {}", truncate(other, 40))),
+        (None, Some(_)) => who.push("held by you".into()),
+        (None, None) => {}
     }
     lines.push(Line::from(styled(who.join(" · "), theme.dim())));
     lines.push(heading("Suggested answer", theme));

@@ -6,6 +6,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::{clock, compact, pane_block, share, styled};
+use crate::sanitize::truncate;
 use crate::tui::app::{App, Pane};
 use crate::tui::theme::Theme;
 
@@ -13,15 +14,17 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
     let mut spans = vec![styled(" docket ", theme.badge()), Span::raw(" ")];
     match &app.snap.view {
         Some(v) => {
-            spans.push(styled(v.row.session_id.clone(), theme.title(true)));
+            spans.push(styled(truncate(&v.row.session_id, 40), theme.title(true)));
             spans.push(Span::raw("  "));
             spans.push(styled(
                 state_word(&v.row.state, v.live),
                 state_style(&v.row.state, theme),
             ));
-            if v.row.desired_state != v.row.state && v.row.state != "completed" {
+            // A wish only matters while an engine can still act on it.
+            let open = matches!(v.row.state.as_str(), "running" | "paused");
+            if open && v.row.desired_state != v.row.state {
                 spans.push(styled(
-                    format!(" (asked: {})", v.row.desired_state),
+                    format!(" (asked: {})", truncate(&v.row.desired_state, 20)),
                     theme.warn(),
                 ));
             }
@@ -105,24 +108,24 @@ pub(super) fn draw_stages(frame: &mut Frame, area: Rect, app: &App, theme: Theme
     match &app.snap.view {
         Some(v) => {
             for s in &v.stages {
-                let label = crate::sanitize::truncate(&s.name, 16);
+                let label = truncate(&s.name, 16);
                 let pct = percent(s.done, s.total, s.in_flight);
-                let bar_w = inner_w
-                    .saturating_sub(label.chars().count() + pct.len() + 3)
-                    .max(4);
+                // Asked to stop after this stage: said on the label line,
+                // which is never cut, rather than at the end of the counts.
+                let stopping = v.stop_after_stage.as_deref() == Some(s.name.as_str());
+                let mark = if stopping { " ⏹ stop after" } else { "" };
+                let used = label.chars().count() + mark.chars().count() + pct.len() + 3;
+                let bar_w = inner_w.saturating_sub(used).max(4);
                 lines.push(Line::from(vec![
                     styled(format!("{label} "), theme.title(false)),
                     styled(bar(s.done, s.total, bar_w), theme.gauge()),
                     Span::raw(format!(" {pct}")),
+                    styled(mark, theme.warn()),
                 ]));
-                let stopping = v.stop_after_stage.as_deref() == Some(s.name.as_str());
-                lines.push(Line::from(vec![
-                    Span::raw(format!(
-                        "  {}/{} done · {} failed · {} in flight",
-                        s.done, s.total, s.failed, s.in_flight
-                    )),
-                    styled(if stopping { " · stops after" } else { "" }, theme.warn()),
-                ]));
+                lines.push(Line::from(format!(
+                    "{}/{} done · {} failed · {} in flight",
+                    s.done, s.total, s.failed, s.in_flight
+                )));
             }
         }
         None => lines.push(Line::from(styled("no session", theme.dim()))),
@@ -186,7 +189,7 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             limit(g.tpm_limit)
         )));
         lines.push(Line::from(format!(
-            "concurrency {} of {} (AIMD) · in flight {}",
+            "concurrency {}/{} AIMD · {} in flight",
             g.concurrency_limit, g.max_concurrency, v.in_flight
         )));
     } else {
@@ -213,16 +216,15 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         Some(e) if live => clock(e),
         _ => "--:--".into(),
     };
-    lines.push(Line::from(format!(
-        "elapsed {} · ETA {eta}",
-        clock(elapsed)
-    )));
     let tokens = r.input_tokens + r.output_tokens;
     lines.push(Line::from(format!(
-        "cost ${:.4} of est. ${:.4} · {} tok",
-        r.cost_usd,
-        r.estimated_cost_usd,
+        "elapsed {} · ETA {eta} · {} tok",
+        clock(elapsed),
         compact(tokens as f64)
+    )));
+    lines.push(Line::from(format!(
+        "cost ${:.4} of est. ${:.4}",
+        r.cost_usd, r.estimated_cost_usd
     )));
     let slow = if app.paused() {
         styled("⏸ PAUSED: no new requests", theme.alert_badge())

@@ -1,0 +1,335 @@
+//! The review queue: pending items by confidence, and one item in detail.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{DEFAULT_PAGE, ReviewDetail, ReviewPage, ReviewQuery, ReviewRow, StageOutput};
+use crate::ledger::now_ts;
+
+/// The columns of one queue row. A claim shows while its lease is unexpired.
+const ROW_COLUMNS: &str =
+    "r.review_id, r.item_id, r.session_id, r.confidence, r.llm_suggestion_json,
+     r.rationale, r.model_id, CASE WHEN r.claim_expires_at > :now THEN r.claimed_by END";
+
+/// The queue's conditions. Each query is assembled from these fixed pieces
+/// (never from input: the session and filter are bound), so that an
+/// unfiltered count reads only the covering queue index and never the rows.
+const PENDING: &str = "r.status = 'pending'";
+const IN_SESSION: &str = " AND r.session_id = :session";
+const MATCHES: &str = " AND (instr(lower(r.item_id), lower(:filter)) > 0
+     OR instr(lower(r.llm_suggestion_json), lower(:filter)) > 0
+     OR instr(lower(COALESCE(r.rationale, '')), lower(:filter)) > 0)";
+
+/// One page of pending review items, highest confidence first (items with no
+/// confidence last), then oldest first. `limit` 0 means [`DEFAULT_PAGE`].
+/// The filter is a case-insensitive substring (ASCII case folding, as
+/// SQLite's `lower`) of the item id, the suggestion JSON or the rationale.
+///
+/// `r.status = 'pending'` and the order walk `idx_review_item_queue`
+/// (status, confidence DESC, review_id) in order, so an unfiltered page reads
+/// only its own rows. SQLite puts NULLs last in a DESC order, as the queue
+/// wants; spelling out `NULLS LAST` would stop it using the index.
+pub fn review_page(conn: &Connection, q: &ReviewQuery) -> rusqlite::Result<ReviewPage> {
+    let filter = q.filter.as_deref().filter(|f| !f.is_empty());
+    let session = q.session.as_deref();
+    let limit = if q.limit == 0 { DEFAULT_PAGE } else { q.limit };
+    let mut cond = String::from(PENDING);
+    if session.is_some() {
+        cond.push_str(IN_SESSION);
+    }
+    if filter.is_some() {
+        cond.push_str(MATCHES);
+    }
+    let binds = Binds {
+        now: now_ts(),
+        session,
+        filter,
+        limit: to_i64(limit),
+        offset: to_i64(q.offset),
+    };
+
+    // One read snapshot: the total and the rows agree, and the count cache
+    // below sees a consistent fingerprint.
+    let own_tx = conn.is_autocommit();
+    if own_tx {
+        conn.execute_batch("BEGIN")?;
+    }
+    let page = read_page(conn, q, &cond, &binds);
+    if own_tx {
+        // A read transaction: ending it cannot lose anything.
+        let _ = conn.execute_batch(if page.is_ok() { "COMMIT" } else { "ROLLBACK" });
+    }
+    page
+}
+
+fn read_page(
+    conn: &Connection,
+    q: &ReviewQuery,
+    cond: &str,
+    binds: &Binds<'_>,
+) -> rusqlite::Result<ReviewPage> {
+    let total = pending_count(conn, cond, binds)?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {ROW_COLUMNS} FROM review_item r WHERE {cond}
+         ORDER BY r.status, r.confidence DESC, r.review_id LIMIT :limit OFFSET :offset"
+    ))?;
+    binds.bind(&mut stmt)?;
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        let suggestion: String = r.get(4)?;
+        out.push(ReviewRow {
+            review_id: r.get(0)?,
+            item_id: r.get(1)?,
+            session_id: r.get(2)?,
+            confidence: r.get(3)?,
+            suggestion: compact_json(&suggestion),
+            rationale: r.get(5)?,
+            model_id: r.get(6)?,
+            claimed_by: r.get(7)?,
+        });
+    }
+    Ok(ReviewPage {
+        total: u64::try_from(total).unwrap_or(0),
+        offset: q.offset,
+        rows: out,
+    })
+}
+
+/// How many pending items match. Counting walks every matching index entry
+/// (a few ms at 100,000 pending; far more with a filter), and the console
+/// asks twice a second, so the count is kept per (ledger, session, filter)
+/// with a fingerprint of what can change it: review items are only ever
+/// appended (the highest review id grows) and leave or re-enter the queue
+/// only by a decision or an undo, each of which appends to `review_log`.
+/// New items are counted incrementally by their id range; any decision
+/// recounts in full.
+fn pending_count(conn: &Connection, cond: &str, binds: &Binds<'_>) -> rusqlite::Result<i64> {
+    let full = |conn: &Connection| -> rusqlite::Result<i64> {
+        let mut stmt =
+            conn.prepare_cached(&format!("SELECT COUNT(*) FROM review_item r WHERE {cond}"))?;
+        binds.bind(&mut stmt)?;
+        count_row(&mut stmt)
+    };
+    let Some(path) = conn.path().filter(|p| !p.is_empty()) else {
+        return full(conn);
+    };
+    let max_review_id: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(review_id), 0) FROM review_item")?
+        .query_row([], |r| r.get(0))?;
+    // Tells a ledger recreated at the same path from the one counted.
+    let first_created_at: Option<f64> = conn
+        .prepare_cached("SELECT created_at FROM review_item ORDER BY review_id LIMIT 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    let first_created_bits = first_created_at.map(f64::to_bits);
+    let max_log_id: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(log_id), 0) FROM review_log")?
+        .query_row([], |r| r.get(0))?;
+    let key = CountKey {
+        path: path.to_string(),
+        session: binds.session.map(str::to_string),
+        filter: binds.filter.map(str::to_string),
+    };
+    let cached = COUNTS
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&key).copied())
+        .filter(|c| {
+            c.max_log_id == max_log_id
+                && c.first_created_bits == first_created_bits
+                && c.max_review_id <= max_review_id
+        });
+    let count = match cached {
+        Some(c) if c.max_review_id == max_review_id => c.count,
+        Some(c) => {
+            // Only new items since: count those by id (`+` keeps SQLite on
+            // the id range rather than the status or session index).
+            let mut sql = String::from(
+                "SELECT COUNT(*) FROM review_item r
+                 WHERE r.review_id > :lo AND r.review_id <= :hi AND +r.status = 'pending'",
+            );
+            if binds.session.is_some() {
+                sql.push_str(" AND +r.session_id = :session");
+            }
+            if binds.filter.is_some() {
+                sql.push_str(MATCHES);
+            }
+            let mut stmt = conn.prepare_cached(&sql)?;
+            binds.bind(&mut stmt)?;
+            if let Some(i) = stmt.parameter_index(":lo")? {
+                stmt.raw_bind_parameter(i, c.max_review_id)?;
+            }
+            if let Some(i) = stmt.parameter_index(":hi")? {
+                stmt.raw_bind_parameter(i, max_review_id)?;
+            }
+            c.count + count_row(&mut stmt)?
+        }
+        None => full(conn)?,
+    };
+    if let Ok(mut counts) = COUNTS.lock() {
+        // Each filter typed is a key: keep the cache small.
+        if counts.len() >= MAX_CACHED_COUNTS && !counts.contains_key(&key) {
+            counts.clear();
+        }
+        counts.insert(
+            key,
+            CachedCount {
+                max_review_id,
+                max_log_id,
+                first_created_bits,
+                count,
+            },
+        );
+    }
+    Ok(count)
+}
+
+fn count_row(stmt: &mut rusqlite::Statement<'_>) -> rusqlite::Result<i64> {
+    let mut rows = stmt.raw_query();
+    match rows.next()? {
+        Some(r) => r.get(0),
+        None => Ok(0),
+    }
+}
+
+const MAX_CACHED_COUNTS: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CountKey {
+    path: String,
+    session: Option<String>,
+    filter: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CachedCount {
+    max_review_id: i64,
+    max_log_id: i64,
+    first_created_bits: Option<u64>,
+    count: i64,
+}
+
+static COUNTS: LazyLock<Mutex<HashMap<CountKey, CachedCount>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The queue's parameters, bound by name to whichever the statement uses.
+struct Binds<'a> {
+    now: f64,
+    session: Option<&'a str>,
+    filter: Option<&'a str>,
+    limit: i64,
+    offset: i64,
+}
+
+impl Binds<'_> {
+    fn bind(&self, stmt: &mut rusqlite::Statement<'_>) -> rusqlite::Result<()> {
+        if let Some(i) = stmt.parameter_index(":now")? {
+            stmt.raw_bind_parameter(i, self.now)?;
+        }
+        if let Some(i) = stmt.parameter_index(":session")? {
+            stmt.raw_bind_parameter(i, self.session)?;
+        }
+        if let Some(i) = stmt.parameter_index(":filter")? {
+            stmt.raw_bind_parameter(i, self.filter)?;
+        }
+        if let Some(i) = stmt.parameter_index(":limit")? {
+            stmt.raw_bind_parameter(i, self.limit)?;
+        }
+        if let Some(i) = stmt.parameter_index(":offset")? {
+            stmt.raw_bind_parameter(i, self.offset)?;
+        }
+        Ok(())
+    }
+}
+
+/// One review item in full: its evidence, the suggestion and what every
+/// stage of every request for the item answered. Texts are returned as
+/// stored (the renderer makes them safe for the terminal).
+pub fn review_detail(conn: &Connection, review_id: i64) -> rusqlite::Result<Option<ReviewDetail>> {
+    let now = now_ts();
+    let detail = conn
+        .prepare_cached(
+            "SELECT r.review_id, r.item_id, r.session_id, r.status, d.evidence_json, r.llm_suggestion_json,
+                    r.confidence, r.rationale, r.model_id, r.decided_by, r.decided_at,
+                    CASE WHEN r.claim_expires_at > ?2 THEN r.claimed_by END
+             FROM review_item r LEFT JOIN decision d ON d.item_id = r.item_id
+             WHERE r.review_id = ?1",
+        )?
+        .query_row(params![review_id, now], |r| {
+            let evidence: Option<String> = r.get(4)?;
+            let suggestion: String = r.get(5)?;
+            Ok(ReviewDetail {
+                review_id: r.get(0)?,
+                item_id: r.get(1)?,
+                session_id: r.get(2)?,
+                status: r.get(3)?,
+                evidence_json: pretty_json(evidence.as_deref().unwrap_or("")),
+                suggestion_json: pretty_json(&suggestion),
+                confidence: r.get(6)?,
+                rationale: r.get(7)?,
+                model_id: r.get(8)?,
+                stages: Vec::new(),
+                decided_by: r.get(9)?,
+                decided_at: r.get(10)?,
+                claimed_by: r.get(11)?,
+            })
+        })
+        .optional()?;
+    let Some(mut detail) = detail else {
+        return Ok(None);
+    };
+    // The item's requests come off the (item_id, stage, ...) unique index.
+    let mut stmt = conn.prepare_cached(
+        "SELECT q.stage, q.provider, q.model, q.status,
+                MAX(q.attempt, (SELECT COALESCE(MAX(a.attempt), 0) FROM llm_messages a WHERE a.request_id = q.request_id)),
+                q.parsed_output_json, m.assistant_output, m.finish_reason,
+                COALESCE(m.input_tokens, 0), COALESCE(m.output_tokens, 0), COALESCE(m.cost_usd, 0)
+         FROM llm_requests q LEFT JOIN llm_messages m ON m.message_id = q.result_message_id
+         WHERE q.item_id = ?1
+         ORDER BY q.created_at, q.request_id",
+    )?;
+    let stages = stmt.query_map(params![detail.item_id], |r| {
+        Ok(StageOutput {
+            stage: r.get(0)?,
+            provider: r.get(1)?,
+            model: r.get(2)?,
+            status: r.get(3)?,
+            attempts: u64::try_from(r.get::<_, i64>(4)?).unwrap_or(0),
+            parsed_output_json: r.get(5)?,
+            raw_output: r.get(6)?,
+            finish_reason: r.get(7)?,
+            input_tokens: u64::try_from(r.get::<_, i64>(8)?).unwrap_or(0),
+            output_tokens: u64::try_from(r.get::<_, i64>(9)?).unwrap_or(0),
+            cost_usd: r.get(10)?,
+        })
+    })?;
+    detail.stages = stages.collect::<rusqlite::Result<_>>()?;
+    Ok(Some(detail))
+}
+
+/// Pretty-printed JSON, or the text as it is when it is not JSON.
+fn pretty_json(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| text.to_string())
+}
+
+/// Compact JSON, or the text as it is when it is not JSON.
+fn compact_json(text: &str) -> String {
+    // The engine stores compact JSON: keep it (and its key order) as it is.
+    if !text.contains('\n') {
+        return text.to_string();
+    }
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| serde_json::to_string(&v).ok())
+        .unwrap_or_else(|| text.to_string())
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,1559 @@
+//! The console's reads (`watch`), review decisions (`review`) and run
+//! controls (`control`) against a real ledger file, with fixtures written as
+//! plain SQL the way the engine writes them.
+
+use std::path::PathBuf;
+
+use docket::control::{self, ControlError, Desired};
+use docket::ledger::now_ts;
+use docket::review::{self, CLAIM_LEASE_SECS, Claim, Operator, ReviewError};
+use docket::watch::{self, Level, ReviewQuery, Tune};
+use rusqlite::{Connection, OptionalExtension, params};
+
+const SNAPSHOT: &str = r#"{"config":{"stages":[{"name":"triage","provider":"mock"}]},"flags":{}}"#;
+
+struct Ledger {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    conn: Connection,
+}
+
+impl Ledger {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("docket.sqlite");
+        let conn = docket::ledger::open(&path).expect("open ledger");
+        Ledger {
+            _dir: dir,
+            path,
+            conn,
+        }
+    }
+
+    /// A second connection, as another process would have.
+    fn reopen(&self) -> Connection {
+        docket::ledger::open(&self.path).expect("reopen ledger")
+    }
+
+    fn item(&self, item_id: &str) {
+        self.conn
+            .execute(
+                "INSERT INTO decision (item_id, evidence_json, imported_at, updated_at) VALUES (?1, ?2, 1, 1)",
+                params![item_id, format!(r#"{{"title":"{item_id}","year":1999}}"#)],
+            )
+            .expect("insert decision");
+    }
+
+    fn session(&self, id: &str, started_at: f64, heartbeat_at: Option<f64>, state: &str) {
+        self.conn
+            .execute(
+                "INSERT INTO llm_batch_session (session_id, started_at, total_count, config_snapshot_json, state,
+                     heartbeat_at, updated_at)
+                 VALUES (?1, ?2, 0, ?3, ?4, ?5, ?2)",
+                params![id, started_at, SNAPSHOT, state, heartbeat_at],
+            )
+            .expect("insert session");
+    }
+
+    fn counters(&self, id: &str, total: u64, processed: u64, errors: u64) {
+        self.conn
+            .execute(
+                "UPDATE llm_batch_session SET total_count = ?2, processed_count = ?3, error_count = ?4,
+                     accepted_count = ?3 - ?4 WHERE session_id = ?1",
+                params![id, total as i64, processed as i64, errors as i64],
+            )
+            .expect("update counters");
+    }
+
+    fn request(&self, item_id: &str, stage: &str, created_at: f64) -> i64 {
+        self.conn
+            .query_row(
+                "INSERT INTO llm_requests (item_id, stage, provider, model, status, template_hash, params_hash,
+                     created_at, updated_at)
+                 VALUES (?1, ?2, 'mock', 'mock-1', 'pending', 't', 'p', ?3, ?3) RETURNING request_id",
+                params![item_id, stage, created_at],
+                |r| r.get(0),
+            )
+            .expect("insert request")
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn message(
+        &self,
+        request_id: i64,
+        attempt: i64,
+        session: &str,
+        state: &str,
+        finished_at: Option<f64>,
+        http_status: Option<i64>,
+        error_kind: Option<&str>,
+        error_message: Option<&str>,
+    ) -> i64 {
+        self.conn
+            .query_row(
+                "INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state, user_prompt,
+                     http_status, error_kind, error_message, sent_at, finished_at)
+                 VALUES (?1, ?2, ?3, ?3 || '-' || ?1 || '-' || ?2, ?4, 'prompt', ?5, ?6, ?7, ?8, ?9)
+                 RETURNING message_id",
+                params![
+                    request_id,
+                    attempt,
+                    session,
+                    state,
+                    http_status,
+                    error_kind,
+                    error_message,
+                    finished_at.unwrap_or(1.0) - 1.0,
+                    finished_at
+                ],
+                |r| r.get(0),
+            )
+            .expect("insert message")
+    }
+
+    /// An answered attempt linked as its request's result.
+    fn answer(&self, request_id: i64, session: &str, output: &str, tokens: (i64, i64), cost: f64) {
+        let mid = self.message(
+            request_id,
+            1,
+            session,
+            "answered",
+            Some(10.0),
+            Some(200),
+            None,
+            None,
+        );
+        self.conn
+            .execute(
+                "UPDATE llm_messages SET assistant_output = ?2, finish_reason = 'stop', input_tokens = ?3,
+                     output_tokens = ?4, cost_usd = ?5 WHERE message_id = ?1",
+                params![mid, output, tokens.0, tokens.1, cost],
+            )
+            .expect("answer");
+        self.conn
+            .execute(
+                "UPDATE llm_requests SET status = 'completed', attempt = 1, parsed_output_json = ?2,
+                     result_message_id = ?3 WHERE request_id = ?1",
+                params![request_id, output, mid],
+            )
+            .expect("link answer");
+    }
+
+    fn result(&self, session: &str, item_id: &str, outcome: &str, at: f64, error: Option<&str>) {
+        self.conn
+            .execute(
+                "INSERT INTO llm_batch_result (session_id, item_id, processed_at, outcome, error_message, stage)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'triage')",
+                params![session, item_id, at, outcome, error],
+            )
+            .expect("insert result");
+    }
+
+    fn event(&self, session: &str, at: f64, level: &str, message: &str) {
+        self.conn
+            .execute(
+                "INSERT INTO session_event (session_id, at, level, kind, message) VALUES (?1, ?2, ?3, 'state', ?4)",
+                params![session, at, level, message],
+            )
+            .expect("insert event");
+    }
+
+    /// A pending review item, as the engine writes one for a 'review' outcome.
+    fn review(
+        &self,
+        item_id: &str,
+        session: &str,
+        confidence: Option<f64>,
+        rationale: &str,
+        request_id: Option<i64>,
+    ) -> i64 {
+        self.conn
+            .query_row(
+                "INSERT INTO review_item (item_id, session_id, source, status, llm_suggestion_json, confidence,
+                     rationale, model_id, request_id, created_at)
+                 VALUES (?1, ?2, 'LLM_REVIEW', 'pending', ?3, ?4, ?5, 'mock-1', ?6, 1) RETURNING review_id",
+                params![
+                    item_id,
+                    session,
+                    format!(r#"{{"label":"match","item":"{item_id}"}}"#),
+                    confidence,
+                    rationale,
+                    request_id
+                ],
+                |r| r.get(0),
+            )
+            .expect("insert review item")
+    }
+
+    /// An item with a request and a pending review item for it.
+    fn reviewable(&self, item_id: &str, session: &str, confidence: f64) -> i64 {
+        self.item(item_id);
+        let rid = self.request(item_id, "triage", 1.0);
+        self.review(item_id, session, Some(confidence), "looks right", Some(rid))
+    }
+
+    fn decision(&self, item_id: &str) -> Decision {
+        decision(&self.conn, item_id)
+    }
+
+    fn review_status(&self, review_id: i64) -> (String, Option<String>, Option<f64>) {
+        self.conn
+            .query_row(
+                "SELECT status, decided_by, decided_at FROM review_item WHERE review_id = ?1",
+                params![review_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .expect("review status")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Decision {
+    state: String,
+    answer: Option<String>,
+    decided_by: Option<String>,
+    decided_at: Option<f64>,
+    confidence: Option<f64>,
+    model_id: Option<String>,
+    adjudication_id: Option<String>,
+}
+
+fn decision(conn: &Connection, item_id: &str) -> Decision {
+    conn.query_row(
+        "SELECT state, decided_answer_json, decided_by, decided_at, confidence, model_id, adjudication_id
+         FROM decision WHERE item_id = ?1",
+        params![item_id],
+        |r| {
+            Ok(Decision {
+                state: r.get(0)?,
+                answer: r.get(1)?,
+                decided_by: r.get(2)?,
+                decided_at: r.get(3)?,
+                confidence: r.get(4)?,
+                model_id: r.get(5)?,
+                adjudication_id: r.get(6)?,
+            })
+        },
+    )
+    .expect("decision")
+}
+
+fn alice() -> Operator {
+    Operator::new("alice", "alice@host-a:100")
+}
+
+fn bob() -> Operator {
+    Operator::new("bob", "bob@host-b:200")
+}
+
+// ---------------------------------------------------------------- watch
+
+#[test]
+fn sessions_are_newest_first_and_live_only_with_a_fresh_heartbeat() {
+    let l = Ledger::new();
+    let now = now_ts();
+    l.session("batch_old", 1000.0, None, "completed");
+    l.session("batch_live", 3000.0, Some(now - 1.0), "running");
+    l.session("batch_stale", 2000.0, Some(now - 60.0), "running");
+    l.counters("batch_live", 10, 4, 1);
+
+    let s = watch::sessions(&l.conn).expect("sessions");
+    let ids: Vec<&str> = s.iter().map(|s| s.session_id.as_str()).collect();
+    assert_eq!(ids, ["batch_live", "batch_stale", "batch_old"]);
+    let live: Vec<bool> = s.iter().map(|s| s.live).collect();
+    assert_eq!(live, [true, false, false]);
+    assert_eq!(
+        (s[0].total, s[0].processed, s[0].errors, s[0].accepted),
+        (10, 4, 1, 3)
+    );
+    assert_eq!(s[0].state, "running");
+    assert_eq!(s[2].state, "completed");
+}
+
+#[test]
+fn session_view_counts_in_flight_pending_stage_and_gauges() {
+    let l = Ledger::new();
+    let now = now_ts();
+    l.session("s1", 1000.0, Some(now - 2.0), "running");
+    l.session("s2", 1001.0, None, "running");
+    l.counters("s1", 10, 3, 1);
+    for i in 0..5 {
+        l.item(&format!("i{i}"));
+    }
+    // Three attempts in flight in s1 (one a retry of a failed attempt), one
+    // in s2, and closed attempts that must not count.
+    let r0 = l.request("i0", "triage", 1.0);
+    let r1 = l.request("i1", "triage", 1.0);
+    let r2 = l.request("i2", "triage", 1.0);
+    let r3 = l.request("i3", "triage", 1.0);
+    let r4 = l.request("i4", "triage", 1.0);
+    l.message(r0, 1, "s1", "sent", None, None, None, None);
+    l.message(
+        r1,
+        1,
+        "s1",
+        "failed",
+        Some(5.0),
+        Some(500),
+        Some("server"),
+        Some("boom"),
+    );
+    l.message(r1, 2, "s1", "sent", None, None, None, None);
+    l.message(r2, 1, "s1", "sent", None, None, None, None);
+    l.message(r3, 1, "s1", "answered", Some(5.0), Some(200), None, None);
+    l.message(r4, 1, "s2", "sent", None, None, None, None);
+    l.conn
+        .execute(
+            "UPDATE llm_batch_session SET live_json = ?2, stop_after_stage = 'triage', tune_rpm = 120,
+                 tune_concurrency = 4 WHERE session_id = ?1",
+            params![
+                "s1",
+                r#"{"in_flight":3,"concurrency_limit":4,"rpm_limit":120,"rpm_used":55.5,"slow_reason":"429s","stage":"triage","eta_secs":30.0,"future_field":1}"#
+            ],
+        )
+        .expect("live_json");
+
+    let v = watch::session_view(&l.conn, "s1")
+        .expect("view")
+        .expect("s1 exists");
+    assert_eq!(v.row.session_id, "s1");
+    assert_eq!(v.in_flight, 3);
+    assert_eq!(v.pending, 10 - 3 - 3);
+    assert!(v.live);
+    let age = v.heartbeat_age_secs.expect("heartbeat age");
+    assert!((1.0..10.0).contains(&age), "{age}");
+    assert_eq!(v.stop_after_stage.as_deref(), Some("triage"));
+    assert_eq!(
+        v.tune,
+        Tune {
+            rpm: Some(120),
+            tpm: None,
+            concurrency: Some(4)
+        }
+    );
+    let g = v.gauges.expect("gauges parsed");
+    assert_eq!(g.in_flight, 3);
+    assert_eq!(g.concurrency_limit, 4);
+    assert_eq!(g.rpm_used, 55.5);
+    assert_eq!(g.slow_reason, "429s");
+    assert_eq!(g.eta_secs, Some(30.0));
+    assert_eq!(v.stages.len(), 1);
+    let st = &v.stages[0];
+    assert_eq!(st.name, "triage");
+    assert_eq!((st.total, st.done, st.failed, st.in_flight), (10, 3, 1, 3));
+
+    // No heartbeat, no gauges: not live, None (not an error).
+    let v2 = watch::session_view(&l.conn, "s2")
+        .expect("view")
+        .expect("s2 exists");
+    assert!(!v2.live);
+    assert_eq!(v2.heartbeat_age_secs, None);
+    assert!(v2.gauges.is_none());
+    assert_eq!(v2.in_flight, 1);
+    // More in flight than unprocessed never goes negative.
+    assert_eq!(v2.pending, 0);
+
+    for garbage in ["{not json", "[1,2]", r#"{"in_flight":"lots"}"#, ""] {
+        l.conn
+            .execute(
+                "UPDATE llm_batch_session SET live_json = ?1 WHERE session_id = 's1'",
+                params![garbage],
+            )
+            .expect("garbage");
+        let v = watch::session_view(&l.conn, "s1")
+            .expect("garbage never errors")
+            .expect("s1");
+        assert!(v.gauges.is_none(), "{garbage:?}");
+    }
+
+    // A snapshot without stages falls back to the default stage name.
+    l.conn
+        .execute(
+            "UPDATE llm_batch_session SET config_snapshot_json = '{}' WHERE session_id = 's2'",
+            [],
+        )
+        .expect("snapshot");
+    let v2 = watch::session_view(&l.conn, "s2")
+        .expect("view")
+        .expect("s2");
+    assert_eq!(v2.stages[0].name, "adjudicate");
+
+    assert!(
+        watch::session_view(&l.conn, "nope")
+            .expect("view")
+            .is_none()
+    );
+}
+
+#[test]
+fn events_merge_three_sources_newest_first_and_are_sanitized() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "running");
+    l.session("other", 1000.0, None, "running");
+    l.item("a");
+    l.item("b");
+    l.item("evil\u{1b}[2Jid");
+    let ra = l.request("a", "triage", 1.0);
+    let rb = l.request("b", "triage", 1.0);
+    let re = l.request("evil\u{1b}[2Jid", "triage", 1.0);
+
+    l.event("s1", 100.0, "info", "session started");
+    l.message(
+        ra,
+        2,
+        "s1",
+        "failed",
+        Some(200.0),
+        Some(429),
+        Some("rate_limited"),
+        Some("slow down"),
+    );
+    l.event("s1", 300.0, "warn", "pause requested by review:alice");
+    l.result("s1", "b", "error", 400.0, Some("gate failed 3 times"));
+    l.message(
+        rb,
+        1,
+        "s1",
+        "ambiguous",
+        Some(500.0),
+        None,
+        Some("ambiguous"),
+        Some("no answer"),
+    );
+    l.event(
+        "s1",
+        600.0,
+        "error",
+        "stopped\u{1b}]0;pwned\u{7}: quota exhausted\n",
+    );
+    l.message(
+        re,
+        1,
+        "s1",
+        "failed",
+        Some(650.0),
+        Some(500),
+        Some("server"),
+        Some("bad\u{1b}[31m"),
+    );
+    // Not events: an answered attempt, an accepted result, another session.
+    l.message(ra, 3, "s1", "answered", Some(700.0), Some(200), None, None);
+    l.result("s1", "a", "accepted", 700.0, None);
+    l.event("other", 800.0, "info", "other session");
+
+    let ev = watch::events(&l.conn, "s1", 50).expect("events");
+    let at: Vec<f64> = ev.iter().map(|e| e.at).collect();
+    assert_eq!(at, [650.0, 600.0, 500.0, 400.0, 300.0, 200.0, 100.0]);
+    let levels: Vec<Level> = ev.iter().map(|e| e.level).collect();
+    assert_eq!(
+        levels,
+        [
+            Level::Warn,
+            Level::Error,
+            Level::Warn,
+            Level::Error,
+            Level::Warn,
+            Level::Warn,
+            Level::Info
+        ]
+    );
+    assert_eq!(
+        ev[5].message,
+        "item a attempt 2: http 429 rate_limited: slow down"
+    );
+    assert_eq!(ev[5].item_id.as_deref(), Some("a"));
+    assert_eq!(ev[3].message, "item b: gate failed 3 times");
+    assert_eq!(ev[3].item_id.as_deref(), Some("b"));
+    assert_eq!(ev[2].message, "item b attempt 1: ambiguous: no answer");
+    assert_eq!(ev[4].message, "pause requested by review:alice");
+    assert_eq!(ev[4].item_id, None);
+    for e in &ev {
+        assert!(!e.message.chars().any(char::is_control), "{:?}", e.message);
+        assert!(!e.kind.chars().any(char::is_control), "{:?}", e.kind);
+        if let Some(id) = &e.item_id {
+            assert!(!id.chars().any(char::is_control), "{id:?}");
+        }
+    }
+    assert!(ev[1].message.starts_with("stopped"), "{}", ev[1].message);
+    assert!(ev[1].message.contains("quota exhausted"));
+    assert!(ev[0].message.contains("evil[2Jid"), "{}", ev[0].message);
+
+    // The limit applies to the merged list.
+    let top = watch::events(&l.conn, "s1", 3).expect("events");
+    assert_eq!(
+        top.iter().map(|e| e.at).collect::<Vec<_>>(),
+        [650.0, 600.0, 500.0]
+    );
+    assert!(watch::events(&l.conn, "s1", 0).expect("events").is_empty());
+    assert!(
+        watch::events(&l.conn, "nope", 10)
+            .expect("events")
+            .is_empty()
+    );
+}
+
+#[test]
+fn review_page_orders_by_confidence_filters_and_pages() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    l.session("s2", 2000.0, None, "completed");
+    for id in ["x1", "x2", "x3", "x4", "x5", "Needle-7", "x6"] {
+        l.item(id);
+    }
+    let x1 = l.review("x1", "s1", Some(0.70), "plain", None);
+    let x2 = l.review("x2", "s1", Some(0.90), "plain", None);
+    let x3 = l.review("x3", "s2", None, "no score", None);
+    let x4 = l.review("x4", "s2", Some(0.80), "Mentions a NEEDLE here", None);
+    let x5 = l.review("x5", "s1", Some(0.90), "plain", None);
+    let n7 = l.review("Needle-7", "s2", Some(0.60), "plain", None);
+    let x6 = l.review("x6", "s1", Some(0.99), "plain", None);
+    // Decided items are not in the queue.
+    l.conn
+        .execute(
+            "UPDATE review_item SET status = 'accepted' WHERE review_id = ?1",
+            params![x6],
+        )
+        .expect("decide x6");
+
+    let all = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            limit: 50,
+            ..Default::default()
+        },
+    )
+    .expect("page");
+    assert_eq!(all.total, 6);
+    let ids: Vec<i64> = all.rows.iter().map(|r| r.review_id).collect();
+    // 0.90 (two, by review id), 0.80, 0.70, 0.60, then no confidence.
+    assert_eq!(ids, [x2, x5, x4, x1, n7, x3]);
+    assert_eq!(all.rows[0].suggestion, r#"{"label":"match","item":"x2"}"#);
+    assert_eq!(all.rows[0].model_id.as_deref(), Some("mock-1"));
+    assert_eq!(all.rows[0].session_id.as_deref(), Some("s1"));
+    assert_eq!(all.rows[5].confidence, None);
+
+    // Paging: total counts every page; offset echoes.
+    let page2 = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            offset: 2,
+            limit: 2,
+            ..Default::default()
+        },
+    )
+    .expect("page 2");
+    assert_eq!(page2.total, 6);
+    assert_eq!(page2.offset, 2);
+    assert_eq!(
+        page2.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
+        [x4, x1]
+    );
+    let past = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            offset: 10,
+            limit: 2,
+            ..Default::default()
+        },
+    )
+    .expect("past the end");
+    assert_eq!(past.total, 6);
+    assert!(past.rows.is_empty());
+
+    // Case-insensitive, over item id and rationale.
+    let needle = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            filter: Some("nEeDlE".into()),
+            limit: 50,
+            ..Default::default()
+        },
+    )
+    .expect("filter");
+    assert_eq!(needle.total, 2);
+    assert_eq!(
+        needle.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
+        [x4, n7]
+    );
+    // Over the suggestion JSON too; % and _ are plain characters.
+    let by_json = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            filter: Some(r#""item":"x5""#.into()),
+            limit: 50,
+            ..Default::default()
+        },
+    )
+    .expect("filter json");
+    assert_eq!(
+        by_json.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
+        [x5]
+    );
+    for literal in ["%", "_"] {
+        let none = watch::review_page(
+            &l.conn,
+            &ReviewQuery {
+                filter: Some(literal.into()),
+                limit: 50,
+                ..Default::default()
+            },
+        )
+        .expect("literal");
+        assert_eq!(none.total, 0, "{literal}");
+    }
+    // An empty filter is no filter.
+    let empty = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            filter: Some(String::new()),
+            limit: 50,
+            ..Default::default()
+        },
+    )
+    .expect("empty filter");
+    assert_eq!(empty.total, 6);
+
+    // One session only, with and without a filter.
+    let s2 = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            session: Some("s2".into()),
+            limit: 50,
+            ..Default::default()
+        },
+    )
+    .expect("session");
+    assert_eq!(s2.total, 3);
+    assert_eq!(
+        s2.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
+        [x4, n7, x3]
+    );
+    let s1_needle = watch::review_page(
+        &l.conn,
+        &ReviewQuery {
+            session: Some("s1".into()),
+            filter: Some("needle".into()),
+            limit: 50,
+            ..Default::default()
+        },
+    )
+    .expect("session + filter");
+    assert_eq!(s1_needle.total, 0);
+    assert!(s1_needle.rows.is_empty());
+
+    // limit 0 is the default page.
+    let default = watch::review_page(&l.conn, &ReviewQuery::default()).expect("default");
+    assert_eq!(default.rows.len(), 6);
+}
+
+#[test]
+fn review_page_total_follows_new_items_and_decisions() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "running");
+    l.session("s2", 1000.0, None, "running");
+    let queries = |filter: Option<&str>, session: Option<&str>| ReviewQuery {
+        filter: filter.map(str::to_string),
+        session: session.map(str::to_string),
+        limit: 2,
+        ..Default::default()
+    };
+    let total = |filter: Option<&str>, session: Option<&str>| {
+        watch::review_page(&l.reopen(), &queries(filter, session))
+            .expect("page")
+            .total
+    };
+    let a = l.reviewable("a-hit", "s1", 0.9);
+    let b = l.reviewable("b", "s1", 0.8);
+    assert_eq!(total(None, None), 2);
+    assert_eq!(total(Some("HIT"), None), 1);
+    assert_eq!(total(None, Some("s2")), 0);
+
+    // The engine appends review items while the console watches.
+    let c = l.reviewable("c-hit", "s2", 0.7);
+    l.reviewable("d", "s2", 0.6);
+    assert_eq!(total(None, None), 4);
+    assert_eq!(total(Some("hit"), None), 2);
+    assert_eq!(total(Some("hit"), Some("s2")), 1);
+    assert_eq!(total(None, Some("s2")), 2);
+
+    // Decisions and undos take items out of the queue and back.
+    review::accept(&l.conn, &[a, c], &alice()).expect("accept");
+    assert_eq!(total(None, None), 2);
+    assert_eq!(total(Some("hit"), None), 0);
+    review::reject(&l.conn, &[b], &bob()).expect("reject");
+    l.reviewable("e-hit", "s1", 0.5);
+    assert_eq!(total(None, None), 2);
+    assert_eq!(total(Some("hit"), None), 1);
+    review::undo_last(&l.conn, &alice())
+        .expect("undo")
+        .expect("undone");
+    assert_eq!(total(None, None), 3);
+    assert_eq!(total(Some("hit"), None), 2);
+    assert_eq!(total(None, Some("s2")), 2);
+    let page = watch::review_page(&l.conn, &queries(None, None)).expect("page");
+    assert_eq!(page.rows.len(), 2);
+    assert_eq!(page.total, 3);
+}
+
+#[test]
+fn review_page_shows_only_unexpired_claims() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let a = l.reviewable("a", "s1", 0.9);
+    let b = l.reviewable("b", "s1", 0.8);
+    let c = l.reviewable("c", "s1", 0.7);
+    let now = now_ts();
+    l.conn
+        .execute(
+            "UPDATE review_item SET claimed_by = 'bob@host-b:200', claim_expires_at = ?2 WHERE review_id = ?1",
+            params![a, now + 20.0],
+        )
+        .expect("live claim");
+    l.conn
+        .execute(
+            "UPDATE review_item SET claimed_by = 'carol@host-c:300', claim_expires_at = ?2 WHERE review_id = ?1",
+            params![b, now - 1.0],
+        )
+        .expect("expired claim");
+    let page = watch::review_page(&l.conn, &ReviewQuery::default()).expect("page");
+    let claims: Vec<(i64, Option<&str>)> = page
+        .rows
+        .iter()
+        .map(|r| (r.review_id, r.claimed_by.as_deref()))
+        .collect();
+    assert_eq!(claims, [(a, Some("bob@host-b:200")), (b, None), (c, None)]);
+    let d = watch::review_detail(&l.conn, a)
+        .expect("detail")
+        .expect("a");
+    assert_eq!(d.claimed_by.as_deref(), Some("bob@host-b:200"));
+    let d = watch::review_detail(&l.conn, b)
+        .expect("detail")
+        .expect("b");
+    assert_eq!(d.claimed_by, None);
+}
+
+#[test]
+fn review_detail_shows_evidence_suggestion_and_every_stage() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    l.item("song-1");
+    let triage = l.request("song-1", "triage", 1.0);
+    let critic = l.request("song-1", "critic", 2.0);
+    l.answer(
+        triage,
+        "s1",
+        r#"{"label":"match","confidence":0.7}"#,
+        (120, 30),
+        0.002,
+    );
+    l.answer(critic, "s1", r#"{"agree":true}"#, (200, 10), 0.003);
+    // A failed first attempt of the critic counts in its attempts.
+    l.conn
+        .execute(
+            "UPDATE llm_messages SET attempt = 2 WHERE request_id = ?1",
+            params![critic],
+        )
+        .expect("renumber");
+    l.message(
+        critic,
+        1,
+        "s1",
+        "failed",
+        Some(3.0),
+        Some(500),
+        Some("server"),
+        Some("oops"),
+    );
+    let rid = l.review("song-1", "s1", Some(0.7), "raw \u{1b}[1mbold", Some(critic));
+
+    let d = watch::review_detail(&l.conn, rid)
+        .expect("detail")
+        .expect("exists");
+    assert_eq!(d.review_id, rid);
+    assert_eq!(d.item_id, "song-1");
+    assert_eq!(d.session_id.as_deref(), Some("s1"));
+    assert_eq!(d.status, "pending");
+    assert_eq!(d.confidence, Some(0.7));
+    // As stored: the renderer sanitizes.
+    assert_eq!(d.rationale.as_deref(), Some("raw \u{1b}[1mbold"));
+    assert!(
+        d.evidence_json.contains('\n'),
+        "pretty: {}",
+        d.evidence_json
+    );
+    let ev: serde_json::Value = serde_json::from_str(&d.evidence_json).expect("evidence is JSON");
+    assert_eq!(ev["title"], "song-1");
+    let sug: serde_json::Value =
+        serde_json::from_str(&d.suggestion_json).expect("suggestion is JSON");
+    assert_eq!(sug["label"], "match");
+    assert!(d.suggestion_json.contains('\n'));
+    assert_eq!(d.decided_by, None);
+
+    assert_eq!(d.stages.len(), 2);
+    let t = &d.stages[0];
+    assert_eq!(
+        (
+            t.stage.as_str(),
+            t.provider.as_str(),
+            t.model.as_str(),
+            t.status.as_str()
+        ),
+        ("triage", "mock", "mock-1", "completed")
+    );
+    assert_eq!(t.attempts, 1);
+    assert_eq!(
+        t.raw_output.as_deref(),
+        Some(r#"{"label":"match","confidence":0.7}"#)
+    );
+    assert_eq!(
+        t.parsed_output_json.as_deref(),
+        Some(r#"{"label":"match","confidence":0.7}"#)
+    );
+    assert_eq!(t.finish_reason.as_deref(), Some("stop"));
+    assert_eq!((t.input_tokens, t.output_tokens), (120, 30));
+    assert_eq!(t.cost_usd, 0.002);
+    let c = &d.stages[1];
+    assert_eq!(c.stage, "critic");
+    assert_eq!(c.attempts, 2);
+    assert_eq!(c.raw_output.as_deref(), Some(r#"{"agree":true}"#));
+    assert_eq!((c.input_tokens, c.output_tokens), (200, 10));
+
+    // A request with no answer yet has no output and zero tokens.
+    l.item("song-2");
+    let r2 = l.request("song-2", "triage", 1.0);
+    let rid2 = l.review("song-2", "s1", None, "x", Some(r2));
+    let d2 = watch::review_detail(&l.conn, rid2)
+        .expect("detail")
+        .expect("exists");
+    assert_eq!(d2.stages.len(), 1);
+    assert_eq!(d2.stages[0].raw_output, None);
+    assert_eq!(d2.stages[0].input_tokens, 0);
+    assert_eq!(d2.stages[0].attempts, 0);
+
+    assert!(
+        watch::review_detail(&l.conn, 9999)
+            .expect("detail")
+            .is_none()
+    );
+}
+
+// ---------------------------------------------------------------- review
+
+#[test]
+fn two_operators_claims_leases_and_skips() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let x = l.reviewable("x", "s1", 0.8);
+    let y = l.reviewable("y", "s1", 0.7);
+    let (a, b) = (alice(), bob());
+    // Bob works from his own connection (another process).
+    let bconn = l.reopen();
+
+    assert_eq!(review::claim(&l.conn, x, &a).expect("claim"), Claim::Held);
+    let until: f64 = l
+        .conn
+        .query_row(
+            "SELECT claim_expires_at FROM review_item WHERE review_id = ?1",
+            params![x],
+            |r| r.get(0),
+        )
+        .expect("lease");
+    let left = until - now_ts();
+    assert!(
+        left > CLAIM_LEASE_SECS - 5.0 && left <= CLAIM_LEASE_SECS,
+        "{left}"
+    );
+    assert_eq!(
+        review::claim(&bconn, x, &b).expect("claim"),
+        Claim::HeldByOther(a.claimant.clone())
+    );
+    // Alice renews her own claim.
+    assert_eq!(review::claim(&l.conn, x, &a).expect("renew"), Claim::Held);
+    // The same user in another console is someone else.
+    let a2 = Operator::new("alice", "alice@host-a:999");
+    assert!(matches!(
+        review::claim(&l.conn, x, &a2).expect("claim"),
+        Claim::HeldByOther(_)
+    ));
+
+    // Bob's bulk accept skips what Alice holds and does the rest.
+    let applied = review::accept(&bconn, &[x, y], &b).expect("accept");
+    assert_eq!(applied.done, [y]);
+    assert_eq!(applied.skipped.len(), 1);
+    assert_eq!(applied.skipped[0].0, x);
+    assert!(
+        applied.skipped[0].1.contains(&a.claimant),
+        "{}",
+        applied.skipped[0].1
+    );
+    assert_eq!(l.review_status(x).0, "pending");
+    assert_eq!(l.decision("x").state, "indeterminate");
+
+    // Alice's lease runs out: Bob may claim, and Alice is then the other.
+    l.conn
+        .execute(
+            "UPDATE review_item SET claim_expires_at = ?2 WHERE review_id = ?1",
+            params![x, now_ts() - 0.5],
+        )
+        .expect("expire");
+    assert_eq!(review::claim(&bconn, x, &b).expect("claim"), Claim::Held);
+    assert_eq!(
+        review::claim(&l.conn, x, &a).expect("claim"),
+        Claim::HeldByOther(b.claimant.clone())
+    );
+    // Releasing: only our own claims.
+    assert!(!review::release(&l.conn, x, &a).expect("release"));
+    assert!(review::release(&bconn, x, &b).expect("release"));
+    assert_eq!(review::claim(&l.conn, x, &a).expect("claim"), Claim::Held);
+    // release_all drops Alice's claims and nobody else's.
+    l.item("z");
+    let z = l.review("z", "s1", Some(0.5), "r", None);
+    assert_eq!(review::claim(&bconn, z, &b).expect("claim"), Claim::Held);
+    assert_eq!(review::release_all(&l.conn, &a).expect("release all"), 1);
+    let holders: Vec<Option<String>> = [x, z]
+        .iter()
+        .map(|id| {
+            l.conn
+                .query_row(
+                    "SELECT claimed_by FROM review_item WHERE review_id = ?1",
+                    params![id],
+                    |r| r.get(0),
+                )
+                .expect("holder")
+        })
+        .collect();
+    assert_eq!(holders, [None, Some(b.claimant.clone())]);
+
+    // Decided items cannot be claimed; unknown ones are an error.
+    assert_eq!(
+        review::claim(&l.conn, y, &a).expect("claim"),
+        Claim::NotPending
+    );
+    assert!(matches!(
+        review::claim(&l.conn, 4242, &a),
+        Err(ReviewError::NotFound(4242))
+    ));
+}
+
+#[test]
+fn accept_records_the_decision_as_auto_accept_would() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    l.item("x");
+    let req = l.request("x", "triage", 1.0);
+    let rid = l.review("x", "s1", Some(0.82), "close call", Some(req));
+    assert_eq!(
+        review::claim(&l.conn, rid, &alice()).expect("claim"),
+        Claim::Held
+    );
+
+    let before = now_ts();
+    let applied = review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    assert_eq!(applied.done, [rid]);
+    assert!(applied.skipped.is_empty());
+
+    let d = l.decision("x");
+    assert_eq!(d.state, "decided");
+    assert_eq!(d.answer.as_deref(), Some(r#"{"label":"match","item":"x"}"#));
+    assert_eq!(d.decided_by.as_deref(), Some("review:alice"));
+    assert_eq!(d.confidence, Some(0.82));
+    assert_eq!(d.model_id.as_deref(), Some("mock-1"));
+    // The engine records the request id as text.
+    assert_eq!(d.adjudication_id, Some(req.to_string()));
+    let at = d.decided_at.expect("decided_at");
+    assert!(at >= before && at <= now_ts());
+    let updated_at: f64 = l
+        .conn
+        .query_row(
+            "SELECT updated_at FROM decision WHERE item_id = 'x'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("updated_at");
+    assert_eq!(updated_at, at);
+
+    let (status, by, when) = l.review_status(rid);
+    assert_eq!(status, "accepted");
+    assert_eq!(by.as_deref(), Some("review:alice"));
+    assert_eq!(when, Some(at));
+    let claim: (Option<String>, Option<f64>) = l
+        .conn
+        .query_row(
+            "SELECT claimed_by, claim_expires_at FROM review_item WHERE review_id = ?1",
+            params![rid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("claim");
+    assert_eq!(claim, (None, None));
+
+    let (action, actor, prev): (String, String, String) = l
+        .conn
+        .query_row(
+            "SELECT action, actor, prev_decision_json FROM review_log WHERE review_id = ?1",
+            params![rid],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .expect("log row");
+    assert_eq!(
+        (action.as_str(), actor.as_str()),
+        ("accept", "review:alice")
+    );
+    let prev: serde_json::Value = serde_json::from_str(&prev).expect("prev is JSON");
+    assert_eq!(prev["state"], "indeterminate");
+    assert!(prev["decided_by"].is_null());
+
+    // Accepting again is skipped, saying who decided.
+    let again = review::accept(&l.conn, &[rid], &bob()).expect("accept");
+    assert!(again.done.is_empty());
+    assert!(
+        again.skipped[0].1.contains("review:alice"),
+        "{}",
+        again.skipped[0].1
+    );
+}
+
+#[test]
+fn accept_never_overwrites_a_decision_made_elsewhere() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let rid = l.reviewable("x", "s1", 0.8);
+    l.conn
+        .execute(
+            "UPDATE decision SET state = 'decided', decided_answer_json = '{\"label\":\"other\"}',
+                 decided_by = 'llm_auto_accept', decided_at = 5, adjudication_id = '77' WHERE item_id = 'x'",
+            [],
+        )
+        .expect("auto-accepted elsewhere");
+    let before = l.decision("x");
+    let applied = review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    assert!(applied.done.is_empty());
+    assert!(
+        applied.skipped[0].1.contains("llm_auto_accept"),
+        "{}",
+        applied.skipped[0].1
+    );
+    assert_eq!(l.decision("x"), before);
+    assert_eq!(l.review_status(rid).0, "pending");
+}
+
+#[test]
+fn reject_closes_the_review_item_and_leaves_the_decision() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let rid = l.reviewable("x", "s1", 0.6);
+    let before = l.decision("x");
+    let applied = review::reject(&l.conn, &[rid], &bob()).expect("reject");
+    assert_eq!(applied.done, [rid]);
+    assert_eq!(l.decision("x"), before);
+    assert_eq!(before.state, "indeterminate");
+    let (status, by, at) = l.review_status(rid);
+    assert_eq!(status, "rejected");
+    assert_eq!(by.as_deref(), Some("review:bob"));
+    assert!(at.is_some());
+    let action: String = l
+        .conn
+        .query_row(
+            "SELECT action FROM review_log WHERE review_id = ?1",
+            params![rid],
+            |r| r.get(0),
+        )
+        .expect("log");
+    assert_eq!(action, "reject");
+
+    // Undo of a reject: pending again, decision still untouched.
+    let u = review::undo_last(&l.conn, &bob())
+        .expect("undo")
+        .expect("something undone");
+    assert_eq!(
+        (u.review_id, u.item_id.as_str(), u.action.as_str()),
+        (rid, "x", "reject")
+    );
+    assert_eq!(l.review_status(rid), ("pending".to_string(), None, None));
+    assert_eq!(l.decision("x"), before);
+}
+
+#[test]
+fn bulk_accept_with_one_already_decided() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let a = l.reviewable("a", "s1", 0.9);
+    let b = l.reviewable("b", "s1", 0.8);
+    let c = l.reviewable("c", "s1", 0.7);
+    assert_eq!(
+        review::reject(&l.conn, &[b], &bob()).expect("reject").done,
+        [b]
+    );
+
+    let applied = review::accept(&l.conn, &[a, b, c], &alice()).expect("accept");
+    assert_eq!(applied.done, [a, c]);
+    assert_eq!(applied.skipped.len(), 1);
+    assert_eq!(applied.skipped[0].0, b);
+    assert!(
+        applied.skipped[0].1.contains("already decided"),
+        "{}",
+        applied.skipped[0].1
+    );
+    assert!(
+        applied.skipped[0].1.contains("review:bob"),
+        "{}",
+        applied.skipped[0].1
+    );
+    assert_eq!(l.decision("a").state, "decided");
+    assert_eq!(l.decision("b").state, "indeterminate");
+    assert_eq!(l.decision("c").state, "decided");
+    // Unknown ids are skipped too, not an error.
+    let applied = review::accept(&l.conn, &[9999], &alice()).expect("accept");
+    assert_eq!(applied.skipped.len(), 1);
+}
+
+#[test]
+fn undo_after_accept_restores_the_decision_even_after_a_restart() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let rid = l.reviewable("x", "s1", 0.8);
+    let before = l.decision("x");
+    review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    assert_eq!(l.decision("x").state, "decided");
+
+    // A new process (restart): the undo stack is in the ledger.
+    let conn2 = l.reopen();
+    // Bob has nothing to undo; Alice's decision is hers.
+    assert_eq!(review::undo_last(&conn2, &bob()).expect("undo"), None);
+    let u = review::undo_last(&conn2, &alice())
+        .expect("undo")
+        .expect("undone");
+    assert_eq!(
+        (u.review_id, u.item_id.as_str(), u.action.as_str()),
+        (rid, "x", "accept")
+    );
+    assert_eq!(decision(&conn2, "x"), before);
+    assert_eq!(l.review_status(rid), ("pending".to_string(), None, None));
+
+    let log: Vec<(i64, String, Option<i64>, Option<i64>)> = {
+        let mut stmt = conn2
+            .prepare("SELECT log_id, action, undoes_log_id, undone_by_log_id FROM review_log ORDER BY log_id")
+            .expect("prepare");
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    };
+    assert_eq!(log.len(), 2);
+    let (accept_id, undo_id) = (log[0].0, log[1].0);
+    assert_eq!(log[0], (accept_id, "accept".into(), None, Some(undo_id)));
+    assert_eq!(log[1], (undo_id, "undo".into(), Some(accept_id), None));
+
+    // Nothing left to undo; the item can be decided afresh.
+    assert_eq!(review::undo_last(&conn2, &alice()).expect("undo"), None);
+    assert_eq!(
+        review::accept(&conn2, &[rid], &bob()).expect("accept").done,
+        [rid]
+    );
+}
+
+#[test]
+fn undo_restores_an_earlier_decision_exactly() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let rid = l.reviewable("x", "s1", 0.8);
+    // Earlier history on the decision row (values that must come back bit for bit).
+    l.conn
+        .execute(
+            "UPDATE decision SET decided_answer_json = '{\"old\":1}', confidence = 0.123456789,
+                 model_id = 'old-model', adjudication_id = 'old' WHERE item_id = 'x'",
+            [],
+        )
+        .expect("history");
+    let before = l.decision("x");
+    review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    assert_ne!(l.decision("x"), before);
+    review::undo_last(&l.conn, &alice())
+        .expect("undo")
+        .expect("undone");
+    assert_eq!(l.decision("x"), before);
+}
+
+#[test]
+fn repeated_undo_walks_back() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let a = l.reviewable("a", "s1", 0.9);
+    let b = l.reviewable("b", "s1", 0.8);
+    let c = l.reviewable("c", "s1", 0.7);
+    review::accept(&l.conn, &[a], &alice()).expect("accept a");
+    review::reject(&l.conn, &[b], &alice()).expect("reject b");
+    // Bob's decision in between is not Alice's to undo.
+    review::accept(&l.conn, &[c], &bob()).expect("accept c");
+
+    let u1 = review::undo_last(&l.conn, &alice())
+        .expect("undo")
+        .expect("one");
+    assert_eq!((u1.review_id, u1.action.as_str()), (b, "reject"));
+    let u2 = review::undo_last(&l.conn, &alice())
+        .expect("undo")
+        .expect("two");
+    assert_eq!((u2.review_id, u2.action.as_str()), (a, "accept"));
+    assert_eq!(review::undo_last(&l.conn, &alice()).expect("undo"), None);
+
+    assert_eq!(l.review_status(a).0, "pending");
+    assert_eq!(l.review_status(b).0, "pending");
+    assert_eq!(l.decision("a").state, "indeterminate");
+    assert_eq!(l.review_status(c).0, "accepted");
+    assert_eq!(l.decision("c").decided_by.as_deref(), Some("review:bob"));
+}
+
+#[test]
+fn undo_is_refused_when_someone_else_decided_since() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+
+    // 1. Alice accepted; the decision was then re-decided by someone else.
+    let x = l.reviewable("x", "s1", 0.8);
+    review::accept(&l.conn, &[x], &alice()).expect("accept");
+    l.conn
+        .execute(
+            "UPDATE decision SET decided_answer_json = '{\"label\":\"other\"}', decided_by = 'review:bob',
+                 decided_at = decided_at + 10 WHERE item_id = 'x'",
+            [],
+        )
+        .expect("bob re-decides");
+    let after_bob = l.decision("x");
+    let err = review::undo_last(&l.conn, &alice()).expect_err("refused");
+    assert!(matches!(err, ReviewError::UndoConflict { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("review:bob") && msg.contains('x'), "{msg}");
+    // Nothing changed, and nothing was logged.
+    assert_eq!(l.decision("x"), after_bob);
+    assert_eq!(l.review_status(x).0, "accepted");
+    let undos: i64 = l
+        .conn
+        .query_row(
+            "SELECT COUNT(*) FROM review_log WHERE action = 'undo' OR undone_by_log_id IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(undos, 0);
+
+    // 2. Alice rejected; the item was reopened and Bob accepted it.
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let y = l.reviewable("y", "s1", 0.8);
+    review::reject(&l.conn, &[y], &alice()).expect("reject");
+    l.conn
+        .execute("UPDATE review_item SET status = 'pending', decided_by = NULL, decided_at = NULL WHERE review_id = ?1", params![y])
+        .expect("reopen");
+    assert_eq!(
+        review::accept(&l.conn, &[y], &bob()).expect("accept").done,
+        [y]
+    );
+    let err = review::undo_last(&l.conn, &alice()).expect_err("refused");
+    assert!(err.to_string().contains("accepted by review:bob"), "{err}");
+    assert_eq!(l.review_status(y).0, "accepted");
+    assert_eq!(l.decision("y").decided_by.as_deref(), Some("review:bob"));
+    // Bob's own undo still works.
+    let u = review::undo_last(&l.conn, &bob())
+        .expect("undo")
+        .expect("bob's");
+    assert_eq!(u.review_id, y);
+    assert_eq!(l.decision("y").state, "indeterminate");
+}
+
+// ---------------------------------------------------------------- control
+
+fn session_controls(
+    conn: &Connection,
+    id: &str,
+) -> (
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+) {
+    conn.query_row(
+        "SELECT desired_state, stop_after_stage, tune_rpm, tune_tpm, tune_concurrency FROM llm_batch_session
+         WHERE session_id = ?1",
+        params![id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+    )
+    .expect("controls")
+}
+
+fn control_events(conn: &Connection, id: &str) -> Vec<(String, String, String, Option<String>)> {
+    let mut stmt = conn
+        .prepare("SELECT level, kind, message, actor FROM session_event WHERE session_id = ?1 ORDER BY event_id")
+        .expect("prepare");
+    stmt.query_map(params![id], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+    })
+    .expect("query")
+    .collect::<Result<_, _>>()
+    .expect("rows")
+}
+
+#[test]
+fn set_desired_writes_the_state_and_an_event() {
+    let l = Ledger::new();
+    l.session("run", 1000.0, Some(now_ts()), "running");
+    l.session("done", 900.0, None, "completed");
+
+    control::set_desired(&l.conn, "run", Desired::Paused, "review:alice").expect("pause");
+    assert_eq!(session_controls(&l.conn, "run").0, "paused");
+    // The engine's own reader sees it.
+    assert_eq!(
+        docket::ledger::store::desired_state(&l.reopen(), "run")
+            .expect("read")
+            .as_deref(),
+        Some("paused")
+    );
+    control::set_desired(&l.conn, "run", Desired::Running, "review:bob").expect("resume");
+    assert_eq!(session_controls(&l.conn, "run").0, "running");
+    control::set_desired(&l.conn, "run", Desired::Cancelled, "review:alice").expect("cancel");
+    assert_eq!(session_controls(&l.conn, "run").0, "cancelled");
+
+    let ev = control_events(&l.conn, "run");
+    assert_eq!(
+        ev,
+        [
+            (
+                "info".into(),
+                "control".into(),
+                "pause requested by review:alice".into(),
+                Some("review:alice".into())
+            ),
+            (
+                "info".into(),
+                "control".into(),
+                "resume requested by review:bob".into(),
+                Some("review:bob".into())
+            ),
+            (
+                "info".into(),
+                "control".into(),
+                "cancel requested by review:alice".into(),
+                Some("review:alice".into())
+            ),
+        ]
+    );
+    // They show in the events pane, newest first.
+    let pane = watch::events(&l.conn, "run", 10).expect("events");
+    assert_eq!(pane[0].message, "cancel requested by review:alice");
+    assert_eq!(pane[0].kind, "control");
+
+    let err = control::set_desired(&l.conn, "done", Desired::Paused, "review:alice")
+        .expect_err("completed");
+    assert!(matches!(err, ControlError::Completed(_)));
+    assert!(err.to_string().contains("completed"), "{err}");
+    assert_eq!(session_controls(&l.conn, "done").0, "running");
+    assert!(control_events(&l.conn, "done").is_empty());
+
+    let err = control::set_desired(&l.conn, "batch_nope", Desired::Paused, "review:alice")
+        .expect_err("unknown");
+    assert!(matches!(err, ControlError::NoSession(_)));
+    assert!(err.to_string().contains("batch_nope"), "{err}");
+}
+
+#[test]
+fn retune_validates_and_leaves_unset_limits_alone() {
+    let l = Ledger::new();
+    l.session("run", 1000.0, Some(now_ts()), "running");
+    l.session("done", 900.0, None, "completed");
+
+    control::retune(
+        &l.conn,
+        "run",
+        Tune {
+            rpm: Some(120),
+            tpm: Some(50_000),
+            concurrency: Some(4),
+        },
+        "review:alice",
+    )
+    .expect("retune");
+    assert_eq!(
+        session_controls(&l.conn, "run"),
+        ("running".into(), None, Some(120), Some(50_000), Some(4))
+    );
+    // None leaves a column as it is; 0 means no client limit.
+    control::retune(
+        &l.conn,
+        "run",
+        Tune {
+            rpm: Some(0),
+            ..Tune::default()
+        },
+        "review:bob",
+    )
+    .expect("retune");
+    assert_eq!(
+        session_controls(&l.conn, "run"),
+        ("running".into(), None, Some(0), Some(50_000), Some(4))
+    );
+    let view = watch::session_view(&l.conn, "run")
+        .expect("view")
+        .expect("run");
+    assert_eq!(
+        view.tune,
+        Tune {
+            rpm: Some(0),
+            tpm: Some(50_000),
+            concurrency: Some(4)
+        }
+    );
+    let ev = control_events(&l.conn, "run");
+    assert_eq!(ev.len(), 2);
+    assert!(
+        ev[0]
+            .2
+            .starts_with("retune requested: rpm 120, tpm 50000, concurrency 4"),
+        "{}",
+        ev[0].2
+    );
+    assert_eq!(ev[0].3.as_deref(), Some("review:alice"));
+    assert!(
+        ev[1].2.starts_with("retune requested: rpm 0"),
+        "{}",
+        ev[1].2
+    );
+
+    // Refused, with nothing written.
+    for bad in [
+        Tune {
+            concurrency: Some(0),
+            ..Tune::default()
+        },
+        Tune {
+            concurrency: Some(10_001),
+            ..Tune::default()
+        },
+        Tune {
+            rpm: Some(5),
+            concurrency: Some(0),
+            ..Tune::default()
+        },
+        Tune::default(),
+    ] {
+        let err = control::retune(&l.conn, "run", bad, "review:alice").expect_err("invalid");
+        assert!(
+            matches!(err, ControlError::InvalidTune(_)),
+            "{bad:?}: {err}"
+        );
+    }
+    assert_eq!(
+        session_controls(&l.conn, "run"),
+        ("running".into(), None, Some(0), Some(50_000), Some(4))
+    );
+    assert_eq!(control_events(&l.conn, "run").len(), 2);
+    // The bounds themselves are fine.
+    for c in [1, 10_000] {
+        control::retune(
+            &l.conn,
+            "run",
+            Tune {
+                concurrency: Some(c),
+                ..Tune::default()
+            },
+            "review:alice",
+        )
+        .expect("in range");
+        assert_eq!(session_controls(&l.conn, "run").4, Some(c as i64));
+    }
+
+    let ok = Tune {
+        rpm: Some(10),
+        ..Tune::default()
+    };
+    assert!(matches!(
+        control::retune(&l.conn, "done", ok, "review:alice"),
+        Err(ControlError::Completed(_))
+    ));
+    assert!(matches!(
+        control::retune(&l.conn, "nope", ok, "review:alice"),
+        Err(ControlError::NoSession(_))
+    ));
+}
+
+#[test]
+fn stop_after_stage_names_the_current_stage() {
+    let l = Ledger::new();
+    l.session("run", 1000.0, Some(now_ts()), "running");
+    l.session("bare", 1000.0, Some(now_ts()), "paused");
+    l.session("done", 900.0, None, "completed");
+    l.conn
+        .execute(
+            "UPDATE llm_batch_session SET config_snapshot_json = '{}' WHERE session_id = 'bare'",
+            [],
+        )
+        .expect("bare snapshot");
+
+    // From the config snapshot.
+    let stage = control::stop_after_stage(&l.conn, "run", "review:alice").expect("stop");
+    assert_eq!(stage, "triage");
+    assert_eq!(
+        session_controls(&l.conn, "run").1.as_deref(),
+        Some("triage")
+    );
+    let ev = control_events(&l.conn, "run");
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].1, "control");
+    assert!(
+        ev[0].2.contains("triage") && ev[0].2.contains("review:alice"),
+        "{}",
+        ev[0].2
+    );
+
+    // The engine's own word wins when it has written one.
+    l.conn
+        .execute("UPDATE llm_batch_session SET live_json = '{\"stage\":\"critic\"}' WHERE session_id = 'run'", [])
+        .expect("live");
+    assert_eq!(
+        control::stop_after_stage(&l.conn, "run", "review:bob").expect("stop"),
+        "critic"
+    );
+    assert_eq!(
+        session_controls(&l.conn, "run").1.as_deref(),
+        Some("critic")
+    );
+    // An empty stage in the gauges does not count.
+    l.conn
+        .execute(
+            "UPDATE llm_batch_session SET live_json = '{\"stage\":\"\"}' WHERE session_id = 'run'",
+            [],
+        )
+        .expect("live");
+    assert_eq!(
+        control::stop_after_stage(&l.conn, "run", "review:bob").expect("stop"),
+        "triage"
+    );
+
+    // No stages configured: the default stage.
+    assert_eq!(
+        control::stop_after_stage(&l.conn, "bare", "review:alice").expect("stop"),
+        "adjudicate"
+    );
+    let view = watch::session_view(&l.conn, "bare")
+        .expect("view")
+        .expect("bare");
+    assert_eq!(view.stop_after_stage.as_deref(), Some("adjudicate"));
+
+    assert!(matches!(
+        control::stop_after_stage(&l.conn, "done", "review:alice"),
+        Err(ControlError::Completed(_))
+    ));
+    assert!(matches!(
+        control::stop_after_stage(&l.conn, "nope", "review:alice"),
+        Err(ControlError::NoSession(_))
+    ));
+    let none: Option<String> = l
+        .conn
+        .query_row(
+            "SELECT stop_after_stage FROM llm_batch_session WHERE session_id = 'done'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .expect("read")
+        .flatten();
+    assert_eq!(none, None);
+}

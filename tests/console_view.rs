@@ -1,0 +1,698 @@
+//! The console's drawing: insta snapshots of `TestBackend` buffers at 80x24
+//! and 120x40 (mono theme, fixed clock), a sanitizer test with hostile item
+//! and model text, and a test that focus and selection show without colour.
+
+use docket::ledger::store::SessionRow;
+use docket::tui::app::{App, Dialog, Overlay, Pane, Snapshot};
+use docket::tui::keymap::Keymap;
+use docket::tui::theme::Theme;
+use docket::watch::{
+    Event, Level, LiveGauges, ReviewDetail, ReviewPage, ReviewRow, SessionSummary, SessionView,
+    StageOutput, StageProgress, Tune,
+};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::style::Modifier;
+
+/// 2023-11-14 22:13:20 UTC.
+const NOW: f64 = 1_700_000_000.0;
+const SESSION: &str = "batch_20231114_221000";
+const SIZES: [(u16, u16); 2] = [(80, 24), (120, 40)];
+
+// ---------------------------------------------------------------- fixtures
+
+fn session_row(state: &str, desired: &str) -> SessionRow {
+    SessionRow {
+        session_id: SESSION.into(),
+        started_at: NOW - 754.0,
+        completed_at: None,
+        total_count: 1000,
+        processed_count: 400,
+        accepted_count: 300,
+        reviewed_count: 60,
+        rejected_count: 30,
+        error_count: 10,
+        state: state.into(),
+        desired_state: desired.into(),
+        stop_reason: None,
+        retry_count: 3,
+        rate_limited_count: 2,
+        ambiguous_count: 1,
+        input_tokens: 120_000,
+        output_tokens: 30_000,
+        cost_usd: 0.4321,
+        estimated_tokens: 600_000,
+        estimated_cost_usd: 1.08,
+        max_cost_usd: None,
+        config_snapshot_json: "{}".into(),
+    }
+}
+
+fn view(state: &str, desired: &str) -> SessionView {
+    SessionView {
+        row: session_row(state, desired),
+        stop_after_stage: Some("triage".into()),
+        tune: Tune::default(),
+        gauges: Some(LiveGauges {
+            in_flight: 8,
+            concurrency_limit: 8,
+            max_concurrency: 16,
+            rpm_limit: 600,
+            tpm_limit: 0,
+            rpm_used: 412.0,
+            tpm_used: 38_500.0,
+            slow_reason: "rate limit (rpm)".into(),
+            paused: state == "paused",
+            stage: "triage".into(),
+            elapsed_secs: 754.0,
+            eta_secs: Some(1131.0),
+        }),
+        stages: vec![
+            StageProgress {
+                name: "triage".into(),
+                total: 1000,
+                done: 400,
+                failed: 10,
+                in_flight: 8,
+            },
+            StageProgress {
+                name: "verify".into(),
+                total: 60,
+                done: 12,
+                failed: 0,
+                in_flight: 0,
+            },
+        ],
+        live: true,
+        heartbeat_age_secs: Some(1.0),
+        in_flight: 8,
+        pending: 592,
+    }
+}
+
+fn summary(
+    id: &str,
+    state: &str,
+    live: bool,
+    started_ago: f64,
+    done: (u64, u64),
+    cost: f64,
+) -> SessionSummary {
+    SessionSummary {
+        session_id: id.into(),
+        state: state.into(),
+        desired_state: state.into(),
+        started_at: NOW - started_ago,
+        completed_at: None,
+        total: done.1,
+        processed: done.0,
+        accepted: done.0 * 3 / 4,
+        review: done.0 / 8,
+        rejected: done.0 / 16,
+        errors: done.0 / 40,
+        cost_usd: cost,
+        estimated_cost_usd: cost * 2.0,
+        stop_reason: None,
+        live,
+    }
+}
+
+fn sessions() -> Vec<SessionSummary> {
+    vec![
+        summary(SESSION, "running", true, 754.0, (400, 1000), 0.4321),
+        summary(
+            "batch_20231113_090000",
+            "completed",
+            false,
+            133_000.0,
+            (250, 250),
+            0.1175,
+        ),
+        summary(
+            "batch_20231112_080000",
+            "running",
+            false,
+            223_000.0,
+            (80, 500),
+            0.0402,
+        ),
+        summary(
+            "batch_20231110_170000",
+            "cancelled",
+            false,
+            365_000.0,
+            (12, 300),
+            0.0051,
+        ),
+    ]
+}
+
+fn events() -> Vec<Event> {
+    let e = |ago: f64, level, kind: &str, message: &str| Event {
+        at: NOW - ago,
+        level,
+        kind: kind.into(),
+        message: message.into(),
+        item_id: None,
+    };
+    vec![
+        e(
+            1.0,
+            Level::Info,
+            "review",
+            "item-0007 queued for review (0.62)",
+        ),
+        e(
+            12.0,
+            Level::Warn,
+            "rate_limit",
+            "429 from mock: cooling down 2s",
+        ),
+        e(
+            47.0,
+            Level::Error,
+            "error",
+            "item-0003 failed after 3 attempts: invalid JSON",
+        ),
+        e(63.0, Level::Info, "retune", "concurrency 8 -> 16 (AIMD)"),
+        e(754.0, Level::Info, "stage", "stage triage started"),
+    ]
+}
+
+const LABELS: [&str; 4] = ["spam", "ham", "phishing", "unsure"];
+
+fn review_row(i: u64) -> ReviewRow {
+    ReviewRow {
+        review_id: 100 + i as i64,
+        item_id: format!("item-{i:04}"),
+        session_id: Some(SESSION.into()),
+        confidence: if i == 5 {
+            None
+        } else {
+            Some(0.91 - i as f64 * 0.03)
+        },
+        suggestion: format!(
+            r#"{{"label":"{}","reason":"sender not in contacts","rationale":"hidden","confidence":0.9}}"#,
+            LABELS[i as usize % 4]
+        ),
+        rationale: Some("looks like a bulk mailing".into()),
+        model_id: Some("mock-1".into()),
+        claimed_by: if i == 3 { Some("bob@h:1".into()) } else { None },
+    }
+}
+
+fn page(total: u64) -> ReviewPage {
+    ReviewPage {
+        total,
+        offset: 0,
+        rows: (0..total).map(review_row).collect(),
+    }
+}
+
+fn detail() -> ReviewDetail {
+    ReviewDetail {
+        review_id: 100,
+        item_id: "item-0000".into(),
+        session_id: Some(SESSION.into()),
+        status: "pending".into(),
+        evidence_json: "{\n  \"from\": \"promo@example.com\",\n  \"subject\": \"You won!\",\n  \"body\": \"Click here to claim your prize.\"\n}".into(),
+        suggestion_json: "{\n  \"label\": \"spam\",\n  \"confidence\": 0.91\n}".into(),
+        confidence: Some(0.91),
+        rationale: Some(
+            "Unknown sender, prize language and a link: a classic bulk mailing.".into(),
+        ),
+        model_id: Some("mock-1".into()),
+        stages: vec![StageOutput {
+            stage: "triage".into(),
+            provider: "mock".into(),
+            model: "mock-1".into(),
+            status: "ok".into(),
+            attempts: 1,
+            parsed_output_json: Some(r#"{"label":"spam","confidence":0.91}"#.into()),
+            raw_output: Some(
+                "```json\n{\"label\":\"spam\",\"confidence\":0.91}\n```".into(),
+            ),
+            finish_reason: Some("stop".into()),
+            input_tokens: 312,
+            output_tokens: 24,
+            cost_usd: 0.00042,
+        }],
+        decided_by: None,
+        decided_at: None,
+        claimed_by: None,
+    }
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        sessions: sessions(),
+        view: Some(view("running", "running")),
+        events: events(),
+        review: page(12),
+        detail: None,
+        now: NOW,
+    }
+}
+
+fn app_with(read_only: bool, snap: Snapshot) -> App {
+    let mut app = App::new(Keymap::default_map(), read_only);
+    app.apply_snapshot(snap);
+    app
+}
+
+fn app() -> App {
+    app_with(false, snapshot())
+}
+
+fn key(c: char) -> KeyEvent {
+    KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE)
+}
+
+fn render(app: &App, w: u16, h: u16) -> Terminal<TestBackend> {
+    let mut terminal = Terminal::new(TestBackend::new(w, h)).expect("terminal");
+    terminal
+        .draw(|frame| docket::tui::view::draw(frame, app, Theme::mono()))
+        .expect("draw");
+    terminal
+}
+
+/// Snapshot `app` at both sizes as `{name}_{w}x{h}`.
+fn snap_both(name: &str, app: &App) {
+    for (w, h) in SIZES {
+        let terminal = render(app, w, h);
+        insta::assert_snapshot!(format!("{name}_{w}x{h}"), terminal.backend());
+    }
+}
+
+fn row_text(buf: &Buffer, y: u16) -> String {
+    (0..buf.area.width)
+        .map(|x| buf[(x, y)].symbol().to_string())
+        .collect()
+}
+
+fn screen_text(buf: &Buffer) -> String {
+    (0..buf.area.height)
+        .map(|y| row_text(buf, y))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ---------------------------------------------------------------- snapshots
+
+#[test]
+fn dashboard_focused_on_each_pane() {
+    for pane in Pane::ORDER {
+        let mut a = app();
+        a.focus = pane;
+        if pane == Pane::Review {
+            // The cursor on the second item; the held row (3) shows its holder.
+            a.handle_key(key('j'));
+        }
+        if pane == Pane::Sessions {
+            a.sessions_cursor = 1;
+        }
+        let name = format!(
+            "dashboard_{}",
+            pane.title().to_lowercase().replace(' ', "_")
+        );
+        snap_both(&name, &a);
+    }
+}
+
+#[test]
+fn detail_view() {
+    let mut snap = snapshot();
+    snap.detail = Some(detail());
+    let mut a = app_with(false, snap);
+    a.handle_key(key('5'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    assert!(matches!(a.overlay, Overlay::Detail { scroll: 0 }));
+    snap_both("detail", &a);
+}
+
+#[test]
+fn help_overlay() {
+    let mut a = app();
+    a.handle_key(key('?'));
+    snap_both("help", &a);
+}
+
+#[test]
+fn cancel_dialog() {
+    let mut a = app();
+    a.handle_key(key('c'));
+    assert!(matches!(
+        a.overlay,
+        Overlay::Dialog(Dialog::CancelRun { .. })
+    ));
+    snap_both("dialog_cancel", &a);
+}
+
+#[test]
+fn quit_live_dialog() {
+    let mut a = app();
+    a.in_process_session = Some(SESSION.into());
+    a.in_process_live = true;
+    a.handle_key(key('q'));
+    assert!(matches!(a.overlay, Overlay::Dialog(Dialog::QuitLive)));
+    snap_both("dialog_quit_live", &a);
+}
+
+#[test]
+fn paused_session() {
+    let mut snap = snapshot();
+    snap.view = Some(view("paused", "paused"));
+    snap.sessions[0].state = "paused".into();
+    snap.sessions[0].live = true;
+    let a = app_with(false, snap);
+    assert!(a.paused());
+    snap_both("paused", &a);
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(text.lines().last().unwrap().contains(" PAUSED "), "{text}");
+}
+
+#[test]
+fn read_only_footer() {
+    let a = app_with(true, snapshot());
+    snap_both("read_only", &a);
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(text.lines().last().unwrap().contains("READ-ONLY"), "{text}");
+}
+
+#[test]
+fn filter_mode_footer() {
+    let mut a = app();
+    a.handle_key(key('/'));
+    for c in "spam".chars() {
+        a.handle_key(key(c));
+    }
+    // The runner's answer to the filtered query.
+    let mut snap = snapshot();
+    snap.review = ReviewPage {
+        total: 3,
+        offset: 0,
+        rows: vec![review_row(0), review_row(4), review_row(8)],
+    };
+    a.apply_snapshot(snap);
+    snap_both("filter_mode", &a);
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    let footer = text.lines().last().unwrap();
+    assert!(
+        footer.contains("FILTER") && footer.contains("/spam"),
+        "{footer}"
+    );
+}
+
+#[test]
+fn empty_workspace() {
+    let a = app_with(
+        false,
+        Snapshot {
+            now: NOW,
+            ..Snapshot::default()
+        },
+    );
+    assert!(a.loaded);
+    snap_both("empty_workspace", &a);
+}
+
+#[test]
+fn too_small_screen() {
+    let a = app();
+    for (w, h) in [(79, 24), (60, 15)] {
+        let terminal = render(&a, w, h);
+        insta::assert_snapshot!(format!("too_small_{w}x{h}"), terminal.backend());
+    }
+}
+
+// ---------------------------------------------------------------- style
+
+#[test]
+fn focus_and_selection_show_without_colour() {
+    let mut a = app();
+    a.handle_key(key('5'));
+    a.handle_key(key('j'));
+    for (w, h) in SIZES {
+        let terminal = render(&a, w, h);
+        let buf = terminal.backend().buffer();
+        // The selected review row: every cell REVERSED; the others not.
+        let rows: Vec<u16> = (0..h)
+            .filter(|&y| row_text(buf, y).contains("item-0001"))
+            .collect();
+        assert_eq!(rows.len(), 1, "{w}x{h}");
+        let y = rows[0];
+        let line = row_text(buf, y);
+        assert!(line.contains('›'), "{line}");
+        let x0 = line.chars().position(|c| c == '›').unwrap() as u16;
+        for x in x0..x0 + 30 {
+            assert!(
+                buf[(x, y)].modifier.contains(Modifier::REVERSED),
+                "{w}x{h}: cell ({x},{y}) of the selected row is not reversed"
+            );
+        }
+        let other = (0..h)
+            .find(|&y| row_text(buf, y).contains("item-0002"))
+            .unwrap();
+        assert!(
+            !buf[(x0 + 5, other)].modifier.contains(Modifier::REVERSED),
+            "{w}x{h}: an unselected row is reversed"
+        );
+        // The focused pane's border is double-line, the others single.
+        let title_y = (0..h)
+            .find(|&y| row_text(buf, y).contains("▶ 5 Review queue"))
+            .expect("focused review title");
+        let title_row = row_text(buf, title_y);
+        assert!(
+            title_row.trim_start_matches('│').starts_with('╔')
+                && title_row.contains('═')
+                && title_row.contains('╗'),
+            "{w}x{h}: {title_row}"
+        );
+        let below = row_text(buf, title_y + 1);
+        assert!(below.contains('║'), "{w}x{h}: {below}");
+        let stages_y = (0..h)
+            .find(|&y| row_text(buf, y).contains(" 1 Stages"))
+            .expect("stages title");
+        let stages_row = row_text(buf, stages_y);
+        assert!(
+            stages_row.starts_with('┌') && stages_row.contains('─') && !stages_row.contains('═'),
+            "{w}x{h}: {stages_row}"
+        );
+        // Only one pane is marked focused.
+        let text = screen_text(buf);
+        let marked: Vec<usize> = (1..=6)
+            .filter(|n| text.contains(&format!("▶ {n} ")))
+            .collect();
+        assert_eq!(marked, vec![5], "{w}x{h}");
+    }
+}
+
+#[test]
+fn held_rows_show_their_holder() {
+    let mut a = app();
+    a.handle_key(key('5'));
+    let text = screen_text(render(&a, 120, 40).backend().buffer());
+    assert!(text.contains("[held: bob@h:1]"), "{text}");
+}
+
+/// The cursor row names another operator's hold, even once we asked for it.
+#[test]
+fn held_cursor_row_shows_its_holder() {
+    let mut a = app();
+    a.handle_key(key('5'));
+    for _ in 0..3 {
+        a.handle_key(key('j'));
+    }
+    assert_eq!(a.cursor_row().map(|r| r.review_id), Some(103));
+    let text = screen_text(render(&a, 120, 40).backend().buffer());
+    assert!(text.contains("[held: bob@h:1]"), "{text}");
+}
+
+/// The detail names another holder; "held by you" is only for our own claim.
+#[test]
+fn detail_names_another_holder() {
+    let mut snap = snapshot();
+    let mut d = detail();
+    d.claimed_by = Some("bob@h:1".into());
+    snap.detail = Some(d);
+    let mut a = app_with(false, snap);
+    a.handle_key(key('5'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    let text = screen_text(render(&a, 120, 40).backend().buffer());
+    assert!(text.contains("held by bob@h:1"), "{text}");
+    assert!(!text.contains("held by you"), "{text}");
+}
+
+/// After `S`, the stages pane marks the stage the run stops after, at 80x24 too.
+#[test]
+fn stop_after_stage_marker_shows_at_80x24() {
+    let a = app();
+    assert_eq!(
+        a.snap.view.as_ref().unwrap().stop_after_stage.as_deref(),
+        Some("triage")
+    );
+    for (w, h) in SIZES {
+        let text = screen_text(render(&a, w, h).backend().buffer());
+        assert!(text.contains("stop after"), "{w}x{h}:\n{text}");
+    }
+}
+
+// ---------------------------------------------------------------- sanitizer
+
+/// Everything an item or a model might smuggle into a terminal.
+fn hostile(tag: &str) -> String {
+    format!(
+        "{tag} \u{1b}[2J\u{1b}[31mred\u{1b}[0m \u{1b}]0;pwned title\u{7} csi\u{9b}31m nul\u{0}bel\u{7} \
+         bidi\u{202E}txet desrever\u{202C} iso\u{2066}late\u{2069} del\u{7f} cr\rlf\n\
+         second line\ttab \u{1b}P+q\u{1b}\\ {tag}-end"
+    )
+}
+
+fn is_bad(c: char) -> bool {
+    c.is_control()
+        || c == '\u{1b}'
+        || ('\u{202A}'..='\u{202E}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+fn hostile_detail() -> ReviewDetail {
+    let long: String = "x".repeat(5_000);
+    ReviewDetail {
+        review_id: 100,
+        item_id: hostile("item"),
+        session_id: Some(hostile("sess")),
+        status: "pending".into(),
+        evidence_json: format!(
+            "{{\n  \"body\": \"{}\",\n  \"blob\": \"{long}\",\n  \"after\": \"{}\"\n}}",
+            hostile("evidence"),
+            hostile("evidence2")
+        ),
+        suggestion_json: format!("{{\"label\": \"{}\"}}", hostile("suggestion")),
+        confidence: Some(0.5),
+        rationale: Some(format!("{} {long}", hostile("rationale"))),
+        model_id: Some(hostile("model")),
+        stages: vec![StageOutput {
+            stage: hostile("stage"),
+            provider: hostile("prov"),
+            model: hostile("mdl"),
+            status: "ok".into(),
+            attempts: 2,
+            parsed_output_json: Some(hostile("parsed")),
+            raw_output: Some(format!("{}\n{long}\n{}", hostile("raw"), hostile("raw2"))),
+            finish_reason: Some(hostile("finish")),
+            input_tokens: 1,
+            output_tokens: 2,
+            cost_usd: 0.0,
+        }],
+        decided_by: Some(hostile("decider")),
+        decided_at: Some(NOW),
+        claimed_by: Some(hostile("claimer")),
+    }
+}
+
+fn hostile_snapshot() -> Snapshot {
+    let mut snap = snapshot();
+    snap.detail = Some(hostile_detail());
+    snap.review.rows[0].item_id = hostile("rowitem");
+    snap.review.rows[0].suggestion = serde_json::json!({ "label": hostile("rowsugg") }).to_string();
+    snap.review.rows[1].suggestion = hostile("rawsugg");
+    snap.review.rows[2].claimed_by = Some(hostile("holder"));
+    snap.events[0].message = hostile("event");
+    snap.view.as_mut().unwrap().stages[0].name = hostile("stagename");
+    snap.sessions[1].session_id = hostile("othersession");
+    snap
+}
+
+fn assert_clean(buf: &Buffer, ctx: &str) {
+    for y in 0..buf.area.height {
+        for x in 0..buf.area.width {
+            let sym = buf[(x, y)].symbol();
+            assert!(
+                !sym.chars().any(is_bad),
+                "{ctx}: cell ({x},{y}) holds {sym:?}; row: {:?}",
+                row_text(buf, y)
+            );
+        }
+    }
+}
+
+#[test]
+fn hostile_text_never_reaches_a_cell() {
+    let mut a = app_with(false, hostile_snapshot());
+    a.handle_key(key('5'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    a.set_toast(hostile("toast"));
+    for (w, h) in SIZES {
+        // Scroll through the whole detail (the 5,000-char lines wrap to many rows).
+        let mut saw_raw_end = false;
+        let mut saw_evidence = false;
+        for scroll in (0..400).step_by(usize::from(h) - 4) {
+            a.overlay = Overlay::Detail {
+                scroll: scroll as u16,
+            };
+            let terminal = render(&a, w, h);
+            let buf = terminal.backend().buffer();
+            let ctx = format!("detail {w}x{h} scroll {scroll}");
+            assert_clean(buf, &ctx);
+            let text = screen_text(buf);
+            saw_raw_end |= text.contains("raw2-end");
+            saw_evidence |= text.contains("evidence-end");
+            // The detail frame: header row, then the double border from the
+            // first body row to the row above the footer.
+            let top = row_text(buf, 1);
+            let bottom = row_text(buf, h - 2);
+            assert!(
+                top.starts_with('╔') && top.ends_with('╗'),
+                "{ctx}: top {top:?}"
+            );
+            assert!(
+                bottom.starts_with('╚') && bottom.ends_with('╝'),
+                "{ctx}: bottom {bottom:?}"
+            );
+            for y in 2..h - 2 {
+                let row = row_text(buf, y);
+                assert!(
+                    row.starts_with('║') && row.ends_with('║'),
+                    "{ctx}: row {y} border broken: {row:?}"
+                );
+                assert_eq!(row.chars().count(), usize::from(w), "{ctx}: row {y}");
+            }
+        }
+        assert!(saw_evidence, "{w}x{h}: the evidence was never shown");
+        assert!(saw_raw_end, "{w}x{h}: the raw output's end was never shown");
+    }
+    // The dashboard with the same rows, events and toast, every pane focused.
+    a.overlay = Overlay::None;
+    for pane in Pane::ORDER {
+        a.focus = pane;
+        for (w, h) in SIZES {
+            let terminal = render(&a, w, h);
+            let buf = terminal.backend().buffer();
+            let ctx = format!("dashboard {pane:?} {w}x{h}");
+            assert_clean(buf, &ctx);
+            // Every pane border row keeps its corners where it started.
+            let first = row_text(buf, 1);
+            assert!(
+                first.starts_with('┌') || first.starts_with('╔'),
+                "{ctx}: {first:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn hostile_text_in_the_header_is_sanitized() {
+    // Session ids are generated by docket, but the ledger is a shared file:
+    // the header shows the watched id as it is stored.
+    let mut snap = snapshot();
+    snap.view.as_mut().unwrap().row.session_id = hostile("sess");
+    snap.view.as_mut().unwrap().row.desired_state = hostile("desired");
+    let a = app_with(false, snap);
+    for (w, h) in SIZES {
+        let terminal = render(&a, w, h);
+        let buf = terminal.backend().buffer();
+        assert_clean(buf, &format!("header {w}x{h}"));
+    }
+}
