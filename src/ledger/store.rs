@@ -180,7 +180,7 @@ pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Re
     tx.commit()
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionRow {
     pub session_id: String,
     pub started_at: f64,

@@ -149,7 +149,7 @@ pub enum Effect {
 }
 
 /// The latest read of the ledger.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     pub sessions: Vec<SessionSummary>,
     /// The watched session, when there is one.
@@ -159,6 +159,13 @@ pub struct Snapshot {
     pub detail: Option<ReviewDetail>,
     /// Ledger time of the read (unix seconds), for ages.
     pub now: f64,
+}
+
+impl Snapshot {
+    /// The same ledger state, whatever the time of the read.
+    pub fn same_data(&self, other: &Snapshot) -> bool {
+        Snapshot { now: 0.0, ..self.clone() } == Snapshot { now: 0.0, ..other.clone() }
+    }
 }
 
 /// The console state.

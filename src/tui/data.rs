@@ -23,8 +23,11 @@ pub enum DataMsg {
 
 /// How many events the events pane keeps.
 const EVENTS: usize = 200;
-/// A fresh read at least this often, so ages and heartbeats stay true.
+/// A fresh read at least this often, so a dead engine's stale heartbeat shows.
 const REFRESH: Duration = Duration::from_secs(1);
+/// An unchanged read is still sent this often, so ages move on screen; in
+/// between, nothing is sent and the console does not redraw.
+const RESEND: Duration = Duration::from_secs(30);
 /// Claims are renewed well inside their lease.
 const CLAIM_RENEW: Duration = Duration::from_secs(10);
 
@@ -64,6 +67,7 @@ impl DataWorker {
         let mut last_version = -1i64;
         let mut last_read = Instant::now() - REFRESH;
         let mut said_missing = false;
+        let mut last_sent: Option<(Snapshot, Instant)> = None;
         loop {
             let mut dirty = false;
             match rx.recv_timeout(Duration::from_millis(200)) {
@@ -118,8 +122,14 @@ impl DataWorker {
                 last_read = Instant::now();
                 match self.read(c) {
                     Ok(snap) => {
-                        if !out(DataMsg::Snapshot(Box::new(snap))) {
-                            break;
+                        let unchanged = last_sent.as_ref().is_some_and(|(prev, at)| {
+                            !dirty && at.elapsed() < RESEND && prev.same_data(&snap)
+                        });
+                        if !unchanged {
+                            last_sent = Some((snap.clone(), Instant::now()));
+                            if !out(DataMsg::Snapshot(Box::new(snap))) {
+                                break;
+                            }
                         }
                     }
                     Err(e) => {

@@ -80,7 +80,7 @@ pub struct StageProgress {
 }
 
 /// One session in full, for the stages, outcomes and gauges panes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionView {
     pub row: SessionRow,
     pub stop_after_stage: Option<String>,

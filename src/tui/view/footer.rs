@@ -42,16 +42,28 @@ pub(super) fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             spans.push(styled("▏", theme.key()));
         }
         _ => {
+            // The latest message comes first: it answers the last key, so it
+            // must not be cut; the hints fill what is left, whole or not at all.
+            if let Some(t) = &app.toast {
+                spans.push(styled(format!("{t} │ "), theme.warn()));
+            }
+            let mut used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
             for (section, action, label) in hints(app) {
                 if let Some(k) = app.keymap.first_key(section, action) {
+                    let hint = format!(" {label}  ");
+                    let width = k.chars().count() + hint.chars().count();
+                    if used + width > usize::from(area.width) {
+                        break;
+                    }
+                    used += width;
                     spans.push(styled(k, theme.key()));
-                    spans.push(Span::raw(format!(" {label}  ")));
+                    spans.push(Span::raw(hint));
                 }
             }
         }
     }
-    if let Some(t) = &app.toast {
-        spans.push(styled(format!("│ {t}"), theme.warn()));
+    if let (Some(t), Overlay::Filter(_) | Overlay::Command(_)) = (&app.toast, &app.overlay) {
+        spans.push(styled(format!("  │ {t}"), theme.warn()));
     }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
 }

@@ -201,7 +201,7 @@ pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: The
 fn age(secs: f64) -> String {
     let s = secs.max(0.0);
     if s < 60.0 {
-        format!("{s:.0}s")
+        "<1m".to_string()
     } else if s < 3600.0 {
         format!("{:.0}m", s / 60.0)
     } else if s < 86_400.0 {

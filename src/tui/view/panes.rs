@@ -177,15 +177,24 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         }
     };
     let mut lines = Vec::new();
+    // A rate over the first seconds is mostly the start-up burst scaled to a
+    // minute: it would read as the limiter failing, so it waits.
+    let rate = |n: f64| {
+        if g.elapsed_secs < 5.0 {
+            "--".to_string()
+        } else {
+            compact(n)
+        }
+    };
     if live {
         lines.push(Line::from(format!(
             "req/min  {:>7} / {}",
-            compact(g.rpm_used),
+            rate(g.rpm_used),
             limit(g.rpm_limit)
         )));
         lines.push(Line::from(format!(
             "tok/min  {:>7} / {}",
-            compact(g.tpm_used),
+            rate(g.tpm_used),
             limit(g.tpm_limit)
         )));
         lines.push(Line::from(format!(

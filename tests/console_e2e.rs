@@ -1,0 +1,1239 @@
+//! The console end to end: the real binary in tmux, driven by keys, checked
+//! on the screen and in the ledger after every step.
+//!
+//! Every test has its own tmux session (named after this process and the
+//! test) and its own data, config and workspace folders; a guard kills only
+//! that tmux session, whatever happens.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+const BIN: &str = env!("CARGO_BIN_EXE_docket");
+/// How long to wait for a screen or ledger state before failing.
+const WAIT: Duration = Duration::from_secs(15);
+
+// ---------------------------------------------------------------- helpers
+
+/// Single-quote for `sh`.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn tmux(args: &[&str]) -> std::process::Output {
+    Command::new("tmux")
+        .args(args)
+        .output()
+        .expect("tmux is needed by this test")
+}
+
+/// Poll `f` every 100 ms until it gives a value; panic with `what` (and the
+/// last diagnostics from `f`) after `timeout`.
+fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match f() {
+            Ok(v) => return v,
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}; last seen:\n{last}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A per-test home: data, config and keymap dirs all inside one tempdir.
+struct Home {
+    dir: tempfile::TempDir,
+}
+
+impl Home {
+    fn new() -> Home {
+        Home {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn data(&self) -> PathBuf {
+        self.path().join("data")
+    }
+
+    /// The variables every docket started by these tests gets.
+    fn vars(&self, user: &str) -> Vec<(String, String)> {
+        let p = |s: &str| self.path().join(s).display().to_string();
+        vec![
+            ("HOME".into(), p("home")),
+            ("XDG_DATA_HOME".into(), p("data")),
+            ("XDG_CONFIG_HOME".into(), p("config")),
+            ("DOCKET_CONFIG_DIR".into(), p("config/docket")),
+            ("USER".into(), user.into()),
+        ]
+    }
+
+    /// `env -u ... VAR=... ` for a command run by tmux (whose server may
+    /// carry someone else's environment).
+    fn env_prefix(&self, user: &str, extra: &[(&str, &str)]) -> String {
+        let mut s = String::from("env -u NO_COLOR -u DOCKET_WORKSPACE -u DOCKET_LOG");
+        for (k, v) in self.vars(user) {
+            s.push_str(&format!(" {k}={}", sh_quote(&v)));
+        }
+        for (k, v) in extra {
+            s.push_str(&format!(" {k}={}", sh_quote(v)));
+        }
+        s
+    }
+
+    /// docket as a plain child process (no terminal), with this home.
+    fn docket(&self, user: &str) -> Command {
+        let mut c = Command::new(BIN);
+        c.env_remove("NO_COLOR")
+            .env_remove("DOCKET_WORKSPACE")
+            .env_remove("DOCKET_LOG");
+        for (k, v) in self.vars(user) {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Run docket to completion; panic unless it exits with `code`.
+    fn run(&self, args: &[&str], code: i32) -> String {
+        let out = self.docket("alice").args(args).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "docket {args:?}\nstdout:\n{stdout}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// A workspace from `docket init`, the built-in mock made quick.
+    fn init_workspace(&self) -> PathBuf {
+        let ws = self.path().join("ws");
+        self.run(&["init", &ws.display().to_string()], 0);
+        let toml_path = ws.join("docket.toml");
+        let toml = std::fs::read_to_string(&toml_path).unwrap();
+        let quick = toml
+            .replace("latency_median_ms = 150.0", "latency_median_ms = 20.0")
+            .replace("latency_p99_ms = 600.0", "latency_p99_ms = 60.0");
+        assert_ne!(toml, quick, "the scaffold's mock latency moved");
+        std::fs::write(&toml_path, quick).unwrap();
+        ws
+    }
+
+    /// Write `n` demo chart items into the workspace and `docket import` them.
+    fn import_items(&self, ws: &Path, n: usize) {
+        let items = ws.join("items/e2e.jsonl");
+        let mut f = std::fs::File::create(&items).unwrap();
+        docket::demo::write_chart_items(&mut f, n, 7).unwrap();
+        drop(f);
+        let ws_s = ws.display().to_string();
+        self.run(
+            &["--workspace", &ws_s, "import", &items.display().to_string()],
+            0,
+        );
+    }
+
+    /// A workspace with one completed session that left at least 3 pending
+    /// review items. Returns the workspace and the session id.
+    fn completed_workspace(&self) -> (PathBuf, String) {
+        let ws = self.init_workspace();
+        self.import_items(&ws, 60);
+        let ws_s = ws.display().to_string();
+        let out = self.run(
+            &[
+                "--workspace",
+                &ws_s,
+                "batch-adjudicate",
+                "--headless",
+                "--yes",
+            ],
+            0,
+        );
+        assert!(out.contains("Results: docket batch-results"), "{out}");
+        let conn = docket::ledger::open(&ws.join("docket.sqlite")).unwrap();
+        let session = docket::ledger::store::latest_session(&conn)
+            .unwrap()
+            .expect("a session");
+        let pending = count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status = 'pending'",
+        );
+        assert!(pending >= 3, "only {pending} pending review items");
+        (ws, session)
+    }
+}
+
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// A read-only view of a ledger, opened once it exists.
+fn ledger_ro(path: &Path) -> Connection {
+    poll("the ledger to exist", Duration::from_secs(30), || {
+        if !path.exists() {
+            return Err(format!("{} missing", path.display()));
+        }
+        docket::ledger::open_read_only(path).map_err(|e| e.to_string())
+    })
+}
+
+fn query_string(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> Option<String> {
+    use rusqlite::OptionalExtension;
+    conn.query_row(sql, p, |r| r.get::<_, Option<String>>(0))
+        .optional()
+        .unwrap()
+        .flatten()
+}
+
+fn session_state(conn: &Connection, sid: &str) -> (String, String) {
+    conn.query_row(
+        "SELECT state, desired_state FROM llm_batch_session WHERE session_id = ?1",
+        [sid],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
+
+fn messages(conn: &Connection) -> i64 {
+    count(conn, "SELECT COUNT(*) FROM llm_messages")
+}
+
+/// The llm_messages count stays still: nothing new is sent.
+fn assert_not_dispatching(conn: &Connection, what: &str) {
+    // In-flight requests finish and their rows land within a second.
+    std::thread::sleep(Duration::from_millis(1200));
+    let a = messages(conn);
+    std::thread::sleep(Duration::from_millis(1500));
+    let b = messages(conn);
+    assert_eq!(
+        a, b,
+        "{what}: llm_messages grew from {a} to {b} while paused"
+    );
+}
+
+fn assert_dispatching(conn: &Connection, what: &str) {
+    let a = messages(conn);
+    poll(what, WAIT, || {
+        let b = messages(conn);
+        if b > a {
+            Ok(())
+        } else {
+            Err(format!("llm_messages still {b}"))
+        }
+    });
+}
+
+/// One tmux session running one command; killed (only it) when dropped.
+struct Pane {
+    name: String,
+}
+
+impl Pane {
+    /// Start `cmd` (a shell command line) in a fresh 120x40 tmux session.
+    /// The shell prints `EXIT=<code>` after it and stays a while, so the
+    /// exit is readable on the screen.
+    fn start(tag: &str, cmd: &str) -> Pane {
+        Pane::start_sized(tag, cmd, 120, 40)
+    }
+
+    fn start_sized(tag: &str, cmd: &str, width: u16, height: u16) -> Pane {
+        let name = format!("docket-e2e-{}-{tag}", std::process::id());
+        // A leftover from a crashed earlier run of this very test process id.
+        let _ = tmux(&["kill-session", "-t", &name]);
+        let line = format!("{cmd}; echo EXIT=$?; sleep 60");
+        let out = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &name,
+            "-x",
+            &width.to_string(),
+            "-y",
+            &height.to_string(),
+            &line,
+        ]);
+        assert!(
+            out.status.success(),
+            "tmux new-session: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pane = Pane { name };
+        tmux(&["set-option", "-t", &pane.name, "remain-on-exit", "on"]);
+        pane
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.name]).stdout).to_string()
+    }
+
+    /// The screen with its attributes as escape sequences.
+    fn screen_escaped(&self) -> String {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-e", "-t", &self.name]).stdout)
+            .to_string()
+    }
+
+    fn keys(&self, keys: &str) {
+        let out = tmux(&["send-keys", "-t", &self.name, keys]);
+        assert!(out.status.success(), "send-keys {keys}");
+    }
+
+    fn display(&self, format: &str) -> String {
+        String::from_utf8_lossy(&tmux(&["display", "-p", "-t", &self.name, format]).stdout)
+            .trim()
+            .to_string()
+    }
+
+    /// Wait until the screen satisfies `f`; returns that screen.
+    fn wait(&self, what: &str, timeout: Duration, f: impl Fn(&str) -> bool) -> String {
+        poll(what, timeout, || {
+            let s = self.screen();
+            if f(&s) { Ok(s) } else { Err(s) }
+        })
+    }
+
+    fn wait_for(&self, text: &str) -> String {
+        self.wait(&format!("{text:?} on the screen"), WAIT, |s| {
+            s.contains(text)
+        })
+    }
+
+    /// The docket process in the pane (the shell's child).
+    fn docket_pid(&self) -> u32 {
+        let shell = self.display("#{pane_pid}");
+        poll("docket's pid", WAIT, || {
+            let out = Command::new("pgrep").args(["-P", &shell]).output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            text.split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+                .ok_or(format!("no child of {shell}"))
+        })
+    }
+}
+
+impl Drop for Pane {
+    fn drop(&mut self) {
+        let _ = tmux(&["kill-session", "-t", &self.name]);
+    }
+}
+
+/// A child process killed (only it) if the test ends before it does.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The number after `✓ accepted` in the outcomes pane.
+fn accepted_on_screen(screen: &str) -> Option<u64> {
+    let rest = screen.split("✓ accepted").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// `(cursor, total)` from the review pane title `5 Review queue CUR/TOTAL`.
+fn review_title(screen: &str) -> Option<(u64, u64)> {
+    let re = regex::Regex::new(r"5 Review queue (\d+)/(\d+)").unwrap();
+    let c = re.captures(screen)?;
+    Some((c[1].parse().ok()?, c[2].parse().ok()?))
+}
+
+fn header(screen: &str) -> &str {
+    screen.lines().next().unwrap_or("")
+}
+
+/// The footer: the last non-blank line.
+fn footer(screen: &str) -> &str {
+    screen
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+}
+
+// ---------------------------------------------------------------- 1. demo
+
+/// The demo in the console, step by step: counters move, open the review
+/// queue, accept one, undo, reject one, pause, resume, cancel, quit; after
+/// each step the screen and the ledger agree.
+#[test]
+fn demo_console_review_pause_resume_cancel_quit() {
+    let home = Home::new();
+    let cmd = format!(
+        "{} {} demo --items 4000",
+        home.env_prefix("alice", &[]),
+        sh_quote(BIN)
+    );
+    let pane = Pane::start("demo", &cmd);
+    let ledger_path = home.data().join("docket/demo/docket.sqlite");
+
+    // Demo starts; counters move.
+    let first = pane.wait(
+        "the demo running with counters",
+        Duration::from_secs(40),
+        |s| {
+            header(s).contains("▶ RUNNING")
+                && accepted_on_screen(s).is_some()
+                && footer(s).starts_with(" NORMAL ")
+        },
+    );
+    let conn = ledger_ro(&ledger_path);
+    let sid = docket::ledger::store::latest_session(&conn)
+        .unwrap()
+        .expect("the demo's session");
+    assert!(header(&first).contains(&sid), "{first}");
+    let a0 = accepted_on_screen(&first).unwrap();
+    pane.wait("the accepted counter to grow", WAIT, |s| {
+        accepted_on_screen(s).is_some_and(|a| a > a0) && s.contains("/4000 done")
+    });
+    assert_eq!(
+        session_state(&conn, &sid),
+        ("running".into(), "running".into())
+    );
+    assert_eq!(
+        count(&conn, "SELECT COUNT(*) FROM review_log"),
+        0,
+        "no human decision yet"
+    );
+
+    // 5: the review queue, once it has an item.
+    pane.keys("5");
+    pane.wait("the review queue focused with items", WAIT, |s| {
+        s.contains("▶ 5 Review queue")
+            && review_title(s).is_some_and(|(_, t)| t >= 1)
+            && footer(s).contains("a accept")
+    });
+    // The cursor item is claimed by this console.
+    poll("alice's claim on the cursor item", WAIT, || {
+        let n = count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status = 'pending' AND claimed_by LIKE 'alice@%'",
+        );
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{n} claims"))
+        }
+    });
+
+    // a: accept one.
+    pane.keys("a");
+    pane.wait_for("Accepted 1 item (u undoes)");
+    let (accepted_rid, accepted_item, by) = poll("the accept in the ledger", WAIT, || {
+        conn.query_row(
+            "SELECT review_id, item_id, decided_by FROM review_item WHERE status = 'accepted'",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            },
+        )
+        .map_err(|e| e.to_string())
+    });
+    assert_eq!(by, "review:alice");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status != 'pending'"
+        ),
+        1
+    );
+    let decision = |item: &str| -> (String, Option<String>) {
+        conn.query_row(
+            "SELECT state, decided_by FROM decision WHERE item_id = ?1",
+            [item],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        decision(&accepted_item),
+        ("decided".into(), Some("review:alice".into()))
+    );
+    assert_eq!(
+        query_string(
+            &conn,
+            "SELECT action || ' ' || actor || ' ' || item_id FROM review_log WHERE review_id = ?1",
+            [accepted_rid]
+        ),
+        Some(format!("accept review:alice {accepted_item}"))
+    );
+
+    // u: undo it.
+    pane.keys("u");
+    pane.wait_for(&format!("Undid accept of {accepted_item}"));
+    poll("the undo in the ledger", WAIT, || {
+        let status = query_string(
+            &conn,
+            "SELECT status FROM review_item WHERE review_id = ?1",
+            [accepted_rid],
+        );
+        if status.as_deref() == Some("pending") {
+            Ok(())
+        } else {
+            Err(format!("{status:?}"))
+        }
+    });
+    assert_eq!(decision(&accepted_item), ("indeterminate".into(), None));
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_log WHERE action = 'undo' AND actor = 'review:alice'"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_log a JOIN review_log u ON u.log_id = a.undone_by_log_id
+             WHERE a.action = 'accept' AND u.undoes_log_id = a.log_id"
+        ),
+        1,
+        "the accept is marked undone by the undo"
+    );
+
+    // r: reject one.
+    pane.keys("r");
+    pane.wait_for("Rejected 1 item (u undoes)");
+    let (rejected_item, by) = poll("the reject in the ledger", WAIT, || {
+        conn.query_row(
+            "SELECT item_id, decided_by FROM review_item WHERE status = 'rejected'",
+            [],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )
+        .map_err(|e| e.to_string())
+    });
+    assert_eq!(by, "review:alice");
+    assert_eq!(decision(&rejected_item), ("indeterminate".into(), None));
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status != 'pending'"
+        ),
+        1,
+        "only the rejected one is decided"
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_log WHERE action = 'reject' AND actor = 'review:alice'"
+        ),
+        1
+    );
+
+    // p: pause. Dispatch stops.
+    pane.keys("p");
+    pane.wait("the paused badges", WAIT, |s| {
+        header(s).contains("⏸ PAUSED")
+            && footer(s).starts_with(" NORMAL ")
+            && footer(s).contains(" PAUSED ")
+    });
+    poll("the session paused in the ledger", WAIT, || {
+        let st = session_state(&conn, &sid);
+        if st == ("paused".into(), "paused".into()) {
+            Ok(())
+        } else {
+            Err(format!("{st:?}"))
+        }
+    });
+    assert_not_dispatching(&conn, "after p");
+
+    // p again: resume. Dispatch goes on.
+    pane.keys("p");
+    pane.wait("RUNNING again", WAIT, |s| {
+        header(s).contains("▶ RUNNING")
+            && footer(s).starts_with(" NORMAL ")
+            && !footer(s).contains(" PAUSED ")
+    });
+    poll("the session running in the ledger", WAIT, || {
+        let st = session_state(&conn, &sid);
+        if st == ("running".into(), "running".into()) {
+            Ok(())
+        } else {
+            Err(format!("{st:?}"))
+        }
+    });
+    assert_dispatching(&conn, "llm_messages to grow after resume");
+
+    // c: the cancel dialog (default No), y confirms.
+    pane.keys("c");
+    pane.wait("the cancel dialog", WAIT, |s| {
+        s.contains(&format!("Cancel session {sid}?")) && footer(s).starts_with(" CONFIRM")
+    });
+    pane.keys("y");
+    poll(
+        "the session cancelled in the ledger",
+        Duration::from_secs(30),
+        || {
+            let st = session_state(&conn, &sid);
+            if st.0 == "cancelled" {
+                Ok(())
+            } else {
+                Err(format!("{st:?}"))
+            }
+        },
+    );
+    pane.wait("■ CANCELLED in the header", WAIT, |s| {
+        header(s).contains("■ CANCELLED")
+    });
+    assert_eq!(session_state(&conn, &sid).1, "cancelled");
+    let cancel_events = count(
+        &conn,
+        "SELECT COUNT(*) FROM session_event WHERE kind = 'control' AND actor = 'review:alice'
+           AND message LIKE 'cancel requested%'",
+    );
+    assert_eq!(cancel_events, 1);
+
+    // q: the run has ended, so the console just closes; the process prints
+    // the summary and exits 130 (the session was cancelled).
+    let exited = poll("the console to exit on q", Duration::from_secs(20), || {
+        let s = pane.screen();
+        if s.contains("EXIT=") {
+            return Ok(s);
+        }
+        if s.contains("Quit while the run is live?") {
+            // The engine had not let go yet: say no and ask again.
+            pane.keys("Escape");
+            return Err(s);
+        }
+        pane.keys("q");
+        std::thread::sleep(Duration::from_millis(400));
+        Err(s)
+    });
+    assert!(exited.contains("Session saved. Resume with"), "{exited}");
+    assert!(
+        exited.contains(&format!("docket batch-adjudicate --resume {sid}")),
+        "{exited}"
+    );
+    assert!(
+        exited.contains(&format!("Session {sid}: cancelled")),
+        "{exited}"
+    );
+    assert!(exited.contains("EXIT=130"), "{exited}");
+    assert_eq!(pane.display("#{alternate_on}"), "0");
+    drop(conn);
+
+    let conn = docket::ledger::open(&ledger_path).unwrap();
+    let ok: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    support::check_invariants(&conn, &sid);
+    let (state, _) = session_state(&conn, &sid);
+    assert_eq!(state, "cancelled");
+}
+
+// ------------------------------------------------- 2. headless + console
+
+/// A headless run in one process, a console in another: pausing from the
+/// console stops the headless run's dispatch; resuming restarts it; a
+/// `docket cancel` ends it with 130.
+#[test]
+fn console_pauses_and_resumes_a_headless_run() {
+    let home = Home::new();
+    let ws = home.init_workspace();
+    home.import_items(&ws, 1000);
+    let ws_s = ws.display().to_string();
+    let ledger_path = ws.join("docket.sqlite");
+
+    // The headless run: 4 requests/s, so it lasts minutes.
+    let mut child = home
+        .docket("alice")
+        .args([
+            "--workspace",
+            &ws_s,
+            "batch-adjudicate",
+            "--headless",
+            "--yes",
+            "--rate-limit",
+            "240",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let out = out.clone();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let mut o = out.lock().unwrap();
+                o.push_str(&line);
+                o.push('\n');
+            }
+        })
+    };
+    let mut child = ChildGuard(Some(child));
+    let headless_said = |text: &str| out.lock().unwrap().contains(text);
+
+    let conn = ledger_ro(&ledger_path);
+    let sid = poll("the headless session", Duration::from_secs(30), || {
+        docket::ledger::store::latest_session(&conn)
+            .map_err(|e| e.to_string())?
+            .ok_or("no session yet".to_string())
+    });
+    assert_dispatching(&conn, "the headless run to send");
+
+    // The console, in another tmux session (another process, another user).
+    let cmd = format!(
+        "{} {} --workspace {}",
+        home.env_prefix("bob", &[]),
+        sh_quote(BIN),
+        sh_quote(&ws_s)
+    );
+    let pane = Pane::start("headless", &cmd);
+    pane.wait("the console on the live run", WAIT, |s| {
+        header(s).contains(&sid)
+            && header(s).contains("▶ RUNNING")
+            && accepted_on_screen(s).is_some()
+            && s.contains("/1000 done")
+    });
+
+    // p in the console pauses the headless run.
+    pane.keys("p");
+    pane.wait("the paused badges", WAIT, |s| {
+        header(s).contains("⏸ PAUSED") && footer(s).contains(" PAUSED ")
+    });
+    poll("desired_state paused, state paused", WAIT, || {
+        let st = session_state(&conn, &sid);
+        if st == ("paused".into(), "paused".into()) {
+            Ok(())
+        } else {
+            Err(format!("{st:?}"))
+        }
+    });
+    poll("the headless run to say Paused", WAIT, || {
+        if headless_said("Paused") {
+            Ok(())
+        } else {
+            Err(out.lock().unwrap().clone())
+        }
+    });
+    assert_not_dispatching(&conn, "headless run paused from the console");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_event WHERE kind = 'control' AND actor = 'review:bob'
+               AND message = 'pause requested by review:bob'"
+        ),
+        1
+    );
+    assert!(
+        child.0.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "still running"
+    );
+
+    // p again resumes it.
+    pane.keys("p");
+    pane.wait("RUNNING again", WAIT, |s| header(s).contains("▶ RUNNING"));
+    poll("the headless run to say Resumed", WAIT, || {
+        if headless_said("Resumed.") {
+            Ok(())
+        } else {
+            Err(out.lock().unwrap().clone())
+        }
+    });
+    assert_eq!(
+        session_state(&conn, &sid),
+        ("running".into(), "running".into())
+    );
+    assert_dispatching(&conn, "llm_messages to grow after resume");
+
+    // docket cancel from a third process ends the headless run with 130.
+    let said = home.run(&["--workspace", &ws_s, "cancel", &sid], 0);
+    assert!(said.contains("asked to cancel"), "{said}");
+    let mut c = child.0.take().unwrap();
+    let status = poll("the headless run to exit", Duration::from_secs(30), || {
+        c.try_wait()
+            .map_err(|e| e.to_string())?
+            .ok_or("still running".to_string())
+    });
+    reader.join().unwrap();
+    let text = out.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains("Cancelled from the ledger"), "{text}");
+    assert!(text.contains("Session saved. Resume with"), "{text}");
+    pane.wait("■ CANCELLED in the console", WAIT, |s| {
+        header(s).contains("■ CANCELLED")
+    });
+
+    // The watching console just closes.
+    pane.keys("q");
+    let s = pane.wait_for("EXIT=");
+    assert!(s.contains("EXIT=0"), "{s}");
+    drop(conn);
+    let conn = docket::ledger::open(&ledger_path).unwrap();
+    support::check_invariants(&conn, &sid);
+    assert_eq!(session_state(&conn, &sid).0, "cancelled");
+}
+
+// ----------------------------------------------------- 3. two operators
+
+/// Two consoles on one queue: bob cannot decide the item alice holds; when
+/// alice accepts it, it leaves bob's list within about a second.
+#[test]
+fn two_operators_share_the_review_queue() {
+    let home = Home::new();
+    let (ws, _sid) = home.completed_workspace();
+    let ws_s = ws.display().to_string();
+    let conn = ledger_ro(&ws.join("docket.sqlite"));
+    let (top_rid, top_item): (i64, String) = conn
+        .query_row(
+            "SELECT review_id, item_id FROM review_item WHERE status = 'pending'
+             ORDER BY confidence DESC, review_id LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let pending0 = count(
+        &conn,
+        "SELECT COUNT(*) FROM review_item WHERE status = 'pending'",
+    ) as u64;
+
+    // 200 columns: at 120 the footer's key hints leave the toast only ~30
+    // columns, too few for "Accepted nothing; skipped 1: held by ...".
+    let console = |user: &str| {
+        let cmd = format!(
+            "{} {} --workspace {}",
+            home.env_prefix(user, &[]),
+            sh_quote(BIN),
+            sh_quote(&ws_s)
+        );
+        let pane = Pane::start_sized(&format!("op-{user}"), &cmd, 200, 40);
+        pane.wait("the console loaded", WAIT, |s| {
+            header(s).contains("✓ COMPLETED")
+        });
+        pane
+    };
+    let alice = console("alice");
+    let bob = console("bob");
+
+    // Alice opens the queue first and holds its first item.
+    alice.keys("5");
+    alice.wait("alice's queue", WAIT, |s| {
+        review_title(s) == Some((1, pending0))
+    });
+    let claimant = poll("alice's claim", WAIT, || {
+        query_string(
+            &conn,
+            "SELECT claimed_by FROM review_item WHERE review_id = ?1",
+            [top_rid],
+        )
+        .filter(|c| c.starts_with("alice@"))
+        .ok_or("not claimed by alice".to_string())
+    });
+
+    // Bob opens it too: the same first item, held by alice.
+    bob.keys("5");
+    // His cursor row says who holds it, and so does the toast of his claim.
+    bob.wait("bob told the item is held", WAIT, |s| {
+        footer(s).contains(&format!("held by {claimant}"))
+            && review_title(s) == Some((1, pending0))
+            && s.lines()
+                .any(|l| l.contains('›') && l.contains(&top_item) && l.contains("[held: alice@"))
+    });
+    // Off the cursor, the row says who holds it.
+    bob.keys("j");
+    let s = bob.wait("the held row", WAIT, |s| {
+        review_title(s) == Some((2, pending0))
+            && s.lines()
+                .any(|l| l.contains(&top_item) && l.contains("[held: alice@"))
+    });
+    assert!(!s.contains("[held: bob@"), "{s}");
+    bob.keys("k");
+    bob.wait("bob back on the first item", WAIT, |s| {
+        review_title(s) == Some((1, pending0))
+    });
+    bob.keys("a");
+    let s = bob.wait("bob's accept refused", WAIT, |s| {
+        let f = footer(s);
+        f.contains(&format!("held by {claimant}")) && !f.contains("another operator")
+    });
+    // Refused in the console ("<item> is held by ...") or by the ledger
+    // ("Accepted nothing; skipped 1: held by ...").
+    let f = footer(&s);
+    assert!(
+        f.contains(&format!("{top_item} is held by {claimant}"))
+            || f.contains("Accepted nothing; skipped 1: held by"),
+        "{s}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_log WHERE actor = 'review:bob'"
+        ),
+        0,
+        "bob decided nothing"
+    );
+    assert_eq!(
+        query_string(
+            &conn,
+            "SELECT status FROM review_item WHERE review_id = ?1",
+            [top_rid]
+        )
+        .as_deref(),
+        Some("pending")
+    );
+    assert_eq!(
+        query_string(
+            &conn,
+            "SELECT state FROM decision WHERE item_id = ?1",
+            [&top_item]
+        )
+        .as_deref(),
+        Some("indeterminate")
+    );
+    assert_eq!(
+        query_string(
+            &conn,
+            "SELECT claimed_by FROM review_item WHERE review_id = ?1",
+            [top_rid]
+        ),
+        Some(claimant.clone()),
+        "bob did not take alice's claim"
+    );
+
+    // Alice accepts it: it leaves bob's list within about a second.
+    // (Alice's toast may be replaced at once: both consoles move on to the
+    // next item and race for its claim, so the screen check is the count.)
+    alice.keys("a");
+    alice.wait("the item to leave alice's list", WAIT, |s| {
+        review_title(s).is_some_and(|(_, t)| t == pending0 - 1)
+    });
+    poll("alice's accept in the ledger", WAIT, || {
+        let by = query_string(
+            &conn,
+            "SELECT status || ' ' || decided_by FROM review_item WHERE review_id = ?1",
+            [top_rid],
+        );
+        if by.as_deref() == Some("accepted review:alice") {
+            Ok(())
+        } else {
+            Err(format!("{by:?}"))
+        }
+    });
+    let accepted_at = Instant::now();
+    bob.wait(
+        "the item to leave bob's list",
+        Duration::from_secs(3),
+        |s| review_title(s).is_some_and(|(_, t)| t == pending0 - 1),
+    );
+    let lag = accepted_at.elapsed();
+    assert!(lag < Duration::from_millis(2500), "took {lag:?}");
+    assert_eq!(
+        query_string(
+            &conn,
+            "SELECT state || ' ' || decided_by FROM decision WHERE item_id = ?1",
+            [&top_item]
+        )
+        .as_deref(),
+        Some("decided review:alice")
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_log WHERE actor = 'review:bob'"
+        ),
+        0
+    );
+}
+
+// ---------------------------------------------------------- 4. read-only
+
+/// Everything a decision or a control would change, as text.
+fn ledger_dump(conn: &Connection) -> String {
+    let mut out = String::new();
+    for sql in [
+        "SELECT review_id, status, decided_by, claimed_by, claim_expires_at FROM review_item ORDER BY review_id",
+        "SELECT item_id, state, decided_by, decided_at FROM decision ORDER BY item_id",
+        "SELECT session_id, state, desired_state, stop_after_stage, updated_at FROM llm_batch_session",
+        "SELECT log_id FROM review_log",
+        "SELECT event_id, kind, message FROM session_event ORDER BY event_id",
+    ] {
+        let mut stmt = conn.prepare(sql).unwrap();
+        let n = stmt.column_count();
+        let rows = stmt
+            .query_map([], |r| {
+                let mut line = Vec::new();
+                for i in 0..n {
+                    let v: rusqlite::types::Value = r.get(i)?;
+                    line.push(format!("{v:?}"));
+                }
+                Ok(line.join("|"))
+            })
+            .unwrap();
+        for row in rows {
+            out.push_str(&row.unwrap());
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `--read-only`: decisions and run controls are refused with a toast, the
+/// footer says READ-ONLY, and the ledger is byte-for-byte unchanged.
+#[test]
+fn read_only_console_changes_nothing() {
+    let home = Home::new();
+    let (ws, sid) = home.completed_workspace();
+    let ws_s = ws.display().to_string();
+    // Make the session controllable, so only read-only can refuse `p`.
+    let rw = docket::ledger::open(&ws.join("docket.sqlite")).unwrap();
+    rw.execute(
+        "UPDATE llm_batch_session SET state = 'paused', desired_state = 'paused' WHERE session_id = ?1",
+        [&sid],
+    )
+    .unwrap();
+    drop(rw);
+    let conn = ledger_ro(&ws.join("docket.sqlite"));
+    let before = ledger_dump(&conn);
+
+    let cmd = format!(
+        "{} {} --workspace {} --read-only",
+        home.env_prefix("alice", &[]),
+        sh_quote(BIN),
+        sh_quote(&ws_s)
+    );
+    let pane = Pane::start("readonly", &cmd);
+    pane.wait("the read-only console loaded", WAIT, |s| {
+        header(s).contains(&sid)
+            && footer(s).starts_with(" NORMAL ")
+            && footer(s).contains(" READ-ONLY ")
+    });
+
+    pane.keys("5");
+    pane.wait("the review queue focused", WAIT, |s| {
+        s.contains("▶ 5 Review queue") && review_title(s).is_some()
+    });
+    // Each key's refusal differs from the one before, so each is seen.
+    for (key, said) in [
+        ("a", "Read-only console: decisions are off."),
+        ("p", "Read-only console: run controls are off."),
+        ("r", "Read-only console: decisions are off."),
+        ("u", "Read-only console: undo is off."),
+        ("c", "Read-only console: run controls are off."),
+    ] {
+        pane.keys(key);
+        let s = pane.wait(&format!("{key} refused"), WAIT, |s| {
+            footer(s).contains(said) && footer(s).contains(" READ-ONLY ")
+        });
+        assert!(!s.contains("Cancel session"), "no dialog: {s}");
+    }
+    // Give any stray write time to land, then compare.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(ledger_dump(&conn), before, "the read-only console wrote");
+    pane.keys("q");
+    let s = pane.wait_for("EXIT=");
+    assert!(s.contains("EXIT=0"), "{s}");
+    assert_eq!(
+        ledger_dump(&conn),
+        before,
+        "the read-only console wrote on exit"
+    );
+}
+
+// -------------------------------------------------------------- 5. resize
+
+/// Below 80x24 the console says so instead of drawing; resized back, the
+/// layout returns.
+#[test]
+fn too_small_a_terminal_says_so_and_the_layout_returns() {
+    let home = Home::new();
+    let ws = home.init_workspace();
+    home.import_items(&ws, 5);
+    let cmd = format!(
+        "{} {} --workspace {}",
+        home.env_prefix("alice", &[]),
+        sh_quote(BIN),
+        sh_quote(&ws.display().to_string())
+    );
+    let pane = Pane::start("resize", &cmd);
+    let layout = |s: &str| {
+        header(s).starts_with(" docket ")
+            && s.contains("1 Stages")
+            && s.contains("2 Outcomes")
+            && s.contains("Review queue")
+            && footer(s).starts_with(" NORMAL ")
+    };
+    pane.wait("the layout", WAIT, layout);
+
+    let out = tmux(&["resize-window", "-t", &pane.name, "-x", "70", "-y", "20"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = pane.wait("the too-small notice", WAIT, |s| {
+        s.contains("terminal too small")
+            && s.contains("need 80x24, have 70x20")
+            && !s.contains("Stages")
+    });
+    assert!(s.contains("enlarge the window"), "{s}");
+
+    let out = tmux(&["resize-window", "-t", &pane.name, "-x", "120", "-y", "40"]);
+    assert!(out.status.success());
+    pane.wait("the layout back", WAIT, |s| {
+        layout(s) && !s.contains("terminal too small") && s.contains("6 Sessions")
+    });
+
+    // Just under the minimum is still too small; the minimum itself fits.
+    tmux(&["resize-window", "-t", &pane.name, "-x", "79", "-y", "24"]);
+    pane.wait_for("need 80x24, have 79x24");
+    tmux(&["resize-window", "-t", &pane.name, "-x", "80", "-y", "24"]);
+    pane.wait("the small layout", WAIT, |s| {
+        layout(s) && !s.contains("too small")
+    });
+    pane.keys("q");
+    let s = pane.wait_for("EXIT=");
+    assert!(s.contains("EXIT=0"), "{s}");
+}
+
+// ------------------------------------------------------------- 6. SIGTERM
+
+/// SIGTERM closes a watching console like `q`: the shell after it runs on the
+/// normal screen with the cursor shown.
+#[test]
+fn sigterm_restores_the_terminal() {
+    let home = Home::new();
+    let ws = home.init_workspace();
+    home.import_items(&ws, 5);
+    let cmd = format!(
+        "{} {} --workspace {}; echo AFTER rc=$?",
+        home.env_prefix("alice", &[]),
+        sh_quote(BIN),
+        sh_quote(&ws.display().to_string())
+    );
+    let pane = Pane::start("sigterm", &cmd);
+    pane.wait("the console", WAIT, |s| footer(s).starts_with(" NORMAL "));
+    assert_eq!(
+        pane.display("#{alternate_on}"),
+        "1",
+        "the console uses the alternate screen"
+    );
+    let pid = pane.docket_pid();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let s = pane.wait_for("AFTER");
+    assert!(s.contains("AFTER rc=0"), "SIGTERM closes like q: {s}");
+    assert_eq!(
+        pane.display("#{alternate_on}"),
+        "0",
+        "back on the normal screen"
+    );
+    assert_eq!(
+        pane.display("#{cursor_flag}"),
+        "1",
+        "the cursor is shown again"
+    );
+    assert!(
+        !s.contains("NORMAL"),
+        "the console is gone from the screen: {s}"
+    );
+}
+
+// ------------------------------------------------------------ 7. NO_COLOR
+
+/// The colour parameters among the SGR sequences of `text` (30-38, 40-48,
+/// 90-97, 100-107); 39/49 (default colour) are not colours.
+fn colour_codes(text: &str) -> Vec<String> {
+    let re = regex::Regex::new(r"\x1b\[([0-9;:]*)m").unwrap();
+    let mut found = Vec::new();
+    for c in re.captures_iter(text) {
+        let params = &c[1];
+        let colour = params.split([';', ':']).any(|p| {
+            p.parse::<u32>().is_ok_and(|n| {
+                (30..=38).contains(&n)
+                    || (40..=48).contains(&n)
+                    || (90..=97).contains(&n)
+                    || (100..=107).contains(&n)
+            })
+        });
+        if colour {
+            found.push(c[0].escape_debug().to_string());
+        }
+    }
+    found
+}
+
+fn has_attr(text: &str, attr: u32) -> bool {
+    let re = regex::Regex::new(r"\x1b\[([0-9;]*)m").unwrap();
+    re.captures_iter(text)
+        .any(|c| c[1].split(';').any(|p| p.parse::<u32>() == Ok(attr)))
+}
+
+/// `NO_COLOR=1`: no colour escape on the screen (checked against a coloured
+/// control), bold and reverse remain, and focus shows by a double border.
+#[test]
+fn no_color_drops_colour_but_keeps_focus_visible() {
+    let home = Home::new();
+    let (ws, sid) = home.completed_workspace();
+    let ws_s = ws.display().to_string();
+    let start = |tag: &str, extra: &[(&str, &str)]| {
+        let cmd = format!(
+            "{} {} --workspace {}",
+            home.env_prefix("alice", extra),
+            sh_quote(BIN),
+            sh_quote(&ws_s)
+        );
+        let pane = Pane::start(tag, &cmd);
+        pane.wait("the console loaded", WAIT, |s| {
+            header(s).contains(&sid) && footer(s).starts_with(" NORMAL ")
+        });
+        pane
+    };
+
+    // The control: with colour allowed, the screen has colour codes.
+    {
+        let coloured = start("colour", &[]);
+        let esc = coloured.screen_escaped();
+        assert!(!colour_codes(&esc).is_empty(), "expected colour: {esc:?}");
+    }
+
+    let pane = start("nocolor", &[("NO_COLOR", "1")]);
+    let esc = pane.screen_escaped();
+    let colours = colour_codes(&esc);
+    assert!(colours.is_empty(), "colour under NO_COLOR: {colours:?}");
+    assert!(has_attr(&esc, 7), "badges are reversed: {esc:?}");
+    assert!(has_attr(&esc, 1), "titles are bold: {esc:?}");
+    // Focus shows by its double border: one pane has it.
+    pane.wait("the stages pane focused", WAIT, |s| {
+        s.contains("╔ ▶ 1 Stages") && s.matches('╔').count() == 1
+    });
+
+    // Focus moves: the double border moves with it, still without colour.
+    pane.keys("5");
+    pane.wait("the review queue focused", WAIT, |s| {
+        s.contains("╔ ▶ 5 Review queue") && s.matches('╔').count() == 1 && s.contains("┌ 1 Stages")
+    });
+    let esc = pane.screen_escaped();
+    let colours = colour_codes(&esc);
+    assert!(colours.is_empty(), "colour under NO_COLOR: {colours:?}");
+    assert!(has_attr(&esc, 7), "the selected row is reversed: {esc:?}");
+}
