@@ -701,3 +701,87 @@ async fn on_a_terminal_it_asks_before_spending() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_controls_from_the_command_line_say_who_asked() {
+    let (_m, ws) = mocked(MockConfig::default(), 6, |_| {}).await;
+    let home = tempfile::tempdir().unwrap();
+    let out = docket(&ws, home.path())
+        .args(["run", "--yes", "--headless"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let sid = latest_session(&ws);
+    // A completed session takes no controls.
+    let (code, text) = run_err(&ws, home.path(), &["pause", &sid]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("completed"), "{text}");
+    // As if its engine had been stopped midway: every control is recorded.
+    ws.conn()
+        .execute(
+            "UPDATE llm_batch_session SET state = 'paused' WHERE session_id = ?1",
+            [&sid],
+        )
+        .unwrap();
+    for (args, said, desired) in [
+        (vec!["pause", &sid], "asked to pause", "paused"),
+        (vec!["resume", &sid], "asked to resume", "running"),
+        (
+            vec!["stop-at-stage", &sid],
+            "asked to stop after stage",
+            "running",
+        ),
+        (vec!["cancel", &sid], "asked to cancel", "cancelled"),
+    ] {
+        let out = docket(&ws, home.path())
+            .args(&args)
+            .env("USER", "carol")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {text}");
+        assert!(text.contains(said), "{args:?}: {text}");
+        let now: String = ws
+            .conn()
+            .query_row(
+                "SELECT desired_state FROM llm_batch_session WHERE session_id = ?1",
+                [&sid],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(now, desired, "{args:?}");
+    }
+    let stop: Option<String> = ws
+        .conn()
+        .query_row(
+            "SELECT stop_after_stage FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(stop.is_some(), "stop-at-stage is in the ledger");
+    let by_carol = count(
+        &ws.conn(),
+        "SELECT COUNT(*) FROM session_event WHERE session_id = ?1 AND actor = 'cli:carol'",
+        [&sid],
+    );
+    assert_eq!(by_carol, 4, "each control is an event naming who asked");
+}
+
+#[test]
+fn the_console_without_a_terminal_says_what_to_use_instead() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("--workspace")
+        .arg(dir.path())
+        .env("HOME", home.path())
+        .env_remove("DOCKET_WORKSPACE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("needs a terminal"), "{err}");
+    assert!(err.contains("--headless"), "{err}");
+}
