@@ -1237,3 +1237,77 @@ fn no_color_drops_colour_but_keeps_focus_visible() {
     assert!(colours.is_empty(), "colour under NO_COLOR: {colours:?}");
     assert!(has_attr(&esc, 7), "the selected row is reversed: {esc:?}");
 }
+
+// ------------------------------------------------------- 8. user keymap
+
+/// A user keymap.toml in the config dir rebinds accept to `y`; its bad entry
+/// is named with file and line in the footer, and that binding keeps its
+/// default. `?` lists the live (rebound) keys.
+#[test]
+fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
+    let home = Home::new();
+    let (ws, _sid) = home.completed_workspace();
+    let ws_s = ws.display().to_string();
+    let dir = home.path().join("config/docket");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("keymap.toml"),
+        "# mine\n[review]\naccept = [\"y\"]\nreject = [\"ctrl-\"]\n",
+    )
+    .unwrap();
+    let cmd = format!(
+        "{} {} --workspace {}",
+        home.env_prefix("alice", &[]),
+        sh_quote(BIN),
+        sh_quote(&ws_s)
+    );
+    let pane = Pane::start("keymap", &cmd);
+    let s = pane.wait("the keymap warning", WAIT, |s| {
+        footer(s).contains("keymap.toml:4")
+    });
+    assert!(footer(&s).contains("review.reject"), "{s}");
+    pane.keys("5");
+    pane.wait("the review queue focused", WAIT, |s| {
+        s.contains("▶ 5 Review queue") && footer(s).contains("y accept")
+    });
+    let conn = ledger_ro(&ws.join("docket.sqlite"));
+    let accepted = || {
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status = 'accepted'",
+        )
+    };
+    pane.keys("a");
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(accepted(), 0, "a is no longer accept");
+    pane.keys("y");
+    poll("y accepted one", WAIT, || {
+        if accepted() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{} accepted", accepted()))
+        }
+    });
+    // reject's bad override left its default, r.
+    pane.keys("r");
+    poll("r still rejects", WAIT, || {
+        let n = count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status = 'rejected'",
+        );
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{n} rejected"))
+        }
+    });
+    pane.keys("?");
+    let s = pane.wait_for("[review]");
+    assert!(s.contains("accept"), "{s}");
+    // Esc then q at once would read as Alt-q: wait for the help to close.
+    pane.keys("Escape");
+    pane.wait("the help closed", WAIT, |s| !s.contains("[review]"));
+    pane.keys("q");
+    let s = pane.wait_for("EXIT=");
+    assert!(s.contains("EXIT=0"), "{s}");
+}
