@@ -28,6 +28,12 @@ const REFRESH: Duration = Duration::from_secs(1);
 /// An unchanged read is still sent this often, so ages move on screen; in
 /// between, nothing is sent and the console does not redraw.
 const RESEND: Duration = Duration::from_secs(30);
+/// The review page is re-read on the timer this often even when the ledger
+/// did not change (a crashed console's lease runs out without a write).
+const REVIEW_STALE: Duration = Duration::from_secs(10);
+/// A filtered page scans the whole queue; while a live run keeps changing
+/// the ledger, it is re-read at most this often.
+const FILTERED_REFRESH: Duration = Duration::from_secs(2);
 /// Claims are renewed well inside their lease.
 const CLAIM_RENEW: Duration = Duration::from_secs(10);
 
@@ -41,6 +47,7 @@ pub struct DataWorker {
     detail: Option<i64>,
     claim: Option<i64>,
     claim_at: Instant,
+    review_cache: Option<(ReviewQuery, crate::watch::ReviewPage, Instant)>,
 }
 
 impl DataWorker {
@@ -58,6 +65,7 @@ impl DataWorker {
             detail: None,
             claim: None,
             claim_at: Instant::now(),
+            review_cache: None,
         }
     }
 
@@ -117,10 +125,11 @@ impl DataWorker {
             let version: i64 = c
                 .pragma_query_value(None, "data_version", |r| r.get(0))
                 .unwrap_or(-2);
-            if version != last_version || dirty || last_read.elapsed() >= REFRESH {
+            let changed = version != last_version;
+            if changed || dirty || last_read.elapsed() >= REFRESH {
                 last_version = version;
                 last_read = Instant::now();
-                match self.read(c) {
+                match self.read(c, changed, dirty) {
                     Ok(snap) => {
                         let unchanged = last_sent.as_ref().is_some_and(|(prev, at)| {
                             !dirty && at.elapsed() < RESEND && prev.same_data(&snap)
@@ -163,7 +172,9 @@ impl DataWorker {
         conn.map_err(|e| e.to_string())
     }
 
-    fn read(&self, c: &Connection) -> rusqlite::Result<Snapshot> {
+    /// `changed`: another connection wrote since the last read; `force`: we
+    /// did (or the operator asked for something), so nothing may be reused.
+    fn read(&mut self, c: &Connection, changed: bool, force: bool) -> rusqlite::Result<Snapshot> {
         let sessions = watch::sessions(c)?;
         let id = self
             .watch
@@ -173,7 +184,7 @@ impl DataWorker {
             Some(id) => (watch::session_view(c, id)?, watch::events(c, id, EVENTS)?),
             None => (None, Vec::new()),
         };
-        let review = watch::review_page(c, &self.query)?;
+        let review = self.review(c, changed, force)?;
         let detail = match self.detail {
             Some(rid) => watch::review_detail(c, rid)?,
             None => None,
@@ -186,6 +197,28 @@ impl DataWorker {
             detail,
             now: crate::ledger::now_ts(),
         })
+    }
+
+    /// The review page, re-read only when it can have changed.
+    fn review(
+        &mut self,
+        c: &Connection,
+        changed: bool,
+        force: bool,
+    ) -> rusqlite::Result<crate::watch::ReviewPage> {
+        if let Some((q, page, at)) = &self.review_cache
+            && *q == self.query
+            && !force
+        {
+            let age = at.elapsed();
+            let throttled = q.filter.is_some() && age < FILTERED_REFRESH;
+            if (!changed && age < REVIEW_STALE) || (changed && throttled) {
+                return Ok(page.clone());
+            }
+        }
+        let page = watch::review_page(c, &self.query)?;
+        self.review_cache = Some((self.query.clone(), page.clone(), Instant::now()));
+        Ok(page)
     }
 
     fn apply(&mut self, conn: Option<&Connection>, fx: Effect, out: &impl Fn(DataMsg) -> bool) {

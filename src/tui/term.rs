@@ -14,8 +14,8 @@ use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use ratatui::crossterm::event::{self, Event as TermEvent};
 use ratatui::crossterm::terminal::{
-    BeginSynchronizedUpdate, EndSynchronizedUpdate, EnterAlternateScreen, LeaveAlternateScreen,
-    disable_raw_mode, enable_raw_mode,
+    BeginSynchronizedUpdate, Clear, ClearType, EndSynchronizedUpdate, EnterAlternateScreen,
+    LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
 };
 use ratatui::crossterm::{cursor, execute};
 
@@ -135,24 +135,28 @@ pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
     let worker_thread = std::thread::Builder::new()
         .name("console-ledger".into())
         .spawn(move || worker.run(fx_rx, move |m| data_tx.send(UiEvent::Data(m)).is_ok()))?;
-    let stop_input = Arc::new(AtomicBool::new(false));
-    let input_thread = spawn_input(ui_tx, stop_input.clone())?;
+    // The first read overlaps the terminal set-up.
+    for fx in app.start() {
+        let _ = fx_tx.send(fx);
+    }
 
     let bytes = Arc::new(AtomicU64::new(0));
     install_panic_hook();
     enable_raw_mode()?;
     let _guard = TerminalGuard;
-    execute!(io::stdout(), EnterAlternateScreen)?;
+    // A plain clear: ratatui's `Terminal::clear` asks the terminal where its
+    // cursor is, and waits for the answer (seconds, on a terminal that never
+    // gives one).
+    execute!(io::stdout(), EnterAlternateScreen, Clear(ClearType::All))?;
     let backend = CrosstermBackend::new(CountingWriter {
         inner: io::stdout(),
         bytes: bytes.clone(),
     });
     let mut terminal = Terminal::new(backend)?;
-    terminal.clear()?;
-
-    for fx in app.start() {
-        let _ = fx_tx.send(fx);
-    }
+    // Keys are read only once the terminal is set up, so no reply to a
+    // terminal query is taken for a key, and none is waited for behind it.
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let input_thread = spawn_input(ui_tx, stop_input.clone())?;
     let mut figures = Figures::default();
     let result = event_loop(
         &mut terminal,
@@ -217,6 +221,8 @@ fn event_loop<W: Write>(
     let mut dirty = true;
     let mut last_draw = Instant::now() - frame_gap;
     let mut key_at: Option<Instant> = None;
+    // Draw without waiting for the next frame slot (a key, the first data).
+    let mut urgent = false;
     loop {
         if opts.terminate.load(Ordering::Relaxed) {
             return Ok(if app.in_process_live {
@@ -233,7 +239,8 @@ fn event_loop<W: Write>(
             }
         }
         let due = last_draw + frame_gap;
-        if dirty && (key_at.is_some() || Instant::now() >= due) {
+        if dirty && (urgent || key_at.is_some() || Instant::now() >= due) {
+            urgent = false;
             terminal.backend_mut().execute_sync(true);
             terminal.draw(|f| super::view::draw(f, app, theme))?;
             terminal.backend_mut().execute_sync(false);
@@ -267,7 +274,11 @@ fn event_loop<W: Write>(
                 Vec::new()
             }
             UiEvent::Term(_) => Vec::new(),
-            UiEvent::Data(DataMsg::Snapshot(s)) => app.apply_snapshot(*s),
+            UiEvent::Data(DataMsg::Snapshot(s)) => {
+                // The first data is drawn at once, like a key's answer.
+                urgent |= !app.loaded;
+                app.apply_snapshot(*s)
+            }
             UiEvent::Data(DataMsg::Toast(t)) => {
                 app.set_toast(t);
                 Vec::new()
