@@ -762,6 +762,38 @@ fn console_pauses_and_resumes_a_headless_run() {
     );
     assert_dispatching(&conn, "llm_messages to grow after resume");
 
+    // `:retune` in the console changes the headless run's limits: its
+    // gauges (written by that engine) show them within about a second.
+    pane.keys(":");
+    pane.wait("the command line", WAIT, |s| footer(s).starts_with(" CMD "));
+    pane.keys("retune rpm=120 concurrency=3");
+    pane.keys("Enter");
+    let s = pane.wait("the retuned gauges", WAIT, |s| {
+        s.contains("/ 120") && s.contains("/3 AIMD")
+    });
+    assert!(footer(&s).contains("Retune asked"), "{s}");
+    poll("the engine's own gauges to follow", WAIT, || {
+        let live = query_string(
+            &conn,
+            "SELECT live_json FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+        )
+        .unwrap_or_default();
+        let g: docket::watch::LiveGauges = serde_json::from_str(&live).unwrap_or_default();
+        if g.max_concurrency == 3 && g.rpm_limit == 120 {
+            Ok(())
+        } else {
+            Err(live)
+        }
+    });
+    poll("the headless run to say it retuned", WAIT, || {
+        if headless_said("Retuned") {
+            Ok(())
+        } else {
+            Err(out.lock().unwrap().clone())
+        }
+    });
+
     // docket cancel from a third process ends the headless run with 130.
     let said = home.run(&["--workspace", &ws_s, "cancel", &sid], 0);
     assert!(said.contains("asked to cancel"), "{said}");
