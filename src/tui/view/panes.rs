@@ -122,10 +122,17 @@ pub(super) fn draw_stages(frame: &mut Frame, area: Rect, app: &App, theme: Theme
                     Span::raw(format!(" {pct}")),
                     styled(mark, theme.warn()),
                 ]));
-                lines.push(Line::from(format!(
+                let counts = format!(
                     "{}/{} done · {} failed · {} in flight",
                     s.done, s.total, s.failed, s.in_flight
-                )));
+                );
+                // On a narrow pane "done" goes first, so "in flight" stays whole.
+                let counts = if counts.chars().count() > inner_w {
+                    counts.replacen(" done", "", 1)
+                } else {
+                    counts
+                };
+                lines.push(Line::from(counts));
             }
         }
         None => lines.push(Line::from(styled("no session", theme.dim()))),
