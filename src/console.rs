@@ -91,7 +91,8 @@ impl TerminalCheck for std::io::Stdout {
 }
 
 /// Prints the engine's lines until the console takes the screen, drops them
-/// while it has it (they are in the log), and prints again once it is gone.
+/// while it has it (what matters of them is in the session's events, which
+/// the console shows), and prints again once it is gone.
 struct Bridge {
     console_on: AtomicBool,
     started: std::sync::Mutex<Option<oneshot::Sender<String>>>,
@@ -165,15 +166,21 @@ pub async fn run_with_console(
     let ended_under_console = finished.load(Ordering::Relaxed);
     match choice {
         Ok(QuitChoice::Pause) => {
+            note(&ws, &session_id, "pause and quit requested");
             println!("Pausing {session_id}: in-flight requests finish, then it is saved.");
             interrupts.pause.cancel();
         }
         Ok(QuitChoice::Cancel) => {
+            note(&ws, &session_id, "cancel and quit requested");
             println!("Cancelling {session_id}: in-flight requests finish, then it is saved.");
             interrupts.stop.cancel();
         }
+        Ok(QuitChoice::KeepHeadless) if finished.load(Ordering::Relaxed) => {}
         Ok(QuitChoice::KeepHeadless) => {
-            println!("Console closed; {session_id} keeps running here with line output.");
+            println!(
+                "Console closed; {session_id} keeps running here with line output \
+                 (Ctrl-C stops it, resumable; `docket` in another terminal watches it)."
+            );
         }
         Ok(QuitChoice::Close) => {}
         Err(e) => {
@@ -183,6 +190,19 @@ pub async fn run_with_console(
         }
     }
     finish(engine_task.await, ended_under_console)
+}
+
+/// The quit dialog's choice, in the session's events with who made it.
+fn note(ws: &Path, session_id: &str, what: &str) {
+    let actor = format!("review:{}", docket::review::Operator::current().user);
+    let written = docket::ledger::open(&ws.join(docket::ledger::LEDGER_FILE))
+        .map_err(|e| e.to_string())
+        .and_then(|c| {
+            docket::control::note(&c, session_id, what, &actor).map_err(|e| e.to_string())
+        });
+    if let Err(e) = written {
+        tracing::warn!("could not record {what:?} for {session_id}: {e}");
+    }
 }
 
 /// The exit code, and the summary when the console hid the engine's own.

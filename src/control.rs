@@ -81,6 +81,21 @@ pub fn set_desired(
     })
 }
 
+/// Record an operator's control that reaches the engine another way (the
+/// console's quit dialog stops its own process's run directly), so the
+/// session's events still say who asked.
+pub fn note(
+    conn: &Connection,
+    session_id: &str,
+    message: &str,
+    actor: &str,
+) -> Result<(), ControlError> {
+    immediate(conn, || {
+        controllable(conn, session_id)?;
+        event(conn, session_id, &format!("{message} by {actor}"), actor)
+    })
+}
+
 /// Ask the engine to finish the stage it is in and then stop. Returns the
 /// stage: the one the engine reports in its gauges, else the configured
 /// first stage.

@@ -23,10 +23,14 @@ pub struct Operator {
 impl Operator {
     /// The operator of this process: `$USER` and `user@host:pid`.
     pub fn current() -> Self {
-        let user = std::env::var("USER")
-            .ok()
-            .map(|u| u.trim().to_string())
-            .filter(|u| !u.is_empty())
+        // $USER, else $LOGNAME, else the uid: two operators must never
+        // merge into one "unknown" (they would share an undo history).
+        let user = ["USER", "LOGNAME"]
+            .iter()
+            .filter_map(|v| std::env::var(v).ok())
+            .map(|u| crate::sanitize::for_terminal(u.trim()))
+            .find(|u| !u.is_empty())
+            .or_else(uid)
             .unwrap_or_else(|| "unknown".to_string());
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .ok()
@@ -519,6 +523,14 @@ where
             Err(e)
         }
     }
+}
+
+/// `uid:N` from /proc, for a process with no user name in its environment.
+fn uid() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    let id = line.split_whitespace().nth(1)?;
+    Some(format!("uid:{id}"))
 }
 
 #[cfg(test)]

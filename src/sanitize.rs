@@ -1,19 +1,72 @@
 //! Make item and model text safe for a terminal: no control characters, no
 //! escape sequences, bounded length.
 
-/// Newlines, tabs and carriage returns become spaces; every other control
-/// character (C0, DEL, C1: ESC, CSI, BEL, NUL...) is removed, so no escape
-/// sequence can start; bidi overrides, which reorder what the operator
-/// reads, are removed too.
+/// Newlines, tabs and carriage returns become spaces. Escape sequences are
+/// removed whole, not just their ESC: CSI (`ESC [` or C1 `CSI` up to the
+/// final byte), OSC, DCS, SOS, PM and APC strings (up to BEL or ST) and
+/// two-character escapes, so no `[2J` or `]0;title` leftovers reach the
+/// screen either. Every other control character (C0, DEL, C1) is removed,
+/// and so are the bidi overrides that reorder what the operator reads.
 pub fn for_terminal(text: &str) -> String {
-    text.chars()
-        .filter_map(|c| match c {
-            '\n' | '\r' | '\t' => Some(' '),
-            c if c.is_control() => None,
-            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => None,
-            c => Some(c),
-        })
-        .collect()
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => match chars.peek() {
+                Some('[') => {
+                    chars.next();
+                    skip_csi(&mut chars);
+                }
+                Some(']' | 'P' | 'X' | '^' | '_') => {
+                    chars.next();
+                    skip_string(&mut chars);
+                }
+                Some(&n) if ('\u{20}'..='\u{2f}').contains(&n) => {
+                    // nF escapes: intermediates, then one final byte.
+                    while chars
+                        .next_if(|c| ('\u{20}'..='\u{2f}').contains(c))
+                        .is_some()
+                    {}
+                    chars.next_if(|c| ('\u{30}'..='\u{7e}').contains(c));
+                }
+                Some(&n) if ('\u{30}'..='\u{7e}').contains(&n) => {
+                    chars.next();
+                }
+                _ => {}
+            },
+            '\u{9b}' => skip_csi(&mut chars),
+            '\u{9d}' | '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}' => skip_string(&mut chars),
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if c.is_control() => {}
+            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A CSI's parameter and intermediate bytes, then its final byte.
+fn skip_csi(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    while chars
+        .next_if(|c| ('\u{20}'..='\u{3f}').contains(c))
+        .is_some()
+    {}
+    chars.next_if(|c| ('\u{40}'..='\u{7e}').contains(c));
+}
+
+/// A control string up to its terminator: BEL, ST (`ESC \\`) or C1 ST. An
+/// unterminated one runs to the end, as a terminal would read it.
+fn skip_string(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{7}' | '\u{9c}' => return,
+            '\u{1b}' => {
+                chars.next_if_eq(&'\\');
+                return;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// `for_terminal`, then cut to at most `max` characters with an ellipsis.
@@ -37,6 +90,19 @@ mod tests {
         assert!(!s.chars().any(char::is_control), "{s:?}");
         assert!(s.starts_with("ok"));
         assert!(s.contains("next"));
+    }
+
+    #[test]
+    fn removes_whole_sequences_not_just_their_escape() {
+        let s = for_terminal(
+            "a\u{1b}[2Jb\u{1b}[38;5;196mc\u{1b}]0;title\u{7}d\u{1b}]8;;http://x\u{1b}\\e\u{9b}31mf\u{1b}Pq#0\u{1b}\\g\u{1b}(Bh\u{1b}=i",
+        );
+        assert_eq!(s, "abcdefghi");
+        // Text after an escape that ends the string is kept.
+        assert_eq!(for_terminal("x\u{1b}"), "x");
+        assert_eq!(for_terminal("[2J is fine as text"), "[2J is fine as text");
+        assert_eq!(for_terminal("r\u{202E}tl\u{2066}"), "rtl");
+        assert_eq!(for_terminal("é\u{1b}[1mñ"), "éñ");
     }
 
     #[test]

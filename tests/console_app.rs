@@ -400,10 +400,26 @@ fn moving_beyond_the_loaded_window_queries_a_new_offset() {
 #[test]
 fn accept_reject_skip_and_undo_on_the_cursor() {
     let mut a = review_app(3);
-    assert_eq!(a.handle_key(ch('a')), vec![Effect::Accept(vec![id_at(0)])]);
-    assert_eq!(a.handle_key(ch('r')), vec![Effect::Reject(vec![id_at(0)])]);
-    assert_eq!(a.handle_key(ch('s')), vec![Effect::Claim(Some(id_at(1)))]);
+    // A decision moves the cursor on at once (a quick second key must not
+    // land on the item just decided) and holds the next item.
+    assert_eq!(
+        a.handle_key(ch('a')),
+        vec![
+            Effect::Accept(vec![id_at(0)]),
+            Effect::Claim(Some(id_at(1)))
+        ]
+    );
     assert_eq!(a.review_cursor, 1);
+    assert_eq!(
+        a.handle_key(ch('r')),
+        vec![
+            Effect::Reject(vec![id_at(1)]),
+            Effect::Claim(Some(id_at(2)))
+        ]
+    );
+    assert_eq!(a.handle_key(ch('k')), vec![Effect::Claim(Some(id_at(1)))]);
+    assert_eq!(a.handle_key(ch('s')), vec![Effect::Claim(Some(id_at(2)))]);
+    assert_eq!(a.review_cursor, 2);
     assert_eq!(a.handle_key(ch('u')), vec![Effect::Undo]);
 }
 
@@ -411,8 +427,15 @@ fn accept_reject_skip_and_undo_on_the_cursor() {
 fn decided_item_leaving_the_queue_advances_to_the_next() {
     let mut a = review_app(4);
     a.handle_key(ch('j'));
-    assert_eq!(a.handle_key(ch('a')), vec![Effect::Accept(vec![id_at(1)])]);
-    // The ledger no longer lists item 1.
+    assert_eq!(
+        a.handle_key(ch('a')),
+        vec![
+            Effect::Accept(vec![id_at(1)]),
+            Effect::Claim(Some(id_at(2)))
+        ]
+    );
+    // The ledger no longer lists item 1: the cursor stays on item 2, now
+    // one row up, and already holds it.
     let mut next = page(4, 0, REVIEW_WINDOW);
     next.rows.retain(|r| r.review_id != id_at(1));
     next.total = 3;
@@ -420,7 +443,7 @@ fn decided_item_leaving_the_queue_advances_to_the_next() {
     assert_eq!(a.review_cursor, 1);
     assert_eq!(a.cursor_row().map(|r| r.review_id), Some(id_at(2)));
     assert_eq!(a.review_cursor_id, Some(id_at(2)));
-    assert_eq!(fx, vec![Effect::Claim(Some(id_at(2)))]);
+    assert_eq!(fx, vec![]);
 }
 
 #[test]
@@ -804,6 +827,7 @@ fn command_export() {
     assert_eq!(
         command(&mut a, "export requests jsonl out.jsonl"),
         vec![Effect::Export {
+            session: Some(SESSION.into()),
             what: "requests".into(),
             format: "jsonl".into(),
             path: "out.jsonl".into(),
@@ -886,6 +910,8 @@ fn question_mark_toggles_help_and_esc_closes_it() {
     let mut a = app(3);
     a.handle_key(ch('?'));
     assert!(matches!(a.overlay, Overlay::Help { scroll: 0 }));
+    // As if the last frame measured more help than fits.
+    a.scroll_max.set(10);
     a.handle_key(ch('j'));
     assert!(
         matches!(a.overlay, Overlay::Help { scroll: 1 }),
@@ -906,23 +932,34 @@ fn enter_opens_the_detail_and_a_accepts_that_item() {
     a.handle_key(ch('j'));
     assert_eq!(a.handle_key(enter()), vec![Effect::Detail(Some(id_at(1)))]);
     assert_eq!(a.mode(), Mode::Detail);
-    // j/k scroll the detail, the cursor stays.
+    // j/k scroll the detail (as far as the last frame measured), the
+    // cursor stays.
+    a.scroll_max.set(5);
     assert_eq!(a.handle_key(ch('j')), vec![]);
     assert!(matches!(a.overlay, Overlay::Detail { scroll: 1 }));
+    a.handle_key(ch('G'));
+    assert!(
+        matches!(a.overlay, Overlay::Detail { scroll: 5 }),
+        "G stops at the end"
+    );
     assert_eq!(a.review_cursor, 1);
-    assert_eq!(a.handle_key(ch('a')), vec![Effect::Accept(vec![id_at(1)])]);
-    // The item leaves: the detail follows the cursor to the next one.
-    let mut next = page(3, 0, 3);
-    next.rows.remove(1);
-    next.total = 2;
-    let fx = a.apply_snapshot(snapshot_with(next, Some(view("running", "running"))));
+    // `a` decides this item and the detail moves on to the next at once.
     assert_eq!(
-        fx,
+        a.handle_key(ch('a')),
         vec![
+            Effect::Accept(vec![id_at(1)]),
             Effect::Claim(Some(id_at(2))),
             Effect::Detail(Some(id_at(2)))
         ]
     );
+    assert!(matches!(a.overlay, Overlay::Detail { scroll: 0 }));
+    // The item leaves the ledger's queue: the cursor stays on item 2.
+    let mut next = page(3, 0, 3);
+    next.rows.remove(1);
+    next.total = 2;
+    let fx = a.apply_snapshot(snapshot_with(next, Some(view("running", "running"))));
+    assert_eq!(fx, vec![]);
+    assert_eq!(a.cursor_row().map(|r| r.review_id), Some(id_at(2)));
     assert!(matches!(a.overlay, Overlay::Detail { scroll: 0 }));
     // Esc goes back to the list and lets the detail go.
     assert_eq!(a.handle_key(esc()), vec![Effect::Detail(None)]);
@@ -1031,9 +1068,21 @@ fn user_keymap_override_rebinds_accept() {
     let mut a = app_with(km, false, snapshot(3));
     a.handle_key(ch('5'));
     assert_eq!(a.handle_key(ch('a')), vec![], "a is no longer accept");
-    assert_eq!(a.handle_key(ch('y')), vec![Effect::Accept(vec![id_at(0)])]);
+    assert_eq!(
+        a.handle_key(ch('y')),
+        vec![
+            Effect::Accept(vec![id_at(0)]),
+            Effect::Claim(Some(id_at(1)))
+        ]
+    );
     // The rest of the review section keeps its defaults.
-    assert_eq!(a.handle_key(ch('r')), vec![Effect::Reject(vec![id_at(0)])]);
+    assert_eq!(
+        a.handle_key(ch('r')),
+        vec![
+            Effect::Reject(vec![id_at(1)]),
+            Effect::Claim(Some(id_at(2)))
+        ]
+    );
 }
 
 #[test]
@@ -1077,8 +1126,10 @@ fn marks_are_dropped_when_the_queue_empties() {
     assert_eq!(a.handle_key(ch('a')), vec![]);
 }
 
+/// Marks stay when their rows are not in the loaded window (scrolled away,
+/// or decided elsewhere: the bulk action then reports those as skipped).
 #[test]
-fn marks_on_items_that_left_are_dropped() {
+fn marks_survive_leaving_the_loaded_window() {
     let mut a = review_app(4);
     a.handle_key(key(KeyCode::Char(' ')));
     a.handle_key(key(KeyCode::Char(' ')));
@@ -1086,5 +1137,72 @@ fn marks_on_items_that_left_are_dropped() {
     next.rows.remove(0);
     next.total = 3;
     a.apply_snapshot(snapshot_with(next, Some(view("running", "running"))));
-    assert_eq!(a.marks.iter().copied().collect::<Vec<_>>(), vec![id_at(1)]);
+    assert_eq!(
+        a.marks.iter().copied().collect::<Vec<_>>(),
+        vec![id_at(0), id_at(1)]
+    );
+    assert_eq!(
+        a.handle_key(ch('a')),
+        vec![Effect::Accept(vec![id_at(0), id_at(1)])]
+    );
+}
+
+// ------------------------------------------------------- review findings
+
+/// In the detail view, skip, mark and n/N move between items (j/k scroll).
+#[test]
+fn skip_mark_and_next_move_the_cursor_in_the_detail_view() {
+    let mut a = review_app(4);
+    a.handle_key(enter());
+    assert_eq!(a.mode(), Mode::Detail);
+    assert_eq!(
+        a.handle_key(ch('s')),
+        vec![
+            Effect::Claim(Some(id_at(1))),
+            Effect::Detail(Some(id_at(1)))
+        ]
+    );
+    a.handle_key(key(KeyCode::Char(' ')));
+    assert!(a.marks.contains(&id_at(1)));
+    assert_eq!(a.review_cursor, 2);
+    a.handle_key(ch('N'));
+    assert_eq!(a.review_cursor, 1);
+    a.handle_key(ch('n'));
+    assert_eq!(a.review_cursor, 2);
+    assert_eq!(a.mode(), Mode::Detail);
+}
+
+/// A session no engine runs: controls say what would run it instead of
+/// writing a wish nothing obeys.
+#[test]
+fn controls_on_a_session_without_an_engine_point_to_resume() {
+    let mut v = view("paused", "paused");
+    v.live = false;
+    let mut a = app_with(
+        Keymap::default_map(),
+        false,
+        snapshot_with(page(3, 0, 3), Some(v)),
+    );
+    assert_eq!(a.handle_key(ch('p')), vec![]);
+    let t = toast(&a);
+    assert!(t.contains("No engine runs"), "{t}");
+    assert!(t.contains("--resume"), "{t}");
+    assert_eq!(a.handle_key(ch('S')), vec![]);
+}
+
+/// The quit dialog's three ways out come from the keymap ([confirm]).
+#[test]
+fn quit_dialog_choices_can_be_rebound() {
+    let mut km = Keymap::default_map();
+    let warnings = km.merge_str("[confirm]\nquit_keep = [\"h\"]\n", "test");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let mut a = app_with(km, false, snapshot(3));
+    a.in_process_live = true;
+    a.handle_key(ch('q'));
+    assert_eq!(dialog(&a), Some(Dialog::QuitLive));
+    assert_eq!(a.handle_key(ch('k')), vec![], "k is no longer keep");
+    assert_eq!(
+        a.handle_key(ch('h')),
+        vec![Effect::Quit(QuitChoice::KeepHeadless)]
+    );
 }

@@ -514,7 +514,7 @@ fn results_table_shows_counters_and_strips_controls() {
         "$0.0123",
         "$0.0200",
         "0.97",
-        "clear match[31m red second line",
+        "clear match red second line",
         "tab bell",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");

@@ -464,7 +464,7 @@ async fn control_loop(
         tokio::select! {
             _ = tick.tick() => {}
             _ = interrupts.stop.cancelled(), if !ctx.soft_stop.is_cancelled() => {
-                reporter.line("^C Stopping gracefully... (in-flight requests may finish; Ctrl-C again to abandon them)");
+                reporter.line("Stopping gracefully... (in-flight requests may finish; Ctrl-C again to abandon them)");
                 cancel(&ctx, &mut seen, "cancelled by a signal: in-flight requests may finish within the grace");
             }
             _ = interrupts.pause.cancelled(), if !ctx.soft_stop.is_cancelled() => {

@@ -283,7 +283,7 @@ pub fn repair_interrupted(
     )? as u64;
     tx.execute(
         "UPDATE llm_batch_session SET ambiguous_count = ambiguous_count + ?2, attempt_count = attempt_count + ?2,
-             state = 'running', desired_state = 'running',
+             state = 'running', desired_state = 'running', stop_after_stage = NULL,
              stop_reason = NULL, completed_at = NULL, max_cost_usd = COALESCE(?3, max_cost_usd),
              owner_pid = ?4, owner_host = ?5, heartbeat_at = ?6, updated_at = ?6
          WHERE session_id = ?1",

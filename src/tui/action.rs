@@ -73,6 +73,12 @@ pub enum Action {
     ConfirmYes,
     /// Answer no in a confirmation dialog.
     ConfirmNo,
+    /// Quitting with a live run: close the console, keep the run going headless.
+    QuitKeep,
+    /// Quitting with a live run: pause it (in-flight requests finish), save, exit.
+    QuitPause,
+    /// Quitting with a live run: cancel it (resumable), save, exit.
+    QuitCancel,
     /// Submit the text being typed (filter or command line).
     InputSubmit,
     /// Abandon the text being typed.
@@ -121,6 +127,9 @@ impl Action {
         Action::CancelRun,
         Action::ConfirmYes,
         Action::ConfirmNo,
+        Action::QuitKeep,
+        Action::QuitPause,
+        Action::QuitCancel,
         Action::InputSubmit,
         Action::InputCancel,
         Action::InputComplete,
@@ -164,6 +173,9 @@ impl Action {
             Action::CancelRun => "cancel_run",
             Action::ConfirmYes => "confirm_yes",
             Action::ConfirmNo => "confirm_no",
+            Action::QuitKeep => "quit_keep",
+            Action::QuitPause => "quit_pause",
+            Action::QuitCancel => "quit_cancel",
             Action::InputSubmit => "input_submit",
             Action::InputCancel => "input_cancel",
             Action::InputComplete => "input_complete",
@@ -213,6 +225,9 @@ impl Action {
             Action::CancelRun => "cancel the run",
             Action::ConfirmYes => "yes",
             Action::ConfirmNo => "no",
+            Action::QuitKeep => "quit, keep the run going headless",
+            Action::QuitPause => "quit, pause the run and save it",
+            Action::QuitCancel => "quit, cancel the run (resumable)",
             Action::InputSubmit => "submit",
             Action::InputCancel => "cancel typing",
             Action::InputComplete => "complete",
@@ -253,6 +268,6 @@ mod tests {
             assert_eq!(back, a);
             assert!(!a.describe().is_empty());
         }
-        assert_eq!(Action::ALL.len(), 38);
+        assert_eq!(Action::ALL.len(), 41);
     }
 }

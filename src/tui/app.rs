@@ -140,12 +140,16 @@ pub enum Effect {
         session_id: String,
         control: Control,
     },
+    /// `session`: the session on screen (decisions ignore it).
     Export {
+        session: Option<String>,
         what: String,
         format: String,
         path: String,
     },
     Quit(QuitChoice),
+    /// A key was pressed (the operator is here: keep holding the item).
+    Activity,
 }
 
 /// The latest read of the ledger.
@@ -208,6 +212,8 @@ pub struct App {
     /// Who this console is when it holds an item (`user@host:pid`); an
     /// item held by anyone else is not ours to decide.
     pub claimant: Option<String>,
+    /// The furthest an open overlay can scroll, as the last frame measured.
+    pub scroll_max: std::cell::Cell<u16>,
     pub(super) detail_wanted: Option<i64>,
 }
 
@@ -234,6 +240,7 @@ impl App {
             loaded: false,
             claimed: None,
             claimant: None,
+            scroll_max: std::cell::Cell::new(0),
             detail_wanted: None,
         }
     }
@@ -304,10 +311,12 @@ impl App {
         } else if self.review_cursor >= total {
             self.review_cursor = total - 1;
         }
-        let still: BTreeSet<i64> = self.snap.review.rows.iter().map(|r| r.review_id).collect();
-        // Marks on items that left the queue mean nothing any more.
-        if !self.snap.review.rows.is_empty() || self.snap.review.total == 0 {
-            self.marks.retain(|id| still.contains(id));
+        // Marks outside the loaded window are kept (the operator marked
+        // them and moved on); one decided meanwhile by someone else is
+        // skipped, and said so, when the bulk action runs. An empty queue
+        // has nothing left to mark.
+        if self.snap.review.total == 0 {
+            self.marks.clear();
         }
         if self.sessions_cursor >= self.snap.sessions.len() {
             self.sessions_cursor = self.snap.sessions.len().saturating_sub(1);

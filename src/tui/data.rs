@@ -36,6 +36,9 @@ const REVIEW_STALE: Duration = Duration::from_secs(10);
 const FILTERED_REFRESH: Duration = Duration::from_secs(2);
 /// Claims are renewed well inside their lease.
 const CLAIM_RENEW: Duration = Duration::from_secs(10);
+/// An operator away from the keyboard this long lets go of the item, so it
+/// does not stay blocked for everyone; the next key takes it back.
+const IDLE_RELEASE: Duration = Duration::from_secs(300);
 
 pub struct DataWorker {
     ledger_path: PathBuf,
@@ -48,6 +51,11 @@ pub struct DataWorker {
     claim: Option<i64>,
     claim_at: Instant,
     review_cache: Option<(ReviewQuery, crate::watch::ReviewPage, Instant)>,
+    /// A ledger change was seen but the (filtered) page was not re-read yet.
+    review_behind: bool,
+    last_key: Instant,
+    /// The claim was let go for idleness (and is taken back on a key).
+    claim_idle: bool,
 }
 
 impl DataWorker {
@@ -66,6 +74,9 @@ impl DataWorker {
             claim: None,
             claim_at: Instant::now(),
             review_cache: None,
+            review_behind: false,
+            last_key: Instant::now(),
+            claim_idle: false,
         }
     }
 
@@ -80,9 +91,11 @@ impl DataWorker {
             let mut dirty = false;
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(fx) => {
-                    dirty = true;
+                    // A bare key press changes nothing to read.
+                    dirty = !matches!(fx, Effect::Activity);
                     self.apply(conn.as_ref(), fx, &out);
                     while let Ok(fx) = rx.try_recv() {
+                        dirty |= !matches!(fx, Effect::Activity);
                         self.apply(conn.as_ref(), fx, &out);
                     }
                 }
@@ -150,10 +163,16 @@ impl DataWorker {
                 }
             }
             if let Some(id) = self.claim
+                && !self.claim_idle
                 && self.claim_at.elapsed() >= CLAIM_RENEW
             {
                 self.claim_at = Instant::now();
-                let _ = review::claim(c, id, &self.operator);
+                if self.last_key.elapsed() >= IDLE_RELEASE {
+                    self.claim_idle = true;
+                    let _ = review::release(c, id, &self.operator);
+                } else {
+                    let _ = review::claim(c, id, &self.operator);
+                }
             }
         }
         if let Some(c) = conn.as_ref()
@@ -212,10 +231,17 @@ impl DataWorker {
         {
             let age = at.elapsed();
             let throttled = q.filter.is_some() && age < FILTERED_REFRESH;
-            if (!changed && age < REVIEW_STALE) || (changed && throttled) {
+            if changed && throttled {
+                // Re-read on the next pass once the throttle allows.
+                self.review_behind = true;
+                return Ok(page.clone());
+            }
+            let due = self.review_behind && age >= FILTERED_REFRESH;
+            if !changed && !due && age < REVIEW_STALE {
                 return Ok(page.clone());
             }
         }
+        self.review_behind = false;
         let page = watch::review_page(c, &self.query)?;
         self.review_cache = Some((self.query.clone(), page.clone(), Instant::now()));
         Ok(page)
@@ -226,6 +252,21 @@ impl DataWorker {
             out(DataMsg::Toast(t));
         };
         match fx {
+            Effect::Activity => {
+                self.last_key = Instant::now();
+                if self.claim_idle
+                    && let (Some(c), Some(id)) = (conn, self.claim)
+                    && !self.read_only
+                {
+                    self.claim_idle = false;
+                    self.claim_at = Instant::now();
+                    if let Ok(Claim::HeldByOther(who)) = review::claim(c, id, &self.operator) {
+                        toast(format!(
+                            "held by {who}: another operator took it while you were away"
+                        ));
+                    }
+                }
+            }
             Effect::Watch(s) => self.watch = s,
             Effect::Query(q) => self.query = q,
             Effect::Detail(d) => self.detail = d,
@@ -235,7 +276,9 @@ impl DataWorker {
                     toast("no ledger yet".into());
                     return;
                 };
-                if self.read_only {
+                // A read-only console writes nothing to the ledger; it may
+                // still export (a file of its own).
+                if self.read_only && !matches!(other, Effect::Export { .. }) {
                     return;
                 }
                 if let Some(t) = self.write(c, other) {
@@ -291,42 +334,56 @@ impl DataWorker {
                 Ok(msg) => msg,
                 Err(e) => e,
             }),
-            Effect::Export { what, format, path } => Some(self.export(c, &what, &format, &path)),
-            Effect::Watch(_) | Effect::Query(_) | Effect::Detail(_) | Effect::Quit(_) => None,
+            Effect::Export {
+                session,
+                what,
+                format,
+                path,
+            } => Some(export(c, &self.workspace, session, &what, &format, &path)),
+            Effect::Watch(_)
+            | Effect::Query(_)
+            | Effect::Detail(_)
+            | Effect::Quit(_)
+            | Effect::Activity => None,
         }
     }
+}
 
-    fn export(&self, c: &Connection, what: &str, format: &str, path: &str) -> String {
-        use crate::report::{ExportFormat, ExportOptions, ExportWhat};
-        let opts = ExportOptions {
-            session: if what == "decisions" {
-                None
-            } else {
-                self.watch.clone()
-            },
-            what: match what {
-                "decisions" => ExportWhat::Decisions,
-                "requests" => ExportWhat::Requests,
-                _ => ExportWhat::Results,
-            },
-            format: if format == "jsonl" {
-                ExportFormat::Jsonl
-            } else {
-                ExportFormat::Csv
-            },
-        };
-        let target = self.workspace.join(path);
-        let result = (|| -> Result<u64, String> {
-            let file = std::fs::File::create(&target).map_err(|e| e.to_string())?;
-            let mut w = std::io::BufWriter::new(file);
-            let n = crate::report::export(c, &opts, &mut w).map_err(|e| e.to_string())?;
-            std::io::Write::flush(&mut w).map_err(|e| e.to_string())?;
-            Ok(n)
-        })();
-        match result {
-            Ok(n) => format!("Exported {n} rows to {}", target.display()),
-            Err(e) => format!("export to {} failed: {e}", target.display()),
-        }
+/// `:export`: a file in the workspace (reads only, so a read-only console
+/// may export too).
+fn export(
+    c: &Connection,
+    workspace: &std::path::Path,
+    session: Option<String>,
+    what: &str,
+    format: &str,
+    path: &str,
+) -> String {
+    use crate::report::{ExportFormat, ExportOptions, ExportWhat};
+    let opts = ExportOptions {
+        session: if what == "decisions" { None } else { session },
+        what: match what {
+            "decisions" => ExportWhat::Decisions,
+            "requests" => ExportWhat::Requests,
+            _ => ExportWhat::Results,
+        },
+        format: if format == "jsonl" {
+            ExportFormat::Jsonl
+        } else {
+            ExportFormat::Csv
+        },
+    };
+    let target = workspace.join(path);
+    let result = (|| -> Result<u64, String> {
+        let file = std::fs::File::create(&target).map_err(|e| e.to_string())?;
+        let mut w = std::io::BufWriter::new(file);
+        let n = crate::report::export(c, &opts, &mut w).map_err(|e| e.to_string())?;
+        std::io::Write::flush(&mut w).map_err(|e| e.to_string())?;
+        Ok(n)
+    })();
+    match result {
+        Ok(n) => format!("Exported {n} rows to {}", target.display()),
+        Err(e) => format!("export to {} failed: {e}", target.display()),
     }
 }
 

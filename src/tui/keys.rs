@@ -50,13 +50,13 @@ impl App {
                 _ => None,
             };
         if dialog == Dialog::QuitLive {
-            // The quit dialog offers three ways out, named by their letters.
-            let choice = match (key.code, action) {
-                (KeyCode::Char('k'), _) => Some(QuitChoice::KeepHeadless),
-                (KeyCode::Char('p'), _) => Some(QuitChoice::Pause),
-                (KeyCode::Char('c'), _) => Some(QuitChoice::Cancel),
+            // The quit dialog offers three ways out ([confirm] quit_*).
+            let choice = match action {
+                Some(Action::QuitKeep) => Some(QuitChoice::KeepHeadless),
+                Some(Action::QuitPause) => Some(QuitChoice::Pause),
+                Some(Action::QuitCancel) => Some(QuitChoice::Cancel),
                 // A second Ctrl-C means what it means headless: stop, resumable.
-                (_, Some(Action::ForceQuit)) => Some(QuitChoice::Cancel),
+                Some(Action::ForceQuit) => Some(QuitChoice::Cancel),
                 _ => None,
             };
             if let Some(c) = choice {
@@ -218,8 +218,8 @@ impl App {
             A::Quit | A::ForceQuit => self.quit_asked(),
             A::Accept | A::Reject => self.decide(action == A::Accept),
             A::Skip => {
-                if self.focus == Pane::Review || matches!(self.overlay, Overlay::Detail { .. }) {
-                    self.move_cursor(A::Down)
+                if self.in_queue() {
+                    self.move_review_cursor(1)
                 } else {
                     Vec::new()
                 }
@@ -232,11 +232,14 @@ impl App {
                 vec![Effect::Undo]
             }
             A::ToggleMark => {
+                if !self.in_queue() {
+                    return Vec::new();
+                }
                 if let Some(id) = self.cursor_row().map(|r| r.review_id) {
                     if !self.marks.remove(&id) {
                         self.marks.insert(id);
                     }
-                    return self.move_cursor(A::Down);
+                    return self.move_review_cursor(1);
                 }
                 Vec::new()
             }
@@ -249,8 +252,9 @@ impl App {
                 self.marks.clear();
                 Vec::new()
             }
-            A::NextMatch => self.move_cursor(A::Down),
-            A::PrevMatch => self.move_cursor(A::Up),
+            A::NextMatch if self.in_queue() => self.move_review_cursor(1),
+            A::PrevMatch if self.in_queue() => self.move_review_cursor(-1),
+            A::NextMatch | A::PrevMatch => Vec::new(),
             A::PauseResume => {
                 let resume = self.paused();
                 self.control(if resume {
@@ -280,9 +284,14 @@ impl App {
                 }
                 Vec::new()
             }
-            A::ConfirmYes | A::ConfirmNo | A::InputSubmit | A::InputCancel | A::InputComplete => {
-                Vec::new()
-            }
+            A::ConfirmYes
+            | A::ConfirmNo
+            | A::QuitKeep
+            | A::QuitPause
+            | A::QuitCancel
+            | A::InputSubmit
+            | A::InputCancel
+            | A::InputComplete => Vec::new(),
         }
     }
 
@@ -306,13 +315,12 @@ impl App {
             };
             to.clamp(0, (len - 1).max(0))
         };
-        if let Overlay::Help { scroll } = &mut self.overlay {
-            *scroll = delta(500, i64::from(*scroll)) as u16;
-            return Vec::new();
-        }
-        if let Overlay::Detail { scroll } = &mut self.overlay {
+        // Overlays scroll within what the last frame could show (set by the
+        // view), so G lands on the last page, never on a blank box.
+        let scroll_len = i64::from(self.scroll_max.get()) + 1;
+        if let Overlay::Help { scroll } | Overlay::Detail { scroll } = &mut self.overlay {
             // In the detail view j/k scroll; the cursor moves with s/a/r.
-            *scroll = delta(2000, i64::from(*scroll)) as u16;
+            *scroll = delta(scroll_len, i64::from(*scroll)) as u16;
             return Vec::new();
         }
         match self.focus {
@@ -390,13 +398,28 @@ impl App {
         vec![Effect::Quit(choice)]
     }
 
-    fn decide(&mut self, accept: bool) -> Vec<Effect> {
-        let in_queue = match self.overlay {
+    /// The review queue has the keys: focused with nothing over it, or the
+    /// detail of its cursor item open.
+    fn in_queue(&self) -> bool {
+        match self.overlay {
             Overlay::Detail { .. } => true,
             Overlay::None => self.focus == Pane::Review,
             _ => false,
-        };
-        if !in_queue {
+        }
+    }
+
+    /// Move the review cursor by `delta`, whatever overlay is open (skip and
+    /// mark move on in the detail view too).
+    fn move_review_cursor(&mut self, delta: i64) -> Vec<Effect> {
+        let total = self.snap.review.total as i64;
+        let to = (self.review_cursor as i64 + delta).clamp(0, (total - 1).max(0));
+        self.review_cursor = to as u64;
+        self.review_cursor_id = None;
+        self.after_cursor_move()
+    }
+
+    fn decide(&mut self, accept: bool) -> Vec<Effect> {
+        if !self.in_queue() {
             return Vec::new();
         }
         if self.read_only {
@@ -420,12 +443,19 @@ impl App {
             self.overlay = Overlay::Dialog(Dialog::BulkReject { ids });
             return Vec::new();
         }
+        let single = self.marks.is_empty();
         self.marks.clear();
-        if accept {
+        let mut fx = if accept {
             vec![Effect::Accept(ids)]
         } else {
             vec![Effect::Reject(ids)]
+        };
+        if single {
+            // Auto-advance now, not when the ledger answers: a quick second
+            // key must land on the next item, not on the one just decided.
+            fx.extend(self.move_review_cursor(1));
         }
+        fx
     }
 
     pub(super) fn control(&mut self, control: Control) -> Vec<Effect> {
@@ -440,6 +470,14 @@ impl App {
         if v.row.state == "completed" {
             let id = v.row.session_id.clone();
             self.set_toast(format!("{id} is completed."));
+            return Vec::new();
+        }
+        if !v.live {
+            // Nothing would obey: say what will.
+            let id = v.row.session_id.clone();
+            self.set_toast(format!(
+                "No engine runs {id} now; continue it with `docket batch-adjudicate --resume {id}`"
+            ));
             return Vec::new();
         }
         vec![Effect::Control {
@@ -463,7 +501,12 @@ impl App {
                 }
             }
             Ok(cmdline::Command::Export { what, format, path }) => {
-                vec![Effect::Export { what, format, path }]
+                vec![Effect::Export {
+                    session: self.session_id().map(str::to_string),
+                    what,
+                    format,
+                    path,
+                }]
             }
             Ok(cmdline::Command::Nothing) => Vec::new(),
             Err(e) => {

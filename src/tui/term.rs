@@ -19,7 +19,7 @@ use ratatui::crossterm::terminal::{
 };
 use ratatui::crossterm::{cursor, execute};
 
-use super::app::{App, Effect, Pane, QuitChoice};
+use super::app::{App, Dialog, Effect, Overlay, Pane, QuitChoice};
 use super::data::{DataMsg, DataWorker};
 use super::keymap::Keymap;
 use super::theme::Theme;
@@ -92,12 +92,35 @@ fn restore_terminal() {
     let _ = execute!(io::stdout(), LeaveAlternateScreen, cursor::Show);
 }
 
+/// The console's UI thread while it has the terminal (None: no console).
+static UI_THREAD: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+
+/// A panic on the UI thread restores the terminal, then reports as usual. A
+/// panic elsewhere while the console is up (an engine task, which tokio
+/// catches and the engine reports) is logged instead: printing it would
+/// scribble over the console, and restoring the terminal under a console
+/// that keeps running would leave it drawing on the normal screen.
 fn install_panic_hook() {
+    *UI_THREAD.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::thread::current().id());
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        restore_terminal();
-        previous(info);
+        let ui = *UI_THREAD.lock().unwrap_or_else(|p| p.into_inner());
+        match ui {
+            Some(id) if id != std::thread::current().id() => {
+                tracing::error!("panic in a background thread while the console is open: {info}");
+            }
+            Some(_) => {
+                restore_terminal();
+                previous(info);
+            }
+            None => previous(info),
+        }
     }));
+}
+
+/// The console is gone: panics report as usual again.
+fn console_closed() {
+    *UI_THREAD.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 /// Open the console; returns how the operator left it.
@@ -174,6 +197,7 @@ pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
     let _ = terminal.show_cursor();
     drop(terminal);
     drop(_guard);
+    console_closed();
     let _ = input_thread.join();
     let _ = worker_thread.join();
     write_figures(&figures, bytes.load(Ordering::Relaxed), started.elapsed());
@@ -236,6 +260,11 @@ fn event_loop<W: Write>(
             if live != app.in_process_live {
                 app.in_process_live = live;
                 dirty = true;
+                // Its choices are about a run that is over now.
+                if !live && matches!(app.overlay, Overlay::Dialog(Dialog::QuitLive)) {
+                    app.overlay = Overlay::None;
+                    app.set_toast("The run has ended; q quits.");
+                }
             }
         }
         let due = last_draw + frame_gap;
@@ -267,6 +296,7 @@ fn event_loop<W: Write>(
         let fx = match ev {
             UiEvent::Term(TermEvent::Key(k)) => {
                 key_at.get_or_insert_with(Instant::now);
+                let _ = fx_tx.send(Effect::Activity);
                 app.handle_key(k)
             }
             UiEvent::Term(TermEvent::Resize(..)) => {

@@ -100,13 +100,21 @@ pub(super) fn draw_detail(frame: &mut Frame, area: Rect, app: &App, scroll: u16,
             lines.extend(safe_lines(raw, "    "));
         }
     }
-    frame.render_widget(
-        Paragraph::new(lines)
-            .block(block)
-            .wrap(Wrap { trim: false })
-            .scroll((scroll, 0)),
-        area,
-    );
+    let p = Paragraph::new(lines)
+        .block(block)
+        .wrap(Wrap { trim: false });
+    let scroll = clamp_scroll(app, &p, area, scroll);
+    frame.render_widget(p.scroll((scroll, 0)), area);
+}
+
+/// Record how far this overlay can scroll (its wrapped lines past one
+/// screenful) for the keys, and the scroll to draw with now.
+fn clamp_scroll(app: &App, p: &Paragraph, area: Rect, scroll: u16) -> u16 {
+    let rows = p.line_count(area.width.saturating_sub(2)).saturating_sub(2);
+    let shown = usize::from(area.height.saturating_sub(2));
+    let max = u16::try_from(rows.saturating_sub(shown)).unwrap_or(u16::MAX);
+    app.scroll_max.set(max);
+    scroll.min(max)
 }
 
 fn centered(area: Rect, width: u16, height: u16) -> Rect {
@@ -166,10 +174,9 @@ pub(super) fn draw_help(frame: &mut Frame, area: Rect, app: &App, scroll: u16, t
             " Help: keys from the live keymap (Esc closes) ",
             theme.title(true),
         ));
-    frame.render_widget(
-        Paragraph::new(lines).block(block).scroll((scroll, 0)),
-        popup,
-    );
+    let p = Paragraph::new(lines).block(block);
+    let scroll = clamp_scroll(app, &p, popup, scroll);
+    frame.render_widget(p.scroll((scroll, 0)), popup);
 }
 
 pub(super) fn draw_dialog(frame: &mut Frame, area: Rect, app: &App, dialog: &Dialog, theme: Theme) {
@@ -211,9 +218,18 @@ pub(super) fn draw_dialog(frame: &mut Frame, area: Rect, app: &App, dialog: &Dia
             " Quit while the run is live? ",
             vec![
                 "This process is running the session.".into(),
-                "k  keep it running headless (line output)".into(),
-                "p  pause it (in-flight requests finish), save and exit".into(),
-                "c  cancel it (resumable), save and exit".into(),
+                format!(
+                    "{:<3}keep it running headless (line output)",
+                    key(Action::QuitKeep)
+                ),
+                format!(
+                    "{:<3}pause it (in-flight requests finish), save and exit",
+                    key(Action::QuitPause)
+                ),
+                format!(
+                    "{:<3}cancel it (resumable), save and exit",
+                    key(Action::QuitCancel)
+                ),
             ],
             format!("{} back", key(Action::ConfirmNo)),
         ),

@@ -245,7 +245,10 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, theme: Theme
     let slow = if app.paused() {
         styled("⏸ PAUSED: no new requests", theme.alert_badge())
     } else if live && !g.slow_reason.is_empty() {
-        styled(format!("slow: {}", g.slow_reason), theme.warn())
+        styled(
+            format!("slow: {}", truncate(&g.slow_reason, 60)),
+            theme.warn(),
+        )
     } else if let Some(reason) = r.stop_reason.as_deref().filter(|_| !live) {
         styled(
             format!("stopped: {}", crate::sanitize::truncate(reason, 60)),
