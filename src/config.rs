@@ -86,6 +86,60 @@ pub enum ProviderKind {
     /// The built-in mock, started in-process on a free loopback port and
     /// spoken to over real HTTP in OpenAI's wire format.
     Mock,
+    /// Azure OpenAI: `{base_url}/openai/deployments/{model}/chat/completions
+    /// ?api-version=..`, `api-key` header; `model` is the deployment name.
+    Azure,
+    /// Anthropic Messages (`/v1/messages`).
+    Anthropic,
+    /// Google Gemini `generateContent` (Gemini Developer API).
+    Gemini,
+    /// Ollama's native `/api/chat` (no key needed).
+    Ollama,
+    /// OpenRouter (OpenAI's wire format, its own errors and headers).
+    Openrouter,
+}
+
+impl ProviderKind {
+    /// The name used in `docket.toml` and in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::OpenaiCompatible => "openai_compatible",
+            ProviderKind::Mock => "mock",
+            ProviderKind::Azure => "azure",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::Openrouter => "openrouter",
+        }
+    }
+
+    /// `base_url` when the config leaves it out (`None`: it is required, or
+    /// for the mock, known only once it listens).
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            ProviderKind::Openai => Some("https://api.openai.com/v1"),
+            ProviderKind::Anthropic => Some("https://api.anthropic.com"),
+            ProviderKind::Gemini => Some("https://generativelanguage.googleapis.com"),
+            ProviderKind::Ollama => Some("http://localhost:11434"),
+            ProviderKind::Openrouter => Some("https://openrouter.ai/api/v1"),
+            ProviderKind::Azure | ProviderKind::OpenaiCompatible => None,
+            // The in-process mock is given its address at run time; this
+            // fallback (the one every kind had before) is not reached.
+            ProviderKind::Mock => Some("https://api.openai.com/v1"),
+        }
+    }
+
+    /// Kinds that cannot work without a key.
+    pub fn requires_key(self) -> bool {
+        matches!(
+            self,
+            ProviderKind::Azure
+                | ProviderKind::Anthropic
+                | ProviderKind::Gemini
+                | ProviderKind::Openrouter
+        )
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -98,6 +152,11 @@ pub struct ProviderConfig {
     /// The *name* of the environment variable holding the key, never the key.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Azure's `api-version` query parameter (e.g. "2024-10-21"); required
+    /// for `kind = "azure"`, refused for every other kind. Left out of the
+    /// session snapshot when absent, so snapshots of other kinds are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<Spanned<String>>,
     /// Client-side requests per minute; 0 means no client-side limit.
     #[serde(default = "default_rpm")]
     pub requests_per_minute: Spanned<u64>,
@@ -360,26 +419,62 @@ impl LoadedConfig {
                     format!("{t} is out of range (0.05 to 3600 seconds)"),
                 ));
             }
-            if matches!(
-                p.kind,
-                ProviderKind::Openai | ProviderKind::OpenaiCompatible
-            ) {
-                if p.kind == ProviderKind::OpenaiCompatible && p.base_url.is_none() {
+            let table = format!("[providers.{name}");
+            let kind = p.kind.as_str();
+            match (&p.api_version, p.kind) {
+                (None, ProviderKind::Azure) => {
                     return Err(self.invalid_at_text(
-                        &format!("[providers.{name}"),
-                        &key("base_url"),
-                        "is required for kind = \"openai_compatible\"",
+                        &table,
+                        &key("api_version"),
+                        "is required for kind = \"azure\" (Azure's api-version, e.g. \"2024-10-21\")",
                     ));
                 }
-                if let Some(url) = &p.base_url
-                    && !(url.starts_with("http://") || url.starts_with("https://"))
-                {
-                    return Err(self.invalid_at_text(
-                        "base_url",
-                        &key("base_url"),
-                        format!("\"{url}\" is not an http:// or https:// URL"),
+                (Some(v), ProviderKind::Azure) if v.get_ref().trim().is_empty() => {
+                    return Err(self.invalid(v, &key("api_version"), "must not be empty"));
+                }
+                (Some(v), k) if k != ProviderKind::Azure => {
+                    return Err(self.invalid(
+                        v,
+                        &key("api_version"),
+                        format!(
+                            "is only for kind = \"azure\" (this provider is kind = \"{kind}\")"
+                        ),
                     ));
                 }
+                _ => {}
+            }
+            if p.base_url.is_none()
+                && matches!(p.kind, ProviderKind::OpenaiCompatible | ProviderKind::Azure)
+            {
+                let example = if p.kind == ProviderKind::Azure {
+                    " (https://RESOURCE.openai.azure.com)"
+                } else {
+                    ""
+                };
+                return Err(self.invalid_at_text(
+                    &table,
+                    &key("base_url"),
+                    format!("is required for kind = \"{kind}\"{example}"),
+                ));
+            }
+            if p.kind != ProviderKind::Mock
+                && let Some(url) = &p.base_url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                return Err(self.invalid_at_text(
+                    "base_url",
+                    &key("base_url"),
+                    format!("\"{url}\" is not an http:// or https:// URL"),
+                ));
+            }
+            if p.kind.requires_key() && p.api_key_env.is_none() {
+                return Err(self.invalid_at_text(
+                    &table,
+                    &key("api_key_env"),
+                    format!(
+                        "is required for kind = \"{kind}\": provider \"{name}\" needs the name of the environment variable holding its key"
+                    ),
+                ));
             }
             if let Some(env) = &p.api_key_env
                 && !is_env_var_name(env)
@@ -453,6 +548,19 @@ impl LoadedConfig {
                     t,
                     &key("temperature"),
                     format!("{} is out of range (0 to 2)", t.get_ref()),
+                ));
+            }
+            if let Some(t) = &s.temperature
+                && *t.get_ref() > 1.0
+                && c.providers.get(&s.provider).map(|p| p.kind) == Some(ProviderKind::Anthropic)
+            {
+                return Err(self.invalid(
+                    t,
+                    &key("temperature"),
+                    format!(
+                        "{} is out of range for an anthropic provider (0 to 1)",
+                        t.get_ref()
+                    ),
                 ));
             }
         }
@@ -679,5 +787,138 @@ pattern = "(?P<confidence>[0-9.]+)"
             + "\n[providers.p.mock]\nlatency_median_ms = 5.0\nlatencyy = 1\n";
         let e = parse(&text).err().unwrap().to_string();
         assert!(e.contains("latencyy"), "{e}");
+    }
+
+    fn provider(kind: &str, lines: &str) -> String {
+        BASE.replace(
+            "kind = \"openai\"\nmodel = \"gpt-4o-mini\"",
+            &format!("kind = \"{kind}\"\nmodel = \"m\"{lines}"),
+        )
+    }
+
+    #[test]
+    fn azure_needs_api_version_and_base_url() {
+        // The provider table starts on line 2.
+        let e = parse(&provider(
+            "azure",
+            "\nbase_url = \"https://r.openai.azure.com\"\napi_key_env = \"AZURE_OPENAI_API_KEY\"",
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("ws/docket.toml:2:")
+                && e.contains("providers.p.api_version")
+                && e.contains("required"),
+            "{e}"
+        );
+        let e = parse(&provider(
+            "azure",
+            "\napi_version = \"2024-10-21\"\napi_key_env = \"AZURE_OPENAI_API_KEY\"",
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("ws/docket.toml:2:")
+                && e.contains("providers.p.base_url")
+                && e.contains("RESOURCE.openai.azure.com"),
+            "{e}"
+        );
+        let ok = parse(&provider(
+            "azure",
+            "\nbase_url = \"https://r.openai.azure.com\"\napi_version = \"2024-10-21\"\napi_key_env = \"AZURE_OPENAI_API_KEY\"",
+        ))
+        .unwrap();
+        let p = &ok.config.providers["p"];
+        assert_eq!(p.kind, ProviderKind::Azure);
+        assert_eq!(p.api_version.as_ref().unwrap().get_ref(), "2024-10-21");
+        let e = parse(&provider(
+            "azure",
+            "\nbase_url = \"https://r.openai.azure.com\"\napi_version = \"2024-10-21\"",
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("providers.p.api_key_env") && e.contains("\"p\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn api_version_is_only_for_azure() {
+        let e = parse(&provider(
+            "openai",
+            "\napi_key_env = \"OPENAI_API_KEY\"\napi_version = \"2024-10-21\"",
+        ))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("ws/docket.toml:6:")
+                && e.contains("providers.p.api_version")
+                && e.contains("only for kind = \"azure\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn keyed_kinds_need_api_key_env_and_ollama_does_not() {
+        for kind in ["anthropic", "gemini", "openrouter"] {
+            let e = parse(&provider(kind, "")).err().unwrap().to_string();
+            assert!(
+                e.contains("ws/docket.toml:2:")
+                    && e.contains("providers.p.api_key_env")
+                    && e.contains(&format!("kind = \"{kind}\""))
+                    && e.contains("provider \"p\""),
+                "{e}"
+            );
+            let var = format!("{}_API_KEY", kind.to_uppercase());
+            assert!(parse(&provider(kind, &format!("\napi_key_env = \"{var}\""))).is_ok());
+        }
+        let c = parse(&provider("ollama", "")).unwrap();
+        assert_eq!(c.config.providers["p"].kind, ProviderKind::Ollama);
+        assert!(parse(&provider("mock", "")).is_ok());
+        assert!(parse(&provider("openai", "")).is_ok());
+        let e = parse(&provider("ollama", "\nbase_url = \"localhost:11434\""))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not an http:// or https:// URL"), "{e}");
+    }
+
+    #[test]
+    fn default_base_urls_per_kind() {
+        use ProviderKind::*;
+        assert_eq!(Openai.default_base_url(), Some("https://api.openai.com/v1"));
+        assert_eq!(
+            Anthropic.default_base_url(),
+            Some("https://api.anthropic.com")
+        );
+        assert_eq!(
+            Gemini.default_base_url(),
+            Some("https://generativelanguage.googleapis.com")
+        );
+        assert_eq!(Ollama.default_base_url(), Some("http://localhost:11434"));
+        assert_eq!(
+            Openrouter.default_base_url(),
+            Some("https://openrouter.ai/api/v1")
+        );
+        assert_eq!(Azure.default_base_url(), None);
+        assert_eq!(OpenaiCompatible.default_base_url(), None);
+    }
+
+    #[test]
+    fn anthropic_temperature_is_at_most_one() {
+        let text = provider("anthropic", "\napi_key_env = \"ANTHROPIC_API_KEY\"").replace(
+            "template = \"t.j2\"",
+            "template = \"t.j2\"\ntemperature = 1.5",
+        );
+        let e = parse(&text).err().unwrap().to_string();
+        assert!(
+            e.contains("stages[0].temperature") && e.contains("0 to 1"),
+            "{e}"
+        );
     }
 }

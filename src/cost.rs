@@ -49,9 +49,12 @@ fn table() -> &'static PriceTable {
 }
 
 /// The price of `model`, and whether it was found (not the default).
-/// Dated snapshots ("gpt-4o-mini-2024-07-18") use their family's price.
+/// Dated snapshots ("gpt-4o-mini-2024-07-18") use their family's price; a
+/// routed name ("openai/gpt-4o-mini", "models/gemini-2.5-flash") is looked up
+/// by its last path part.
 pub fn price_of(model: &str) -> (Price, bool) {
     let t = table();
+    let model = model.rsplit('/').next().unwrap_or(model);
     if let Some(p) = t.models.get(model) {
         return (*p, true);
     }
@@ -153,6 +156,24 @@ mod tests {
         assert_eq!(p, q);
         let (_, found) = price_of("some-local-llama");
         assert!(!found);
+    }
+
+    #[test]
+    fn anthropic_gemini_and_routed_names_are_priced() {
+        let (p, found) = price_of("claude-haiku-4-5-20251001");
+        assert!(found);
+        assert!((p.output - 5.0).abs() < 1e-12);
+        let (p, _) = price_of("gemini-2.5-flash-lite");
+        assert!((p.input - 0.10).abs() < 1e-12);
+        let (p, _) = price_of("gemini-2.5-flash");
+        assert!((p.input - 0.30).abs() < 1e-12);
+        assert_eq!(
+            price_of("models/gemini-2.5-flash"),
+            price_of("gemini-2.5-flash")
+        );
+        assert_eq!(price_of("openai/gpt-4o-mini"), price_of("gpt-4o-mini"));
+        // The whole table parses (a typo would silently fall back to defaults).
+        assert!(table().models.len() >= 15);
     }
 
     #[test]

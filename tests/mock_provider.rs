@@ -1002,3 +1002,823 @@ async fn throughput_over_5000_per_second() {
     assert!(rate > 5_000.0, "{rate:.0} req/s");
     server.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// The other providers' synchronous routes: Anthropic, Gemini, Ollama, Azure
+// OpenAI and OpenRouter, each in its own wire format, all through the same
+// pipeline (limits, faults, modes, determinism, stats and log).
+// ---------------------------------------------------------------------------
+
+fn root(server: &MockServer) -> String {
+    server.base_url().trim_end_matches("/v1").to_string()
+}
+
+async fn call(url: &str, headers: &[(&str, &str)], body: &Value) -> Reply {
+    let mut req = client().post(url).json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.expect("request");
+    Reply {
+        status: resp.status(),
+        headers: resp.headers().clone(),
+        text: resp.text().await.expect("body"),
+    }
+}
+
+fn config(f: impl FnOnce(&mut MockConfig)) -> MockConfig {
+    let mut c = MockConfig::default();
+    f(&mut c);
+    c
+}
+
+fn mode(m: &str) -> MockConfig {
+    config(|c| c.mode = m.to_string())
+}
+
+/// rpm 60 = a bucket of one request per second: the second request of a burst is a 429.
+fn one_per_second() -> MockConfig {
+    config(|c| c.rpm_limit = 60)
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    k.sort_unstable();
+    k
+}
+
+const ANTHROPIC_HEADERS: [(&str, &str); 2] = [
+    ("x-api-key", "sk-ant-test"),
+    ("anthropic-version", "2023-06-01"),
+];
+
+fn anthropic_body(system: &str, prompt: &str, max_tokens: u64) -> Value {
+    json!({"model": "claude-haiku-4-5", "max_tokens": max_tokens, "system": system,
+           "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}],
+           "temperature": 0})
+}
+
+fn schema_system() -> String {
+    format!(
+        "You adjudicate record pairs. Answer with JSON valid against this JSON Schema:\n{VERDICT_SCHEMA}"
+    )
+}
+
+#[tokio::test]
+async fn anthropic_messages_success_shape_determinism_and_answer_rule() {
+    let server = start(MockConfig::default()).await;
+    let url = format!("{}/v1/messages", root(&server));
+    let body = anthropic_body(&schema_system(), &pair_prompt(9), 512);
+    let r = call(&url, &ANTHROPIC_HEADERS, &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(
+        r.header("request-id")
+            .is_some_and(|v| v.starts_with("req_"))
+    );
+    let v = r.json();
+    assert_eq!(
+        keys(&v),
+        [
+            "content",
+            "id",
+            "model",
+            "role",
+            "stop_reason",
+            "stop_sequence",
+            "type",
+            "usage"
+        ]
+    );
+    assert!(
+        v["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("msg_") && id.len() > 20)
+    );
+    assert_eq!(
+        (v["type"].as_str(), v["role"].as_str()),
+        (Some("message"), Some("assistant"))
+    );
+    assert_eq!(v["model"], "claude-haiku-4-5");
+    assert_eq!(v["stop_reason"], "end_turn");
+    assert!(v["stop_sequence"].is_null());
+    let content = v["content"].as_array().expect("content blocks");
+    assert_eq!(content.len(), 1);
+    assert_eq!(keys(&content[0]), ["text", "type"]);
+    assert_eq!(content[0]["type"], "text");
+    let text = content[0]["text"].as_str().expect("text");
+    // The schema written in the system prompt is followed, in schema order.
+    assert_valid_verdict(&serde_json::from_str(text).expect("JSON answer"));
+    assert!(text.starts_with("{\"verdict\":"), "{text}");
+    let u = &v["usage"];
+    for k in [
+        "input_tokens",
+        "output_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+    ] {
+        assert!(u[k].as_u64().is_some(), "usage.{k} in {u}");
+    }
+    assert!(u["input_tokens"].as_u64() > Some(50) && u["output_tokens"].as_u64() > Some(5));
+    assert_eq!(
+        (
+            u["cache_creation_input_tokens"].as_u64(),
+            u["cache_read_input_tokens"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+
+    // Same prompt, same answer.
+    let again = call(&url, &ANTHROPIC_HEADERS, &body).await.json();
+    assert_eq!(again["content"], v["content"]);
+    assert_ne!(again["id"], v["id"]);
+
+    // output_config.format wins over the prompt; "JSON" without a schema gives the
+    // default object; neither gives the VERDICT/CONFIDENCE text.
+    let mut explicit = anthropic_body("Decide.", &pair_prompt(9), 512);
+    explicit["output_config"] =
+        json!({"format": {"type": "json_schema", "schema": verdict_schema()}});
+    let t = call(&url, &ANTHROPIC_HEADERS, &explicit).await.json()["content"][0]["text"]
+        .as_str()
+        .map(str::to_string);
+    assert_valid_verdict(&serde_json::from_str(&t.expect("text")).expect("JSON"));
+    let plain_json = call(
+        &url,
+        &ANTHROPIC_HEADERS,
+        &anthropic_body("Reply in JSON.", "Is Paris in France?", 64),
+    )
+    .await
+    .json();
+    let obj: Value = serde_json::from_str(plain_json["content"][0]["text"].as_str().expect("text"))
+        .expect("JSON");
+    assert_eq!(keys(&obj), ["answer", "confidence", "rationale"]);
+    let text_mode = call(
+        &url,
+        &ANTHROPIC_HEADERS,
+        &anthropic_body("Labels: same, different", "Two records.", 64),
+    )
+    .await
+    .json();
+    let t = text_mode["content"][0]["text"].as_str().expect("text");
+    assert!(
+        t.lines()
+            .any(|l| l == "VERDICT: same" || l == "VERDICT: different"),
+        "{t}"
+    );
+    assert!(t.lines().any(|l| l.starts_with("CONFIDENCE: ")), "{t}");
+
+    // Headers and body the API requires.
+    let no_key = call(&url, &ANTHROPIC_HEADERS[1..], &body).await;
+    assert_eq!(no_key.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(no_key.json()["error"]["type"], "authentication_error");
+    let no_version = call(&url, &ANTHROPIC_HEADERS[..1], &body).await;
+    assert_eq!(no_version.status, StatusCode::BAD_REQUEST);
+    assert_eq!(no_version.json()["error"]["type"], "invalid_request_error");
+    let no_max = call(
+        &url,
+        &ANTHROPIC_HEADERS,
+        &json!({"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(no_max.status, StatusCode::BAD_REQUEST);
+    let e = no_max.json();
+    assert_eq!(e["type"], "error");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_tokens"))
+    );
+    assert!(
+        e["request_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("req_"))
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_truncation_rate_limit_overload_and_modes() {
+    let body = anthropic_body("Decide.", "Is the sky blue? Explain at length.", 7);
+    // truncated fault → stop_reason max_tokens, output_tokens = max_tokens
+    let server = start(config(|c| c.truncated = 1.0)).await;
+    let url = format!("{}/v1/messages", root(&server));
+    let v = call(&url, &ANTHROPIC_HEADERS, &body).await.json();
+    assert_eq!(v["stop_reason"], "max_tokens");
+    assert_eq!(v["usage"]["output_tokens"], 7);
+    assert_eq!(server.stats().truncated, 1);
+
+    // 429 rate_limit_error with retry-after and anthropic-ratelimit-* (RFC 3339 reset)
+    server.set_config(one_per_second());
+    let ok = call(&url, &ANTHROPIC_HEADERS, &body).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(ok.header("anthropic-ratelimit-requests-limit"), Some("60"));
+    let limited = call(&url, &ANTHROPIC_HEADERS, &body).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let e = limited.json();
+    assert_eq!(keys(&e), ["error", "request_id", "type"]);
+    assert_eq!(
+        (e["type"].as_str(), e["error"]["type"].as_str()),
+        (Some("error"), Some("rate_limit_error"))
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rate limit"))
+    );
+    let secs: u64 = limited
+        .header("retry-after")
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    assert!((1..=2).contains(&secs));
+    assert_eq!(
+        limited.header("anthropic-ratelimit-requests-limit"),
+        Some("60")
+    );
+    let remaining: u64 = limited
+        .header("anthropic-ratelimit-requests-remaining")
+        .expect("remaining")
+        .parse()
+        .expect("number");
+    assert!(remaining < 30, "bucket nearly empty: {remaining}");
+    let reset = limited
+        .header("anthropic-ratelimit-requests-reset")
+        .expect("reset");
+    let at = chrono::DateTime::parse_from_rfc3339(reset).expect("RFC 3339");
+    assert!(reset.ends_with('Z'), "{reset}");
+    let ahead = at.timestamp_millis() - chrono::Utc::now().timestamp_millis();
+    assert!(
+        (-100..=2_100).contains(&ahead),
+        "reset {reset} is {ahead} ms ahead"
+    );
+
+    // fail-503 → 529 overloaded_error; fail-500 → 500 api_error
+    server.set_config(config(|c| c.fail_503 = 1.0));
+    let over = call(&url, &ANTHROPIC_HEADERS, &body).await;
+    assert_eq!(over.status.as_u16(), 529);
+    assert_eq!(over.json()["error"]["type"], "overloaded_error");
+    server.set_config(config(|c| c.fail_500 = 1.0));
+    let err = call(&url, &ANTHROPIC_HEADERS, &body).await;
+    assert_eq!(err.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(err.json()["error"]["type"], "api_error");
+
+    // unauthorized → 401 authentication_error; quota → 400 credit balance
+    server.set_config(mode("unauthorized"));
+    let unauth = call(&url, &ANTHROPIC_HEADERS, &body).await;
+    assert_eq!(unauth.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(unauth.json()["error"]["type"], "authentication_error");
+    server.set_config(mode("quota"));
+    let quota = call(&url, &ANTHROPIC_HEADERS, &body).await;
+    assert_eq!(quota.status, StatusCode::BAD_REQUEST);
+    let q = quota.json();
+    assert_eq!(q["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        q["error"]["message"],
+        "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."
+    );
+    let s = server.stats();
+    assert_eq!(
+        (
+            s.rate_limited,
+            s.overloaded,
+            s.server_errors,
+            s.unauthorized,
+            s.quota
+        ),
+        (1, 1, 1, 1, 1)
+    );
+    server.shutdown().await;
+}
+
+const GEMINI_KEY: [(&str, &str); 1] = [("x-goog-api-key", "AIza-test")];
+
+fn gemini_body(prompt: &str) -> Value {
+    json!({"systemInstruction": {"parts": [{"text": "You adjudicate record pairs."}]},
+           "contents": [{"role": "user", "parts": [{"text": prompt}]}],
+           "generationConfig": {"maxOutputTokens": 400, "temperature": 0,
+                                "responseMimeType": "application/json",
+                                "responseJsonSchema": verdict_schema()}})
+}
+
+#[tokio::test]
+async fn gemini_generate_content_success_shape_and_determinism() {
+    let server = start(MockConfig::default()).await;
+    let url = format!(
+        "{}/v1beta/models/gemini-2.5-flash:generateContent",
+        root(&server)
+    );
+    let body = gemini_body(&pair_prompt(3));
+    let r = call(&url, &GEMINI_KEY, &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = r.json();
+    assert_eq!(
+        keys(&v),
+        ["candidates", "modelVersion", "responseId", "usageMetadata"]
+    );
+    let cands = v["candidates"].as_array().expect("candidates");
+    assert_eq!(cands.len(), 1);
+    let c = &cands[0];
+    assert_eq!(keys(c), ["content", "finishReason", "index"]);
+    assert_eq!(
+        (c["finishReason"].as_str(), c["index"].as_u64()),
+        (Some("STOP"), Some(0))
+    );
+    assert_eq!(c["content"]["role"], "model");
+    let parts = c["content"]["parts"].as_array().expect("parts");
+    assert_eq!(parts.len(), 1);
+    let text = parts[0]["text"].as_str().expect("text");
+    assert_valid_verdict(&serde_json::from_str(text).expect("JSON"));
+    let u = &v["usageMetadata"];
+    let (p, k) = (
+        u["promptTokenCount"].as_u64().expect("p"),
+        u["candidatesTokenCount"].as_u64().expect("c"),
+    );
+    assert!(p > 10 && k > 5);
+    assert_eq!(u["totalTokenCount"].as_u64(), Some(p + k));
+    assert_eq!(v["modelVersion"], "gemini-2.5-flash");
+    assert!(v["responseId"].as_str().is_some_and(|id| !id.is_empty()));
+    let again = call(&url, &GEMINI_KEY, &body).await.json();
+    assert_eq!(again["candidates"], v["candidates"]);
+
+    // responseSchema (OpenAPI subset, upper-case types) is followed too.
+    let openapi = json!({"contents": [{"parts": [{"text": "Same work?"}]}],
+        "generationConfig": {"responseMimeType": "application/json", "responseSchema": {
+            "type": "OBJECT", "required": ["verdict", "score"], "propertyOrdering": ["verdict", "score"],
+            "properties": {"verdict": {"type": "STRING", "enum": ["match", "no_match"]},
+                           "score": {"type": "INTEGER", "minimum": 1, "maximum": 3}}}}});
+    let o = call(&url, &GEMINI_KEY, &openapi).await.json();
+    let obj: Value = serde_json::from_str(
+        o["candidates"][0]["content"]["parts"][0]["text"]
+            .as_str()
+            .expect("text"),
+    )
+    .expect("JSON");
+    assert!(["match", "no_match"].contains(&obj["verdict"].as_str().expect("verdict")));
+    assert!(obj["score"].as_i64().is_some_and(|s| (1..=3).contains(&s)));
+
+    // The key never goes in the URL; without the header the call is refused.
+    let in_url = call(&format!("{url}?key=AIza-test"), &GEMINI_KEY, &body).await;
+    assert_eq!(in_url.status, StatusCode::BAD_REQUEST);
+    let e = in_url.json();
+    assert_eq!(e["error"]["code"], 400);
+    assert_eq!(e["error"]["status"], "INVALID_ARGUMENT");
+    assert_eq!(
+        e["error"]["message"],
+        "API key in URL is not accepted by this mock: send x-goog-api-key"
+    );
+    let no_key = call(&url, &[], &body).await;
+    assert_eq!(no_key.status, StatusCode::FORBIDDEN);
+    assert_eq!(no_key.json()["error"]["status"], "PERMISSION_DENIED");
+    let empty = call(&url, &GEMINI_KEY, &json!({"contents": []})).await;
+    assert_eq!(empty.status, StatusCode::BAD_REQUEST);
+    server.shutdown().await;
+}
+
+fn gemini_detail<'a>(err: &'a Value, kind: &str) -> Option<&'a Value> {
+    err["error"]["details"]
+        .as_array()?
+        .iter()
+        .find(|d| d["@type"] == format!("type.googleapis.com/google.rpc.{kind}"))
+}
+
+#[tokio::test]
+async fn gemini_truncation_rate_limit_overload_and_modes() {
+    let server = start(config(|c| c.truncated = 1.0)).await;
+    let url = format!(
+        "{}/v1beta/models/gemini-2.5-flash:generateContent",
+        root(&server)
+    );
+    let mut body = gemini_body(&pair_prompt(4));
+    body["generationConfig"]["maxOutputTokens"] = json!(9);
+    let v = call(&url, &GEMINI_KEY, &body).await.json();
+    assert_eq!(v["candidates"][0]["finishReason"], "MAX_TOKENS");
+    assert_eq!(v["usageMetadata"]["candidatesTokenCount"], 9);
+
+    server.set_config(one_per_second());
+    assert_eq!(call(&url, &GEMINI_KEY, &body).await.status, StatusCode::OK);
+    let limited = call(&url, &GEMINI_KEY, &body).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let e = limited.json();
+    assert_eq!(keys(&e["error"]), ["code", "details", "message", "status"]);
+    assert_eq!(
+        (e["error"]["code"].as_u64(), e["error"]["status"].as_str()),
+        (Some(429), Some("RESOURCE_EXHAUSTED"))
+    );
+    let retry = gemini_detail(&e, "RetryInfo").expect("RetryInfo detail");
+    let delay = retry["retryDelay"].as_str().expect("retryDelay");
+    let secs: f64 = delay
+        .strip_suffix('s')
+        .expect("ends in s")
+        .parse()
+        .expect("number");
+    assert!(secs > 0.0 && secs <= 1.0, "{delay}");
+    let quota_id =
+        gemini_detail(&e, "QuotaFailure").expect("QuotaFailure")["violations"][0]["quotaId"]
+            .as_str()
+            .unwrap_or("");
+    assert!(quota_id.contains("PerMinute"), "{quota_id}");
+
+    server.set_config(config(|c| c.fail_503 = 1.0));
+    let over = call(&url, &GEMINI_KEY, &body).await;
+    assert_eq!(over.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(over.json()["error"]["status"], "UNAVAILABLE");
+
+    server.set_config(mode("unauthorized"));
+    let unauth = call(&url, &GEMINI_KEY, &body).await;
+    assert_eq!(unauth.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        (
+            unauth.json()["error"]["code"].as_u64(),
+            unauth.json()["error"]["status"].as_str()
+        ),
+        (Some(403), Some("PERMISSION_DENIED"))
+    );
+
+    server.set_config(mode("quota"));
+    let quota = call(&url, &GEMINI_KEY, &body).await;
+    assert_eq!(quota.status, StatusCode::TOO_MANY_REQUESTS);
+    let q = quota.json();
+    assert_eq!(q["error"]["status"], "RESOURCE_EXHAUSTED");
+    let msg = q["error"]["message"].as_str().expect("message");
+    assert!(
+        msg.contains("exceeded your current quota") && msg.contains("billing"),
+        "{msg}"
+    );
+    assert!(
+        gemini_detail(&q, "RetryInfo").is_none(),
+        "a daily quota gives no retry delay"
+    );
+    let quota_id =
+        gemini_detail(&q, "QuotaFailure").expect("QuotaFailure")["violations"][0]["quotaId"]
+            .as_str()
+            .unwrap_or("");
+    assert!(quota_id.contains("PerDay"), "{quota_id}");
+    server.shutdown().await;
+}
+
+fn ollama_body(prompt: &str, stream: Option<bool>) -> Value {
+    let mut b = json!({"model": "llama3.2", "messages": [
+        {"role": "system", "content": "You adjudicate record pairs."},
+        {"role": "user", "content": prompt}],
+        "format": verdict_schema(), "options": {"num_predict": 300, "temperature": 0}});
+    if let Some(s) = stream {
+        b["stream"] = json!(s);
+    }
+    b
+}
+
+#[tokio::test]
+async fn ollama_chat_success_shape_stream_and_determinism() {
+    let server = start(MockConfig::default()).await;
+    let url = format!("{}/api/chat", root(&server));
+    let body = ollama_body(&pair_prompt(5), Some(false));
+    let r = call(&url, &[], &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let v = r.json();
+    assert_eq!(
+        keys(&v),
+        [
+            "created_at",
+            "done",
+            "done_reason",
+            "eval_count",
+            "eval_duration",
+            "load_duration",
+            "message",
+            "model",
+            "prompt_eval_count",
+            "prompt_eval_duration",
+            "total_duration"
+        ]
+    );
+    assert_eq!(v["model"], "llama3.2");
+    chrono::DateTime::parse_from_rfc3339(v["created_at"].as_str().expect("created_at"))
+        .expect("RFC 3339");
+    assert_eq!(
+        (v["done"].as_bool(), v["done_reason"].as_str()),
+        (Some(true), Some("stop"))
+    );
+    assert_eq!(keys(&v["message"]), ["content", "role"]);
+    assert_eq!(v["message"]["role"], "assistant");
+    let content = v["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string();
+    assert_valid_verdict(&serde_json::from_str(&content).expect("JSON"));
+    assert!(v["prompt_eval_count"].as_u64() > Some(10) && v["eval_count"].as_u64() > Some(5));
+    assert!(v["total_duration"].as_u64() > Some(0));
+    assert_eq!(call(&url, &[], &body).await.json()["message"], v["message"]);
+
+    // stream absent (Ollama's default is true): NDJSON chunks, then a done line.
+    let s = call(&url, &[], &ollama_body(&pair_prompt(5), None)).await;
+    assert_eq!(s.status, StatusCode::OK);
+    assert_eq!(s.header("content-type"), Some("application/x-ndjson"));
+    let lines: Vec<Value> = s
+        .text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("NDJSON line"))
+        .collect();
+    assert!(lines.len() >= 3);
+    let (last, chunks) = lines.split_last().expect("lines");
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["done"] == false && c.get("done_reason").is_none())
+    );
+    assert_eq!(
+        (last["done"].as_bool(), last["done_reason"].as_str()),
+        (Some(true), Some("stop"))
+    );
+    assert_eq!(last["eval_count"], v["eval_count"]);
+    let joined: String = chunks
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(joined, content);
+
+    let no_model = call(
+        &url,
+        &[],
+        &json!({"messages": [{"role": "user", "content": "x"}], "stream": false}),
+    )
+    .await;
+    assert_eq!(no_model.status, StatusCode::BAD_REQUEST);
+    assert!(no_model.json()["error"].is_string());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn ollama_truncation_rate_limit_overload_and_modes() {
+    let server = start(config(|c| c.truncated = 1.0)).await;
+    let url = format!("{}/api/chat", root(&server));
+    let mut body = ollama_body(&pair_prompt(6), Some(false));
+    body["options"]["num_predict"] = json!(11);
+    let v = call(&url, &[], &body).await.json();
+    assert_eq!(
+        (v["done_reason"].as_str(), v["eval_count"].as_u64()),
+        (Some("length"), Some(11))
+    );
+
+    server.set_config(one_per_second());
+    assert_eq!(call(&url, &[], &body).await.status, StatusCode::OK);
+    let limited = call(&url, &[], &body).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let e = limited.json();
+    assert_eq!(keys(&e), ["error"]);
+    assert!(e["error"].as_str().is_some_and(|m| m.contains("retry in")));
+    assert!(limited.header("retry-after").is_some());
+
+    for (cfg, status) in [
+        (
+            config(|c| c.fail_503 = 1.0),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+        (mode("unauthorized"), StatusCode::UNAUTHORIZED),
+        (mode("quota"), StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        server.set_config(cfg);
+        let r = call(&url, &[], &body).await;
+        assert_eq!(r.status, status, "{}", r.text);
+        let e = r.json();
+        assert_eq!(keys(&e), ["error"]);
+        assert!(e["error"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let s = server.stats();
+    assert_eq!(
+        (
+            s.truncated,
+            s.rate_limited,
+            s.overloaded,
+            s.unauthorized,
+            s.quota
+        ),
+        (1, 1, 1, 1, 1)
+    );
+    server.shutdown().await;
+}
+
+const AZURE_KEY: [(&str, &str); 1] = [("api-key", "azure-test-key")];
+
+#[tokio::test]
+async fn azure_openai_routes_by_deployment_and_needs_key_and_api_version() {
+    let server = start(MockConfig::default()).await;
+    let base = format!(
+        "{}/openai/deployments/my-gpt4o/chat/completions",
+        root(&server)
+    );
+    let url = format!("{base}?api-version=2024-10-21");
+    let body = ask("Is the sky blue?");
+    let r = call(&url, &AZURE_KEY, &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(
+        v["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("chatcmpl-"))
+    );
+    assert_eq!(v["model"], "my-gpt4o", "the deployment names the model");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(v["usage"]["total_tokens"].as_u64() > Some(0));
+    assert!(r.header("x-request-id").is_some());
+    assert_eq!(call(&url, &AZURE_KEY, &body).await.content(), r.content());
+
+    let no_version = call(&base, &AZURE_KEY, &body).await;
+    assert_eq!(no_version.status, StatusCode::BAD_REQUEST);
+    assert!(
+        no_version.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("api-version"))
+    );
+    let no_key = call(&url, &[], &body).await;
+    assert_eq!(no_key.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(no_key.json()["error"]["code"], "401");
+
+    server.set_config(config(|c| c.truncated = 1.0));
+    let mut capped = body.clone();
+    capped["max_tokens"] = json!(5);
+    let t = call(&url, &AZURE_KEY, &capped).await.json();
+    assert_eq!(
+        (
+            t["choices"][0]["finish_reason"].as_str(),
+            t["usage"]["completion_tokens"].as_u64()
+        ),
+        (Some("length"), Some(5))
+    );
+
+    server.set_config(one_per_second());
+    assert_eq!(call(&url, &AZURE_KEY, &body).await.status, StatusCode::OK);
+    let limited = call(&url, &AZURE_KEY, &body).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let e = limited.json();
+    assert_eq!(e["error"]["code"], "429");
+    let secs: u64 = limited
+        .header("retry-after")
+        .expect("retry-after")
+        .parse()
+        .expect("secs");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("Please retry after {secs} second")))
+    );
+    assert!(limited.header("retry-after-ms").is_some());
+    let remaining: u64 = limited
+        .header("x-ratelimit-remaining-requests")
+        .expect("remaining")
+        .parse()
+        .expect("number");
+    assert!(remaining < 30, "bucket nearly empty: {remaining}");
+
+    server.set_config(mode("unauthorized"));
+    assert_eq!(
+        call(&url, &AZURE_KEY, &body).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    server.set_config(mode("quota"));
+    let q = call(&url, &AZURE_KEY, &body).await;
+    assert_eq!(q.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(q.json()["error"]["code"], "insufficient_quota");
+    server.shutdown().await;
+}
+
+const OPENROUTER_KEY: [(&str, &str); 1] = [("authorization", "Bearer sk-or-v1-test")];
+
+#[tokio::test]
+async fn openrouter_openai_format_with_credits_and_numeric_error_codes() {
+    let server = start(MockConfig::default()).await;
+    let url = format!("{}/api/v1/chat/completions", root(&server));
+    let mut body = ask("Is the sky blue?");
+    body["model"] = json!("anthropic/claude-sonnet-4.5");
+    let r = call(&url, &OPENROUTER_KEY, &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = r.json();
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("gen-")));
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "anthropic/claude-sonnet-4.5");
+    assert!(v["provider"].is_string());
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["native_finish_reason"], "stop");
+    assert!(v["usage"]["cost"].as_f64().is_some_and(|c| c > 0.0));
+    assert_eq!(
+        call(&url, &OPENROUTER_KEY, &body).await.content(),
+        r.content()
+    );
+
+    let no_key = call(&url, &[], &body).await;
+    assert_eq!(no_key.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(no_key.json()["error"]["code"], 401);
+
+    server.set_config(config(|c| c.truncated = 1.0));
+    let t = call(&url, &OPENROUTER_KEY, &body).await.json();
+    assert_eq!(t["choices"][0]["finish_reason"], "length");
+
+    server.set_config(one_per_second());
+    assert_eq!(
+        call(&url, &OPENROUTER_KEY, &body).await.status,
+        StatusCode::OK
+    );
+    let limited = call(&url, &OPENROUTER_KEY, &body).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.json()["error"]["code"], 429);
+    assert!(limited.header("retry-after").is_some());
+
+    server.set_config(mode("unauthorized"));
+    let unauth = call(&url, &OPENROUTER_KEY, &body).await;
+    assert_eq!(
+        (unauth.status, unauth.json()["error"]["code"].as_u64()),
+        (StatusCode::UNAUTHORIZED, Some(401))
+    );
+    server.set_config(mode("quota"));
+    let quota = call(&url, &OPENROUTER_KEY, &body).await;
+    assert_eq!(quota.status, StatusCode::PAYMENT_REQUIRED);
+    let q = quota.json();
+    assert_eq!(q["error"]["code"], 402);
+    assert!(
+        q["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Insufficient credits"))
+    );
+    server.shutdown().await;
+}
+
+/// (url, headers, body)
+type Call<'a> = (String, &'a [(&'a str, &'a str)], Value);
+
+#[tokio::test]
+async fn log_names_the_route_of_every_request() {
+    let server = start(MockConfig::default()).await;
+    let r = root(&server);
+    let calls: [Call; 6] = [
+        (format!("{r}/v1/chat/completions"), &[], ask("one")),
+        (
+            format!("{r}/openai/deployments/dep-1/chat/completions?api-version=2024-10-21"),
+            &AZURE_KEY,
+            ask("two"),
+        ),
+        (
+            format!("{r}/api/v1/chat/completions"),
+            &OPENROUTER_KEY,
+            ask("three"),
+        ),
+        (
+            format!("{r}/v1/messages"),
+            &ANTHROPIC_HEADERS,
+            anthropic_body("Decide.", "four", 64),
+        ),
+        (
+            format!("{r}/v1beta/models/gemini-2.5-flash:generateContent"),
+            &GEMINI_KEY,
+            gemini_body("five"),
+        ),
+        (
+            format!("{r}/api/chat"),
+            &[],
+            ollama_body("six", Some(false)),
+        ),
+    ];
+    for (url, headers, body) in &calls {
+        let reply = call(url, headers, body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{url}: {}", reply.text);
+    }
+    let log: Vec<MockLogEntry> = client()
+        .get(format!("{r}/_mock/log"))
+        .send()
+        .await
+        .expect("log")
+        .json()
+        .await
+        .expect("json");
+    let seen: Vec<(&str, &str, &str)> = log
+        .iter()
+        .map(|e| (e.provider.as_str(), e.route.as_str(), e.model.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("openai", "/v1/chat/completions", "gpt-4o-mini"),
+            (
+                "azure",
+                "/openai/deployments/{deployment}/chat/completions",
+                "dep-1"
+            ),
+            ("openrouter", "/api/v1/chat/completions", "gpt-4o-mini"),
+            ("anthropic", "/v1/messages", "claude-haiku-4-5"),
+            (
+                "gemini",
+                "/v1beta/models/{model}:generateContent",
+                "gemini-2.5-flash"
+            ),
+            ("ollama", "/api/chat", "llama3.2"),
+        ]
+    );
+    assert!(log.iter().all(|e| e.status == 200 && e.outcome == "ok"));
+    let s = server.stats();
+    assert_eq!((s.requests, s.ok), (6, 6));
+    server.shutdown().await;
+}

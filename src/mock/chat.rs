@@ -1,325 +1,353 @@
-//! `POST /v1/chat/completions`: the request pipeline.
+//! The OpenAI-format routes: `POST /v1/chat/completions` (OpenAI),
+//! `POST /openai/deployments/{deployment}/chat/completions?api-version=…`
+//! (Azure OpenAI) and `POST /api/v1/chat/completions` (OpenRouter).
 //!
-//! Contract, in order: count the request; mode (`unauthorized` → 401,
-//! `quota` → 429 insufficient_quota with `x-should-retry: false`); body
-//! validation (400); rate buckets, requests then tokens (429
-//! rate_limit_exceeded with retry-after, answered at once without latency);
-//! early faults 500 / 503 / hang; the latency sleep; late faults malformed /
-//! truncated / wrong_schema; the answer. Every response gets `x-request-id`,
-//! `openai-processing-ms`, and, once the buckets were consulted and a limit is
-//! set, the six `x-ratelimit-*` headers. Each request ends in exactly one
-//! stats outcome and one log entry.
+//! Contract: all three read the OpenAI request body and run the shared
+//! pipeline (`pipeline`); they differ in auth, ids and error bodies.
+//! - OpenAI: no key check (the demo and older tests send none); errors
+//!   `{"error":{"message","type","param","code"}}`; 401 `invalid_api_key`, quota
+//!   429 `insufficient_quota` with `x-should-retry: false`; 429 rate limits with
+//!   `retry-after`, `retry-after-ms` and the six `x-ratelimit-*` headers; every
+//!   response has `x-request-id`, `openai-processing-ms`.
+//! - Azure: `api-key` header required (401), `api-version` query required (400);
+//!   `model` in the answer is the deployment (the body's `model` is ignored);
+//!   OpenAI bodies and headers, except 401 and the rate-limit 429, which use
+//!   Azure's own `{"error":{"code":"401"|"429","message"}}` wording.
+//! - OpenRouter: `Authorization: Bearer` required (401); id `gen-…`, a
+//!   `provider` field, `native_finish_reason` and `usage.cost`; errors
+//!   `{"error":{"code":<int>,"message","metadata"?}}`; quota → 402; 429 with
+//!   `retry-after`; no `x-ratelimit-*` headers.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
+use serde_json::json;
 use tokio::time::Instant;
 
-use super::answer::{self, Damage};
-use super::faults::{Draw, EarlyFault, LateFault};
-use super::limits::{BucketView, Decision, LimitKind, RateHeaders, ceil_ms, go_duration};
-use super::server::{Live, Mode, Shared, json_response, lock};
-use super::stats::{Outcome, RequestFacts};
-use super::wire::{self, ChatRequest, Completion, Prompt, error_body, id_hex};
+use super::limits::{BucketView, LimitKind, RateHeaders, ceil_ms, go_duration};
+use super::pipeline::{self, Answer, Event, Rendered, Request, Route, put};
+use super::server::Shared;
+use super::wire::{self, ChatRequest, Completion, Prompt, error_body};
 
-/// A hung request is held this long (the client's timeout ends it first).
-const HANG: Duration = Duration::from_secs(3600);
-
-/// Per-request context for building and recording responses.
-struct Reply<'a> {
-    shared: &'a Shared,
-    live: &'a Live,
-    facts: RequestFacts<'a>,
-    started: Instant,
-    rate: Option<RateHeaders>,
-}
-
+/// `POST /v1/chat/completions`
 pub(crate) async fn handle(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    openai_family(&shared, Route::OpenAi, &headers, &body, None, None).await
+}
+
+/// `POST /openai/deployments/{deployment}/chat/completions?api-version=…`
+pub(crate) async fn azure(
+    State(shared): State<Arc<Shared>>,
+    Path(deployment): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let reject = if !has_value(&headers, "api-key") {
+        Some(Event::NoAuth(MSG_AZURE_401.to_string()))
+    } else if query.get("api-version").is_none_or(|v| v.is_empty()) {
+        Some(Event::BadRequest(
+            "Missing required query parameter: 'api-version'. Set it to a supported version such as 2024-10-21.".to_string(),
+        ))
+    } else {
+        None
+    };
+    openai_family(
+        &shared,
+        Route::Azure,
+        &headers,
+        &body,
+        reject,
+        Some(deployment),
+    )
+    .await
+}
+
+/// `POST /api/v1/chat/completions`
+pub(crate) async fn openrouter(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|k| !k.trim().is_empty());
+    let reject = (!bearer).then(|| Event::NoAuth("No auth credentials found".to_string()));
+    openai_family(&shared, Route::OpenRouter, &headers, &body, reject, None).await
+}
+
+pub(crate) fn has_value(headers: &HeaderMap, name: &str) -> bool {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().is_empty())
+}
+
+async fn openai_family(
+    shared: &Shared,
+    route: Route,
+    headers: &HeaderMap,
+    body: &[u8],
+    reject: Option<Event>,
+    deployment: Option<String>,
+) -> Response {
     let started = Instant::now();
     shared.stats.request_received();
     let live = shared.live();
-    let parsed: Result<ChatRequest, serde_json::Error> = serde_json::from_slice(&body);
+    let mut parsed: Result<ChatRequest, serde_json::Error> = serde_json::from_slice(body);
+    if let (Ok(req), Some(d)) = (&mut parsed, deployment) {
+        req.model = Some(d);
+    }
     let prompt = match &parsed {
         Ok(req) => Prompt::from_request(req),
         Err(e) if e.is_data() => Err(format!("Invalid request body: {e}")),
         Err(_) => Err(wire::MSG_NOT_JSON.to_string()),
     };
-    let (prompt_sha256, seed) = match &prompt {
-        Ok(p) => p.hashes(),
-        Err(_) => (String::new(), [0; 32]),
+    let model = match &parsed {
+        Ok(req) => req.model.as_deref().unwrap_or(""),
+        Err(_) => "",
     };
-    let model = match (&prompt, &parsed) {
-        (Ok(p), _) => p.model,
-        (Err(_), Ok(req)) => req.model.as_deref().unwrap_or(""),
-        _ => "",
+    let req = Request {
+        route,
+        client_request_id: headers
+            .get("x-client-request-id")
+            .and_then(|v| v.to_str().ok()),
+        reject,
+        prompt,
+        model,
+        stream: false,
     };
-    let mut reply = Reply {
-        shared: &shared,
-        live: &live,
-        facts: RequestFacts {
-            client_request_id: headers
-                .get("x-client-request-id")
-                .and_then(|v| v.to_str().ok()),
-            prompt_sha256: &prompt_sha256,
-            model,
-        },
-        started,
-        rate: None,
-    };
+    pipeline::run(shared, &live, started, req).await
+}
 
-    match live.mode {
-        Mode::Normal => {}
-        Mode::Unauthorized => {
-            let body = error_body(
-                wire::MSG_BAD_KEY,
-                Some("invalid_request_error"),
-                Some("invalid_api_key"),
-            );
-            return reply.send(StatusCode::UNAUTHORIZED, Outcome::Unauthorized, body, &[]);
-        }
-        Mode::Quota => {
-            let body = error_body(
-                wire::MSG_QUOTA,
-                Some("insufficient_quota"),
-                Some("insufficient_quota"),
-            );
-            let extra = [("x-should-retry", "false".to_string())];
-            return reply.send(StatusCode::TOO_MANY_REQUESTS, Outcome::Quota, body, &extra);
-        }
-    }
-
-    let prompt = match prompt {
-        Ok(p) => p,
-        Err(msg) => {
-            let body = error_body(&msg, Some("invalid_request_error"), None);
-            return reply.send(StatusCode::BAD_REQUEST, Outcome::BadRequest, body, &[]);
-        }
-    };
-    let prompt_tokens = prompt.prompt_tokens();
-
-    if live.limits_on {
-        let cost = prompt_tokens.saturating_add(prompt.max_tokens.unwrap_or(256));
-        let decision = lock(&shared.limits).check(cost, Instant::now());
-        match decision {
-            Decision::Allowed(h) => reply.rate = Some(h),
-            Decision::Limited {
-                kind,
-                limit,
-                used,
-                requested,
-                wait,
-                headers,
-            } => {
-                reply.rate = Some(headers);
-                let (what, unit) = match kind {
-                    LimitKind::Requests => ("requests", "RPM"),
-                    LimitKind::Tokens => ("tokens", "TPM"),
+pub(crate) fn render_error(route: Route, ev: &Event, model: &str) -> Rendered {
+    match route {
+        Route::OpenRouter => openrouter_error(ev, model),
+        Route::Azure => match ev {
+            Event::NoAuth(msg) => azure_error(StatusCode::UNAUTHORIZED, "401", msg),
+            Event::Unauthorized => azure_error(StatusCode::UNAUTHORIZED, "401", MSG_AZURE_401),
+            Event::RateLimited(l) => {
+                let secs = ceil_ms(l.wait).max(1).div_ceil(1000);
+                let what = if l.kind == LimitKind::Requests {
+                    "call"
+                } else {
+                    "token"
                 };
                 let msg = format!(
-                    "Rate limit reached for {model} in organization org-mock on {what} per min ({unit}): Limit {limit}, Used {used}, Requested {requested}. Please try again in {}.",
-                    go_duration(wait)
+                    "Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded {what} rate limit of your current OpenAI S0 pricing tier. Please retry after {secs} seconds. Please go here: https://aka.ms/oai/quotaincrease if you would like to further increase the default rate limit."
                 );
-                let wait_ms = ceil_ms(wait).max(1);
-                let extra = [
-                    ("retry-after", wait_ms.div_ceil(1000).max(1).to_string()),
-                    ("retry-after-ms", wait_ms.to_string()),
-                ];
-                let body = error_body(&msg, Some(what), Some("rate_limit_exceeded"));
-                return reply.send(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    Outcome::RateLimited,
-                    body,
-                    &extra,
-                );
+                azure_error(StatusCode::TOO_MANY_REQUESTS, "429", &msg)
+                    .with("retry-after", secs.to_string())
+                    .with("retry-after-ms", ceil_ms(l.wait).max(1).to_string())
             }
-            Decision::TooLarge {
-                limit,
-                requested,
-                headers,
-            } => {
-                reply.rate = Some(headers);
-                let msg = format!(
-                    "Request too large for {model} in organization org-mock on tokens per min (TPM): Limit {limit}, Requested {requested}. The input or output tokens must be reduced in order to run successfully."
-                );
-                let body = error_body(&msg, Some("tokens"), Some("rate_limit_exceeded"));
-                let extra = [("x-should-retry", "false".to_string())];
-                return reply.send(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    Outcome::RateLimited,
-                    body,
-                    &extra,
-                );
-            }
-        }
+            other => openai_error(other, model),
+        },
+        _ => openai_error(ev, model),
     }
+}
 
-    let draw = if live.quiet {
-        Draw {
-            early: None,
-            late: None,
-            latency: Duration::ZERO,
-        }
-    } else {
-        lock(&shared.rng).draw(&live.plan)
-    };
+fn azure_error(status: StatusCode, code: &str, msg: &str) -> Rendered {
+    let body = json!({"error": {"code": code, "message": msg}});
+    Rendered::json(status, serde_json::to_vec(&body).unwrap_or_default())
+}
 
-    match draw.early {
-        None => {}
-        Some(EarlyFault::ServerError) => {
-            let body = error_body(wire::MSG_500, Some("server_error"), None);
-            return reply.send(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Outcome::ServerError,
-                body,
-                &[],
-            );
-        }
-        Some(EarlyFault::Overloaded) => {
-            let body = error_body(wire::MSG_503, Some("server_error"), None);
-            return reply.send(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Outcome::Overloaded,
-                body,
-                &[],
-            );
-        }
-        Some(EarlyFault::Hang) => {
-            // Recorded now: the request never finishes from the client's point of view.
-            reply.record(Outcome::Hang, 0, None);
-            tokio::select! {
-                _ = tokio::time::sleep(HANG) => {}
-                _ = shared.stopping() => {}
-            }
-            let body = error_body(wire::MSG_503, Some("server_error"), None);
-            return reply.build(StatusCode::SERVICE_UNAVAILABLE, body, &[]);
-        }
-    }
+const MSG_AZURE_401: &str = "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.";
 
-    if !draw.latency.is_zero() {
-        tokio::select! {
-            _ = tokio::time::sleep(draw.latency) => {}
-            _ = shared.stopping() => {}
-        }
-    }
-
-    let damage = match draw.late {
-        Some(LateFault::Malformed) => {
-            let body = br#"{"id":"chatcmpl-x","object":"chat.compl"#.to_vec();
-            return reply.send(StatusCode::OK, Outcome::Malformed, body, &[]);
-        }
-        Some(LateFault::Truncated) => Damage::Truncated,
-        Some(LateFault::WrongSchema) => Damage::WrongSchema,
-        None => Damage::None,
-    };
-    let content = answer::content(&prompt, seed, damage);
-    let (finish_reason, completion_tokens, outcome) = match damage {
-        Damage::Truncated => (
-            "length",
-            prompt
-                .max_tokens
-                .unwrap_or_else(|| wire::completion_tokens(&content)),
-            Outcome::Truncated,
+fn openai_error(ev: &Event, model: &str) -> Rendered {
+    let e = |status, msg: &str, kind, code| Rendered::json(status, error_body(msg, kind, code));
+    match ev {
+        Event::NoAuth(msg) => e(
+            StatusCode::UNAUTHORIZED,
+            msg,
+            Some("invalid_request_error"),
+            None,
         ),
-        Damage::WrongSchema => (
-            "stop",
-            wire::completion_tokens(&content),
-            Outcome::WrongSchema,
+        Event::BadRequest(msg) => e(
+            StatusCode::BAD_REQUEST,
+            msg,
+            Some("invalid_request_error"),
+            None,
         ),
-        Damage::None => ("stop", wire::completion_tokens(&content), Outcome::Ok),
+        Event::Unauthorized => e(
+            StatusCode::UNAUTHORIZED,
+            wire::MSG_BAD_KEY,
+            Some("invalid_request_error"),
+            Some("invalid_api_key"),
+        ),
+        Event::Quota => e(
+            StatusCode::TOO_MANY_REQUESTS,
+            wire::MSG_QUOTA,
+            Some("insufficient_quota"),
+            Some("insufficient_quota"),
+        )
+        .with("x-should-retry", "false".to_string()),
+        Event::RateLimited(l) => {
+            let (what, unit) = match l.kind {
+                LimitKind::Requests => ("requests", "RPM"),
+                LimitKind::Tokens => ("tokens", "TPM"),
+            };
+            let msg = format!(
+                "Rate limit reached for {model} in organization org-mock on {what} per min ({unit}): Limit {}, Used {}, Requested {}. Please try again in {}.",
+                l.limit,
+                l.used,
+                l.requested,
+                go_duration(l.wait)
+            );
+            let wait_ms = ceil_ms(l.wait).max(1);
+            e(
+                StatusCode::TOO_MANY_REQUESTS,
+                &msg,
+                Some(what),
+                Some("rate_limit_exceeded"),
+            )
+            .with("retry-after", wait_ms.div_ceil(1000).max(1).to_string())
+            .with("retry-after-ms", wait_ms.to_string())
+        }
+        Event::TooLarge { limit, requested } => {
+            let msg = format!(
+                "Request too large for {model} in organization org-mock on tokens per min (TPM): Limit {limit}, Requested {requested}. The input or output tokens must be reduced in order to run successfully."
+            );
+            e(
+                StatusCode::TOO_MANY_REQUESTS,
+                &msg,
+                Some("tokens"),
+                Some("rate_limit_exceeded"),
+            )
+            .with("x-should-retry", "false".to_string())
+        }
+        Event::ServerError => e(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            wire::MSG_500,
+            Some("server_error"),
+            None,
+        ),
+        Event::Overloaded => e(
+            StatusCode::SERVICE_UNAVAILABLE,
+            wire::MSG_503,
+            Some("server_error"),
+            None,
+        ),
+    }
+}
+
+fn openrouter_error(ev: &Event, model: &str) -> Rendered {
+    let (status, msg, metadata) = match ev {
+        Event::NoAuth(msg) => (StatusCode::UNAUTHORIZED, msg.clone(), None),
+        Event::Unauthorized => (
+            StatusCode::UNAUTHORIZED,
+            "User not found.".to_string(),
+            None,
+        ),
+        Event::BadRequest(msg) => (StatusCode::BAD_REQUEST, msg.clone(), None),
+        Event::Quota => (
+            StatusCode::PAYMENT_REQUIRED,
+            "Insufficient credits. Add more using https://openrouter.ai/settings/credits"
+                .to_string(),
+            Some(json!({"limit_source": "openrouter_credits"})),
+        ),
+        Event::RateLimited(l) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "Rate limit exceeded: {model} is temporarily rate-limited. Please retry in {}.",
+                go_duration(l.wait)
+            ),
+            None,
+        ),
+        Event::TooLarge { limit, requested } => (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "This request asks for {requested} tokens, more than the {limit} tokens per minute allowed. Please reduce the length of the messages or completion."
+            ),
+            None,
+        ),
+        Event::ServerError => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Internal Server Error".to_string(),
+            None,
+        ),
+        Event::Overloaded => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "No allowed providers are available for the selected model.".to_string(),
+            None,
+        ),
     };
-    let id = format!(
-        "chatcmpl-{}",
-        id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt)
-    );
+    let mut error = json!({"code": status.as_u16(), "message": msg});
+    if let Some(m) = metadata {
+        error["metadata"] = m;
+    }
+    let body = serde_json::to_vec(&json!({"error": error})).unwrap_or_default();
+    let r = Rendered::json(status, body);
+    match ev {
+        Event::RateLimited(l) => r.with(
+            "retry-after",
+            ceil_ms(l.wait).max(1).div_ceil(1000).to_string(),
+        ),
+        _ => r,
+    }
+}
+
+pub(crate) fn render_answer(route: Route, a: &Answer<'_>) -> Result<Rendered, String> {
+    let finish = if a.truncated { "length" } else { "stop" };
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let prefix = if route == Route::OpenRouter {
+        "gen-"
+    } else {
+        "chatcmpl-"
+    };
+    let id = format!("{prefix}{}", a.id);
     let completion = Completion::new(
         &id,
         created,
-        prompt.model,
-        &content,
-        finish_reason,
-        prompt_tokens,
-        completion_tokens,
+        a.model,
+        a.content,
+        finish,
+        a.prompt_tokens,
+        a.completion_tokens,
     );
-    let body = match serde_json::to_vec(&completion) {
-        Ok(b) => b,
-        Err(e) => {
-            let body = error_body(&e.to_string(), Some("server_error"), None);
-            return reply.send(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Outcome::ServerError,
-                body,
-                &[],
-            );
-        }
+    let body = if route == Route::OpenRouter {
+        let mut v = serde_json::to_value(&completion).map_err(|e| e.to_string())?;
+        v["provider"] = json!("Mock");
+        v["choices"][0]["native_finish_reason"] = json!(finish);
+        // a nominal $0.10 / $0.40 per million tokens, in credits (USD)
+        let cost = (a.prompt_tokens as f64 * 0.1 + a.completion_tokens as f64 * 0.4) / 1e6;
+        v["usage"]["cost"] = json!(cost);
+        v["usage"]["is_byok"] = json!(false);
+        serde_json::to_vec(&v)
+    } else {
+        serde_json::to_vec(&completion)
     };
-    reply.record(outcome, 200, Some((prompt_tokens, completion_tokens)));
-    reply.build(StatusCode::OK, body, &[])
+    Ok(Rendered::json(
+        StatusCode::OK,
+        body.map_err(|e| e.to_string())?,
+    ))
 }
 
-impl Reply<'_> {
-    fn record(&self, outcome: Outcome, status: u16, usage: Option<(u64, u64)>) {
-        let cap = self.live.config.log_capacity;
-        self.shared
-            .stats
-            .record(outcome, status, usage, &self.facts, cap);
-    }
-
-    /// Record the outcome, then build the response.
-    fn send(
-        &self,
-        status: StatusCode,
-        outcome: Outcome,
-        body: Vec<u8>,
-        extra: &[(&'static str, String)],
-    ) -> Response {
-        self.record(outcome, status.as_u16(), None);
-        self.build(status, body, extra)
-    }
-
-    fn build(
-        &self,
-        status: StatusCode,
-        body: Vec<u8>,
-        extra: &[(&'static str, String)],
-    ) -> Response {
-        let mut resp = json_response(status, body);
-        let h = resp.headers_mut();
-        let request_no = self.shared.ids.fetch_add(1, Relaxed);
-        put(
-            h,
-            "x-request-id",
-            format!("req_{}", id_hex(request_no, !self.shared.salt)),
-        );
-        let ms = self.started.elapsed().as_millis() as u64;
-        h.insert("openai-processing-ms", HeaderValue::from(ms));
-        h.insert("openai-version", HeaderValue::from_static("2020-10-01"));
-        h.insert("openai-organization", HeaderValue::from_static("org-mock"));
-        if let Some(rate) = &self.rate {
-            rate_headers(h, "requests", rate.requests.as_ref());
-            rate_headers(h, "tokens", rate.tokens.as_ref());
-        }
-        for (name, value) in extra {
-            put(h, name, value.clone());
-        }
-        resp
-    }
-}
-
-fn put(h: &mut HeaderMap, name: &'static str, value: String) {
-    if let Ok(v) = HeaderValue::try_from(value) {
-        h.insert(HeaderName::from_static(name), v);
+/// OpenAI and Azure: ids, timing and the `x-ratelimit-*` headers.
+pub(crate) fn common_headers(
+    h: &mut HeaderMap,
+    request_id: &str,
+    ms: u64,
+    rate: Option<&RateHeaders>,
+) {
+    put(h, "x-request-id", format!("req_{request_id}"));
+    h.insert("openai-processing-ms", HeaderValue::from(ms));
+    h.insert("openai-version", HeaderValue::from_static("2020-10-01"));
+    h.insert("openai-organization", HeaderValue::from_static("org-mock"));
+    if let Some(rate) = rate {
+        rate_headers(h, "requests", rate.requests.as_ref());
+        rate_headers(h, "tokens", rate.tokens.as_ref());
     }
 }
 

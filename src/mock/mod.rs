@@ -1,5 +1,6 @@
-//! The built-in mock provider: an HTTP server on loopback that speaks OpenAI's
-//! Chat Completions wire format byte for byte.
+//! The built-in mock provider: an HTTP server on loopback that speaks the
+//! synchronous chat wire formats of OpenAI, Azure OpenAI, OpenRouter,
+//! Anthropic, Gemini and Ollama.
 //!
 //! Contract:
 //! - `POST /v1/chat/completions` answers deterministically (same model + messages
@@ -7,22 +8,36 @@
 //!   `json_schema`), enforces optional per-second RPM/TPM buckets the way OpenAI
 //!   does, and injects faults drawn from a seeded RNG (not from the prompt, so a
 //!   retry of a failed request can succeed).
+//! - The same pipeline (latency, the one pair of rate buckets, faults, modes,
+//!   determinism, stats and log) serves, each in its provider's exact shape:
+//!   `POST /openai/deployments/{deployment}/chat/completions?api-version=…`
+//!   (Azure), `POST /api/v1/chat/completions` (OpenRouter), `POST /v1/messages`
+//!   (Anthropic), `POST /v1beta/models/{model}:generateContent` (Gemini) and
+//!   `POST /api/chat` (Ollama). Each log entry names its provider and route.
 //! - `GET /v1/models` lists a few model ids.
 //! - `GET /_mock/stats`, `GET /_mock/log`, `GET|POST /_mock/config` and
 //!   `POST /_mock/reset` let tests and the demo observe and steer the server live.
 //!
-//! Layout: `server` (lifecycle, shared state, admin routes), `chat` (the
-//! chat-completion pipeline), `wire` (OpenAI request/response/error bodies),
+//! Layout: `server` (lifecycle, shared state, admin routes), `pipeline` (the
+//! request pipeline every route shares), `chat` (the OpenAI, Azure and
+//! OpenRouter routes), `anthropic`, `gemini`, `ollama` (their routes and
+//! bodies), `infer` (the answer format when a request has no schema field),
+//! `wire` (OpenAI request/response/error bodies),
 //! `answer` and `schema` (deterministic content), `json` (an order-preserving
 //! JSON value used for schemas), `limits` (token buckets and Go duration
 //! strings), `faults` (seeded fault and latency draws), `stats` (atomic
 //! counters and the bounded request log).
 
 mod answer;
+mod anthropic;
 mod chat;
 mod faults;
+mod gemini;
+mod infer;
 mod json;
 mod limits;
+mod ollama;
+mod pipeline;
 mod schema;
 mod server;
 mod stats;
@@ -142,7 +157,8 @@ impl MockConfig {
 /// Counters since start (or the last `POST /_mock/reset`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct MockStats {
-    /// every POST /v1/chat/completions received
+    /// every chat request received, on any route (OpenAI, Azure, OpenRouter,
+    /// Anthropic, Gemini, Ollama)
     pub requests: u64,
     pub ok: u64,
     /// 429 rate_limit_exceeded
@@ -165,12 +181,19 @@ pub struct MockStats {
     pub models_requests: u64,
 }
 
-/// One chat-completion request as the server saw it.
+/// One chat request as the server saw it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct MockLogEntry {
     pub seq: u64,
     /// ms since server start
     pub at_ms: u64,
+    /// whose wire format: "openai", "azure", "openrouter", "anthropic", "gemini", "ollama"
+    #[serde(default)]
+    pub provider: String,
+    /// the route's path template, e.g. "/v1/messages" or
+    /// "/v1beta/models/{model}:generateContent"
+    #[serde(default)]
+    pub route: String,
     /// X-Client-Request-Id header
     pub client_request_id: Option<String>,
     /// hex sha256 of the concatenated message contents ("" when the body was unreadable)

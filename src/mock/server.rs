@@ -27,12 +27,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::chat;
 use super::faults::{FaultPlan, FaultRng};
 use super::limits::Limits;
 use super::stats::Recorder;
 use super::wire::{self, error_body, splitmix};
 use super::{MockConfig, MockLogEntry, MockStats};
+use super::{anthropic, chat, gemini, ollama};
 
 /// How long `shutdown` waits for in-flight requests before aborting the server task.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -224,6 +224,14 @@ impl Drop for MockServer {
 fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::handle))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(chat::azure),
+        )
+        .route("/api/v1/chat/completions", post(chat::openrouter))
+        .route("/v1/messages", post(anthropic::handle))
+        .route("/v1beta/models/{target}", post(gemini::handle))
+        .route("/api/chat", post(ollama::handle))
         .route("/v1/models", get(models))
         .route("/_mock/stats", get(stats))
         .route("/_mock/log", get(log))

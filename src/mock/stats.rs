@@ -2,7 +2,7 @@
 //!
 //! Contract: counters are lock-free atomics (they sit on the hot path); the log
 //! is a `Mutex<VecDeque>` capped at `log_capacity` entries, oldest dropped.
-//! `requests` counts every chat-completion POST on arrival; exactly one outcome
+//! `requests` counts every chat POST (any route) on arrival; exactly one outcome
 //! counter and one log entry follow per request (a hang is recorded when it is
 //! decided, since it never finishes). `seq` keeps growing across resets so log
 //! entries stay unique for the life of the server.
@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use tokio::time::Instant;
 
+use super::pipeline::Route;
 use super::{MockLogEntry, MockStats};
 
 /// How one chat-completion request ended.
@@ -69,6 +70,7 @@ impl Outcome {
 
 /// What the log records about a request besides its outcome.
 pub(crate) struct RequestFacts<'a> {
+    pub route: Route,
     pub client_request_id: Option<&'a str>,
     pub prompt_sha256: &'a str,
     pub model: &'a str,
@@ -127,6 +129,8 @@ impl Recorder {
         let entry = MockLogEntry {
             seq: self.seq.fetch_add(1, Relaxed),
             at_ms: self.started.elapsed().as_millis() as u64,
+            provider: facts.route.provider().to_string(),
+            route: facts.route.path().to_string(),
             client_request_id: facts.client_request_id.map(str::to_string),
             prompt_sha256: facts.prompt_sha256.to_string(),
             model: facts.model.to_string(),
@@ -196,6 +200,7 @@ mod tests {
     fn counts_logs_and_caps() {
         let r = Recorder::new(Instant::now());
         let facts = RequestFacts {
+            route: Route::Anthropic,
             client_request_id: Some("c-1"),
             prompt_sha256: "ab",
             model: "m",
@@ -212,6 +217,10 @@ mod tests {
         assert_eq!(log.len(), 3);
         assert_eq!(log[0].seq, 3);
         assert_eq!(log[2].outcome, "hang");
+        assert_eq!(
+            (log[2].provider.as_str(), log[2].route.as_str()),
+            ("anthropic", "/v1/messages")
+        );
         r.reset();
         assert_eq!(r.snapshot(), MockStats::default());
         assert!(r.log().is_empty());

@@ -2,7 +2,12 @@
 //! builds a `ChatRequest`, sends it through `dyn ChatProvider`, and reads a
 //! `ChatAnswer` or a classified `ProviderError`.
 
+mod anthropic;
+mod azure;
+mod gemini;
+mod ollama;
 mod openai;
+mod openrouter;
 
 use std::fmt;
 use std::future::Future;
@@ -14,7 +19,12 @@ use serde_json::Value;
 use crate::config::{ProviderConfig, ProviderKind};
 use crate::limiter::RateHeaders;
 
+pub use anthropic::{ANTHROPIC_VERSION, AnthropicChat};
+pub use azure::AzureChat;
+pub use gemini::GeminiChat;
+pub use ollama::OllamaChat;
 pub use openai::OpenAiChat;
+pub use openrouter::OpenRouterChat;
 
 /// One synchronous chat call.
 #[derive(Debug, Clone)]
@@ -26,7 +36,8 @@ pub struct ChatRequest {
     pub temperature: Option<f64>,
     /// Structured output: (schema name, JSON schema).
     pub response_schema: Option<(String, Value)>,
-    /// Sent as `X-Client-Request-Id`; unique per attempt.
+    /// Unique per attempt; sent where the provider has a header for it
+    /// (OpenAI's `X-Client-Request-Id`), else not sent.
     pub client_request_id: String,
     pub timeout: Duration,
 }
@@ -153,6 +164,11 @@ pub trait ChatProvider: Send + Sync {
 pub struct ApiKey(String);
 
 impl ApiKey {
+    /// Wrap a key read from elsewhere (tests, a secret store).
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -201,18 +217,190 @@ pub fn build(
     base_url_override: Option<&str>,
 ) -> Result<Box<dyn ChatProvider>, ProviderSetupError> {
     let key = read_key(name, cfg)?;
+    build_with_key(name, cfg, base_url_override, key)
+}
+
+/// The registry: one constructor per kind. Adding a provider adds an arm
+/// here and a file beside this one; orchestration never changes.
+pub(crate) fn build_with_key(
+    name: &str,
+    cfg: &ProviderConfig,
+    base_url_override: Option<&str>,
+    key: Option<ApiKey>,
+) -> Result<Box<dyn ChatProvider>, ProviderSetupError> {
+    let setup = |message: String| ProviderSetupError::Other {
+        provider: name.into(),
+        message,
+    };
     let base = base_url_override
         .map(str::to_string)
         .or_else(|| cfg.base_url.clone())
-        .unwrap_or_else(|| "https://api.openai.com/v1".to_string());
-    let label = match cfg.kind {
-        ProviderKind::Openai => "openai",
-        ProviderKind::OpenaiCompatible => "openai_compatible",
-        ProviderKind::Mock => "mock",
+        .or_else(|| cfg.kind.default_base_url().map(str::to_string))
+        .ok_or_else(|| {
+            setup(format!(
+                "base_url is required for kind = \"{}\"",
+                cfg.kind.as_str()
+            ))
+        })?;
+    let need_key = |key: Option<ApiKey>| {
+        key.ok_or_else(|| {
+            setup(format!(
+                "api_key_env is required for kind = \"{}\"",
+                cfg.kind.as_str()
+            ))
+        })
     };
-    let chat = OpenAiChat::new(label, &base, key).map_err(|message| ProviderSetupError::Other {
-        provider: name.into(),
-        message,
-    })?;
-    Ok(Box::new(chat))
+    let chat: Box<dyn ChatProvider> = match cfg.kind {
+        ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::Mock => {
+            Box::new(OpenAiChat::new(cfg.kind.as_str(), &base, key).map_err(setup)?)
+        }
+        ProviderKind::Azure => {
+            let version = cfg
+                .api_version
+                .as_ref()
+                .map(|v| v.get_ref().clone())
+                .ok_or_else(|| setup("api_version is required for kind = \"azure\"".into()))?;
+            Box::new(AzureChat::new(&base, &version, need_key(key)?).map_err(setup)?)
+        }
+        ProviderKind::Anthropic => {
+            Box::new(AnthropicChat::new(&base, need_key(key)?).map_err(setup)?)
+        }
+        ProviderKind::Gemini => Box::new(GeminiChat::new(&base, need_key(key)?).map_err(setup)?),
+        ProviderKind::Ollama => Box::new(OllamaChat::new(&base, key).map_err(setup)?),
+        ProviderKind::Openrouter => Box::new(
+            OpenRouterChat::new(&base, need_key(key)?)
+                .map_err(setup)?
+                .with_attribution(None, Some("docket")),
+        ),
+    };
+    Ok(chat)
+}
+
+/// The HTTP client every adapter uses.
+pub(crate) fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .user_agent(concat!("docket/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
+}
+
+/// Percent-encode one URL path segment (a model or deployment name).
+pub(crate) fn path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// What came back over the wire, before any provider-specific parsing.
+pub(crate) struct RawAnswer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub bytes: Vec<u8>,
+}
+
+/// Send and read the whole answer; transport failures are classified like
+/// every adapter needs (connect failure = safe to resend; a timeout or a
+/// broken connection after the request went out = ambiguous).
+pub(crate) async fn exchange(builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
+    let response = builder
+        .send()
+        .await
+        .map_err(|e| openai::transport_error(&e))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|e| openai::transport_error(&e))?;
+    Ok(RawAnswer {
+        status,
+        headers,
+        bytes: bytes.to_vec(),
+    })
+}
+
+/// Take the key (and anything key-shaped) out of an error before it is
+/// stored or shown: providers echo keys in some messages.
+pub(crate) fn scrub(mut err: ProviderError, key: Option<&ApiKey>) -> ProviderError {
+    if let Some(k) = key
+        && k.expose().len() >= 4
+    {
+        err.message = err.message.replace(k.expose(), "[redacted]");
+    }
+    err.message = openai::redact(&err.message);
+    err
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> ProviderConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn the_registry_builds_one_adapter_per_kind() {
+        let key = || Some(ApiKey::new("k-test"));
+        for (kind, extra, label) in [
+            ("openai", "", "openai"),
+            (
+                "openai_compatible",
+                "base_url = \"http://x/v1\"",
+                "openai_compatible",
+            ),
+            ("mock", "", "mock"),
+            (
+                "azure",
+                "base_url = \"https://r.openai.azure.com\"\napi_version = \"2024-10-21\"",
+                "azure",
+            ),
+            ("anthropic", "", "anthropic"),
+            ("gemini", "", "gemini"),
+            ("ollama", "", "ollama"),
+            ("openrouter", "", "openrouter"),
+        ] {
+            let c = cfg(&format!("kind = \"{kind}\"\nmodel = \"m\"\n{extra}\n"));
+            let p = build_with_key("p", &c, None, key()).unwrap();
+            assert_eq!(p.name(), label);
+        }
+        let ollama = cfg("kind = \"ollama\"\nmodel = \"llama3.2\"\n");
+        assert_eq!(
+            build_with_key("p", &ollama, None, None).unwrap().name(),
+            "ollama"
+        );
+        let anthropic = cfg("kind = \"anthropic\"\nmodel = \"claude-haiku-4-5\"\n");
+        let e = build_with_key("p", &anthropic, None, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("api_key_env"), "{e}");
+        let azure = cfg("kind = \"azure\"\nmodel = \"dep\"\napi_version = \"2024-10-21\"\n");
+        let e = build_with_key("p", &azure, None, key())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("base_url"), "{e}");
+    }
+
+    #[test]
+    fn scrub_removes_the_exact_key() {
+        let e = ProviderError {
+            class: ErrorClass::Auth,
+            http_status: Some(401),
+            message: "bad key AIzaCanary123 given".into(),
+            headers: RateHeaders::default(),
+        };
+        let e = scrub(e, Some(&ApiKey::new("AIzaCanary123")));
+        assert_eq!(e.message, "bad key [redacted] given");
+    }
 }

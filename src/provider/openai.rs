@@ -10,8 +10,6 @@
 // the limiter needs; errors are the rare path, so its size is not boxed away.
 #![allow(clippy::result_large_err)]
 
-use std::time::Instant;
-
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -34,13 +32,7 @@ pub struct OpenAiChat {
 
 impl OpenAiChat {
     pub fn new(label: &str, base_url: &str, key: Option<ApiKey>) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(1024)
-            .tcp_nodelay(true)
-            .connect_timeout(std::time::Duration::from_secs(10))
-            .user_agent(concat!("docket/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+        let client = super::http_client()?;
         let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
         Ok(Self {
             label: label.to_string(),
@@ -61,21 +53,13 @@ impl OpenAiChat {
         if let Some(key) = &self.key {
             builder = builder.bearer_auth(key.expose());
         }
-        let started = Instant::now();
-        let response = builder.send().await.map_err(|e| transport_error(&e))?;
-        let status = response.status().as_u16();
-        let headers = rate_headers(response.headers());
-        let provider_request_id = response
-            .headers()
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let bytes = response.bytes().await.map_err(|e| transport_error(&e))?;
-        let _ = started;
-        if status == 200 {
-            return parse_success(&bytes, headers, provider_request_id, status);
+        let raw = super::exchange(builder).await?;
+        let headers = rate_headers(&raw.headers);
+        let provider_request_id = header_str(&raw.headers, "x-request-id").map(str::to_string);
+        if raw.status == 200 {
+            return parse_success(&raw.bytes, headers, provider_request_id, raw.status);
         }
-        Err(classify_error(status, &bytes, headers))
+        Err(classify_error(raw.status, &raw.bytes, headers))
     }
 }
 
@@ -85,7 +69,11 @@ impl ChatProvider for OpenAiChat {
     }
 
     fn send<'a>(&'a self, request: &'a ChatRequest) -> ChatFuture<'a> {
-        Box::pin(self.send_inner(request))
+        Box::pin(async move {
+            self.send_inner(request)
+                .await
+                .map_err(|e| super::scrub(e, self.key.as_ref()))
+        })
     }
 }
 
@@ -162,7 +150,7 @@ struct CompletionDetails {
     reasoning_tokens: u64,
 }
 
-fn parse_success(
+pub(crate) fn parse_success(
     bytes: &[u8],
     headers: RateHeaders,
     provider_request_id: Option<String>,
@@ -283,7 +271,7 @@ pub(crate) fn classify_error(status: u16, bytes: &[u8], headers: RateHeaders) ->
     }
 }
 
-fn transport_error(e: &reqwest::Error) -> ProviderError {
+pub(crate) fn transport_error(e: &reqwest::Error) -> ProviderError {
     // A connect failure means nothing left this machine: safe to resend.
     // A timeout or a broken connection after the request went out may have
     // been billed: ambiguous.
@@ -307,11 +295,11 @@ fn transport_error(e: &reqwest::Error) -> ProviderError {
     }
 }
 
-fn header_u64(h: &HeaderMap, name: &str) -> Option<u64> {
+pub(crate) fn header_u64(h: &HeaderMap, name: &str) -> Option<u64> {
     h.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name)?.to_str().ok()
 }
 
@@ -332,7 +320,7 @@ pub(crate) fn rate_headers(h: &HeaderMap) -> RateHeaders {
     }
 }
 
-fn preview(bytes: &[u8]) -> String {
+pub(crate) fn preview(bytes: &[u8]) -> String {
     let s = String::from_utf8_lossy(&bytes[..bytes.len().min(120)]);
     crate::sanitize::for_terminal(&s)
 }

@@ -1,0 +1,402 @@
+//! The request pipeline shared by every chat route, whatever its wire format.
+//!
+//! Contract, in order: the route's own rejection decided before the pipeline
+//! (missing key, key in the URL, missing api-version or anthropic-version);
+//! mode (`unauthorized`, `quota`); body validation (400); rate buckets,
+//! requests then tokens (429, answered at once without latency); early faults
+//! 500 / 503 / hang; the latency sleep; late faults malformed / truncated /
+//! wrong_schema; the answer. Every step is the same for all routes: only the
+//! rendering of an error, an answer and the per-response headers differs, and
+//! that is delegated to the route's module (`chat`, `anthropic`, `gemini`,
+//! `ollama`). Each request ends in exactly one stats outcome and one log
+//! entry naming its route.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+
+use super::answer::{self, Damage};
+use super::faults::{Draw, EarlyFault, LateFault};
+use super::limits::{Decision, LimitKind, RateHeaders};
+use super::server::{Live, Mode, Shared, lock};
+use super::stats::{Outcome, RequestFacts};
+use super::wire::{self, Prompt, id_hex};
+use super::{anthropic, chat, gemini, ollama};
+
+/// A hung request is held this long (the client's timeout ends it first).
+const HANG: Duration = Duration::from_secs(3600);
+
+/// Which provider's wire format a request came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    OpenAi,
+    Azure,
+    OpenRouter,
+    Anthropic,
+    Gemini,
+    Ollama,
+}
+
+impl Route {
+    /// Provider name in the log.
+    pub(crate) fn provider(self) -> &'static str {
+        match self {
+            Route::OpenAi => "openai",
+            Route::Azure => "azure",
+            Route::OpenRouter => "openrouter",
+            Route::Anthropic => "anthropic",
+            Route::Gemini => "gemini",
+            Route::Ollama => "ollama",
+        }
+    }
+
+    /// Path template in the log.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Route::OpenAi => "/v1/chat/completions",
+            Route::Azure => "/openai/deployments/{deployment}/chat/completions",
+            Route::OpenRouter => "/api/v1/chat/completions",
+            Route::Anthropic => "/v1/messages",
+            Route::Gemini => "/v1beta/models/{model}:generateContent",
+            Route::Ollama => "/api/chat",
+        }
+    }
+}
+
+/// A refused rate-limit check.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limited {
+    pub kind: LimitKind,
+    pub limit: u64,
+    pub used: u64,
+    pub requested: u64,
+    pub wait: Duration,
+}
+
+/// Every way a request ends without an answer. Routes render these in their own shape.
+#[derive(Debug, Clone)]
+pub(crate) enum Event {
+    /// credentials missing (decided by the route)
+    NoAuth(String),
+    /// a 400 decided by the route (api-version, key in URL, ...) or by body validation
+    BadRequest(String),
+    /// `mode = "unauthorized"`
+    Unauthorized,
+    /// `mode = "quota"`
+    Quota,
+    RateLimited(Limited),
+    /// one request above the whole per-minute token limit: never passes
+    TooLarge {
+        limit: u64,
+        requested: u64,
+    },
+    ServerError,
+    Overloaded,
+}
+
+impl Event {
+    fn outcome(&self) -> Outcome {
+        match self {
+            Event::NoAuth(_) | Event::Unauthorized => Outcome::Unauthorized,
+            Event::BadRequest(_) => Outcome::BadRequest,
+            Event::Quota => Outcome::Quota,
+            Event::RateLimited(_) | Event::TooLarge { .. } => Outcome::RateLimited,
+            Event::ServerError => Outcome::ServerError,
+            Event::Overloaded => Outcome::Overloaded,
+        }
+    }
+}
+
+/// A generated answer, for the route to wrap in its success body.
+pub(crate) struct Answer<'a> {
+    /// 32 hex digits, unique per server; routes add their own prefix
+    pub id: String,
+    pub model: &'a str,
+    pub content: &'a str,
+    /// cut by the max-tokens limit (the truncated fault)
+    pub truncated: bool,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// time spent so far (Ollama reports durations)
+    pub elapsed: Duration,
+    /// Ollama: answer as an NDJSON stream
+    pub stream: bool,
+}
+
+/// What a route renders: status (errors only), body and extra headers.
+pub(crate) struct Rendered {
+    pub status: StatusCode,
+    pub body: Vec<u8>,
+    pub headers: Vec<(&'static str, String)>,
+    pub content_type: &'static str,
+}
+
+impl Rendered {
+    pub(crate) fn json(status: StatusCode, body: Vec<u8>) -> Rendered {
+        Rendered {
+            status,
+            body,
+            headers: Vec::new(),
+            content_type: "application/json",
+        }
+    }
+
+    pub(crate) fn with(mut self, name: &'static str, value: String) -> Rendered {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+/// One chat request as a route hands it to the pipeline.
+pub(crate) struct Request<'a> {
+    pub route: Route,
+    pub client_request_id: Option<&'a str>,
+    /// a rejection the route decided before the pipeline (auth, query, headers)
+    pub reject: Option<Event>,
+    /// the validated prompt, or the 400 message
+    pub prompt: Result<Prompt<'a>, String>,
+    /// model for the log when the prompt is invalid
+    pub model: &'a str,
+    pub stream: bool,
+}
+
+fn render_error(route: Route, ev: &Event, model: &str, request_id: &str) -> Rendered {
+    match route {
+        Route::OpenAi | Route::Azure | Route::OpenRouter => chat::render_error(route, ev, model),
+        Route::Anthropic => anthropic::render_error(ev, model, request_id),
+        Route::Gemini => gemini::render_error(ev, model),
+        Route::Ollama => ollama::render_error(ev),
+    }
+}
+
+fn render_answer(route: Route, a: &Answer<'_>) -> Result<Rendered, String> {
+    match route {
+        Route::OpenAi | Route::Azure | Route::OpenRouter => chat::render_answer(route, a),
+        Route::Anthropic => anthropic::render_answer(a),
+        Route::Gemini => gemini::render_answer(a),
+        Route::Ollama => ollama::render_answer(a),
+    }
+}
+
+/// Per-response headers every answer of the route carries (ids, timing, rate state).
+fn common_headers(
+    route: Route,
+    h: &mut HeaderMap,
+    request_id: &str,
+    ms: u64,
+    rate: Option<&RateHeaders>,
+) {
+    match route {
+        Route::OpenAi | Route::Azure => chat::common_headers(h, request_id, ms, rate),
+        Route::OpenRouter => put(h, "x-request-id", format!("req_{request_id}")),
+        Route::Anthropic => anthropic::common_headers(h, request_id, rate),
+        Route::Gemini | Route::Ollama => {}
+    }
+}
+
+/// Run one request through the pipeline. The caller has already counted it
+/// (`stats.request_received`) and parsed its body.
+pub(crate) async fn run(
+    shared: &Shared,
+    live: &Live,
+    started: Instant,
+    req: Request<'_>,
+) -> Response {
+    let (prompt_sha256, seed) = match &req.prompt {
+        Ok(p) => p.hashes(),
+        Err(_) => (String::new(), [0; 32]),
+    };
+    let model = match &req.prompt {
+        Ok(p) => p.model,
+        Err(_) => req.model,
+    };
+    let mut reply = Reply {
+        shared,
+        live,
+        route: req.route,
+        facts: RequestFacts {
+            route: req.route,
+            client_request_id: req.client_request_id,
+            prompt_sha256: &prompt_sha256,
+            model,
+        },
+        started,
+        rate: None,
+        request_id: id_hex(shared.ids.fetch_add(1, Relaxed), !shared.salt),
+    };
+
+    if let Some(ev) = &req.reject {
+        return reply.fail(ev);
+    }
+    match live.mode {
+        Mode::Normal => {}
+        Mode::Unauthorized => return reply.fail(&Event::Unauthorized),
+        Mode::Quota => return reply.fail(&Event::Quota),
+    }
+    let prompt = match req.prompt {
+        Ok(p) => p,
+        Err(msg) => return reply.fail(&Event::BadRequest(msg)),
+    };
+    let prompt_tokens = prompt.prompt_tokens();
+
+    if live.limits_on {
+        let cost = prompt_tokens.saturating_add(prompt.max_tokens.unwrap_or(256));
+        let decision = lock(&shared.limits).check(cost, Instant::now());
+        match decision {
+            Decision::Allowed(h) => reply.rate = Some(h),
+            Decision::Limited {
+                kind,
+                limit,
+                used,
+                requested,
+                wait,
+                headers,
+            } => {
+                reply.rate = Some(headers);
+                let l = Limited {
+                    kind,
+                    limit,
+                    used,
+                    requested,
+                    wait,
+                };
+                return reply.fail(&Event::RateLimited(l));
+            }
+            Decision::TooLarge {
+                limit,
+                requested,
+                headers,
+            } => {
+                reply.rate = Some(headers);
+                return reply.fail(&Event::TooLarge { limit, requested });
+            }
+        }
+    }
+
+    let draw = if live.quiet {
+        Draw {
+            early: None,
+            late: None,
+            latency: Duration::ZERO,
+        }
+    } else {
+        lock(&shared.rng).draw(&live.plan)
+    };
+    match draw.early {
+        None => {}
+        Some(EarlyFault::ServerError) => return reply.fail(&Event::ServerError),
+        Some(EarlyFault::Overloaded) => return reply.fail(&Event::Overloaded),
+        Some(EarlyFault::Hang) => {
+            // Recorded now: the request never finishes from the client's point of view.
+            reply.record(Outcome::Hang, 0, None);
+            tokio::select! {
+                _ = tokio::time::sleep(HANG) => {}
+                _ = shared.stopping() => {}
+            }
+            return reply.build(render_error(
+                req.route,
+                &Event::Overloaded,
+                model,
+                &reply.request_id,
+            ));
+        }
+    }
+    if !draw.latency.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(draw.latency) => {}
+            _ = shared.stopping() => {}
+        }
+    }
+
+    let damage = match draw.late {
+        Some(LateFault::Malformed) => Damage::None,
+        Some(LateFault::Truncated) => Damage::Truncated,
+        Some(LateFault::WrongSchema) => Damage::WrongSchema,
+        None => Damage::None,
+    };
+    let content = answer::content(&prompt, seed, damage);
+    let full_tokens = wire::completion_tokens(&content);
+    let (completion_tokens, outcome) = match damage {
+        Damage::Truncated => (prompt.max_tokens.unwrap_or(full_tokens), Outcome::Truncated),
+        Damage::WrongSchema => (full_tokens, Outcome::WrongSchema),
+        Damage::None => (full_tokens, Outcome::Ok),
+    };
+    let answer = Answer {
+        id: id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt),
+        model: prompt.model,
+        content: &content,
+        truncated: damage == Damage::Truncated,
+        prompt_tokens,
+        completion_tokens,
+        elapsed: started.elapsed(),
+        stream: req.stream,
+    };
+    // Serializing our own structs cannot fail in practice; a 500 if it ever does.
+    let Ok(mut rendered) = render_answer(req.route, &answer) else {
+        return reply.fail(&Event::ServerError);
+    };
+    if draw.late == Some(LateFault::Malformed) {
+        rendered.body = malformed(req.route, rendered.body);
+        reply.record(Outcome::Malformed, 200, None);
+        return reply.build(rendered);
+    }
+    reply.record(outcome, 200, Some((prompt_tokens, completion_tokens)));
+    reply.build(rendered)
+}
+
+/// A 200 body that is not JSON: OpenAI's route keeps its historical fixed
+/// prefix, the others send the first half of their real answer.
+fn malformed(route: Route, body: Vec<u8>) -> Vec<u8> {
+    if route == Route::OpenAi {
+        return br#"{"id":"chatcmpl-x","object":"chat.compl"#.to_vec();
+    }
+    let mut body = body;
+    body.truncate(body.len() / 2);
+    body
+}
+
+struct Reply<'a> {
+    shared: &'a Shared,
+    live: &'a Live,
+    route: Route,
+    facts: RequestFacts<'a>,
+    started: Instant,
+    rate: Option<RateHeaders>,
+    /// 32 hex digits; routes add their prefix (`req_`)
+    request_id: String,
+}
+
+impl Reply<'_> {
+    fn record(&self, outcome: Outcome, status: u16, usage: Option<(u64, u64)>) {
+        let cap = self.live.config.log_capacity;
+        self.shared
+            .stats
+            .record(outcome, status, usage, &self.facts, cap);
+    }
+
+    fn fail(&self, ev: &Event) -> Response {
+        let rendered = render_error(self.route, ev, self.facts.model, &self.request_id);
+        self.record(ev.outcome(), rendered.status.as_u16(), None);
+        self.build(rendered)
+    }
+
+    fn build(&self, r: Rendered) -> Response {
+        let mut resp = (r.status, [(header::CONTENT_TYPE, r.content_type)], r.body).into_response();
+        let h = resp.headers_mut();
+        let ms = self.started.elapsed().as_millis() as u64;
+        common_headers(self.route, h, &self.request_id, ms, self.rate.as_ref());
+        for (name, value) in r.headers {
+            put(h, name, value);
+        }
+        resp
+    }
+}
+
+pub(crate) fn put(h: &mut HeaderMap, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::try_from(value) {
+        h.insert(HeaderName::from_static(name), v);
+    }
+}

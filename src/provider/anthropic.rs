@@ -1,0 +1,495 @@
+//! Anthropic Messages: `POST {base}/v1/messages`.
+//!
+//! Headers `x-api-key` and `anthropic-version: 2023-06-01`. Anthropic has no
+//! client request id header, so none is sent (its answers carry `request-id`).
+//!
+//! Structured output: the published `output_config.format` json_schema mode
+//! arrived behind a beta header and is not on every model, so the schema is
+//! not sent as a parameter: it goes into the system prompt as an instruction,
+//! and docket's gate checks the answer against it as for every provider.
+//!
+//! Errors: 529 `overloaded_error` is overload (retry, backoff); 429 a rate
+//! limit (`retry-after`); a 400 whose message says the credit balance is too
+//! low (and 402 `billing_error`) is spent quota and stops the session; 401 /
+//! 403 stop it as credentials; 413 / other 4xx fail the item; 5xx retry.
+
+#![allow(clippy::result_large_err)]
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::header::HeaderMap;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::openai::{header_str, header_u64, preview};
+use super::{
+    ApiKey, ChatAnswer, ChatFuture, ChatProvider, ChatRequest, ErrorClass, FinishReason,
+    ProviderError, Usage,
+};
+use crate::limiter::RateHeaders;
+
+/// The `anthropic-version` header every request carries.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+const MAX_TOKENS_REPORTED: u64 = 1_000_000_000_000;
+/// A reset time further out than this is treated as this far (a clock skew
+/// or a nonsense header must not hold every send for hours).
+const MAX_RESET: Duration = Duration::from_secs(3600);
+
+pub struct AnthropicChat {
+    url: String,
+    key: ApiKey,
+    client: reqwest::Client,
+}
+
+impl AnthropicChat {
+    /// `base_url` is `https://api.anthropic.com` (a trailing `/v1` is accepted).
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+        let base = base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
+        Ok(Self {
+            url: format!("{base}/v1/messages"),
+            key,
+            client: super::http_client()?,
+        })
+    }
+
+    async fn send_inner(&self, req: &ChatRequest) -> Result<ChatAnswer, ProviderError> {
+        let builder = self
+            .client
+            .post(&self.url)
+            .timeout(req.timeout)
+            .header("x-api-key", self.key.expose())
+            .header("anthropic-version", ANTHROPIC_VERSION)
+            .json(&request_body(req));
+        let raw = super::exchange(builder).await?;
+        let headers = rate_headers_at(&raw.headers, Utc::now());
+        let request_id = header_str(&raw.headers, "request-id").map(str::to_string);
+        if raw.status == 200 {
+            return parse_success(&raw.bytes, headers, request_id, raw.status);
+        }
+        Err(classify_error(raw.status, &raw.bytes, headers))
+    }
+}
+
+impl ChatProvider for AnthropicChat {
+    fn name(&self) -> &str {
+        "anthropic"
+    }
+
+    fn send<'a>(&'a self, request: &'a ChatRequest) -> ChatFuture<'a> {
+        Box::pin(async move {
+            self.send_inner(request)
+                .await
+                .map_err(|e| super::scrub(e, Some(&self.key)))
+        })
+    }
+}
+
+/// The instruction that stands in for a schema parameter.
+pub(crate) fn schema_instruction(name: &str, schema: &Value) -> String {
+    format!(
+        "Answer with one JSON object only (no prose, no code fences) that is valid against this JSON Schema (\"{name}\"):\n{schema}"
+    )
+}
+
+pub(crate) fn request_body(req: &ChatRequest) -> Value {
+    let system = match (&req.system, &req.response_schema) {
+        (Some(s), Some((name, schema))) => {
+            Some(format!("{s}\n\n{}", schema_instruction(name, schema)))
+        }
+        (None, Some((name, schema))) => Some(schema_instruction(name, schema)),
+        (s, None) => s.clone(),
+    };
+    let mut body = json!({
+        "model": req.model,
+        "max_tokens": req.max_tokens,
+        "messages": [{"role": "user", "content": req.user}],
+    });
+    if let Some(s) = system {
+        body["system"] = json!(s);
+    }
+    // Only temperature: current models refuse temperature and top_p together.
+    if let Some(t) = req.temperature {
+        body["temperature"] = json!(t);
+    }
+    body
+}
+
+#[derive(Deserialize)]
+struct MessageBody {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    content: Vec<Block>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: Option<UsageBody>,
+}
+
+#[derive(Deserialize)]
+struct Block {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct UsageBody {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+pub(crate) fn parse_success(
+    bytes: &[u8],
+    headers: RateHeaders,
+    provider_request_id: Option<String>,
+    status: u16,
+) -> Result<ChatAnswer, ProviderError> {
+    let body: MessageBody = serde_json::from_slice(bytes).map_err(|e| ProviderError {
+        class: ErrorClass::Transient,
+        http_status: Some(status),
+        message: format!(
+            "answer body is not an Anthropic message: {e}; body starts {}",
+            preview(bytes)
+        ),
+        headers,
+    })?;
+    if body.kind.as_deref() == Some("error") {
+        return Err(classify_error(status, bytes, headers));
+    }
+    let mut text: Option<String> = None;
+    for block in body.content.iter().filter(|b| b.kind == "text") {
+        text.get_or_insert_with(String::new)
+            .push_str(block.text.as_deref().unwrap_or(""));
+    }
+    let stop = body.stop_reason.as_deref();
+    let finish_reason = match stop {
+        Some("end_turn") | Some("stop_sequence") | None => FinishReason::Stop,
+        // Both mean the answer was cut off, not that it is malformed.
+        Some("max_tokens") | Some("model_context_window_exceeded") => FinishReason::Length,
+        Some("refusal") => FinishReason::ContentFilter,
+        Some(other) => FinishReason::Other(other.to_string()),
+    };
+    let refusal = (stop == Some("refusal")).then(|| {
+        let said = text.as_deref().unwrap_or("").trim();
+        if said.is_empty() {
+            "the model declined to answer (stop_reason refusal)".to_string()
+        } else {
+            said.to_string()
+        }
+    });
+    let cap = |n: Option<u64>| n.unwrap_or(0).min(MAX_TOKENS_REPORTED);
+    // `input_tokens` excludes cached and cache-written tokens; the ledger's
+    // input is the whole prompt, with the cache reads as its cached part.
+    let usage = body.usage.map(|u| {
+        let read = cap(u.cache_read_input_tokens);
+        Usage {
+            input_tokens: (cap(u.input_tokens) + cap(u.cache_creation_input_tokens) + read)
+                .min(MAX_TOKENS_REPORTED),
+            output_tokens: cap(u.output_tokens),
+            cached_input_tokens: read,
+            // Thinking tokens are billed inside output_tokens and are not
+            // reported apart.
+            reasoning_tokens: 0,
+        }
+    });
+    Ok(ChatAnswer {
+        content: text,
+        refusal,
+        finish_reason,
+        usage,
+        provider_request_id: provider_request_id.or(body.id),
+        model: body.model,
+        headers,
+        http_status: status,
+    })
+}
+
+#[derive(Deserialize)]
+struct ErrorEnvelope {
+    error: ErrorBody,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+pub(crate) fn classify_error(status: u16, bytes: &[u8], headers: RateHeaders) -> ProviderError {
+    let parsed = serde_json::from_slice::<ErrorEnvelope>(bytes)
+        .ok()
+        .map(|e| e.error);
+    let kind = parsed
+        .as_ref()
+        .and_then(|e| e.kind.clone())
+        .unwrap_or_default();
+    let message = parsed
+        .as_ref()
+        .and_then(|e| e.message.clone())
+        .unwrap_or_else(|| format!("body: {}", preview(bytes)));
+    let lower = message.to_ascii_lowercase();
+    let out_of_credit = lower.contains("credit balance is too low")
+        || lower.contains("credit balance is insufficient");
+    let class = match (status, kind.as_str()) {
+        (_, "overloaded_error") | (529, _) | (503, _) => ErrorClass::Overloaded,
+        (_, "rate_limit_error") | (429, _) => ErrorClass::RateLimited,
+        (_, "billing_error") | (402, _) => ErrorClass::Quota,
+        (400, _) if out_of_credit => ErrorClass::Quota,
+        (_, "authentication_error") | (_, "permission_error") | (401 | 403, _) => ErrorClass::Auth,
+        (408 | 409, _) | (500..=599, _) => ErrorClass::Transient,
+        // 400 invalid_request_error, 404 not_found_error, 413 request_too_large.
+        _ => ErrorClass::Request,
+    };
+    let detail = if kind.is_empty() {
+        message
+    } else {
+        format!("{message} [{kind}]")
+    };
+    ProviderError {
+        class,
+        http_status: Some(status),
+        message: detail,
+        headers,
+    }
+}
+
+/// An RFC 3339 reset time as the wait from `now` (zero when already past).
+fn reset_in(h: &HeaderMap, name: &str, now: DateTime<Utc>) -> Option<Duration> {
+    let at = DateTime::parse_from_rfc3339(header_str(h, name)?.trim()).ok()?;
+    let wait = (at.with_timezone(&Utc) - now)
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    Some(wait.min(MAX_RESET))
+}
+
+/// `anthropic-ratelimit-*` (resets are RFC 3339 times, read against `now`)
+/// and `retry-after` (seconds; `retry-after-ms` first when present).
+pub(crate) fn rate_headers_at(h: &HeaderMap, now: DateTime<Utc>) -> RateHeaders {
+    // `tokens-*` is whichever token limit binds now; older answers only had
+    // the input/output ones.
+    let tokens = if h.contains_key("anthropic-ratelimit-tokens-limit")
+        || h.contains_key("anthropic-ratelimit-tokens-remaining")
+    {
+        "tokens"
+    } else {
+        "input-tokens"
+    };
+    let name = |what: &str, part: &str| format!("anthropic-ratelimit-{what}-{part}");
+    RateHeaders {
+        limit_requests: header_u64(h, &name("requests", "limit")),
+        limit_tokens: header_u64(h, &name(tokens, "limit")),
+        remaining_requests: header_u64(h, &name("requests", "remaining")),
+        remaining_tokens: header_u64(h, &name(tokens, "remaining")),
+        reset_requests: reset_in(h, &name("requests", "reset"), now),
+        reset_tokens: reset_in(h, &name(tokens, "reset"), now),
+        retry_after: super::openai::rate_headers(h).retry_after,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn req(schema: bool) -> ChatRequest {
+        ChatRequest {
+            model: "claude-sonnet-4-5".into(),
+            system: Some("You are an adjudicator.".into()),
+            user: "Is A the same as B?".into(),
+            max_tokens: 512,
+            temperature: Some(0.0),
+            response_schema: schema.then(|| {
+                (
+                    "verdict".to_string(),
+                    json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}),
+                )
+            }),
+            client_request_id: "r1".into(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn request_body_matches_the_messages_shape() {
+        let b = request_body(&req(false));
+        assert_eq!(
+            b,
+            json!({
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 512,
+                "system": "You are an adjudicator.",
+                "messages": [{"role": "user", "content": "Is A the same as B?"}],
+                "temperature": 0.0
+            })
+        );
+        let b = request_body(&req(true));
+        let system = b["system"].as_str().unwrap();
+        assert!(system.starts_with("You are an adjudicator.\n\nAnswer with one JSON object"));
+        assert!(system.contains("\"required\":[\"same\"]"), "{system}");
+        assert!(b.get("output_config").is_none());
+        assert!(b.get("top_p").is_none());
+    }
+
+    #[test]
+    fn parses_a_doc_shaped_message() {
+        let body = br#"{"id":"msg_01XFDUDYJgAACzvnptvVoYEL","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929",
+          "content":[{"type":"thinking","thinking":"hmm","signature":"x"},{"type":"text","text":"{\"same\":"},{"type":"text","text":"true}"}],
+          "stop_reason":"end_turn","stop_sequence":null,
+          "usage":{"input_tokens":120,"output_tokens":48,"cache_creation_input_tokens":10,"cache_read_input_tokens":30,
+                   "cache_creation":{"ephemeral_5m_input_tokens":10,"ephemeral_1h_input_tokens":0},"service_tier":"standard"}}"#;
+        let a = parse_success(body, RateHeaders::default(), Some("req_1".into()), 200).unwrap();
+        assert_eq!(a.content.as_deref(), Some("{\"same\":true}"));
+        assert_eq!(a.finish_reason, FinishReason::Stop);
+        assert_eq!(
+            a.usage,
+            Some(Usage {
+                input_tokens: 160,
+                output_tokens: 48,
+                cached_input_tokens: 30,
+                reasoning_tokens: 0
+            })
+        );
+        assert_eq!(a.provider_request_id.as_deref(), Some("req_1"));
+        assert_eq!(a.model.as_deref(), Some("claude-sonnet-4-5-20250929"));
+        assert_eq!(a.refusal, None);
+    }
+
+    #[test]
+    fn max_tokens_is_length_and_refusal_is_a_refusal() {
+        let body = br#"{"id":"msg_2","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"{\"same\":tr"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":16}}"#;
+        let a = parse_success(body, RateHeaders::default(), None, 200).unwrap();
+        assert_eq!(a.finish_reason, FinishReason::Length);
+        assert_eq!(a.usage.unwrap().input_tokens, 5);
+        let body = br#"{"id":"msg_3","type":"message","role":"assistant","model":"m","content":[],"stop_reason":"refusal","stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":0}}"#;
+        let a = parse_success(body, RateHeaders::default(), None, 200).unwrap();
+        assert_eq!(a.finish_reason, FinishReason::ContentFilter);
+        assert!(a.refusal.unwrap().contains("refusal"));
+        assert_eq!(a.content, None);
+        let e = parse_success(b"{\"id\":\"msg", RateHeaders::default(), None, 200).unwrap_err();
+        assert_eq!(e.class, ErrorClass::Transient);
+    }
+
+    #[test]
+    fn classifies_anthropic_error_bodies() {
+        let c = |status, kind: &str, msg: &str| {
+            let body =
+                json!({"type":"error","error":{"type":kind,"message":msg},"request_id":"req_011"});
+            classify_error(status, body.to_string().as_bytes(), RateHeaders::default())
+        };
+        assert_eq!(
+            c(529, "overloaded_error", "Overloaded").class,
+            ErrorClass::Overloaded
+        );
+        assert_eq!(
+            c(
+                429,
+                "rate_limit_error",
+                "Number of request tokens has exceeded your per-minute rate limit"
+            )
+            .class,
+            ErrorClass::RateLimited
+        );
+        let e = c(
+            400,
+            "invalid_request_error",
+            "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits.",
+        );
+        assert_eq!(e.class, ErrorClass::Quota);
+        assert!(e.class.stops_session());
+        assert_eq!(c(402, "billing_error", "billing").class, ErrorClass::Quota);
+        assert_eq!(
+            c(401, "authentication_error", "invalid x-api-key").class,
+            ErrorClass::Auth
+        );
+        assert_eq!(
+            c(403, "permission_error", "no access").class,
+            ErrorClass::Auth
+        );
+        let e = c(400, "invalid_request_error", "max_tokens: Field required");
+        assert_eq!(e.class, ErrorClass::Request);
+        assert!(e.message.contains("invalid_request_error"));
+        assert_eq!(
+            c(404, "not_found_error", "model: nope").class,
+            ErrorClass::Request
+        );
+        assert_eq!(c(500, "api_error", "Internal").class, ErrorClass::Transient);
+        assert_eq!(
+            c(504, "timeout_error", "timeout").class,
+            ErrorClass::Transient
+        );
+        // 413 comes from the edge, before the API: not JSON.
+        let e = classify_error(
+            413,
+            b"<html>Request Entity Too Large</html>",
+            RateHeaders::default(),
+        );
+        assert_eq!(e.class, ErrorClass::Request);
+        // An unknown type on a 5xx still retries.
+        assert_eq!(c(502, "brand_new_error", "x").class, ErrorClass::Transient);
+    }
+
+    #[test]
+    fn reads_rfc3339_resets_and_retry_after() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", "2025-08-21T12:40:59Z"),
+            ("anthropic-ratelimit-tokens-limit", "40000"),
+            ("anthropic-ratelimit-tokens-remaining", "39000"),
+            (
+                "anthropic-ratelimit-tokens-reset",
+                "2025-08-21T12:40:30.500Z",
+            ),
+            ("anthropic-ratelimit-input-tokens-limit", "30000"),
+            ("retry-after", "17"),
+        ] {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+        let now = DateTime::parse_from_rfc3339("2025-08-21T12:40:29Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let r = rate_headers_at(&h, now);
+        assert_eq!(r.limit_requests, Some(50));
+        assert_eq!(r.remaining_requests, Some(0));
+        assert_eq!(r.reset_requests, Some(Duration::from_secs(30)));
+        assert_eq!(r.limit_tokens, Some(40_000));
+        assert_eq!(r.remaining_tokens, Some(39_000));
+        assert_eq!(r.reset_tokens, Some(Duration::from_millis(1500)));
+        assert_eq!(r.retry_after, Some(Duration::from_secs(17)));
+        // A reset already past waits nothing; one with an offset is read too.
+        let later = now + chrono::TimeDelta::seconds(120);
+        assert_eq!(
+            rate_headers_at(&h, later).reset_requests,
+            Some(Duration::ZERO)
+        );
+        h.insert(
+            "anthropic-ratelimit-requests-reset",
+            HeaderValue::from_static("2025-08-21T14:41:29+02:00"),
+        );
+        assert_eq!(
+            rate_headers_at(&h, now).reset_requests,
+            Some(Duration::from_secs(60))
+        );
+        // Without tokens-*, the input-tokens limit stands in.
+        h.remove("anthropic-ratelimit-tokens-limit");
+        h.remove("anthropic-ratelimit-tokens-remaining");
+        assert_eq!(rate_headers_at(&h, now).limit_tokens, Some(30_000));
+    }
+}

@@ -1,0 +1,586 @@
+//! Google Gemini `generateContent` (Gemini Developer API):
+//! `POST {base}/v1beta/models/{model}:generateContent`.
+//!
+//! The key goes in the `x-goog-api-key` header, never in the URL (a URL ends
+//! up in error messages and logs). Structured output is
+//! `generationConfig.responseMimeType = "application/json"` with the schema in
+//! `responseJsonSchema` (the JSON Schema variant; `responseSchema` takes an
+//! OpenAPI subset instead). No client request id header exists.
+//!
+//! Gemini sends no rate-limit headers: a 429's body carries
+//! `google.rpc.RetryInfo.retryDelay` ("17s"), read into `retry_after`. A 429
+//! is a rate limit unless its `QuotaFailure` names a per-day quota or it says
+//! the prepaid credits or spend cap are used up: then it is quota, which
+//! stops the session (it will not clear within the job).
+
+#![allow(clippy::result_large_err)]
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::openai::preview;
+use super::{
+    ApiKey, ChatAnswer, ChatFuture, ChatProvider, ChatRequest, ErrorClass, FinishReason,
+    ProviderError, Usage,
+};
+use crate::limiter::RateHeaders;
+
+const MAX_TOKENS_REPORTED: u64 = 1_000_000_000_000;
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
+
+pub struct GeminiChat {
+    base: String,
+    key: ApiKey,
+    client: reqwest::Client,
+}
+
+impl GeminiChat {
+    /// `base_url` is `https://generativelanguage.googleapis.com` (a trailing
+    /// `/v1beta` is accepted).
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+        let base = base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1beta").unwrap_or(base).to_string();
+        Ok(Self {
+            base,
+            key,
+            client: super::http_client()?,
+        })
+    }
+
+    /// The URL for a model: a bare id ("gemini-2.5-flash") or a resource
+    /// name ("models/gemini-2.5-flash").
+    pub fn url_for(&self, model: &str) -> String {
+        let id = model.strip_prefix("models/").unwrap_or(model);
+        format!(
+            "{}/v1beta/models/{}:generateContent",
+            self.base,
+            super::path_segment(id)
+        )
+    }
+
+    async fn send_inner(&self, req: &ChatRequest) -> Result<ChatAnswer, ProviderError> {
+        let builder = self
+            .client
+            .post(self.url_for(&req.model))
+            .timeout(req.timeout)
+            .header("x-goog-api-key", self.key.expose())
+            .json(&request_body(req));
+        let raw = super::exchange(builder).await?;
+        // Gemini has no rate-limit headers; a proxy in front may add
+        // retry-after, so it is still read.
+        let headers = RateHeaders {
+            retry_after: super::openai::rate_headers(&raw.headers).retry_after,
+            ..RateHeaders::default()
+        };
+        if raw.status == 200 {
+            return parse_success(&raw.bytes, headers, raw.status);
+        }
+        Err(classify_error(raw.status, &raw.bytes, headers))
+    }
+}
+
+impl ChatProvider for GeminiChat {
+    fn name(&self) -> &str {
+        "gemini"
+    }
+
+    fn send<'a>(&'a self, request: &'a ChatRequest) -> ChatFuture<'a> {
+        Box::pin(async move {
+            self.send_inner(request)
+                .await
+                .map_err(|e| super::scrub(e, Some(&self.key)))
+        })
+    }
+}
+
+pub(crate) fn request_body(req: &ChatRequest) -> Value {
+    let mut generation = json!({"maxOutputTokens": req.max_tokens});
+    if let Some(t) = req.temperature {
+        generation["temperature"] = json!(t);
+    }
+    if let Some((_, schema)) = &req.response_schema {
+        generation["responseMimeType"] = json!("application/json");
+        // `$schema` is not among the keywords responseJsonSchema accepts.
+        let mut schema = schema.clone();
+        if let Some(obj) = schema.as_object_mut() {
+            obj.remove("$schema");
+        }
+        generation["responseJsonSchema"] = schema;
+    }
+    let mut body = json!({
+        "contents": [{"role": "user", "parts": [{"text": req.user}]}],
+        "generationConfig": generation,
+    });
+    if let Some(system) = &req.system {
+        body["systemInstruction"] = json!({"parts": [{"text": system}]});
+    }
+    body
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseBody {
+    #[serde(default)]
+    candidates: Vec<Candidate>,
+    #[serde(default)]
+    prompt_feedback: Option<PromptFeedback>,
+    #[serde(default)]
+    usage_metadata: Option<UsageMetadata>,
+    #[serde(default)]
+    model_version: Option<String>,
+    #[serde(default)]
+    response_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Candidate {
+    #[serde(default)]
+    content: Option<Content>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Content {
+    #[serde(default)]
+    parts: Vec<Part>,
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    thought: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PromptFeedback {
+    #[serde(default)]
+    block_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageMetadata {
+    #[serde(default)]
+    prompt_token_count: u64,
+    #[serde(default)]
+    candidates_token_count: u64,
+    #[serde(default)]
+    cached_content_token_count: u64,
+    #[serde(default)]
+    thoughts_token_count: u64,
+}
+
+/// Finish reasons that mean a filter stopped the answer.
+fn is_filter(reason: &str) -> bool {
+    matches!(
+        reason,
+        "SAFETY"
+            | "RECITATION"
+            | "BLOCKLIST"
+            | "PROHIBITED_CONTENT"
+            | "SPII"
+            | "IMAGE_SAFETY"
+            | "IMAGE_PROHIBITED_CONTENT"
+            | "IMAGE_RECITATION"
+    )
+}
+
+pub(crate) fn parse_success(
+    bytes: &[u8],
+    headers: RateHeaders,
+    status: u16,
+) -> Result<ChatAnswer, ProviderError> {
+    let transient = |message: String| ProviderError {
+        class: ErrorClass::Transient,
+        http_status: Some(status),
+        message,
+        headers,
+    };
+    let body: ResponseBody = serde_json::from_slice(bytes).map_err(|e| {
+        transient(format!(
+            "answer body is not a Gemini response: {e}; body starts {}",
+            preview(bytes)
+        ))
+    })?;
+    let cap = |n: u64| n.min(MAX_TOKENS_REPORTED);
+    // Thinking is billed as output: output = candidates + thoughts, with the
+    // thoughts also reported as reasoning (as OpenAI counts them).
+    let usage = body.usage_metadata.map(|u| Usage {
+        input_tokens: cap(u.prompt_token_count),
+        output_tokens: cap(u
+            .candidates_token_count
+            .saturating_add(u.thoughts_token_count)),
+        cached_input_tokens: cap(u.cached_content_token_count),
+        reasoning_tokens: cap(u.thoughts_token_count),
+    });
+    let Some(candidate) = body.candidates.into_iter().next() else {
+        // The prompt itself was blocked: an answer, and a refusal.
+        if let Some(reason) = body.prompt_feedback.and_then(|f| f.block_reason) {
+            return Ok(ChatAnswer {
+                content: None,
+                refusal: Some(format!("the prompt was blocked (blockReason {reason})")),
+                finish_reason: FinishReason::ContentFilter,
+                usage,
+                provider_request_id: body.response_id,
+                model: body.model_version,
+                headers,
+                http_status: status,
+            });
+        }
+        return Err(transient("answer has no candidates".into()));
+    };
+    let mut text: Option<String> = None;
+    for part in candidate.content.into_iter().flat_map(|c| c.parts) {
+        if part.thought == Some(true) {
+            continue;
+        }
+        if let Some(t) = part.text {
+            text.get_or_insert_with(String::new).push_str(&t);
+        }
+    }
+    let reason = candidate.finish_reason.unwrap_or_else(|| "STOP".into());
+    let finish_reason = match reason.as_str() {
+        "STOP" | "FINISH_REASON_UNSPECIFIED" => FinishReason::Stop,
+        "MAX_TOKENS" => FinishReason::Length,
+        r if is_filter(r) => FinishReason::ContentFilter,
+        r => FinishReason::Other(r.to_ascii_lowercase()),
+    };
+    let refusal =
+        is_filter(&reason).then(|| format!("blocked by the provider (finishReason {reason})"));
+    Ok(ChatAnswer {
+        content: text,
+        refusal,
+        finish_reason,
+        usage,
+        provider_request_id: body.response_id,
+        model: body.model_version,
+        headers,
+        http_status: status,
+    })
+}
+
+#[derive(Deserialize)]
+struct ErrorEnvelope {
+    error: ErrorBody,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    details: Vec<Value>,
+}
+
+/// A proto-JSON duration ("17s", "27.4s"; "900ms" seen from some fronts).
+pub(crate) fn parse_proto_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else {
+        (s.strip_suffix('s')?, 1.0)
+    };
+    let v: f64 = num.trim().parse().ok()?;
+    (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v * scale).min(MAX_RETRY_DELAY))
+}
+
+fn detail_type(d: &Value) -> &str {
+    d.get("@type")
+        .and_then(Value::as_str)
+        .and_then(|t| t.rsplit('/').next())
+        .unwrap_or("")
+}
+
+pub(crate) fn classify_error(status: u16, bytes: &[u8], headers: RateHeaders) -> ProviderError {
+    let parsed = serde_json::from_slice::<ErrorEnvelope>(bytes)
+        .ok()
+        .map(|e| e.error);
+    let rpc = parsed
+        .as_ref()
+        .and_then(|e| e.status.clone())
+        .unwrap_or_default();
+    let message = parsed
+        .as_ref()
+        .and_then(|e| e.message.clone())
+        .unwrap_or_else(|| format!("body: {}", preview(bytes)));
+    let details: &[Value] = parsed.as_ref().map(|e| &e.details[..]).unwrap_or(&[]);
+    let reasons: Vec<&str> = details
+        .iter()
+        .filter(|d| detail_type(d) == "google.rpc.ErrorInfo")
+        .filter_map(|d| d.get("reason").and_then(Value::as_str))
+        .collect();
+    let quota_ids: Vec<&str> = details
+        .iter()
+        .filter(|d| detail_type(d) == "google.rpc.QuotaFailure")
+        .filter_map(|d| d.get("violations").and_then(Value::as_array))
+        .flatten()
+        .flat_map(|v| {
+            ["quotaId", "quotaMetric"]
+                .into_iter()
+                .filter_map(|k| v.get(k).and_then(Value::as_str))
+        })
+        .collect();
+    let retry_delay = details
+        .iter()
+        .filter(|d| detail_type(d) == "google.rpc.RetryInfo")
+        .find_map(|d| d.get("retryDelay").and_then(Value::as_str))
+        .and_then(parse_proto_duration);
+    let lower = message.to_ascii_lowercase();
+    let per_day = quota_ids
+        .iter()
+        .any(|q| q.contains("PerDay") || q.contains("Daily"));
+    let billing = lower.contains("credits are depleted")
+        || lower.contains("spending cap")
+        || lower.contains("spend cap")
+        || reasons
+            .iter()
+            .any(|r| r.contains("CREDITS") || r.contains("BILLING"));
+    let bad_key = reasons.contains(&"API_KEY_INVALID")
+        || reasons.contains(&"API_KEY_EXPIRED")
+        || lower.contains("api key not valid")
+        || lower.contains("api key expired");
+    let class = match (status, rpc.as_str()) {
+        _ if bad_key => ErrorClass::Auth,
+        (429, _) | (_, "RESOURCE_EXHAUSTED") if per_day || billing => ErrorClass::Quota,
+        (429, _) | (_, "RESOURCE_EXHAUSTED") => ErrorClass::RateLimited,
+        (401 | 403, _) | (_, "UNAUTHENTICATED") | (_, "PERMISSION_DENIED") => ErrorClass::Auth,
+        // "User location is not supported", "enable billing": nothing this
+        // job can change, and every request would fail the same way.
+        (_, "FAILED_PRECONDITION") => ErrorClass::Quota,
+        (503, _) | (_, "UNAVAILABLE") => ErrorClass::Overloaded,
+        (408 | 409 | 500..=599, _) => ErrorClass::Transient,
+        // 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413.
+        _ => ErrorClass::Request,
+    };
+    let headers = RateHeaders {
+        retry_after: retry_delay.or(headers.retry_after),
+        ..headers
+    };
+    let detail = if rpc.is_empty() {
+        message
+    } else {
+        format!("{message} [{rpc}]")
+    };
+    ProviderError {
+        class,
+        http_status: Some(status),
+        message: detail,
+        headers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> ChatRequest {
+        ChatRequest {
+            model: "gemini-2.5-flash".into(),
+            system: Some("You are an adjudicator.".into()),
+            user: "Is A the same as B?".into(),
+            max_tokens: 512,
+            temperature: Some(0.0),
+            response_schema: Some((
+                "verdict".into(),
+                json!({"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}),
+            )),
+            client_request_id: "r1".into(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn request_body_matches_generate_content() {
+        assert_eq!(
+            request_body(&req()),
+            json!({
+                "contents": [{"role": "user", "parts": [{"text": "Is A the same as B?"}]}],
+                "systemInstruction": {"parts": [{"text": "You are an adjudicator."}]},
+                "generationConfig": {
+                    "maxOutputTokens": 512,
+                    "temperature": 0.0,
+                    "responseMimeType": "application/json",
+                    "responseJsonSchema": {"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}
+                }
+            })
+        );
+        let mut plain = req();
+        plain.response_schema = None;
+        plain.system = None;
+        plain.temperature = None;
+        assert_eq!(
+            request_body(&plain),
+            json!({
+                "contents": [{"role": "user", "parts": [{"text": "Is A the same as B?"}]}],
+                "generationConfig": {"maxOutputTokens": 512}
+            })
+        );
+    }
+
+    #[test]
+    fn url_never_holds_the_key() {
+        let g = GeminiChat::new(
+            "https://generativelanguage.googleapis.com/",
+            ApiKey::new("AIzaCanary"),
+        )
+        .unwrap();
+        let url = g.url_for("models/gemini-2.5-flash");
+        assert_eq!(
+            url,
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
+        );
+        assert!(!url.contains("AIza") && !url.contains("key="));
+    }
+
+    #[test]
+    fn parses_a_doc_shaped_response() {
+        let body = br#"{"candidates":[{"content":{"role":"model","parts":[{"text":"thinking...","thought":true},{"text":"{\"same\":"},{"text":"true}"}]},
+            "finishReason":"STOP","index":0,"safetyRatings":[]}],
+          "usageMetadata":{"promptTokenCount":50,"candidatesTokenCount":20,"totalTokenCount":95,"cachedContentTokenCount":8,"thoughtsTokenCount":25},
+          "modelVersion":"gemini-2.5-flash","responseId":"resp-1"}"#;
+        let a = parse_success(body, RateHeaders::default(), 200).unwrap();
+        assert_eq!(a.content.as_deref(), Some("{\"same\":true}"));
+        assert_eq!(a.finish_reason, FinishReason::Stop);
+        assert_eq!(
+            a.usage,
+            Some(Usage {
+                input_tokens: 50,
+                output_tokens: 45,
+                cached_input_tokens: 8,
+                reasoning_tokens: 25
+            })
+        );
+        assert_eq!(a.provider_request_id.as_deref(), Some("resp-1"));
+        assert_eq!(a.model.as_deref(), Some("gemini-2.5-flash"));
+    }
+
+    #[test]
+    fn stop_reasons_map_to_truncation_and_filters() {
+        let one = |reason: &str| {
+            let body = format!(
+                r#"{{"candidates":[{{"content":{{"role":"model","parts":[{{"text":"{{\"a\":"}}]}},"finishReason":"{reason}","index":0}}],"usageMetadata":{{"promptTokenCount":3,"candidatesTokenCount":2,"totalTokenCount":5}}}}"#
+            );
+            parse_success(body.as_bytes(), RateHeaders::default(), 200).unwrap()
+        };
+        assert_eq!(one("MAX_TOKENS").finish_reason, FinishReason::Length);
+        let s = one("SAFETY");
+        assert_eq!(s.finish_reason, FinishReason::ContentFilter);
+        assert!(s.refusal.unwrap().contains("SAFETY"));
+        assert_eq!(one("RECITATION").finish_reason, FinishReason::ContentFilter);
+        assert_eq!(
+            one("LANGUAGE").finish_reason,
+            FinishReason::Other("language".into())
+        );
+        assert_eq!(
+            one("SOMETHING_NEW").finish_reason,
+            FinishReason::Other("something_new".into())
+        );
+        // The prompt blocked: no candidates, a refusal.
+        let a = parse_success(
+            br#"{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":9,"totalTokenCount":9}}"#,
+            RateHeaders::default(),
+            200,
+        )
+        .unwrap();
+        assert_eq!(a.content, None);
+        assert_eq!(a.finish_reason, FinishReason::ContentFilter);
+        assert!(a.refusal.unwrap().contains("blockReason SAFETY"));
+        let e = parse_success(b"{}", RateHeaders::default(), 200).unwrap_err();
+        assert_eq!(e.class, ErrorClass::Transient);
+    }
+
+    fn body_429(quota_id: &str, delay: &str) -> String {
+        json!({"error": {"code": 429,
+            "message": "You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                 "violations": [{"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                                 "quotaId": quota_id,
+                                 "quotaDimensions": {"location": "global", "model": "gemini-2.5-flash"},
+                                 "quotaValue": "10"}]},
+                {"@type": "type.googleapis.com/google.rpc.Help", "links": [{"description": "Learn more", "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay}
+            ]}})
+        .to_string()
+    }
+
+    #[test]
+    fn a_429_reads_retry_delay_from_the_body() {
+        let e = classify_error(
+            429,
+            body_429(
+                "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                "17s",
+            )
+            .as_bytes(),
+            RateHeaders::default(),
+        );
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        assert_eq!(e.headers.retry_after, Some(Duration::from_secs(17)));
+        assert!(e.message.contains("RESOURCE_EXHAUSTED"));
+        let e = classify_error(
+            429,
+            body_429("GenerateRequestsPerMinutePerProjectPerModel", "27.4s").as_bytes(),
+            RateHeaders::default(),
+        );
+        assert_eq!(e.headers.retry_after, Some(Duration::from_millis(27_400)));
+        // Per-day quota: it will not clear within the job.
+        let e = classify_error(
+            429,
+            body_429("GenerateRequestsPerDayPerProjectPerModel-FreeTier", "3600s").as_bytes(),
+            RateHeaders::default(),
+        );
+        assert_eq!(e.class, ErrorClass::Quota);
+        let e = classify_error(
+            429,
+            br#"{"error":{"code":429,"message":"Your prepayment credits are depleted. Please go to AI Studio to manage your project and billing.","status":"RESOURCE_EXHAUSTED"}}"#,
+            RateHeaders::default(),
+        );
+        assert_eq!(e.class, ErrorClass::Quota);
+        assert_eq!(
+            parse_proto_duration("900ms"),
+            Some(Duration::from_millis(900))
+        );
+        assert_eq!(parse_proto_duration("x"), None);
+    }
+
+    #[test]
+    fn classifies_the_other_google_rpc_errors() {
+        let c = |status: u16, rpc: &str, extra: Value| {
+            let body =
+                json!({"error": {"code": status, "message": "m", "status": rpc, "details": extra}});
+            classify_error(status, body.to_string().as_bytes(), RateHeaders::default()).class
+        };
+        assert_eq!(c(400, "INVALID_ARGUMENT", json!([])), ErrorClass::Request);
+        assert_eq!(
+            c(
+                400,
+                "INVALID_ARGUMENT",
+                json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
+                        "domain": "googleapis.com", "metadata": {"service": "generativelanguage.googleapis.com"}}])
+            ),
+            ErrorClass::Auth
+        );
+        assert_eq!(c(403, "PERMISSION_DENIED", json!([])), ErrorClass::Auth);
+        assert_eq!(c(404, "NOT_FOUND", json!([])), ErrorClass::Request);
+        assert_eq!(c(400, "FAILED_PRECONDITION", json!([])), ErrorClass::Quota);
+        assert_eq!(c(500, "INTERNAL", json!([])), ErrorClass::Transient);
+        assert_eq!(c(503, "UNAVAILABLE", json!([])), ErrorClass::Overloaded);
+        assert_eq!(
+            c(504, "DEADLINE_EXCEEDED", json!([])),
+            ErrorClass::Transient
+        );
+        let e = classify_error(502, b"<html>bad gateway</html>", RateHeaders::default());
+        assert_eq!(e.class, ErrorClass::Transient);
+    }
+}
