@@ -4,6 +4,7 @@
 
 mod anthropic;
 mod azure;
+pub mod batch;
 mod gemini;
 mod ollama;
 mod openai;

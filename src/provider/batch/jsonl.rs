@@ -1,0 +1,1 @@
+//! placeholder: JSONL building and splitting

@@ -1,0 +1,218 @@
+//! Provider Batch APIs behind one trait: submit a file of requests, poll it,
+//! stream its results, cancel it, and find a submission whose create answer
+//! was lost. One file per provider; orchestration never names a provider.
+//!
+//! Crash safety is the caller's: it records a batch (and each line's
+//! `custom_id`) in the ledger before `submit`, stores the provider id the
+//! moment `submit` returns, and on resume calls `find` for a batch with no
+//! provider id before anything is submitted again.
+
+pub mod jsonl;
+pub mod openai;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::{ChatAnswer, ChatRequest, ProviderError};
+
+pub type BatchFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ProviderError>> + Send + 'a>>;
+
+/// One request attempt in a batch. `custom_id` is stable per attempt and
+/// matches `BatchLimits::custom_id_ok`.
+#[derive(Debug, Clone)]
+pub struct BatchLine {
+    pub custom_id: String,
+    pub request: ChatRequest,
+}
+
+/// What one provider accepts in one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    pub max_requests: usize,
+    /// The whole input file (or inline body), in bytes.
+    pub max_bytes: u64,
+    /// Longest `custom_id` accepted.
+    pub max_custom_id: usize,
+}
+
+impl BatchLimits {
+    /// `[A-Za-z0-9_-]{1,max}`: the strictest pattern (Anthropic's), used for
+    /// every provider so ids never need translating.
+    pub fn custom_id_ok(&self, id: &str) -> bool {
+        !id.is_empty()
+            && id.len() <= self.max_custom_id
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    }
+}
+
+/// A batch to create. `tag` is docket's own id for it, sent where the
+/// provider keeps one (OpenAI/Azure metadata, Gemini display name) so a
+/// submission whose create answer was lost can be found again.
+pub struct SubmitSpec<'a> {
+    pub tag: &'a str,
+    pub model: &'a str,
+    pub lines: &'a [BatchLine],
+}
+
+/// The provider's handle on a created batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    pub provider_batch_id: String,
+    /// The uploaded input file, when the provider takes one.
+    pub input_file_id: Option<String>,
+}
+
+/// Where a batch is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchState {
+    Validating,
+    InProgress,
+    /// Done running; results are being prepared. Not 100% yet.
+    Finalizing,
+    Completed,
+    /// Rejected as a whole (its input failed validation, a limit at create).
+    Failed(String),
+    /// The window ran out: finished requests have results, the rest do not.
+    Expired,
+    Cancelling,
+    Cancelled,
+}
+
+impl BatchState {
+    /// No further change will come; results (if any) can be fetched.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            BatchState::Completed
+                | BatchState::Failed(_)
+                | BatchState::Expired
+                | BatchState::Cancelled
+        )
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            BatchState::Validating => "validating",
+            BatchState::InProgress => "in_progress",
+            BatchState::Finalizing => "finalizing",
+            BatchState::Completed => "completed",
+            BatchState::Failed(_) => "failed",
+            BatchState::Expired => "expired",
+            BatchState::Cancelling => "cancelling",
+            BatchState::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    pub total: u64,
+    pub completed: u64,
+    pub failed: u64,
+}
+
+/// One poll's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchStatus {
+    pub provider_batch_id: String,
+    pub state: BatchState,
+    pub counts: BatchCounts,
+    /// Where the results are, once they exist (OpenAI output/error file
+    /// ids, an Anthropic results URL, a Gemini file name).
+    pub output_ref: Option<String>,
+    pub error_ref: Option<String>,
+    /// Terminal, but the results are not there yet (an output file that
+    /// arrives after `completed`): poll again, do not ingest.
+    pub results_pending: bool,
+}
+
+/// What one result line says about its request.
+#[derive(Debug, Clone)]
+pub enum LineOutcome {
+    /// The model answered (the gate decides the rest).
+    Answer(ChatAnswer),
+    /// The request failed at the provider (classified as a sync error would be).
+    Error(ProviderError),
+    /// Never run (expired or cancelled before its turn): not billed; it
+    /// goes back to pending for a new batch or the sync path.
+    NotRun(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ResultLine {
+    pub custom_id: String,
+    pub outcome: LineOutcome,
+}
+
+/// A result line that could not be used: unparsable, an unknown
+/// `custom_id`, or a second line for the same one. Reported, never applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    /// 1-based line in the results stream.
+    pub line: u64,
+    pub custom_id: Option<String>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResultsSummary {
+    pub lines: u64,
+    pub delivered: u64,
+    pub quarantined: Vec<Quarantined>,
+    /// The stream ended mid-line or early: what was delivered stands; the
+    /// rest must be fetched again.
+    pub cut: bool,
+}
+
+/// What `find` learned about a submission whose outcome is unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// Exactly one batch is ours: record it, never resubmit.
+    One(String),
+    /// None of the provider's batches is ours: safe to submit.
+    None,
+    /// Several could be ours and cannot be told apart: wait and tell the
+    /// operator rather than pay twice.
+    Ambiguous(Vec<String>),
+}
+
+/// A provider's Batch API.
+pub trait BatchProvider: Send + Sync {
+    fn name(&self) -> &str;
+    fn limits(&self) -> BatchLimits;
+    /// Discount against the synchronous price (0.5 = half price).
+    fn price_factor(&self) -> f64 {
+        0.5
+    }
+    /// How long to wait before polling a batch in `state`, `age` after its
+    /// submission (the seed's cadence table; the caller adds jitter).
+    fn poll_after(&self, state: &BatchState, age: Duration) -> Duration;
+    /// Upload (where the provider takes a file) and create. Input is
+    /// validated locally first: a line the provider would reject, or a file
+    /// over its limits, is an error before anything is sent.
+    fn submit<'a>(&'a self, spec: SubmitSpec<'a>) -> BatchFuture<'a, Submitted>;
+    fn poll<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus>;
+    /// Stream the results of a terminal batch into `sink`, in any order,
+    /// matched by `custom_id` against `expected`. Lines for ids not in
+    /// `expected`, or seen twice, are quarantined.
+    fn results<'a>(
+        &'a self,
+        status: &'a BatchStatus,
+        expected: &'a std::collections::HashSet<String>,
+        sink: &'a mut (dyn FnMut(ResultLine) + Send),
+    ) -> BatchFuture<'a, ResultsSummary>;
+    /// Ask the provider to stop; idempotent (cancelling a finished batch is
+    /// not an error).
+    fn cancel<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus>;
+    /// Look for a batch created for `tag` (with `request_count` requests, at
+    /// or after `created_after`, unix seconds) whose create answer was lost.
+    fn find<'a>(
+        &'a self,
+        tag: &'a str,
+        created_after: f64,
+        request_count: usize,
+    ) -> BatchFuture<'a, Found>;
+}

@@ -1,0 +1,1 @@
+//! placeholder: OpenAI and Azure Batch API
