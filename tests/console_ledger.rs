@@ -1558,3 +1558,59 @@ fn stop_after_stage_names_the_current_stage() {
         .flatten();
     assert_eq!(none, None);
 }
+
+/// The filter's index (migration 0003) follows inserts, text updates and
+/// deletes; filters of one or two characters, which have no trigram, still
+/// match as substrings.
+#[test]
+fn the_review_filter_index_follows_every_change() {
+    let l = Ledger::new();
+    l.session("s1", 1.0, None, "completed");
+    let q = |f: &str| {
+        watch::review_page(
+            &l.conn,
+            &ReviewQuery {
+                filter: Some(f.into()),
+                limit: 50,
+                ..Default::default()
+            },
+        )
+        .expect("filter")
+        .rows
+        .iter()
+        .map(|r| r.item_id.clone())
+        .collect::<Vec<_>>()
+    };
+    l.item("alpha-1");
+    let a = l.review("alpha-1", "s1", Some(0.7), "Venue was Wembley", None);
+    assert_eq!(q("wembley"), ["alpha-1"]);
+    assert_eq!(q("EMBLE"), ["alpha-1"], "a substring, any case");
+    // Inserted after: found.
+    l.item("beta-2");
+    l.review("beta-2", "s1", Some(0.6), "Venue was Hyde Park", None);
+    assert_eq!(q("venue"), ["alpha-1", "beta-2"]);
+    // Text changed: the new text is found, the old is not.
+    l.conn
+        .execute(
+            "UPDATE review_item SET rationale = 'Venue was Glastonbury' WHERE review_id = ?1",
+            [a],
+        )
+        .unwrap();
+    assert!(q("wembley").is_empty());
+    assert_eq!(q("glaston"), ["alpha-1"]);
+    // Short filters: no trigram, still a substring.
+    assert_eq!(q("-2"), ["beta-2"]);
+    assert_eq!(q("a"), ["alpha-1", "beta-2"]);
+    // Deleted: gone from the index too.
+    l.conn
+        .execute("DELETE FROM review_item WHERE review_id = ?1", [a])
+        .unwrap();
+    assert!(q("glaston").is_empty());
+    // FTS5's own check fails (an error) when the index and the table differ.
+    l.conn
+        .execute(
+            "INSERT INTO review_search(review_search) VALUES ('integrity-check')",
+            [],
+        )
+        .expect("the index matches its table");
+}

@@ -23,6 +23,25 @@ const IN_SESSION: &str = " AND r.session_id = :session";
 const MATCHES: &str = " AND (r.item_id LIKE :pattern ESCAPE '\\'
      OR r.llm_suggestion_json LIKE :pattern ESCAPE '\\'
      OR r.rationale LIKE :pattern ESCAPE '\\')";
+/// A filter of three characters or more is looked up in the trigram index
+/// (migration 0003): the matching ids come from the index, not from reading
+/// every pending suggestion. Shorter ones have no trigram and use LIKE.
+const SEARCHED: &str =
+    " AND r.review_id IN (SELECT rowid FROM review_search WHERE review_search MATCH :phrase)";
+
+/// The filter clause for `filter`: the index when it can answer.
+fn text_match(filter: &str) -> &'static str {
+    if filter.chars().count() >= 3 {
+        SEARCHED
+    } else {
+        MATCHES
+    }
+}
+
+/// `filter` as one FTS5 phrase: a substring, every character literal.
+fn fts_phrase(filter: &str) -> String {
+    format!("\"{}\"", filter.replace('"', "\"\""))
+}
 
 /// One page of pending review items, highest confidence first (items with no
 /// confidence last), then oldest first. `limit` 0 means [`DEFAULT_PAGE`].
@@ -41,14 +60,15 @@ pub fn review_page(conn: &Connection, q: &ReviewQuery) -> rusqlite::Result<Revie
     if session.is_some() {
         cond.push_str(IN_SESSION);
     }
-    if filter.is_some() {
-        cond.push_str(MATCHES);
+    if let Some(f) = filter {
+        cond.push_str(text_match(f));
     }
     let binds = Binds {
         now: now_ts(),
         session,
         filter,
         pattern: filter.map(like_pattern),
+        phrase: filter.map(fts_phrase),
         limit: to_i64(limit),
         offset: to_i64(q.offset),
     };
@@ -157,8 +177,8 @@ fn pending_count(conn: &Connection, cond: &str, binds: &Binds<'_>) -> rusqlite::
             if binds.session.is_some() {
                 sql.push_str(" AND +r.session_id = :session");
             }
-            if binds.filter.is_some() {
-                sql.push_str(MATCHES);
+            if let Some(f) = binds.filter {
+                sql.push_str(text_match(f));
             }
             let mut stmt = conn.prepare_cached(&sql)?;
             binds.bind(&mut stmt)?;
@@ -238,6 +258,7 @@ struct Binds<'a> {
     session: Option<&'a str>,
     filter: Option<&'a str>,
     pattern: Option<String>,
+    phrase: Option<String>,
     limit: i64,
     offset: i64,
 }
@@ -255,6 +276,9 @@ impl Binds<'_> {
         }
         if let Some(i) = stmt.parameter_index(":pattern")? {
             stmt.raw_bind_parameter(i, self.pattern.as_deref())?;
+        }
+        if let Some(i) = stmt.parameter_index(":phrase")? {
+            stmt.raw_bind_parameter(i, self.phrase.as_deref())?;
         }
         if let Some(i) = stmt.parameter_index(":limit")? {
             stmt.raw_bind_parameter(i, self.limit)?;
