@@ -38,6 +38,13 @@ fn text_match(filter: &str) -> &'static str {
     }
 }
 
+/// Reading a whole filtered queue starts from the index's matches (a few
+/// rowids) rather than walking the queue index and probing each row.
+const SEARCH_FROM: &str =
+    "review_search CROSS JOIN review_item r ON r.review_id = review_search.rowid";
+const SEARCH_JOINED: &str = " AND review_search MATCH :phrase";
+const PLAIN_FROM: &str = "review_item r";
+
 /// `filter` as one FTS5 phrase: a substring, every character literal.
 fn fts_phrase(filter: &str) -> String {
     format!("\"{}\"", filter.replace('"', "\"\""))
@@ -60,8 +67,14 @@ pub fn review_page(conn: &Connection, q: &ReviewQuery) -> rusqlite::Result<Revie
     if session.is_some() {
         cond.push_str(IN_SESSION);
     }
+    let mut from = PLAIN_FROM;
     if let Some(f) = filter {
-        cond.push_str(text_match(f));
+        if text_match(f) == SEARCHED {
+            from = SEARCH_FROM;
+            cond.push_str(SEARCH_JOINED);
+        } else {
+            cond.push_str(MATCHES);
+        }
     }
     let binds = Binds {
         now: now_ts(),
@@ -79,7 +92,7 @@ pub fn review_page(conn: &Connection, q: &ReviewQuery) -> rusqlite::Result<Revie
     if own_tx {
         conn.execute_batch("BEGIN")?;
     }
-    let page = read_page(conn, q, &cond, &binds);
+    let page = read_page(conn, q, from, &cond, &binds);
     if own_tx {
         // A read transaction: ending it cannot lose anything.
         let _ = conn.execute_batch(if page.is_ok() { "COMMIT" } else { "ROLLBACK" });
@@ -90,12 +103,13 @@ pub fn review_page(conn: &Connection, q: &ReviewQuery) -> rusqlite::Result<Revie
 fn read_page(
     conn: &Connection,
     q: &ReviewQuery,
+    from: &str,
     cond: &str,
     binds: &Binds<'_>,
 ) -> rusqlite::Result<ReviewPage> {
-    let total = pending_count(conn, cond, binds)?;
+    let total = pending_count(conn, from, cond, binds)?;
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {ROW_COLUMNS} FROM review_item r WHERE {cond}
+        "SELECT {ROW_COLUMNS} FROM {from} WHERE {cond}
          ORDER BY r.status, r.confidence DESC, r.review_id LIMIT :limit OFFSET :offset"
     ))?;
     binds.bind(&mut stmt)?;
@@ -129,10 +143,14 @@ fn read_page(
 /// only by a decision or an undo, each of which appends to `review_log`.
 /// New items are counted incrementally by their id range; any decision
 /// recounts in full.
-fn pending_count(conn: &Connection, cond: &str, binds: &Binds<'_>) -> rusqlite::Result<i64> {
+fn pending_count(
+    conn: &Connection,
+    from: &str,
+    cond: &str,
+    binds: &Binds<'_>,
+) -> rusqlite::Result<i64> {
     let full = |conn: &Connection| -> rusqlite::Result<i64> {
-        let mut stmt =
-            conn.prepare_cached(&format!("SELECT COUNT(*) FROM review_item r WHERE {cond}"))?;
+        let mut stmt = conn.prepare_cached(&format!("SELECT COUNT(*) FROM {from} WHERE {cond}"))?;
         binds.bind(&mut stmt)?;
         count_row(&mut stmt)
     };
