@@ -161,7 +161,7 @@ fn azure_error(status: StatusCode, code: &str, msg: &str) -> Rendered {
     Rendered::json(status, serde_json::to_vec(&body).unwrap_or_default())
 }
 
-const MSG_AZURE_401: &str = "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.";
+pub(crate) const MSG_AZURE_401: &str = "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.";
 
 fn openai_error(ev: &Event, model: &str) -> Rendered {
     let e = |status, msg: &str, kind, code| Rendered::json(status, error_body(msg, kind, code));

@@ -15,6 +15,12 @@
 //!   (Anthropic), `POST /v1beta/models/{model}:generateContent` (Gemini) and
 //!   `POST /api/chat` (Ollama). Each log entry names its provider and route.
 //! - `GET /v1/models` lists a few model ids.
+//! - The OpenAI Files + Batches APIs (`/v1/files…`, `/v1/batches…`) and
+//!   Azure's (`/openai/files…`, `/openai/batches…` with `api-version` and
+//!   `api-key`) in their exact wire format, with a lifecycle compressed to
+//!   seconds and faults by switch (the `batch_*` config fields); batch lines
+//!   are answered like the sync route. Uploads, creates and lifecycle
+//!   transitions go into the log (with `batch_id`) and the stats.
 //! - `GET /_mock/stats`, `GET /_mock/log`, `GET|POST /_mock/config` and
 //!   `POST /_mock/reset` let tests and the demo observe and steer the server live.
 //!
@@ -26,12 +32,22 @@
 //! `answer` and `schema` (deterministic content), `json` (an order-preserving
 //! JSON value used for schemas), `limits` (token buckets and Go duration
 //! strings), `faults` (seeded fault and latency draws), `stats` (atomic
-//! counters and the bounded request log).
+//! counters and the bounded request log); for the Files/Batches APIs
+//! `batch_store` (state and objects), `batch_gate` (auth, limits, answers),
+//! `files`, `batches` (routes), `batch_input` (JSONL validation), `batch_run`
+//! (the lifecycle task) and `batch_lines` (result lines and files).
 
 mod answer;
 mod anthropic;
+mod batch_gate;
+mod batch_input;
+mod batch_lines;
+mod batch_run;
+mod batch_store;
+mod batches;
 mod chat;
 mod faults;
+mod files;
 mod gemini;
 mod infer;
 mod json;
@@ -96,6 +112,39 @@ pub struct MockConfig {
     /// max entries kept in the request log (oldest dropped)
     #[arg(long, default_value_t = 1_000_000)]
     pub log_capacity: usize,
+    /// Batch API: ms a new batch stays `validating`
+    #[arg(long, default_value_t = 300)]
+    pub batch_validating_ms: u64,
+    /// Batch API: ms a batch stays `in_progress` (its lines are run evenly over this time)
+    #[arg(long, default_value_t = 1500)]
+    pub batch_running_ms: u64,
+    /// Batch API: ms a batch stays `finalizing`
+    #[arg(long, default_value_t = 300)]
+    pub batch_finalizing_ms: u64,
+    /// Batch API: ms a cancelled batch stays `cancelling` before it is `cancelled`
+    #[arg(long, default_value_t = 300)]
+    pub batch_cancelling_ms: u64,
+    /// Batch API: rate of request lines that fail (a 500 server_error line in the error file), in [0,1]
+    #[arg(long, default_value_t = 0.0)]
+    pub batch_fail_rate: f64,
+    /// Batch API: 0 = off; else batches expire once this fraction of their lines has run
+    /// (finished lines in the output file, the rest `batch_expired` lines in the error file)
+    #[arg(long, default_value_t = 0.0)]
+    pub batch_expire: f64,
+    /// Batch API: ms a batch is `completed` with null file ids before they appear
+    #[arg(long, default_value_t = 0)]
+    pub batch_output_late_ms: u64,
+    /// Batch API: the first N downloads of each output/error file are cut mid-line halfway
+    #[arg(long, default_value_t = 0)]
+    pub batch_cut_results: u32,
+    /// Batch API: the next N batch creates make the batch but answer a 500 with no body
+    /// (counted from the last config change or reset)
+    #[arg(long, default_value_t = 0)]
+    pub batch_lose_create: u32,
+    /// Batch API: queued prompt tokens per model across open batches; a batch that would pass it
+    /// fails validation with `token_limit_exceeded`; 0 = none
+    #[arg(long, default_value_t = 0)]
+    pub batch_enqueued_token_limit: u64,
 }
 
 impl Default for MockConfig {
@@ -114,6 +163,16 @@ impl Default for MockConfig {
             mode: "normal".to_string(),
             seed: 42,
             log_capacity: 1_000_000,
+            batch_validating_ms: 300,
+            batch_running_ms: 1500,
+            batch_finalizing_ms: 300,
+            batch_cancelling_ms: 300,
+            batch_fail_rate: 0.0,
+            batch_expire: 0.0,
+            batch_output_late_ms: 0,
+            batch_cut_results: 0,
+            batch_lose_create: 0,
+            batch_enqueued_token_limit: 0,
         }
     }
 }
@@ -136,6 +195,8 @@ impl MockConfig {
             ("malformed", self.malformed),
             ("truncated", self.truncated),
             ("wrong_schema", self.wrong_schema),
+            ("batch_fail_rate", self.batch_fail_rate),
+            ("batch_expire", self.batch_expire),
         ];
         for (name, rate) in rates {
             if !(0.0..=1.0).contains(&rate) {
@@ -179,6 +240,33 @@ pub struct MockStats {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub models_requests: u64,
+    /// Files API uploads (`POST /v1/files`, `/openai/files`)
+    #[serde(default)]
+    pub files_uploaded: u64,
+    /// batches made (a create whose answer was lost counts too)
+    #[serde(default)]
+    pub batches_created: u64,
+    #[serde(default)]
+    pub batches_completed: u64,
+    /// failed validation (bad input, enqueued token limit)
+    #[serde(default)]
+    pub batches_failed: u64,
+    #[serde(default)]
+    pub batches_expired: u64,
+    #[serde(default)]
+    pub batches_cancelled: u64,
+    /// batch request lines answered 200 (output file)
+    #[serde(default)]
+    pub batch_lines_ok: u64,
+    /// batch request lines that failed (error file: 400, 500, batch_expired)
+    #[serde(default)]
+    pub batch_lines_failed: u64,
+    /// `GET` of one batch or of the batch list
+    #[serde(default)]
+    pub batch_polls: u64,
+    /// 429s on the Files and Batches endpoints
+    #[serde(default)]
+    pub batch_rate_limited: u64,
 }
 
 /// One chat request as the server saw it.
@@ -202,8 +290,15 @@ pub struct MockLogEntry {
     /// HTTP status sent; 0 for a hang (nothing is ever sent)
     pub status: u16,
     /// "ok","rate_limited","unauthorized","quota","server_error","overloaded","hang",
-    /// "malformed","truncated","wrong_schema","bad_request"
+    /// "malformed","truncated","wrong_schema","bad_request"; Files/Batches events:
+    /// "file_uploaded", "batch_created" (status 500 when its answer was lost),
+    /// "batch_cancelling" (the cancel request), and the transitions (status 0) "batch_in_progress",
+    /// "batch_finalizing", "batch_completed", "batch_output_ready" (late files),
+    /// "batch_failed", "batch_expired", "batch_cancelled"
     pub outcome: String,
+    /// the batch (or uploaded file) an event is about; None for chat requests
+    #[serde(default)]
+    pub batch_id: Option<String>,
 }
 
 /// Blocking entry for `docket mock-provider`: serve until Ctrl-C. Prints one

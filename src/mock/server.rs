@@ -27,12 +27,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::batch_store::Store;
 use super::faults::{FaultPlan, FaultRng};
 use super::limits::Limits;
 use super::stats::Recorder;
 use super::wire::{self, error_body, splitmix};
 use super::{MockConfig, MockLogEntry, MockStats};
-use super::{anthropic, chat, gemini, ollama};
+use super::{anthropic, batches, chat, files, gemini, ollama};
 
 /// How long `shutdown` waits for in-flight requests before aborting the server task.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -78,6 +79,8 @@ pub(crate) struct Shared {
     live: RwLock<Arc<Live>>,
     pub limits: Mutex<Limits>,
     pub rng: Mutex<FaultRng>,
+    /// files and batches of the Files/Batches APIs
+    pub store: Mutex<Store>,
     pub stats: Recorder,
     /// counter behind response and request ids
     pub ids: AtomicU64,
@@ -95,6 +98,7 @@ impl Shared {
         Shared {
             limits: Mutex::new(Limits::new(config.rpm_limit, config.tpm_limit, now)),
             rng: Mutex::new(FaultRng::new(config.seed)),
+            store: Mutex::new(Store::default()),
             stats: Recorder::new(now),
             ids: AtomicU64::new(0),
             salt: splitmix(nanos ^ config.seed),
@@ -115,6 +119,7 @@ impl Shared {
             *lock(&self.rng) = FaultRng::new(config.seed);
         }
         self.stats.trim_log(config.log_capacity);
+        lock(&self.store).lost_creates = 0;
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Live::new(config));
     }
 
@@ -233,6 +238,18 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1beta/models/{target}", post(gemini::handle))
         .route("/api/chat", post(ollama::handle))
         .route("/v1/models", get(models))
+        .route("/v1/files", post(files::upload).layer(upload_limit()))
+        .route("/openai/files", post(files::upload).layer(upload_limit()))
+        .route("/v1/files/{id}", get(files::get).delete(files::delete))
+        .route("/openai/files/{id}", get(files::get).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/openai/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/openai/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::get))
+        .route("/openai/batches/{id}", get(batches::get))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
+        .route("/openai/batches/{id}/cancel", post(batches::cancel))
         .route("/_mock/stats", get(stats))
         .route("/_mock/log", get(log))
         .route("/_mock/config", get(get_config).post(post_config))
@@ -240,6 +257,10 @@ fn router(shared: Arc<Shared>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared)
+}
+
+fn upload_limit() -> DefaultBodyLimit {
+    DefaultBodyLimit::max(files::MAX_UPLOAD)
 }
 
 pub(crate) fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
@@ -293,6 +314,7 @@ async fn post_config(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
 
 async fn reset(State(shared): State<Arc<Shared>>) -> Response {
     shared.stats.reset();
+    lock(&shared.store).lost_creates = 0;
     to_json(&shared.stats.snapshot())
 }
 

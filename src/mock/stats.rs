@@ -68,6 +68,35 @@ impl Outcome {
     }
 }
 
+/// Counters of the Files and Batches APIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchCount {
+    FileUploaded,
+    Created,
+    Completed,
+    Failed,
+    Expired,
+    Cancelled,
+    LineOk,
+    LineFailed,
+    Poll,
+    RateLimited,
+}
+
+const BATCH_COUNTS: usize = 10;
+
+/// A Files/Batches event for the log (an upload, a create, a lifecycle transition).
+pub(crate) struct BatchEvent<'a> {
+    pub provider: &'a str,
+    pub route: &'a str,
+    pub batch_id: &'a str,
+    pub client_request_id: Option<&'a str>,
+    pub model: &'a str,
+    /// HTTP status sent; 0 for a transition (no HTTP exchange)
+    pub status: u16,
+    pub outcome: &'a str,
+}
+
 /// What the log records about a request besides its outcome.
 pub(crate) struct RequestFacts<'a> {
     pub route: Route,
@@ -84,6 +113,7 @@ pub(crate) struct Recorder {
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     models_requests: AtomicU64,
+    batch: [AtomicU64; BATCH_COUNTS],
     log: Mutex<VecDeque<MockLogEntry>>,
 }
 
@@ -97,6 +127,7 @@ impl Recorder {
             prompt_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
             models_requests: AtomicU64::new(0),
+            batch: std::array::from_fn(|_| AtomicU64::new(0)),
             log: Mutex::new(VecDeque::new()),
         }
     }
@@ -136,7 +167,40 @@ impl Recorder {
             model: facts.model.to_string(),
             status,
             outcome: outcome.as_str().to_string(),
+            batch_id: None,
         };
+        self.push(entry, log_capacity);
+    }
+
+    pub(crate) fn count(&self, c: BatchCount) {
+        self.add(c, 1);
+    }
+
+    pub(crate) fn add(&self, c: BatchCount, n: u64) {
+        self.batch[c as usize].fetch_add(n, Relaxed);
+    }
+
+    /// Append a Files/Batches event to the log (counters are the caller's business).
+    pub(crate) fn event(&self, e: &BatchEvent<'_>, log_capacity: usize) {
+        if log_capacity == 0 {
+            return;
+        }
+        let entry = MockLogEntry {
+            seq: self.seq.fetch_add(1, Relaxed),
+            at_ms: self.started.elapsed().as_millis() as u64,
+            provider: e.provider.to_string(),
+            route: e.route.to_string(),
+            client_request_id: e.client_request_id.map(str::to_string),
+            prompt_sha256: String::new(),
+            model: e.model.to_string(),
+            status: e.status,
+            outcome: e.outcome.to_string(),
+            batch_id: Some(e.batch_id.to_string()),
+        };
+        self.push(entry, log_capacity);
+    }
+
+    fn push(&self, entry: MockLogEntry, log_capacity: usize) {
         // A poisoned lock only means another request panicked mid-push; the deque is still sound.
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         while log.len() >= log_capacity {
@@ -147,6 +211,7 @@ impl Recorder {
 
     pub(crate) fn snapshot(&self) -> MockStats {
         let n = |o: Outcome| self.outcomes[o.index()].load(Relaxed);
+        let b = |c: BatchCount| self.batch[c as usize].load(Relaxed);
         MockStats {
             requests: self.requests.load(Relaxed),
             ok: n(Outcome::Ok),
@@ -163,6 +228,16 @@ impl Recorder {
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             completion_tokens: self.completion_tokens.load(Relaxed),
             models_requests: self.models_requests.load(Relaxed),
+            files_uploaded: b(BatchCount::FileUploaded),
+            batches_created: b(BatchCount::Created),
+            batches_completed: b(BatchCount::Completed),
+            batches_failed: b(BatchCount::Failed),
+            batches_expired: b(BatchCount::Expired),
+            batches_cancelled: b(BatchCount::Cancelled),
+            batch_lines_ok: b(BatchCount::LineOk),
+            batch_lines_failed: b(BatchCount::LineFailed),
+            batch_polls: b(BatchCount::Poll),
+            batch_rate_limited: b(BatchCount::RateLimited),
         }
     }
 
@@ -185,6 +260,7 @@ impl Recorder {
             .iter()
             .chain([&self.requests, &self.prompt_tokens, &self.completion_tokens])
             .chain([&self.models_requests])
+            .chain(self.batch.iter())
         {
             counter.store(0, Relaxed);
         }

@@ -14,7 +14,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use super::{ChatAnswer, ChatRequest, ProviderError};
+use super::{ApiKey, ChatAnswer, ChatRequest, ProviderError, ProviderSetupError};
+use crate::config::{ProviderConfig, ProviderKind};
 
 pub type BatchFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ProviderError>> + Send + 'a>>;
 
@@ -190,6 +191,13 @@ pub trait BatchProvider: Send + Sync {
     /// How long to wait before polling a batch in `state`, `age` after its
     /// submission (the seed's cadence table; the caller adds jitter).
     fn poll_after(&self, state: &BatchState, age: Duration) -> Duration;
+    /// Check `lines` (custom ids, sizes) and cut them into the input files
+    /// this provider accepts, each to be one `submit`. Adapters encode
+    /// exactly as they upload; the default measures a provider-neutral
+    /// encoding of the request.
+    fn split<'l>(&self, lines: &'l [BatchLine]) -> Result<Vec<jsonl::Chunk<'l>>, jsonl::LineError> {
+        jsonl::split(lines, self.limits(), jsonl::neutral_encoding)
+    }
     /// Upload (where the provider takes a file) and create. Input is
     /// validated locally first: a line the provider would reject, or a file
     /// over its limits, is an error before anything is sent.
@@ -215,4 +223,99 @@ pub trait BatchProvider: Send + Sync {
         created_after: f64,
         request_count: usize,
     ) -> BatchFuture<'a, Found>;
+}
+
+/// The batch registry: the Batch API adapter for a config, `None` for kinds
+/// with no Batch API adapter (yet): those run through the sync path.
+/// `base_url_override` as for `provider::build`.
+pub fn build_batch(
+    name: &str,
+    cfg: &ProviderConfig,
+    base_url_override: Option<&str>,
+) -> Result<Option<Box<dyn BatchProvider>>, ProviderSetupError> {
+    let key = super::read_key(name, cfg)?;
+    build_batch_with_key(name, cfg, base_url_override, key)
+}
+
+pub(crate) fn build_batch_with_key(
+    name: &str,
+    cfg: &ProviderConfig,
+    base_url_override: Option<&str>,
+    key: Option<ApiKey>,
+) -> Result<Option<Box<dyn BatchProvider>>, ProviderSetupError> {
+    let setup = |message: String| ProviderSetupError::Other {
+        provider: name.into(),
+        message,
+    };
+    let supported = matches!(
+        cfg.kind,
+        ProviderKind::Openai
+            | ProviderKind::OpenaiCompatible
+            | ProviderKind::Mock
+            | ProviderKind::Azure
+    );
+    if !supported {
+        return Ok(None);
+    }
+    let base = base_url_override
+        .map(str::to_string)
+        .or_else(|| cfg.base_url.clone())
+        .or_else(|| cfg.kind.default_base_url().map(str::to_string))
+        .ok_or_else(|| {
+            setup(format!(
+                "base_url is required for kind = \"{}\"",
+                cfg.kind.as_str()
+            ))
+        })?;
+    let batch: Box<dyn BatchProvider> = match cfg.kind {
+        ProviderKind::Azure => {
+            let version = cfg
+                .api_version
+                .as_ref()
+                .map(|v| v.get_ref().clone())
+                .ok_or_else(|| setup("api_version is required for kind = \"azure\"".into()))?;
+            let key =
+                key.ok_or_else(|| setup("api_key_env is required for kind = \"azure\"".into()))?;
+            Box::new(openai::OpenAiBatch::azure(&base, &version, key).map_err(setup)?)
+        }
+        _ => Box::new(openai::OpenAiBatch::openai(cfg.kind.as_str(), &base, key).map_err(setup)?),
+    };
+    Ok(Some(batch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_batch_registry_knows_openai_and_azure_only_for_now() {
+        let key = || Some(ApiKey::new("k-test"));
+        for (kind, extra, label) in [
+            ("openai", "", Some("openai")),
+            (
+                "openai_compatible",
+                "base_url = \"http://x/v1\"",
+                Some("openai_compatible"),
+            ),
+            ("mock", "", Some("mock")),
+            (
+                "azure",
+                "base_url = \"https://r.openai.azure.com\"\napi_version = \"2024-10-21\"",
+                Some("azure"),
+            ),
+            ("anthropic", "", None),
+            ("gemini", "", None),
+            ("ollama", "", None),
+            ("openrouter", "", None),
+        ] {
+            let c: ProviderConfig =
+                toml::from_str(&format!("kind = \"{kind}\"\nmodel = \"m\"\n{extra}\n")).unwrap();
+            let b = build_batch_with_key("p", &c, None, key()).unwrap();
+            assert_eq!(b.as_ref().map(|b| b.name()), label, "{kind}");
+        }
+        let c: ProviderConfig =
+            toml::from_str("kind = \"azure\"\nmodel = \"d\"\nbase_url = \"https://r\"\n").unwrap();
+        let e = build_batch_with_key("p", &c, None, key()).err().unwrap();
+        assert!(e.to_string().contains("api_version"), "{e}");
+    }
 }

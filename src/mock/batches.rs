@@ -1,0 +1,354 @@
+//! The Batches API routes (OpenAI `/v1/batches`, Azure `/openai/batches`).
+//!
+//! Contract:
+//! - `POST …/batches` checks the request (input file of this API with purpose
+//!   `batch`, an accepted `endpoint`, `completion_window: "24h"`, metadata of
+//!   at most 16 string pairs with keys ≤ 64 and values ≤ 512 chars; else 400,
+//!   or 404 for an unknown file; `mode = "quota"` is a 429 `insufficient_quota`),
+//!   then makes the batch in `validating`, starts its lifecycle (`batch_run`),
+//!   counts it and logs it. With `batch_lose_create = N` the next N creates make
+//!   the batch but answer a 500 with an empty body.
+//! - `GET …/batches/{id}` answers the Batch object; `POST …/batches/{id}/cancel`
+//!   moves a non-terminal batch to `cancelling` (idempotent on a cancelling or
+//!   cancelled batch; 400 `invalid_request_error` on completed, failed or
+//!   expired — the status code is not documented, 400 is a guess).
+//! - `GET …/batches?after=&limit=` lists newest first (`limit` 1..=100, default
+//!   20) with `first_id`, `last_id`, `has_more`.
+//!
+//! Every route goes through `batch_gate::gate` (auth, api-version, mode, rpm bucket).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::batch_gate::{Gate, gate};
+use super::batch_run::{self, Plan};
+use super::batch_store::{Batch, BatchObject, Stamps, Status, unix_now};
+use super::pipeline::Event;
+use super::server::{Mode, Shared, lock};
+use super::stats::{BatchCount, BatchEvent};
+use super::wire::id_hex;
+
+#[derive(Deserialize)]
+struct CreateBody {
+    #[serde(default)]
+    input_file_id: Option<String>,
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    completion_window: Option<String>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+/// `POST /v1/batches`, `POST /openai/batches`
+pub(crate) async fn create(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let g = match gate(&shared, &uri, &query, &headers) {
+        Ok(g) => g,
+        Err(r) => return *r,
+    };
+    if g.live.mode == Mode::Quota {
+        return g.event(&Event::Quota);
+    }
+    let bad = |msg: &str, param: Option<&str>| g.error(StatusCode::BAD_REQUEST, msg, param, None);
+    let req: CreateBody = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(&format!("Invalid request body: {e}"), None),
+    };
+    let Some(input_file_id) = req.input_file_id.filter(|s| !s.is_empty()) else {
+        return bad(
+            "Missing required parameter: 'input_file_id'.",
+            Some("input_file_id"),
+        );
+    };
+    let Some(endpoint) = req.endpoint else {
+        return bad("Missing required parameter: 'endpoint'.", Some("endpoint"));
+    };
+    if !g.api.endpoints().contains(&endpoint.as_str()) {
+        let msg = format!(
+            "Invalid value: '{endpoint}'. Supported values are: {:?} (the mock runs chat completions only).",
+            g.api.endpoints()
+        );
+        return bad(&msg, Some("endpoint"));
+    }
+    match req.completion_window.as_deref() {
+        Some("24h") => {}
+        None => {
+            return bad(
+                "Missing required parameter: 'completion_window'.",
+                Some("completion_window"),
+            );
+        }
+        Some(other) => {
+            let msg = format!("Invalid value: '{other}'. Supported values are: '24h'.");
+            return bad(&msg, Some("completion_window"));
+        }
+    }
+    let metadata = match metadata(req.metadata) {
+        Ok(m) => m,
+        Err(msg) => return bad(&msg, Some("metadata")),
+    };
+    let input = {
+        let store = lock(&shared.store);
+        let Some(file) = store.file(g.api, &input_file_id) else {
+            drop(store);
+            return g.not_found("File", &input_file_id);
+        };
+        if file.purpose != "batch" {
+            let msg = format!(
+                "Invalid 'input_file_id': '{input_file_id}'. The file has purpose '{}'; a batch input needs purpose 'batch'.",
+                file.purpose
+            );
+            drop(store);
+            return bad(&msg, Some("input_file_id"));
+        }
+        file.bytes.clone()
+    };
+
+    let live = &g.live;
+    let cfg = &live.config;
+    let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
+    let id = format!("batch_{hex}");
+    let (object, seq, cancel, lost) = {
+        let mut store = lock(&shared.store);
+        let seq = store.next_seq;
+        store.next_seq += 1;
+        let lost = store.lost_creates < cfg.batch_lose_create;
+        if lost {
+            store.lost_creates += 1;
+        }
+        let batch = Batch {
+            api: g.api,
+            id: id.clone(),
+            endpoint: endpoint.clone(),
+            input_file_id,
+            metadata,
+            status: Status::Validating,
+            model: None,
+            errors: Vec::new(),
+            created_at: unix_now(),
+            at: Stamps::default(),
+            total: 0,
+            completed: 0,
+            failed: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            queued_tokens: 0,
+            output_file_id: None,
+            error_file_id: None,
+            cancel_requested: false,
+            cancel: Arc::default(),
+        };
+        let object = serde_json::to_vec(&batch.object()).unwrap_or_default();
+        let cancel = Arc::clone(&batch.cancel);
+        store.order.push(id.clone());
+        store.batches.insert(id.clone(), batch);
+        (object, seq, cancel, lost)
+    };
+    shared.stats.count(BatchCount::Created);
+    let event = BatchEvent {
+        provider: g.api.provider(),
+        route: if g.api == super::batch_store::Api::Azure {
+            "/openai/batches"
+        } else {
+            "/v1/batches"
+        },
+        batch_id: &id,
+        client_request_id: headers
+            .get("x-client-request-id")
+            .and_then(|v| v.to_str().ok()),
+        model: "",
+        status: if lost { 500 } else { 200 },
+        outcome: "batch_created",
+    };
+    shared.stats.event(&event, cfg.log_capacity);
+    let plan = Plan::from_config(cfg, g.api, endpoint, seq);
+    batch_run::spawn(Arc::clone(&shared), id, input, plan, cancel);
+    if lost {
+        // The batch exists, but the client never learns its id.
+        let mut resp = (StatusCode::INTERNAL_SERVER_ERROR, Vec::<u8>::new()).into_response();
+        g.headers(resp.headers_mut());
+        return resp;
+    }
+    let mut resp = (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        object,
+    )
+        .into_response();
+    g.headers(resp.headers_mut());
+    resp
+}
+
+/// At most 16 pairs of strings, keys ≤ 64 chars, values ≤ 512.
+fn metadata(value: Option<Value>) -> Result<Option<Vec<(String, String)>>, String> {
+    let map = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err("Invalid 'metadata': expected an object.".to_string()),
+    };
+    if map.len() > 16 {
+        return Err(format!(
+            "Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with {} properties instead.",
+            map.len()
+        ));
+    }
+    let mut pairs = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let Value::String(v) = v else {
+            return Err(format!(
+                "Invalid 'metadata.{k}': expected a string, but got a different type instead."
+            ));
+        };
+        if k.chars().count() > 64 {
+            return Err(format!(
+                "Invalid 'metadata': key '{k}' is longer than 64 characters."
+            ));
+        }
+        if v.chars().count() > 512 {
+            return Err(format!(
+                "Invalid 'metadata.{k}': string too long. Expected a string with maximum length 512."
+            ));
+        }
+        pairs.push((k, v));
+    }
+    Ok(Some(pairs))
+}
+
+/// `GET /v1/batches/{id}`, `GET /openai/batches/{id}`
+pub(crate) async fn get(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    shared.stats.count(BatchCount::Poll);
+    let g = match gate(&shared, &uri, &query, &headers) {
+        Ok(g) => g,
+        Err(r) => return *r,
+    };
+    let store = lock(&shared.store);
+    match store.batch(g.api, &id) {
+        Some(b) => g.ok(&b.object()),
+        None => g.not_found("Batch", &id),
+    }
+}
+
+/// `POST /v1/batches/{id}/cancel`, `POST /openai/batches/{id}/cancel`
+pub(crate) async fn cancel(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let g = match gate(&shared, &uri, &query, &headers) {
+        Ok(g) => g,
+        Err(r) => return *r,
+    };
+    let mut store = lock(&shared.store);
+    let Some(b) = store.batch_mut(g.api, &id) else {
+        drop(store);
+        return g.not_found("Batch", &id);
+    };
+    match b.status {
+        Status::Cancelling | Status::Cancelled => {}
+        Status::Completed | Status::Failed | Status::Expired => {
+            let msg = format!("Cannot cancel a batch with status '{}'.", b.status.as_str());
+            drop(store);
+            return g.error(StatusCode::BAD_REQUEST, &msg, None, None);
+        }
+        Status::Validating | Status::InProgress | Status::Finalizing => {
+            b.status = Status::Cancelling;
+            b.at.cancelling = Some(unix_now());
+            b.cancel_requested = true;
+            b.cancel.notify_one();
+            let event = BatchEvent {
+                provider: g.api.provider(),
+                route: b.route(),
+                batch_id: &b.id,
+                client_request_id: None,
+                model: b.model.as_deref().unwrap_or(""),
+                status: 200,
+                outcome: "batch_cancelling",
+            };
+            shared.stats.event(&event, g.live.config.log_capacity);
+        }
+    }
+    g.ok(&b.object())
+}
+
+#[derive(Serialize)]
+struct List<'a> {
+    object: &'static str,
+    data: Vec<BatchObject<'a>>,
+    first_id: Option<&'a str>,
+    last_id: Option<&'a str>,
+    has_more: bool,
+}
+
+/// `GET /v1/batches?after=&limit=`, `GET /openai/batches?…`
+pub(crate) async fn list(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    shared.stats.count(BatchCount::Poll);
+    let g = match gate(&shared, &uri, &query, &headers) {
+        Ok(g) => g,
+        Err(r) => return *r,
+    };
+    let limit = match query.get("limit").map(|l| l.parse::<usize>()) {
+        None => 20,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => {
+            let msg = "Invalid 'limit': expected an integer between 1 and 100.";
+            return g.error(StatusCode::BAD_REQUEST, msg, Some("limit"), None);
+        }
+    };
+    let store = lock(&shared.store);
+    list_page(&g, &store, query.get("after").map(String::as_str), limit)
+}
+
+fn list_page(
+    g: &Gate,
+    store: &super::batch_store::Store,
+    after: Option<&str>,
+    limit: usize,
+) -> Response {
+    let newest_first = store
+        .order
+        .iter()
+        .rev()
+        .filter_map(|id| store.batch(g.api, id));
+    let mut rest: Vec<&Batch> = match after {
+        None => newest_first.collect(),
+        Some(after) => newest_first.skip_while(|b| b.id != after).skip(1).collect(),
+    };
+    let has_more = rest.len() > limit;
+    rest.truncate(limit);
+    let list = List {
+        object: "list",
+        first_id: rest.first().map(|b| b.id.as_str()),
+        last_id: rest.last().map(|b| b.id.as_str()),
+        data: rest.iter().map(|b| b.object()).collect(),
+        has_more,
+    };
+    g.ok(&list)
+}
