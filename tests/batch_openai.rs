@@ -993,7 +993,8 @@ async fn submit_refuses_what_the_provider_would_reject_before_sending() {
 async fn the_registry_builds_batch_adapters_by_kind() {
     use docket::config::ProviderConfig;
     use docket::provider::batch::build_batch;
-    let cfg: ProviderConfig = toml::from_str("kind = \"anthropic\"\nmodel = \"m\"\n").unwrap();
+    // Ollama has no Batch API.
+    let cfg: ProviderConfig = toml::from_str("kind = \"ollama\"\nmodel = \"m\"\n").unwrap();
     assert!(build_batch("p", &cfg, None).unwrap().is_none());
     let cfg: ProviderConfig = toml::from_str("kind = \"mock\"\nmodel = \"m\"\n").unwrap();
     let server = Server::start().await;

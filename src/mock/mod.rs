@@ -39,6 +39,10 @@
 
 mod answer;
 mod anthropic;
+mod anthropic_batch_lines;
+mod anthropic_batch_run;
+mod anthropic_batch_store;
+mod anthropic_batches;
 mod batch_gate;
 mod batch_input;
 mod batch_lines;
@@ -49,6 +53,11 @@ mod chat;
 mod faults;
 mod files;
 mod gemini;
+mod gemini_batch_answer;
+mod gemini_batch_run;
+mod gemini_batch_store;
+mod gemini_batches;
+mod gemini_files;
 mod infer;
 mod json;
 mod limits;

@@ -33,7 +33,7 @@ use super::limits::Limits;
 use super::stats::Recorder;
 use super::wire::{self, error_body, splitmix};
 use super::{MockConfig, MockLogEntry, MockStats};
-use super::{anthropic, batches, chat, files, gemini, ollama};
+use super::{anthropic, batches, chat, files, ollama};
 
 /// How long `shutdown` waits for in-flight requests before aborting the server task.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -81,6 +81,8 @@ pub(crate) struct Shared {
     pub rng: Mutex<FaultRng>,
     /// files and batches of the Files/Batches APIs
     pub store: Mutex<Store>,
+    /// Anthropic's Message Batches
+    pub anthropic_batches: Mutex<super::anthropic_batch_store::Store>,
     pub stats: Recorder,
     /// counter behind response and request ids
     pub ids: AtomicU64,
@@ -99,6 +101,7 @@ impl Shared {
             limits: Mutex::new(Limits::new(config.rpm_limit, config.tpm_limit, now)),
             rng: Mutex::new(FaultRng::new(config.seed)),
             store: Mutex::new(Store::default()),
+            anthropic_batches: Mutex::default(),
             stats: Recorder::new(now),
             ids: AtomicU64::new(0),
             salt: splitmix(nanos ^ config.seed),
@@ -235,7 +238,8 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/api/v1/chat/completions", post(chat::openrouter))
         .route("/v1/messages", post(anthropic::handle))
-        .route("/v1beta/models/{target}", post(gemini::handle))
+        .merge(super::anthropic_batches::router())
+        .merge(super::gemini_batches::routes())
         .route("/api/chat", post(ollama::handle))
         .route("/v1/models", get(models))
         .route("/v1/files", post(files::upload).layer(upload_limit()))

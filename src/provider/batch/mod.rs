@@ -7,6 +7,8 @@
 //! moment `submit` returns, and on resume calls `find` for a batch with no
 //! provider id before anything is submitted again.
 
+pub mod anthropic;
+pub mod gemini;
 pub mod jsonl;
 pub mod openai;
 
@@ -253,6 +255,8 @@ pub(crate) fn build_batch_with_key(
             | ProviderKind::OpenaiCompatible
             | ProviderKind::Mock
             | ProviderKind::Azure
+            | ProviderKind::Anthropic
+            | ProviderKind::Gemini
     );
     if !supported {
         return Ok(None);
@@ -277,6 +281,16 @@ pub(crate) fn build_batch_with_key(
             let key =
                 key.ok_or_else(|| setup("api_key_env is required for kind = \"azure\"".into()))?;
             Box::new(openai::OpenAiBatch::azure(&base, &version, key).map_err(setup)?)
+        }
+        ProviderKind::Anthropic => {
+            let key = key
+                .ok_or_else(|| setup("api_key_env is required for kind = \"anthropic\"".into()))?;
+            Box::new(anthropic::AnthropicBatch::new(&base, key).map_err(setup)?)
+        }
+        ProviderKind::Gemini => {
+            let key =
+                key.ok_or_else(|| setup("api_key_env is required for kind = \"gemini\"".into()))?;
+            Box::new(gemini::GeminiBatch::new(&base, key).map_err(setup)?)
         }
         _ => Box::new(openai::OpenAiBatch::openai(cfg.kind.as_str(), &base, key).map_err(setup)?),
     };
@@ -303,8 +317,8 @@ mod tests {
                 "base_url = \"https://r.openai.azure.com\"\napi_version = \"2024-10-21\"",
                 Some("azure"),
             ),
-            ("anthropic", "", None),
-            ("gemini", "", None),
+            ("anthropic", "", Some("anthropic")),
+            ("gemini", "", Some("gemini")),
             ("ollama", "", None),
             ("openrouter", "", None),
         ] {

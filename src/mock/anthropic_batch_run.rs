@@ -1,0 +1,311 @@
+//! The lifecycle of one Anthropic message batch, compressed to seconds
+//! (reference section 4, "Fake-server state machine"); its result lines
+//! come from `anthropic_batch_lines`.
+//!
+//! Contract: the batch is `in_progress` from its create. It waits
+//! `batch_validating_ms`, answers its requests evenly over
+//! `batch_running_ms` (with the sync route's deterministic answers and
+//! usage), waits `batch_finalizing_ms`, then `ended` — all the while
+//! `in_progress` with every request counted in `processing`. At the end the
+//! counts move at once and the results (one line per request, shuffled
+//! deterministically from the seed) get a `results_url`; with
+//! `batch_output_late_ms` the batch is `ended` with a null `results_url`
+//! that long. Faults: a request fails at `batch_fail_rate` (an `errored`
+//! line with a 500 `api_error`); `params` the sync route would refuse get an
+//! `errored` `invalid_request_error` line (params are validated
+//! asynchronously); `batch_expire = f`: the batch ends once a fraction f
+//! ran, the rest `expired`. Cancel (the route sets `canceling` and
+//! `cancel_initiated_at`): the requests in flight (at least one) finish,
+//! the batch stays `canceling` for `batch_cancelling_ms`, then `ended` with
+//! the rest `canceled`. Transitions are logged (status 0) and counted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::MockConfig;
+use super::anthropic_batch_lines::{answer_line, plain};
+use super::anthropic_batch_store::{Batch, Counts, Phase, ROUTE_ONE, event};
+use super::server::{Shared, lock};
+use super::stats::BatchCount;
+use super::wire::splitmix;
+
+/// What a batch's lifecycle needs from the config, read once at create.
+pub(crate) struct Plan {
+    seq: u64,
+    validating: Duration,
+    running: Duration,
+    finalizing: Duration,
+    cancelling: Duration,
+    output_late: Duration,
+    fail_rate: f64,
+    expire: f64,
+    seed: u64,
+}
+
+impl Plan {
+    pub(crate) fn from_config(c: &MockConfig, seq: u64) -> Plan {
+        let ms = Duration::from_millis;
+        Plan {
+            seq,
+            validating: ms(c.batch_validating_ms),
+            running: ms(c.batch_running_ms),
+            finalizing: ms(c.batch_finalizing_ms),
+            cancelling: ms(c.batch_cancelling_ms),
+            output_late: ms(c.batch_output_late_ms),
+            fail_rate: c.batch_fail_rate,
+            expire: c.batch_expire,
+            seed: c.seed,
+        }
+    }
+
+    /// How long a batch stays in progress when nothing goes wrong.
+    pub(crate) fn length(&self) -> Duration {
+        self.validating + self.running + self.finalizing
+    }
+}
+
+enum Wake {
+    Time,
+    Cancel,
+    Stop,
+}
+
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    id: String,
+    requests: Vec<(String, Value)>,
+    plan: Plan,
+    cancel: Arc<Notify>,
+) {
+    tokio::spawn(async move {
+        let rng = StdRng::seed_from_u64(splitmix(plan.seed ^ splitmix(plan.seq) ^ 0xA17));
+        let mut run = Run {
+            shared: &shared,
+            id,
+            plan,
+            cancel,
+            rng,
+            requests,
+            done: 0,
+            lines: Vec::new(),
+            counts: Counts::default(),
+        };
+        run.drive().await;
+    });
+}
+
+struct Run<'a> {
+    shared: &'a Shared,
+    id: String,
+    plan: Plan,
+    cancel: Arc<Notify>,
+    rng: StdRng,
+    requests: Vec<(String, Value)>,
+    /// requests run so far (in input order)
+    done: usize,
+    lines: Vec<String>,
+    counts: Counts,
+}
+
+impl Run<'_> {
+    async fn drive(&mut self) {
+        match self.pause(self.plan.validating).await {
+            Wake::Stop => return,
+            Wake::Cancel => return self.canceled().await,
+            Wake::Time => {}
+        }
+        let n = self.requests.len();
+        let expire_at = (self.plan.expire > 0.0).then(|| {
+            let k = (n as f64 * self.plan.expire).floor() as usize;
+            (k.min(n), self.plan.running.mul_f64(self.plan.expire))
+        });
+        let running = self.plan.running;
+        let tick = (running / 20).clamp(Duration::from_millis(10), Duration::from_millis(250));
+        let started = Instant::now();
+        let due = move |at: Duration| -> usize {
+            if running.is_zero() {
+                return n;
+            }
+            let frac = at.as_secs_f64() / running.as_secs_f64();
+            ((n as f64 * frac).floor() as usize).min(n)
+        };
+        loop {
+            let elapsed = started.elapsed();
+            let mut target = due(elapsed);
+            if let Some((k, when)) = expire_at {
+                target = target.min(k);
+                if elapsed >= when {
+                    self.step(k);
+                    self.end("expired", "batch_expired", BatchCount::Expired);
+                    return;
+                }
+            }
+            self.step(target);
+            if self.done == n && expire_at.is_none() {
+                break;
+            }
+            match self.pause(tick).await {
+                Wake::Stop => return,
+                Wake::Time => {}
+                Wake::Cancel => {
+                    // The requests in flight finish.
+                    let next = due(started.elapsed() + tick).max(self.done + 1).min(n);
+                    self.step(next);
+                    return self.canceled().await;
+                }
+            }
+        }
+        match self.pause(self.plan.finalizing).await {
+            Wake::Stop => return,
+            Wake::Cancel => return self.canceled().await,
+            Wake::Time => {}
+        }
+        if self.plan.output_late.is_zero() {
+            if !self.end("", "batch_completed", BatchCount::Completed) {
+                self.canceled().await;
+            }
+            return;
+        }
+        // Ended, but the results are not there yet.
+        let results = self.results();
+        let canceling = {
+            let mut store = lock(&self.shared.anthropic_batches);
+            let Some(b) = store.batches.get_mut(&self.id) else {
+                return;
+            };
+            let canceling = b.phase == Phase::Canceling;
+            if !canceling {
+                self.finish(b);
+                event(
+                    self.shared,
+                    ROUTE_ONE,
+                    &b.id,
+                    &b.model,
+                    0,
+                    "batch_completed",
+                );
+            }
+            canceling
+        };
+        if canceling {
+            return self.canceled().await;
+        }
+        self.shared.stats.count(BatchCount::Completed);
+        tokio::select! {
+            _ = tokio::time::sleep(self.plan.output_late) => {}
+            _ = self.shared.stopping() => return,
+        }
+        let mut store = lock(&self.shared.anthropic_batches);
+        if let Some(b) = store.batches.get_mut(&self.id) {
+            b.results = Some(results);
+            event(
+                self.shared,
+                ROUTE_ONE,
+                &b.id,
+                &b.model,
+                0,
+                "batch_output_ready",
+            );
+        }
+    }
+
+    /// Sleep, unless cancelled or the server stops first.
+    async fn pause(&self, d: Duration) -> Wake {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => Wake::Time,
+            _ = self.cancel.notified() => Wake::Cancel,
+            _ = self.shared.stopping() => Wake::Stop,
+        }
+    }
+
+    /// Run requests `done..upto`.
+    fn step(&mut self, upto: usize) {
+        let (mut ok, mut failed) = (0, 0);
+        while self.done < upto {
+            let (custom_id, params) = &self.requests[self.done];
+            let fail = self.rng.random::<f64>() < self.plan.fail_rate;
+            match answer_line(self.shared, custom_id, params, fail) {
+                Ok((line, _, _)) => {
+                    self.lines.push(line);
+                    ok += 1;
+                }
+                Err(line) => {
+                    self.lines.push(line);
+                    failed += 1;
+                }
+            }
+            self.done += 1;
+        }
+        self.counts.succeeded += ok;
+        self.counts.errored += failed;
+        self.shared.stats.add(BatchCount::LineOk, ok);
+        self.shared.stats.add(BatchCount::LineFailed, failed);
+    }
+
+    /// The rest of the requests become `rest` lines ("" = none left).
+    fn close(&mut self, rest: &str) {
+        let left = self.requests.len() - self.done;
+        for (custom_id, _) in &self.requests[self.done..] {
+            self.lines.push(plain(custom_id, rest));
+        }
+        self.done = self.requests.len();
+        match rest {
+            "expired" => {
+                self.counts.expired += left as u64;
+                self.shared.stats.add(BatchCount::LineFailed, left as u64);
+            }
+            "canceled" => self.counts.canceled += left as u64,
+            _ => {}
+        }
+    }
+
+    fn results(&mut self) -> Bytes {
+        self.lines.shuffle(&mut self.rng);
+        let mut bytes = self.lines.join("\n");
+        bytes.push('\n');
+        Bytes::from(bytes)
+    }
+
+    fn finish(&self, b: &mut Batch) {
+        b.phase = Phase::Ended;
+        b.ended_at = Some(chrono::Utc::now());
+        b.counts = self.counts;
+    }
+
+    /// End now with the rest as `rest` lines; false when a cancel came first
+    /// (on a normal end only: the cancel path takes over).
+    fn end(&mut self, rest: &str, what: &str, count: BatchCount) -> bool {
+        let mut store = lock(&self.shared.anthropic_batches);
+        let Some(b) = store.batches.get_mut(&self.id) else {
+            return true;
+        };
+        if rest.is_empty() && b.phase == Phase::Canceling {
+            return false;
+        }
+        self.close(rest);
+        let results = self.results();
+        self.finish(b);
+        b.results = Some(results);
+        event(self.shared, ROUTE_ONE, &b.id, &b.model, 0, what);
+        drop(store);
+        self.shared.stats.count(count);
+        true
+    }
+
+    /// The route already moved the batch to `canceling`; wait, then end.
+    async fn canceled(&mut self) {
+        tokio::select! {
+            _ = tokio::time::sleep(self.plan.cancelling) => {}
+            _ = self.shared.stopping() => return,
+        }
+        self.end("canceled", "batch_cancelled", BatchCount::Cancelled);
+    }
+}

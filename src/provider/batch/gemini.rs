@@ -1,0 +1,1412 @@
+//! Gemini batch mode (Gemini Developer API, reference section 5.2).
+//!
+//! - submit: `POST {base}/v1beta/models/{model}:batchGenerateContent` with
+//!   `{"batch":{"displayName": tag, "inputConfig": {"requests": {"requests":
+//!   [{"request": {...}, "metadata": {"key": custom_id}}]}}}}` when the whole
+//!   body fits the inline limit (20 MB); else the requests go up as a JSONL
+//!   file (`{"key", "request"}` per line) through the Files API's resumable
+//!   upload (`POST {base}/upload/v1beta/files`, `X-Goog-Upload-Command:
+//!   start`, then `upload, finalize` to the URL it answers, the bytes
+//!   streamed from the lines) and the create names `inputConfig.fileName`.
+//!   The display name is docket's tag, so `find` can recognise a batch whose
+//!   create answer was lost (creation is not idempotent).
+//! - poll: `GET {base}/v1beta/batches/{id}`, an Operation: `metadata.state`
+//!   (`BATCH_STATE_*`, `JOB_STATE_*` accepted too), `metadata.batchStats`
+//!   (int64 counts as strings or numbers), `done`, `error`, and the results
+//!   in `response` or `metadata.output` (both read, in the reference's order).
+//! - results: inline (`…inlinedResponses.inlinedResponses[]`, each
+//!   `{"metadata":{"key"}, "response"|"error"}`), read from a fresh GET; or a
+//!   responses file (`GET {base}/download/v1beta/files/{id}:download?alt=media`,
+//!   JSONL `{"key", "response"|"error"}`), streamed and split on newlines.
+//!   Either way matched by key, unknown and duplicate keys quarantined.
+//! - cancel: `POST {base}/v1beta/batches/{id}:cancel` (empty body, answers
+//!   `{}`), then a GET for where the batch is now.
+//! - find: `GET {base}/v1beta/batches?pageSize=100[&pageToken=..]`, every
+//!   page, matching `displayName == tag`.
+//!
+//! The key goes in `x-goog-api-key` only, never a URL. A request is the
+//! synchronous `generateContent` body (`gemini::request_body`) and a result's
+//! `response` is read by the synchronous parser, its `error` by the
+//! synchronous classifier.
+
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::jsonl::{self, Chunk, LineError};
+use super::{
+    BatchCounts, BatchFuture, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus,
+    Found, LineOutcome, Quarantined, ResultLine, ResultsSummary, SubmitSpec, Submitted,
+};
+use crate::limiter::RateHeaders;
+use crate::provider::gemini::{classify_error, parse_success, request_body};
+use crate::provider::openai::{preview, rate_headers, redact, transport_error};
+use crate::provider::{ApiKey, ErrorClass, ProviderError, RawAnswer};
+
+/// Gemini: a results file of up to 2 GB (counted as 2,000,000,000 bytes).
+/// No request count per batch is documented; 100,000 keeps one batch's
+/// results (and an inline answer) a sane size [unsure: not a published
+/// limit].
+pub const GEMINI_LIMITS: BatchLimits = BatchLimits {
+    max_requests: 100_000,
+    max_bytes: 2_000_000_000,
+    max_custom_id: 64,
+};
+
+/// An inline create body may be at most 20 MB (counted as 20,000,000 bytes).
+pub const INLINE_LIMIT: u64 = 20_000_000;
+
+/// `output_ref` of a batch whose results are inline in the batch resource:
+/// this prefix and the batch's name.
+pub const INLINE_REF: &str = "inline:";
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+const FILE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+const UPLOAD_PIECE: usize = 256 * 1024;
+const MAX_LIST_PAGES: usize = 100;
+const MAX_TAG: usize = 512;
+
+/// How long to wait between polls (the staged-batching plan, 4.1A, for
+/// Gemini): 120 s at first, 300 s once a batch is 20 minutes old. The caller
+/// adds jitter. Tests and the mock compress it with `fast()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollCadence {
+    pub quick: Duration,
+    pub slow: Duration,
+    /// This old: poll at `slow`.
+    pub slow_after: Duration,
+}
+
+impl PollCadence {
+    pub const STANDARD: PollCadence = PollCadence {
+        quick: Duration::from_secs(120),
+        slow: Duration::from_secs(300),
+        slow_after: Duration::from_secs(20 * 60),
+    };
+
+    /// The same shape compressed 1,000-fold (120 ms, 300 ms after 1.2 s).
+    pub fn fast() -> Self {
+        let s = Self::STANDARD;
+        PollCadence {
+            quick: s.quick / 1000,
+            slow: s.slow / 1000,
+            slow_after: s.slow_after / 1000,
+        }
+    }
+
+    pub fn after(&self, state: &BatchState, age: Duration) -> Duration {
+        match state {
+            // Asked to stop: it ends soon, and what finished is wanted.
+            BatchState::Cancelling => self.quick,
+            _ if age >= self.slow_after => self.slow,
+            _ => self.quick,
+        }
+    }
+}
+
+impl Default for PollCadence {
+    fn default() -> Self {
+        Self::STANDARD
+    }
+}
+
+/// Gemini's batch mode, against `https://generativelanguage.googleapis.com`
+/// or any server speaking it (the built-in mock).
+pub struct GeminiBatch {
+    base: String,
+    key: ApiKey,
+    client: reqwest::Client,
+    limits: BatchLimits,
+    inline_limit: u64,
+    cadence: PollCadence,
+}
+
+impl GeminiBatch {
+    /// `base_url` as for the sync adapter (a trailing `/v1beta` is accepted).
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+        let base = base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1beta").unwrap_or(base).to_string();
+        Ok(Self {
+            base,
+            key,
+            client: crate::provider::http_client()?,
+            limits: GEMINI_LIMITS,
+            inline_limit: INLINE_LIMIT,
+            cadence: PollCadence::STANDARD,
+        })
+    }
+
+    pub fn with_cadence(mut self, cadence: PollCadence) -> Self {
+        self.cadence = cadence;
+        self
+    }
+
+    /// Smaller limits than the provider's (tests; a cautious config).
+    pub fn with_limits(mut self, limits: BatchLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Bodies above this many bytes go through a file instead of inline.
+    pub fn with_inline_limit(mut self, bytes: u64) -> Self {
+        self.inline_limit = bytes;
+        self
+    }
+
+    /// One JSONL line of an input file, without its newline.
+    pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(&json!({
+            "key": line.custom_id,
+            "request": request_body(&line.request),
+        }))
+        .map_err(|e| format!("cannot encode the request: {e}"))
+    }
+
+    /// One entry of `inputConfig.requests.requests`.
+    fn inline_item(line: &BatchLine) -> Value {
+        json!({
+            "request": request_body(&line.request),
+            "metadata": {"key": line.custom_id},
+        })
+    }
+
+    /// The whole inline create body, or None when it would pass the limit.
+    fn inline_body(&self, tag: &str, chunk: &Chunk<'_>) -> Option<Vec<u8>> {
+        // Each item is a few bytes longer than its file line; stop early
+        // when even the file lines do not fit.
+        if chunk.bytes > self.inline_limit {
+            return None;
+        }
+        let items: Vec<Value> = chunk.lines.iter().map(Self::inline_item).collect();
+        let body = json!({"batch": {
+            "displayName": tag,
+            "inputConfig": {"requests": {"requests": items}},
+        }});
+        let bytes = serde_json::to_vec(&body).ok()?;
+        (bytes.len() as u64 <= self.inline_limit).then_some(bytes)
+    }
+
+    /// `{base}/v1beta/batches/{id}` for a name `batches/{id}` (or a bare id).
+    fn batch_url(&self, name: &str, suffix: &str) -> String {
+        let id = name.strip_prefix("batches/").unwrap_or(name);
+        format!(
+            "{}/v1beta/batches/{}{suffix}",
+            self.base,
+            crate::provider::path_segment(id)
+        )
+    }
+
+    fn model_url(&self, model: &str) -> String {
+        let id = model.strip_prefix("models/").unwrap_or(model);
+        format!(
+            "{}/v1beta/models/{}:batchGenerateContent",
+            self.base,
+            crate::provider::path_segment(id)
+        )
+    }
+
+    fn download_url(&self, file: &str) -> String {
+        let id = file.strip_prefix("files/").unwrap_or(file);
+        format!(
+            "{}/download/v1beta/files/{}:download?alt=media",
+            self.base,
+            crate::provider::path_segment(id)
+        )
+    }
+
+    fn authed(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        builder.header("x-goog-api-key", self.key.expose())
+    }
+
+    fn scrub(&self, e: ProviderError) -> ProviderError {
+        crate::provider::scrub(e, Some(&self.key))
+    }
+
+    fn clean(&self, text: &str) -> String {
+        let mut s = text.to_string();
+        if self.key.expose().len() >= 4 {
+            s = s.replace(self.key.expose(), "[redacted]");
+        }
+        redact(&s)
+    }
+
+    fn error_of(raw: &RawAnswer) -> ProviderError {
+        let headers = RateHeaders {
+            retry_after: rate_headers(&raw.headers).retry_after,
+            ..RateHeaders::default()
+        };
+        classify_error(raw.status, &raw.bytes, headers)
+    }
+
+    /// Send; a non-2xx answer is classified like a synchronous one.
+    async fn call(&self, builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
+        let raw = crate::provider::exchange(self.authed(builder)).await?;
+        if (200..300).contains(&raw.status) {
+            Ok(raw)
+        } else {
+            Err(Self::error_of(&raw))
+        }
+    }
+
+    async fn get_op(&self, name: &str) -> Result<Value, ProviderError> {
+        let raw = self
+            .call(
+                self.client
+                    .get(self.batch_url(name, ""))
+                    .timeout(CALL_TIMEOUT),
+            )
+            .await?;
+        parse_json(&raw, "batch")
+    }
+
+    async fn submit_inner(&self, spec: &SubmitSpec<'_>) -> Result<Submitted, ProviderError> {
+        if spec.lines.is_empty() {
+            return Err(request_error("a batch needs at least one request".into()));
+        }
+        if spec.tag.is_empty() || spec.tag.chars().count() > MAX_TAG {
+            return Err(request_error(format!(
+                "the batch tag must be 1 to {MAX_TAG} characters (a Gemini display name)"
+            )));
+        }
+        if let Some((i, line)) = spec
+            .lines
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.request.model != spec.model)
+        {
+            return Err(request_error(
+                LineError {
+                    index: i,
+                    custom_id: line.custom_id.clone(),
+                    reason: format!(
+                        "model {:?} differs from the batch's model {:?} (one model per batch)",
+                        line.request.model, spec.model
+                    ),
+                }
+                .to_string(),
+            ));
+        }
+        let chunks = self
+            .split(spec.lines)
+            .map_err(|e| request_error(e.to_string()))?;
+        if chunks.len() > 1 {
+            let second = &chunks[1];
+            return Err(request_error(format!(
+                "the requests do not fit one batch ({} requests, {} bytes per file): \
+                 line {} (custom_id {:?}) starts a second file; split them first",
+                self.limits.max_requests,
+                self.limits.max_bytes,
+                second.first + 1,
+                second.lines[0].custom_id
+            )));
+        }
+        let chunk = &chunks[0];
+        let (body, file) = match self.inline_body(spec.tag, chunk) {
+            Some(body) => (body, None),
+            None => {
+                let file = self.upload(spec.tag, chunk).await?;
+                let body = json!({"batch": {
+                    "displayName": spec.tag,
+                    "inputConfig": {"fileName": file},
+                }});
+                (body.to_string().into_bytes(), Some(file))
+            }
+        };
+        let raw = self
+            .call(
+                self.client
+                    .post(self.model_url(spec.model))
+                    .timeout(CALL_TIMEOUT)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body),
+            )
+            .await?;
+        let op: Value = parse_json(&raw, "batch create")?;
+        let name = op_name(&op).ok_or_else(|| ProviderError {
+            class: ErrorClass::Transient,
+            http_status: Some(raw.status),
+            message: format!(
+                "batch create answer has no name; body starts {}",
+                preview(&raw.bytes)
+            ),
+            headers: RateHeaders::default(),
+        })?;
+        Ok(Submitted {
+            provider_batch_id: name,
+            input_file_id: file,
+        })
+    }
+
+    /// The Files API's resumable upload of one chunk as JSONL: `start`
+    /// answers an upload URL, then `upload, finalize` sends the bytes,
+    /// encoded a piece at a time as they are sent.
+    async fn upload(&self, tag: &str, chunk: &Chunk<'_>) -> Result<String, ProviderError> {
+        let start = self
+            .call(
+                self.client
+                    .post(format!("{}/upload/v1beta/files", self.base))
+                    .timeout(CALL_TIMEOUT)
+                    .header("X-Goog-Upload-Protocol", "resumable")
+                    .header("X-Goog-Upload-Command", "start")
+                    .header("X-Goog-Upload-Header-Content-Length", chunk.bytes)
+                    .header("X-Goog-Upload-Header-Content-Type", "application/jsonl")
+                    .json(&json!({"file": {"displayName": format!("docket-{tag}")}})),
+            )
+            .await?;
+        let upload_url = start
+            .headers
+            .get("x-goog-upload-url")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        // The key goes with the bytes: only ever to the API's own host.
+        if !upload_url.starts_with(&format!("{}/", self.base)) {
+            return Err(ProviderError {
+                class: ErrorClass::Transient,
+                http_status: Some(start.status),
+                message: format!(
+                    "file upload start gave no upload URL on {} (got {:?})",
+                    self.base,
+                    preview(upload_url.as_bytes())
+                ),
+                headers: RateHeaders::default(),
+            });
+        }
+        let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+        let send = self.call(
+            self.client
+                .post(&upload_url)
+                .timeout(FILE_TIMEOUT)
+                .header("X-Goog-Upload-Command", "upload, finalize")
+                .header("X-Goog-Upload-Offset", "0")
+                .header(reqwest::header::CONTENT_LENGTH, chunk.bytes)
+                .body(reqwest::Body::wrap_stream(rx)),
+        );
+        let produce = async move {
+            let mut tx = tx;
+            let mut piece = Vec::with_capacity(UPLOAD_PIECE + 4096);
+            for line in chunk.lines {
+                let encoded = match self.encode_line(line) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = tx.send(Err(std::io::Error::other(e))).await;
+                        return;
+                    }
+                };
+                piece.extend_from_slice(&encoded);
+                piece.push(b'\n');
+                if piece.len() >= UPLOAD_PIECE {
+                    let full = std::mem::replace(&mut piece, Vec::with_capacity(UPLOAD_PIECE));
+                    if tx.send(Ok(full)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if !piece.is_empty() {
+                let _ = tx.send(Ok(piece)).await;
+            }
+        };
+        let (answer, ()) = futures::join!(send, produce);
+        let raw = answer?;
+        let v: Value = parse_json(&raw, "file upload")?;
+        let file = v.get("file").unwrap_or(&v);
+        file.get("name")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| ProviderError {
+                class: ErrorClass::Transient,
+                http_status: Some(raw.status),
+                message: format!(
+                    "file upload answer has no file name; body starts {}",
+                    preview(&raw.bytes)
+                ),
+                headers: RateHeaders::default(),
+            })
+    }
+
+    fn status_of(&self, op: &Value) -> Result<BatchStatus, ProviderError> {
+        let o = OpView::new(op);
+        let name = op_name(op).unwrap_or_default();
+        let state = match o.state().as_deref() {
+            Some("PENDING" | "QUEUED") => BatchState::Validating,
+            Some("RUNNING" | "UPDATING" | "PAUSED") => BatchState::InProgress,
+            Some("CANCELLING") => BatchState::Cancelling,
+            Some("SUCCEEDED" | "PARTIALLY_SUCCEEDED") => BatchState::Completed,
+            Some("FAILED") => BatchState::Failed(self.clean(&o.failure())),
+            Some("CANCELLED") => BatchState::Cancelled,
+            Some("EXPIRED") => BatchState::Expired,
+            // No state: the operation's own `done` / `error` say it.
+            None | Some("UNSPECIFIED") if o.done() => match o.error() {
+                Some(_) => BatchState::Failed(self.clean(&o.failure())),
+                None => BatchState::Completed,
+            },
+            None | Some("UNSPECIFIED") => BatchState::Validating,
+            Some(other) => {
+                return Err(ProviderError {
+                    class: ErrorClass::Transient,
+                    http_status: Some(200),
+                    message: format!(
+                        "batch {name} has an unknown state {:?}",
+                        crate::sanitize::for_terminal(other)
+                    ),
+                    headers: RateHeaders::default(),
+                });
+            }
+        };
+        let counts = o.counts();
+        let output_ref = match o.output() {
+            Output::Inline => Some(format!("{INLINE_REF}{name}")),
+            Output::File(f) => Some(f),
+            Output::None => None,
+        };
+        // Succeeded with results counted but none to be found yet: they
+        // arrive after the state changes. Poll again rather than ingest
+        // nothing. (Expired jobs may have no results at all: never waited on.)
+        let results_pending = state == BatchState::Completed
+            && output_ref.is_none()
+            && counts.completed + counts.failed > 0;
+        Ok(BatchStatus {
+            provider_batch_id: name,
+            state,
+            counts,
+            output_ref,
+            error_ref: None,
+            results_pending,
+        })
+    }
+
+    async fn results_inner(
+        &self,
+        status: &BatchStatus,
+        expected: &HashSet<String>,
+        sink: &mut (dyn FnMut(ResultLine) + Send),
+    ) -> Result<ResultsSummary, ProviderError> {
+        let mut ingest = Ingest {
+            adapter: self,
+            expected,
+            seen: HashSet::new(),
+            summary: ResultsSummary::default(),
+            sink,
+        };
+        let Some(output) = &status.output_ref else {
+            return Ok(ingest.summary);
+        };
+        if let Some(name) = output.strip_prefix(INLINE_REF) {
+            let op = self.get_op(name).await?;
+            for (i, item) in OpView::new(&op).inline_items().iter().enumerate() {
+                ingest.item(item, "inline result", i as u64 + 1);
+            }
+            return Ok(ingest.summary);
+        }
+        match self.stream_file(output, &mut ingest).await {
+            Ok(true) => {}
+            Ok(false) => ingest.summary.cut = true,
+            Err(e) if ingest.summary.lines == 0 => return Err(e),
+            Err(e) => {
+                tracing::warn!(batch = %status.provider_batch_id, "results stream: {e}");
+                ingest.summary.cut = true;
+            }
+        }
+        Ok(ingest.summary)
+    }
+
+    /// Stream the responses file into `ingest`. `Ok(false)`: the stream was
+    /// cut; the partial line is not applied.
+    async fn stream_file(
+        &self,
+        file: &str,
+        ingest: &mut Ingest<'_>,
+    ) -> Result<bool, ProviderError> {
+        let response = self
+            .authed(
+                self.client
+                    .get(self.download_url(file))
+                    .timeout(FILE_TIMEOUT),
+            )
+            .send()
+            .await
+            .map_err(|e| transport_error(&e))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let headers = response.headers().clone();
+            let bytes = response
+                .bytes()
+                .await
+                .map(|b| b.to_vec())
+                .unwrap_or_default();
+            return Err(Self::error_of(&RawAnswer {
+                status,
+                headers,
+                bytes,
+            }));
+        }
+        let mut stream = response.bytes_stream();
+        let mut pending: Vec<u8> = Vec::new();
+        let mut file_line = 0u64;
+        while let Some(piece) = stream.next().await {
+            let piece = match piece {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(file, "results stream cut: {}", transport_error(&e));
+                    return Ok(false);
+                }
+            };
+            let mut rest: &[u8] = &piece;
+            while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
+                file_line += 1;
+                if pending.is_empty() {
+                    ingest.raw_line(&rest[..pos], file_line);
+                } else {
+                    pending.extend_from_slice(&rest[..pos]);
+                    ingest.raw_line(&pending, file_line);
+                    pending.clear();
+                }
+                rest = &rest[pos + 1..];
+            }
+            pending.extend_from_slice(rest);
+        }
+        let last = pending.trim_ascii();
+        if last.is_empty() {
+            return Ok(true);
+        }
+        if serde_json::from_slice::<serde::de::IgnoredAny>(last).is_ok() {
+            ingest.raw_line(last, file_line + 1);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    async fn cancel_inner(&self, name: &str) -> Result<BatchStatus, ProviderError> {
+        let sent = self
+            .call(
+                self.client
+                    .post(self.batch_url(name, ":cancel"))
+                    .timeout(CALL_TIMEOUT)
+                    .header(reqwest::header::CONTENT_LENGTH, 0),
+            )
+            .await;
+        match sent {
+            Ok(_) => {
+                let mut s = self.status_of(&self.get_op(name).await?)?;
+                // Accepted; the Developer API has no cancelling state, so a
+                // batch still running is reported as on its way out.
+                if !s.state.is_terminal() {
+                    s.state = BatchState::Cancelling;
+                }
+                Ok(s)
+            }
+            // Already finished: cancel is idempotent, so the answer is where
+            // the batch is now.
+            Err(e) if matches!(e.http_status, Some(400 | 409)) => {
+                match self.get_op(name).await.and_then(|op| self.status_of(&op)) {
+                    Ok(s) if s.state.is_terminal() => Ok(s),
+                    _ => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn find_inner(
+        &self,
+        tag: &str,
+        created_after: f64,
+        request_count: usize,
+    ) -> Result<Found, ProviderError> {
+        let (mut exact, mut tag_only) = (Vec::new(), Vec::new());
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let mut url = format!("{}/v1beta/batches?pageSize=100", self.base);
+            if let Some(t) = &token {
+                url.push_str("&pageToken=");
+                url.push_str(&crate::provider::path_segment(t));
+            }
+            let raw = self
+                .call(self.client.get(url).timeout(CALL_TIMEOUT))
+                .await?;
+            let page: Value = parse_json(&raw, "batch list")?;
+            let ops = page
+                .get("operations")
+                .or_else(|| page.get("batches"))
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            matches(
+                ops,
+                tag,
+                created_after,
+                request_count,
+                &mut exact,
+                &mut tag_only,
+            );
+            token = page
+                .get("nextPageToken")
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string);
+            if token.is_none() {
+                return Ok(verdict(exact, tag_only));
+            }
+        }
+        Err(request_error(format!(
+            "listed {MAX_LIST_PAGES} pages of batches without reaching the end; \
+             cannot tell whether {tag:?} was created"
+        )))
+    }
+}
+
+impl BatchProvider for GeminiBatch {
+    fn name(&self) -> &str {
+        "gemini"
+    }
+
+    fn limits(&self) -> BatchLimits {
+        self.limits
+    }
+
+    fn poll_after(&self, state: &BatchState, age: Duration) -> Duration {
+        self.cadence.after(state, age)
+    }
+
+    fn split<'l>(&self, lines: &'l [BatchLine]) -> Result<Vec<Chunk<'l>>, LineError> {
+        jsonl::split(lines, self.limits, |l| self.encode_line(l))
+    }
+
+    fn submit<'a>(&'a self, spec: SubmitSpec<'a>) -> BatchFuture<'a, Submitted> {
+        Box::pin(async move { self.submit_inner(&spec).await.map_err(|e| self.scrub(e)) })
+    }
+
+    fn poll<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus> {
+        Box::pin(async move {
+            self.get_op(provider_batch_id)
+                .await
+                .and_then(|op| self.status_of(&op))
+                .map_err(|e| self.scrub(e))
+        })
+    }
+
+    fn results<'a>(
+        &'a self,
+        status: &'a BatchStatus,
+        expected: &'a HashSet<String>,
+        sink: &'a mut (dyn FnMut(ResultLine) + Send),
+    ) -> BatchFuture<'a, ResultsSummary> {
+        Box::pin(async move {
+            self.results_inner(status, expected, sink)
+                .await
+                .map_err(|e| self.scrub(e))
+        })
+    }
+
+    fn cancel<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus> {
+        Box::pin(async move {
+            self.cancel_inner(provider_batch_id)
+                .await
+                .map_err(|e| self.scrub(e))
+        })
+    }
+
+    fn find<'a>(
+        &'a self,
+        tag: &'a str,
+        created_after: f64,
+        request_count: usize,
+    ) -> BatchFuture<'a, Found> {
+        Box::pin(async move {
+            self.find_inner(tag, created_after, request_count)
+                .await
+                .map_err(|e| self.scrub(e))
+        })
+    }
+}
+
+/// The first of `keys` present (camelCase, then the proto snake_case).
+fn field<'v>(v: &'v Value, keys: &[&str]) -> Option<&'v Value> {
+    keys.iter().find_map(|k| v.get(*k)).filter(|x| !x.is_null())
+}
+
+/// An int64 in proto JSON: a string, or a number.
+fn int64(v: Option<&Value>) -> u64 {
+    match v {
+        Some(Value::String(s)) => s.trim().parse().unwrap_or(0),
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn op_name(op: &Value) -> Option<String> {
+    op.get("name")
+        .and_then(Value::as_str)
+        .or_else(|| {
+            op.get("metadata")
+                .and_then(|m| m.get("name"))
+                .and_then(Value::as_str)
+        })
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+enum Output {
+    None,
+    Inline,
+    File(String),
+}
+
+/// An Operation (or a bare GenerateContentBatch) read leniently.
+struct OpView<'v> {
+    op: &'v Value,
+    /// `metadata` of an Operation, or the batch resource itself.
+    batch: &'v Value,
+}
+
+impl<'v> OpView<'v> {
+    fn new(op: &'v Value) -> Self {
+        let batch = op.get("metadata").filter(|m| m.is_object()).unwrap_or(op);
+        OpView { op, batch }
+    }
+
+    /// The state without its `BATCH_STATE_` / `JOB_STATE_` prefix.
+    fn state(&self) -> Option<String> {
+        let s = field(self.batch, &["state"])?.as_str()?;
+        let s = s
+            .strip_prefix("BATCH_STATE_")
+            .or_else(|| s.strip_prefix("JOB_STATE_"))
+            .unwrap_or(s);
+        Some(s.to_ascii_uppercase())
+    }
+
+    fn done(&self) -> bool {
+        self.op.get("done").and_then(Value::as_bool) == Some(true)
+    }
+
+    fn error(&self) -> Option<&'v Value> {
+        field(self.op, &["error"]).or_else(|| field(self.batch, &["error"]))
+    }
+
+    fn failure(&self) -> String {
+        match self.error() {
+            Some(e) => {
+                let msg = e
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no message)");
+                let code = e.get("code").map(Value::to_string).unwrap_or_default();
+                crate::sanitize::for_terminal(&format!("{msg} [code {code}]"))
+            }
+            None => "the batch failed (no error given)".into(),
+        }
+    }
+
+    fn counts(&self) -> BatchCounts {
+        let Some(s) = field(self.batch, &["batchStats", "batch_stats"]) else {
+            return BatchCounts::default();
+        };
+        BatchCounts {
+            total: int64(field(s, &["requestCount", "request_count"])),
+            completed: int64(field(
+                s,
+                &["successfulRequestCount", "successful_request_count"],
+            )),
+            failed: int64(field(s, &["failedRequestCount", "failed_request_count"])),
+        }
+    }
+
+    /// Where the results are, in the reference's order: `response` inline,
+    /// `metadata.output` inline, `response` file, `metadata.output` file.
+    fn places(&self) -> [Option<&'v Value>; 2] {
+        [
+            field(self.op, &["response"]),
+            field(self.batch, &["output"]),
+        ]
+    }
+
+    fn inline(place: &'v Value) -> Option<&'v Vec<Value>> {
+        let outer = field(place, &["inlinedResponses", "inlined_responses"])?;
+        match outer {
+            Value::Array(a) => Some(a),
+            o => field(o, &["inlinedResponses", "inlined_responses"])?.as_array(),
+        }
+    }
+
+    fn output(&self) -> Output {
+        let places = self.places();
+        if places.iter().flatten().any(|p| Self::inline(p).is_some()) {
+            return Output::Inline;
+        }
+        for p in places.iter().flatten() {
+            if let Some(f) = field(p, &["responsesFile", "responses_file"])
+                .and_then(Value::as_str)
+                .filter(|f| !f.is_empty())
+            {
+                return Output::File(f.to_string());
+            }
+        }
+        Output::None
+    }
+
+    fn inline_items(&self) -> &'v [Value] {
+        self.places()
+            .into_iter()
+            .flatten()
+            .find_map(Self::inline)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+}
+
+/// Batches of a list page named `tag` (created at or after `created_after`
+/// when their `createTime` says): with `request_count` requests (or no
+/// count yet) into `exact`, with another count into `tag_only`.
+fn matches(
+    ops: &[Value],
+    tag: &str,
+    created_after: f64,
+    request_count: usize,
+    exact: &mut Vec<String>,
+    tag_only: &mut Vec<String>,
+) {
+    for op in ops {
+        let o = OpView::new(op);
+        if field(o.batch, &["displayName", "display_name"]).and_then(Value::as_str) != Some(tag) {
+            continue;
+        }
+        let created = field(o.batch, &["createTime", "create_time"])
+            .and_then(Value::as_str)
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp_micros() as f64 / 1e6);
+        if created.is_some_and(|t| t < created_after) {
+            continue;
+        }
+        let Some(name) = op_name(op) else { continue };
+        let count = field(o.batch, &["batchStats", "batch_stats"])
+            .and_then(|s| field(s, &["requestCount", "request_count"]));
+        if count.is_none() || int64(count) == request_count as u64 {
+            exact.push(name);
+        } else {
+            tag_only.push(name);
+        }
+    }
+}
+
+/// One exact match is ours; none at all is safe to submit; anything else
+/// cannot be told apart.
+fn verdict(mut exact: Vec<String>, tag_only: Vec<String>) -> Found {
+    match (exact.len(), tag_only.len()) {
+        (0, 0) => Found::None,
+        (1, 0) => Found::One(exact.remove(0)),
+        _ => Found::Ambiguous(exact.into_iter().chain(tag_only).collect()),
+    }
+}
+
+/// One result, inline or a file line.
+#[derive(Deserialize)]
+struct ResultItem {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    metadata: Option<Value>,
+    #[serde(default)]
+    response: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+/// A google.rpc canonical code as the HTTP status Google maps it to.
+fn http_of_code(code: i64) -> u16 {
+    match code {
+        100..=599 => code as u16,
+        1 => 499,
+        3 | 9 | 11 => 400,
+        4 => 504,
+        5 => 404,
+        6 | 10 => 409,
+        7 => 403,
+        8 => 429,
+        12 => 501,
+        14 => 503,
+        16 => 401,
+        _ => 500,
+    }
+}
+
+fn rpc_status_name(http: u16) -> &'static str {
+    match http {
+        400 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        499 => "CANCELLED",
+        501 => "UNIMPLEMENTED",
+        503 => "UNAVAILABLE",
+        504 => "DEADLINE_EXCEEDED",
+        _ => "INTERNAL",
+    }
+}
+
+struct Ingest<'a> {
+    adapter: &'a GeminiBatch,
+    expected: &'a HashSet<String>,
+    seen: HashSet<String>,
+    summary: ResultsSummary,
+    sink: &'a mut (dyn FnMut(ResultLine) + Send),
+}
+
+impl Ingest<'_> {
+    fn quarantine(&mut self, key: Option<String>, reason: String) {
+        self.summary.quarantined.push(Quarantined {
+            line: self.summary.lines,
+            custom_id: key,
+            reason,
+        });
+    }
+
+    /// A line of the responses file.
+    fn raw_line(&mut self, raw: &[u8], file_line: u64) {
+        let raw = raw.trim_ascii();
+        if raw.is_empty() {
+            return;
+        }
+        match serde_json::from_slice::<ResultItem>(raw) {
+            Ok(item) => self.apply(item, "responses file line", file_line),
+            Err(e) => {
+                self.summary.lines += 1;
+                let reason = format!(
+                    "responses file line {file_line}: not a result line ({e}); starts {}",
+                    preview(raw)
+                );
+                let reason = self.adapter.clean(&reason);
+                self.quarantine(None, reason);
+            }
+        }
+    }
+
+    /// An entry of `inlinedResponses`.
+    fn item(&mut self, v: &Value, which: &str, n: u64) {
+        match ResultItem::deserialize(v) {
+            Ok(item) => self.apply(item, which, n),
+            Err(e) => {
+                self.summary.lines += 1;
+                self.quarantine(None, format!("{which} {n}: not a result ({e})"));
+            }
+        }
+    }
+
+    fn apply(&mut self, item: ResultItem, which: &str, n: u64) {
+        self.summary.lines += 1;
+        let key = item.key.clone().or_else(|| {
+            item.metadata
+                .as_ref()
+                .and_then(|m| m.get("key"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+        let Some(id) = key.filter(|s| !s.is_empty()) else {
+            return self.quarantine(None, format!("{which} {n}: no key"));
+        };
+        if !self.expected.contains(&id) {
+            return self.quarantine(Some(id), format!("{which} {n}: unknown key"));
+        }
+        if self.seen.contains(&id) {
+            let reason = format!("{which} {n}: second result for this key");
+            return self.quarantine(Some(id), reason);
+        }
+        let outcome = match (item.response, item.error) {
+            (Some(r), _) => self.response_outcome(&r),
+            (None, Some(e)) => self.error_outcome(&e),
+            (None, None) => {
+                let reason = format!("{which} {n}: neither response nor error");
+                return self.quarantine(Some(id), reason);
+            }
+        };
+        self.seen.insert(id.clone());
+        self.summary.delivered += 1;
+        (self.sink)(ResultLine {
+            custom_id: id,
+            outcome,
+        });
+    }
+
+    fn response_outcome(&self, r: &Value) -> LineOutcome {
+        let bytes = serde_json::to_vec(r).unwrap_or_default();
+        match parse_success(&bytes, RateHeaders::default(), 200) {
+            Ok(answer) => LineOutcome::Answer(answer),
+            Err(e) => LineOutcome::Error(self.adapter.scrub(e)),
+        }
+    }
+
+    fn error_outcome(&self, e: &Value) -> LineOutcome {
+        let code = e.get("code").and_then(Value::as_i64).unwrap_or(13);
+        let http = http_of_code(code);
+        let status = e
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| rpc_status_name(http));
+        let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+        let body = json!({"error": {
+            "code": http,
+            "message": message,
+            "status": status,
+            "details": e.get("details").cloned().unwrap_or(json!([])),
+        }});
+        let err = classify_error(http, body.to_string().as_bytes(), RateHeaders::default());
+        // Never run: cancelled or expired before its turn.
+        if status == "CANCELLED" || message.to_ascii_lowercase().contains("expired") {
+            return LineOutcome::NotRun(self.adapter.clean(&err.message));
+        }
+        LineOutcome::Error(self.adapter.scrub(err))
+    }
+}
+
+fn request_error(message: String) -> ProviderError {
+    ProviderError {
+        class: ErrorClass::Request,
+        http_status: None,
+        message,
+        headers: RateHeaders::default(),
+    }
+}
+
+fn parse_json(raw: &RawAnswer, what: &str) -> Result<Value, ProviderError> {
+    serde_json::from_slice(&raw.bytes).map_err(|e| ProviderError {
+        class: ErrorClass::Transient,
+        http_status: Some(raw.status),
+        message: format!(
+            "{what} answer is not understood: {e}; body starts {}",
+            preview(&raw.bytes)
+        ),
+        headers: rate_headers(&raw.headers),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{ChatRequest, FinishReason};
+
+    fn adapter() -> GeminiBatch {
+        GeminiBatch::new(
+            "https://generativelanguage.googleapis.com/v1beta/",
+            ApiKey::new("AIzaCanaryUnit"),
+        )
+        .unwrap()
+    }
+
+    fn status(op: &str) -> BatchStatus {
+        adapter()
+            .status_of(&serde_json::from_str(op).unwrap())
+            .unwrap()
+    }
+
+    fn line(id: &str) -> BatchLine {
+        BatchLine {
+            custom_id: id.into(),
+            request: ChatRequest {
+                model: "gemini-2.5-flash".into(),
+                system: None,
+                user: "…".into(),
+                max_tokens: 50,
+                temperature: Some(0.0),
+                response_schema: None,
+                client_request_id: id.into(),
+                timeout: Duration::from_secs(5),
+            },
+        }
+    }
+
+    // The reference's poll response (an Operation), in a given state.
+    fn op(state: &str, extra: &str) -> String {
+        format!(
+            r#"{{"name": "batches/123456789",
+             "metadata": {{"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch",
+                          "model": "models/gemini-2.5-flash", "displayName": "job-42", "state": "{state}",
+                          "createTime": "2025-07-01T10:00:00.123456Z", "updateTime": "2025-07-01T10:05:00Z",
+                          "batchStats": {{"requestCount": "2", "successfulRequestCount": "1", "failedRequestCount": "1", "pendingRequestCount": "0"}}}}
+             {extra}}}"#
+        )
+    }
+
+    #[test]
+    fn both_state_prefixes_map_to_states() {
+        for (state, want) in [
+            ("BATCH_STATE_PENDING", BatchState::Validating),
+            ("BATCH_STATE_RUNNING", BatchState::InProgress),
+            ("JOB_STATE_RUNNING", BatchState::InProgress),
+            ("JOB_STATE_QUEUED", BatchState::Validating),
+            ("JOB_STATE_CANCELLING", BatchState::Cancelling),
+            ("BATCH_STATE_CANCELLED", BatchState::Cancelled),
+            ("JOB_STATE_EXPIRED", BatchState::Expired),
+        ] {
+            let s = status(&op(state, ""));
+            assert_eq!(s.state, want, "{state}");
+            assert_eq!(s.provider_batch_id, "batches/123456789");
+            assert_eq!(
+                s.counts,
+                BatchCounts {
+                    total: 2,
+                    completed: 1,
+                    failed: 1
+                }
+            );
+            assert!(!s.results_pending, "{state}");
+        }
+        let e = adapter()
+            .status_of(&serde_json::from_str(&op("BATCH_STATE_WEIRD", "")).unwrap())
+            .unwrap_err();
+        assert_eq!(e.class, ErrorClass::Transient);
+        // Counts as numbers too.
+        let s = status(
+            r#"{"name":"batches/1","metadata":{"state":"BATCH_STATE_RUNNING","batchStats":{"requestCount":5,"successfulRequestCount":2}}}"#,
+        );
+        assert_eq!((s.counts.total, s.counts.completed), (5, 2));
+    }
+
+    #[test]
+    fn results_are_found_where_the_reference_says() {
+        let inline = r#","done": true, "response": {"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput",
+            "inlinedResponses": {"inlinedResponses": [{"metadata": {"key": "item-000123"}, "response": {"candidates": []}}]}}"#;
+        let s = status(&op("BATCH_STATE_SUCCEEDED", inline));
+        assert_eq!(s.state, BatchState::Completed);
+        assert_eq!(s.output_ref.as_deref(), Some("inline:batches/123456789"));
+        assert!(!s.results_pending);
+        let file = r#","done": true, "response": {"responsesFile": "files/abc123"}"#;
+        let s = status(&op("JOB_STATE_SUCCEEDED", file));
+        assert_eq!(s.output_ref.as_deref(), Some("files/abc123"));
+        // Only under metadata.output (the SDK's reading).
+        let s = status(
+            r#"{"name":"batches/9","metadata":{"state":"BATCH_STATE_SUCCEEDED","output":{"responsesFile":"files/xyz"}},"done":true}"#,
+        );
+        assert_eq!(s.output_ref.as_deref(), Some("files/xyz"));
+        // Succeeded with counted results and none to be found: wait.
+        let s = status(&op("BATCH_STATE_SUCCEEDED", ""));
+        assert!(s.results_pending);
+        // Expired with nothing: the docs say no results, so nothing to wait for.
+        let s = status(&op("BATCH_STATE_EXPIRED", r#","done": true"#));
+        assert!(!s.results_pending && s.output_ref.is_none());
+    }
+
+    #[test]
+    fn a_failed_operation_says_why_without_the_key() {
+        let s = status(&op(
+            "BATCH_STATE_FAILED",
+            r#","done": true, "error": {"code": 3, "message": "Invalid JSON in input file at line 7 AIzaCanaryUnit"}"#,
+        ));
+        let BatchState::Failed(why) = &s.state else {
+            panic!("{:?}", s.state)
+        };
+        assert!(why.contains("line 7") && why.contains("code 3"), "{why}");
+        assert!(!why.contains("AIzaCanaryUnit"), "{why}");
+        let s = status(r#"{"name":"batches/2","done":true,"error":{"code":13,"message":"boom"}}"#);
+        assert!(matches!(s.state, BatchState::Failed(_)));
+    }
+
+    #[test]
+    fn requests_are_the_sync_body_under_the_batch_envelopes() {
+        let l = line("item-000123");
+        let v: Value = serde_json::from_slice(&adapter().encode_line(&l).unwrap()).unwrap();
+        assert_eq!(
+            v,
+            json!({"key": "item-000123", "request": request_body(&l.request)})
+        );
+        assert_eq!(
+            GeminiBatch::inline_item(&l),
+            json!({"request": request_body(&l.request), "metadata": {"key": "item-000123"}})
+        );
+        let lines = [line("a"), line("b")];
+        let chunks = adapter().split(&lines).unwrap();
+        let body: Value =
+            serde_json::from_slice(&adapter().inline_body("job-42", &chunks[0]).unwrap()).unwrap();
+        assert_eq!(body["batch"]["displayName"], "job-42");
+        assert_eq!(
+            body["batch"]["inputConfig"]["requests"]["requests"][1]["metadata"]["key"],
+            "b"
+        );
+        assert!(
+            adapter()
+                .with_inline_limit(100)
+                .inline_body("job-42", &chunks[0])
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn urls_never_hold_the_key() {
+        let a = adapter();
+        let urls = [
+            a.model_url("models/gemini-2.5-flash"),
+            a.batch_url("batches/123", ""),
+            a.batch_url("123", ":cancel"),
+            a.download_url("files/abc"),
+        ];
+        assert_eq!(
+            urls,
+            [
+                "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:batchGenerateContent",
+                "https://generativelanguage.googleapis.com/v1beta/batches/123",
+                "https://generativelanguage.googleapis.com/v1beta/batches/123:cancel",
+                "https://generativelanguage.googleapis.com/download/v1beta/files/abc:download?alt=media",
+            ]
+        );
+        assert!(
+            urls.iter()
+                .all(|u| !u.contains("key=") && !u.contains("AIza"))
+        );
+        assert_eq!(a.limits().max_bytes, 2_000_000_000);
+        assert_eq!(INLINE_LIMIT, 20_000_000);
+    }
+
+    fn ingest(items: &[&str], expected: &[&str]) -> (Vec<ResultLine>, ResultsSummary) {
+        let a = adapter();
+        let expected: HashSet<String> = expected.iter().map(|s| s.to_string()).collect();
+        let mut got = Vec::new();
+        let mut sink = |l: ResultLine| got.push(l);
+        let mut ingest = Ingest {
+            adapter: &a,
+            expected: &expected,
+            seen: HashSet::new(),
+            summary: ResultsSummary::default(),
+            sink: &mut sink,
+        };
+        for (i, l) in items.iter().enumerate() {
+            ingest.raw_line(l.as_bytes(), i as u64 + 1);
+        }
+        let summary = ingest.summary;
+        (got, summary)
+    }
+
+    const OK: &str = r#"{"key": "item-1", "response": {"candidates": [{"content": {"role": "model", "parts": [{"text": "{\"a\":1}"}]}, "finishReason": "STOP", "index": 0}], "usageMetadata": {"promptTokenCount": 50, "candidatesTokenCount": 20, "totalTokenCount": 70}, "modelVersion": "gemini-2.5-flash", "responseId": "r1"}}"#;
+    const INLINE_OK: &str = r#"{"metadata": {"key": "item-2"}, "response": {"candidates": [{"content": {"role": "model", "parts": [{"text": "x"}]}, "finishReason": "MAX_TOKENS", "index": 0}]}}"#;
+    const BAD: &str = r#"{"key": "item-3", "error": {"code": 3, "message": "* GenerateContentRequest.contents: contents is not specified"}}"#;
+    const INTERNAL: &str = r#"{"metadata": {"key": "item-4"}, "error": {"code": 500, "message": "internal", "status": "INTERNAL"}}"#;
+    const CANCELLED: &str =
+        r#"{"key": "item-5", "error": {"code": 1, "message": "cancelled before it ran"}}"#;
+
+    #[test]
+    fn result_items_become_answers_errors_and_not_run() {
+        let (got, s) = ingest(
+            &[OK, INLINE_OK, BAD, INTERNAL, CANCELLED],
+            &["item-1", "item-2", "item-3", "item-4", "item-5"],
+        );
+        assert_eq!((s.lines, s.delivered), (5, 5));
+        assert!(s.quarantined.is_empty());
+        let LineOutcome::Answer(a) = &got[0].outcome else {
+            panic!("{:?}", got[0])
+        };
+        assert_eq!(a.content.as_deref(), Some("{\"a\":1}"));
+        assert_eq!(a.usage.unwrap().input_tokens, 50);
+        let LineOutcome::Answer(a) = &got[1].outcome else {
+            panic!("{:?}", got[1])
+        };
+        assert_eq!(a.finish_reason, FinishReason::Length);
+        let LineOutcome::Error(e) = &got[2].outcome else {
+            panic!("{:?}", got[2])
+        };
+        assert_eq!((e.class, e.http_status), (ErrorClass::Request, Some(400)));
+        assert!(e.message.contains("INVALID_ARGUMENT"), "{e}");
+        let LineOutcome::Error(e) = &got[3].outcome else {
+            panic!("{:?}", got[3])
+        };
+        assert_eq!(e.class, ErrorClass::Transient);
+        assert!(matches!(got[4].outcome, LineOutcome::NotRun(_)));
+    }
+
+    #[test]
+    fn unknown_duplicate_and_garbage_are_quarantined() {
+        let (got, s) = ingest(
+            &[
+                OK,
+                OK,
+                BAD,
+                "{\"key\":\"item-1\",\"resp",
+                r#"{"response":{}}"#,
+                r#"{"key":"item-1"}"#,
+            ],
+            &["item-1"],
+        );
+        assert_eq!(got.len(), 1);
+        let q: Vec<(u64, Option<&str>)> = s
+            .quarantined
+            .iter()
+            .map(|q| (q.line, q.custom_id.as_deref()))
+            .collect();
+        assert_eq!(
+            q,
+            vec![
+                (2, Some("item-1")),
+                (3, Some("item-3")),
+                (4, None),
+                (5, None),
+                (6, Some("item-1"))
+            ]
+        );
+        assert!(s.quarantined[0].reason.contains("second result"));
+        assert!(s.quarantined[1].reason.contains("unknown key"));
+    }
+
+    #[test]
+    fn find_matches_the_display_name_and_count() {
+        let page: Value = serde_json::from_str(
+            r#"{"operations": [
+              {"name": "batches/3", "metadata": {"displayName": "b-42", "createTime": "2025-07-01T10:00:00Z", "batchStats": {"requestCount": "10"}}},
+              {"name": "batches/2", "metadata": {"displayName": "b-41", "createTime": "2025-07-01T10:00:00Z", "batchStats": {"requestCount": "10"}}},
+              {"name": "batches/1", "metadata": {"displayName": "b-42", "createTime": "2025-06-01T10:00:00Z", "batchStats": {"requestCount": "10"}}}
+            ], "nextPageToken": ""}"#,
+        )
+        .unwrap();
+        let ops = page["operations"].as_array().unwrap();
+        let run = |tag: &str, after: f64, n: usize| {
+            let (mut exact, mut tag_only) = (Vec::new(), Vec::new());
+            matches(ops, tag, after, n, &mut exact, &mut tag_only);
+            verdict(exact, tag_only)
+        };
+        let july = 1_751_000_000.0; // 2025-06-27
+        assert_eq!(run("b-42", july, 10), Found::One("batches/3".into()));
+        assert_eq!(
+            run("b-42", 0.0, 10),
+            Found::Ambiguous(vec!["batches/3".into(), "batches/1".into()])
+        );
+        assert_eq!(run("b-43", 0.0, 10), Found::None);
+        assert_eq!(
+            run("b-42", july, 11),
+            Found::Ambiguous(vec!["batches/3".into()])
+        );
+    }
+
+    #[test]
+    fn cadence_follows_the_plan_for_gemini() {
+        let c = PollCadence::STANDARD;
+        let min = |m: u64| Duration::from_secs(60 * m);
+        assert_eq!(
+            c.after(&BatchState::Validating, min(0)),
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            c.after(&BatchState::InProgress, min(19)),
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            c.after(&BatchState::InProgress, min(21)),
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            c.after(&BatchState::Cancelling, min(60)),
+            Duration::from_secs(120)
+        );
+        let f = PollCadence::fast();
+        assert_eq!(f.quick, Duration::from_millis(120));
+        assert_eq!(
+            adapter()
+                .with_cadence(f)
+                .poll_after(&BatchState::InProgress, Duration::from_secs(2)),
+            Duration::from_millis(300)
+        );
+    }
+}
