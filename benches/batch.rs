@@ -34,15 +34,19 @@ fn free_port() -> u16 {
 
 /// Prompts like the demo's: a chart entry and its candidates, ~600 bytes.
 fn lines() -> Vec<BatchLine> {
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {
-            "crg_mbid": {"type": "string"}, "rr_mbid": {"type": "string"},
-            "confidence": {"type": "number"}, "rationale": {"type": "string"}
-        },
-        "required": ["crg_mbid", "rr_mbid", "confidence", "rationale"],
-        "additionalProperties": false
-    });
+    // One schema shared by every request, as the engine does.
+    let schema = std::sync::Arc::new((
+        "adjudicate".to_string(),
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "crg_mbid": {"type": "string"}, "rr_mbid": {"type": "string"},
+                "confidence": {"type": "number"}, "rationale": {"type": "string"}
+            },
+            "required": ["crg_mbid", "rr_mbid", "confidence", "rationale"],
+            "additionalProperties": false
+        }),
+    ));
     (0..N)
         .map(|i| BatchLine {
             custom_id: format!("bench-{i}-1"),
@@ -59,7 +63,7 @@ fn lines() -> Vec<BatchLine> {
                 ),
                 max_tokens: 200,
                 temperature: Some(0.0),
-                response_schema: Some(("adjudicate".into(), schema.clone())),
+                response_schema: Some(schema.clone()),
                 client_request_id: format!("bench-{i}-1"),
                 timeout: Duration::from_secs(60),
             },

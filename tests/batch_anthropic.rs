@@ -46,7 +46,7 @@ fn lines(tag: &str, n: usize) -> Vec<BatchLine> {
                 user: format!("Item {i}: which release is this?"),
                 max_tokens: 200,
                 temperature: Some(0.0),
-                response_schema: Some(("adjudicate".into(), schema.clone())),
+                response_schema: Some(std::sync::Arc::new(("adjudicate".into(), schema.clone()))),
                 client_request_id: format!("{tag}-{i}-1"),
                 timeout: Duration::from_secs(10),
             },

@@ -299,10 +299,10 @@ fn request(id: &str, model: &str) -> ChatRequest {
         user: format!("Is {id} the same as B?"),
         max_tokens: 300,
         temperature: Some(0.0),
-        response_schema: Some((
+        response_schema: Some(std::sync::Arc::new((
             "verdict".into(),
             json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"],"additionalProperties":false}),
-        )),
+        ))),
         client_request_id: id.into(),
         timeout: Duration::from_secs(10),
     }

@@ -135,10 +135,10 @@ fn request(model: &str) -> ChatRequest {
         user: "Is A the same as B?".into(),
         max_tokens: 300,
         temperature: Some(0.0),
-        response_schema: Some((
+        response_schema: Some(std::sync::Arc::new((
             "verdict".into(),
             json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"],"additionalProperties":false}),
-        )),
+        ))),
         client_request_id: "docket-req-1".into(),
         timeout: Duration::from_secs(5),
     }

@@ -105,6 +105,9 @@ pub struct Prepared {
     pub price: Price,
     pub price_known: bool,
     pub params_hash: String,
+    /// The gate's schema, sent as the provider's structured output: built
+    /// once and shared by every request.
+    pub response_schema: Option<Arc<(String, serde_json::Value)>>,
     /// The model's tokenizer, loaded only when a budget needs exact counts.
     pub budget_counter: Option<crate::cost::TokenCounter>,
 }
@@ -141,6 +144,9 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
             .as_deref(),
     )?;
     let gate = Gate::build(&stage.gate, &config.root, &cfg_path)?;
+    let response_schema = gate
+        .response_schema()
+        .map(|s| Arc::new((worker::schema_name(&stage.name), s.clone())));
     let routing = &config.config.routing;
     let thresholds = Thresholds::new(
         opts.auto_accept_threshold
@@ -188,6 +194,7 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
         price,
         price_known,
         params_hash: crate::cost::sha256_hex(params.to_string().as_bytes()),
+        response_schema,
         budget_counter: opts
             .max_cost
             .map(|_| crate::cost::TokenCounter::for_model(&provider.model)),

@@ -227,10 +227,7 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
         user: job.prompt.user.clone(),
         max_tokens: p.max_tokens,
         temperature: p.temperature,
-        response_schema: p
-            .gate
-            .response_schema()
-            .map(|s| (schema_name(&p.stage), s.clone())),
+        response_schema: p.response_schema.clone(),
         client_request_id,
         timeout: p.request_timeout,
     };
@@ -417,7 +414,8 @@ async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &Provi
     Next::RetryAfter(delay)
 }
 
-fn schema_name(stage: &str) -> String {
+/// The name a provider's structured-output mode gets for the stage's schema.
+pub(super) fn schema_name(stage: &str) -> String {
     let s: String = stage
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')

@@ -95,7 +95,7 @@ pub(crate) fn schema_instruction(name: &str, schema: &Value) -> String {
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {
-    let system = match (&req.system, &req.response_schema) {
+    let system = match (&req.system, req.response_schema.as_deref()) {
         (Some(s), Some((name, schema))) => {
             Some(format!("{s}\n\n{}", schema_instruction(name, schema)))
         }
@@ -315,10 +315,10 @@ mod tests {
             max_tokens: 512,
             temperature: Some(0.0),
             response_schema: schema.then(|| {
-                (
+                std::sync::Arc::new((
                     "verdict".to_string(),
                     json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}),
-                )
+                ))
             }),
             client_request_id: "r1".into(),
             timeout: Duration::from_secs(5),

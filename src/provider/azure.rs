@@ -109,7 +109,10 @@ mod tests {
             user: "u".into(),
             max_tokens: 64,
             temperature: None,
-            response_schema: Some(("verdict".into(), json!({"type":"object"}))),
+            response_schema: Some(std::sync::Arc::new((
+                "verdict".into(),
+                json!({"type":"object"}),
+            ))),
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
         };

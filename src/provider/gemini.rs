@@ -100,7 +100,7 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
     if let Some(t) = req.temperature {
         generation["temperature"] = json!(t);
     }
-    if let Some((_, schema)) = &req.response_schema {
+    if let Some((_, schema)) = req.response_schema.as_deref() {
         generation["responseMimeType"] = json!("application/json");
         // `$schema` is not among the keywords responseJsonSchema accepts.
         let mut schema = schema.clone();
@@ -389,10 +389,10 @@ mod tests {
             user: "Is A the same as B?".into(),
             max_tokens: 512,
             temperature: Some(0.0),
-            response_schema: Some((
+            response_schema: Some(std::sync::Arc::new((
                 "verdict".into(),
                 json!({"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}),
-            )),
+            ))),
             client_request_id: "r1".into(),
             timeout: Duration::from_secs(5),
         }

@@ -36,7 +36,8 @@ pub struct ChatRequest {
     pub max_tokens: u64,
     pub temperature: Option<f64>,
     /// Structured output: (schema name, JSON schema).
-    pub response_schema: Option<(String, Value)>,
+    /// Shared, not copied: a batch of 100,000 requests holds one schema.
+    pub response_schema: Option<std::sync::Arc<(String, Value)>>,
     /// Unique per attempt; sent where the provider has a header for it
     /// (OpenAI's `X-Client-Request-Id`), else not sent.
     pub client_request_id: String,

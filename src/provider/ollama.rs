@@ -90,7 +90,7 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
         "stream": false,
         "options": options,
     });
-    if let Some((_, schema)) = &req.response_schema {
+    if let Some((_, schema)) = req.response_schema.as_deref() {
         body["format"] = schema.clone();
     }
     body
@@ -211,10 +211,10 @@ mod tests {
             user: "u".into(),
             max_tokens: 256,
             temperature: Some(0.0),
-            response_schema: Some((
+            response_schema: Some(std::sync::Arc::new((
                 "verdict".into(),
                 json!({"type":"object","properties":{"a":{"type":"integer"}}}),
-            )),
+            ))),
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
         };

@@ -91,7 +91,7 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
     }
-    if let Some((name, schema)) = &req.response_schema {
+    if let Some((name, schema)) = req.response_schema.as_deref() {
         body["response_format"] = json!({
             "type": "json_schema",
             "json_schema": {"name": name, "strict": true, "schema": schema},
@@ -489,7 +489,10 @@ mod tests {
             user: "u".into(),
             max_tokens: 100,
             temperature: Some(0.0),
-            response_schema: Some(("verdict".into(), json!({"type":"object"}))),
+            response_schema: Some(std::sync::Arc::new((
+                "verdict".into(),
+                json!({"type":"object"}),
+            ))),
             client_request_id: "r1".into(),
             timeout: std::time::Duration::from_secs(1),
         };

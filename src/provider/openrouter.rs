@@ -191,7 +191,10 @@ mod tests {
             user: "u".into(),
             max_tokens: 300,
             temperature: Some(0.0),
-            response_schema: Some(("verdict".into(), json!({"type":"object"}))),
+            response_schema: Some(std::sync::Arc::new((
+                "verdict".into(),
+                json!({"type":"object"}),
+            ))),
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
         };

@@ -138,7 +138,7 @@ pub fn neutral_encoding(line: &BatchLine) -> Result<Vec<u8>, String> {
         "user": r.user,
         "max_tokens": r.max_tokens,
         "temperature": r.temperature,
-        "schema": r.response_schema.as_ref().map(|(n, s)| (n, s)),
+        "schema": r.response_schema.as_deref().map(|(n, s)| (n, s)),
     }))
     .map_err(|e| e.to_string())
 }

@@ -1017,7 +1017,10 @@ mod tests {
                 user: "is it?".into(),
                 max_tokens: 50,
                 temperature: Some(0.0),
-                response_schema: Some(("verdict".into(), json!({"type":"object"}))),
+                response_schema: Some(std::sync::Arc::new((
+                    "verdict".into(),
+                    json!({"type":"object"}),
+                ))),
                 client_request_id: id.into(),
                 timeout: Duration::from_secs(5),
             },
