@@ -631,17 +631,30 @@ async fn on_a_terminal_it_asks_before_spending() {
     };
     // Open docket in a fresh tmux session and wait for its question.
     let start_at_question = || {
-        let out = tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            &tmux_session,
-            "-x",
-            "200",
-            "-y",
-            "50",
-            &cmd,
-        ]);
+        let new_session = || {
+            tmux(&[
+                "new-session",
+                "-d",
+                "-s",
+                &tmux_session,
+                "-x",
+                "200",
+                "-y",
+                "50",
+                &cmd,
+            ])
+        };
+        // Killing the last session ends the tmux server; a new session
+        // started while it is still exiting fails with "server exited
+        // unexpectedly". That is tmux, not docket: try again.
+        let mut out = new_session();
+        for _ in 0..20 {
+            if out.status.success() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            out = new_session();
+        }
         assert!(
             out.status.success(),
             "{}",

@@ -255,17 +255,30 @@ impl Pane {
         // A leftover from a crashed earlier run of this very test process id.
         let _ = tmux(&["kill-session", "-t", &name]);
         let line = format!("{cmd}; echo EXIT=$?; sleep 60");
-        let out = tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            &name,
-            "-x",
-            &width.to_string(),
-            "-y",
-            &height.to_string(),
-            &line,
-        ]);
+        let new_session = || {
+            tmux(&[
+                "new-session",
+                "-d",
+                "-s",
+                &name,
+                "-x",
+                &width.to_string(),
+                "-y",
+                &height.to_string(),
+                &line,
+            ])
+        };
+        // A session started while the tmux server is exiting (another
+        // test killed the last session) fails with "server exited
+        // unexpectedly": that is tmux, not docket, so try again.
+        let mut out = new_session();
+        for _ in 0..20 {
+            if out.status.success() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            out = new_session();
+        }
         assert!(
             out.status.success(),
             "tmux new-session: {}",
