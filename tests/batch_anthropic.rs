@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use docket::mock::{MockConfig, MockServer};
 use docket::provider::batch::anthropic::{self, AnthropicBatch};
 use docket::provider::batch::{
-    BatchLine, BatchProvider, BatchState, BatchStatus, Found, LineOutcome, ResultLine,
-    ResultsSummary, SubmitSpec,
+    BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN, Found, LineOutcome,
+    ResultLine, ResultsSummary, SubmitSpec,
 };
 use docket::provider::{ApiKey, ChatRequest, ErrorClass};
 
@@ -314,9 +314,10 @@ async fn a_results_stream_cut_mid_line_is_reported_and_fetched_again() {
 async fn a_lost_create_answer_is_found_again_by_time_and_count() {
     let m = mock(|_| {}).await;
     let b = adapter(&m);
-    // An older batch of the same size, before the window: not a candidate.
+    // An older batch of the same size, just before the submission: inside
+    // the clock-skew margin, so a candidate too.
     let old = lines("old", N);
-    submit(&b, "old", &old).await;
+    let old_id = submit(&b, "old", &old).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let before = docket::ledger::now_ts();
     let mut cfg = m.config();
@@ -334,10 +335,15 @@ async fn a_lost_create_answer_is_found_again_by_time_and_count() {
     assert!(err.class.is_retryable(), "{err}");
     assert_eq!(m.stats().batches_created, 2, "the batch was made");
     // The batch exists at the provider: find it instead of submitting again.
+    // Anthropic keeps no tag: the old batch of the same size, inside the
+    // margin, cannot be told apart (the safe side: never resubmitted).
     let found = b.find("lost", before, N).await.expect("find");
-    let Found::One(id) = found else {
-        panic!("expected exactly one, got {found:?}")
+    let Found::Ambiguous(ids) = found else {
+        panic!("expected both candidates, got {found:?}")
     };
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids[1], old_id, "newest first");
+    let id = ids[0].clone();
     // Another size: nothing of ours.
     assert_eq!(b.find("lost", before, N + 1).await.unwrap(), Found::None);
     let (status, _) = settle(&b, &id).await;
@@ -366,9 +372,15 @@ async fn two_batches_of_the_same_size_in_the_window_are_ambiguous() {
         panic!("two candidates cannot be told apart")
     };
     assert_eq!(ids, vec![c, a], "newest first");
-    assert_eq!(b.find("s", before, 3).await.unwrap(), Found::One(small));
-    // After the window: none.
-    let later = docket::ledger::now_ts() + 5.0;
+    assert_eq!(
+        b.find("s", before, 3).await.unwrap(),
+        Found::One(small.clone())
+    );
+    // A local clock a few seconds fast: the batches still count.
+    let fast = docket::ledger::now_ts() + 5.0;
+    assert_eq!(b.find("s", fast, 3).await.unwrap(), Found::One(small));
+    // After the window and its margin: none.
+    let later = docket::ledger::now_ts() + FIND_CLOCK_MARGIN + 5.0;
     assert_eq!(b.find("a", later, N).await.unwrap(), Found::None);
 }
 

@@ -247,14 +247,15 @@ async fn an_expired_batch_keeps_its_finished_lines() {
         let (status, _) = settle(&b, &id).await;
         assert_eq!(status.state, BatchState::Expired);
         assert!(!status.results_pending);
-        let (got, _) = collect(&b, &status, &batch).await;
-        let (ok, _, _) = tally(&got);
+        let (got, summary) = collect(&b, &status, &batch).await;
+        let (ok, failed, not_run) = tally(&got);
         assert!(
-            ok > 0 && got.len() < N,
-            "{ok} answered (paid) of {}",
-            got.len()
+            ok > 0 && not_run > 0,
+            "{ok} answered (paid), {not_run} not run"
         );
-        assert!(unique(&got));
+        // No result written for what never ran: each comes back NotRun.
+        assert_eq!(ok + failed + not_run, N, "every line accounted for");
+        assert!(unique(&got) && summary.missing.is_empty());
     }
 }
 
@@ -289,13 +290,14 @@ async fn cancel_is_idempotent_and_keeps_what_finished() {
     assert!(!s.state.is_terminal(), "{:?}", s.state);
     let (status, seen) = settle(&b, &id).await;
     assert_eq!(status.state, BatchState::Cancelled, "{seen:?}");
-    let (got, _) = collect(&b, &status, &batch).await;
-    let (ok, _, _) = tally(&got);
+    let (got, summary) = collect(&b, &status, &batch).await;
+    let (ok, failed, not_run) = tally(&got);
     assert!(
-        ok > 0 && got.len() < N,
-        "{ok} finished before the cancel, of {}",
-        got.len()
+        ok > 0 && not_run > 0,
+        "{ok} finished before the cancel, {not_run} not run"
     );
+    assert_eq!(ok + failed + not_run, N, "every line accounted for");
+    assert!(unique(&got) && summary.missing.is_empty());
     let done = b.cancel(&id).await.expect("cancel when done");
     assert_eq!(done.state, BatchState::Cancelled);
     // A finished batch: cancel answers where it is, not an error.
@@ -377,6 +379,12 @@ async fn a_lost_create_is_found_by_display_name_and_never_resubmitted() {
     let Found::One(id) = b.find("lost", before, N).await.expect("find") else {
         panic!("expected exactly one")
     };
+    // A local clock a few seconds fast: the batch still counts.
+    let fast = docket::ledger::now_ts() + 5.0;
+    assert_eq!(
+        b.find("lost", fast, N).await.unwrap(),
+        Found::One(id.clone())
+    );
     assert_eq!(
         b.find("someone-else", before, N).await.unwrap(),
         Found::None

@@ -591,6 +591,57 @@ async fn a_results_stream_cut_mid_line_keeps_what_came_before() {
 }
 
 #[tokio::test]
+async fn requests_with_no_result_line_are_accounted_for() {
+    let server = Server::start().await;
+    let p = server.openai();
+    // A line past the 16 MiB cap between two good ones: quarantined, skipped.
+    let huge = format!(
+        "{{\"custom_id\":\"item-1\",\"pad\":\"{}\"}}",
+        "x".repeat(16 << 20)
+    );
+    server.with(|f| {
+        f.files.insert(
+            "file-some".into(),
+            FileBody::Whole(format!(
+                "{}\n{huge}\n{}\n",
+                ok_line("item-0", "{}"),
+                ok_line("item-2", "{}")
+            )),
+        );
+    });
+    let expected = ["item-0", "item-1", "item-2", "item-3"];
+    let status = |state: BatchState| BatchStatus {
+        provider_batch_id: "batch_m".into(),
+        state,
+        counts: Default::default(),
+        output_ref: Some("file-some".into()),
+        error_ref: None,
+        results_pending: false,
+    };
+    // Cancelled: OpenAI writes no line for what never ran.
+    let (got, summary) = collect(&p, &status(BatchState::Cancelled), &expected).await;
+    let ids: Vec<&str> = got.iter().map(|l| l.custom_id.as_str()).collect();
+    assert_eq!(ids, vec!["item-0", "item-2", "item-1", "item-3"]);
+    assert!(matches!(got[2].outcome, LineOutcome::NotRun(_)));
+    assert!(matches!(got[3].outcome, LineOutcome::NotRun(_)));
+    assert_eq!((summary.delivered, summary.lines), (4, 3));
+    assert!(summary.missing.is_empty());
+    assert_eq!(summary.quarantined.len(), 1);
+    assert_eq!(summary.quarantined[0].line, 2);
+    assert!(
+        summary.quarantined[0]
+            .reason
+            .contains("over the 16777216 bytes"),
+        "{}",
+        summary.quarantined[0].reason
+    );
+    // Completed: the provider said nothing about them; the caller decides.
+    let (got, summary) = collect(&p, &status(BatchState::Completed), &expected).await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(summary.missing, vec!["item-1", "item-3"]);
+}
+
+#[tokio::test]
 async fn cancel_is_idempotent() {
     let server = Server::start().await;
     let p = server.openai();
@@ -690,22 +741,25 @@ async fn find_tells_none_one_and_ambiguous_apart() {
                 m("t-two", "5"),
                 1600,
             ),
+            // Five seconds before `created_after` by the provider's clock:
+            // a local clock running fast must not hide it.
             batch_obj(
                 "b5",
                 "completed",
                 (None, None),
                 (5, 5, 0),
-                m("other", "5"),
-                1500,
+                m("t-skew", "5"),
+                995,
             ),
-            // Before the window: never looked at, and the listing stops here.
+            // Before the window (`created_after` less the 600 s clock
+            // margin): never looked at, and the listing stops here.
             batch_obj(
                 "b4",
                 "completed",
                 (None, None),
                 (5, 5, 0),
                 m("t-old", "5"),
-                900,
+                300,
             ),
             batch_obj(
                 "b3",
@@ -713,7 +767,7 @@ async fn find_tells_none_one_and_ambiguous_apart() {
                 (None, None),
                 (5, 5, 0),
                 m("t-old", "5"),
-                800,
+                200,
             ),
             batch_obj(
                 "b2",
@@ -721,7 +775,7 @@ async fn find_tells_none_one_and_ambiguous_apart() {
                 (None, None),
                 (5, 5, 0),
                 m("t-old", "5"),
-                700,
+                100,
             ),
         ];
     });
@@ -745,9 +799,77 @@ async fn find_tells_none_one_and_ambiguous_apart() {
     );
     assert_eq!(p.find("t-old", 1000.0, 5).await.unwrap(), Found::None);
     assert_eq!(
+        p.find("t-skew", 1000.0, 5).await.unwrap(),
+        Found::One("b5".into()),
+        "a provider timestamp a few seconds before created_after is still found"
+    );
+    assert_eq!(
         p.find("t-one", 1000.0, 6).await.unwrap(),
         Found::Ambiguous(vec!["b7".into()]),
         "our tag with another count is never taken as safe"
+    );
+}
+
+#[tokio::test]
+async fn azure_find_takes_a_batch_without_metadata_as_possibly_ours() {
+    let server = Server::start().await;
+    server.with(|f| {
+        f.list = vec![
+            batch_obj(
+                "az3",
+                "completed",
+                (None, None),
+                (5, 5, 0),
+                json!({"docket_tag": "other", "docket_requests": "5"}),
+                1900,
+            ),
+            // An api-version that drops metadata: this one could be ours.
+            batch_obj(
+                "az2",
+                "in_progress",
+                (None, None),
+                (5, 0, 0),
+                json!(null),
+                1800,
+            ),
+            // Without metadata, but before the window: not a candidate.
+            batch_obj(
+                "az1",
+                "completed",
+                (None, None),
+                (5, 5, 0),
+                json!(null),
+                100,
+            ),
+        ];
+    });
+    assert_eq!(
+        server.azure().find("az-lost", 1000.0, 5).await.unwrap(),
+        Found::Ambiguous(vec!["az2".into()]),
+        "never None while a batch without metadata could be ours"
+    );
+    // OpenAI always keeps metadata: a batch without it is someone else's.
+    assert_eq!(
+        server.openai().find("az-lost", 1000.0, 5).await.unwrap(),
+        Found::None
+    );
+    // Beside our own tagged batch, metadata is evidently kept.
+    server.with(|f| {
+        f.list.insert(
+            0,
+            batch_obj(
+                "az4",
+                "validating",
+                (None, None),
+                (5, 0, 0),
+                json!({"docket_tag": "az-lost", "docket_requests": "5"}),
+                1950,
+            ),
+        )
+    });
+    assert_eq!(
+        server.azure().find("az-lost", 1000.0, 5).await.unwrap(),
+        Found::One("az4".into())
     );
 }
 

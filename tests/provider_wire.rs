@@ -542,6 +542,35 @@ async fn ollama_needs_no_key_and_never_streams() {
     assert!(e.message.contains("not found"));
 }
 
+// ---------------------------------------------------------------- OpenAI kinds
+
+#[tokio::test]
+async fn the_output_limit_goes_under_the_name_each_kind_reads() {
+    // OpenAI proper (and the built-in mock, which mimics it) take
+    // max_completion_tokens; compatible servers (Ollama's /v1, vLLM) read
+    // only max_tokens.
+    for (kind, want, other) in [
+        ("openai", "max_completion_tokens", "max_tokens"),
+        ("mock", "max_completion_tokens", "max_tokens"),
+        ("openai_compatible", "max_tokens", "max_completion_tokens"),
+    ] {
+        let s = Server::start(canned(200, openai_completion("{\"same\":true}", "stop"))).await;
+        let cfg: ProviderConfig = toml::from_str(&format!(
+            "kind = \"{kind}\"\nmodel = \"m\"\nbase_url = \"{}/v1\"\n",
+            s.base
+        ))
+        .unwrap();
+        let p = docket::provider::build("p", &cfg, None).unwrap();
+        let a = ok(p.as_ref(), &request("m")).await;
+        assert_eq!(a.finish_reason, FinishReason::Stop);
+        let r = s.only();
+        assert_eq!(r.path, "/v1/chat/completions", "{kind}");
+        assert_eq!(r.body[want], 300, "{kind}: {}", r.body);
+        assert!(r.body.get(other).is_none(), "{kind}: {}", r.body);
+        assert_eq!(r.body["response_format"]["type"], "json_schema", "{kind}");
+    }
+}
+
 // ---------------------------------------------------------------- OpenRouter
 
 #[tokio::test]
@@ -572,6 +601,43 @@ async fn openrouter_sends_bearer_and_attribution() {
     assert_eq!(r.body["response_format"]["type"], "json_schema");
     assert_eq!(a.content.as_deref(), Some("{\"same\":true}"));
     assert_eq!(a.provider_request_id.as_deref(), Some("gen-1737-abc"));
+}
+
+#[tokio::test]
+async fn openrouter_failed_generation_in_a_200_is_transient() {
+    // finish_reason "error" with the choice's own error object (the key
+    // echoed in it, to check the scrub).
+    let mut body = openai_completion("{\"same\":", "error");
+    body["id"] = json!("gen-err-1");
+    body["choices"][0]["native_finish_reason"] = json!("error");
+    body["choices"][0]["error"] = json!({"code": 502,
+        "message": format!("Upstream provider crashed (key {CANARY})"),
+        "metadata": {"provider_name": "Together"}});
+    let s = Server::start(canned(200, body)).await;
+    let p = OpenRouterChat::new(&s.base, key()).unwrap();
+    let e = fail(&p, &request("openai/gpt-4o-mini")).await;
+    assert_eq!(e.class, ErrorClass::Transient);
+    assert!(e.class.is_retryable());
+    assert_eq!(e.http_status, Some(200));
+    assert!(e.message.contains("Upstream provider crashed"), "{e}");
+
+    // finish_reason "error" alone: still a failure, not an answer.
+    let body = openai_completion("", "error");
+    let s = Server::start(canned(200, body)).await;
+    let p = OpenRouterChat::new(&s.base, key()).unwrap();
+    let e = fail(&p, &request("openai/gpt-4o-mini")).await;
+    assert_eq!(e.class, ErrorClass::Transient);
+
+    // A top-level error in a 200 whose code would fail the item on a 400.
+    let s = Server::start(canned(
+        200,
+        json!({"error": {"code": 400, "message": "stream broke mid-generation"}}),
+    ))
+    .await;
+    let p = OpenRouterChat::new(&s.base, key()).unwrap();
+    let e = fail(&p, &request("openai/gpt-4o-mini")).await;
+    assert_eq!(e.class, ErrorClass::Transient);
+    assert!(e.message.contains("stream broke"));
 }
 
 #[tokio::test]

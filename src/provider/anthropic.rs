@@ -60,7 +60,7 @@ impl AnthropicChat {
             .client
             .post(&self.url)
             .timeout(req.timeout)
-            .header("x-api-key", self.key.expose())
+            .header("x-api-key", super::secret_header(self.key.expose())?)
             .header("anthropic-version", ANTHROPIC_VERSION)
             .json(&request_body(req));
         let raw = super::exchange(builder).await?;
@@ -197,7 +197,9 @@ pub(crate) fn parse_success(
     let usage = body.usage.map(|u| {
         let read = cap(u.cache_read_input_tokens);
         Usage {
-            input_tokens: (cap(u.input_tokens) + cap(u.cache_creation_input_tokens) + read)
+            input_tokens: cap(u.input_tokens)
+                .saturating_add(cap(u.cache_creation_input_tokens))
+                .saturating_add(read)
                 .min(MAX_TOKENS_REPORTED),
             output_tokens: cap(u.output_tokens),
             cached_input_tokens: read,
@@ -491,5 +493,50 @@ mod tests {
         h.remove("anthropic-ratelimit-tokens-limit");
         h.remove("anthropic-ratelimit-tokens-remaining");
         assert_eq!(rate_headers_at(&h, now).limit_tokens, Some(30_000));
+    }
+
+    #[test]
+    fn nonsense_numbers_from_the_server_never_panic() {
+        // Counts at u64::MAX: capped, never an overflow.
+        let body = format!(
+            r#"{{"id":"m","type":"message","role":"assistant","model":"m","content":[],"stop_reason":"end_turn","usage":{{"input_tokens":{m},"output_tokens":{m},"cache_creation_input_tokens":{m},"cache_read_input_tokens":{m}}}}}"#,
+            m = u64::MAX
+        );
+        let u = parse_success(body.as_bytes(), RateHeaders::default(), None, 200)
+            .unwrap()
+            .usage
+            .unwrap();
+        assert_eq!(u.input_tokens, MAX_TOKENS_REPORTED);
+        assert_eq!(u.cached_input_tokens, MAX_TOKENS_REPORTED);
+        // Out of u64 range or negative: a garbage body, transient.
+        for n in ["1e30", "-1", "18446744073709551616"] {
+            let body = format!(
+                r#"{{"id":"m","type":"message","content":[],"usage":{{"input_tokens":{n},"output_tokens":1}}}}"#
+            );
+            let e = parse_success(body.as_bytes(), RateHeaders::default(), None, 200).unwrap_err();
+            assert_eq!(e.class, ErrorClass::Transient, "{n}");
+        }
+        // Resets at the ends of time, and retry-after nonsense.
+        let now = DateTime::parse_from_rfc3339("2025-08-21T12:40:29Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let mut h = HeaderMap::new();
+        h.insert(
+            "anthropic-ratelimit-requests-reset",
+            HeaderValue::from_static("9999-12-31T23:59:59Z"),
+        );
+        h.insert(
+            "anthropic-ratelimit-input-tokens-reset",
+            HeaderValue::from_static("0001-01-01T00:00:00Z"),
+        );
+        h.insert("retry-after", HeaderValue::from_static("1e30"));
+        h.insert("retry-after-ms", HeaderValue::from_static("1e300"));
+        let r = rate_headers_at(&h, now);
+        assert_eq!(r.reset_requests, Some(MAX_RESET));
+        assert_eq!(r.reset_tokens, Some(Duration::ZERO));
+        assert_eq!(r.retry_after, Some(Duration::from_secs(3600)));
+        h.insert("retry-after-ms", HeaderValue::from_static("NaN"));
+        h.insert("retry-after", HeaderValue::from_static("-inf"));
+        assert_eq!(rate_headers_at(&h, now).retry_after, None);
     }
 }

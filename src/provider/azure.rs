@@ -50,7 +50,7 @@ impl AzureChat {
             .client
             .post(self.url_for(&req.model))
             .timeout(req.timeout)
-            .header("api-key", self.key.expose())
+            .header("api-key", super::secret_header(self.key.expose())?)
             .json(&request_body(req));
         let raw = super::exchange(builder).await?;
         let headers = rate_headers(&raw.headers);

@@ -65,7 +65,7 @@ impl GeminiChat {
             .client
             .post(self.url_for(&req.model))
             .timeout(req.timeout)
-            .header("x-goog-api-key", self.key.expose())
+            .header("x-goog-api-key", super::secret_header(self.key.expose())?)
             .json(&request_body(req));
         let raw = super::exchange(builder).await?;
         // Gemini has no rate-limit headers; a proxy in front may add
@@ -282,6 +282,11 @@ struct ErrorBody {
 }
 
 /// A proto-JSON duration ("17s", "27.4s"; "900ms" seen from some fronts).
+///
+/// The number is the server's: it is clamped to `MAX_RETRY_DELAY` as an f64
+/// *before* it becomes a `Duration` ("1e30s" would not fit one, and
+/// `Duration::from_secs_f64` panics on it). Negative, NaN and infinite values
+/// are no delay at all (`None`): the caller falls back to its own backoff.
 pub(crate) fn parse_proto_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
@@ -290,7 +295,11 @@ pub(crate) fn parse_proto_duration(s: &str) -> Option<Duration> {
         (s.strip_suffix('s')?, 1.0)
     };
     let v: f64 = num.trim().parse().ok()?;
-    (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v * scale).min(MAX_RETRY_DELAY))
+    let secs = v * scale;
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    Duration::try_from_secs_f64(secs.min(MAX_RETRY_DELAY.as_secs_f64())).ok()
 }
 
 fn detail_type(d: &Value) -> &str {
@@ -552,6 +561,46 @@ mod tests {
             Some(Duration::from_millis(900))
         );
         assert_eq!(parse_proto_duration("x"), None);
+    }
+
+    #[test]
+    fn nonsense_retry_delays_never_panic() {
+        // Too big for a Duration: capped, not a panic.
+        assert_eq!(parse_proto_duration("1e30s"), Some(MAX_RETRY_DELAY));
+        assert_eq!(parse_proto_duration("1e30ms"), Some(MAX_RETRY_DELAY));
+        assert_eq!(
+            parse_proto_duration("99999999999999999999999s"),
+            Some(MAX_RETRY_DELAY)
+        );
+        assert_eq!(
+            parse_proto_duration("1.7976931348623157e308s"),
+            Some(MAX_RETRY_DELAY)
+        );
+        // Negative, NaN and infinite: no server delay (our own backoff applies).
+        assert_eq!(parse_proto_duration("-5s"), None);
+        assert_eq!(parse_proto_duration("-0.001ms"), None);
+        assert_eq!(parse_proto_duration("NaNs"), None);
+        assert_eq!(parse_proto_duration("nanms"), None);
+        assert_eq!(parse_proto_duration("inf"), None);
+        assert_eq!(parse_proto_duration("infs"), None);
+        assert_eq!(parse_proto_duration("-infs"), None);
+        assert_eq!(parse_proto_duration("1e999s"), None);
+        assert_eq!(parse_proto_duration("-0s"), Some(Duration::ZERO));
+        assert_eq!(parse_proto_duration("1e-30s"), Some(Duration::ZERO));
+        // Through the whole 429 path.
+        for delay in ["1e30s", "-5s", "NaNs", "inf", "1e308s"] {
+            let e = classify_error(
+                429,
+                body_429("GenerateRequestsPerMinutePerProjectPerModel", delay).as_bytes(),
+                RateHeaders::default(),
+            );
+            assert_eq!(e.class, ErrorClass::RateLimited, "{delay}");
+            assert!(
+                e.headers.retry_after.is_none_or(|d| d <= MAX_RETRY_DELAY),
+                "{delay}: {:?}",
+                e.headers.retry_after
+            );
+        }
     }
 
     #[test]

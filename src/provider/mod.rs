@@ -15,6 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use reqwest::header::HeaderValue;
 use serde_json::Value;
 
 use crate::config::{ProviderConfig, ProviderKind};
@@ -253,9 +254,17 @@ pub(crate) fn build_with_key(
         })
     };
     let chat: Box<dyn ChatProvider> = match cfg.kind {
-        ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::Mock => {
+        // The built-in mock speaks OpenAI's wire format (and reads either name
+        // for the output limit); compatible servers often read only
+        // `max_tokens`.
+        ProviderKind::Openai | ProviderKind::Mock => {
             Box::new(OpenAiChat::new(cfg.kind.as_str(), &base, key).map_err(setup)?)
         }
+        ProviderKind::OpenaiCompatible => Box::new(
+            OpenAiChat::new(cfg.kind.as_str(), &base, key)
+                .map_err(setup)?
+                .sending_max_tokens(),
+        ),
         ProviderKind::Azure => {
             let version = cfg
                 .api_version
@@ -330,6 +339,27 @@ pub(crate) async fn exchange(builder: reqwest::RequestBuilder) -> Result<RawAnsw
     })
 }
 
+/// A header value that carries a secret (`api-key`, `x-api-key`,
+/// `x-goog-api-key`): marked sensitive, so HTTP/2 never indexes it (HPACK) and
+/// `Debug` output of the request or its headers prints `Sensitive`.
+/// `bearer_auth` already does this for `Authorization`.
+///
+/// A key that is not a valid header value (a stray newline from a secret
+/// file) can never succeed: `Auth`, which stops the session. The message never
+/// holds the value.
+// Errors are the rare path; ProviderError is returned unboxed as everywhere.
+#[allow(clippy::result_large_err)]
+pub(crate) fn secret_header(value: &str) -> Result<HeaderValue, ProviderError> {
+    let mut v = HeaderValue::from_str(value).map_err(|_| ProviderError {
+        class: ErrorClass::Auth,
+        http_status: None,
+        message: "the API key is not a valid HTTP header value (check it for stray whitespace, newlines or non-ASCII characters)".into(),
+        headers: RateHeaders::default(),
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
 /// Take the key (and anything key-shaped) out of an error before it is
 /// stored or shown: providers echo keys in some messages.
 pub(crate) fn scrub(mut err: ProviderError, key: Option<&ApiKey>) -> ProviderError {
@@ -392,6 +422,17 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("base_url"), "{e}");
+    }
+
+    #[test]
+    fn secret_headers_are_sensitive_and_never_show_the_key() {
+        let v = secret_header("AIzaCanary123").unwrap();
+        assert!(v.is_sensitive());
+        assert_eq!(v.to_str().unwrap(), "AIzaCanary123");
+        assert!(!format!("{v:?}").contains("Canary"));
+        let e = secret_header("AIzaCanary123\n").unwrap_err();
+        assert_eq!(e.class, ErrorClass::Auth);
+        assert!(!format!("{e} {e:?}").contains("Canary"));
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct OpenAiChat {
     label: String,
     url: String,
     key: Option<ApiKey>,
+    /// Send the output limit as `max_tokens`, not `max_completion_tokens`.
+    legacy_max_tokens: bool,
     client: reqwest::Client,
 }
 
@@ -38,12 +40,26 @@ impl OpenAiChat {
             label: label.to_string(),
             url,
             key,
+            legacy_max_tokens: false,
             client,
         })
     }
 
+    /// Send the output limit as `max_tokens` instead of OpenAI's
+    /// `max_completion_tokens`. For OpenAI-compatible servers: many (Ollama's
+    /// compatible layer, vLLM, older gateways) read only `max_tokens` and
+    /// ignore the other, which leaves the output uncapped and a truncation
+    /// undetectable.
+    pub fn sending_max_tokens(mut self) -> Self {
+        self.legacy_max_tokens = true;
+        self
+    }
+
     async fn send_inner(&self, req: &ChatRequest) -> Result<ChatAnswer, ProviderError> {
-        let body = request_body(req);
+        let mut body = request_body(req);
+        if self.legacy_max_tokens {
+            use_max_tokens(&mut body);
+        }
         let mut builder = self
             .client
             .post(&self.url)
@@ -98,6 +114,16 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
         });
     }
     body
+}
+
+/// Rename `max_completion_tokens` to `max_tokens` in a `request_body`: the
+/// name OpenRouter documents and OpenAI-compatible servers read.
+pub(crate) fn use_max_tokens(body: &mut Value) {
+    if let Some(obj) = body.as_object_mut()
+        && let Some(n) = obj.remove("max_completion_tokens")
+    {
+        obj.insert("max_tokens".into(), n);
+    }
 }
 
 #[derive(Deserialize)]
@@ -502,6 +528,60 @@ mod tests {
         assert_eq!(b["response_format"]["type"], "json_schema");
         assert_eq!(b["response_format"]["json_schema"]["strict"], true);
         assert_eq!(b["max_completion_tokens"], 100);
+        assert!(b.get("max_tokens").is_none());
+        let mut b = b;
+        use_max_tokens(&mut b);
+        assert_eq!(b["max_tokens"], 100);
+        assert!(b.get("max_completion_tokens").is_none());
+    }
+
+    #[test]
+    fn nonsense_numbers_from_the_server_never_panic() {
+        let body = format!(
+            r#"{{"id":"x","model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"hi"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{m},"completion_tokens":{m},"prompt_tokens_details":{{"cached_tokens":{m}}},"completion_tokens_details":{{"reasoning_tokens":{m}}}}}}}"#,
+            m = u64::MAX
+        );
+        let u = parse_success(body.as_bytes(), RateHeaders::default(), None, 200)
+            .unwrap()
+            .usage
+            .unwrap();
+        assert_eq!(u.input_tokens, MAX_TOKENS_REPORTED);
+        assert_eq!(u.reasoning_tokens, MAX_TOKENS_REPORTED);
+        for n in ["1e30", "-1", "18446744073709551616"] {
+            let body = format!(
+                r#"{{"choices":[{{"message":{{"content":"hi"}}}}],"usage":{{"prompt_tokens":{n}}}}}"#
+            );
+            let e = parse_success(body.as_bytes(), RateHeaders::default(), None, 200).unwrap_err();
+            assert_eq!(e.class, ErrorClass::Transient, "{n}");
+        }
+        let hour = std::time::Duration::from_secs(3600);
+        for (ms, after, want) in [
+            ("1e300", "", Some(hour)),
+            ("NaN", "1e30", Some(hour)),
+            ("-5", "-5", None),
+            ("inf", "inf", None),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert("retry-after-ms", HeaderValue::from_str(ms).unwrap());
+            if !after.is_empty() {
+                h.insert("retry-after", HeaderValue::from_str(after).unwrap());
+            }
+            h.insert(
+                "x-ratelimit-reset-requests",
+                HeaderValue::from_static("99999999999999999999999h"),
+            );
+            h.insert(
+                "x-ratelimit-limit-requests",
+                HeaderValue::from_static("99999999999999999999999"),
+            );
+            let r = rate_headers(&h);
+            assert_eq!(r.retry_after, want, "{ms} / {after}");
+            assert_eq!(r.limit_requests, None);
+            assert_eq!(
+                r.reset_requests,
+                Some(std::time::Duration::from_secs(86_400))
+            );
+        }
     }
 
     #[test]

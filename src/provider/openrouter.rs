@@ -9,8 +9,10 @@
 //!   credit (stops the session), 403 a moderation flag on this input (the item
 //!   fails), 401 a bad key, 429 a rate limit (`Retry-After`), 502 / 408 an
 //!   upstream failure (retry), 503 no upstream available (overload);
-//! - an error after generation started comes back with HTTP 200 and an
-//!   `error` object in the body: it is classified by its `code`.
+//! - an error after generation started comes back with HTTP 200: a top-level
+//!   `error` object, or a choice with `finish_reason: "error"` (and usually
+//!   its own `error` object). It is a failed generation, not an answer: it is
+//!   retried (`Transient`; a rate limit or overload `code` keeps its class).
 //!
 //! No client request id header is documented, so none is sent.
 
@@ -66,7 +68,7 @@ impl OpenRouterChat {
         let headers = rate_headers(&raw.headers);
         let request_id = header_str(&raw.headers, "x-request-id").map(str::to_string);
         if raw.status == 200 {
-            if let Some(e) = error_in_ok_body(&raw.bytes, headers) {
+            if let Some(e) = failed_generation(&raw.bytes, headers) {
                 return Err(e);
             }
             return parse_success(&raw.bytes, headers, request_id, raw.status);
@@ -91,11 +93,7 @@ impl ChatProvider for OpenRouterChat {
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {
     let mut body = super::openai::request_body(req);
-    if let Some(obj) = body.as_object_mut()
-        && let Some(n) = obj.remove("max_completion_tokens")
-    {
-        obj.insert("max_tokens".into(), n);
-    }
+    super::openai::use_max_tokens(&mut body);
     body
 }
 
@@ -114,18 +112,58 @@ struct ErrorBody {
     metadata: Option<Value>,
 }
 
-/// A 200 whose body is an error (generation failed after it started).
-fn error_in_ok_body(bytes: &[u8], headers: RateHeaders) -> Option<ProviderError> {
-    let env: ErrorEnvelope = serde_json::from_slice(bytes).ok()?;
-    let code = env
-        .error
-        .code
+/// A 200 whose body says the generation failed after it started: a
+/// top-level `error`, or a first choice with `finish_reason: "error"` or an
+/// `error` object of its own. `None` when the body is anything else (an
+/// answer, or garbage for `parse_success` to report).
+///
+/// The failure is retryable: `Transient`, unless the upstream `code` says
+/// rate limit or overload (those keep their class, so concurrency is cut).
+/// A code that would stop the session or fail the item on a non-200 does not
+/// here: the request was accepted, and the next attempt gets its own status.
+pub(crate) fn failed_generation(bytes: &[u8], headers: RateHeaders) -> Option<ProviderError> {
+    let body: Value = serde_json::from_slice(bytes).ok()?;
+    let choice = body
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first());
+    let choice_failed = choice.is_some_and(|c| {
+        c.get("finish_reason").and_then(Value::as_str) == Some("error")
+            || c.get("error").is_some_and(|e| !e.is_null())
+    });
+    let error = match body.get("error").filter(|e| !e.is_null()) {
+        Some(e) => e,
+        None if choice_failed => choice
+            .and_then(|c| c.get("error"))
+            .filter(|e| !e.is_null())
+            .unwrap_or(&Value::Null),
+        None => return None,
+    };
+    // `error` may be an object, a bare string, or missing (finish_reason only).
+    let parsed: Option<ErrorBody> = match error {
+        Value::String(s) => Some(ErrorBody {
+            code: None,
+            message: Some(s.clone()),
+            metadata: None,
+        }),
+        Value::Null => None,
+        other => serde_json::from_value(other.clone()).ok(),
+    };
+    let code = parsed
         .as_ref()
-        .and_then(Value::as_u64)
+        .and_then(|e| e.code.as_ref())
+        .and_then(|c| c.as_u64().or_else(|| c.as_str()?.trim().parse().ok()))
         .and_then(|c| u16::try_from(c).ok())
         .filter(|c| *c >= 400);
-    let mut e = classify_parsed(code.unwrap_or(502), Some(env.error), bytes, headers);
-    if code.is_none() {
+    let has_message = parsed.as_ref().is_some_and(|e| e.message.is_some());
+    let mut e = classify_parsed(code.unwrap_or(502), parsed, bytes, headers);
+    if !has_message {
+        e.message = format!(
+            "generation failed after it started (an error in a 200 answer, no message); body starts {}",
+            preview(bytes)
+        );
+    }
+    if !matches!(e.class, ErrorClass::RateLimited | ErrorClass::Overloaded) {
         e.class = ErrorClass::Transient;
     }
     e.http_status = Some(200);
@@ -282,16 +320,67 @@ mod tests {
             c(400, json!({"error":{"code":400,"message":"bad"}})).class,
             ErrorClass::Request
         );
-        // An error in a 200 body.
-        let e = error_in_ok_body(
-            br#"{"error":{"code":502,"message":"upstream died mid-generation"}}"#,
-            RateHeaders::default(),
-        )
-        .unwrap();
+    }
+
+    #[test]
+    fn a_failed_generation_in_a_200_is_retried_not_an_answer() {
+        let f =
+            |body: Value| failed_generation(body.to_string().as_bytes(), RateHeaders::default());
+        // A top-level error.
+        let e = f(json!({"error":{"code":502,"message":"upstream died mid-generation"}})).unwrap();
         assert_eq!(e.class, ErrorClass::Transient);
         assert_eq!(e.http_status, Some(200));
+        assert!(e.message.contains("upstream died mid-generation"));
+        // Codes that would stop the session or fail the item on a non-200
+        // are a failed generation here; rate limits keep their class.
+        for (code, class) in [
+            (json!(400), ErrorClass::Transient),
+            (json!(402), ErrorClass::Transient),
+            (json!("500"), ErrorClass::Transient),
+            (json!(null), ErrorClass::Transient),
+            (json!(429), ErrorClass::RateLimited),
+            (json!(503), ErrorClass::Overloaded),
+        ] {
+            let e = f(json!({"error":{"code":code,"message":"m"}})).unwrap();
+            assert_eq!(e.class, class, "{code}");
+            assert!(e.class.is_retryable());
+        }
         assert!(
-            error_in_ok_body(br#"{"id":"gen","choices":[]}"#, RateHeaders::default()).is_none()
+            f(json!({"error":"bare text"}))
+                .unwrap()
+                .message
+                .contains("bare text")
         );
+        // finish_reason "error" with the choice's own error object.
+        let e = f(json!({"id":"gen-1","provider":"Together","model":"m","object":"chat.completion","created":1,
+            "choices":[{"index":0,"finish_reason":"error","native_finish_reason":"error",
+                        "error":{"code":502,"message":"Upstream provider crashed","metadata":{"provider_name":"Together"}},
+                        "message":{"role":"assistant","content":"{\"same\":"}}],
+            "usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}))
+        .unwrap();
+        assert_eq!(e.class, ErrorClass::Transient);
+        assert!(
+            e.message.contains("Upstream provider crashed"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("Together"), "{}", e.message);
+        // finish_reason "error" alone.
+        let e = f(json!({"choices":[{"index":0,"finish_reason":"error","message":{"role":"assistant","content":""}}]}))
+            .unwrap();
+        assert_eq!(e.class, ErrorClass::Transient);
+        assert!(e.message.contains("generation failed"), "{}", e.message);
+        // A choice error object with another finish reason.
+        let e = f(json!({"choices":[{"index":0,"finish_reason":"stop","error":{"message":"late failure"},"message":{"content":"x"}}]}))
+            .unwrap();
+        assert_eq!(e.class, ErrorClass::Transient);
+        assert!(e.message.contains("late failure"));
+        // Answers, and garbage (left to parse_success), are not failures.
+        assert!(f(json!({"id":"gen","choices":[]})).is_none());
+        assert!(f(json!({"choices":[{"finish_reason":"stop","error":null,"message":{"content":"x"}}],"error":null})).is_none());
+        assert!(
+            f(json!({"choices":[{"finish_reason":"length","message":{"content":"x"}}]})).is_none()
+        );
+        assert!(failed_generation(b"not json", RateHeaders::default()).is_none());
     }
 }

@@ -32,16 +32,18 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::jsonl::{self, Chunk, LineError};
 use super::openai::PollCadence;
+use super::results::{Matcher, StreamEnd, stream_lines};
 use super::{
     BatchCounts, BatchFuture, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus,
-    Found, LineOutcome, Quarantined, ResultLine, ResultsSummary, SubmitSpec, Submitted,
+    FIND_CLOCK_MARGIN, Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted,
+    with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::anthropic::{
@@ -141,9 +143,9 @@ impl AnthropicBatch {
         self.url(&format!("/{}{tail}", crate::provider::path_segment(id)))
     }
 
-    fn authed(&self, b: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        b.header("x-api-key", self.key.expose())
-            .header("anthropic-version", ANTHROPIC_VERSION)
+    fn authed(&self, b: reqwest::RequestBuilder) -> Result<reqwest::RequestBuilder, ProviderError> {
+        with_key_header(b, "x-api-key", &self.key)
+            .map(|b| b.header("anthropic-version", ANTHROPIC_VERSION))
     }
 
     fn scrub(&self, e: ProviderError) -> ProviderError {
@@ -161,7 +163,7 @@ impl AnthropicBatch {
     }
 
     async fn call(&self, builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
-        let raw = crate::provider::exchange(self.authed(builder)).await?;
+        let raw = crate::provider::exchange(self.authed(builder)?).await?;
         if (200..300).contains(&raw.status) {
             Ok(raw)
         } else {
@@ -290,9 +292,12 @@ impl AnthropicBatch {
             }
         };
         let counts = BatchCounts {
-            total: c.processing + c.succeeded + c.errored + c.canceled + c.expired,
+            total: c.total(),
             completed: c.succeeded,
-            failed: c.errored + c.canceled + c.expired,
+            failed: c
+                .errored
+                .saturating_add(c.canceled)
+                .saturating_add(c.expired),
         };
         let output_ref = b.results_url.filter(|s| !s.is_empty());
         // Ended, not archived, and no results URL yet: poll again.
@@ -332,23 +337,36 @@ impl AnthropicBatch {
         expected: &HashSet<String>,
         sink: &mut (dyn FnMut(ResultLine) + Send),
     ) -> Result<ResultsSummary, ProviderError> {
-        let mut ingest = Ingest {
-            adapter: self,
-            expected,
-            seen: HashSet::new(),
-            summary: ResultsSummary::default(),
-            sink,
-        };
-        if status.output_ref.is_none() {
-            // Archived, or not ended: nothing to read.
-            return Ok(ingest.summary);
+        let mut m = Matcher::new(expected, sink, "custom_id");
+        if status.output_ref.is_some() {
+            match self.stream_results(status, &mut m).await {
+                Ok(StreamEnd::Whole) => {}
+                Ok(StreamEnd::Cut) => m.set_cut(),
+                // Nothing read yet: the caller retries the whole call.
+                Ok(StreamEnd::Broken(e)) | Err(e) if m.lines() == 0 => return Err(e),
+                Ok(StreamEnd::Broken(e)) | Err(e) => {
+                    let e = self.scrub(e);
+                    tracing::warn!(batch = %status.provider_batch_id, "results stream cut: {e}");
+                    m.set_cut();
+                }
+            }
         }
+        // No results URL (archived, or not ended): nothing to read, and
+        // `finish` accounts for every request.
+        Ok(m.finish(&status.state))
+    }
+
+    async fn stream_results<'a>(
+        &self,
+        status: &BatchStatus,
+        m: &mut Matcher<'a>,
+    ) -> Result<StreamEnd, ProviderError> {
         let response = self
             .authed(
                 self.client
                     .get(self.results_url(status))
                     .timeout(BODY_TIMEOUT),
-            )
+            )?
             .send()
             .await
             .map_err(|e| transport_error(&e))?;
@@ -362,46 +380,56 @@ impl AnthropicBatch {
                 .unwrap_or_default();
             return Err(classify_error(code, &bytes, headers));
         }
-        let mut stream = response.bytes_stream();
-        let mut pending: Vec<u8> = Vec::new();
-        let mut n = 0u64;
-        while let Some(piece) = stream.next().await {
-            let piece = match piece {
-                Ok(p) => p,
-                Err(e) => {
-                    let e = transport_error(&e);
-                    if ingest.summary.lines == 0 && pending.is_empty() {
-                        return Err(e);
-                    }
-                    tracing::warn!(batch = %status.provider_batch_id, "results stream cut: {e}");
-                    ingest.summary.cut = true;
-                    return Ok(ingest.summary);
-                }
-            };
-            let mut rest: &[u8] = &piece;
-            while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
-                n += 1;
-                if pending.is_empty() {
-                    ingest.line(&rest[..pos], n);
-                } else {
-                    pending.extend_from_slice(&rest[..pos]);
-                    ingest.line(&pending, n);
-                    pending.clear();
-                }
-                rest = &rest[pos + 1..];
+        Ok(stream_lines(response, "results line", m, |m, raw, at| {
+            self.line(m, raw, at)
+        })
+        .await)
+    }
+
+    /// One line of the results JSONL.
+    fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
+        let parsed: ResultEntry = match serde_json::from_slice(raw) {
+            Ok(l) => l,
+            Err(e) => {
+                let reason = format!("{at}: not a result line ({e}); starts {}", preview(raw));
+                return m.unreadable(self.clean(&reason));
             }
-            pending.extend_from_slice(rest);
-        }
-        let last = pending.trim_ascii();
-        if !last.is_empty() {
-            // A whole JSON value without its newline is a whole line; else cut.
-            if serde_json::from_slice::<serde::de::IgnoredAny>(last).is_ok() {
-                ingest.line(last, n + 1);
-            } else {
-                ingest.summary.cut = true;
+        };
+        m.entry(at, parsed.custom_id, || {
+            parsed
+                .result
+                .and_then(|r| self.outcome(r))
+                .ok_or_else(|| "no result of a known type".into())
+        });
+    }
+
+    fn outcome(&self, r: ResultBody) -> Option<LineOutcome> {
+        Some(match r.kind.as_str() {
+            "succeeded" => {
+                let bytes = serde_json::to_vec(&r.message?).unwrap_or_default();
+                match parse_success(&bytes, RateHeaders::default(), None, 200) {
+                    Ok(a) => LineOutcome::Answer(a),
+                    Err(e) => LineOutcome::Error(self.scrub(e)),
+                }
             }
-        }
-        Ok(ingest.summary)
+            "errored" => {
+                let error = r.error.unwrap_or(Value::Null);
+                let kind = error
+                    .pointer("/error/type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let bytes = serde_json::to_vec(&error).unwrap_or_default();
+                let mut e = classify_error(status_for(kind), &bytes, RateHeaders::default());
+                // No HTTP exchange of its own: the status was only a reading aid.
+                e.http_status = None;
+                LineOutcome::Error(self.scrub(e))
+            }
+            "canceled" => LineOutcome::NotRun("canceled before it ran (batch canceled)".into()),
+            "expired" => {
+                LineOutcome::NotRun("expired: the batch ended (24 h) before it ran".into())
+            }
+            _ => return None,
+        })
     }
 
     async fn cancel_inner(&self, id: &str) -> Result<BatchStatus, ProviderError> {
@@ -424,6 +452,8 @@ impl AnthropicBatch {
         created_after: f64,
         request_count: usize,
     ) -> Result<Found, ProviderError> {
+        // A wider window is the safe side: at worst more Ambiguous.
+        let since = created_after - FIND_CLOCK_MARGIN;
         let mut found = Vec::new();
         let mut after: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
@@ -436,13 +466,13 @@ impl AnthropicBatch {
                 .call(self.client.get(url).timeout(CALL_TIMEOUT))
                 .await?;
             let page: ListPage = parse_json(&raw, "batch list")?;
-            page.matches(created_after, request_count, &mut found);
+            page.matches(since, request_count, &mut found);
             // Newest first: once the page's last batch is older than the
             // window, so is everything after it.
             let last = page.data.last();
             let older = last
                 .and_then(|b| unix_of(b.created_at.as_deref()))
-                .is_some_and(|t| t < created_after);
+                .is_some_and(|t| t < since);
             if older || !page.has_more || last.is_none() {
                 return Ok(match found.len() {
                     0 => Found::None,
@@ -562,92 +592,6 @@ fn status_for(kind: &str) -> u16 {
     }
 }
 
-struct Ingest<'a> {
-    adapter: &'a AnthropicBatch,
-    expected: &'a HashSet<String>,
-    seen: HashSet<String>,
-    summary: ResultsSummary,
-    sink: &'a mut (dyn FnMut(ResultLine) + Send),
-}
-
-impl Ingest<'_> {
-    fn quarantine(&mut self, custom_id: Option<String>, reason: String) {
-        self.summary.quarantined.push(Quarantined {
-            line: self.summary.lines,
-            custom_id,
-            reason,
-        });
-    }
-
-    fn line(&mut self, raw: &[u8], n: u64) {
-        let raw = raw.trim_ascii();
-        if raw.is_empty() {
-            return;
-        }
-        self.summary.lines += 1;
-        let parsed: ResultEntry = match serde_json::from_slice(raw) {
-            Ok(l) => l,
-            Err(e) => {
-                let reason = format!(
-                    "results line {n}: not a result line ({e}); starts {}",
-                    preview(raw)
-                );
-                let reason = self.adapter.clean(&reason);
-                return self.quarantine(None, reason);
-            }
-        };
-        let Some(id) = parsed.custom_id.filter(|s| !s.is_empty()) else {
-            return self.quarantine(None, format!("results line {n}: no custom_id"));
-        };
-        if !self.expected.contains(&id) {
-            return self.quarantine(Some(id), format!("results line {n}: unknown custom_id"));
-        }
-        if self.seen.contains(&id) {
-            let reason = format!("results line {n}: second result for this custom_id");
-            return self.quarantine(Some(id), reason);
-        }
-        let Some(outcome) = parsed.result.and_then(|r| self.outcome(r)) else {
-            let reason = format!("results line {n}: no result of a known type");
-            return self.quarantine(Some(id), reason);
-        };
-        self.seen.insert(id.clone());
-        self.summary.delivered += 1;
-        (self.sink)(ResultLine {
-            custom_id: id,
-            outcome,
-        });
-    }
-
-    fn outcome(&self, r: ResultBody) -> Option<LineOutcome> {
-        Some(match r.kind.as_str() {
-            "succeeded" => {
-                let bytes = serde_json::to_vec(&r.message?).unwrap_or_default();
-                match parse_success(&bytes, RateHeaders::default(), None, 200) {
-                    Ok(a) => LineOutcome::Answer(a),
-                    Err(e) => LineOutcome::Error(self.adapter.scrub(e)),
-                }
-            }
-            "errored" => {
-                let error = r.error.unwrap_or(Value::Null);
-                let kind = error
-                    .pointer("/error/type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let bytes = serde_json::to_vec(&error).unwrap_or_default();
-                let mut e = classify_error(status_for(kind), &bytes, RateHeaders::default());
-                // No HTTP exchange of its own: the status was only a reading aid.
-                e.http_status = None;
-                LineOutcome::Error(self.adapter.scrub(e))
-            }
-            "canceled" => LineOutcome::NotRun("canceled before it ran (batch canceled)".into()),
-            "expired" => {
-                LineOutcome::NotRun("expired: the batch ended (24 h) before it ran".into())
-            }
-            _ => return None,
-        })
-    }
-}
-
 fn request_error(message: String) -> ProviderError {
     ProviderError {
         class: ErrorClass::Request,
@@ -700,8 +644,11 @@ struct RequestCounts {
 }
 
 impl RequestCounts {
+    /// Provider-sent counts: a sum that would wrap saturates instead.
     fn total(&self) -> u64 {
-        self.processing + self.succeeded + self.errored + self.canceled + self.expired
+        [self.succeeded, self.errored, self.canceled, self.expired]
+            .into_iter()
+            .fold(self.processing, u64::saturating_add)
     }
 }
 
@@ -872,6 +819,11 @@ mod tests {
             json!({"results_url": null, "archived_at": "2024-10-23T18:37:24Z"}),
         );
         assert!(!s.results_pending);
+        // Provider counts that would wrap a u64 saturate.
+        let s = ended(c(u64::MAX, 1, 0, 0), json!({}));
+        assert_eq!((s.counts.total, s.counts.failed), (u64::MAX, 1));
+        let s = ended(c(0, u64::MAX, u64::MAX, 1), json!({}));
+        assert_eq!((s.counts.total, s.counts.failed), (u64::MAX, u64::MAX));
         let e = adapter()
             .status_of(
                 serde_json::from_value(json!({"id": "m", "processing_status": "paused"})).unwrap(),
@@ -885,17 +837,11 @@ mod tests {
         let expected: HashSet<String> = expected.iter().map(|s| s.to_string()).collect();
         let mut got = Vec::new();
         let mut sink = |l: ResultLine| got.push(l);
-        let mut ing = Ingest {
-            adapter: &a,
-            expected: &expected,
-            seen: HashSet::new(),
-            summary: ResultsSummary::default(),
-            sink: &mut sink,
-        };
+        let mut m = Matcher::new(&expected, &mut sink, "custom_id");
         for (i, l) in lines.iter().enumerate() {
-            ing.line(l.as_bytes(), i as u64 + 1);
+            a.line(&mut m, l.as_bytes(), &format!("results line {}", i + 1));
         }
-        let summary = ing.summary;
+        let summary = m.finish(&BatchState::InProgress);
         (got, summary)
     }
 

@@ -34,14 +34,16 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::jsonl::{self, Chunk, LineError};
+use super::results::{Matcher, StreamEnd, stream_lines};
 use super::{
     BatchCounts, BatchFuture, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus,
-    Found, LineOutcome, Quarantined, ResultLine, ResultsSummary, SubmitSpec, Submitted,
+    FIND_CLOCK_MARGIN, Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted,
+    with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::gemini::{classify_error, parse_success, request_body};
@@ -219,8 +221,11 @@ impl GeminiBatch {
         )
     }
 
-    fn authed(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        builder.header("x-goog-api-key", self.key.expose())
+    fn authed(
+        &self,
+        builder: reqwest::RequestBuilder,
+    ) -> Result<reqwest::RequestBuilder, ProviderError> {
+        with_key_header(builder, "x-goog-api-key", &self.key)
     }
 
     fn scrub(&self, e: ProviderError) -> ProviderError {
@@ -245,7 +250,7 @@ impl GeminiBatch {
 
     /// Send; a non-2xx answer is classified like a synchronous one.
     async fn call(&self, builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
-        let raw = crate::provider::exchange(self.authed(builder)).await?;
+        let raw = crate::provider::exchange(self.authed(builder)?).await?;
         if (200..300).contains(&raw.status) {
             Ok(raw)
         } else {
@@ -465,12 +470,15 @@ impl GeminiBatch {
             Output::File(f) => Some(f),
             Output::None => None,
         };
-        // Succeeded with results counted but none to be found yet: they
-        // arrive after the state changes. Poll again rather than ingest
-        // nothing. (Expired jobs may have no results at all: never waited on.)
-        let results_pending = state == BatchState::Completed
-            && output_ref.is_none()
-            && counts.completed + counts.failed > 0;
+        // Succeeded with no results to be found yet: they arrive after the
+        // state changes. Poll again rather than ingest nothing, unless the
+        // counts are there and say there is nothing (`batchStats` is
+        // optional). (Expired jobs may have no results at all: never waited on.)
+        let counted = o
+            .has_counts()
+            .then(|| counts.completed.saturating_add(counts.failed));
+        let results_pending =
+            state == BatchState::Completed && output_ref.is_none() && counted != Some(0);
         Ok(BatchStatus {
             provider_batch_id: name,
             state,
@@ -487,48 +495,46 @@ impl GeminiBatch {
         expected: &HashSet<String>,
         sink: &mut (dyn FnMut(ResultLine) + Send),
     ) -> Result<ResultsSummary, ProviderError> {
-        let mut ingest = Ingest {
-            adapter: self,
-            expected,
-            seen: HashSet::new(),
-            summary: ResultsSummary::default(),
-            sink,
-        };
-        let Some(output) = &status.output_ref else {
-            return Ok(ingest.summary);
-        };
-        if let Some(name) = output.strip_prefix(INLINE_REF) {
-            let op = self.get_op(name).await?;
-            for (i, item) in OpView::new(&op).inline_items().iter().enumerate() {
-                ingest.item(item, "inline result", i as u64 + 1);
-            }
-            return Ok(ingest.summary);
+        let mut m = Matcher::new(expected, sink, "key");
+        match &status.output_ref {
+            // No results (an expired or cancelled job may have none):
+            // `finish` accounts for every request.
+            None => {}
+            Some(output) => match output.strip_prefix(INLINE_REF) {
+                Some(name) => {
+                    let op = self.get_op(name).await?;
+                    for (i, item) in OpView::new(&op).inline_items().iter().enumerate() {
+                        self.item(&mut m, item, &format!("inline result {}", i + 1));
+                    }
+                }
+                None => match self.stream_file(output, &mut m).await {
+                    Ok(StreamEnd::Whole) => {}
+                    Ok(StreamEnd::Cut) => m.set_cut(),
+                    // Nothing read yet: the caller retries the whole call.
+                    Ok(StreamEnd::Broken(e)) | Err(e) if m.lines() == 0 => return Err(e),
+                    Ok(StreamEnd::Broken(e)) | Err(e) => {
+                        let e = self.scrub(e);
+                        tracing::warn!(batch = %status.provider_batch_id, "results stream: {e}");
+                        m.set_cut();
+                    }
+                },
+            },
         }
-        match self.stream_file(output, &mut ingest).await {
-            Ok(true) => {}
-            Ok(false) => ingest.summary.cut = true,
-            Err(e) if ingest.summary.lines == 0 => return Err(e),
-            Err(e) => {
-                tracing::warn!(batch = %status.provider_batch_id, "results stream: {e}");
-                ingest.summary.cut = true;
-            }
-        }
-        Ok(ingest.summary)
+        Ok(m.finish(&status.state))
     }
 
-    /// Stream the responses file into `ingest`. `Ok(false)`: the stream was
-    /// cut; the partial line is not applied.
-    async fn stream_file(
+    /// Stream the responses file into `m`.
+    async fn stream_file<'a>(
         &self,
         file: &str,
-        ingest: &mut Ingest<'_>,
-    ) -> Result<bool, ProviderError> {
+        m: &mut Matcher<'a>,
+    ) -> Result<StreamEnd, ProviderError> {
         let response = self
             .authed(
                 self.client
                     .get(self.download_url(file))
                     .timeout(FILE_TIMEOUT),
-            )
+            )?
             .send()
             .await
             .map_err(|e| transport_error(&e))?;
@@ -546,41 +552,76 @@ impl GeminiBatch {
                 bytes,
             }));
         }
-        let mut stream = response.bytes_stream();
-        let mut pending: Vec<u8> = Vec::new();
-        let mut file_line = 0u64;
-        while let Some(piece) = stream.next().await {
-            let piece = match piece {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(file, "results stream cut: {}", transport_error(&e));
-                    return Ok(false);
-                }
-            };
-            let mut rest: &[u8] = &piece;
-            while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
-                file_line += 1;
-                if pending.is_empty() {
-                    ingest.raw_line(&rest[..pos], file_line);
-                } else {
-                    pending.extend_from_slice(&rest[..pos]);
-                    ingest.raw_line(&pending, file_line);
-                    pending.clear();
-                }
-                rest = &rest[pos + 1..];
+        Ok(
+            stream_lines(response, "responses file line", m, |m, raw, at| {
+                self.raw_line(m, raw, at)
+            })
+            .await,
+        )
+    }
+
+    /// A line of the responses file.
+    fn raw_line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
+        match serde_json::from_slice::<ResultItem>(raw) {
+            Ok(item) => self.apply(m, item, at),
+            Err(e) => {
+                let reason = format!("{at}: not a result line ({e}); starts {}", preview(raw));
+                m.unreadable(self.clean(&reason));
             }
-            pending.extend_from_slice(rest);
         }
-        let last = pending.trim_ascii();
-        if last.is_empty() {
-            return Ok(true);
+    }
+
+    /// An entry of `inlinedResponses`.
+    fn item(&self, m: &mut Matcher<'_>, v: &Value, at: &str) {
+        match ResultItem::deserialize(v) {
+            Ok(item) => self.apply(m, item, at),
+            Err(e) => m.unreadable(format!("{at}: not a result ({e})")),
         }
-        if serde_json::from_slice::<serde::de::IgnoredAny>(last).is_ok() {
-            ingest.raw_line(last, file_line + 1);
-            Ok(true)
-        } else {
-            Ok(false)
+    }
+
+    fn apply(&self, m: &mut Matcher<'_>, item: ResultItem, at: &str) {
+        let key = item.key.clone().or_else(|| {
+            item.metadata
+                .as_ref()
+                .and_then(|m| m.get("key"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+        m.entry(at, key, || match (item.response, item.error) {
+            (Some(r), _) => Ok(self.response_outcome(&r)),
+            (None, Some(e)) => Ok(self.error_outcome(&e)),
+            (None, None) => Err("neither response nor error".into()),
+        });
+    }
+
+    fn response_outcome(&self, r: &Value) -> LineOutcome {
+        let bytes = serde_json::to_vec(r).unwrap_or_default();
+        match parse_success(&bytes, RateHeaders::default(), 200) {
+            Ok(answer) => LineOutcome::Answer(answer),
+            Err(e) => LineOutcome::Error(self.scrub(e)),
         }
+    }
+
+    fn error_outcome(&self, e: &Value) -> LineOutcome {
+        let code = e.get("code").and_then(Value::as_i64).unwrap_or(13);
+        let http = http_of_code(code);
+        let status = e
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| rpc_status_name(http));
+        let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+        let body = json!({"error": {
+            "code": http,
+            "message": message,
+            "status": status,
+            "details": e.get("details").cloned().unwrap_or(json!([])),
+        }});
+        let err = classify_error(http, body.to_string().as_bytes(), RateHeaders::default());
+        // Never run: cancelled or expired before its turn.
+        if status == "CANCELLED" || message.to_ascii_lowercase().contains("expired") {
+            return LineOutcome::NotRun(self.clean(&err.message));
+        }
+        LineOutcome::Error(self.scrub(err))
     }
 
     async fn cancel_inner(&self, name: &str) -> Result<BatchStatus, ProviderError> {
@@ -620,6 +661,7 @@ impl GeminiBatch {
         created_after: f64,
         request_count: usize,
     ) -> Result<Found, ProviderError> {
+        let since = created_after - FIND_CLOCK_MARGIN;
         let (mut exact, mut tag_only) = (Vec::new(), Vec::new());
         let mut token: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
@@ -638,14 +680,7 @@ impl GeminiBatch {
                 .and_then(Value::as_array)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            matches(
-                ops,
-                tag,
-                created_after,
-                request_count,
-                &mut exact,
-                &mut tag_only,
-            );
+            matches(ops, tag, since, request_count, &mut exact, &mut tag_only);
             token = page
                 .get("nextPageToken")
                 .and_then(Value::as_str)
@@ -804,6 +839,11 @@ impl<'v> OpView<'v> {
         }
     }
 
+    /// `batchStats` is there (proto JSON leaves out zero counts inside it).
+    fn has_counts(&self) -> bool {
+        field(self.batch, &["batchStats", "batch_stats"]).is_some_and(Value::is_object)
+    }
+
     fn counts(&self) -> BatchCounts {
         let Some(s) = field(self.batch, &["batchStats", "batch_stats"]) else {
             return BatchCounts::default();
@@ -952,120 +992,6 @@ fn rpc_status_name(http: u16) -> &'static str {
     }
 }
 
-struct Ingest<'a> {
-    adapter: &'a GeminiBatch,
-    expected: &'a HashSet<String>,
-    seen: HashSet<String>,
-    summary: ResultsSummary,
-    sink: &'a mut (dyn FnMut(ResultLine) + Send),
-}
-
-impl Ingest<'_> {
-    fn quarantine(&mut self, key: Option<String>, reason: String) {
-        self.summary.quarantined.push(Quarantined {
-            line: self.summary.lines,
-            custom_id: key,
-            reason,
-        });
-    }
-
-    /// A line of the responses file.
-    fn raw_line(&mut self, raw: &[u8], file_line: u64) {
-        let raw = raw.trim_ascii();
-        if raw.is_empty() {
-            return;
-        }
-        match serde_json::from_slice::<ResultItem>(raw) {
-            Ok(item) => self.apply(item, "responses file line", file_line),
-            Err(e) => {
-                self.summary.lines += 1;
-                let reason = format!(
-                    "responses file line {file_line}: not a result line ({e}); starts {}",
-                    preview(raw)
-                );
-                let reason = self.adapter.clean(&reason);
-                self.quarantine(None, reason);
-            }
-        }
-    }
-
-    /// An entry of `inlinedResponses`.
-    fn item(&mut self, v: &Value, which: &str, n: u64) {
-        match ResultItem::deserialize(v) {
-            Ok(item) => self.apply(item, which, n),
-            Err(e) => {
-                self.summary.lines += 1;
-                self.quarantine(None, format!("{which} {n}: not a result ({e})"));
-            }
-        }
-    }
-
-    fn apply(&mut self, item: ResultItem, which: &str, n: u64) {
-        self.summary.lines += 1;
-        let key = item.key.clone().or_else(|| {
-            item.metadata
-                .as_ref()
-                .and_then(|m| m.get("key"))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        });
-        let Some(id) = key.filter(|s| !s.is_empty()) else {
-            return self.quarantine(None, format!("{which} {n}: no key"));
-        };
-        if !self.expected.contains(&id) {
-            return self.quarantine(Some(id), format!("{which} {n}: unknown key"));
-        }
-        if self.seen.contains(&id) {
-            let reason = format!("{which} {n}: second result for this key");
-            return self.quarantine(Some(id), reason);
-        }
-        let outcome = match (item.response, item.error) {
-            (Some(r), _) => self.response_outcome(&r),
-            (None, Some(e)) => self.error_outcome(&e),
-            (None, None) => {
-                let reason = format!("{which} {n}: neither response nor error");
-                return self.quarantine(Some(id), reason);
-            }
-        };
-        self.seen.insert(id.clone());
-        self.summary.delivered += 1;
-        (self.sink)(ResultLine {
-            custom_id: id,
-            outcome,
-        });
-    }
-
-    fn response_outcome(&self, r: &Value) -> LineOutcome {
-        let bytes = serde_json::to_vec(r).unwrap_or_default();
-        match parse_success(&bytes, RateHeaders::default(), 200) {
-            Ok(answer) => LineOutcome::Answer(answer),
-            Err(e) => LineOutcome::Error(self.adapter.scrub(e)),
-        }
-    }
-
-    fn error_outcome(&self, e: &Value) -> LineOutcome {
-        let code = e.get("code").and_then(Value::as_i64).unwrap_or(13);
-        let http = http_of_code(code);
-        let status = e
-            .get("status")
-            .and_then(Value::as_str)
-            .unwrap_or_else(|| rpc_status_name(http));
-        let message = e.get("message").and_then(Value::as_str).unwrap_or("");
-        let body = json!({"error": {
-            "code": http,
-            "message": message,
-            "status": status,
-            "details": e.get("details").cloned().unwrap_or(json!([])),
-        }});
-        let err = classify_error(http, body.to_string().as_bytes(), RateHeaders::default());
-        // Never run: cancelled or expired before its turn.
-        if status == "CANCELLED" || message.to_ascii_lowercase().contains("expired") {
-            return LineOutcome::NotRun(self.adapter.clean(&err.message));
-        }
-        LineOutcome::Error(self.adapter.scrub(err))
-    }
-}
-
 fn request_error(message: String) -> ProviderError {
     ProviderError {
         class: ErrorClass::Request,
@@ -1191,6 +1117,21 @@ mod tests {
         // Expired with nothing: the docs say no results, so nothing to wait for.
         let s = status(&op("BATCH_STATE_EXPIRED", r#","done": true"#));
         assert!(!s.results_pending && s.output_ref.is_none());
+        // batchStats is optional: succeeded without it may still have results.
+        let s = status(
+            r#"{"name":"batches/7","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true}"#,
+        );
+        assert!(s.results_pending);
+        // Present, and zero (proto JSON leaves zero counts out): nothing to wait for.
+        let s = status(
+            r#"{"name":"batches/7","metadata":{"state":"BATCH_STATE_SUCCEEDED","batchStats":{"requestCount":"0"}},"done":true}"#,
+        );
+        assert!(!s.results_pending);
+        // Counts that would wrap a u64 do not read as zero.
+        let s = status(
+            r#"{"name":"batches/7","metadata":{"state":"BATCH_STATE_SUCCEEDED","batchStats":{"successfulRequestCount":"18446744073709551615","failedRequestCount":"1"}},"done":true}"#,
+        );
+        assert!(s.results_pending);
     }
 
     #[test]
@@ -1268,17 +1209,15 @@ mod tests {
         let expected: HashSet<String> = expected.iter().map(|s| s.to_string()).collect();
         let mut got = Vec::new();
         let mut sink = |l: ResultLine| got.push(l);
-        let mut ingest = Ingest {
-            adapter: &a,
-            expected: &expected,
-            seen: HashSet::new(),
-            summary: ResultsSummary::default(),
-            sink: &mut sink,
-        };
+        let mut m = Matcher::new(&expected, &mut sink, "key");
         for (i, l) in items.iter().enumerate() {
-            ingest.raw_line(l.as_bytes(), i as u64 + 1);
+            a.raw_line(
+                &mut m,
+                l.as_bytes(),
+                &format!("responses file line {}", i + 1),
+            );
         }
-        let summary = ingest.summary;
+        let summary = m.finish(&BatchState::InProgress);
         (got, summary)
     }
 

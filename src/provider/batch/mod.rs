@@ -11,6 +11,7 @@ pub mod anthropic;
 pub mod gemini;
 pub mod jsonl;
 pub mod openai;
+pub mod results;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -165,9 +166,46 @@ pub struct ResultsSummary {
     pub lines: u64,
     pub delivered: u64,
     pub quarantined: Vec<Quarantined>,
+    /// Quarantined lines past the first `results::MAX_QUARANTINE_KEPT`:
+    /// counted, their reasons not kept.
+    pub quarantined_more: u64,
     /// The stream ended mid-line or early: what was delivered stands; the
-    /// rest must be fetched again.
+    /// rest must be fetched again (and `missing` is not worked out).
     pub cut: bool,
+    /// Expected ids with no result line at all after a whole read of a
+    /// Completed or Failed batch, sorted. The provider said nothing about
+    /// them: the caller decides (run them again, or ask). For an Expired or
+    /// Cancelled batch such ids are never listed here: each is delivered as
+    /// `LineOutcome::NotRun` (and counted in `delivered`).
+    pub missing: Vec<String>,
+}
+
+/// How far before `created_after` every `find` looks, in seconds:
+/// `created_after` is the local clock, compared with the provider's
+/// timestamps, and a local clock running a little fast must not hide the
+/// batch being looked for. A wider window is the safe side: at worst it
+/// makes `Found::Ambiguous` more likely.
+pub const FIND_CLOCK_MARGIN: f64 = 600.0;
+
+/// `builder` with the API key in header `name`, marked sensitive (never
+/// indexed by HTTP/2, `Sensitive` in `Debug`). A key that is no valid header
+/// value is an `Auth` error whose message never holds it.
+#[allow(clippy::result_large_err)] // `ProviderError`, as everywhere in `provider`
+pub(crate) fn with_key_header(
+    builder: reqwest::RequestBuilder,
+    name: &'static str,
+    key: &ApiKey,
+) -> Result<reqwest::RequestBuilder, ProviderError> {
+    let mut value = reqwest::header::HeaderValue::from_str(key.expose()).map_err(|_| {
+        ProviderError {
+            class: super::ErrorClass::Auth,
+            http_status: None,
+            message: "the API key is not a valid HTTP header value (check it for stray whitespace, newlines or non-ASCII characters)".into(),
+            headers: crate::limiter::RateHeaders::default(),
+        }
+    })?;
+    value.set_sensitive(true);
+    Ok(builder.header(name, value))
 }
 
 /// What `find` learned about a submission whose outcome is unknown.
@@ -207,7 +245,9 @@ pub trait BatchProvider: Send + Sync {
     fn poll<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus>;
     /// Stream the results of a terminal batch into `sink`, in any order,
     /// matched by `custom_id` against `expected`. Lines for ids not in
-    /// `expected`, or seen twice, are quarantined.
+    /// `expected`, or seen twice, are quarantined. After a read that was
+    /// not cut, every expected id is accounted for: a line, a `NotRun` for
+    /// an Expired or Cancelled batch, or `ResultsSummary::missing`.
     fn results<'a>(
         &'a self,
         status: &'a BatchStatus,
@@ -218,7 +258,8 @@ pub trait BatchProvider: Send + Sync {
     /// not an error).
     fn cancel<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus>;
     /// Look for a batch created for `tag` (with `request_count` requests, at
-    /// or after `created_after`, unix seconds) whose create answer was lost.
+    /// or after `created_after`, unix seconds by the local clock, less
+    /// `FIND_CLOCK_MARGIN`) whose create answer was lost.
     fn find<'a>(
         &'a self,
         tag: &'a str,
@@ -300,6 +341,26 @@ pub(crate) fn build_batch_with_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_headers_are_marked_sensitive() {
+        let client = reqwest::Client::new();
+        let key = ApiKey::new("k-sensitive-1");
+        for name in ["api-key", "x-api-key", "x-goog-api-key"] {
+            let req = with_key_header(client.get("http://127.0.0.1:9/"), name, &key)
+                .unwrap()
+                .build()
+                .unwrap();
+            let v = &req.headers()[name];
+            assert!(v.is_sensitive(), "{name}");
+            assert_eq!(v.to_str().unwrap(), "k-sensitive-1");
+            assert!(!format!("{req:?}").contains("k-sensitive-1"), "{name}");
+        }
+        let bad = ApiKey::new("k-bad\nkey");
+        let e = with_key_header(client.get("http://127.0.0.1:9/"), "x-api-key", &bad).unwrap_err();
+        assert_eq!(e.class, super::super::ErrorClass::Auth);
+        assert!(!e.message.contains("k-bad"), "{e}");
+    }
 
     #[test]
     fn the_batch_registry_knows_openai_and_azure_only_for_now() {

@@ -26,15 +26,17 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use super::jsonl::{self, Chunk, LineError};
+use super::results::{Matcher, StreamEnd, stream_lines};
 use super::{
     BatchCounts, BatchFuture, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus,
-    Found, LineOutcome, Quarantined, ResultLine, ResultsSummary, SubmitSpec, Submitted,
+    FIND_CLOCK_MARGIN, Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted,
+    with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::openai::{
@@ -225,11 +227,15 @@ impl OpenAiBatch {
         url
     }
 
-    fn authed(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    fn authed(
+        &self,
+        builder: reqwest::RequestBuilder,
+    ) -> Result<reqwest::RequestBuilder, ProviderError> {
         match (&self.flavour, &self.key) {
-            (Flavour::Azure { .. }, Some(k)) => builder.header("api-key", k.expose()),
-            (Flavour::OpenAi, Some(k)) => builder.bearer_auth(k.expose()),
-            (_, None) => builder,
+            (Flavour::Azure { .. }, Some(k)) => with_key_header(builder, "api-key", k),
+            // `bearer_auth` marks the header sensitive itself.
+            (Flavour::OpenAi, Some(k)) => Ok(builder.bearer_auth(k.expose())),
+            (_, None) => Ok(builder),
         }
     }
 
@@ -250,7 +256,7 @@ impl OpenAiBatch {
 
     /// Send; a non-2xx answer is classified like a synchronous one.
     async fn call(&self, builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
-        let raw = crate::provider::exchange(self.authed(builder)).await?;
+        let raw = crate::provider::exchange(self.authed(builder)?).await?;
         if (200..300).contains(&raw.status) {
             Ok(raw)
         } else {
@@ -422,6 +428,11 @@ impl OpenAiBatch {
                 });
             }
         };
+        // `request_counts` is optional: None when the batch has none.
+        let counted = b
+            .request_counts
+            .as_ref()
+            .map(|c| c.completed.saturating_add(c.failed));
         let counts = b.request_counts.unwrap_or_default();
         let counts = BatchCounts {
             total: counts.total,
@@ -430,13 +441,18 @@ impl OpenAiBatch {
         };
         let output_ref = b.output_file_id.filter(|s| !s.is_empty());
         let error_ref = b.error_file_id.filter(|s| !s.is_empty());
-        // Terminal with results counted but no file yet: the output file
-        // arrives after `completed`. Poll again rather than ingest nothing.
-        let results_pending = state.is_terminal()
-            && !matches!(state, BatchState::Failed(_))
-            && output_ref.is_none()
-            && error_ref.is_none()
-            && counts.completed + counts.failed > 0;
+        // Terminal with no file yet: the output file arrives after
+        // `completed`. Poll again rather than ingest nothing: a completed
+        // batch unless its counts say there is nothing (both present and
+        // zero), an expired or cancelled one when its counts say there is
+        // something.
+        let no_files = output_ref.is_none() && error_ref.is_none();
+        let results_pending = no_files
+            && match state {
+                BatchState::Completed => counted != Some(0),
+                BatchState::Expired | BatchState::Cancelled => counted.is_some_and(|n| n > 0),
+                _ => false,
+            };
         Ok(BatchStatus {
             provider_batch_id: b.id,
             state,
@@ -453,48 +469,39 @@ impl OpenAiBatch {
         expected: &HashSet<String>,
         sink: &mut (dyn FnMut(ResultLine) + Send),
     ) -> Result<ResultsSummary, ProviderError> {
-        let mut ingest = Ingest {
-            adapter: self,
-            expected,
-            seen: HashSet::new(),
-            summary: ResultsSummary::default(),
-            sink,
-        };
+        let mut m = Matcher::new(expected, sink, "custom_id");
         for (which, file) in [("output", &status.output_ref), ("error", &status.error_ref)] {
             let Some(file) = file else { continue };
-            match self.stream_file(file, which, &mut ingest).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    ingest.summary.cut = true;
-                    break;
-                }
-                // Nothing delivered yet: the caller retries the whole call.
-                Err(e) if ingest.summary.lines == 0 => return Err(e),
-                Err(e) => {
+            match self.stream_file(file, which, &mut m).await {
+                Ok(StreamEnd::Whole) => continue,
+                Ok(StreamEnd::Cut) => {}
+                // Nothing read yet: the caller retries the whole call.
+                Ok(StreamEnd::Broken(e)) | Err(e) if m.lines() == 0 => return Err(e),
+                Ok(StreamEnd::Broken(e)) | Err(e) => {
+                    let e = self.scrub(e);
                     tracing::warn!(batch = %status.provider_batch_id, "results stream: {e}");
-                    ingest.summary.cut = true;
-                    break;
                 }
             }
+            // Cut: what came before stands; the rest is fetched again.
+            m.set_cut();
+            break;
         }
-        Ok(ingest.summary)
+        Ok(m.finish(&status.state))
     }
 
-    /// Stream one results file into `ingest`. `Ok(false)`: the stream was
-    /// cut (a transport error, or a last fragment that is not a whole
-    /// line); the partial line is not applied.
-    async fn stream_file(
+    /// Stream one results file into `m`.
+    async fn stream_file<'a>(
         &self,
         file_id: &str,
         which: &'static str,
-        ingest: &mut Ingest<'_>,
-    ) -> Result<bool, ProviderError> {
+        m: &mut Matcher<'a>,
+    ) -> Result<StreamEnd, ProviderError> {
         let url = self.url(
             &format!("files/{}/content", crate::provider::path_segment(file_id)),
             &[],
         );
         let response = self
-            .authed(self.client.get(url).timeout(FILE_TIMEOUT))
+            .authed(self.client.get(url).timeout(FILE_TIMEOUT))?
             .send()
             .await
             .map_err(|e| transport_error(&e))?;
@@ -508,46 +515,67 @@ impl OpenAiBatch {
                 .unwrap_or_default();
             return Err(classify_error(status, &bytes, headers));
         }
-        let mut stream = response.bytes_stream();
-        let mut pending: Vec<u8> = Vec::new();
-        let mut file_line = 0u64;
-        while let Some(piece) = stream.next().await {
-            let piece = match piece {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(
-                        file = file_id,
-                        "results stream cut: {}",
-                        transport_error(&e)
-                    );
-                    return Ok(false);
-                }
-            };
-            let mut rest: &[u8] = &piece;
-            while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
-                file_line += 1;
-                if pending.is_empty() {
-                    ingest.line(&rest[..pos], which, file_line);
-                } else {
-                    pending.extend_from_slice(&rest[..pos]);
-                    ingest.line(&pending, which, file_line);
-                    pending.clear();
-                }
-                rest = &rest[pos + 1..];
+        let label = format!("{which} file line");
+        Ok(stream_lines(response, &label, m, |m, raw, at| self.line(m, raw, at)).await)
+    }
+
+    /// One line of an output or error file.
+    fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
+        let parsed: OutputLine = match serde_json::from_slice(raw) {
+            Ok(l) => l,
+            Err(e) => {
+                let reason = format!("{at}: not a result line ({e}); starts {}", preview(raw));
+                return m.unreadable(self.clean(&reason));
             }
-            pending.extend_from_slice(rest);
-        }
-        let last = pending.trim_ascii();
-        if last.is_empty() {
-            return Ok(true);
-        }
-        // No final newline. A whole JSON value is a whole line (files may
-        // end without one); anything else is a line cut short.
-        if serde_json::from_slice::<serde::de::IgnoredAny>(last).is_ok() {
-            ingest.line(last, which, file_line + 1);
-            Ok(true)
+        };
+        m.entry(at, parsed.custom_id, || {
+            match (parsed.response, parsed.error) {
+                (Some(r), _) => Ok(self.response_outcome(r)),
+                (None, Some(e)) => Ok(self.error_outcome(e)),
+                (None, None) => Err("neither response nor error".into()),
+            }
+        });
+    }
+
+    fn response_outcome(&self, r: OutputResponse) -> LineOutcome {
+        let bytes = serde_json::to_vec(&r.body).unwrap_or_default();
+        let result = if r.status_code == 200 {
+            parse_success(&bytes, RateHeaders::default(), r.request_id, 200)
         } else {
-            Ok(false)
+            Err(classify_error(
+                r.status_code,
+                &bytes,
+                RateHeaders::default(),
+            ))
+        };
+        match result {
+            Ok(answer) => LineOutcome::Answer(answer),
+            Err(e) => LineOutcome::Error(self.scrub(e)),
+        }
+    }
+
+    fn error_outcome(&self, e: OutputError) -> LineOutcome {
+        let code = match &e.code {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => String::new(),
+            Some(other) => other.to_string(),
+        };
+        let message = e.message.unwrap_or_default();
+        let text = self.clean(&if code.is_empty() {
+            message
+        } else {
+            format!("{message} [{code}]")
+        });
+        // Never run: the window closed or the batch was cancelled first.
+        if code.contains("expired") || code.contains("cancel") {
+            LineOutcome::NotRun(text)
+        } else {
+            LineOutcome::Error(ProviderError {
+                class: ErrorClass::Transient,
+                http_status: None,
+                message: text,
+                headers: RateHeaders::default(),
+            })
         }
     }
 
@@ -576,8 +604,9 @@ impl OpenAiBatch {
         created_after: f64,
         request_count: usize,
     ) -> Result<Found, ProviderError> {
-        let mut exact = Vec::new();
-        let mut tag_only = Vec::new();
+        let since = created_after - FIND_CLOCK_MARGIN;
+        let azure = matches!(self.flavour, Flavour::Azure { .. });
+        let (mut exact, mut tag_only, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
         let mut after: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
             let mut query = vec![("limit", "100")];
@@ -592,15 +621,16 @@ impl OpenAiBatch {
                 )
                 .await?;
             let page: ListObject = parse_json(&raw, "batch list")?;
-            page.matches(tag, created_after, request_count, &mut exact, &mut tag_only);
+            page.matches(tag, since, request_count, &mut exact, &mut tag_only);
+            if azure {
+                page.without_metadata(since, &mut unknown);
+            }
             // Listed newest first: once the page's last batch is older than
             // the window, so is everything after it.
             let last = page.data.last();
-            let older = last
-                .and_then(|b| b.created_at)
-                .is_some_and(|t| t < created_after);
+            let older = last.and_then(|b| b.created_at).is_some_and(|t| t < since);
             if older || !page.has_more || last.is_none() {
-                return Ok(verdict(exact, tag_only));
+                return Ok(verdict(exact, tag_only, unknown));
             }
             after = page.last_id.clone().or_else(|| last.map(|b| b.id.clone()));
         }
@@ -678,111 +708,6 @@ impl BatchProvider for OpenAiBatch {
                 .await
                 .map_err(|e| self.scrub(e))
         })
-    }
-}
-
-/// Matching result lines to requests while a results stream is read.
-struct Ingest<'a> {
-    adapter: &'a OpenAiBatch,
-    expected: &'a HashSet<String>,
-    seen: HashSet<String>,
-    summary: ResultsSummary,
-    sink: &'a mut (dyn FnMut(ResultLine) + Send),
-}
-
-impl Ingest<'_> {
-    fn quarantine(&mut self, custom_id: Option<String>, reason: String) {
-        self.summary.quarantined.push(Quarantined {
-            line: self.summary.lines,
-            custom_id,
-            reason,
-        });
-    }
-
-    fn line(&mut self, raw: &[u8], which: &str, file_line: u64) {
-        let raw = raw.trim_ascii();
-        if raw.is_empty() {
-            return;
-        }
-        self.summary.lines += 1;
-        let parsed: OutputLine = match serde_json::from_slice(raw) {
-            Ok(l) => l,
-            Err(e) => {
-                let reason = format!(
-                    "{which} file line {file_line}: not a result line ({e}); starts {}",
-                    preview(raw)
-                );
-                let reason = self.adapter.clean(&reason);
-                return self.quarantine(None, reason);
-            }
-        };
-        let Some(id) = parsed.custom_id.filter(|s| !s.is_empty()) else {
-            return self.quarantine(None, format!("{which} file line {file_line}: no custom_id"));
-        };
-        if !self.expected.contains(&id) {
-            let reason = format!("{which} file line {file_line}: unknown custom_id");
-            return self.quarantine(Some(id), reason);
-        }
-        if self.seen.contains(&id) {
-            let reason = format!("{which} file line {file_line}: second result for this custom_id");
-            return self.quarantine(Some(id), reason);
-        }
-        let outcome = match (parsed.response, parsed.error) {
-            (Some(r), _) => self.response_outcome(r),
-            (None, Some(e)) => self.error_outcome(e),
-            (None, None) => {
-                let reason = format!("{which} file line {file_line}: neither response nor error");
-                return self.quarantine(Some(id), reason);
-            }
-        };
-        self.seen.insert(id.clone());
-        self.summary.delivered += 1;
-        (self.sink)(ResultLine {
-            custom_id: id,
-            outcome,
-        });
-    }
-
-    fn response_outcome(&self, r: OutputResponse) -> LineOutcome {
-        let bytes = serde_json::to_vec(&r.body).unwrap_or_default();
-        let result = if r.status_code == 200 {
-            parse_success(&bytes, RateHeaders::default(), r.request_id, 200)
-        } else {
-            Err(classify_error(
-                r.status_code,
-                &bytes,
-                RateHeaders::default(),
-            ))
-        };
-        match result {
-            Ok(answer) => LineOutcome::Answer(answer),
-            Err(e) => LineOutcome::Error(self.adapter.scrub(e)),
-        }
-    }
-
-    fn error_outcome(&self, e: OutputError) -> LineOutcome {
-        let code = match &e.code {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Null) | None => String::new(),
-            Some(other) => other.to_string(),
-        };
-        let message = e.message.unwrap_or_default();
-        let text = self.adapter.clean(&if code.is_empty() {
-            message
-        } else {
-            format!("{message} [{code}]")
-        });
-        // Never run: the window closed or the batch was cancelled first.
-        if code.contains("expired") || code.contains("cancel") {
-            LineOutcome::NotRun(text)
-        } else {
-            LineOutcome::Error(ProviderError {
-                class: ErrorClass::Transient,
-                http_status: None,
-                message: text,
-                headers: RateHeaders::default(),
-            })
-        }
     }
 }
 
@@ -932,14 +857,32 @@ impl ListObject {
             }
         }
     }
+
+    /// Batches on this page at or after `created_after` with no metadata at
+    /// all (missing, null or empty): whether one is ours cannot be checked.
+    fn without_metadata(&self, created_after: f64, unknown: &mut Vec<String>) {
+        for b in &self.data {
+            if b.created_at.is_some_and(|t| t < created_after) {
+                continue;
+            }
+            if b.metadata.as_ref().is_none_or(Map::is_empty) {
+                unknown.push(b.id.clone());
+            }
+        }
+    }
 }
 
 /// One exact match is ours; none at all is safe to submit; anything else
-/// (several, or our tag with another count) cannot be told apart.
-fn verdict(mut exact: Vec<String>, tag_only: Vec<String>) -> Found {
-    match (exact.len(), tag_only.len()) {
-        (0, 0) => Found::None,
-        (1, 0) => Found::One(exact.remove(0)),
+/// (several, or our tag with another count) cannot be told apart. `unknown`
+/// are batches with no metadata to check (an Azure api-version that drops
+/// it): any of them could be ours, so with no match they are Ambiguous,
+/// never None (beside one exact match, metadata is evidently kept, and they
+/// are someone else's).
+fn verdict(mut exact: Vec<String>, tag_only: Vec<String>, unknown: Vec<String>) -> Found {
+    match (exact.len(), tag_only.len(), unknown.len()) {
+        (0, 0, 0) => Found::None,
+        (1, 0, _) => Found::One(exact.remove(0)),
+        (0, 0, _) => Found::Ambiguous(unknown),
         _ => Found::Ambiguous(exact.into_iter().chain(tag_only).collect()),
     }
 }
@@ -1150,17 +1093,14 @@ mod tests {
         let expected: HashSet<String> = expected.iter().map(|s| s.to_string()).collect();
         let mut got = Vec::new();
         let mut sink = |l: ResultLine| got.push(l);
-        let mut ingest = Ingest {
-            adapter: &adapter,
-            expected: &expected,
-            seen: HashSet::new(),
-            summary: ResultsSummary::default(),
-            sink: &mut sink,
-        };
+        let mut m = Matcher::new(&expected, &mut sink, "custom_id");
         for (i, l) in lines.iter().enumerate() {
-            ingest.line(l.as_bytes(), "output", i as u64 + 1);
+            if !l.trim().is_empty() {
+                adapter.line(&mut m, l.as_bytes(), &format!("output file line {}", i + 1));
+            }
         }
-        let summary = ingest.summary;
+        // Not terminal: nothing is made up for ids with no line.
+        let summary = m.finish(&BatchState::InProgress);
         (got, summary)
     }
 
@@ -1249,7 +1189,7 @@ mod tests {
         let run = |tag: &str, after: f64, n: usize| {
             let (mut exact, mut tag_only) = (Vec::new(), Vec::new());
             list.matches(tag, after, n, &mut exact, &mut tag_only);
-            verdict(exact, tag_only)
+            verdict(exact, tag_only, Vec::new())
         };
         assert_eq!(run("b-42", 1711471500.0, 10), Found::One("batch_3".into()));
         // batch_1 is before the window unless the window reaches back.
@@ -1263,6 +1203,46 @@ mod tests {
             run("b-42", 1711471500.0, 11),
             Found::Ambiguous(vec!["batch_3".into()])
         );
+        // Azure: batch_0 has no metadata and could be ours. Beside no match
+        // it is Ambiguous, never None; beside our one match, it is not ours.
+        let mut unknown = Vec::new();
+        list.without_metadata(1711471500.0, &mut unknown);
+        assert_eq!(unknown, vec!["batch_0"]);
+        assert_eq!(
+            verdict(Vec::new(), Vec::new(), unknown.clone()),
+            Found::Ambiguous(vec!["batch_0".into()])
+        );
+        assert_eq!(
+            verdict(vec!["batch_3".into()], Vec::new(), unknown),
+            Found::One("batch_3".into())
+        );
+        let mut unknown = Vec::new();
+        list.without_metadata(1711472200.0, &mut unknown);
+        assert!(unknown.is_empty(), "outside the window");
+    }
+
+    #[test]
+    fn a_completed_batch_without_counts_or_files_is_pending() {
+        // request_counts is optional: without it, results may still come.
+        let s = batch(&batch_json("completed", r#","request_counts":null"#));
+        assert!(s.results_pending);
+        // Counted and both zero: nothing will come.
+        let s = batch(&batch_json(
+            "completed",
+            r#","request_counts":{"total":0,"completed":0,"failed":0}"#,
+        ));
+        assert!(!s.results_pending);
+        // Counts that would wrap a u64 do not read as zero.
+        let s = batch(&batch_json(
+            "completed",
+            r#","request_counts":{"total":1,"completed":18446744073709551615,"failed":1}"#,
+        ));
+        assert!(s.results_pending);
+        let s = batch(&batch_json(
+            "expired",
+            r#","request_counts":{"total":2,"completed":18446744073709551615,"failed":1}"#,
+        ));
+        assert!(s.results_pending);
     }
 
     #[test]
