@@ -41,9 +41,8 @@ use serde_json::{Value, json};
 use super::jsonl::{self, Chunk, LineError};
 use super::results::{Matcher, StreamEnd, stream_lines};
 use super::{
-    BatchCounts, BatchFuture, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus,
-    FIND_CLOCK_MARGIN, Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted,
-    with_key_header,
+    BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
+    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::gemini::{classify_error, parse_success, request_body};
@@ -624,6 +623,12 @@ impl GeminiBatch {
         LineOutcome::Error(self.scrub(err))
     }
 
+    async fn poll_inner(&self, provider_batch_id: &str) -> Result<BatchStatus, ProviderError> {
+        self.get_op(provider_batch_id)
+            .await
+            .and_then(|op| self.status_of(&op))
+    }
+
     async fn cancel_inner(&self, name: &str) -> Result<BatchStatus, ProviderError> {
         let sent = self
             .call(
@@ -714,52 +719,7 @@ impl BatchProvider for GeminiBatch {
         jsonl::split(lines, self.limits, |l| self.encode_line(l))
     }
 
-    fn submit<'a>(&'a self, spec: SubmitSpec<'a>) -> BatchFuture<'a, Submitted> {
-        Box::pin(async move { self.submit_inner(&spec).await.map_err(|e| self.scrub(e)) })
-    }
-
-    fn poll<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus> {
-        Box::pin(async move {
-            self.get_op(provider_batch_id)
-                .await
-                .and_then(|op| self.status_of(&op))
-                .map_err(|e| self.scrub(e))
-        })
-    }
-
-    fn results<'a>(
-        &'a self,
-        status: &'a BatchStatus,
-        expected: &'a HashSet<String>,
-        sink: &'a mut (dyn FnMut(ResultLine) + Send),
-    ) -> BatchFuture<'a, ResultsSummary> {
-        Box::pin(async move {
-            self.results_inner(status, expected, sink)
-                .await
-                .map_err(|e| self.scrub(e))
-        })
-    }
-
-    fn cancel<'a>(&'a self, provider_batch_id: &'a str) -> BatchFuture<'a, BatchStatus> {
-        Box::pin(async move {
-            self.cancel_inner(provider_batch_id)
-                .await
-                .map_err(|e| self.scrub(e))
-        })
-    }
-
-    fn find<'a>(
-        &'a self,
-        tag: &'a str,
-        created_after: f64,
-        request_count: usize,
-    ) -> BatchFuture<'a, Found> {
-        Box::pin(async move {
-            self.find_inner(tag, created_after, request_count)
-                .await
-                .map_err(|e| self.scrub(e))
-        })
-    }
+    scrubbed_batch_calls!();
 }
 
 /// The first of `keys` present (camelCase, then the proto snake_case).

@@ -7,6 +7,69 @@
 //! moment `submit` returns, and on resume calls `find` for a batch with no
 //! provider id before anything is submitted again.
 
+/// The boxing and key scrubbing every adapter's trait methods share. An
+/// adapter has async `submit_inner`, `poll_inner`, `results_inner`,
+/// `cancel_inner` and `find_inner` plus `scrub`; this writes the trait's
+/// five calls over them, so no error leaves an adapter unscrubbed.
+macro_rules! scrubbed_batch_calls {
+    () => {
+        fn submit<'a>(
+            &'a self,
+            spec: $crate::provider::batch::SubmitSpec<'a>,
+        ) -> $crate::provider::batch::BatchFuture<'a, $crate::provider::batch::Submitted> {
+            Box::pin(async move { self.submit_inner(&spec).await.map_err(|e| self.scrub(e)) })
+        }
+
+        fn poll<'a>(
+            &'a self,
+            provider_batch_id: &'a str,
+        ) -> $crate::provider::batch::BatchFuture<'a, $crate::provider::batch::BatchStatus> {
+            Box::pin(async move {
+                self.poll_inner(provider_batch_id)
+                    .await
+                    .map_err(|e| self.scrub(e))
+            })
+        }
+
+        fn results<'a>(
+            &'a self,
+            status: &'a $crate::provider::batch::BatchStatus,
+            expected: &'a std::collections::HashSet<String>,
+            sink: &'a mut (dyn FnMut($crate::provider::batch::ResultLine) + Send),
+        ) -> $crate::provider::batch::BatchFuture<'a, $crate::provider::batch::ResultsSummary> {
+            Box::pin(async move {
+                self.results_inner(status, expected, sink)
+                    .await
+                    .map_err(|e| self.scrub(e))
+            })
+        }
+
+        fn cancel<'a>(
+            &'a self,
+            provider_batch_id: &'a str,
+        ) -> $crate::provider::batch::BatchFuture<'a, $crate::provider::batch::BatchStatus> {
+            Box::pin(async move {
+                self.cancel_inner(provider_batch_id)
+                    .await
+                    .map_err(|e| self.scrub(e))
+            })
+        }
+
+        fn find<'a>(
+            &'a self,
+            tag: &'a str,
+            created_after: f64,
+            request_count: usize,
+        ) -> $crate::provider::batch::BatchFuture<'a, $crate::provider::batch::Found> {
+            Box::pin(async move {
+                self.find_inner(tag, created_after, request_count)
+                    .await
+                    .map_err(|e| self.scrub(e))
+            })
+        }
+    };
+}
+
 pub mod anthropic;
 pub mod gemini;
 pub mod jsonl;
