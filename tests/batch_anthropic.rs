@@ -3,126 +3,36 @@
 //! issue names, with the mock's clock compressed to seconds and the adapter
 //! polling at the mock's pace.
 
-use std::collections::HashSet;
-use std::time::{Duration, Instant};
+mod support;
 
-use docket::mock::{MockConfig, MockServer};
+use std::time::Duration;
+
+use docket::mock::MockServer;
 use docket::provider::batch::anthropic::{self, AnthropicBatch};
 use docket::provider::batch::{
-    BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN, Found, LineOutcome,
-    ResultLine, ResultsSummary, SubmitSpec,
+    BatchLine, BatchProvider, BatchState, FIND_CLOCK_MARGIN, Found, LineOutcome,
 };
-use docket::provider::{ApiKey, ChatRequest, ErrorClass};
+use docket::provider::{ApiKey, ErrorClass};
+use support::batch::{
+    assert_answers_follow_the_schema, collect, mock, settle, settle_seeing_pending, submit_refused,
+    tally, unique, within,
+};
 
 const N: usize = 40;
 const MODEL: &str = "claude-haiku-4-5";
 
-async fn mock(tweak: impl FnOnce(&mut MockConfig)) -> MockServer {
-    let mut cfg = MockConfig {
-        batch_validating_ms: 100,
-        batch_running_ms: 600,
-        batch_finalizing_ms: 100,
-        ..Default::default()
-    };
-    tweak(&mut cfg);
-    MockServer::start(cfg, "127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("mock")
+fn lines(tag: &str, n: usize) -> Vec<BatchLine> {
+    support::batch::lines(MODEL, "You are an adjudicator.", tag, n)
 }
 
-fn lines(tag: &str, n: usize) -> Vec<BatchLine> {
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}},
-        "required": ["answer", "confidence"],
-        "additionalProperties": false
-    });
-    (0..n)
-        .map(|i| BatchLine {
-            custom_id: format!("{tag}-{i}-1"),
-            request: ChatRequest {
-                model: MODEL.into(),
-                system: Some("You are an adjudicator.".into()),
-                user: format!("Item {i}: which release is this?"),
-                max_tokens: 200,
-                temperature: Some(0.0),
-                response_schema: Some(std::sync::Arc::new(("adjudicate".into(), schema.clone()))),
-                client_request_id: format!("{tag}-{i}-1"),
-                timeout: Duration::from_secs(10),
-            },
-        })
-        .collect()
+async fn submit(b: &dyn BatchProvider, tag: &str, batch: &[BatchLine]) -> String {
+    support::batch::submit(b, MODEL, tag, batch).await
 }
 
 fn adapter(m: &MockServer) -> AnthropicBatch {
     AnthropicBatch::new(&m.base_url(), ApiKey::new("sk-ant-batch-test"))
         .unwrap()
         .with_cadence(anthropic::fast())
-}
-
-async fn submit(b: &AnthropicBatch, tag: &str, batch: &[BatchLine]) -> String {
-    b.submit(SubmitSpec {
-        tag,
-        model: MODEL,
-        lines: batch,
-    })
-    .await
-    .expect("submit")
-    .provider_batch_id
-}
-
-/// Poll until the batch is terminal with its results in place.
-async fn settle(b: &dyn BatchProvider, id: &str) -> (BatchStatus, Vec<String>) {
-    let started = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let s = b.poll(id).await.expect("poll");
-        if seen.last() != Some(&s.state.as_str().to_string()) {
-            seen.push(s.state.as_str().to_string());
-        }
-        if s.state.is_terminal() && !s.results_pending {
-            return (s, seen);
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "stuck: {seen:?}"
-        );
-        let wait = b
-            .poll_after(&s.state, started.elapsed())
-            .max(Duration::from_millis(20));
-        tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
-    }
-}
-
-async fn collect(
-    b: &dyn BatchProvider,
-    status: &BatchStatus,
-    batch: &[BatchLine],
-) -> (Vec<ResultLine>, ResultsSummary) {
-    let expected: HashSet<String> = batch.iter().map(|l| l.custom_id.clone()).collect();
-    let mut got = Vec::new();
-    let summary = b
-        .results(status, &expected, &mut |l| got.push(l))
-        .await
-        .expect("results");
-    (got, summary)
-}
-
-fn tally(lines: &[ResultLine]) -> (usize, usize, usize) {
-    let mut t = (0, 0, 0);
-    for l in lines {
-        match &l.outcome {
-            LineOutcome::Answer(_) => t.0 += 1,
-            LineOutcome::Error(_) => t.1 += 1,
-            LineOutcome::NotRun(_) => t.2 += 1,
-        }
-    }
-    t
-}
-
-fn unique(lines: &[ResultLine]) -> bool {
-    let ids: HashSet<&str> = lines.iter().map(|l| l.custom_id.as_str()).collect();
-    ids.len() == lines.len()
 }
 
 #[tokio::test]
@@ -147,13 +57,11 @@ async fn a_normal_batch_answers_every_line_once() {
     let (got, summary) = collect(&b, &status, &batch).await;
     assert_eq!(tally(&got), (N, 0, 0));
     assert!(unique(&got) && summary.quarantined.is_empty() && !summary.cut);
+    assert_answers_follow_the_schema(&got);
     for l in &got {
         let LineOutcome::Answer(a) = &l.outcome else {
             unreachable!()
         };
-        let v: serde_json::Value = serde_json::from_str(a.content.as_deref().unwrap()).unwrap();
-        assert!(v.get("confidence").is_some(), "schema followed: {v}");
-        assert!(a.usage.is_some_and(|u| u.input_tokens > 0));
         assert_eq!(a.model.as_deref(), Some(MODEL));
     }
     // Shuffled: not in submission order.
@@ -266,20 +174,7 @@ async fn results_late_after_ended_are_waited_for() {
     let b = adapter(&m);
     let batch = lines("late", N);
     let id = submit(&b, "late", &batch).await;
-    let started = Instant::now();
-    let mut saw_pending = false;
-    let status = loop {
-        let s = b.poll(&id).await.unwrap();
-        if s.state == BatchState::Completed && s.results_pending {
-            saw_pending = true;
-            assert!(s.output_ref.is_none());
-        }
-        if s.state.is_terminal() && !s.results_pending {
-            break s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (status, saw_pending) = settle_seeing_pending(&b, &id).await;
     assert!(
         saw_pending,
         "ended without results_url was seen and not ingested"
@@ -306,8 +201,7 @@ async fn a_results_stream_cut_mid_line_is_reported_and_fetched_again() {
     let (second, summary) = collect(&b, &status, &batch).await;
     assert!(!summary.cut);
     assert_eq!(tally(&second), (N, 0, 0));
-    let all: HashSet<&str> = second.iter().map(|l| l.custom_id.as_str()).collect();
-    assert!(first.iter().all(|l| all.contains(l.custom_id.as_str())));
+    assert!(within(&first, &second));
 }
 
 #[tokio::test]
@@ -324,14 +218,7 @@ async fn a_lost_create_answer_is_found_again_by_time_and_count() {
     cfg.batch_lose_create = 1;
     m.set_config(cfg);
     let batch = lines("lost", N);
-    let err = b
-        .submit(SubmitSpec {
-            tag: "lost",
-            model: MODEL,
-            lines: &batch,
-        })
-        .await
-        .expect_err("the create answer is lost");
+    let err = submit_refused(&b, MODEL, "lost", &batch, "the create answer is lost").await;
     assert!(err.class.is_retryable(), "{err}");
     assert_eq!(m.stats().batches_created, 2, "the batch was made");
     // The batch exists at the provider: find it instead of submitting again.
@@ -476,14 +363,7 @@ async fn the_enqueued_limit_refuses_a_create_with_a_429() {
     .await;
     let b = adapter(&m);
     submit(&b, "q1", &lines("q1", N)).await;
-    let e = b
-        .submit(SubmitSpec {
-            tag: "q2",
-            model: MODEL,
-            lines: &lines("q2", N),
-        })
-        .await
-        .expect_err("over the queue limit");
+    let e = submit_refused(&b, MODEL, "q2", &lines("q2", N), "over the queue limit").await;
     assert_eq!(e.class, ErrorClass::RateLimited, "{e}");
     assert!(e.headers.retry_after.is_some(), "{e:?}");
     assert_eq!(

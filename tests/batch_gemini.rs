@@ -4,56 +4,29 @@
 //! found by display name, the enqueued-token limit, and the key kept out of
 //! every URL.
 
-use std::collections::HashSet;
-use std::time::{Duration, Instant};
+mod support;
 
-use docket::mock::{MockConfig, MockServer};
+use docket::mock::MockServer;
 use docket::provider::batch::gemini::{GeminiBatch, INLINE_REF, PollCadence};
 use docket::provider::batch::{
-    BatchLine, BatchProvider, BatchState, BatchStatus, Found, LineOutcome, ResultLine,
-    ResultsSummary, SubmitSpec,
+    BatchLine, BatchProvider, BatchState, Found, LineOutcome, SubmitSpec,
 };
-use docket::provider::{ApiKey, ChatRequest, ErrorClass};
+use docket::provider::{ApiKey, ErrorClass};
+use support::batch::{
+    assert_answers_follow_the_schema, collect, find_the_lost_one, mock, settle,
+    settle_seeing_pending, submit_refused, tally, unique, wait_until_some_completed, within,
+};
 
 const N: usize = 40;
 const MODEL: &str = "gemini-2.5-flash";
 const KEY: &str = "AIzaGeminiBatchCanary-123";
 
-async fn mock(tweak: impl FnOnce(&mut MockConfig)) -> MockServer {
-    let mut cfg = MockConfig {
-        batch_validating_ms: 100,
-        batch_running_ms: 600,
-        batch_finalizing_ms: 100,
-        ..Default::default()
-    };
-    tweak(&mut cfg);
-    MockServer::start(cfg, "127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("mock")
+fn lines(tag: &str, n: usize) -> Vec<BatchLine> {
+    support::batch::lines(MODEL, "Answer in JSON.", tag, n)
 }
 
-fn lines(tag: &str, n: usize) -> Vec<BatchLine> {
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}},
-        "required": ["answer", "confidence"],
-        "additionalProperties": false
-    });
-    (0..n)
-        .map(|i| BatchLine {
-            custom_id: format!("{tag}-{i}-1"),
-            request: ChatRequest {
-                model: MODEL.into(),
-                system: Some("Answer in JSON.".into()),
-                user: format!("Item {i}: which release is this?"),
-                max_tokens: 200,
-                temperature: Some(0.0),
-                response_schema: Some(std::sync::Arc::new(("adjudicate".into(), schema.clone()))),
-                client_request_id: format!("{tag}-{i}-1"),
-                timeout: Duration::from_secs(10),
-            },
-        })
-        .collect()
+async fn submit(b: &dyn BatchProvider, tag: &str, batch: &[BatchLine]) -> String {
+    support::batch::submit(b, MODEL, tag, batch).await
 }
 
 fn root(m: &MockServer) -> String {
@@ -69,81 +42,6 @@ fn gemini(m: &MockServer) -> GeminiBatch {
 /// Forced through the Files API: nothing fits inline.
 fn gemini_file(m: &MockServer) -> GeminiBatch {
     gemini(m).with_inline_limit(1_000)
-}
-
-async fn submit(b: &GeminiBatch, tag: &str, batch: &[BatchLine]) -> String {
-    b.submit(SubmitSpec {
-        tag,
-        model: MODEL,
-        lines: batch,
-    })
-    .await
-    .expect("submit")
-    .provider_batch_id
-}
-
-async fn settle(b: &dyn BatchProvider, id: &str) -> (BatchStatus, Vec<String>) {
-    let started = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let s = b.poll(id).await.expect("poll");
-        if seen.last() != Some(&s.state.as_str().to_string()) {
-            seen.push(s.state.as_str().to_string());
-        }
-        if s.state.is_terminal() && !s.results_pending {
-            return (s, seen);
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "stuck: {seen:?}"
-        );
-        let wait = b
-            .poll_after(&s.state, started.elapsed())
-            .max(Duration::from_millis(20));
-        tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
-    }
-}
-
-async fn collect(
-    b: &dyn BatchProvider,
-    status: &BatchStatus,
-    batch: &[BatchLine],
-) -> (Vec<ResultLine>, ResultsSummary) {
-    let expected: HashSet<String> = batch.iter().map(|l| l.custom_id.clone()).collect();
-    let mut got = Vec::new();
-    let summary = b
-        .results(status, &expected, &mut |l| got.push(l))
-        .await
-        .expect("results");
-    (got, summary)
-}
-
-fn tally(lines: &[ResultLine]) -> (usize, usize, usize) {
-    let mut t = (0, 0, 0);
-    for l in lines {
-        match &l.outcome {
-            LineOutcome::Answer(_) => t.0 += 1,
-            LineOutcome::Error(_) => t.1 += 1,
-            LineOutcome::NotRun(_) => t.2 += 1,
-        }
-    }
-    t
-}
-
-fn unique(lines: &[ResultLine]) -> bool {
-    let ids: HashSet<&str> = lines.iter().map(|l| l.custom_id.as_str()).collect();
-    ids.len() == lines.len()
-}
-
-fn assert_answers_follow_the_schema(got: &[ResultLine]) {
-    for l in got {
-        let LineOutcome::Answer(a) = &l.outcome else {
-            panic!("{l:?}")
-        };
-        let v: serde_json::Value = serde_json::from_str(a.content.as_deref().unwrap()).unwrap();
-        assert!(v.get("confidence").is_some(), "schema followed: {v}");
-        assert!(a.usage.is_some_and(|u| u.input_tokens > 0));
-    }
 }
 
 /// No request carried the key in its URL, and the key is nowhere in the log.
@@ -269,15 +167,7 @@ async fn cancel_is_idempotent_and_keeps_what_finished() {
     let b = gemini(&m);
     let batch = lines("cancel", N);
     let id = submit(&b, "cancel", &batch).await;
-    let started = Instant::now();
-    loop {
-        let s = b.poll(&id).await.unwrap();
-        if s.state == BatchState::InProgress && s.counts.completed > 0 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_some_completed(&b, &id).await;
     let first = b.cancel(&id).await.expect("cancel");
     assert_eq!(first.state, BatchState::Cancelling);
     let again = b.cancel(&id).await.expect("cancel again");
@@ -315,20 +205,7 @@ async fn results_late_after_succeeded_are_waited_for() {
     let b = gemini(&m);
     let batch = lines("late", N);
     let id = submit(&b, "late", &batch).await;
-    let started = Instant::now();
-    let mut saw_pending = false;
-    let status = loop {
-        let s = b.poll(&id).await.unwrap();
-        if s.state == BatchState::Completed && s.results_pending {
-            saw_pending = true;
-            assert!(s.output_ref.is_none());
-        }
-        if s.state.is_terminal() && !s.results_pending {
-            break s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (status, saw_pending) = settle_seeing_pending(&b, &id).await;
     assert!(
         saw_pending,
         "succeeded without results was seen and waited on"
@@ -350,8 +227,7 @@ async fn a_cut_responses_file_is_reported_and_fetched_again() {
     let (second, summary) = collect(&b, &status, &batch).await;
     assert!(!summary.cut);
     assert_eq!(tally(&second), (N, 0, 0));
-    let all: HashSet<&str> = second.iter().map(|l| l.custom_id.as_str()).collect();
-    assert!(first.iter().all(|l| all.contains(l.custom_id.as_str())));
+    assert!(within(&first, &second));
 }
 
 #[tokio::test]
@@ -367,28 +243,10 @@ async fn a_lost_create_is_found_by_display_name_and_never_resubmitted() {
     m.set_config(cfg);
     let batch = lines("lost", N);
     let before = docket::ledger::now_ts() - 1.0;
-    let err = b
-        .submit(SubmitSpec {
-            tag: "lost",
-            model: MODEL,
-            lines: &batch,
-        })
-        .await
-        .expect_err("the create answer is lost");
+    let err = submit_refused(&b, MODEL, "lost", &batch, "the create answer is lost").await;
     assert!(err.class.is_retryable(), "{err}");
-    let Found::One(id) = b.find("lost", before, N).await.expect("find") else {
-        panic!("expected exactly one")
-    };
-    // A local clock a few seconds fast: the batch still counts.
-    let fast = docket::ledger::now_ts() + 5.0;
-    assert_eq!(
-        b.find("lost", fast, N).await.unwrap(),
-        Found::One(id.clone())
-    );
-    assert_eq!(
-        b.find("someone-else", before, N).await.unwrap(),
-        Found::None
-    );
+    // Exactly one, also by a clock a few seconds fast; none for another tag.
+    let id = find_the_lost_one(&b, "lost", before, N).await;
     // Our name with another count cannot be told apart: never guessed safe.
     assert!(matches!(
         b.find("lost", before, N + 1).await.unwrap(),
@@ -410,14 +268,7 @@ async fn the_enqueued_token_limit_refuses_the_create() {
     let m = mock(|c| c.batch_enqueued_token_limit = 50).await;
     let b = gemini(&m);
     let batch = lines("tokens", N);
-    let err = b
-        .submit(SubmitSpec {
-            tag: "tokens",
-            model: MODEL,
-            lines: &batch,
-        })
-        .await
-        .expect_err("over the enqueued-token limit");
+    let err = submit_refused(&b, MODEL, "tokens", &batch, "over the enqueued-token limit").await;
     assert_eq!(err.class, ErrorClass::RateLimited, "{err}");
     assert_eq!(err.http_status, Some(429));
     assert!(err.message.contains("RESOURCE_EXHAUSTED"), "{err}");

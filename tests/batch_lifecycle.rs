@@ -3,54 +3,28 @@
 //! the mock's clock compressed to seconds and the adapter polling at the
 //! mock's pace.
 
-use std::collections::HashSet;
-use std::time::{Duration, Instant};
+mod support;
 
 use docket::mock::{MockConfig, MockServer};
 use docket::provider::batch::openai::{OpenAiBatch, PollCadence};
 use docket::provider::batch::{
-    BatchLine, BatchProvider, BatchState, BatchStatus, Found, LineOutcome, ResultLine,
-    ResultsSummary, SubmitSpec,
+    BatchLine, BatchProvider, BatchState, LineOutcome, ResultLine, ResultsSummary,
 };
-use docket::provider::{ApiKey, ChatRequest, ErrorClass};
+use docket::provider::{ApiKey, ErrorClass};
+use support::batch::{
+    assert_answers_follow_the_schema, collect, find_the_lost_one, mock, settle,
+    settle_seeing_pending, submit_refused, tally, unique, wait_until_some_completed, within,
+};
 
 const N: usize = 40;
-
-async fn mock(tweak: impl FnOnce(&mut MockConfig)) -> MockServer {
-    let mut cfg = MockConfig {
-        batch_validating_ms: 100,
-        batch_running_ms: 600,
-        batch_finalizing_ms: 100,
-        ..Default::default()
-    };
-    tweak(&mut cfg);
-    MockServer::start(cfg, "127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("mock")
-}
+const MODEL: &str = "gpt-4o-mini";
 
 fn lines(tag: &str, n: usize) -> Vec<BatchLine> {
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}},
-        "required": ["answer", "confidence"],
-        "additionalProperties": false
-    });
-    (0..n)
-        .map(|i| BatchLine {
-            custom_id: format!("{tag}-{i}-1"),
-            request: ChatRequest {
-                model: "gpt-4o-mini".into(),
-                system: Some("Answer in JSON.".into()),
-                user: format!("Item {i}: which release is this?"),
-                max_tokens: 200,
-                temperature: Some(0.0),
-                response_schema: Some(std::sync::Arc::new(("adjudicate".into(), schema.clone()))),
-                client_request_id: format!("{tag}-{i}-1"),
-                timeout: Duration::from_secs(10),
-            },
-        })
-        .collect()
+    support::batch::lines(MODEL, "Answer in JSON.", tag, n)
+}
+
+async fn submit(b: &dyn BatchProvider, tag: &str, batch: &[BatchLine]) -> String {
+    support::batch::submit(b, MODEL, tag, batch).await
 }
 
 fn openai(m: &MockServer) -> OpenAiBatch {
@@ -59,58 +33,20 @@ fn openai(m: &MockServer) -> OpenAiBatch {
         .with_cadence(PollCadence::fast())
 }
 
-/// Poll until the batch is terminal with its results in place.
-async fn settle(b: &dyn BatchProvider, id: &str) -> (BatchStatus, Vec<String>) {
-    let started = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let s = b.poll(id).await.expect("poll");
-        if seen.last() != Some(&s.state.as_str().to_string()) {
-            seen.push(s.state.as_str().to_string());
-        }
-        if s.state.is_terminal() && !s.results_pending {
-            return (s, seen);
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "stuck: {seen:?}"
-        );
-        let wait = b
-            .poll_after(&s.state, started.elapsed())
-            .max(Duration::from_millis(20));
-        tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
-    }
-}
-
-async fn collect(
-    b: &dyn BatchProvider,
-    status: &BatchStatus,
-    batch: &[BatchLine],
+/// `N` lines under `tag`, on a mock tweaked by `tweak`, polled until they
+/// have ended (checked to be in `state`): what reading the results brought.
+async fn run_until_ended(
+    tweak: impl FnOnce(&mut MockConfig),
+    tag: &str,
+    state: BatchState,
 ) -> (Vec<ResultLine>, ResultsSummary) {
-    let expected: HashSet<String> = batch.iter().map(|l| l.custom_id.clone()).collect();
-    let mut got = Vec::new();
-    let summary = b
-        .results(status, &expected, &mut |l| got.push(l))
-        .await
-        .expect("results");
-    (got, summary)
-}
-
-fn tally(lines: &[ResultLine]) -> (usize, usize, usize) {
-    let mut t = (0, 0, 0);
-    for l in lines {
-        match &l.outcome {
-            LineOutcome::Answer(_) => t.0 += 1,
-            LineOutcome::Error(_) => t.1 += 1,
-            LineOutcome::NotRun(_) => t.2 += 1,
-        }
-    }
-    t
-}
-
-fn unique(lines: &[ResultLine]) -> bool {
-    let ids: HashSet<&str> = lines.iter().map(|l| l.custom_id.as_str()).collect();
-    ids.len() == lines.len()
+    let m = mock(tweak).await;
+    let b = openai(&m);
+    let batch = lines(tag, N);
+    let id = submit(&b, tag, &batch).await;
+    let (status, _) = settle(&b, &id).await;
+    assert_eq!(status.state, state);
+    collect(&b, &status, &batch).await
 }
 
 #[tokio::test]
@@ -118,48 +54,26 @@ async fn a_normal_batch_answers_every_line_once() {
     let m = mock(|_| {}).await;
     let b = openai(&m);
     let batch = lines("normal", N);
-    let sub = b
-        .submit(SubmitSpec {
-            tag: "normal",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .expect("submit");
-    let (status, seen) = settle(&b, &sub.provider_batch_id).await;
+    let id = submit(&b, "normal", &batch).await;
+    let (status, seen) = settle(&b, &id).await;
     assert_eq!(status.state, BatchState::Completed);
     assert!(seen.contains(&"in_progress".to_string()), "{seen:?}");
     assert_eq!(status.counts.total, N as u64);
     let (got, summary) = collect(&b, &status, &batch).await;
     assert_eq!(tally(&got), (N, 0, 0));
     assert!(unique(&got) && summary.quarantined.is_empty() && !summary.cut);
-    for l in &got {
-        let LineOutcome::Answer(a) = &l.outcome else {
-            unreachable!()
-        };
-        let v: serde_json::Value = serde_json::from_str(a.content.as_deref().unwrap()).unwrap();
-        assert!(v.get("confidence").is_some(), "schema followed: {v}");
-        assert!(a.usage.is_some_and(|u| u.input_tokens > 0));
-    }
+    assert_answers_follow_the_schema(&got);
     assert_eq!(m.stats().batches_created, 1);
 }
 
 #[tokio::test]
 async fn per_line_failures_never_fail_the_batch() {
-    let m = mock(|c| c.batch_fail_rate = 0.3).await;
-    let b = openai(&m);
-    let batch = lines("partial", N);
-    let sub = b
-        .submit(SubmitSpec {
-            tag: "partial",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .unwrap();
-    let (status, _) = settle(&b, &sub.provider_batch_id).await;
-    assert_eq!(status.state, BatchState::Completed);
-    let (got, summary) = collect(&b, &status, &batch).await;
+    let (got, summary) = run_until_ended(
+        |c| c.batch_fail_rate = 0.3,
+        "partial",
+        BatchState::Completed,
+    )
+    .await;
     let (ok, failed, not_run) = tally(&got);
     assert!(failed > 0 && ok > 0, "{ok} ok, {failed} failed");
     assert_eq!((ok + failed, not_run), (N, 0));
@@ -173,20 +87,7 @@ async fn per_line_failures_never_fail_the_batch() {
 
 #[tokio::test]
 async fn an_expired_batch_keeps_its_finished_lines_and_returns_the_rest() {
-    let m = mock(|c| c.batch_expire = 0.5).await;
-    let b = openai(&m);
-    let batch = lines("expire", N);
-    let sub = b
-        .submit(SubmitSpec {
-            tag: "expire",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .unwrap();
-    let (status, _) = settle(&b, &sub.provider_batch_id).await;
-    assert_eq!(status.state, BatchState::Expired);
-    let (got, _) = collect(&b, &status, &batch).await;
+    let (got, _) = run_until_ended(|c| c.batch_expire = 0.5, "expire", BatchState::Expired).await;
     let (ok, failed, not_run) = tally(&got);
     assert!(
         ok > 0 && not_run > 0,
@@ -205,39 +106,21 @@ async fn cancel_is_idempotent_and_keeps_what_finished() {
     .await;
     let b = openai(&m);
     let batch = lines("cancel", N);
-    let sub = b
-        .submit(SubmitSpec {
-            tag: "cancel",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .unwrap();
+    let id = submit(&b, "cancel", &batch).await;
     // Let part of it run.
-    let started = Instant::now();
-    loop {
-        let s = b.poll(&sub.provider_batch_id).await.unwrap();
-        if s.state == BatchState::InProgress && s.counts.completed > 0 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let first = b.cancel(&sub.provider_batch_id).await.expect("cancel");
+    wait_until_some_completed(&b, &id).await;
+    let first = b.cancel(&id).await.expect("cancel");
     assert!(
         matches!(first.state, BatchState::Cancelling | BatchState::Cancelled),
         "{:?}",
         first.state
     );
-    let again = b
-        .cancel(&sub.provider_batch_id)
-        .await
-        .expect("cancel again");
+    let again = b.cancel(&id).await.expect("cancel again");
     assert!(matches!(
         again.state,
         BatchState::Cancelling | BatchState::Cancelled
     ));
-    let (status, seen) = settle(&b, &sub.provider_batch_id).await;
+    let (status, seen) = settle(&b, &id).await;
     assert_eq!(status.state, BatchState::Cancelled, "{seen:?}");
     let (got, summary) = collect(&b, &status, &batch).await;
     let (ok, failed, not_run) = tally(&got);
@@ -249,10 +132,7 @@ async fn cancel_is_idempotent_and_keeps_what_finished() {
     assert_eq!(ok + failed + not_run, N, "every line accounted for");
     assert!(unique(&got) && summary.missing.is_empty());
     // Cancelling a finished batch is not an error either.
-    let done = b
-        .cancel(&sub.provider_batch_id)
-        .await
-        .expect("cancel when done");
+    let done = b.cancel(&id).await.expect("cancel when done");
     assert_eq!(done.state, BatchState::Cancelled);
 }
 
@@ -261,28 +141,8 @@ async fn an_output_file_late_after_completed_is_waited_for() {
     let m = mock(|c| c.batch_output_late_ms = 700).await;
     let b = openai(&m);
     let batch = lines("late", N);
-    let sub = b
-        .submit(SubmitSpec {
-            tag: "late",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .unwrap();
-    let started = Instant::now();
-    let mut saw_pending = false;
-    let status = loop {
-        let s = b.poll(&sub.provider_batch_id).await.unwrap();
-        if s.state == BatchState::Completed && s.results_pending {
-            saw_pending = true;
-            assert!(s.output_ref.is_none());
-        }
-        if s.state.is_terminal() && !s.results_pending {
-            break s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let id = submit(&b, "late", &batch).await;
+    let (status, saw_pending) = settle_seeing_pending(&b, &id).await;
     assert!(
         saw_pending,
         "completed without files was seen and not ingested"
@@ -296,15 +156,8 @@ async fn a_results_stream_cut_mid_line_is_reported_and_fetched_again() {
     let m = mock(|c| c.batch_cut_results = 1).await;
     let b = openai(&m);
     let batch = lines("cut", N);
-    let sub = b
-        .submit(SubmitSpec {
-            tag: "cut",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .unwrap();
-    let (status, _) = settle(&b, &sub.provider_batch_id).await;
+    let id = submit(&b, "cut", &batch).await;
+    let (status, _) = settle(&b, &id).await;
     let (first, summary) = collect(&b, &status, &batch).await;
     assert!(summary.cut, "the cut is reported");
     assert!(
@@ -316,8 +169,7 @@ async fn a_results_stream_cut_mid_line_is_reported_and_fetched_again() {
     assert!(!summary.cut);
     assert_eq!(tally(&second), (N, 0, 0));
     // What the first read delivered is a subset of the whole.
-    let all: HashSet<&str> = second.iter().map(|l| l.custom_id.as_str()).collect();
-    assert!(first.iter().all(|l| all.contains(l.custom_id.as_str())));
+    assert!(within(&first, &second));
 }
 
 #[tokio::test]
@@ -326,30 +178,11 @@ async fn a_lost_create_answer_is_found_again_and_never_resubmitted() {
     let b = openai(&m);
     let batch = lines("lost", N);
     let before = docket::ledger::now_ts() - 1.0;
-    let err = b
-        .submit(SubmitSpec {
-            tag: "lost",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .expect_err("the create answer is lost");
+    let err = submit_refused(&b, MODEL, "lost", &batch, "the create answer is lost").await;
     assert!(err.class.is_retryable(), "{err}");
     // The batch exists at the provider: find it instead of submitting again.
-    let found = b.find("lost", before, N).await.expect("find");
-    let Found::One(id) = found else {
-        panic!("expected exactly one, got {found:?}")
-    };
-    // A local clock a few seconds fast: the batch still counts.
-    let fast = docket::ledger::now_ts() + 5.0;
-    assert_eq!(
-        b.find("lost", fast, N).await.unwrap(),
-        Found::One(id.clone())
-    );
-    assert_eq!(
-        b.find("someone-else", before, N).await.unwrap(),
-        Found::None
-    );
+    // Exactly one, also by a clock a few seconds fast; none for another tag.
+    let id = find_the_lost_one(&b, "lost", before, N).await;
     let (status, _) = settle(&b, &id).await;
     let (got, _) = collect(&b, &status, &batch).await;
     assert_eq!(tally(&got), (N, 0, 0));
@@ -365,15 +198,8 @@ async fn azure_runs_the_same_lifecycle_under_its_urls() {
         .unwrap()
         .with_cadence(PollCadence::fast());
     let batch = lines("azure", 12);
-    let sub = b
-        .submit(SubmitSpec {
-            tag: "azure",
-            model: "gpt-4o-mini",
-            lines: &batch,
-        })
-        .await
-        .expect("submit");
-    let (status, _) = settle(&b, &sub.provider_batch_id).await;
+    let id = submit(&b, "azure", &batch).await;
+    let (status, _) = settle(&b, &id).await;
     assert_eq!(status.state, BatchState::Completed);
     let (got, _) = collect(&b, &status, &batch).await;
     assert_eq!(tally(&got), (12, 0, 0));

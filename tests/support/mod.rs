@@ -1,7 +1,10 @@
 //! Shared helpers for the integration tests: throwaway workspaces pointed at
 //! a provider on loopback, item files, and the ledger invariants every run
-//! must keep.
+//! must keep. `batch`: the Batch API adapter tests' mock, request lines,
+//! polling and results helpers.
 #![allow(dead_code)]
+
+pub mod batch;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

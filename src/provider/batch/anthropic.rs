@@ -32,24 +32,25 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::SinkExt;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::http::{
+    self, Framing, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
+};
 use super::jsonl::{self, Chunk, LineError};
 use super::openai::PollCadence;
-use super::results::{Matcher, StreamEnd, stream_lines};
+use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, with_key_header,
+    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, verdict,
+    with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::anthropic::{
     ANTHROPIC_VERSION, classify_error, parse_success, rate_headers_at, request_body,
 };
-use crate::provider::openai::{preview, redact, transport_error};
-use crate::provider::{ApiKey, ErrorClass, ProviderError, RawAnswer};
+use crate::provider::{ApiKey, ProviderError, RawAnswer};
 
 /// `{"requests":[` + `]}`: what the body adds to its lines (each line's
 /// separating comma is counted as the newline `jsonl::split` adds).
@@ -88,7 +89,6 @@ pub fn fast() -> PollCadence {
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Sending a create body, or reading results, of up to 256 MB.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-const PIECE: usize = 256 * 1024;
 const MAX_LIST_PAGES: usize = 100;
 
 pub struct AnthropicBatch {
@@ -151,24 +151,8 @@ impl AnthropicBatch {
         crate::provider::scrub(e, Some(&self.key))
     }
 
-    fn clean(&self, text: &str) -> String {
-        let k = self.key.expose();
-        let s = if k.len() >= 4 {
-            text.replace(k, "[redacted]")
-        } else {
-            text.to_string()
-        };
-        redact(&s)
-    }
-
     async fn call(&self, builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
-        let raw = crate::provider::exchange(self.authed(builder)?).await?;
-        if (200..300).contains(&raw.status) {
-            Ok(raw)
-        } else {
-            let headers = rate_headers_at(&raw.headers, Utc::now());
-            Err(classify_error(raw.status, &raw.bytes, headers))
-        }
+        WIRE.call(self.authed(builder)?).await
     }
 
     async fn get_batch(&self, id: &str) -> Result<MessageBatch, ProviderError> {
@@ -187,39 +171,9 @@ impl AnthropicBatch {
             return Err(request_error("a batch needs at least one request".into()));
         }
         // Anthropic batches may mix models; docket's are one model each.
-        if let Some((i, line)) = spec
-            .lines
-            .iter()
-            .enumerate()
-            .find(|(_, l)| l.request.model != spec.model)
-        {
-            return Err(request_error(
-                LineError {
-                    index: i,
-                    custom_id: line.custom_id.clone(),
-                    reason: format!(
-                        "model {:?} differs from the batch's model {:?}",
-                        line.request.model, spec.model
-                    ),
-                }
-                .to_string(),
-            ));
-        }
-        let chunks = self
-            .split(spec.lines)
-            .map_err(|e| request_error(e.to_string()))?;
-        if chunks.len() > 1 {
-            let second = &chunks[1];
-            return Err(request_error(format!(
-                "the requests do not fit one batch ({} requests, {} bytes): line {} \
-                 (custom_id {:?}) starts a second batch; split them first",
-                self.limits.max_requests,
-                self.limits.max_bytes,
-                second.first + 1,
-                second.lines[0].custom_id
-            )));
-        }
-        let raw = self.create(&chunks[0]).await?;
+        one_model(spec, "")?;
+        let chunk = one_chunk(self.split(spec.lines), self.limits, "", "batch")?;
+        let raw = self.create(&chunk).await?;
         let batch: MessageBatch = parse_json(&raw, "batch create")?;
         Ok(Submitted {
             provider_batch_id: batch.id,
@@ -229,41 +183,15 @@ impl AnthropicBatch {
 
     /// `POST /v1/messages/batches`, the body encoded as it is sent.
     async fn create(&self, chunk: &Chunk<'_>) -> Result<RawAnswer, ProviderError> {
-        let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+        let (body, produce) = streamed_body(chunk, &FRAMING, |l| self.encode_line(l));
         let send = self.call(
             self.client
                 .post(self.url(""))
                 .timeout(BODY_TIMEOUT)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .header(reqwest::header::CONTENT_LENGTH, chunk.bytes + 14)
-                .body(reqwest::Body::wrap_stream(rx)),
+                .body(body),
         );
-        let produce = async move {
-            let mut tx = tx;
-            let mut piece = Vec::with_capacity(PIECE + 4096);
-            piece.extend_from_slice(b"{\"requests\":[");
-            for (i, line) in chunk.lines.iter().enumerate() {
-                let encoded = match self.encode_line(line) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        let _ = tx.send(Err(std::io::Error::other(e))).await;
-                        return;
-                    }
-                };
-                if i > 0 {
-                    piece.push(b',');
-                }
-                piece.extend_from_slice(&encoded);
-                if piece.len() >= PIECE {
-                    let full = std::mem::replace(&mut piece, Vec::with_capacity(PIECE + 4096));
-                    if tx.send(Ok(full)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            piece.extend_from_slice(b"]}");
-            let _ = tx.send(Ok(piece)).await;
-        };
         let (answer, ()) = futures::join!(send, produce);
         answer
     }
@@ -278,16 +206,15 @@ impl AnthropicBatch {
             "ended" if c.expired > 0 => BatchState::Expired,
             "ended" => BatchState::Completed,
             other => {
-                return Err(ProviderError {
-                    class: ErrorClass::Transient,
-                    http_status: Some(200),
-                    message: format!(
+                return Err(not_understood(
+                    200,
+                    format!(
                         "message batch {} has an unknown processing_status {:?}",
                         b.id,
                         crate::sanitize::for_terminal(other)
                     ),
-                    headers: RateHeaders::default(),
-                });
+                    RateHeaders::default(),
+                ));
             }
         };
         let counts = BatchCounts {
@@ -338,17 +265,8 @@ impl AnthropicBatch {
     ) -> Result<ResultsSummary, ProviderError> {
         let mut m = Matcher::new(expected, sink, "custom_id");
         if status.output_ref.is_some() {
-            match self.stream_results(status, &mut m).await {
-                Ok(StreamEnd::Whole) => {}
-                Ok(StreamEnd::Cut) => m.set_cut(),
-                // Nothing read yet: the caller retries the whole call.
-                Ok(StreamEnd::Broken(e)) | Err(e) if m.lines() == 0 => return Err(e),
-                Ok(StreamEnd::Broken(e)) | Err(e) => {
-                    let e = self.scrub(e);
-                    tracing::warn!(batch = %status.provider_batch_id, "results stream cut: {e}");
-                    m.set_cut();
-                }
-            }
+            let end = self.stream_results(status, &mut m).await;
+            http::settle(&mut m, end, &status.provider_batch_id, |e| self.scrub(e))?;
         }
         // No results URL (archived, or not ended): nothing to read, and
         // `finish` accounts for every request.
@@ -360,39 +278,21 @@ impl AnthropicBatch {
         status: &BatchStatus,
         m: &mut Matcher<'a>,
     ) -> Result<StreamEnd, ProviderError> {
-        let response = self
-            .authed(
-                self.client
-                    .get(self.results_url(status))
-                    .timeout(BODY_TIMEOUT),
-            )?
-            .send()
-            .await
-            .map_err(|e| transport_error(&e))?;
-        let code = response.status().as_u16();
-        if code != 200 {
-            let headers = rate_headers_at(response.headers(), Utc::now());
-            let bytes = response
-                .bytes()
-                .await
-                .map(|b| b.to_vec())
-                .unwrap_or_default();
-            return Err(classify_error(code, &bytes, headers));
-        }
-        Ok(stream_lines(response, "results line", m, |m, raw, at| {
+        let authed = self.authed(
+            self.client
+                .get(self.results_url(status))
+                .timeout(BODY_TIMEOUT),
+        )?;
+        WIRE.stream(authed, "results line", m, |m, raw, at| {
             self.line(m, raw, at)
         })
-        .await)
+        .await
     }
 
     /// One line of the results JSONL.
     fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
-        let parsed: ResultEntry = match serde_json::from_slice(raw) {
-            Ok(l) => l,
-            Err(e) => {
-                let reason = format!("{at}: not a result line ({e}); starts {}", preview(raw));
-                return m.unreadable(self.clean(&reason));
-            }
+        let Some(parsed) = parse_line::<ResultEntry>(m, raw, at, Some(&self.key)) else {
+            return;
         };
         m.entry(at, parsed.custom_id, || {
             parsed
@@ -442,13 +342,12 @@ impl AnthropicBatch {
         match self.call(self.client.post(url).timeout(CALL_TIMEOUT)).await {
             Ok(raw) => self.status_of(parse_json(&raw, "batch cancel")?),
             // Already ended (or canceling): the answer is where it is now.
-            Err(e) if matches!(e.http_status, Some(400 | 409)) => {
-                match self.get_batch(id).await.and_then(|b| self.status_of(b)) {
-                    Ok(s) if s.state.is_terminal() || s.state == BatchState::Cancelling => Ok(s),
-                    _ => Err(e),
-                }
+            Err(e) => {
+                http::cancel_refused(e, self.poll_inner(id), |s| {
+                    s.is_terminal() || *s == BatchState::Cancelling
+                })
+                .await
             }
-            Err(e) => Err(e),
         }
     }
 
@@ -482,11 +381,7 @@ impl AnthropicBatch {
                 .and_then(|b| unix_of(b.created_at.as_deref()))
                 .is_some_and(|t| t < since);
             if older || !page.has_more || last.is_none() {
-                return Ok(match found.len() {
-                    0 => Found::None,
-                    1 => Found::One(found.remove(0)),
-                    _ => Found::Ambiguous(found),
-                });
+                return Ok(verdict(found, Vec::new(), Vec::new()));
             }
             after = page.last_id.clone().or_else(|| last.map(|b| b.id.clone()));
         }
@@ -554,25 +449,32 @@ fn status_for(kind: &str) -> u16 {
     }
 }
 
-fn request_error(message: String) -> ProviderError {
-    ProviderError {
-        class: ErrorClass::Request,
-        http_status: None,
-        message,
-        headers: RateHeaders::default(),
-    }
-}
+/// The create body: `{"requests":[` + the lines, comma-separated + `]}`.
+const FRAMING: Framing = Framing {
+    open: b"{\"requests\":[",
+    between: b",",
+    after: b"",
+    close: b"]}",
+};
 
-fn parse_json<T: DeserializeOwned>(raw: &RawAnswer, what: &str) -> Result<T, ProviderError> {
-    serde_json::from_slice(&raw.bytes).map_err(|e| ProviderError {
-        class: ErrorClass::Transient,
-        http_status: Some(raw.status),
-        message: format!(
-            "{what} answer is not understood: {e}; body starts {}",
-            preview(&raw.bytes)
-        ),
-        headers: rate_headers_at(&raw.headers, Utc::now()),
-    })
+/// Anthropic's answers: rate headers read at the time of reading, errors
+/// by the sync adapter's classifier.
+const WIRE: Wire = Wire {
+    rate_headers: |h| rate_headers_at(h, Utc::now()),
+    error_of: |raw| {
+        classify_error(
+            raw.status,
+            &raw.bytes,
+            rate_headers_at(&raw.headers, Utc::now()),
+        )
+    },
+};
+
+fn parse_json<T: serde::de::DeserializeOwned>(
+    raw: &RawAnswer,
+    what: &str,
+) -> Result<T, ProviderError> {
+    WIRE.parse_json(raw, what)
 }
 
 #[derive(Deserialize)]
@@ -662,7 +564,7 @@ struct ResultBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{ChatRequest, FinishReason};
+    use crate::provider::{ChatRequest, ErrorClass, FinishReason};
 
     fn adapter() -> AnthropicBatch {
         AnthropicBatch::new(

@@ -34,20 +34,22 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use futures::SinkExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::http::{
+    self, JSONL, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
+};
 use super::jsonl::{self, Chunk, LineError};
-use super::results::{Matcher, StreamEnd, stream_lines};
+use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
     Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::gemini::{classify_error, parse_success, request_body};
-use crate::provider::openai::{preview, rate_headers, redact, transport_error};
-use crate::provider::{ApiKey, ErrorClass, ProviderError, RawAnswer};
+use crate::provider::openai::{preview, rate_headers};
+use crate::provider::{ApiKey, ProviderError, RawAnswer};
 
 /// Gemini: a results file of up to 2 GB (counted as 2,000,000,000 bytes).
 /// No request count per batch is documented; 100,000 keeps one batch's
@@ -68,7 +70,6 @@ pub const INLINE_REF: &str = "inline:";
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const FILE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-const UPLOAD_PIECE: usize = 256 * 1024;
 const MAX_LIST_PAGES: usize = 100;
 const MAX_TAG: usize = 512;
 
@@ -232,29 +233,12 @@ impl GeminiBatch {
     }
 
     fn clean(&self, text: &str) -> String {
-        let mut s = text.to_string();
-        if self.key.expose().len() >= 4 {
-            s = s.replace(self.key.expose(), "[redacted]");
-        }
-        redact(&s)
-    }
-
-    fn error_of(raw: &RawAnswer) -> ProviderError {
-        let headers = RateHeaders {
-            retry_after: rate_headers(&raw.headers).retry_after,
-            ..RateHeaders::default()
-        };
-        classify_error(raw.status, &raw.bytes, headers)
+        super::clean(text, Some(&self.key))
     }
 
     /// Send; a non-2xx answer is classified like a synchronous one.
     async fn call(&self, builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
-        let raw = crate::provider::exchange(self.authed(builder)?).await?;
-        if (200..300).contains(&raw.status) {
-            Ok(raw)
-        } else {
-            Err(Self::error_of(&raw))
-        }
+        WIRE.call(self.authed(builder)?).await
     }
 
     async fn get_op(&self, name: &str) -> Result<Value, ProviderError> {
@@ -277,39 +261,8 @@ impl GeminiBatch {
                 "the batch tag must be 1 to {MAX_TAG} characters (a Gemini display name)"
             )));
         }
-        if let Some((i, line)) = spec
-            .lines
-            .iter()
-            .enumerate()
-            .find(|(_, l)| l.request.model != spec.model)
-        {
-            return Err(request_error(
-                LineError {
-                    index: i,
-                    custom_id: line.custom_id.clone(),
-                    reason: format!(
-                        "model {:?} differs from the batch's model {:?} (one model per batch)",
-                        line.request.model, spec.model
-                    ),
-                }
-                .to_string(),
-            ));
-        }
-        let chunks = self
-            .split(spec.lines)
-            .map_err(|e| request_error(e.to_string()))?;
-        if chunks.len() > 1 {
-            let second = &chunks[1];
-            return Err(request_error(format!(
-                "the requests do not fit one batch ({} requests, {} bytes per file): \
-                 line {} (custom_id {:?}) starts a second file; split them first",
-                self.limits.max_requests,
-                self.limits.max_bytes,
-                second.first + 1,
-                second.lines[0].custom_id
-            )));
-        }
-        let chunk = &chunks[0];
+        one_model(spec, " (one model per batch)")?;
+        let chunk = &one_chunk(self.split(spec.lines), self.limits, " per file", "file")?;
         let (body, file) = match self.inline_body(spec.tag, chunk) {
             Some(body) => (body, None),
             None => {
@@ -331,14 +284,15 @@ impl GeminiBatch {
             )
             .await?;
         let op: Value = parse_json(&raw, "batch create")?;
-        let name = op_name(&op).ok_or_else(|| ProviderError {
-            class: ErrorClass::Transient,
-            http_status: Some(raw.status),
-            message: format!(
-                "batch create answer has no name; body starts {}",
-                preview(&raw.bytes)
-            ),
-            headers: RateHeaders::default(),
+        let name = op_name(&op).ok_or_else(|| {
+            not_understood(
+                raw.status,
+                format!(
+                    "batch create answer has no name; body starts {}",
+                    preview(&raw.bytes)
+                ),
+                RateHeaders::default(),
+            )
         })?;
         Ok(Submitted {
             provider_batch_id: name,
@@ -370,18 +324,17 @@ impl GeminiBatch {
             .to_string();
         // The key goes with the bytes: only ever to the API's own host.
         if !upload_url.starts_with(&format!("{}/", self.base)) {
-            return Err(ProviderError {
-                class: ErrorClass::Transient,
-                http_status: Some(start.status),
-                message: format!(
+            return Err(not_understood(
+                start.status,
+                format!(
                     "file upload start gave no upload URL on {} (got {:?})",
                     self.base,
                     preview(upload_url.as_bytes())
                 ),
-                headers: RateHeaders::default(),
-            });
+                RateHeaders::default(),
+            ));
         }
-        let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+        let (body, produce) = streamed_body(chunk, &JSONL, |l| self.encode_line(l));
         let send = self.call(
             self.client
                 .post(&upload_url)
@@ -389,32 +342,8 @@ impl GeminiBatch {
                 .header("X-Goog-Upload-Command", "upload, finalize")
                 .header("X-Goog-Upload-Offset", "0")
                 .header(reqwest::header::CONTENT_LENGTH, chunk.bytes)
-                .body(reqwest::Body::wrap_stream(rx)),
+                .body(body),
         );
-        let produce = async move {
-            let mut tx = tx;
-            let mut piece = Vec::with_capacity(UPLOAD_PIECE + 4096);
-            for line in chunk.lines {
-                let encoded = match self.encode_line(line) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        let _ = tx.send(Err(std::io::Error::other(e))).await;
-                        return;
-                    }
-                };
-                piece.extend_from_slice(&encoded);
-                piece.push(b'\n');
-                if piece.len() >= UPLOAD_PIECE {
-                    let full = std::mem::replace(&mut piece, Vec::with_capacity(UPLOAD_PIECE));
-                    if tx.send(Ok(full)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            if !piece.is_empty() {
-                let _ = tx.send(Ok(piece)).await;
-            }
-        };
         let (answer, ()) = futures::join!(send, produce);
         let raw = answer?;
         let v: Value = parse_json(&raw, "file upload")?;
@@ -423,14 +352,15 @@ impl GeminiBatch {
             .and_then(Value::as_str)
             .filter(|s| !s.is_empty())
             .map(str::to_string)
-            .ok_or_else(|| ProviderError {
-                class: ErrorClass::Transient,
-                http_status: Some(raw.status),
-                message: format!(
-                    "file upload answer has no file name; body starts {}",
-                    preview(&raw.bytes)
-                ),
-                headers: RateHeaders::default(),
+            .ok_or_else(|| {
+                not_understood(
+                    raw.status,
+                    format!(
+                        "file upload answer has no file name; body starts {}",
+                        preview(&raw.bytes)
+                    ),
+                    RateHeaders::default(),
+                )
             })
     }
 
@@ -452,15 +382,14 @@ impl GeminiBatch {
             },
             None | Some("UNSPECIFIED") => BatchState::Validating,
             Some(other) => {
-                return Err(ProviderError {
-                    class: ErrorClass::Transient,
-                    http_status: Some(200),
-                    message: format!(
+                return Err(not_understood(
+                    200,
+                    format!(
                         "batch {name} has an unknown state {:?}",
                         crate::sanitize::for_terminal(other)
                     ),
-                    headers: RateHeaders::default(),
-                });
+                    RateHeaders::default(),
+                ));
             }
         };
         let counts = o.counts();
@@ -506,17 +435,10 @@ impl GeminiBatch {
                         self.item(&mut m, item, &format!("inline result {}", i + 1));
                     }
                 }
-                None => match self.stream_file(output, &mut m).await {
-                    Ok(StreamEnd::Whole) => {}
-                    Ok(StreamEnd::Cut) => m.set_cut(),
-                    // Nothing read yet: the caller retries the whole call.
-                    Ok(StreamEnd::Broken(e)) | Err(e) if m.lines() == 0 => return Err(e),
-                    Ok(StreamEnd::Broken(e)) | Err(e) => {
-                        let e = self.scrub(e);
-                        tracing::warn!(batch = %status.provider_batch_id, "results stream: {e}");
-                        m.set_cut();
-                    }
-                },
+                None => {
+                    let end = self.stream_file(output, &mut m).await;
+                    http::settle(&mut m, end, &status.provider_batch_id, |e| self.scrub(e))?;
+                }
             },
         }
         Ok(m.finish(&status.state))
@@ -528,45 +450,21 @@ impl GeminiBatch {
         file: &str,
         m: &mut Matcher<'a>,
     ) -> Result<StreamEnd, ProviderError> {
-        let response = self
-            .authed(
-                self.client
-                    .get(self.download_url(file))
-                    .timeout(FILE_TIMEOUT),
-            )?
-            .send()
-            .await
-            .map_err(|e| transport_error(&e))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            let headers = response.headers().clone();
-            let bytes = response
-                .bytes()
-                .await
-                .map(|b| b.to_vec())
-                .unwrap_or_default();
-            return Err(Self::error_of(&RawAnswer {
-                status,
-                headers,
-                bytes,
-            }));
-        }
-        Ok(
-            stream_lines(response, "responses file line", m, |m, raw, at| {
-                self.raw_line(m, raw, at)
-            })
-            .await,
-        )
+        let authed = self.authed(
+            self.client
+                .get(self.download_url(file))
+                .timeout(FILE_TIMEOUT),
+        )?;
+        WIRE.stream(authed, "responses file line", m, |m, raw, at| {
+            self.raw_line(m, raw, at)
+        })
+        .await
     }
 
     /// A line of the responses file.
     fn raw_line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
-        match serde_json::from_slice::<ResultItem>(raw) {
-            Ok(item) => self.apply(m, item, at),
-            Err(e) => {
-                let reason = format!("{at}: not a result line ({e}); starts {}", preview(raw));
-                m.unreadable(self.clean(&reason));
-            }
+        if let Some(item) = parse_line::<ResultItem>(m, raw, at, Some(&self.key)) {
+            self.apply(m, item, at);
         }
     }
 
@@ -648,15 +546,8 @@ impl GeminiBatch {
                 }
                 Ok(s)
             }
-            // Already finished: cancel is idempotent, so the answer is where
-            // the batch is now.
-            Err(e) if matches!(e.http_status, Some(400 | 409)) => {
-                match self.get_op(name).await.and_then(|op| self.status_of(&op)) {
-                    Ok(s) if s.state.is_terminal() => Ok(s),
-                    _ => Err(e),
-                }
-            }
-            Err(e) => Err(e),
+            // Already finished: the answer is where the batch is now.
+            Err(e) => http::cancel_refused(e, self.poll_inner(name), BatchState::is_terminal).await,
         }
     }
 
@@ -897,12 +788,8 @@ fn matches(
 
 /// One exact match is ours; none at all is safe to submit; anything else
 /// cannot be told apart.
-fn verdict(mut exact: Vec<String>, tag_only: Vec<String>) -> Found {
-    match (exact.len(), tag_only.len()) {
-        (0, 0) => Found::None,
-        (1, 0) => Found::One(exact.remove(0)),
-        _ => Found::Ambiguous(exact.into_iter().chain(tag_only).collect()),
-    }
+fn verdict(exact: Vec<String>, tag_only: Vec<String>) -> Found {
+    super::verdict(exact, tag_only, Vec::new())
 }
 
 /// One result, inline or a file line.
@@ -952,31 +839,28 @@ fn rpc_status_name(http: u16) -> &'static str {
     }
 }
 
-fn request_error(message: String) -> ProviderError {
-    ProviderError {
-        class: ErrorClass::Request,
-        http_status: None,
-        message,
-        headers: RateHeaders::default(),
-    }
-}
+/// Gemini's answers: rate headers as the OpenAI adapter reads them; an
+/// error classified by the sync adapter's classifier with only the
+/// `retry-after` of its headers.
+const WIRE: Wire = Wire {
+    rate_headers,
+    error_of: |raw| {
+        let headers = RateHeaders {
+            retry_after: rate_headers(&raw.headers).retry_after,
+            ..RateHeaders::default()
+        };
+        classify_error(raw.status, &raw.bytes, headers)
+    },
+};
 
 fn parse_json(raw: &RawAnswer, what: &str) -> Result<Value, ProviderError> {
-    serde_json::from_slice(&raw.bytes).map_err(|e| ProviderError {
-        class: ErrorClass::Transient,
-        http_status: Some(raw.status),
-        message: format!(
-            "{what} answer is not understood: {e}; body starts {}",
-            preview(&raw.bytes)
-        ),
-        headers: rate_headers(&raw.headers),
-    })
+    WIRE.parse_json(raw, what)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{ChatRequest, FinishReason};
+    use crate::provider::{ChatRequest, ErrorClass, FinishReason};
 
     fn adapter() -> GeminiBatch {
         GeminiBatch::new(

@@ -72,6 +72,7 @@ macro_rules! scrubbed_batch_calls {
 
 pub mod anthropic;
 pub mod gemini;
+mod http;
 pub mod jsonl;
 pub mod openai;
 pub mod results;
@@ -271,6 +272,18 @@ pub(crate) fn with_key_header(
     Ok(builder.header(name, value))
 }
 
+/// Provider text made safe to store: `key` (when it is long enough to
+/// tell) and key-shaped words out.
+pub(crate) fn clean(text: &str, key: Option<&ApiKey>) -> String {
+    let mut s = text.to_string();
+    if let Some(k) = key
+        && k.expose().len() >= 4
+    {
+        s = s.replace(k.expose(), "[redacted]");
+    }
+    super::openai::redact(&s)
+}
+
 /// What `find` learned about a submission whose outcome is unknown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
@@ -281,6 +294,25 @@ pub enum Found {
     /// Several could be ours and cannot be told apart: wait and tell the
     /// operator rather than pay twice.
     Ambiguous(Vec<String>),
+}
+
+/// One exact match is ours; none at all is safe to submit; anything else
+/// (several, or our tag with another count) cannot be told apart. `unknown`
+/// are batches with nothing to check them by (an Azure api-version that
+/// drops metadata): any of them could be ours, so with no match they are
+/// Ambiguous, never None (beside one exact match, metadata is evidently
+/// kept, and they are someone else's).
+pub(crate) fn verdict(
+    mut exact: Vec<String>,
+    tag_only: Vec<String>,
+    unknown: Vec<String>,
+) -> Found {
+    match (exact.len(), tag_only.len(), unknown.len()) {
+        (0, 0, 0) => Found::None,
+        (1, 0, _) => Found::One(exact.remove(0)),
+        (0, 0, _) => Found::Ambiguous(unknown),
+        _ => Found::Ambiguous(exact.into_iter().chain(tag_only).collect()),
+    }
 }
 
 /// A provider's Batch API.

@@ -26,21 +26,21 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use futures::SinkExt;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use super::http::{
+    self, JSONL, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
+};
 use super::jsonl::{self, Chunk, LineError};
-use super::results::{Matcher, StreamEnd, stream_lines};
+use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, with_key_header,
+    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, verdict,
+    with_key_header,
 };
 use crate::limiter::RateHeaders;
-use crate::provider::openai::{
-    classify_error, parse_success, preview, rate_headers, redact, request_body, transport_error,
-};
+use crate::provider::openai::{classify_error, parse_success, rate_headers, request_body};
 use crate::provider::{ApiKey, ErrorClass, ProviderError, RawAnswer};
 
 /// OpenAI: 50,000 requests and 200 MB per input file (counted as
@@ -66,8 +66,6 @@ pub const REQUESTS_KEY: &str = "docket_requests";
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Uploading or downloading a file of up to 200 MB.
 const FILE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-/// Upload pieces: the JSONL is sent in pieces of about this size.
-const UPLOAD_PIECE: usize = 256 * 1024;
 /// `find` lists at most this many pages of 100 batches.
 const MAX_LIST_PAGES: usize = 100;
 
@@ -244,27 +242,12 @@ impl OpenAiBatch {
 
     /// Provider text made safe to store: the key and key-shaped words out.
     fn clean(&self, text: &str) -> String {
-        let mut s = text.to_string();
-        if let Some(k) = &self.key
-            && k.expose().len() >= 4
-        {
-            s = s.replace(k.expose(), "[redacted]");
-        }
-        redact(&s)
+        super::clean(text, self.key.as_ref())
     }
 
     /// Send; a non-2xx answer is classified like a synchronous one.
     async fn call(&self, builder: reqwest::RequestBuilder) -> Result<RawAnswer, ProviderError> {
-        let raw = crate::provider::exchange(self.authed(builder)?).await?;
-        if (200..300).contains(&raw.status) {
-            Ok(raw)
-        } else {
-            Err(classify_error(
-                raw.status,
-                &raw.bytes,
-                rate_headers(&raw.headers),
-            ))
-        }
+        WIRE.call(self.authed(builder)?).await
     }
 
     async fn get_batch(&self, id: &str) -> Result<BatchObject, ProviderError> {
@@ -287,40 +270,9 @@ impl OpenAiBatch {
                 "the batch tag must be 1 to 512 characters (an OpenAI metadata value)".into(),
             ));
         }
-        // One model per input file.
-        if let Some((i, line)) = spec
-            .lines
-            .iter()
-            .enumerate()
-            .find(|(_, l)| l.request.model != spec.model)
-        {
-            return Err(request_error(
-                LineError {
-                    index: i,
-                    custom_id: line.custom_id.clone(),
-                    reason: format!(
-                        "model {:?} differs from the batch's model {:?} (one model per input file)",
-                        line.request.model, spec.model
-                    ),
-                }
-                .to_string(),
-            ));
-        }
-        let chunks = self
-            .split(spec.lines)
-            .map_err(|e| request_error(e.to_string()))?;
-        if chunks.len() > 1 {
-            let second = &chunks[1];
-            return Err(request_error(format!(
-                "the requests do not fit one batch ({} requests, {} bytes per file): \
-                 line {} (custom_id {:?}) starts a second file; split them first",
-                self.limits.max_requests,
-                self.limits.max_bytes,
-                second.first + 1,
-                second.lines[0].custom_id
-            )));
-        }
-        let file_id = self.upload(spec.tag, &chunks[0]).await?;
+        one_model(spec, " (one model per input file)")?;
+        let chunk = one_chunk(self.split(spec.lines), self.limits, " per file", "file")?;
+        let file_id = self.upload(spec.tag, &chunk).await?;
         let body = json!({
             "input_file_id": file_id,
             "endpoint": self.endpoint(),
@@ -345,7 +297,7 @@ impl OpenAiBatch {
     /// Upload one chunk as a JSONL file; the bytes are encoded as they are
     /// sent, a piece at a time.
     async fn upload(&self, tag: &str, chunk: &Chunk<'_>) -> Result<String, ProviderError> {
-        let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+        let (body, produce) = streamed_body(chunk, &JSONL, |l| self.encode_line(l));
         let safe_tag: String = tag
             .chars()
             .map(|c| {
@@ -357,13 +309,10 @@ impl OpenAiBatch {
             })
             .take(64)
             .collect();
-        let part = reqwest::multipart::Part::stream_with_length(
-            reqwest::Body::wrap_stream(rx),
-            chunk.bytes,
-        )
-        .file_name(format!("batch-{safe_tag}.jsonl"))
-        .mime_str("application/jsonl")
-        .map_err(|e| request_error(format!("multipart: {e}")))?;
+        let part = reqwest::multipart::Part::stream_with_length(body, chunk.bytes)
+            .file_name(format!("batch-{safe_tag}.jsonl"))
+            .mime_str("application/jsonl")
+            .map_err(|e| request_error(format!("multipart: {e}")))?;
         let form = reqwest::multipart::Form::new()
             .text("purpose", "batch")
             .part("file", part);
@@ -373,31 +322,6 @@ impl OpenAiBatch {
                 .timeout(FILE_TIMEOUT)
                 .multipart(form),
         );
-        let produce = async move {
-            let mut tx = tx;
-            let mut piece = Vec::with_capacity(UPLOAD_PIECE + 4096);
-            for line in chunk.lines {
-                let encoded = match self.encode_line(line) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        let _ = tx.send(Err(std::io::Error::other(e))).await;
-                        return;
-                    }
-                };
-                piece.extend_from_slice(&encoded);
-                piece.push(b'\n');
-                if piece.len() >= UPLOAD_PIECE {
-                    let full = std::mem::replace(&mut piece, Vec::with_capacity(UPLOAD_PIECE));
-                    // A closed channel: the upload ended early; its answer says why.
-                    if tx.send(Ok(full)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            if !piece.is_empty() {
-                let _ = tx.send(Ok(piece)).await;
-            }
-        };
         let (answer, ()) = futures::join!(send, produce);
         let raw = answer?;
         let file: FileObject = parse_json(&raw, "file upload")?;
@@ -415,16 +339,15 @@ impl OpenAiBatch {
             "cancelling" => BatchState::Cancelling,
             "cancelled" => BatchState::Cancelled,
             other => {
-                return Err(ProviderError {
-                    class: ErrorClass::Transient,
-                    http_status: Some(200),
-                    message: format!(
+                return Err(not_understood(
+                    200,
+                    format!(
                         "batch {} has an unknown status {:?}",
                         b.id,
                         crate::sanitize::for_terminal(other)
                     ),
-                    headers: RateHeaders::default(),
-                });
+                    RateHeaders::default(),
+                ));
             }
         };
         // `request_counts` is optional: None when the batch has none.
@@ -471,19 +394,11 @@ impl OpenAiBatch {
         let mut m = Matcher::new(expected, sink, "custom_id");
         for (which, file) in [("output", &status.output_ref), ("error", &status.error_ref)] {
             let Some(file) = file else { continue };
-            match self.stream_file(file, which, &mut m).await {
-                Ok(StreamEnd::Whole) => continue,
-                Ok(StreamEnd::Cut) => {}
-                // Nothing read yet: the caller retries the whole call.
-                Ok(StreamEnd::Broken(e)) | Err(e) if m.lines() == 0 => return Err(e),
-                Ok(StreamEnd::Broken(e)) | Err(e) => {
-                    let e = self.scrub(e);
-                    tracing::warn!(batch = %status.provider_batch_id, "results stream: {e}");
-                }
-            }
+            let end = self.stream_file(file, which, &mut m).await;
             // Cut: what came before stands; the rest is fetched again.
-            m.set_cut();
-            break;
+            if !http::settle(&mut m, end, &status.provider_batch_id, |e| self.scrub(e))? {
+                break;
+            }
         }
         Ok(m.finish(&status.state))
     }
@@ -499,33 +414,16 @@ impl OpenAiBatch {
             &format!("files/{}/content", crate::provider::path_segment(file_id)),
             &[],
         );
-        let response = self
-            .authed(self.client.get(url).timeout(FILE_TIMEOUT))?
-            .send()
-            .await
-            .map_err(|e| transport_error(&e))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            let headers = rate_headers(response.headers());
-            let bytes = response
-                .bytes()
-                .await
-                .map(|b| b.to_vec())
-                .unwrap_or_default();
-            return Err(classify_error(status, &bytes, headers));
-        }
+        let authed = self.authed(self.client.get(url).timeout(FILE_TIMEOUT))?;
         let label = format!("{which} file line");
-        Ok(stream_lines(response, &label, m, |m, raw, at| self.line(m, raw, at)).await)
+        WIRE.stream(authed, &label, m, |m, raw, at| self.line(m, raw, at))
+            .await
     }
 
     /// One line of an output or error file.
     fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
-        let parsed: OutputLine = match serde_json::from_slice(raw) {
-            Ok(l) => l,
-            Err(e) => {
-                let reason = format!("{at}: not a result line ({e}); starts {}", preview(raw));
-                return m.unreadable(self.clean(&reason));
-            }
+        let Some(parsed) = parse_line::<OutputLine>(m, raw, at, self.key.as_ref()) else {
+            return;
         };
         m.entry(at, parsed.custom_id, || {
             match (parsed.response, parsed.error) {
@@ -591,15 +489,13 @@ impl OpenAiBatch {
         );
         match self.call(self.client.post(url).timeout(CALL_TIMEOUT)).await {
             Ok(raw) => self.status_of(parse_json(&raw, "batch cancel")?),
-            // Already finished (or already cancelling): cancel is idempotent,
-            // so the answer is where the batch is now.
-            Err(e) if matches!(e.http_status, Some(400 | 409)) => {
-                match self.get_batch(id).await.and_then(|b| self.status_of(b)) {
-                    Ok(s) if s.state.is_terminal() || s.state == BatchState::Cancelling => Ok(s),
-                    _ => Err(e),
-                }
+            // Already finished (or already cancelling): where the batch is now.
+            Err(e) => {
+                http::cancel_refused(e, self.poll_inner(id), |s| {
+                    s.is_terminal() || *s == BatchState::Cancelling
+                })
+                .await
             }
-            Err(e) => Err(e),
         }
     }
 
@@ -639,15 +535,10 @@ impl OpenAiBatch {
             }
             after = page.last_id.clone().or_else(|| last.map(|b| b.id.clone()));
         }
-        Err(ProviderError {
-            class: ErrorClass::Request,
-            http_status: None,
-            message: format!(
-                "listed {} batches without reaching the submission time; cannot tell whether {tag:?} was created",
-                MAX_LIST_PAGES * 100
-            ),
-            headers: RateHeaders::default(),
-        })
+        Err(request_error(format!(
+            "listed {} batches without reaching the submission time; cannot tell whether {tag:?} was created",
+            MAX_LIST_PAGES * 100
+        )))
     }
 }
 
@@ -671,25 +562,18 @@ impl BatchProvider for OpenAiBatch {
     scrubbed_batch_calls!();
 }
 
-fn request_error(message: String) -> ProviderError {
-    ProviderError {
-        class: ErrorClass::Request,
-        http_status: None,
-        message,
-        headers: RateHeaders::default(),
-    }
-}
+/// OpenAI's (and Azure's) answers: rate headers as the sync adapter reads
+/// them, errors by its classifier.
+const WIRE: Wire = Wire {
+    rate_headers,
+    error_of: |raw| classify_error(raw.status, &raw.bytes, rate_headers(&raw.headers)),
+};
 
-fn parse_json<T: DeserializeOwned>(raw: &RawAnswer, what: &str) -> Result<T, ProviderError> {
-    serde_json::from_slice(&raw.bytes).map_err(|e| ProviderError {
-        class: ErrorClass::Transient,
-        http_status: Some(raw.status),
-        message: format!(
-            "{what} answer is not understood: {e}; body starts {}",
-            preview(&raw.bytes)
-        ),
-        headers: rate_headers(&raw.headers),
-    })
+fn parse_json<T: serde::de::DeserializeOwned>(
+    raw: &RawAnswer,
+    what: &str,
+) -> Result<T, ProviderError> {
+    WIRE.parse_json(raw, what)
 }
 
 /// `errors.data[]` of a failed batch, one entry per problem, with the
@@ -829,21 +713,6 @@ impl ListObject {
                 unknown.push(b.id.clone());
             }
         }
-    }
-}
-
-/// One exact match is ours; none at all is safe to submit; anything else
-/// (several, or our tag with another count) cannot be told apart. `unknown`
-/// are batches with no metadata to check (an Azure api-version that drops
-/// it): any of them could be ours, so with no match they are Ambiguous,
-/// never None (beside one exact match, metadata is evidently kept, and they
-/// are someone else's).
-fn verdict(mut exact: Vec<String>, tag_only: Vec<String>, unknown: Vec<String>) -> Found {
-    match (exact.len(), tag_only.len(), unknown.len()) {
-        (0, 0, 0) => Found::None,
-        (1, 0, _) => Found::One(exact.remove(0)),
-        (0, 0, _) => Found::Ambiguous(unknown),
-        _ => Found::Ambiguous(exact.into_iter().chain(tag_only).collect()),
     }
 }
 

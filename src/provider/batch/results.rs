@@ -244,6 +244,27 @@ impl LineSplitter {
     }
 }
 
+/// A result line parsed as `T`; one that is not is quarantined (the reason
+/// cleaned of `key`) and gives None.
+pub(crate) fn parse_line<T: serde::de::DeserializeOwned>(
+    m: &mut Matcher<'_>,
+    raw: &[u8],
+    at: &str,
+    key: Option<&crate::provider::ApiKey>,
+) -> Option<T> {
+    match serde_json::from_slice(raw) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            let reason = format!(
+                "{at}: not a result line ({e}); starts {}",
+                crate::provider::openai::preview(raw)
+            );
+            m.unreadable(super::clean(&reason, key));
+            None
+        }
+    }
+}
+
 /// How a results stream ended.
 pub(crate) enum StreamEnd {
     /// Every line was read.
