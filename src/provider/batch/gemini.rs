@@ -3,7 +3,8 @@
 //! - submit: `POST {base}/v1beta/models/{model}:batchGenerateContent` with
 //!   `{"batch":{"displayName": tag, "inputConfig": {"requests": {"requests":
 //!   [{"request": {...}, "metadata": {"key": custom_id}}]}}}}` when the whole
-//!   body fits the inline limit (20 MB); else the requests go up as a JSONL
+//!   body fits the inline limit (20 MB), encoded an item at a time as it is
+//!   sent; else the requests go up as a JSONL
 //!   file (`{"key", "request"}` per line) through the Files API's resumable
 //!   upload (`POST {base}/upload/v1beta/files`, `X-Goog-Upload-Command:
 //!   start`, then `upload, finalize` to the URL it answers, the bytes
@@ -12,8 +13,10 @@
 //!   create answer was lost (creation is not idempotent).
 //! - poll: `GET {base}/v1beta/batches/{id}`, an Operation: `metadata.state`
 //!   (`BATCH_STATE_*`, `JOB_STATE_*` accepted too), `metadata.batchStats`
-//!   (int64 counts as strings or numbers), `done`, `error`, and the results
-//!   in `response` or `metadata.output` (both read, in the reference's order).
+//!   (int64 counts as strings or numbers), `done`, `error`, and where the
+//!   results are: `response` or `metadata.output` (both read, in the
+//!   reference's order). Only these are read; the results themselves (all
+//!   of them, for an inline batch) are skipped unread.
 //! - results: inline (`…inlinedResponses.inlinedResponses[]`, each
 //!   `{"metadata":{"key"}, "response"|"error"}`), read from a fresh GET; or a
 //!   responses file (`GET {base}/download/v1beta/files/{id}:download?alt=media`,
@@ -32,13 +35,18 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::HashSet;
+use std::fmt;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Value, json};
 
 use super::http::{
-    self, JSONL, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
+    self, Framing, JSONL, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
+    streamed_body_opening,
 };
 use super::jsonl::{self, Chunk, LineError};
 use super::results::{Matcher, StreamEnd, parse_line};
@@ -67,6 +75,22 @@ pub const INLINE_LIMIT: u64 = 20_000_000;
 /// `output_ref` of a batch whose results are inline in the batch resource:
 /// this prefix and the batch's name.
 pub const INLINE_REF: &str = "inline:";
+
+/// The inline create body: `{"batch":{"displayName":` + the tag +
+/// `,"inputConfig":{"requests":{"requests":[` (together, `inline_open`),
+/// the items comma-separated, `]}}}}`.
+const INLINE_FRAMING: Framing = Framing {
+    open: b"",
+    between: b",",
+    after: b"",
+    close: b"]}}}}",
+};
+
+/// How much longer an inline item is than its file line: the line is
+/// `{"key":K,"request":R}` (19 bytes besides K and R), the item
+/// `{"metadata":{"key":K},"request":R}` (32 bytes besides them), K and R
+/// encoded alike in both.
+const ITEM_EXTRA: u64 = 13;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const FILE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -177,20 +201,64 @@ impl GeminiBatch {
         })
     }
 
-    /// The whole inline create body, or None when it would pass the limit.
+    /// One entry of `inputConfig.requests.requests`, encoded.
+    fn encode_item(line: &BatchLine) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(&Self::inline_item(line))
+            .map_err(|e| format!("cannot encode the request: {e}"))
+    }
+
+    /// The inline create body's length, its opening `open_len` bytes long,
+    /// counted without encoding it; None when it would pass the limit.
+    fn inline_len(&self, open_len: usize, chunk: &Chunk<'_>) -> Option<u64> {
+        // `chunk.bytes` counts each file line and its newline; an item is
+        // `ITEM_EXTRA` longer than its line, and a comma stands between two.
+        let n = chunk.lines.len() as u64;
+        let len = (open_len as u64 + INLINE_FRAMING.close.len() as u64)
+            .saturating_add(chunk.bytes)
+            .saturating_add(n.saturating_mul(ITEM_EXTRA))
+            .saturating_sub(1);
+        (len <= self.inline_limit).then_some(len)
+    }
+
+    /// The whole inline create body, or None when it would pass the limit
+    /// (what `create_inline` streams, put together at once).
+    #[cfg(test)]
     fn inline_body(&self, tag: &str, chunk: &Chunk<'_>) -> Option<Vec<u8>> {
-        // Each item is a few bytes longer than its file line; stop early
-        // when even the file lines do not fit.
-        if chunk.bytes > self.inline_limit {
-            return None;
+        let mut body = inline_open(tag);
+        let len = self.inline_len(body.len(), chunk)?;
+        for (i, line) in chunk.lines.iter().enumerate() {
+            if i > 0 {
+                body.extend_from_slice(INLINE_FRAMING.between);
+            }
+            body.extend_from_slice(&Self::encode_item(line).ok()?);
         }
-        let items: Vec<Value> = chunk.lines.iter().map(Self::inline_item).collect();
-        let body = json!({"batch": {
-            "displayName": tag,
-            "inputConfig": {"requests": {"requests": items}},
-        }});
-        let bytes = serde_json::to_vec(&body).ok()?;
-        (bytes.len() as u64 <= self.inline_limit).then_some(bytes)
+        body.extend_from_slice(INLINE_FRAMING.close);
+        assert_eq!(body.len() as u64, len, "the inline body's counted length");
+        Some(body)
+    }
+
+    /// `POST …:batchGenerateContent` with the requests inline, the body
+    /// (`open`, the items, the close; `len` bytes in all) encoded an item at
+    /// a time as it is sent.
+    async fn create_inline(
+        &self,
+        model: &str,
+        open: &[u8],
+        chunk: &Chunk<'_>,
+        len: u64,
+    ) -> Result<RawAnswer, ProviderError> {
+        let (body, produce) =
+            streamed_body_opening(chunk, open, &INLINE_FRAMING, Self::encode_item);
+        let send = self.call(
+            self.client
+                .post(self.model_url(model))
+                .timeout(CALL_TIMEOUT)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .header(reqwest::header::CONTENT_LENGTH, len)
+                .body(body),
+        );
+        let (answer, ()) = futures::join!(send, produce);
+        answer
     }
 
     /// `{base}/v1beta/batches/{id}` for a name `batches/{id}` (or a bare id).
@@ -241,15 +309,23 @@ impl GeminiBatch {
         WIRE.call(self.authed(builder)?).await
     }
 
+    async fn get_batch(&self, name: &str) -> Result<RawAnswer, ProviderError> {
+        self.call(
+            self.client
+                .get(self.batch_url(name, ""))
+                .timeout(CALL_TIMEOUT),
+        )
+        .await
+    }
+
+    /// The whole batch resource, inline results and all (for `results`).
     async fn get_op(&self, name: &str) -> Result<Value, ProviderError> {
-        let raw = self
-            .call(
-                self.client
-                    .get(self.batch_url(name, ""))
-                    .timeout(CALL_TIMEOUT),
-            )
-            .await?;
-        parse_json(&raw, "batch")
+        parse_json(&self.get_batch(name).await?, "batch")
+    }
+
+    /// What a poll reads of the batch resource; the rest is skipped unread.
+    async fn get_status(&self, name: &str) -> Result<OpStatus, ProviderError> {
+        WIRE.parse_json(&self.get_batch(name).await?, "batch")
     }
 
     async fn submit_inner(&self, spec: &SubmitSpec<'_>) -> Result<Submitted, ProviderError> {
@@ -263,26 +339,30 @@ impl GeminiBatch {
         }
         one_model(spec, " (one model per batch)")?;
         let chunk = &one_chunk(self.split(spec.lines), self.limits, " per file", "file")?;
-        let (body, file) = match self.inline_body(spec.tag, chunk) {
-            Some(body) => (body, None),
+        let open = inline_open(spec.tag);
+        let (raw, file) = match self.inline_len(open.len(), chunk) {
+            Some(len) => (
+                self.create_inline(spec.model, &open, chunk, len).await?,
+                None,
+            ),
             None => {
                 let file = self.upload(spec.tag, chunk).await?;
                 let body = json!({"batch": {
                     "displayName": spec.tag,
                     "inputConfig": {"fileName": file},
                 }});
-                (body.to_string().into_bytes(), Some(file))
+                let raw = self
+                    .call(
+                        self.client
+                            .post(self.model_url(spec.model))
+                            .timeout(CALL_TIMEOUT)
+                            .header(reqwest::header::CONTENT_TYPE, "application/json")
+                            .body(body.to_string()),
+                    )
+                    .await?;
+                (raw, Some(file))
             }
         };
-        let raw = self
-            .call(
-                self.client
-                    .post(self.model_url(spec.model))
-                    .timeout(CALL_TIMEOUT)
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body),
-            )
-            .await?;
         let op: Value = parse_json(&raw, "batch create")?;
         let name = op_name(&op).ok_or_else(|| {
             not_understood(
@@ -364,9 +444,8 @@ impl GeminiBatch {
             })
     }
 
-    fn status_of(&self, op: &Value) -> Result<BatchStatus, ProviderError> {
-        let o = OpView::new(op);
-        let name = op_name(op).unwrap_or_default();
+    fn status_of(&self, o: &OpStatus) -> Result<BatchStatus, ProviderError> {
+        let name = o.name().unwrap_or_default();
         let state = match o.state().as_deref() {
             Some("PENDING" | "QUEUED") => BatchState::Validating,
             Some("RUNNING" | "UPDATING" | "PAUSED") => BatchState::InProgress,
@@ -522,7 +601,7 @@ impl GeminiBatch {
     }
 
     async fn poll_inner(&self, provider_batch_id: &str) -> Result<BatchStatus, ProviderError> {
-        self.get_op(provider_batch_id)
+        self.get_status(provider_batch_id)
             .await
             .and_then(|op| self.status_of(&op))
     }
@@ -538,7 +617,7 @@ impl GeminiBatch {
             .await;
         match sent {
             Ok(_) => {
-                let mut s = self.status_of(&self.get_op(name).await?)?;
+                let mut s = self.status_of(&self.get_status(name).await?)?;
                 // Accepted; the Developer API has no cancelling state, so a
                 // batch still running is reported as on its way out.
                 if !s.state.is_terminal() {
@@ -658,57 +737,6 @@ impl<'v> OpView<'v> {
         OpView { op, batch }
     }
 
-    /// The state without its `BATCH_STATE_` / `JOB_STATE_` prefix.
-    fn state(&self) -> Option<String> {
-        let s = field(self.batch, &["state"])?.as_str()?;
-        let s = s
-            .strip_prefix("BATCH_STATE_")
-            .or_else(|| s.strip_prefix("JOB_STATE_"))
-            .unwrap_or(s);
-        Some(s.to_ascii_uppercase())
-    }
-
-    fn done(&self) -> bool {
-        self.op.get("done").and_then(Value::as_bool) == Some(true)
-    }
-
-    fn error(&self) -> Option<&'v Value> {
-        field(self.op, &["error"]).or_else(|| field(self.batch, &["error"]))
-    }
-
-    fn failure(&self) -> String {
-        match self.error() {
-            Some(e) => {
-                let msg = e
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("(no message)");
-                let code = e.get("code").map(Value::to_string).unwrap_or_default();
-                crate::sanitize::for_terminal(&format!("{msg} [code {code}]"))
-            }
-            None => "the batch failed (no error given)".into(),
-        }
-    }
-
-    /// `batchStats` is there (proto JSON leaves out zero counts inside it).
-    fn has_counts(&self) -> bool {
-        field(self.batch, &["batchStats", "batch_stats"]).is_some_and(Value::is_object)
-    }
-
-    fn counts(&self) -> BatchCounts {
-        let Some(s) = field(self.batch, &["batchStats", "batch_stats"]) else {
-            return BatchCounts::default();
-        };
-        BatchCounts {
-            total: int64(field(s, &["requestCount", "request_count"])),
-            completed: int64(field(
-                s,
-                &["successfulRequestCount", "successful_request_count"],
-            )),
-            failed: int64(field(s, &["failedRequestCount", "failed_request_count"])),
-        }
-    }
-
     /// Where the results are, in the reference's order: `response` inline,
     /// `metadata.output` inline, `response` file, `metadata.output` file.
     fn places(&self) -> [Option<&'v Value>; 2] {
@@ -726,22 +754,6 @@ impl<'v> OpView<'v> {
         }
     }
 
-    fn output(&self) -> Output {
-        let places = self.places();
-        if places.iter().flatten().any(|p| Self::inline(p).is_some()) {
-            return Output::Inline;
-        }
-        for p in places.iter().flatten() {
-            if let Some(f) = field(p, &["responsesFile", "responses_file"])
-                .and_then(Value::as_str)
-                .filter(|f| !f.is_empty())
-            {
-                return Output::File(f.to_string());
-            }
-        }
-        Output::None
-    }
-
     fn inline_items(&self) -> &'v [Value] {
         self.places()
             .into_iter()
@@ -750,6 +762,289 @@ impl<'v> OpView<'v> {
             .map(Vec::as_slice)
             .unwrap_or_default()
     }
+}
+
+/// What a poll reads of an Operation, of its `metadata` (the batch
+/// resource), or of a bare batch resource. Every other field is skipped
+/// unread (serde builds nothing of it), above all the inline results, which
+/// are read only by `results`. Each field is read as leniently as
+/// `field` reads a `Value`.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct OpStatus {
+    name: Loose<IgnoredAny>,
+    done: Loose<IgnoredAny>,
+    error: Option<Value>,
+    state: Loose<IgnoredAny>,
+    #[serde(rename = "batchStats")]
+    stats: Loose<Stats>,
+    #[serde(rename = "batch_stats")]
+    stats_snake: Loose<Stats>,
+    response: Loose<Place>,
+    output: Loose<Place>,
+    metadata: Loose<Box<OpStatus>>,
+}
+
+/// `batchStats`, its int64 counts as strings or numbers.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Stats {
+    #[serde(rename = "requestCount")]
+    total: Loose<IgnoredAny>,
+    #[serde(rename = "request_count")]
+    total_snake: Loose<IgnoredAny>,
+    #[serde(rename = "successfulRequestCount")]
+    completed: Loose<IgnoredAny>,
+    #[serde(rename = "successful_request_count")]
+    completed_snake: Loose<IgnoredAny>,
+    #[serde(rename = "failedRequestCount")]
+    failed: Loose<IgnoredAny>,
+    #[serde(rename = "failed_request_count")]
+    failed_snake: Loose<IgnoredAny>,
+}
+
+/// Where results may be (`response`, `metadata.output`): whether there are
+/// inline results (never what they are), or the responses file's name.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Place {
+    #[serde(rename = "inlinedResponses")]
+    inlined: Loose<Inlined>,
+    #[serde(rename = "inlined_responses")]
+    inlined_snake: Loose<Inlined>,
+    #[serde(rename = "responsesFile")]
+    file: Loose<IgnoredAny>,
+    #[serde(rename = "responses_file")]
+    file_snake: Loose<IgnoredAny>,
+}
+
+/// `inlinedResponses` as an object holding the array.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Inlined {
+    #[serde(rename = "inlinedResponses")]
+    inlined: Loose<IgnoredAny>,
+    #[serde(rename = "inlined_responses")]
+    inlined_snake: Loose<IgnoredAny>,
+}
+
+impl OpStatus {
+    /// `metadata` of an Operation, or the batch resource itself.
+    fn batch(&self) -> &OpStatus {
+        match &self.metadata {
+            Loose::Obj(m) => m,
+            _ => self,
+        }
+    }
+
+    /// `name`, or `metadata.name` (as `op_name` reads them).
+    fn name(&self) -> Option<String> {
+        self.name
+            .as_str()
+            .or_else(|| self.metadata.as_obj().and_then(|m| m.name.as_str()))
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    }
+
+    /// The state without its `BATCH_STATE_` / `JOB_STATE_` prefix.
+    fn state(&self) -> Option<String> {
+        let s = first(&[&self.batch().state])?.as_str()?;
+        let s = s
+            .strip_prefix("BATCH_STATE_")
+            .or_else(|| s.strip_prefix("JOB_STATE_"))
+            .unwrap_or(s);
+        Some(s.to_ascii_uppercase())
+    }
+
+    fn done(&self) -> bool {
+        matches!(self.done, Loose::Bool(true))
+    }
+
+    fn error(&self) -> Option<&Value> {
+        self.error.as_ref().or(self.batch().error.as_ref())
+    }
+
+    fn failure(&self) -> String {
+        match self.error() {
+            Some(e) => {
+                let msg = e
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no message)");
+                let code = e.get("code").map(Value::to_string).unwrap_or_default();
+                crate::sanitize::for_terminal(&format!("{msg} [code {code}]"))
+            }
+            None => "the batch failed (no error given)".into(),
+        }
+    }
+
+    fn stats(&self) -> Option<&Loose<Stats>> {
+        let b = self.batch();
+        first(&[&b.stats, &b.stats_snake])
+    }
+
+    /// `batchStats` is there (proto JSON leaves out zero counts inside it).
+    fn has_counts(&self) -> bool {
+        matches!(self.stats(), Some(Loose::Obj(_)))
+    }
+
+    fn counts(&self) -> BatchCounts {
+        let Some(Loose::Obj(s)) = self.stats() else {
+            return BatchCounts::default();
+        };
+        BatchCounts {
+            total: count(first(&[&s.total, &s.total_snake])),
+            completed: count(first(&[&s.completed, &s.completed_snake])),
+            failed: count(first(&[&s.failed, &s.failed_snake])),
+        }
+    }
+
+    /// Where the results are, in the reference's order: `response` inline,
+    /// `metadata.output` inline, `response` file, `metadata.output` file.
+    fn output(&self) -> Output {
+        let places = [self.response.as_obj(), self.batch().output.as_obj()];
+        if places.iter().flatten().any(|p| p.inline()) {
+            return Output::Inline;
+        }
+        for p in places.iter().flatten() {
+            if let Some(f) = first(&[&p.file, &p.file_snake])
+                .and_then(Loose::as_str)
+                .filter(|f| !f.is_empty())
+            {
+                return Output::File(f.to_string());
+            }
+        }
+        Output::None
+    }
+}
+
+impl Place {
+    /// `inlinedResponses` is an array, or an object holding one.
+    fn inline(&self) -> bool {
+        match first(&[&self.inlined, &self.inlined_snake]) {
+            Some(Loose::Array) => true,
+            Some(Loose::Obj(o)) => {
+                matches!(first(&[&o.inlined, &o.inlined_snake]), Some(Loose::Array))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An int64 in proto JSON: a string, or a number (as `int64` reads it).
+fn count(v: Option<&Loose<IgnoredAny>>) -> u64 {
+    match v {
+        Some(Loose::Str(s)) => s.trim().parse().unwrap_or(0),
+        Some(Loose::Num(n)) => n.unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The first of `keys` present, unless it is null (as `field` reads a
+/// `Value`).
+fn first<'l, T>(keys: &[&'l Loose<T>]) -> Option<&'l Loose<T>> {
+    keys.iter()
+        .copied()
+        .find(|k| !matches!(k, Loose::Absent))
+        .filter(|k| !matches!(k, Loose::Null))
+}
+
+/// A JSON value read only as far as a poll needs: a scalar kept, an object
+/// read as `T` (which skips the fields it does not name), an array's items
+/// skipped unread.
+#[derive(Default)]
+enum Loose<T> {
+    #[default]
+    Absent,
+    Null,
+    Bool(bool),
+    Str(String),
+    /// A number as `Value::as_u64` reads it.
+    Num(Option<u64>),
+    Array,
+    Obj(T),
+}
+
+impl<T> Loose<T> {
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Loose::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn as_obj(&self) -> Option<&T> {
+        match self {
+            Loose::Obj(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Loose<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Loose<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+
+            fn visit_unit<E>(self) -> Result<Loose<T>, E> {
+                Ok(Loose::Null)
+            }
+
+            fn visit_none<E>(self) -> Result<Loose<T>, E> {
+                Ok(Loose::Null)
+            }
+
+            fn visit_bool<E>(self, v: bool) -> Result<Loose<T>, E> {
+                Ok(Loose::Bool(v))
+            }
+
+            fn visit_u64<E>(self, v: u64) -> Result<Loose<T>, E> {
+                Ok(Loose::Num(Some(v)))
+            }
+
+            fn visit_i64<E>(self, v: i64) -> Result<Loose<T>, E> {
+                Ok(Loose::Num(u64::try_from(v).ok()))
+            }
+
+            fn visit_f64<E>(self, _: f64) -> Result<Loose<T>, E> {
+                Ok(Loose::Num(None))
+            }
+
+            fn visit_str<E>(self, v: &str) -> Result<Loose<T>, E> {
+                Ok(Loose::Str(v.to_string()))
+            }
+
+            fn visit_string<E>(self, v: String) -> Result<Loose<T>, E> {
+                Ok(Loose::Str(v))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Loose<T>, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Loose::Array)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Loose<T>, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(Loose::Obj)
+            }
+        }
+
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// The inline create body up to its first item:
+/// `{"batch":{"displayName":` + the tag + `,"inputConfig":{"requests":{"requests":[`.
+fn inline_open(tag: &str) -> Vec<u8> {
+    let mut open = br#"{"batch":{"displayName":"#.to_vec();
+    open.extend_from_slice(Value::from(tag).to_string().as_bytes());
+    open.extend_from_slice(br#","inputConfig":{"requests":{"requests":["#);
+    open
 }
 
 /// Batches of a list page named `tag` (created at or after `created_after`
@@ -1020,6 +1315,67 @@ mod tests {
                 .inline_body("job-42", &chunks[0])
                 .is_none()
         );
+    }
+
+    #[test]
+    fn the_streamed_inline_body_is_the_whole_body_it_replaced() {
+        let lines = [line("a"), line("b-2"), line("c_3")];
+        let chunks = adapter().split(&lines).unwrap();
+        for tag in ["job-42", "a \"quoted\" tag \\ é ✓"] {
+            let body = adapter().inline_body(tag, &chunks[0]).unwrap();
+            let items: Vec<Value> = lines.iter().map(GeminiBatch::inline_item).collect();
+            let want = json!({"batch": {
+                "displayName": tag,
+                "inputConfig": {"requests": {"requests": items}},
+            }});
+            assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), want);
+            // The limit is the exact length.
+            let len = body.len() as u64;
+            let a = adapter().with_inline_limit(len);
+            assert_eq!(
+                a.inline_body(tag, &chunks[0]).map(|b| b.len()),
+                Some(body.len())
+            );
+            assert!(
+                adapter()
+                    .with_inline_limit(len - 1)
+                    .inline_body(tag, &chunks[0])
+                    .is_none()
+            );
+        }
+    }
+
+    #[test]
+    fn a_poll_reads_as_leniently_as_a_value_and_skips_the_results() {
+        // A bare batch resource (no metadata object): its own fields.
+        let s = status(
+            r#"{"name":"batches/5","metadata":"x","state":"BATCH_STATE_SUCCEEDED","done":"true",
+                "batch_stats":{"request_count":3,"successful_request_count":"2","failed_request_count":-1},
+                "output":{"responses_file":"files/f"}}"#,
+        );
+        assert_eq!(s.provider_batch_id, "batches/5");
+        assert_eq!(s.state, BatchState::Completed);
+        assert_eq!(
+            (s.counts.total, s.counts.completed, s.counts.failed),
+            (3, 2, 0)
+        );
+        assert_eq!(s.output_ref.as_deref(), Some("files/f"));
+        // A null camelCase field hides its snake_case twin, as `field` does.
+        let s = status(
+            r#"{"name":"batches/6","metadata":{"state":"SUCCEEDED","batchStats":null,"batch_stats":{"requestCount":"4"}},
+                "response":{"responsesFile":null,"responses_file":"files/g","inlinedResponses":{"inlined_responses":[]}}}"#,
+        );
+        assert!(!s.results_pending);
+        assert_eq!(s.output_ref.as_deref(), Some("inline:batches/6"));
+        // The name falls back to metadata.name; a wrong-typed field is absent.
+        let s = status(
+            r#"{"metadata":{"name":"batches/8","state":7,"batchStats":[1]},"done":true,"error":"boom",
+                "response":{"inlinedResponses":{"inlinedResponses":[{"metadata":{"key":"k"},"response":{"x":[1,{"y":null}]}}]}}}"#,
+        );
+        assert_eq!(s.provider_batch_id, "batches/8");
+        assert!(matches!(&s.state, BatchState::Failed(w) if w.contains("(no message)")));
+        assert_eq!(s.counts, BatchCounts::default());
+        assert_eq!(s.output_ref.as_deref(), Some("inline:batches/8"));
     }
 
     #[test]

@@ -191,10 +191,21 @@ pub(super) fn streamed_body<'c>(
     framing: &'c Framing,
     encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String> + 'c,
 ) -> (reqwest::Body, impl Future<Output = ()> + 'c) {
+    streamed_body_opening(chunk, framing.open, framing, encode)
+}
+
+/// As `streamed_body`, but the body opens with `open` (made at run time,
+/// say holding a name) in place of `framing.open`.
+pub(super) fn streamed_body_opening<'c>(
+    chunk: &'c Chunk<'_>,
+    open: &'c [u8],
+    framing: &'c Framing,
+    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String> + 'c,
+) -> (reqwest::Body, impl Future<Output = ()> + 'c) {
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
     let produce = async move {
         let mut piece = Vec::with_capacity(PIECE + 4096);
-        piece.extend_from_slice(framing.open);
+        piece.extend_from_slice(open);
         for (i, line) in chunk.lines.iter().enumerate() {
             let encoded = match encode(line) {
                 Ok(v) => v,
