@@ -28,11 +28,11 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use super::MockConfig;
 use super::anthropic_batch_lines::{answer_line, plain};
 use super::anthropic_batch_store::{Batch, Counts, Phase, ROUTE_ONE, event};
+use super::batch_clock::{Due, Schedule};
 use super::server::{Shared, lock};
 use super::stats::BatchCount;
 use super::wire::splitmix;
@@ -123,42 +123,25 @@ impl Run<'_> {
             Wake::Time => {}
         }
         let n = self.requests.len();
-        let expire_at = (self.plan.expire > 0.0).then(|| {
-            let k = (n as f64 * self.plan.expire).floor() as usize;
-            (k.min(n), self.plan.running.mul_f64(self.plan.expire))
-        });
-        let running = self.plan.running;
-        let tick = (running / 20).clamp(Duration::from_millis(10), Duration::from_millis(250));
-        let started = Instant::now();
-        let due = move |at: Duration| -> usize {
-            if running.is_zero() {
-                return n;
-            }
-            let frac = at.as_secs_f64() / running.as_secs_f64();
-            ((n as f64 * frac).floor() as usize).min(n)
-        };
+        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
         loop {
-            let elapsed = started.elapsed();
-            let mut target = due(elapsed);
-            if let Some((k, when)) = expire_at {
-                target = target.min(k);
-                if elapsed >= when {
+            match sched.now() {
+                Due::Expire(k) => {
                     self.step(k);
                     self.end("expired", "batch_expired", BatchCount::Expired);
                     return;
                 }
+                Due::Run(target) => self.step(target),
             }
-            self.step(target);
-            if self.done == n && expire_at.is_none() {
+            if sched.finished(self.done) {
                 break;
             }
-            match self.pause(tick).await {
+            match self.pause(sched.tick).await {
                 Wake::Stop => return,
                 Wake::Time => {}
                 Wake::Cancel => {
-                    // The requests in flight finish.
-                    let next = due(started.elapsed() + tick).max(self.done + 1).min(n);
-                    self.step(next);
+                    // The lines in flight finish.
+                    self.step(sched.on_cancel(self.done));
                     return self.canceled().await;
                 }
             }

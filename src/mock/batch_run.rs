@@ -29,9 +29,9 @@ use axum::body::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use super::MockConfig;
+use super::batch_clock::{Due, Schedule};
 use super::batch_input::{self, Line};
 use super::batch_lines;
 use super::batch_store::{Api, Batch, BatchError, Status, Store, unix_now};
@@ -154,41 +154,24 @@ impl Run<'_> {
             Start::Cancelled => return self.cancelled().await,
         }
 
-        let expire_at = (self.plan.expire > 0.0).then(|| {
-            let k = (n as f64 * self.plan.expire).floor() as usize;
-            (k.min(n), self.plan.running.mul_f64(self.plan.expire))
-        });
-        let running = self.plan.running;
-        let tick = (running / 20).clamp(Duration::from_millis(10), Duration::from_millis(250));
-        let started = Instant::now();
-        let due = move |at: Duration| -> usize {
-            if running.is_zero() {
-                return n;
-            }
-            let frac = at.as_secs_f64() / running.as_secs_f64();
-            ((n as f64 * frac).floor() as usize).min(n)
-        };
+        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
         loop {
-            let elapsed = started.elapsed();
-            let mut target = due(elapsed);
-            if let Some((k, when)) = expire_at {
-                target = target.min(k);
-                if elapsed >= when {
+            match sched.now() {
+                Due::Expire(k) => {
                     self.step(k);
                     return self.expired();
                 }
+                Due::Run(target) => self.step(target),
             }
-            self.step(target);
-            if self.done == n && expire_at.is_none() {
+            if sched.finished(self.done) {
                 break;
             }
-            match self.pause(tick).await {
+            match self.pause(sched.tick).await {
                 Wake::Stop => return,
                 Wake::Time => {}
                 Wake::Cancel => {
                     // The lines in flight finish.
-                    let next = due(started.elapsed() + tick).max(self.done + 1).min(n);
-                    self.step(next);
+                    self.step(sched.on_cancel(self.done));
                     return self.cancelled().await;
                 }
             }

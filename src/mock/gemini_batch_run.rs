@@ -26,9 +26,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use super::MockConfig;
+use super::batch_clock::{Due, Schedule};
 use super::gemini_batch_answer::answer;
 use super::gemini_batch_store::{GBatch, GFile, GState, GemState, Results, now_rfc3339};
 use super::server::{Shared, lock};
@@ -147,39 +147,24 @@ impl Run<'_> {
         };
         self.log("batch_in_progress", &model);
         let n = reqs.len();
-        let expire_at = (self.plan.expire > 0.0).then(|| {
-            let k = (n as f64 * self.plan.expire).floor() as usize;
-            (k.min(n), self.plan.running.mul_f64(self.plan.expire))
-        });
-        let running = self.plan.running;
-        let tick = (running / 20).clamp(Duration::from_millis(10), Duration::from_millis(250));
-        let started = Instant::now();
-        let due = move |at: Duration| -> usize {
-            if running.is_zero() {
-                return n;
-            }
-            ((n as f64 * at.as_secs_f64() / running.as_secs_f64()).floor() as usize).min(n)
-        };
+        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
         loop {
-            let elapsed = started.elapsed();
-            let mut target = due(elapsed);
-            if let Some((k, when)) = expire_at {
-                target = target.min(k);
-                if elapsed >= when {
+            match sched.now() {
+                Due::Expire(k) => {
                     self.step(&reqs, &model, k);
                     return self.finish(GState::Expired).await;
                 }
+                Due::Run(target) => self.step(&reqs, &model, target),
             }
-            self.step(&reqs, &model, target);
-            if self.done == n && expire_at.is_none() {
+            if sched.finished(self.done) {
                 break;
             }
-            match self.pause(tick).await {
+            match self.pause(sched.tick).await {
                 Wake::Stop => return,
                 Wake::Time => {}
                 Wake::Cancel => {
-                    let next = due(started.elapsed() + tick).max(self.done + 1).min(n);
-                    self.step(&reqs, &model, next);
+                    // The lines in flight finish.
+                    self.step(&reqs, &model, sched.on_cancel(self.done));
                     return self.finish(GState::Cancelled).await;
                 }
             }

@@ -43,6 +43,7 @@ mod anthropic_batch_lines;
 mod anthropic_batch_run;
 mod anthropic_batch_store;
 mod anthropic_batches;
+mod batch_clock;
 mod batch_gate;
 mod batch_input;
 mod batch_lines;
