@@ -12,6 +12,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_init.sql")),
     (2, include_str!("migrations/0002_console.sql")),
     (3, include_str!("migrations/0003_review_search.sql")),
+    (4, include_str!("migrations/0004_provider_batches.sql")),
 ];
 
 pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
