@@ -155,6 +155,7 @@ fn snapshot_with(review: ReviewPage, view: Option<SessionView>) -> Snapshot {
         review,
         detail: None,
         now: NOW,
+        ..Snapshot::default()
     }
 }
 
@@ -1205,4 +1206,108 @@ fn quit_dialog_choices_can_be_rebound() {
         a.handle_key(ch('h')),
         vec![Effect::Quit(QuitChoice::KeepHeadless)]
     );
+}
+
+// ---------------------------------------------------------------- provider batches
+
+#[test]
+fn b_opens_the_batches_overlay_and_esc_closes_it() {
+    let mut a = app(3);
+    assert_eq!(
+        a.keymap.keys_for(
+            docket::tui::keymap::Section::Global,
+            docket::tui::action::Action::Batches
+        ),
+        vec!["b"]
+    );
+    a.handle_key(ch('b'));
+    assert!(
+        matches!(a.overlay, Overlay::Batches { scroll: 0 }),
+        "{:?}",
+        a.overlay
+    );
+    assert_eq!(a.mode(), Mode::Batches);
+    // j scrolls within what the last frame measured; nothing else moves.
+    a.scroll_max.set(5);
+    a.handle_key(ch('j'));
+    a.handle_key(ch('j'));
+    assert!(
+        matches!(a.overlay, Overlay::Batches { scroll: 2 }),
+        "{:?}",
+        a.overlay
+    );
+    a.handle_key(ch('G'));
+    assert!(
+        matches!(a.overlay, Overlay::Batches { scroll: 5 }),
+        "{:?}",
+        a.overlay
+    );
+    assert_eq!(a.focus, Pane::Stages);
+    a.handle_key(esc());
+    assert!(matches!(a.overlay, Overlay::None), "{:?}", a.overlay);
+    assert_eq!(a.mode(), Mode::Normal);
+    // b again toggles it: open, then b closes.
+    a.handle_key(ch('b'));
+    a.handle_key(ch('b'));
+    assert!(matches!(a.overlay, Overlay::None), "{:?}", a.overlay);
+}
+
+#[test]
+fn review_keys_do_nothing_under_the_batches_overlay() {
+    let mut a = review_app(3);
+    a.handle_key(ch('b'));
+    assert!(matches!(a.overlay, Overlay::Batches { .. }));
+    // `a` would accept in the queue; over the overlay it is not the queue's.
+    let fx = a.handle_key(ch('a'));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Accept(_))), "{fx:?}");
+    a.handle_key(esc());
+    assert!(matches!(a.overlay, Overlay::None));
+    assert_eq!(a.focus, Pane::Review);
+}
+
+#[test]
+fn command_line_batches_opens_the_overlay() {
+    let mut a = app(3);
+    a.handle_key(ch(':'));
+    type_text(&mut a, "batches");
+    a.handle_key(enter());
+    assert!(
+        matches!(a.overlay, Overlay::Batches { scroll: 0 }),
+        "{:?}",
+        a.overlay
+    );
+    a.handle_key(esc());
+    assert!(matches!(a.overlay, Overlay::None), "{:?}", a.overlay);
+    // Completion knows the word.
+    a.handle_key(ch(':'));
+    type_text(&mut a, "batc");
+    a.handle_key(key(KeyCode::Tab));
+    assert_eq!(input_text(&a), "batches ");
+}
+
+#[test]
+fn a_batch_countdown_makes_every_second_new_data() {
+    let base = snapshot(3);
+    let mut later = base.clone();
+    later.now = NOW + 1.0;
+    // Without batches a new second alone is the same data (nothing redraws).
+    assert!(base.same_data(&later));
+    let mut polling = base.clone();
+    polling.batches = vec![docket::watch::ProviderBatchRow {
+        state: "in_progress".into(),
+        next_poll_at: Some(NOW + 30.0),
+        ..Default::default()
+    }];
+    let mut polling_later = polling.clone();
+    polling_later.now = NOW + 1.0;
+    assert!(
+        !polling.same_data(&polling_later),
+        "`in 30s` becomes `in 29s`"
+    );
+    // A finished batch shows no countdown.
+    let mut done = polling.clone();
+    done.batches[0].state = "ingested".into();
+    let mut done_later = done.clone();
+    done_later.now = NOW + 1.0;
+    assert!(done.same_data(&done_later));
 }

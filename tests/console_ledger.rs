@@ -1614,3 +1614,278 @@ fn the_review_filter_index_follows_every_change() {
         )
         .expect("the index matches its table");
 }
+
+// ---------------------------------------------------------------- provider batches
+
+/// A provider_batch row as the engine writes it; returns its batch_id.
+#[allow(clippy::too_many_arguments)]
+fn provider_batch(
+    conn: &Connection,
+    tag: &str,
+    session: &str,
+    state: &str,
+    provider_batch_id: Option<&str>,
+    counts: (i64, i64, i64),
+    created_at: f64,
+    next_poll_at: Option<f64>,
+) -> i64 {
+    conn.query_row(
+        "INSERT INTO provider_batch (tag, session_id, stage, provider, provider_kind, model, state,
+             provider_batch_id, request_count, input_bytes, ingested_count, failed_count,
+             created_at, next_poll_at, updated_at)
+         VALUES (?1, ?2, 'triage', 'openai-main', 'openai', 'gpt-4o-mini', ?3, ?4, ?5, 1000, ?6, ?7,
+             ?8, ?9, ?8)
+         RETURNING batch_id",
+        params![
+            tag,
+            session,
+            state,
+            provider_batch_id,
+            counts.0,
+            counts.1,
+            counts.2,
+            created_at,
+            next_poll_at
+        ],
+        |r| r.get(0),
+    )
+    .expect("insert provider_batch")
+}
+
+#[test]
+fn provider_batches_open_first_newest_first_with_a_summary() {
+    let l = Ledger::new();
+    l.session("s1", 100.0, None, "running");
+    l.session("s2", 200.0, None, "running");
+    let c = &l.conn;
+    // Ingested ones are finished with: listed after every open one, however new.
+    let old_done = provider_batch(
+        c,
+        "t-old",
+        "s1",
+        "ingested",
+        Some("batch_old"),
+        (50, 50, 0),
+        1000.0,
+        None,
+    );
+    let new_done = provider_batch(
+        c,
+        "t-new",
+        "s1",
+        "ingested",
+        Some("batch_new"),
+        (10, 10, 1),
+        1900.0,
+        None,
+    );
+    let running = provider_batch(
+        c,
+        "t-run",
+        "s1",
+        "in_progress",
+        Some("batch_run"),
+        (300, 100, 2),
+        1500.0,
+        Some(1510.0),
+    );
+    let unknown = provider_batch(c, "t-unk", "s1", "unknown", None, (40, 0, 0), 1700.0, None);
+    let creating = provider_batch(
+        c,
+        "t-sub",
+        "s1",
+        "submitting",
+        None,
+        (200, 0, 0),
+        1800.0,
+        None,
+    );
+    let finishing = provider_batch(
+        c,
+        "t-fin",
+        "s1",
+        "finalizing",
+        Some("batch_fin"),
+        (60, 70, 0),
+        1600.0,
+        Some(1620.0),
+    );
+    // Another session's batch is never shown.
+    provider_batch(
+        c,
+        "t-other",
+        "s2",
+        "in_progress",
+        Some("batch_other"),
+        (999, 0, 0),
+        1950.0,
+        Some(2000.0),
+    );
+    c.execute(
+        "UPDATE provider_batch SET error_message = ?2, cancel_requested_at = 1650.0,
+             quarantined_count = 3, completed_count = 99, poll_count = 7, submitted_at = 1501.0,
+             last_polled_at = 1505.0
+         WHERE batch_id = ?1",
+        params![running, "\u{1b}[2Jboom\u{1b}]0;t\u{7} from provider"],
+    )
+    .expect("error message");
+
+    let rows = watch::provider_batches(c, "s1", 50).expect("batches");
+    let ids: Vec<i64> = rows.iter().map(|b| b.batch_id).collect();
+    assert_eq!(
+        ids,
+        vec![creating, unknown, finishing, running, new_done, old_done]
+    );
+    let states: Vec<&str> = rows.iter().map(|b| b.state.as_str()).collect();
+    assert_eq!(
+        states,
+        vec![
+            "submitting",
+            "unknown",
+            "finalizing",
+            "in_progress",
+            "ingested",
+            "ingested"
+        ]
+    );
+
+    let r = &rows[3];
+    assert_eq!(r.tag, "t-run");
+    assert_eq!(r.stage, "triage");
+    assert_eq!(r.provider, "openai-main");
+    assert_eq!(r.provider_kind, "openai");
+    assert_eq!(r.model, "gpt-4o-mini");
+    assert_eq!(r.provider_batch_id.as_deref(), Some("batch_run"));
+    assert_eq!(
+        (
+            r.request_count,
+            r.ingested_count,
+            r.failed_count,
+            r.completed_count
+        ),
+        (300, 100, 2, 99)
+    );
+    assert_eq!((r.quarantined_count, r.poll_count), (3, 7));
+    assert_eq!(r.created_at, Some(1500.0));
+    assert_eq!(r.submitted_at, Some(1501.0));
+    assert_eq!(r.last_polled_at, Some(1505.0));
+    assert_eq!(r.next_poll_at, Some(1510.0));
+    assert_eq!(r.cancel_requested_at, Some(1650.0));
+    assert_eq!(r.ended_at, None);
+    // The provider's text arrives sanitized: no escape sequence survives.
+    assert_eq!(r.error_message.as_deref(), Some("boom from provider"));
+    assert_eq!(rows[0].provider_batch_id, None, "no id while submitting");
+    assert_eq!(rows[0].error_message, None);
+
+    // The limit keeps the open ones.
+    let two = watch::provider_batches(c, "s1", 2).expect("limited");
+    assert_eq!(
+        two.iter().map(|b| b.batch_id).collect::<Vec<_>>(),
+        vec![creating, unknown]
+    );
+    assert!(
+        watch::provider_batches(c, "s1", 0)
+            .expect("zero")
+            .is_empty()
+    );
+    assert!(
+        watch::provider_batches(c, "nope", 10)
+            .expect("none")
+            .is_empty()
+    );
+
+    let s = watch::provider_batch_summary(c, "s1").expect("summary");
+    assert_eq!(s.total, 6);
+    assert_eq!(s.ingested, 2);
+    assert_eq!(
+        s.open,
+        vec![
+            ("submitting".to_string(), 1),
+            ("in_progress".to_string(), 1),
+            ("finalizing".to_string(), 1),
+            ("unknown".to_string(), 1),
+        ]
+    );
+    assert_eq!(s.open_count(), 4);
+    assert_eq!(s.in_state("unknown"), 1);
+    assert_eq!(s.in_state("ingested"), 2);
+    // 200 + (300 - 100) + 40 + max(60 - 70, 0): ingested batches do not count.
+    assert_eq!(s.lines_waiting, 440);
+    let other = watch::provider_batch_summary(c, "s2").expect("other");
+    assert_eq!((other.total, other.lines_waiting), (1, 999));
+    assert_eq!(
+        watch::provider_batch_summary(c, "nope").expect("empty"),
+        Default::default()
+    );
+
+    // The same from a read-only connection (a read-only console).
+    let ro = docket::ledger::open_read_only(&l.path).expect("read-only");
+    assert_eq!(
+        watch::provider_batches(&ro, "s1", 50).expect("ro batches"),
+        rows
+    );
+    assert_eq!(
+        watch::provider_batch_summary(&ro, "s1").expect("ro summary"),
+        s
+    );
+}
+
+#[test]
+fn provider_batches_survive_odd_ledger_content() {
+    let l = Ledger::new();
+    l.session("s1", 100.0, None, "running");
+    let c = &l.conn;
+    let id = provider_batch(
+        c,
+        "t-odd",
+        "s1",
+        "in_progress",
+        Some("b"),
+        (5, 9, 0),
+        1000.0,
+        Some(1.0),
+    );
+    // What another version or a hand edit might leave: any type SQLite
+    // accepts in a column, negative counts, an infinite time.
+    c.execute_batch(&format!(
+        "UPDATE provider_batch SET request_count = 'many', ingested_count = -5, failed_count = 2.7,
+             created_at = 'yesterday', next_poll_at = 1e308 * 10, cancel_requested_at = X'00',
+             error_message = '   ', model = 42 WHERE batch_id = {id};"
+    ))
+    .expect("odd values");
+    let rows = watch::provider_batches(c, "s1", 10).expect("reads");
+    let r = &rows[0];
+    assert_eq!(r.request_count, 0);
+    assert_eq!(r.ingested_count, 0);
+    assert_eq!(r.failed_count, 2);
+    assert_eq!(r.created_at, None);
+    assert_eq!(r.next_poll_at, None, "infinity is not a time");
+    assert_eq!(r.cancel_requested_at, None);
+    assert_eq!(r.error_message, None, "a blank error is no error");
+    assert_eq!(r.model, "42");
+    let s = watch::provider_batch_summary(c, "s1").expect("summary");
+    assert_eq!((s.total, s.open_count()), (1, 1));
+}
+
+#[test]
+fn provider_batches_on_a_ledger_without_the_table() {
+    // A ledger from before migration 0004, opened read-only, is never
+    // migrated: it has no batches rather than an error.
+    let l = Ledger::new();
+    l.session("s1", 100.0, None, "running");
+    l.conn
+        .execute_batch("DROP TABLE provider_batch_quarantine; DROP TABLE provider_batch_item; DROP TABLE provider_batch;")
+        .expect("drop");
+    let ro = docket::ledger::open_read_only(&l.path).expect("read-only");
+    assert!(
+        watch::provider_batches(&ro, "s1", 10)
+            .expect("rows")
+            .is_empty()
+    );
+    assert_eq!(
+        watch::provider_batch_summary(&ro, "s1")
+            .expect("summary")
+            .total,
+        0
+    );
+}

@@ -7,8 +7,8 @@ use docket::tui::app::{App, Dialog, Overlay, Pane, Snapshot};
 use docket::tui::keymap::Keymap;
 use docket::tui::theme::Theme;
 use docket::watch::{
-    Event, Level, LiveGauges, ReviewDetail, ReviewPage, ReviewRow, SessionSummary, SessionView,
-    StageOutput, StageProgress, Tune,
+    Event, Level, LiveGauges, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage,
+    ReviewRow, SessionSummary, SessionView, StageOutput, StageProgress, Tune,
 };
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -253,6 +253,7 @@ fn snapshot() -> Snapshot {
         review: page(12),
         detail: None,
         now: NOW,
+        ..Snapshot::default()
     }
 }
 
@@ -694,5 +695,293 @@ fn hostile_text_in_the_header_is_sanitized() {
         let terminal = render(&a, w, h);
         let buf = terminal.backend().buffer();
         assert_clean(buf, &format!("header {w}x{h}"));
+    }
+}
+
+// ---------------------------------------------------------------- provider batches
+
+fn batch(
+    id: i64,
+    provider: &str,
+    state: &str,
+    provider_id: Option<&str>,
+    lines: (u64, u64, u64),
+    created_ago: f64,
+    next_poll_in: Option<f64>,
+) -> ProviderBatchRow {
+    ProviderBatchRow {
+        batch_id: id,
+        tag: format!("dkt-{SESSION}-{id}"),
+        stage: "triage".into(),
+        provider: provider.into(),
+        provider_kind: "openai".into(),
+        model: "gpt-4o-mini".into(),
+        state: state.into(),
+        provider_batch_id: provider_id.map(str::to_string),
+        request_count: lines.1,
+        completed_count: lines.0,
+        failed_count: lines.2,
+        ingested_count: lines.0,
+        created_at: Some(NOW - created_ago),
+        next_poll_at: next_poll_in.map(|s| NOW + s),
+        ..ProviderBatchRow::default()
+    }
+}
+
+/// The error a hostile provider might send back: an escape sequence that
+/// would clear the screen, then a long explanation.
+const HOSTILE_BATCH_ERROR: &str = "\u{1b}[2J\u{1b}[31mquota exceeded\u{1b}[0m for organization org-abc: \
+     the batch could not be validated because the input file contains lines whose model does not \
+     match the batch's model; see https://platform.example.com/docs/batch for details\u{7}";
+
+fn batches() -> (Vec<ProviderBatchRow>, ProviderBatchSummary) {
+    let mut unknown = batch(
+        5,
+        "openai-main",
+        "unknown",
+        None,
+        (0, 120, 0),
+        1_900.0,
+        None,
+    );
+    unknown.provider_kind = "openai".into();
+    let mut failed = batch(
+        4,
+        "openai-main",
+        "failed",
+        Some("batch_67a0f3c2d8e48190b4c2f57e0d5a1c3e"),
+        (0, 40, 40),
+        2_700.0,
+        None,
+    );
+    failed.error_message = Some(HOSTILE_BATCH_ERROR.into());
+    let mut cancelling = batch(
+        3,
+        "anthropic",
+        "cancelling",
+        Some("msgbatch_01HkcTjaV5uDC8jWR4ZsDV8d"),
+        (10, 100, 0),
+        3_600.0 * 3.0,
+        Some(-4.0),
+    );
+    cancelling.provider_kind = "anthropic".into();
+    cancelling.model = "claude-3-5-haiku".into();
+    cancelling.cancel_requested_at = Some(NOW - 95.0);
+    let rows = vec![
+        batch(
+            7,
+            "openai-main",
+            "submitting",
+            None,
+            (0, 200, 0),
+            45.0,
+            None,
+        ),
+        batch(
+            6,
+            "openai-main",
+            "in_progress",
+            Some("batch_6f1e2d3c4b5a69788796a5b4c3d2e1f0"),
+            (0, 300, 0),
+            720.0,
+            Some(12.0),
+        ),
+        unknown,
+        failed,
+        cancelling,
+        batch(
+            2,
+            "openai-main",
+            "ingested",
+            Some("batch_0123456789abcdef0123456789abcdef"),
+            (500, 500, 0),
+            90_000.0,
+            None,
+        ),
+        batch(
+            1,
+            "openai-main",
+            "ingested",
+            Some("batch_1"),
+            (80, 80, 0),
+            95_000.0,
+            None,
+        ),
+        batch(
+            0,
+            "openai-main",
+            "ingested",
+            Some("batch_0"),
+            (20, 20, 0),
+            99_000.0,
+            None,
+        ),
+    ];
+    let summary = ProviderBatchSummary {
+        total: 8,
+        open: vec![
+            ("submitting".into(), 1),
+            ("in_progress".into(), 1),
+            ("failed".into(), 1),
+            ("cancelling".into(), 1),
+            ("unknown".into(), 1),
+        ],
+        ingested: 3,
+        lines_waiting: 200 + 300 + 120 + 40 + 90,
+    };
+    (rows, summary)
+}
+
+fn batches_app() -> App {
+    let mut snap = snapshot();
+    (snap.batches, snap.batch_summary) = batches();
+    app_with(false, snap)
+}
+
+#[test]
+fn dashboard_with_batches_shows_a_summary_line() {
+    let a = batches_app();
+    snap_both("dashboard_batches", &a);
+    // The gauges pane is narrow: the compact forms, the unknown one named.
+    let wide = screen_text(render(&a, 120, 40).backend().buffer());
+    assert!(
+        wide.contains("batches 8: 5 open · ⚠ 1 unknown · 750 waiting"),
+        "{wide}"
+    );
+    let narrow = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(
+        narrow.contains("batches 8 · ⚠ 1 unknown · 750 waiting"),
+        "{narrow}"
+    );
+    // Without batches the gauges pane says nothing about them.
+    let plain = screen_text(render(&app(), 120, 40).backend().buffer());
+    assert!(!plain.contains("batches"), "{plain}");
+}
+
+#[test]
+fn batches_overlay() {
+    let mut a = batches_app();
+    a.handle_key(key('b'));
+    assert!(matches!(a.overlay, Overlay::Batches { scroll: 0 }));
+    snap_both("batches_overlay", &a);
+    for (w, h) in SIZES {
+        let terminal = render(&a, w, h);
+        let buf = terminal.backend().buffer();
+        let ctx = format!("batches {w}x{h}");
+        assert_clean(buf, &ctx);
+        let text = screen_text(buf);
+        assert!(text.contains("creating…"), "{ctx}: {text}");
+        assert!(
+            text.contains("cannot tell which provider batch is ours"),
+            "{ctx}: {text}"
+        );
+        assert!(text.contains("in 12s") && text.contains("due"), "{ctx}");
+        assert!(
+            text.contains("45s") && text.contains("12m") && text.contains("3h"),
+            "{ctx}"
+        );
+        assert!(text.contains("BATCHES"), "{ctx}: the mode badge");
+    }
+    // The overlay is wide enough at 120 for every state by name.
+    let wide = screen_text(render(&a, 120, 40).backend().buffer());
+    assert!(
+        wide.contains(
+            "batches 8: 1 submitting · 1 in_progress · 1 failed · 1 cancelling · 1 unknown · \
+             3 ingested · 750 lines waiting"
+        ),
+        "{wide}"
+    );
+    // Scrolled to the end (G), the hostile error shows, without its escapes,
+    // and the frame keeps its borders at every row.
+    for (w, h) in SIZES {
+        a.overlay = Overlay::Batches { scroll: 0 };
+        let first = screen_text(render(&a, w, h).backend().buffer());
+        if h == 24 {
+            assert!(
+                !first.contains("batch_0 "),
+                "80x24 needs scrolling: {first}"
+            );
+        }
+        a.handle_key(key('G'));
+        let terminal = render(&a, w, h);
+        let buf = terminal.backend().buffer();
+        let ctx = format!("batches end {w}x{h}");
+        assert_clean(buf, &ctx);
+        let text = screen_text(buf);
+        assert!(
+            text.contains("quota exceeded for organization"),
+            "{ctx}: {text}"
+        );
+        assert!(
+            text.contains("for details"),
+            "{ctx}: the whole error shows: {text}"
+        );
+        assert!(
+            text.contains("batch_0 "),
+            "{ctx}: the last batch shows: {text}"
+        );
+        for y in 2..h - 2 {
+            let row = row_text(buf, y);
+            assert!(row.contains('║'), "{ctx}: row {y} border broken: {row:?}");
+        }
+    }
+}
+
+#[test]
+fn batches_overlay_end_snapshot() {
+    let mut a = batches_app();
+    a.handle_key(key('b'));
+    render(&a, 80, 24);
+    a.handle_key(key('G'));
+    let terminal = render(&a, 80, 24);
+    insta::assert_snapshot!("batches_overlay_end_80x24", terminal.backend());
+}
+
+#[test]
+fn batches_overlay_without_batches() {
+    let mut a = app();
+    a.handle_key(key('b'));
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(
+        text.contains("no provider batches in this session"),
+        "{text}"
+    );
+}
+
+#[test]
+fn odd_batch_rows_draw_without_panicking() {
+    let mut snap = snapshot();
+    let mut odd = batch(
+        9,
+        "\u{1b}[31mprov",
+        "mystery_state",
+        Some("\u{1b}]0;x\u{7}id"),
+        (0, 0, 0),
+        0.0,
+        None,
+    );
+    odd.created_at = Some(f64::NAN);
+    odd.next_poll_at = Some(f64::NEG_INFINITY);
+    odd.cancel_requested_at = Some(NOW + 1e12);
+    snap.batches = vec![odd];
+    snap.batch_summary = ProviderBatchSummary {
+        total: 1,
+        open: vec![("mystery_state".into(), 1)],
+        ingested: 0,
+        lines_waiting: u64::MAX,
+    };
+    let mut a = app_with(false, snap);
+    a.handle_key(key('b'));
+    for (w, h) in SIZES {
+        let terminal = render(&a, w, h);
+        let buf = terminal.backend().buffer();
+        assert_clean(buf, &format!("odd {w}x{h}"));
+        let text = screen_text(buf);
+        assert!(text.contains("· mystery_st…"), "{text}");
+        assert!(
+            text.contains("0/0      0     ?  due"),
+            "no age from NaN: {text}"
+        );
+        assert!(text.contains("id id ·"), "sanitized id: {text}");
     }
 }

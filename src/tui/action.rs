@@ -69,6 +69,8 @@ pub enum Action {
     StopAtStage,
     /// Cancel the run (asks for confirmation).
     CancelRun,
+    /// Show the watched session's provider batches.
+    Batches,
     /// Answer yes in a confirmation dialog.
     ConfirmYes,
     /// Answer no in a confirmation dialog.
@@ -125,6 +127,7 @@ impl Action {
         Action::PauseResume,
         Action::StopAtStage,
         Action::CancelRun,
+        Action::Batches,
         Action::ConfirmYes,
         Action::ConfirmNo,
         Action::QuitKeep,
@@ -171,6 +174,7 @@ impl Action {
             Action::PauseResume => "pause_resume",
             Action::StopAtStage => "stop_at_stage",
             Action::CancelRun => "cancel_run",
+            Action::Batches => "batches",
             Action::ConfirmYes => "confirm_yes",
             Action::ConfirmNo => "confirm_no",
             Action::QuitKeep => "quit_keep",
@@ -223,6 +227,7 @@ impl Action {
             Action::PauseResume => "pause / resume the run",
             Action::StopAtStage => "stop after this stage",
             Action::CancelRun => "cancel the run",
+            Action::Batches => "list the provider batches",
             Action::ConfirmYes => "yes",
             Action::ConfirmNo => "no",
             Action::QuitKeep => "quit, keep the run going headless",
@@ -268,6 +273,6 @@ mod tests {
             assert_eq!(back, a);
             assert!(!a.describe().is_empty());
         }
-        assert_eq!(Action::ALL.len(), 41);
+        assert_eq!(Action::ALL.len(), 42);
     }
 }

@@ -7,7 +7,10 @@ use std::collections::BTreeSet;
 use tui_input::Input;
 
 use super::keymap::{KeyPress, Keymap};
-use crate::watch::{Event, ReviewDetail, ReviewPage, SessionSummary, SessionView, Tune};
+use crate::watch::{
+    Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, SessionSummary,
+    SessionView, Tune,
+};
 
 /// How many review rows the console keeps loaded around the cursor.
 pub const REVIEW_WINDOW: u64 = 200;
@@ -70,8 +73,16 @@ pub enum Dialog {
 #[derive(Debug, Clone)]
 pub enum Overlay {
     None,
-    Help { scroll: u16 },
-    Detail { scroll: u16 },
+    Help {
+        scroll: u16,
+    },
+    Detail {
+        scroll: u16,
+    },
+    /// The watched session's provider batches.
+    Batches {
+        scroll: u16,
+    },
     Dialog(Dialog),
     Filter(Input),
     Command(Input),
@@ -83,6 +94,7 @@ pub enum Mode {
     Normal,
     Detail,
     Help,
+    Batches,
     Filter,
     Command,
     Confirm,
@@ -94,6 +106,7 @@ impl Mode {
             Mode::Normal => "NORMAL",
             Mode::Detail => "DETAIL",
             Mode::Help => "HELP",
+            Mode::Batches => "BATCHES",
             Mode::Filter => "FILTER",
             Mode::Command => "CMD",
             Mode::Confirm => "CONFIRM",
@@ -161,6 +174,10 @@ pub struct Snapshot {
     pub events: Vec<Event>,
     pub review: ReviewPage,
     pub detail: Option<ReviewDetail>,
+    /// The watched session's provider batches, open ones first.
+    pub batches: Vec<ProviderBatchRow>,
+    /// All of its provider batches, counted.
+    pub batch_summary: ProviderBatchSummary,
     /// Ledger time of the read (unix seconds), for ages.
     pub now: f64,
 }
@@ -168,6 +185,16 @@ pub struct Snapshot {
 impl Snapshot {
     /// The same ledger state, whatever the time of the read.
     pub fn same_data(&self, other: &Snapshot) -> bool {
+        // A batch waiting for its next poll shows a countdown: a new second
+        // is new data while one does.
+        let ticking = |s: &Snapshot| {
+            s.batches
+                .iter()
+                .any(|b| !crate::watch::is_terminal_state(&b.state) && b.next_poll_at.is_some())
+        };
+        if (ticking(self) || ticking(other)) && self.now.floor() != other.now.floor() {
+            return false;
+        }
         // The heartbeat's age grows with every read and is not drawn.
         let timeless = |s: &Snapshot| {
             let mut s = s.clone();
@@ -250,6 +277,7 @@ impl App {
             Overlay::None => Mode::Normal,
             Overlay::Help { .. } => Mode::Help,
             Overlay::Detail { .. } => Mode::Detail,
+            Overlay::Batches { .. } => Mode::Batches,
             Overlay::Dialog(_) => Mode::Confirm,
             Overlay::Filter(_) => Mode::Filter,
             Overlay::Command(_) => Mode::Command,

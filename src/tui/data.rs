@@ -12,7 +12,7 @@ use rusqlite::Connection;
 use super::app::{Control, Effect, Snapshot};
 use crate::control::{self, Desired};
 use crate::review::{self, Claim, Operator};
-use crate::watch::{self, ReviewQuery};
+use crate::watch::{self, ProviderBatchRow, ProviderBatchSummary, ReviewQuery};
 
 /// From the worker to the UI.
 #[derive(Debug)]
@@ -23,6 +23,8 @@ pub enum DataMsg {
 
 /// How many events the events pane keeps.
 const EVENTS: usize = 200;
+/// How many provider batches the batches overlay lists (open ones first).
+const BATCHES: usize = 500;
 /// A fresh read at least this often, so a dead engine's stale heartbeat shows.
 const REFRESH: Duration = Duration::from_secs(1);
 /// An unchanged read is still sent this often, so ages move on screen; in
@@ -57,6 +59,8 @@ pub struct DataWorker {
     last_key: Instant,
     /// The claim was let go for idleness (and is taken back on a key).
     claim_idle: bool,
+    /// The watched session's provider batches as last read.
+    batches_cache: Option<(String, Vec<ProviderBatchRow>, ProviderBatchSummary)>,
 }
 
 impl DataWorker {
@@ -78,6 +82,7 @@ impl DataWorker {
             review_behind: false,
             last_key: Instant::now(),
             claim_idle: false,
+            batches_cache: None,
         }
     }
 
@@ -204,6 +209,10 @@ impl DataWorker {
             Some(id) => (watch::session_view(c, id)?, watch::events(c, id, EVENTS)?),
             None => (None, Vec::new()),
         };
+        let (batches, batch_summary) = match &id {
+            Some(id) => self.batches(c, id, changed || force)?,
+            None => (Vec::new(), ProviderBatchSummary::default()),
+        };
         let review = self.review(c, changed, force)?;
         let detail = match self.detail {
             Some(rid) => watch::review_detail(c, rid)?,
@@ -215,8 +224,30 @@ impl DataWorker {
             events,
             review,
             detail,
+            batches,
+            batch_summary,
             now: crate::ledger::now_ts(),
         })
+    }
+
+    /// The session's provider batches, re-read only when the ledger changed
+    /// (or another session is watched).
+    fn batches(
+        &mut self,
+        c: &Connection,
+        session_id: &str,
+        changed: bool,
+    ) -> rusqlite::Result<(Vec<ProviderBatchRow>, ProviderBatchSummary)> {
+        if let Some((id, rows, summary)) = &self.batches_cache
+            && id == session_id
+            && !changed
+        {
+            return Ok((rows.clone(), summary.clone()));
+        }
+        let rows = watch::provider_batches(c, session_id, BATCHES)?;
+        let summary = watch::provider_batch_summary(c, session_id)?;
+        self.batches_cache = Some((session_id.to_string(), rows.clone(), summary.clone()));
+        Ok((rows, summary))
     }
 
     /// The review page, re-read only when it can have changed.

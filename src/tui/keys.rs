@@ -23,7 +23,7 @@ impl App {
             _ => {}
         }
         let sections: &[Section] = match (&self.overlay, self.focus) {
-            (Overlay::Help { .. }, _) => &[Section::Global],
+            (Overlay::Help { .. } | Overlay::Batches { .. }, _) => &[Section::Global],
             (Overlay::Detail { .. }, _) | (_, Pane::Review) => &[Section::Review, Section::Global],
             _ => &[Section::Global],
         };
@@ -211,6 +211,13 @@ impl App {
                 };
                 Vec::new()
             }
+            A::Batches => {
+                self.overlay = match self.overlay {
+                    Overlay::Batches { .. } => Overlay::None,
+                    _ => Overlay::Batches { scroll: 0 },
+                };
+                self.after_cursor_move()
+            }
             A::CommandLine => {
                 self.overlay = Overlay::Command(Input::default());
                 Vec::new()
@@ -318,7 +325,9 @@ impl App {
         // Overlays scroll within what the last frame could show (set by the
         // view), so G lands on the last page, never on a blank box.
         let scroll_len = i64::from(self.scroll_max.get()) + 1;
-        if let Overlay::Help { scroll } | Overlay::Detail { scroll } = &mut self.overlay {
+        if let Overlay::Help { scroll } | Overlay::Detail { scroll } | Overlay::Batches { scroll } =
+            &mut self.overlay
+        {
             // In the detail view j/k scroll; the cursor moves with s/a/r.
             *scroll = delta(scroll_len, i64::from(*scroll)) as u16;
             return Vec::new();

@@ -1,12 +1,14 @@
 //! Read-only views of the ledger for the console: sessions, one session's
-//! live state and events, and the review queue. Everything the console shows
+//! live state and events, its provider batches, and the review queue. Everything the console shows
 //! comes from here, so a console in another process or SSH login shows a run
 //! exactly as one in the same process does.
 
+mod batches;
 mod events;
 mod review;
 mod sessions;
 
+pub use batches::{BATCH_STATES, is_terminal_state, provider_batch_summary, provider_batches};
 pub use events::events;
 pub use review::{review_detail, review_page};
 pub(crate) use sessions::current_stage;
@@ -95,6 +97,74 @@ pub struct SessionView {
     pub in_flight: u64,
     /// total - processed - in_flight, never negative.
     pub pending: u64,
+}
+
+/// One provider Batch API job of a session (a `provider_batch` row). Texts
+/// are safe for a terminal; times are unix seconds, None when NULL or not
+/// a finite number.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProviderBatchRow {
+    pub batch_id: i64,
+    /// docket's own id for the batch (OpenAI metadata, Gemini display name).
+    pub tag: String,
+    pub stage: String,
+    /// The provider's name in docket.toml.
+    pub provider: String,
+    pub provider_kind: String,
+    pub model: String,
+    /// As stored: submitting, validating, in_progress, finalizing,
+    /// completed, failed, expired, cancelling, cancelled, unknown, ingested
+    /// (or a state this version does not know).
+    pub state: String,
+    /// The provider's id, once the create answered.
+    pub provider_batch_id: Option<String>,
+    pub request_count: u64,
+    /// The provider's counts.
+    pub completed_count: u64,
+    pub failed_count: u64,
+    /// Result lines applied to the ledger.
+    pub ingested_count: u64,
+    pub quarantined_count: u64,
+    pub poll_count: u64,
+    pub error_message: Option<String>,
+    pub cancel_requested_at: Option<f64>,
+    pub created_at: Option<f64>,
+    pub submitted_at: Option<f64>,
+    pub ended_at: Option<f64>,
+    pub last_polled_at: Option<f64>,
+    pub next_poll_at: Option<f64>,
+}
+
+/// Every provider batch of a session, counted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProviderBatchSummary {
+    /// Batches of the session, in any state.
+    pub total: u64,
+    /// Open batches (state != ingested) by state, in lifecycle order.
+    pub open: Vec<(String, u64)>,
+    /// Batches finished with (every line's outcome recorded).
+    pub ingested: u64,
+    /// request_count - ingested_count over the open batches.
+    pub lines_waiting: u64,
+}
+
+impl ProviderBatchSummary {
+    /// Batches not finished with.
+    pub fn open_count(&self) -> u64 {
+        self.open.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Batches in this state (open ones, or `ingested`).
+    pub fn in_state(&self, state: &str) -> u64 {
+        if state == "ingested" {
+            return self.ingested;
+        }
+        self.open
+            .iter()
+            .filter(|(s, _)| s == state)
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -73,7 +73,9 @@ fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
     use Action as A;
     use Section::{Global as G, Review as R};
     match (&app.overlay, app.focus) {
-        (Overlay::Help { .. }, _) => vec![(G, A::Back, "close"), (G, A::Down, "scroll")],
+        (Overlay::Help { .. } | Overlay::Batches { .. }, _) => {
+            vec![(G, A::Back, "close"), (G, A::Down, "scroll")]
+        }
         (Overlay::Dialog(_), _) => Vec::new(),
         (Overlay::Detail { .. }, _) => vec![
             (R, A::Accept, "accept"),

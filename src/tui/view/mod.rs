@@ -45,6 +45,7 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
     footer::draw_footer(frame, footer_area, app, theme);
     match &app.overlay {
         Overlay::Help { scroll } => overlays::draw_help(frame, body, app, *scroll, theme),
+        Overlay::Batches { scroll } => overlays::draw_batches(frame, body, app, *scroll, theme),
         Overlay::Dialog(d) => overlays::draw_dialog(frame, body, app, d, theme),
         _ => {}
     }
@@ -158,4 +159,67 @@ pub(super) fn compact(n: f64) -> String {
     } else {
         format!("{n:.0}")
     }
+}
+
+/// A duration as one unit: `45s`, `12m`, `3h`, `2d` (never negative).
+pub(super) fn human_secs(secs: f64) -> String {
+    let s = if secs.is_finite() { secs.max(0.0) } else { 0.0 };
+    if s < 60.0 {
+        format!("{}s", s.floor() as u64)
+    } else if s < 3600.0 {
+        format!("{}m", (s / 60.0).floor() as u64)
+    } else if s < 86_400.0 {
+        format!("{}h", (s / 3600.0).floor() as u64)
+    } else {
+        format!("{}d", (s / 86_400.0).floor() as u64)
+    }
+}
+
+/// The provider batches in one line, the most detailed form that fits
+/// `width`; None when the session has no batches.
+pub(super) fn batch_summary_text(
+    s: &crate::watch::ProviderBatchSummary,
+    width: usize,
+) -> Option<String> {
+    if s.total == 0 {
+        return None;
+    }
+    let open = s.open_count();
+    let unknown = s.in_state("unknown");
+    let mut states: Vec<String> = s
+        .open
+        .iter()
+        .map(|(state, n)| format!("{n} {}", crate::sanitize::truncate(state, 20)))
+        .collect();
+    if s.ingested > 0 {
+        states.push(format!("{} ingested", s.ingested));
+    }
+    let states = states.join(" · ");
+    let waiting = |word: &str| {
+        if open > 0 {
+            format!(" · {} {word}", s.lines_waiting)
+        } else {
+            String::new()
+        }
+    };
+    let unknown_note = if unknown > 0 {
+        format!(" · ⚠ {unknown} unknown")
+    } else {
+        String::new()
+    };
+    let candidates = [
+        format!("batches {}: {states}{}", s.total, waiting("lines waiting")),
+        format!("batches {}: {states}{}", s.total, waiting("waiting")),
+        format!(
+            "batches {}: {open} open{unknown_note}{}",
+            s.total,
+            waiting("waiting")
+        ),
+        format!("batches {}{unknown_note}{}", s.total, waiting("waiting")),
+    ];
+    let fits = candidates
+        .iter()
+        .find(|c| c.chars().count() <= width)
+        .cloned();
+    Some(fits.unwrap_or_else(|| crate::sanitize::truncate(&candidates[3], width.max(1))))
 }

@@ -1,17 +1,18 @@
-//! Views over the panes: the review item detail, the generated help and the
-//! confirmation dialogs.
+//! Views over the panes: the review item detail, the generated help, the
+//! provider batches and the confirmation dialogs.
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, BorderType, Borders, Clear, Paragraph, Wrap};
 
-use super::styled;
+use super::{batch_summary_text, human_secs, styled};
 use crate::sanitize::{for_terminal, truncate};
 use crate::tui::action::Action;
 use crate::tui::app::{App, Dialog};
 use crate::tui::keymap::Section;
 use crate::tui::theme::Theme;
+use crate::watch::{ProviderBatchRow, is_terminal_state};
 
 /// Long model outputs are cut here in the detail view (the ledger and the
 /// exports keep them whole).
@@ -175,6 +176,152 @@ pub(super) fn draw_help(frame: &mut Frame, area: Rect, app: &App, scroll: u16, t
             theme.title(true),
         ));
     let p = Paragraph::new(lines).block(block);
+    let scroll = clamp_scroll(app, &p, popup, scroll);
+    frame.render_widget(p.scroll((scroll, 0)), popup);
+}
+
+/// Provider error messages are cut here (the ledger keeps them whole).
+const BATCH_ERROR_LIMIT: usize = 400;
+
+/// A batch state as a glyph and its word, so it reads without colour.
+fn batch_state<'a>(state: &str, theme: Theme) -> Span<'a> {
+    let (glyph, style) = match state {
+        "submitting" => ("↑", theme.dim()),
+        "validating" | "in_progress" | "finalizing" => ("▶", theme.gauge()),
+        "completed" => ("✓", theme.accepted()),
+        "ingested" => ("✓", theme.dim()),
+        "failed" | "expired" => ("✗", theme.error()),
+        "cancelling" | "cancelled" => ("■", theme.warn()),
+        "unknown" => ("⚠", theme.warn()),
+        _ => ("·", theme.text()),
+    };
+    styled(format!("{glyph} {:<11}", truncate(state, 11)), style)
+}
+
+/// `in 12s`, `due`, or `—` when nothing will be polled.
+fn next_poll(b: &ProviderBatchRow, now: f64) -> String {
+    match b.next_poll_at {
+        Some(_) if is_terminal_state(&b.state) => "—".into(),
+        Some(at) if at - now >= 1.0 => format!("in {}", human_secs(at - now)),
+        Some(_) => "due".into(),
+        None => "—".into(),
+    }
+}
+
+pub(super) fn draw_batches(frame: &mut Frame, area: Rect, app: &App, scroll: u16, theme: Theme) {
+    let width = if area.width >= 100 {
+        area.width.saturating_sub(6).min(120)
+    } else {
+        area.width
+    };
+    let popup = centered(area, width, area.height);
+    frame.render_widget(Clear, popup);
+    let inner = usize::from(popup.width.saturating_sub(2));
+    let now = app.snap.now;
+    let mut lines = Vec::new();
+    match batch_summary_text(&app.snap.batch_summary, inner) {
+        Some(text) => lines.push(Line::from(styled(text, theme.title(true)))),
+        None => lines.push(Line::from(styled(
+            "no provider batches in this session (it does not use a Batch API)",
+            theme.dim(),
+        ))),
+    }
+    if !app.snap.batches.is_empty() {
+        lines.push(Line::from(""));
+        lines.push(Line::from(styled(
+            format!(
+                "{:<14} {:<13} {:>13} {:>6} {:>5}  {}",
+                "provider", "state", "ingested/all", "failed", "age", "next poll"
+            ),
+            theme.dim(),
+        )));
+    }
+    for b in &app.snap.batches {
+        let age = b
+            .created_at
+            .filter(|at| at.is_finite())
+            .map_or("?".to_string(), |at| human_secs(now - at));
+        let row = vec![
+            styled(
+                format!("{:<14} ", truncate(&b.provider, 14)),
+                theme.title(false),
+            ),
+            batch_state(&b.state, theme),
+            Span::raw(format!(
+                " {:>13} {:>6} {:>5}  {}",
+                format!("{}/{}", b.ingested_count, b.request_count),
+                b.failed_count,
+                age,
+                next_poll(b, now)
+            )),
+        ];
+        lines.push(Line::from(row));
+        let id = match &b.provider_batch_id {
+            Some(id) => for_terminal(id),
+            None if b.state == "submitting" => "creating…".into(),
+            None => "—".into(),
+        };
+        let about = format!(
+            "  id {id} · tag {} · {} {} · stage {}",
+            for_terminal(&b.tag),
+            for_terminal(&b.provider_kind),
+            for_terminal(&b.model),
+            for_terminal(&b.stage)
+        );
+        lines.push(Line::from(styled(truncate(&about, inner), theme.dim())));
+        if b.state == "unknown" {
+            lines.push(Line::from(styled(
+                truncate(
+                    "  ⚠ cannot tell which provider batch is ours; check the provider console",
+                    inner,
+                ),
+                theme.warn(),
+            )));
+        }
+        if let Some(at) = b.cancel_requested_at {
+            lines.push(Line::from(styled(
+                format!("  ■ cancel requested {} ago", human_secs(now - at)),
+                theme.warn(),
+            )));
+        }
+        if b.quarantined_count > 0 {
+            lines.push(Line::from(styled(
+                format!(
+                    "  ⚠ {} result line(s) quarantined (not applied)",
+                    b.quarantined_count
+                ),
+                theme.warn(),
+            )));
+        }
+        if let Some(e) = &b.error_message {
+            lines.push(Line::from(styled(
+                format!("  ✗ {}", truncate(e, BATCH_ERROR_LIMIT)),
+                theme.error(),
+            )));
+        }
+    }
+    let shown = app.snap.batches.len() as u64;
+    if app.snap.batch_summary.total > shown && shown > 0 {
+        lines.push(Line::from(styled(
+            format!(
+                "… {} older batch(es) not shown",
+                app.snap.batch_summary.total - shown
+            ),
+            theme.dim(),
+        )));
+    }
+    let title = match app.session_id() {
+        Some(id) => format!(" Provider batches · {} (Esc closes) ", truncate(id, 30)),
+        None => " Provider batches (Esc closes) ".to_string(),
+    };
+    let block = Block::default()
+        .borders(Borders::ALL)
+        .border_type(BorderType::Double)
+        .border_style(theme.border(true))
+        .title(Span::styled(title, theme.title(true)));
+    let p = Paragraph::new(lines)
+        .block(block)
+        .wrap(Wrap { trim: false });
     let scroll = clamp_scroll(app, &p, popup, scroll);
     frame.render_widget(p.scroll((scroll, 0)), popup);
 }

@@ -5,7 +5,7 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
-use super::{clock, compact, pane_block, share, styled};
+use super::{batch_summary_text, clock, compact, pane_block, share, styled};
 use crate::sanitize::truncate;
 use crate::tui::app::{App, Pane};
 use crate::tui::theme::Theme;
@@ -258,5 +258,14 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         styled("", theme.dim())
     };
     lines.push(Line::from(slow));
+    let width = usize::from(area.width.saturating_sub(2));
+    if let Some(text) = batch_summary_text(&app.snap.batch_summary, width) {
+        let style = if app.snap.batch_summary.in_state("unknown") > 0 {
+            theme.warn()
+        } else {
+            theme.text()
+        };
+        lines.push(Line::from(styled(text, style)));
+    }
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
