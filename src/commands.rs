@@ -231,7 +231,7 @@ fn control(ws: &Path, session: &str, desired: Option<Desired>) -> i32 {
 /// in-flight requests. Installed only once the run is going (after the
 /// confirmation): until then Ctrl-C keeps its ordinary meaning and simply
 /// ends docket, with nothing created and nothing sent.
-fn spawn_signal_handler(interrupts: &Interrupts) {
+fn spawn_signal_handler(interrupts: &Interrupts, batches: Option<BatchQuestion>) {
     let i = interrupts.clone();
     tokio::spawn(async move {
         #[cfg(unix)]
@@ -248,18 +248,82 @@ fn spawn_signal_handler(interrupts: &Interrupts) {
             };
             #[cfg(not(unix))]
             let got = std::future::pending::<Option<()>>();
-            tokio::select! {
-                r = tokio::signal::ctrl_c() => if r.is_err() { return },
-                _ = got => {}
-            }
+            // Only a Ctrl-C typed at the terminal is asked about; SIGTERM
+            // stops without a question.
+            let typed = tokio::select! {
+                r = tokio::signal::ctrl_c() => if r.is_err() { return } else { true },
+                _ = got => false,
+            };
             count += 1;
-            if count == 1 {
-                i.stop.cancel()
-            } else {
-                i.abort.cancel()
+            if count > 1 {
+                i.abort.cancel();
+                continue;
+            }
+            let ask = batches.as_ref().filter(|_| typed);
+            match ask.and_then(BatchQuestion::open_batches) {
+                // Provider batches keep running (and billing) after a stop:
+                // on a terminal, ask whether they go too.
+                Some(n) if n > 0 => {
+                    let i = i.clone();
+                    tokio::spawn(async move {
+                        let yes = tokio::task::spawn_blocking(move || ask_cancel_batches(n))
+                            .await
+                            .unwrap_or(false);
+                        if yes {
+                            i.cancel_batches.cancel();
+                        }
+                        i.stop.cancel();
+                    });
+                }
+                _ => i.stop.cancel(),
             }
         }
     });
+}
+
+/// Where a headless run on a terminal looks for its open provider batches
+/// when Ctrl-C comes.
+#[derive(Clone)]
+struct BatchQuestion {
+    ledger: std::path::PathBuf,
+    session: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl BatchQuestion {
+    fn open_batches(&self) -> Option<u64> {
+        let id = self.session.lock().ok()?.clone()?;
+        let conn = docket::ledger::open_read_only(&self.ledger).ok()?;
+        docket::ledger::batches::open_batch_count(&conn, &id).ok()
+    }
+}
+
+fn ask_cancel_batches(n: u64) -> bool {
+    print!(
+        "\nStopping. {n} provider batch(es) of this session are still open: the provider keeps running them (and bills for them) unless they are cancelled.\nCancel them too, collecting what they finished? [y/N]: "
+    );
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    if std::io::stdin().lock().read_line(&mut line).is_err() {
+        return false;
+    }
+    matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+}
+
+/// Line output that remembers the session (for the Ctrl-C question).
+struct NotingReporter {
+    session: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl engine::Reporter for NotingReporter {
+    fn line(&self, text: &str) {
+        StdoutReporter.line(text)
+    }
+
+    fn session_started(&self, session_id: &str) {
+        if let Ok(mut s) = self.session.lock() {
+            *s = Some(session_id.to_string());
+        }
+    }
 }
 
 async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i32 {
@@ -285,14 +349,19 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     let ask = !args.yes && tty;
     let interrupts = Interrupts::default();
     let listen = interrupts.clone();
+    let session = Arc::new(std::sync::Mutex::new(None));
+    let question = tty.then(|| BatchQuestion {
+        ledger: ws.join(docket::ledger::LEDGER_FILE),
+        session: session.clone(),
+    });
     if args.resume.is_some() {
         // A resume asks nothing: it is going from the start.
-        spawn_signal_handler(&interrupts);
+        spawn_signal_handler(&interrupts, question.clone());
     }
     let confirm_then_listen = move |_: &engine::Estimate| {
         let go = if ask { confirm() } else { true };
         if go {
-            spawn_signal_handler(&listen);
+            spawn_signal_handler(&listen, question);
         }
         go
     };
@@ -308,7 +377,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     }
     let result = engine::run(
         opts,
-        Arc::new(StdoutReporter),
+        Arc::new(NotingReporter { session }),
         confirm_then_listen,
         interrupts,
     )

@@ -196,6 +196,82 @@ pub struct StageConfig {
     #[serde(default = "default_max_attempts")]
     pub max_attempts: Spanned<u64>,
     pub gate: GateConfig,
+    /// How the stage's requests go out: synchronously under the rate limits,
+    /// or through the provider's Batch API (`[stages.batch]`).
+    #[serde(default, skip_serializing_if = "BatchConfig::is_default")]
+    pub batch: BatchConfig,
+}
+
+/// `sync`, `batch`, or `auto` (batch when at least `min_batch_size`
+/// requests are pending at a cut, else sync).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchMode {
+    #[default]
+    Sync,
+    Batch,
+    Auto,
+}
+
+impl BatchMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchMode::Sync => "sync",
+            BatchMode::Batch => "batch",
+            BatchMode::Auto => "auto",
+        }
+    }
+}
+
+/// A stage's batching: the mode, and the triggers that cut a batch from the
+/// pending requests (COUNT, SIZE in bytes, TIME since the first one waited).
+/// A cut is further split to each provider's own limits.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    #[serde(default)]
+    pub mode: BatchMode,
+    /// `auto`: fewer pending requests than this at a cut go synchronously.
+    #[serde(default = "default_min_batch_size")]
+    pub min_batch_size: Spanned<u64>,
+    /// COUNT trigger: cut once this many requests wait (default: the
+    /// provider's most per batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests: Option<Spanned<u64>>,
+    /// SIZE trigger: cut once the waiting requests' JSONL reaches this many
+    /// bytes (default: the provider's largest file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<Spanned<u64>>,
+    /// TIME trigger: cut this long after the first request began to wait.
+    #[serde(default = "default_max_wait")]
+    pub max_wait_secs: Spanned<f64>,
+    /// Provider batches open at once; more requests wait for one to finish.
+    #[serde(default = "default_max_open_batches")]
+    pub max_open_batches: Spanned<u64>,
+    /// Poll every this many seconds instead of the provider's cadence
+    /// (30 s, then 120 s after 10 minutes, ...). For the mock and tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval_secs: Option<Spanned<f64>>,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig {
+            mode: BatchMode::Sync,
+            min_batch_size: default_min_batch_size(),
+            max_requests: None,
+            max_bytes: None,
+            max_wait_secs: default_max_wait(),
+            max_open_batches: default_max_open_batches(),
+            poll_interval_secs: None,
+        }
+    }
+}
+
+impl BatchConfig {
+    fn is_default(&self) -> bool {
+        self == &BatchConfig::default()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -271,6 +347,15 @@ fn default_expected_output() -> Spanned<u64> {
 }
 fn default_max_attempts() -> Spanned<u64> {
     unspanned(3)
+}
+fn default_min_batch_size() -> Spanned<u64> {
+    unspanned(100)
+}
+fn default_max_wait() -> Spanned<f64> {
+    unspanned(60.0)
+}
+fn default_max_open_batches() -> Spanned<u64> {
+    unspanned(4)
 }
 fn default_confidence_field() -> String {
     "confidence".into()
@@ -541,6 +626,7 @@ impl LoadedConfig {
                 0,
                 1_000_000,
             )?;
+            self.validate_batch(&s.batch, i)?;
             if let Some(t) = &s.temperature
                 && !(0.0..=2.0).contains(t.get_ref())
             {
@@ -608,6 +694,51 @@ fn is_env_var_name(s: &str) -> bool {
         && !s.starts_with(|c: char| c.is_ascii_digit())
         && s.chars()
             .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+}
+
+impl LoadedConfig {
+    fn validate_batch(&self, b: &BatchConfig, i: usize) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("stages[{i}].batch.{k}");
+        range_u64(
+            self,
+            &b.min_batch_size,
+            &key("min_batch_size"),
+            1,
+            10_000_000,
+        )?;
+        range_u64(
+            self,
+            &b.max_open_batches,
+            &key("max_open_batches"),
+            1,
+            1_000,
+        )?;
+        if let Some(n) = &b.max_requests {
+            range_u64(self, n, &key("max_requests"), 1, 10_000_000)?;
+        }
+        if let Some(n) = &b.max_bytes {
+            range_u64(self, n, &key("max_bytes"), 1024, 1 << 40)?;
+        }
+        let w = *b.max_wait_secs.get_ref();
+        if !(0.0..=86_400.0).contains(&w) {
+            return Err(self.invalid(
+                &b.max_wait_secs,
+                &key("max_wait_secs"),
+                format!("{w} is out of range (0 to 86400 seconds)"),
+            ));
+        }
+        if let Some(p) = &b.poll_interval_secs {
+            let x = *p.get_ref();
+            if !(0.01..=3600.0).contains(&x) {
+                return Err(self.invalid(
+                    p,
+                    &key("poll_interval_secs"),
+                    format!("{x} is out of range (0.01 to 3600 seconds)"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn range_u64(

@@ -172,7 +172,10 @@ pub async fn run_with_console(
         }
         Ok(QuitChoice::Cancel) => {
             note(&ws, &session_id, "cancel and quit requested");
-            println!("Cancelling {session_id}: in-flight requests finish, then it is saved.");
+            println!(
+                "Cancelling {session_id}: in-flight requests finish and its provider batches are cancelled (what they finished is collected), then it is saved."
+            );
+            interrupts.cancel_batches.cancel();
             interrupts.stop.cancel();
         }
         Ok(QuitChoice::KeepHeadless) if finished.load(Ordering::Relaxed) => {}

@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::batching::{self, Batcher};
 use super::budget::Budget;
 use super::progress::{Reporter, spawn_progress};
 use super::stats::Stats;
@@ -61,9 +62,15 @@ pub(super) struct Ctx {
     /// retuned upward.
     outstanding: Arc<Semaphore>,
     outstanding_cap: AtomicUsize,
+    /// Batch mode (or open batches of an earlier run to collect).
+    batcher: std::sync::OnceLock<Arc<Batcher>>,
 }
 
 impl Ctx {
+    pub(super) fn batcher(&self) -> Option<&Arc<Batcher>> {
+        self.batcher.get()
+    }
+
     pub(super) fn stop(&self, cause: StopCause) {
         let mut c = self.cause.lock().unwrap_or_else(|p| p.into_inner());
         // The first cause wins: a cancel after a fatal error is still fatal.
@@ -163,6 +170,7 @@ pub(super) async fn dispatch(
     interrupts: Interrupts,
     grace: Duration,
     resumed: bool,
+    batch_adapter: Option<Arc<dyn crate::provider::batch::BatchProvider>>,
 ) -> Result<RunEnd, EngineError> {
     let (writer, writer_handle) = LedgerWriter::start(&p.ledger_path)?;
     let read = crate::ledger::open(&p.ledger_path)?;
@@ -188,7 +196,13 @@ pub(super) async fn dispatch(
         cause: std::sync::Mutex::new(None),
         outstanding: Arc::new(Semaphore::new(outstanding_for(p.max_concurrency))),
         outstanding_cap: AtomicUsize::new(outstanding_for(p.max_concurrency)),
+        batcher: std::sync::OnceLock::new(),
     });
+    let batches_before = (
+        crate::ledger::batches::open_batch_count(&read, &session_id)?,
+        crate::ledger::batches::batch_count(&read, &session_id)?,
+    );
+    start_batching(&ctx, batches_before, batch_adapter, &reporter).await?;
     ctx.event(
         "info",
         "started",
@@ -224,6 +238,7 @@ pub(super) async fn dispatch(
         ctx.stop(StopCause::LedgerFailed(e.to_string()));
     }
     control.abort();
+    let left_at_provider = end_batching(&ctx, &read, &*reporter).await;
     progress.abort();
     let _ = progress.await;
 
@@ -236,11 +251,15 @@ pub(super) async fn dispatch(
         // Every item has its outcome: a stop that came after the last one
         // changes nothing.
         _ if remaining == 0 => ("completed", None, RunEnd::Completed),
-        None => (
-            "paused",
-            Some("stopped with items left".to_string()),
-            RunEnd::Paused("items left".into()),
-        ),
+        None => {
+            let why = match ctx.batcher().map(|b| b.held_count()) {
+                Some(held) if held > 0 => format!(
+                    "{held} request(s) wait on a provider batch that could not be told apart from others (see the session's events); resume once it is sorted out"
+                ),
+                _ => "stopped with items left".to_string(),
+            };
+            ("paused", Some(why.clone()), RunEnd::Paused(why))
+        }
         Some(StopCause::Cancelled) => (
             "cancelled",
             Some("cancelled".to_string()),
@@ -262,10 +281,15 @@ pub(super) async fn dispatch(
         level,
         "ended",
         format!(
-            "session ended {state}: {} ({} of {} items processed)",
+            "session ended {state}: {} ({} of {} items processed){}",
             reason.as_deref().unwrap_or("every item has an outcome"),
             s.done,
-            s.total
+            s.total,
+            if left_at_provider > 0 {
+                format!("; {left_at_provider} provider batch(es) still open at the provider")
+            } else {
+                String::new()
+            }
         ),
     );
     let _ = writer
@@ -328,12 +352,25 @@ async fn feed(
                 });
                 continue;
             }
-            let slot = tokio::select! {
-                s = ctx.limiter.acquire_slot() => s,
-                _ = ctx.soft_stop.cancelled() => break 'pages,
+            // A request that goes to a batch (or waits on one of an earlier
+            // run) takes no synchronous slot.
+            let batched = ctx.batcher().is_some_and(|b| {
+                b.takes_new()
+                    || b.is_reattached(&format!(
+                        "{}-{}-{}",
+                        ctx.session_id, item.request_id, item.attempt
+                    ))
+            });
+            let slot = if batched {
+                None
+            } else {
+                tokio::select! {
+                    s = ctx.limiter.acquire_slot() => Some(s),
+                    _ = ctx.soft_stop.cancelled() => break 'pages,
+                }
             };
             workers.spawn(async move {
-                super::worker::process(&ctx2, item, Some(slot)).await;
+                super::worker::process(&ctx2, item, slot).await;
                 drop(permit);
             });
             while let Some(done) = workers.try_join_next() {
@@ -341,10 +378,155 @@ async fn feed(
             }
         }
     }
+    if let Some(b) = ctx.batcher() {
+        b.feed_done();
+    }
     while let Some(done) = workers.join_next().await {
         note_crash(ctx, done);
     }
     Ok(())
+}
+
+/// Set up batch mode: the batcher, with the open batches of an earlier run
+/// re-attached. Without a Batch API (Ollama, OpenRouter) `batch`/`auto`
+/// send synchronously (simulated batching), and the run says so.
+async fn start_batching(
+    ctx: &Arc<Ctx>,
+    (open, so_far): (u64, u64),
+    adapter: Option<Arc<dyn crate::provider::batch::BatchProvider>>,
+    reporter: &Arc<dyn Reporter>,
+) -> Result<(), EngineError> {
+    let p = &ctx.p;
+    let mode = p.batch.mode;
+    let Some(adapter) = adapter else {
+        if mode != crate::config::BatchMode::Sync {
+            let note = format!(
+                "{} (kind {}) has no Batch API here: mode = \"{}\" sends each request synchronously under the rate limits (simulated batching), at the synchronous price",
+                p.provider_name,
+                p.provider_kind.as_str(),
+                mode.as_str()
+            );
+            reporter.line(&format!("Note: {note}."));
+            ctx.event("info", "simulated_batching", note);
+        }
+        return Ok(());
+    };
+    if mode == crate::config::BatchMode::Sync && open == 0 {
+        return Ok(());
+    }
+    let settings = batching::settings_for(p, &*adapter);
+    let weak = Arc::downgrade(ctx);
+    let b = Batcher::new(
+        settings,
+        adapter,
+        ctx.writer.clone(),
+        ctx.session_id.clone(),
+        p.clone(),
+        ctx.stats.clone(),
+        reporter.clone(),
+        so_far,
+        Box::new(move |e| {
+            if let Some(ctx) = weak.upgrade() {
+                ctx.stop(StopCause::LedgerFailed(e));
+            }
+        }),
+    );
+    let _ = ctx.batcher.set(b.clone());
+    if b.takes_new() {
+        // Tasks wait on whole batches: let enough of them be alive to fill
+        // the open batches (each holds its rendered prompt only).
+        let want = (settings.max_requests.saturating_mul(settings.max_open))
+            .saturating_add(1024)
+            .min(2_000_000);
+        let had = ctx.outstanding_cap.fetch_max(want, Ordering::Relaxed);
+        if want > had {
+            ctx.outstanding.add_permits(want - had);
+        }
+        ctx.event(
+            "info",
+            "batch_mode",
+            format!(
+                "{} mode: requests go to the {} Batch API at {:.0}% of the synchronous price; a batch is cut at {} requests, {} bytes or {:.0} s{}",
+                mode.as_str(),
+                b.adapter.name(),
+                b.price_factor() * 100.0,
+                settings.max_requests,
+                settings.max_bytes,
+                settings.max_wait.as_secs_f64(),
+                if mode == crate::config::BatchMode::Auto {
+                    format!(" (fewer than {} go synchronously)", settings.min_batch_size)
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+    if open > 0 {
+        let n = b.reattach().await.map_err(EngineError::Ledger)?;
+        if n > 0 {
+            reporter.line(&format!(
+                "{n} provider batch(es) of this session are still open: collecting their results (nothing is sent twice)."
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// After the feed: mark delivered batches finished with, stop the batcher,
+/// and say what is still open at the provider. Returns that count.
+async fn end_batching(
+    ctx: &Arc<Ctx>,
+    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+    reporter: &dyn Reporter,
+) -> u64 {
+    let Some(b) = ctx.batcher() else {
+        return 0;
+    };
+    b.shutdown();
+    let open = {
+        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
+        crate::ledger::batches::open_batches(&conn, &ctx.session_id).unwrap_or_default()
+    };
+    for o in &open {
+        let _ = ctx
+            .writer
+            .write(WriteOp::Batch(crate::ledger::batches::BatchOp::Settle {
+                tag: o.tag.clone(),
+            }))
+            .await;
+    }
+    let left = {
+        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
+        crate::ledger::batches::open_batches(&conn, &ctx.session_id).unwrap_or_default()
+    };
+    let at_provider = left
+        .iter()
+        .filter(|o| {
+            !matches!(
+                o.state.as_str(),
+                "completed" | "failed" | "expired" | "cancelled"
+            )
+        })
+        .count() as u64;
+    if !left.is_empty() {
+        let message = format!(
+            "{} provider batch(es) of this session are not finished with{}. The provider keeps working on {} (and bills for {}). \
+             Resume with `docket batch-adjudicate --resume {}` to collect the results; to stop them, resume and cancel (`c` in the console, or `docket cancel {}` while it runs)",
+            left.len(),
+            if at_provider > 0 {
+                format!(" ({at_provider} still running at the provider)")
+            } else {
+                String::new()
+            },
+            if left.len() == 1 { "it" } else { "them" },
+            if left.len() == 1 { "it" } else { "them" },
+            ctx.session_id,
+            ctx.session_id
+        );
+        reporter.line(&format!("{message}."));
+        ctx.event("warn", "batches_left_open", message);
+    }
+    left.len() as u64
 }
 
 /// A worker that panicked left its item without an outcome: stop the session
@@ -367,6 +549,8 @@ struct Seen {
     tune: Tune,
     stop_after_stage: Option<String>,
     cancel_reported: bool,
+    /// An operator asked the ledger to cancel: provider batches go too.
+    cancelled_from_ledger: bool,
     rate_limited: bool,
     last_cuts: u64,
     last_rate_event: Option<Instant>,
@@ -422,8 +606,21 @@ fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
         .then(|| elapsed / done_here as f64 * (s.total - s.done) as f64);
     let slow_reason = if paused {
         PAUSED_BY_OPERATOR.to_string()
+    } else if let Some(b) = ctx
+        .batcher()
+        .filter(|b| b.is_cancelling() && b.open_count() > 0)
+    {
+        format!(
+            "cancelling {} provider batch(es): collecting what they finished",
+            b.open_count()
+        )
     } else if ctx.soft_stop.is_cancelled() {
         "stopping: requests in flight are finishing".to_string()
+    } else if let Some(b) = ctx.batcher().filter(|b| b.open_count() > 0) {
+        format!(
+            "waiting on {} provider batch(es): results come when the provider finishes them",
+            b.open_count()
+        )
     } else {
         lim.slow_reason.describe().to_string()
     };
@@ -479,7 +676,15 @@ async fn control_loop(
             _ = interrupts.abort.cancelled(), if !ctx.hard_stop.is_cancelled() => {
                 cancel(&ctx, &mut seen, "cancelled: requests in flight abandoned");
                 ctx.hard_stop.cancel();
+                if let Some(b) = ctx.batcher() {
+                    b.detach();
+                }
             }
+        }
+        if let Some(b) = ctx.batcher()
+            && ctx.soft_stop.is_cancelled()
+        {
+            steer_batches(&ctx, b, &seen, &interrupts, &*reporter);
         }
         if ctx.soft_stop.is_cancelled() && hard_deadline.is_none() {
             hard_deadline = Some(Instant::now() + grace);
@@ -508,6 +713,33 @@ async fn control_loop(
             live_json: serde_json::to_string(&live).ok(),
         });
         note_rate_limiting(&ctx, &mut seen);
+    }
+}
+
+/// A stop with provider batches open: a cancel (from the ledger, the
+/// console or a confirmed Ctrl-C) cancels them and collects what they
+/// finished; any other stop leaves them to the provider for a resume.
+fn steer_batches(
+    ctx: &Ctx,
+    b: &Batcher,
+    seen: &Seen,
+    interrupts: &Interrupts,
+    reporter: &dyn Reporter,
+) {
+    if b.is_cancelling() || b.detached().is_cancelled() {
+        return;
+    }
+    let cancel_wanted = seen.cancelled_from_ledger || interrupts.cancel_batches.is_cancelled();
+    if ctx.cause() == Some(StopCause::Cancelled) && cancel_wanted {
+        if b.open_count() > 0 {
+            reporter.line(&format!(
+                "Cancelling {} provider batch(es): waiting for the provider to stop them, to collect what they finished (Ctrl-C again to leave them; a resume collects them).",
+                b.open_count()
+            ));
+        }
+        b.cancel_all();
+    } else {
+        b.detach();
     }
 }
 
@@ -559,6 +791,7 @@ fn obey(
             ctx.event("info", "resumed", "resumed by operator".into());
         }
         "cancelled" if !ctx.soft_stop.is_cancelled() => {
+            seen.cancelled_from_ledger = true;
             reporter.line("Cancelled from the ledger: stopping.");
             cancel(
                 ctx,

@@ -5,6 +5,7 @@
 //! session, asks to continue, then dispatches under the shared limiter and
 //! records every attempt and outcome in the ledger.
 
+mod batching;
 mod budget;
 mod dispatch;
 mod plan;
@@ -110,6 +111,11 @@ pub struct Prepared {
     pub response_schema: Option<Arc<(String, serde_json::Value)>>,
     /// The model's tokenizer, loaded only when a budget needs exact counts.
     pub budget_counter: Option<crate::cost::TokenCounter>,
+    /// The stage's batching (`[stages.batch]`).
+    pub batch: crate::config::BatchConfig,
+    /// The batch price against the synchronous one when this stage's
+    /// requests go to a Batch API (None: they go synchronously).
+    pub batch_price_factor: Option<f64>,
 }
 
 pub fn config_path(workspace: &Path) -> PathBuf {
@@ -198,6 +204,10 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
         budget_counter: opts
             .max_cost
             .map(|_| crate::cost::TokenCounter::for_model(&provider.model)),
+        batch_price_factor: (stage.batch.mode != crate::config::BatchMode::Sync
+            && crate::provider::batch::has_batch_api(provider.kind))
+        .then_some(crate::provider::batch::BATCH_PRICE_FACTOR),
+        batch: stage.batch.clone(),
         config,
     })
 }
@@ -251,6 +261,10 @@ pub struct Interrupts {
     /// end the session paused by the operator rather than cancelled: the
     /// console's "quit, pause it".
     pub pause: CancellationToken,
+    /// With `stop`: cancel the session's provider batches too (a confirmed
+    /// Ctrl-C, the console's "quit, cancel it"). Without it a stop leaves
+    /// them running at the provider for a resume to collect.
+    pub cancel_batches: CancellationToken,
 }
 
 /// `docket batch-adjudicate`.
@@ -283,7 +297,7 @@ pub async fn run(
         },
     };
     reporter.session_started(&session_id);
-    let (provider, mock) = connect(&prepared, &opts).await?;
+    let (provider, batch_adapter, mock) = connect(&prepared, &opts).await?;
     let grace = opts.grace.unwrap_or(Duration::from_secs(10));
     let result = dispatch::dispatch(
         prepared.clone(),
@@ -293,6 +307,7 @@ pub async fn run(
         interrupts,
         grace,
         resumed,
+        batch_adapter,
     )
     .await;
     if let Some(m) = mock {
@@ -400,10 +415,18 @@ fn start_session(
 
 /// The provider client, and the in-process mock when the provider is the
 /// built-in one (its port is only known once it listens).
+#[allow(clippy::type_complexity)]
 async fn connect(
     prepared: &Prepared,
     opts: &RunOptions,
-) -> Result<(Box<dyn crate::provider::ChatProvider>, Option<MockServer>), EngineError> {
+) -> Result<
+    (
+        Box<dyn crate::provider::ChatProvider>,
+        Option<Arc<dyn crate::provider::batch::BatchProvider>>,
+        Option<MockServer>,
+    ),
+    EngineError,
+> {
     let provider_cfg = &prepared.config.config.providers[&prepared.provider_name];
     let mut mock = None;
     let mut base_url = opts.base_url_override.clone();
@@ -419,7 +442,13 @@ async fn connect(
     }
     let provider =
         crate::provider::build(&prepared.provider_name, provider_cfg, base_url.as_deref())?;
-    Ok((provider, mock))
+    let batch = crate::provider::batch::build_batch(
+        &prepared.provider_name,
+        provider_cfg,
+        base_url.as_deref(),
+    )?
+    .map(Arc::from);
+    Ok((provider, batch, mock))
 }
 
 fn resume_session(

@@ -30,6 +30,11 @@ pub struct Estimate {
     pub exact_tokenizer: bool,
     /// Prompts actually tokenized (all, or a sample for large sessions).
     pub counted_prompts: u64,
+    /// The batch price against the synchronous one when the requests go to
+    /// a Batch API (the costs above include it); None: synchronous.
+    pub batch_price_factor: Option<f64>,
+    /// `auto` with fewer items than `min_batch_size`: synchronous.
+    pub batch_mode: Option<crate::config::BatchMode>,
     pub first_prompt: Option<Prompt>,
 }
 
@@ -89,6 +94,11 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     let expected_out = p.expected_output_tokens.min(p.max_tokens);
     let expected_output_tokens = expected_out * items;
     let max_output_tokens = p.max_tokens * items;
+    // `auto` batches only when enough requests are pending.
+    let factor = p.batch_price_factor.filter(|_| {
+        p.batch.mode != crate::config::BatchMode::Auto || items >= *p.batch.min_batch_size.get_ref()
+    });
+    let f = factor.unwrap_or(1.0);
     Ok(Plan {
         item_ids,
         estimate: Estimate {
@@ -96,14 +106,16 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
             prompt_tokens,
             expected_output_tokens,
             max_output_tokens,
-            cost_usd: p.price.cost(prompt_tokens, 0, expected_output_tokens),
-            worst_cost_usd: p.price.cost(prompt_tokens, 0, max_output_tokens),
+            cost_usd: p.price.cost(prompt_tokens, 0, expected_output_tokens) * f,
+            worst_cost_usd: p.price.cost(prompt_tokens, 0, max_output_tokens) * f,
             model: p.model.clone(),
             price_input: p.price.input,
             price_output: p.price.output,
             price_known: p.price_known,
             exact_tokenizer: counter.is_exact(),
             counted_prompts: counted,
+            batch_price_factor: factor,
+            batch_mode: (p.batch.mode != crate::config::BatchMode::Sync).then_some(p.batch.mode),
             first_prompt,
         },
     })
@@ -130,6 +142,17 @@ impl Estimate {
             self.max_output_tokens,
             self.worst_cost_usd
         ));
+        match (self.batch_price_factor, self.batch_mode) {
+            (Some(f), _) => lines.push(format!(
+                "  batch: requests go to the provider's Batch API at {:.0}% of the synchronous price (included above); results come when the provider finishes (up to 24 h)",
+                f * 100.0
+            )),
+            (None, Some(mode)) => lines.push(format!(
+                "  batch: mode = \"{}\" but these requests go synchronously at the full price (no Batch API for this provider, or fewer than min_batch_size)",
+                mode.as_str()
+            )),
+            (None, None) => {}
+        }
         let mut notes = Vec::new();
         if !self.exact_tokenizer {
             notes.push(

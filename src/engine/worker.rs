@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use super::batching::Reply;
 use super::dispatch::{Ctx, StopCause};
 use crate::gate::GateFailure;
 use crate::ledger::store::WorkItem;
@@ -70,6 +71,16 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, slot: Option<crate::limit
     let Some(mut job) = Job::new(ctx, &item).await else {
         return;
     };
+    // A resumed run: the latest attempt may be a line of a provider batch
+    // still open. Its result is collected, never paid for again.
+    if let Some(b) = ctx.batcher()
+        && item.attempt > 0
+    {
+        job.reattached = b.claim(&custom_id(ctx, item.request_id, item.attempt));
+        if job.reattached.is_some() {
+            job.via = Via::Batch;
+        }
+    }
     let mut slot = slot;
     loop {
         let next = match attempt_once(ctx, &mut job, slot.take()).await {
@@ -86,6 +97,7 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, slot: Option<crate::limit
                 on_answer(ctx, &mut job, base, &answer, reservation).await
             }
             Sent::Failed(base, err) => on_error(ctx, &mut job, base, &err).await,
+            Sent::NotRun(base, why) => on_not_run(ctx, &mut job, base, why).await,
         };
         match next {
             Next::Done => return,
@@ -112,6 +124,27 @@ struct Job<'a> {
     gate_failures: u32,
     transport_failures: u32,
     rate_limited: u32,
+    /// How the current attempt went out.
+    via: Via,
+    /// What the budget holds for the current attempt.
+    reserved: f64,
+    /// The result of a re-attached batch line (a resume).
+    reattached: Option<tokio::sync::oneshot::Receiver<Reply>>,
+}
+
+/// How an attempt goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// One HTTP call under the rate limits.
+    Sync,
+    /// A line of a provider batch (the batch price; no rate limits).
+    Batch,
+}
+
+/// An attempt's id, sent as `X-Client-Request-Id` and as a batch line's
+/// `custom_id`.
+fn custom_id(ctx: &Ctx, request_id: i64, attempt: i64) -> String {
+    format!("{}-{request_id}-{attempt}", ctx.session_id)
 }
 
 impl<'a> Job<'a> {
@@ -151,6 +184,9 @@ impl<'a> Job<'a> {
             gate_failures: item.gate_failures as u32,
             transport_failures: item.transport_retries as u32,
             rate_limited: 0,
+            via: Via::Sync,
+            reserved: 0.0,
+            reattached: None,
         })
     }
 }
@@ -163,8 +199,11 @@ enum Sent {
     Abandoned(AttemptRecord),
     /// The intent could not be recorded; the session is stopping.
     LedgerFailed,
-    Answer(AttemptRecord, ChatAnswer, Reservation),
+    /// The limiter's reservation for a synchronous send (None: a batch line).
+    Answer(AttemptRecord, ChatAnswer, Option<Reservation>),
     Failed(AttemptRecord, ProviderError),
+    /// A batch line never run (its batch expired or was cancelled first).
+    NotRun(AttemptRecord, String),
 }
 
 /// What to do after an attempt.
@@ -177,9 +216,23 @@ enum Next {
 /// Wait for the budget, a slot and the rate limits; record the intent; send.
 async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
     let p = &ctx.p;
+    if let Some(rx) = job.reattached.take() {
+        // Recorded and in a batch before the stop: nothing to reserve or
+        // send, only the result to wait for.
+        job.reserved = 0.0;
+        return batch_reply(ctx, job, rx, std::time::Instant::now()).await;
+    }
     if !ctx.wait_unpaused().await {
         return Sent::Stopped;
     }
+    if let Some(b) = ctx.batcher()
+        && b.takes_new()
+        && let Some(sent) = via_batch(ctx, b, job).await
+    {
+        return sent;
+    }
+    job.via = Via::Sync;
+    job.reserved = job.worst_cost;
     if !ctx.budget.try_reserve(job.worst_cost) {
         ctx.stop(StopCause::Budget(format!(
             "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
@@ -207,7 +260,7 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
         return Sent::Stopped;
     }
     job.attempt += 1;
-    let client_request_id = format!("{}-{}-{}", ctx.session_id, job.item.request_id, job.attempt);
+    let client_request_id = custom_id(ctx, job.item.request_id, job.attempt);
     let intent = SendIntent {
         session_id: ctx.session_id.clone(),
         request_id: job.item.request_id,
@@ -260,11 +313,153 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
                 ..base
             })
         }
-        Some(Ok(answer)) => Sent::Answer(base, answer, reservation),
+        Some(Ok(answer)) => Sent::Answer(base, answer, Some(reservation)),
         Some(Err(err)) => {
             ctx.budget.settle(job.worst_cost, 0.0);
             Sent::Failed(base, err)
         }
+    }
+}
+
+/// Hand the request to the batcher and wait for its line's result. None:
+/// `auto` had too few requests for a batch: send it synchronously.
+async fn via_batch(
+    ctx: &Ctx,
+    b: &std::sync::Arc<super::batching::Batcher>,
+    job: &mut Job<'_>,
+) -> Option<Sent> {
+    let p = &ctx.p;
+    let worst = job.worst_cost * b.price_factor();
+    if !ctx.budget.try_reserve(worst) {
+        ctx.stop(StopCause::Budget(format!(
+            "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
+            ctx.budget.spent(),
+            ctx.budget.max().unwrap_or(0.0),
+            worst
+        )));
+        return Some(Sent::Stopped);
+    }
+    let attempt = job.attempt + 1;
+    let id = custom_id(ctx, job.item.request_id, attempt);
+    let request = ChatRequest {
+        model: p.model.clone(),
+        system: job.prompt.system.clone(),
+        user: job.prompt.user.clone(),
+        max_tokens: p.max_tokens,
+        temperature: p.temperature,
+        response_schema: p.response_schema.clone(),
+        client_request_id: id,
+        timeout: p.request_timeout,
+    };
+    let started = std::time::Instant::now();
+    let rx = b.enqueue(job.item.request_id, attempt, request);
+    let reply = tokio::select! {
+        r = rx => r.ok(),
+        // The run lets go of its batches: the attempt stays recorded in
+        // its batch and a resume collects the result.
+        _ = b.detached().cancelled() => {
+            ctx.budget.settle(worst, 0.0);
+            return Some(Sent::Stopped);
+        }
+    };
+    match reply {
+        Some(Reply::GoSync) => {
+            ctx.budget.settle(worst, 0.0);
+            None
+        }
+        // Dropped before its batch was recorded: the run is stopping.
+        None => {
+            ctx.budget.settle(worst, 0.0);
+            Some(Sent::Stopped)
+        }
+        Some(r) => {
+            job.attempt = attempt;
+            job.via = Via::Batch;
+            job.reserved = worst;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(r);
+            Some(batch_reply(ctx, job, rx, started).await)
+        }
+    }
+}
+
+/// A batch line's result as an attempt's outcome.
+async fn batch_reply(
+    ctx: &Ctx,
+    job: &mut Job<'_>,
+    rx: tokio::sync::oneshot::Receiver<Reply>,
+    started: std::time::Instant,
+) -> Sent {
+    job.via = Via::Batch;
+    let reply = match ctx.batcher() {
+        Some(b) => tokio::select! {
+            r = rx => r.ok(),
+            _ = b.detached().cancelled() => None,
+        },
+        None => rx.await.ok(),
+    };
+    let Some(reply) = reply else {
+        ctx.budget.settle(job.reserved, 0.0);
+        return Sent::Stopped;
+    };
+    ctx.stats.in_flight.fetch_sub(1, Relaxed);
+    let base = AttemptRecord {
+        session_id: ctx.session_id.clone(),
+        request_id: job.item.request_id,
+        attempt: job.attempt,
+        latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+        ..Default::default()
+    };
+    match reply {
+        Reply::Answer(a) => Sent::Answer(base, a, None),
+        Reply::Error(e) => {
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::Failed(base, e)
+        }
+        Reply::NotRun(why) => {
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::NotRun(base, why)
+        }
+        // Waits for the operator: the attempt stays recorded in its batch.
+        Reply::Held(_) | Reply::GoSync => {
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::Stopped
+        }
+    }
+}
+
+/// A batch line that never ran: not billed. It goes again (a new batch, or
+/// synchronously) unless the run is stopping or its sends are used up.
+async fn on_not_run(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, why: String) -> Next {
+    job.transport_failures += 1;
+    let stopping = ctx.soft_stop.is_cancelled();
+    let exhausted = job.transport_failures >= ctx.p.max_transport_attempts;
+    let rec = AttemptRecord {
+        state: "failed",
+        error_kind: Some("not_run".into()),
+        error_message: Some(why.clone()),
+        transport_failure: true,
+        will_retry: !stopping && !exhausted,
+        ..base
+    };
+    if exhausted && !stopping {
+        let msg = format!(
+            "gave up after {} sends that did not run: {why}",
+            job.transport_failures
+        );
+        finish_error(ctx, job.item, Some(rec), msg).await;
+        return Next::Done;
+    }
+    if stopping {
+        // Back to pending: a resume (or a later session) sends it.
+        ctx.write(WriteOp::Attempt(rec)).await;
+        return Next::Done;
+    }
+    ctx.stats.retries.fetch_add(1, Relaxed);
+    if ctx.write(WriteOp::Attempt(rec)).await {
+        Next::Retry
+    } else {
+        Next::Done
     }
 }
 
@@ -274,23 +469,31 @@ async fn on_answer(
     job: &mut Job<'_>,
     base: AttemptRecord,
     answer: &ChatAnswer,
-    reservation: Reservation,
+    reservation: Option<Reservation>,
 ) -> Next {
     let p = &ctx.p;
+    let factor = match (job.via, ctx.batcher()) {
+        (Via::Batch, Some(b)) => b.price_factor(),
+        _ => 1.0,
+    };
     // An answer without usage is charged its worst case: the budget must
     // never believe a send was free.
     let cost = match answer.usage {
-        Some(u) => p
-            .price
-            .cost(u.input_tokens, u.cached_input_tokens, u.output_tokens),
-        None => job.worst_cost,
+        Some(u) => {
+            p.price
+                .cost(u.input_tokens, u.cached_input_tokens, u.output_tokens)
+                * factor
+        }
+        None => job.worst_cost * factor,
     };
-    ctx.budget.settle(job.worst_cost, cost);
-    ctx.limiter.on_success(
-        reservation,
-        answer.usage.map(|u| u.input_tokens + u.output_tokens),
-        &answer.headers,
-    );
+    ctx.budget.settle(job.reserved, cost);
+    if let Some(reservation) = reservation {
+        ctx.limiter.on_success(
+            reservation,
+            answer.usage.map(|u| u.input_tokens + u.output_tokens),
+            &answer.headers,
+        );
+    }
     let usage = answer.usage.unwrap_or_default();
     ctx.stats
         .add_usage(usage.input_tokens, usage.output_tokens, cost);
@@ -347,9 +550,14 @@ async fn on_answer(
 /// No answer: throttle, stop the session, fail the item, or back off.
 async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &ProviderError) -> Next {
     let p = &ctx.p;
-    match err.class {
-        ErrorClass::RateLimited | ErrorClass::Overloaded => ctx.limiter.on_throttled(&err.headers),
-        _ => ctx.limiter.on_other(&err.headers),
+    // A batch line's error says nothing about the synchronous limits.
+    if job.via == Via::Sync {
+        match err.class {
+            ErrorClass::RateLimited | ErrorClass::Overloaded => {
+                ctx.limiter.on_throttled(&err.headers)
+            }
+            _ => ctx.limiter.on_other(&err.headers),
+        }
     }
     let is_rl = err.class == ErrorClass::RateLimited;
     let ambiguous = err.class == ErrorClass::Ambiguous;

@@ -5,6 +5,7 @@
 //! timeout; writers take `BEGIN IMMEDIATE` so two processes queue for the write
 //! lock instead of failing with SQLITE_BUSY halfway through a transaction.
 
+pub mod batches;
 mod migrate;
 pub mod store;
 pub mod writer;

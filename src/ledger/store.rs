@@ -278,7 +278,13 @@ pub fn repair_interrupted(
         "UPDATE llm_messages SET state = 'ambiguous', error_kind = 'ambiguous',
              error_message = 'no answer was recorded before the process stopped; it may have been billed', finished_at = ?2
          WHERE state = 'sent' AND +session_id = ?1
-           AND request_id IN (SELECT request_id FROM session_item WHERE session_id = ?1)",
+           AND request_id IN (SELECT request_id FROM session_item WHERE session_id = ?1)
+           -- a line of a provider batch still open is not lost: the resume
+           -- polls its batch and ingests the result
+           AND NOT EXISTS (SELECT 1 FROM provider_batch_item bi
+                           JOIN provider_batch b ON b.batch_id = bi.batch_id
+                           WHERE bi.request_id = llm_messages.request_id
+                             AND bi.attempt = llm_messages.attempt AND b.state != 'ingested')",
         params![session_id, now],
     )? as u64;
     tx.execute(

@@ -96,6 +96,8 @@ pub enum WriteOp {
         kind: &'static str,
         message: String,
     },
+    /// A provider batch was recorded, submitted, polled, ingested.
+    Batch(super::batches::BatchOp),
     SessionState {
         session_id: String,
         state: &'static str,
@@ -259,6 +261,7 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
             bump_session(conn, &a.session_id, Some(a), None, now)
         }
         WriteOp::Final(attempt, f) => apply_final(conn, attempt.as_ref(), f, now),
+        WriteOp::Batch(b) => super::batches::apply(conn, b, now),
         WriteOp::Heartbeat {
             session_id,
             live_json,

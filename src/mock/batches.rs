@@ -178,6 +178,11 @@ pub(crate) async fn create(
     shared.stats.event(&event, cfg.log_capacity);
     let plan = Plan::from_config(cfg, g.api, endpoint, seq);
     batch_run::spawn(Arc::clone(&shared), id, input, plan, cancel);
+    if cfg.batch_create_delay_ms > 0 {
+        // Made, but the answer is slow: a client that dies meanwhile has a
+        // batch it never heard of.
+        tokio::time::sleep(std::time::Duration::from_millis(cfg.batch_create_delay_ms)).await;
+    }
     if lost {
         // The batch exists, but the client never learns its id.
         let mut resp = (StatusCode::INTERNAL_SERVER_ERROR, Vec::<u8>::new()).into_response();

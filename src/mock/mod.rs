@@ -155,6 +155,10 @@ pub struct MockConfig {
     /// fails validation with `token_limit_exceeded`; 0 = none
     #[arg(long, default_value_t = 0)]
     pub batch_enqueued_token_limit: u64,
+    /// Batch API (OpenAI/Azure): ms a create waits after making the batch before it answers
+    /// (a client killed meanwhile never learns the id: find it by `metadata`)
+    #[arg(long, default_value_t = 0)]
+    pub batch_create_delay_ms: u64,
 }
 
 impl Default for MockConfig {
@@ -183,6 +187,7 @@ impl Default for MockConfig {
             batch_cut_results: 0,
             batch_lose_create: 0,
             batch_enqueued_token_limit: 0,
+            batch_create_delay_ms: 0,
         }
     }
 }

@@ -321,7 +321,7 @@ pub trait BatchProvider: Send + Sync {
     fn limits(&self) -> BatchLimits;
     /// Discount against the synchronous price (0.5 = half price).
     fn price_factor(&self) -> f64 {
-        0.5
+        BATCH_PRICE_FACTOR
     }
     /// How long to wait before polling a batch in `state`, `age` after its
     /// submission (the seed's cadence table; the caller adds jitter).
@@ -363,6 +363,25 @@ pub trait BatchProvider: Send + Sync {
     ) -> BatchFuture<'a, Found>;
 }
 
+/// Whether docket has a Batch API adapter for `kind`. Ollama has no Batch
+/// API; OpenRouter documents none (its requests go synchronously:
+/// simulated batching).
+pub fn has_batch_api(kind: ProviderKind) -> bool {
+    matches!(
+        kind,
+        ProviderKind::Openai
+            | ProviderKind::OpenaiCompatible
+            | ProviderKind::Mock
+            | ProviderKind::Azure
+            | ProviderKind::Anthropic
+            | ProviderKind::Gemini
+    )
+}
+
+/// The batch price against the synchronous one: every Batch API docket
+/// speaks (OpenAI, Azure global batch, Anthropic, Gemini) bills 50%.
+pub const BATCH_PRICE_FACTOR: f64 = 0.5;
+
 /// The batch registry: the Batch API adapter for a config, `None` for kinds
 /// with no Batch API adapter (yet): those run through the sync path.
 /// `base_url_override` as for `provider::build`.
@@ -385,16 +404,7 @@ pub(crate) fn build_batch_with_key(
         provider: name.into(),
         message,
     };
-    let supported = matches!(
-        cfg.kind,
-        ProviderKind::Openai
-            | ProviderKind::OpenaiCompatible
-            | ProviderKind::Mock
-            | ProviderKind::Azure
-            | ProviderKind::Anthropic
-            | ProviderKind::Gemini
-    );
-    if !supported {
+    if !has_batch_api(cfg.kind) {
         return Ok(None);
     }
     let base = base_url_override

@@ -1,0 +1,369 @@
+//! Batch mode: requests go to the provider's Batch API instead of one HTTP
+//! call each. A worker hands its request to the batcher and waits for the
+//! line's result exactly as it would wait for a synchronous answer, so the
+//! gate, routing, retries and the ledger records are the same code.
+//!
+//! The former cuts a batch when a COUNT, SIZE or TIME trigger fires (or the
+//! feed is done and nothing new came for a moment), splits it to the
+//! provider's limits and hands each file to a runner. A runner records the
+//! batch and its lines before the upload, its provider id the moment it is
+//! known, polls on the provider's cadence with `next_poll_at` in the ledger,
+//! and streams the results to the waiting workers. A resume re-attaches
+//! open batches instead of sending their requests again.
+
+mod former;
+mod pending;
+mod runner;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Prepared;
+use super::progress::Reporter;
+use super::stats::Stats;
+use crate::config::BatchMode;
+use crate::ledger::writer::{LedgerWriter, WriteOp};
+use crate::provider::batch::BatchProvider;
+use crate::provider::{ChatAnswer, ChatRequest, ProviderError};
+
+use pending::Pending;
+
+/// What became of one line handed to the batcher.
+#[derive(Debug)]
+pub(super) enum Reply {
+    /// The model answered (the gate decides the rest).
+    Answer(ChatAnswer),
+    /// The request failed at the provider, or its batch could not be made.
+    Error(ProviderError),
+    /// Never run (its batch expired or was cancelled first): not billed.
+    NotRun(String),
+    /// `auto`: too few requests were pending to make a batch: send it now,
+    /// synchronously. Nothing was recorded for it.
+    GoSync,
+    /// Its batch's create answer was lost and the provider shows several
+    /// batches that could be it: the request waits for the operator rather
+    /// than risk paying twice. (The reason is in the session's events.)
+    Held(#[allow(dead_code)] String),
+}
+
+/// A request waiting to be put in a batch.
+pub(super) struct Queued {
+    pub request_id: i64,
+    pub attempt: i64,
+    /// `client_request_id` is the line's `custom_id`.
+    pub request: ChatRequest,
+    pub reply: oneshot::Sender<Reply>,
+}
+
+/// The triggers and bounds of a stage's batching.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    pub mode: BatchMode,
+    pub min_batch_size: usize,
+    /// COUNT trigger (at most the provider's requests per batch).
+    pub max_requests: usize,
+    /// SIZE trigger, in bytes of JSONL (at most the provider's file size).
+    pub max_bytes: u64,
+    /// TIME trigger.
+    pub max_wait: Duration,
+    pub max_open: usize,
+    /// A fixed poll interval instead of the provider's cadence.
+    pub poll_interval: Option<Duration>,
+}
+
+/// With the feed done, a buffer that got nothing new for this long is cut
+/// at once instead of waiting for the TIME trigger.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// What a runner needs of the session and the job.
+pub(super) struct Batcher {
+    pub(super) settings: Settings,
+    pub(super) adapter: Arc<dyn BatchProvider>,
+    pub(super) writer: LedgerWriter,
+    pub(super) session_id: String,
+    pub(super) p: Arc<Prepared>,
+    pub(super) stats: Arc<Stats>,
+    pub(super) reporter: Arc<dyn Reporter>,
+    pending: Pending,
+    tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Queued>>>,
+    /// Bounds the provider batches open at once.
+    open_slots: Arc<Semaphore>,
+    next_tag: AtomicU64,
+    /// Batches submitted (or re-attached) and not yet delivered.
+    open: AtomicUsize,
+    held: AtomicUsize,
+    feed_done: AtomicBool,
+    feed_done_notify: Notify,
+    /// No new batches: buffered requests are dropped (they stay pending).
+    stop_forming: CancellationToken,
+    /// Stop waiting: open batches stay open at the provider and in the
+    /// ledger, and a resume collects them.
+    detached: CancellationToken,
+    /// Cancel every open batch at the provider and collect what finished.
+    cancel: CancellationToken,
+    /// The run cannot go on (the ledger failed): the dispatch's stop.
+    on_fatal: Box<dyn Fn(String) + Send + Sync>,
+    tasks: std::sync::Mutex<JoinSet<()>>,
+}
+
+impl Batcher {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        settings: Settings,
+        adapter: Arc<dyn BatchProvider>,
+        writer: LedgerWriter,
+        session_id: String,
+        p: Arc<Prepared>,
+        stats: Arc<Stats>,
+        reporter: Arc<dyn Reporter>,
+        batches_so_far: u64,
+        on_fatal: Box<dyn Fn(String) + Send + Sync>,
+    ) -> Arc<Batcher> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let b = Arc::new(Batcher {
+            open_slots: Arc::new(Semaphore::new(settings.max_open.max(1))),
+            settings,
+            adapter,
+            writer,
+            session_id,
+            p,
+            stats,
+            reporter,
+            pending: Pending::default(),
+            tx: std::sync::Mutex::new(Some(tx)),
+            next_tag: AtomicU64::new(batches_so_far + 1),
+            open: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            feed_done: AtomicBool::new(false),
+            feed_done_notify: Notify::new(),
+            stop_forming: CancellationToken::new(),
+            detached: CancellationToken::new(),
+            cancel: CancellationToken::new(),
+            on_fatal,
+            tasks: std::sync::Mutex::new(JoinSet::new()),
+        });
+        let former = b.clone();
+        b.spawn(async move { former::form(former, rx).await });
+        b
+    }
+
+    /// Whether new requests go to batches (else only re-attached batches are
+    /// collected and new requests go synchronously).
+    pub(super) fn takes_new(&self) -> bool {
+        self.settings.mode != BatchMode::Sync
+    }
+
+    /// Hand a request to the batcher; the reply comes once its batch has
+    /// its result (or the run stops: the sender is dropped).
+    pub(super) fn enqueue(
+        &self,
+        request_id: i64,
+        attempt: i64,
+        request: ChatRequest,
+    ) -> oneshot::Receiver<Reply> {
+        let (reply, rx) = oneshot::channel();
+        let q = Queued {
+            request_id,
+            attempt,
+            request,
+            reply,
+        };
+        if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = tx.send(q);
+        }
+        rx
+    }
+
+    /// The result of `custom_id` when it is a line of an open batch that a
+    /// resumed run re-attached.
+    pub(super) fn claim(&self, custom_id: &str) -> Option<oneshot::Receiver<Reply>> {
+        self.pending.claim(custom_id)
+    }
+
+    pub(super) fn is_reattached(&self, custom_id: &str) -> bool {
+        self.pending.is_expected(custom_id)
+    }
+
+    /// The feed has handed out every item: cut what waits without waiting
+    /// for the TIME trigger.
+    pub(super) fn feed_done(&self) {
+        self.feed_done.store(true, Ordering::Relaxed);
+        self.feed_done_notify.notify_one();
+    }
+
+    /// No new batches from now on (a stop of any kind).
+    pub(super) fn stop_forming(&self) {
+        self.stop_forming.cancel();
+        // Close the queue: requests still handed in are dropped at once.
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Leave open batches to the provider; a resume collects them.
+    pub(super) fn detach(&self) {
+        self.stop_forming();
+        self.detached.cancel();
+    }
+
+    /// Cancel every open batch and collect what it finished.
+    pub(super) fn cancel_all(&self) {
+        self.stop_forming();
+        self.cancel.cancel();
+    }
+
+    pub(super) fn is_cancelling(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    pub(super) fn detached(&self) -> &CancellationToken {
+        &self.detached
+    }
+
+    /// Provider batches open now (submitted or re-attached, not delivered).
+    pub(super) fn open_count(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Requests held because their batch could not be told apart.
+    pub(super) fn held_count(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The batch price against the synchronous one (0.5: half price).
+    pub(super) fn price_factor(&self) -> f64 {
+        self.adapter.price_factor()
+    }
+
+    fn spawn(&self, f: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(f);
+    }
+
+    /// Stop every task (the run is over).
+    pub(super) fn shutdown(&self) {
+        self.detach();
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .abort_all();
+    }
+
+    fn new_tag(&self) -> String {
+        let n = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        format!("{}-b{n}", self.session_id)
+    }
+
+    /// A line's request as it goes to the provider.
+    fn request_for(&self, custom_id: &str, system: Option<String>, user: String) -> ChatRequest {
+        let p = &self.p;
+        ChatRequest {
+            model: p.model.clone(),
+            system,
+            user,
+            max_tokens: p.max_tokens,
+            temperature: p.temperature,
+            response_schema: p.response_schema.clone(),
+            client_request_id: custom_id.to_string(),
+            timeout: p.request_timeout,
+        }
+    }
+
+    fn event(&self, level: &'static str, kind: &'static str, message: String) {
+        self.writer.post(WriteOp::Event {
+            session_id: self.session_id.clone(),
+            level,
+            kind,
+            message,
+        });
+    }
+
+    /// Record; a failed write stops the run (resumable).
+    async fn write(&self, op: WriteOp) -> bool {
+        match self.writer.write(op).await {
+            Ok(()) => true,
+            Err(e) => {
+                (self.on_fatal)(e);
+                false
+            }
+        }
+    }
+
+    /// Re-attach the session's open batches (a resume): their lines wait
+    /// for results, never for a second submission.
+    pub(super) async fn reattach(self: &Arc<Self>) -> Result<usize, String> {
+        let path = self.p.ledger_path.clone();
+        let sid = self.session_id.clone();
+        let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<_> {
+            let conn = crate::ledger::open_read_only(&path)
+                .map_err(|e| rusqlite::Error::InvalidParameterName(e.to_string()))?;
+            let mut out = Vec::new();
+            for b in crate::ledger::batches::open_batches(&conn, &sid)? {
+                let waiting = crate::ledger::batches::waiting_lines(&conn, b.batch_id)?;
+                let all = crate::ledger::batches::batch_custom_ids(&conn, b.batch_id)?;
+                out.push((b, waiting, all));
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("ledger: {e}"))?;
+        let mut n = 0;
+        for (batch, waiting, all) in found {
+            if waiting.is_empty() {
+                // Every line has its outcome: only the mark was missing.
+                self.writer
+                    .post(WriteOp::Batch(crate::ledger::batches::BatchOp::Settle {
+                        tag: batch.tag.clone(),
+                    }));
+                continue;
+            }
+            for w in &waiting {
+                self.pending.expect(w.custom_id.clone());
+            }
+            n += 1;
+            let me = self.clone();
+            self.spawn(async move { runner::reattach(me, batch, waiting, all).await });
+        }
+        Ok(n)
+    }
+}
+
+/// The batch settings of a stage for its provider's limits; `None` when
+/// batching is off and no batch of the session is open.
+pub(super) fn settings_for(p: &Prepared, adapter: &dyn BatchProvider) -> Settings {
+    let b = &p.batch;
+    let limits = adapter.limits();
+    let max_requests = b
+        .max_requests
+        .as_ref()
+        .map(|n| *n.get_ref() as usize)
+        .unwrap_or(limits.max_requests)
+        .clamp(1, limits.max_requests.max(1));
+    let max_bytes = b
+        .max_bytes
+        .as_ref()
+        .map(|n| *n.get_ref())
+        .unwrap_or(limits.max_bytes)
+        .clamp(1, limits.max_bytes.max(1));
+    let poll_interval = b
+        .poll_interval_secs
+        .as_ref()
+        .map(|s| Duration::from_secs_f64(*s.get_ref()))
+        // The built-in mock runs a batch in seconds: poll it like that.
+        .or((p.provider_kind == crate::config::ProviderKind::Mock)
+            .then(|| Duration::from_millis(250)));
+    Settings {
+        mode: b.mode,
+        min_batch_size: (*b.min_batch_size.get_ref()).min(usize::MAX as u64) as usize,
+        max_requests,
+        max_bytes,
+        max_wait: Duration::from_secs_f64(*b.max_wait_secs.get_ref()),
+        max_open: (*b.max_open_batches.get_ref()).clamp(1, 1_000) as usize,
+        poll_interval,
+    }
+}

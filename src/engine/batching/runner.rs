@@ -1,0 +1,819 @@
+//! One provider batch from its record to its last result: record, submit
+//! (finding the batch again when the create answer is lost), poll on the
+//! provider's cadence, cancel when asked, stream the results to the waiting
+//! workers, and mark the batch finished with once every line has its outcome.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rand::Rng;
+
+use super::{Batcher, Queued, Reply};
+use crate::ledger::batches::{BatchOp, NewBatch, NewBatchLine, OpenBatch, WaitingLine};
+use crate::ledger::now_ts;
+use crate::ledger::writer::WriteOp;
+use crate::provider::batch::{
+    BatchLine, BatchState, BatchStatus, Found, LineOutcome, SubmitSpec, Submitted,
+};
+use crate::provider::{ErrorClass, ProviderError};
+
+/// Submissions tried before a batch's requests are failed back to their
+/// workers (which retry them within their own budgets).
+const MAX_SUBMITS: u32 = 5;
+/// Results fetches tried (a cut stream, a file not there yet) before the
+/// operator is told; fetching goes on, slower, until the run stops.
+const RESULTS_TRIES_BEFORE_EVENT: u32 = 5;
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// A batch being driven: submitted, its lines known.
+struct Tracked {
+    tag: String,
+    provider_batch_id: String,
+    /// Unix seconds of the record (its age drives the poll cadence).
+    created_at: f64,
+    /// Every line of the batch, for matching results.
+    expected: HashSet<String>,
+    /// The lines of this run still waiting for a result.
+    waiting: Vec<String>,
+    cancel_sent: bool,
+}
+
+/// New requests from the former: check and split them to the provider's
+/// limits, then run each file as its own batch.
+pub(super) async fn submit_new(b: Arc<Batcher>, queued: Vec<Queued>) {
+    let mut lines = Vec::with_capacity(queued.len());
+    let mut meta = Vec::with_capacity(queued.len());
+    for q in queued {
+        lines.push(BatchLine {
+            custom_id: q.request.client_request_id.clone(),
+            request: q.request,
+        });
+        meta.push((q.request_id, q.attempt, q.reply));
+    }
+    // A line the provider would refuse is refused here, with its reason,
+    // and never uploaded; the others go on.
+    let ranges = loop {
+        match b.adapter.split(&lines) {
+            Ok(chunks) => {
+                break chunks
+                    .iter()
+                    .map(|c| (c.first, c.lines.len(), c.bytes))
+                    .collect::<Vec<_>>();
+            }
+            Err(e) => {
+                let (_, _, reply) = meta.remove(e.index);
+                lines.remove(e.index);
+                let _ = reply.send(Reply::Error(ProviderError {
+                    class: ErrorClass::Request,
+                    http_status: None,
+                    message: format!(
+                        "refused before upload: this request cannot go in a {} batch: {}",
+                        b.adapter.name(),
+                        e.reason
+                    ),
+                    headers: Default::default(),
+                }));
+                if lines.is_empty() {
+                    return;
+                }
+            }
+        }
+    };
+    // Hand each file to its own task, last first so the drains keep indexes.
+    let mut parts = Vec::with_capacity(ranges.len());
+    for (first, len, bytes) in ranges.into_iter().rev() {
+        let l: Vec<BatchLine> = lines.drain(first..first + len).collect();
+        let m: Vec<_> = meta.drain(first..first + len).collect();
+        parts.push((l, m, bytes));
+    }
+    for (l, m, bytes) in parts.into_iter().rev() {
+        let me = b.clone();
+        b.spawn(async move { run_new(me, l, m, bytes).await });
+    }
+}
+
+type Meta = (i64, i64, tokio::sync::oneshot::Sender<Reply>);
+
+/// Record, submit and drive one new batch.
+async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes: u64) {
+    let permit = tokio::select! {
+        p = b.open_slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        // Not recorded, not sent: the workers hear the run stopped.
+        _ = b.stop_forming.cancelled() => return,
+    };
+    if b.stop_forming.is_cancelled() {
+        return;
+    }
+    let tag = b.new_tag();
+    let created_at = now_ts();
+    let record = NewBatch {
+        tag: tag.clone(),
+        session_id: b.session_id.clone(),
+        stage: b.p.stage.clone(),
+        provider: b.p.provider_name.clone(),
+        provider_kind: b.p.provider_kind.as_str().to_string(),
+        model: b.p.model.clone(),
+        input_bytes: bytes,
+        lines: lines
+            .iter()
+            .zip(&meta)
+            .map(|(l, (request_id, attempt, _))| NewBatchLine {
+                custom_id: l.custom_id.clone(),
+                request_id: *request_id,
+                attempt: *attempt,
+                system_prompt: l.request.system.clone(),
+                user_prompt: l.request.user.clone(),
+            })
+            .collect(),
+    };
+    // Intent before side effect: the batch, its lines and their attempts
+    // are on disk before a byte is uploaded.
+    if !b.write(WriteOp::Batch(BatchOp::Create(record))).await {
+        return;
+    }
+    let n = lines.len();
+    let mut waiting = Vec::with_capacity(n);
+    for (l, (_, _, reply)) in lines.iter().zip(meta) {
+        b.pending.wait(l.custom_id.clone(), reply);
+        waiting.push(l.custom_id.clone());
+    }
+    b.stats.sent.fetch_add(n as u64, Ordering::Relaxed);
+    b.stats.in_flight.fetch_add(n as u64, Ordering::Relaxed);
+    b.open.fetch_add(1, Ordering::Relaxed);
+    let submitted = submit(&b, &tag, created_at, &lines).await;
+    let expected: HashSet<String> = waiting.iter().cloned().collect();
+    drop(lines);
+    let tracked = match submitted {
+        Submitting::Done(s) => {
+            if !record_submitted(&b, &tag, &s, n).await {
+                b.open.fetch_sub(1, Ordering::Relaxed);
+                return;
+            }
+            Tracked {
+                tag,
+                provider_batch_id: s.provider_batch_id,
+                created_at,
+                expected,
+                waiting,
+                cancel_sent: false,
+            }
+        }
+        other => {
+            not_submitted(&b, &tag, &waiting, other).await;
+            b.open.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    drive(&b, tracked).await;
+    b.open.fetch_sub(1, Ordering::Relaxed);
+    drop(permit);
+}
+
+/// A batch a resumed run found open in the ledger: collect it, never send
+/// its lines again unless the provider shows it was never made.
+pub(super) async fn reattach(
+    b: Arc<Batcher>,
+    batch: OpenBatch,
+    waiting: Vec<WaitingLine>,
+    all: Vec<String>,
+) {
+    let permit = tokio::select! {
+        p = b.open_slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        _ = b.detached.cancelled() => return,
+    };
+    b.open.fetch_add(1, Ordering::Relaxed);
+    b.stats
+        .in_flight
+        .fetch_add(waiting.len() as u64, Ordering::Relaxed);
+    let ids: Vec<String> = waiting.iter().map(|w| w.custom_id.clone()).collect();
+    let provider_batch_id = match batch.provider_batch_id.clone() {
+        Some(id) => Some(id),
+        None => adopt_or_resubmit(&b, &batch, &waiting, &ids).await,
+    };
+    if let Some(provider_batch_id) = provider_batch_id {
+        b.reporter.line(&format!(
+            "Re-attached provider batch {} ({}, {} requests waiting): polling it, nothing is sent again.",
+            crate::sanitize::for_terminal(&provider_batch_id),
+            batch.tag,
+            ids.len()
+        ));
+        let tracked = Tracked {
+            tag: batch.tag.clone(),
+            provider_batch_id,
+            created_at: batch.created_at,
+            expected: all.into_iter().collect(),
+            waiting: ids,
+            // A cancel asked before the stop is asked again (idempotent).
+            cancel_sent: false,
+        };
+        if batch.cancel_requested {
+            b.cancel.cancel();
+        }
+        drive(&b, tracked).await;
+    }
+    b.open.fetch_sub(1, Ordering::Relaxed);
+    drop(permit);
+}
+
+/// A batch recorded but with no provider id: its create may or may not have
+/// happened. Look for it first; submit only when the provider shows none.
+async fn adopt_or_resubmit(
+    b: &Arc<Batcher>,
+    batch: &OpenBatch,
+    waiting: &[WaitingLine],
+    ids: &[String],
+) -> Option<String> {
+    match find_ours(
+        b,
+        &batch.tag,
+        batch.created_at,
+        batch.request_count as usize,
+    )
+    .await
+    {
+        Ok(Found::One(id)) => {
+            b.event(
+                "info",
+                "batch_found",
+                format!(
+                    "batch {}: its create answer was lost before the stop; found it at the provider as {}: collecting it, nothing is sent again",
+                    batch.tag,
+                    crate::sanitize::for_terminal(&id)
+                ),
+            );
+            let s = Submitted {
+                provider_batch_id: id.clone(),
+                input_file_id: None,
+            };
+            record_submitted(b, &batch.tag, &s, waiting.len())
+                .await
+                .then_some(id)
+        }
+        Ok(Found::None) => {
+            // Never made: the same lines (same custom ids, same attempts)
+            // go again under the same tag.
+            let lines: Vec<BatchLine> = waiting
+                .iter()
+                .map(|w| BatchLine {
+                    custom_id: w.custom_id.clone(),
+                    request: b.request_for(
+                        &w.custom_id,
+                        w.system_prompt.clone(),
+                        w.user_prompt.clone(),
+                    ),
+                })
+                .collect();
+            b.event(
+                "info",
+                "batch_resubmitted",
+                format!(
+                    "batch {}: not found at the provider (it was never made): submitting its {} requests now",
+                    batch.tag,
+                    lines.len()
+                ),
+            );
+            match submit(b, &batch.tag, batch.created_at, &lines).await {
+                Submitting::Done(s) => record_submitted(b, &batch.tag, &s, lines.len())
+                    .await
+                    .then_some(s.provider_batch_id),
+                other => {
+                    not_submitted(b, &batch.tag, ids, other).await;
+                    None
+                }
+            }
+        }
+        Ok(Found::Ambiguous(candidates)) => {
+            not_submitted(
+                b,
+                &batch.tag,
+                ids,
+                Submitting::Held(held_message(&candidates)),
+            )
+            .await;
+            None
+        }
+        Err(e) => {
+            not_submitted(
+                b,
+                &batch.tag,
+                ids,
+                Submitting::Held(format!(
+                    "cannot check whether the batch was made ({e}); its requests wait rather than risk paying twice: resume again later"
+                )),
+            )
+            .await;
+            None
+        }
+    }
+}
+
+fn held_message(candidates: &[String]) -> String {
+    format!(
+        "the create answer was lost and the provider shows {} batches that could be this one ({}): its requests wait rather than risk paying twice. Check them at the provider; cancel the extra ones, then resume",
+        candidates.len(),
+        candidates
+            .iter()
+            .take(5)
+            .map(|c| crate::sanitize::for_terminal(c))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+enum Submitting {
+    Done(Submitted),
+    /// The provider refused the batch; it was not made.
+    Failed(ProviderError),
+    /// It may exist and cannot be told apart: wait for the operator.
+    Held(String),
+    /// The run stopped while submitting (the batch may exist: a resume
+    /// looks for it).
+    Stopped,
+}
+
+/// Submit `lines` as batch `tag`. When the create's answer is lost (a
+/// network error, a 5xx after the batch may have been made), look for the
+/// batch before submitting again.
+async fn submit(b: &Arc<Batcher>, tag: &str, created_at: f64, lines: &[BatchLine]) -> Submitting {
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let spec = SubmitSpec {
+            tag,
+            model: &b.p.model,
+            lines,
+        };
+        let r = tokio::select! {
+            r = b.adapter.submit(spec) => r,
+            _ = b.detached.cancelled() => return Submitting::Stopped,
+        };
+        let e = match r {
+            Ok(s) => return Submitting::Done(s),
+            Err(e) => e,
+        };
+        tracing::warn!(tag, "batch submit failed: {e}");
+        match e.class {
+            ErrorClass::RateLimited if tries < MAX_SUBMITS * 2 => {
+                let wait = e.headers.retry_after.unwrap_or_else(|| backoff(tries));
+                if !pause(b, wait).await {
+                    return Submitting::Stopped;
+                }
+            }
+            ErrorClass::Ambiguous | ErrorClass::Transient | ErrorClass::Overloaded => {
+                if !pause(b, backoff(tries).min(Duration::from_secs(10))).await {
+                    return Submitting::Stopped;
+                }
+                match find_ours(b, tag, created_at, lines.len()).await {
+                    Ok(Found::One(id)) => {
+                        b.event(
+                            "info",
+                            "batch_found",
+                            format!(
+                                "batch {tag}: the create answer was lost ({}); found the batch at the provider as {}: not submitted again",
+                                e.message,
+                                crate::sanitize::for_terminal(&id)
+                            ),
+                        );
+                        return Submitting::Done(Submitted {
+                            provider_batch_id: id,
+                            input_file_id: None,
+                        });
+                    }
+                    Ok(Found::None) if tries < MAX_SUBMITS => {}
+                    Ok(Found::None) => return Submitting::Failed(e),
+                    Ok(Found::Ambiguous(c)) => return Submitting::Held(held_message(&c)),
+                    Err(fe) => {
+                        return Submitting::Held(format!(
+                            "the create answer was lost ({}) and the provider's batch list could not be read ({fe}): its requests wait rather than risk paying twice; resume later",
+                            e.message
+                        ));
+                    }
+                }
+            }
+            _ => return Submitting::Failed(e),
+        }
+    }
+}
+
+/// `find`, with the batches docket already knows taken out: a batch that is
+/// another of ours can never be the one looked for.
+async fn find_ours(
+    b: &Arc<Batcher>,
+    tag: &str,
+    created_at: f64,
+    count: usize,
+) -> Result<Found, ProviderError> {
+    let found = b.adapter.find(tag, created_at, count).await?;
+    let path = b.p.ledger_path.clone();
+    let known: HashSet<String> = tokio::task::spawn_blocking(move || {
+        crate::ledger::open_read_only(&path)
+            .ok()
+            .and_then(|c| crate::ledger::batches::known_provider_ids(&c).ok())
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap_or_default()
+    .into_iter()
+    .collect();
+    Ok(match found {
+        Found::One(id) if known.contains(&id) => Found::None,
+        Found::Ambiguous(ids) => {
+            let mut rest: Vec<String> = ids.into_iter().filter(|i| !known.contains(i)).collect();
+            match rest.len() {
+                0 => Found::None,
+                1 => Found::One(rest.remove(0)),
+                _ => Found::Ambiguous(rest),
+            }
+        }
+        other => other,
+    })
+}
+
+async fn record_submitted(b: &Arc<Batcher>, tag: &str, s: &Submitted, n: usize) -> bool {
+    let ok = b
+        .write(WriteOp::Batch(BatchOp::Submitted {
+            tag: tag.to_string(),
+            provider_batch_id: s.provider_batch_id.clone(),
+            input_file_id: s.input_file_id.clone(),
+        }))
+        .await;
+    if ok {
+        let id = crate::sanitize::for_terminal(&s.provider_batch_id);
+        b.event(
+            "info",
+            "batch_submitted",
+            format!(
+                "batch {tag} submitted to {}: {n} requests, provider id {id}",
+                b.p.provider_name
+            ),
+        );
+        b.reporter.line(&format!(
+            "Submitted batch {tag} to {} ({}): {n} requests, provider id {id}",
+            b.p.provider_name,
+            b.adapter.name()
+        ));
+    }
+    ok
+}
+
+/// The batch was not made (refused) or cannot be told apart (held): tell
+/// its lines, and the operator.
+async fn not_submitted(b: &Arc<Batcher>, tag: &str, ids: &[String], how: Submitting) {
+    match how {
+        Submitting::Failed(e) => {
+            let msg = format!("not submitted: {e}");
+            b.write(WriteOp::Batch(BatchOp::Status {
+                tag: tag.to_string(),
+                state: "failed".into(),
+                completed: 0,
+                failed: 0,
+                output_ref: None,
+                error_ref: None,
+                error_message: Some(msg.clone()),
+                next_poll_at: None,
+                polled: false,
+                ended: true,
+            }))
+            .await;
+            b.event("warn", "batch_failed", format!("batch {tag} {msg}"));
+            for id in ids {
+                b.pending.deliver(id, Reply::Error(e.clone()));
+            }
+            settle(b, tag).await;
+        }
+        Submitting::Held(why) => {
+            b.write(WriteOp::Batch(BatchOp::Status {
+                tag: tag.to_string(),
+                state: "unknown".into(),
+                completed: 0,
+                failed: 0,
+                output_ref: None,
+                error_ref: None,
+                error_message: Some(why.clone()),
+                next_poll_at: None,
+                polled: false,
+                ended: false,
+            }))
+            .await;
+            b.event("warn", "batch_unknown", format!("batch {tag}: {why}"));
+            b.reporter.line(&format!("Batch {tag}: {why}."));
+            b.held.fetch_add(ids.len(), Ordering::Relaxed);
+            for id in ids {
+                b.pending.deliver(id, Reply::Held(why.clone()));
+            }
+        }
+        Submitting::Stopped | Submitting::Done(_) => {}
+    }
+}
+
+/// Poll until the batch is over (cancelling it when asked), then collect.
+async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
+    let mut next = first_poll(b);
+    let mut poll_errors = 0u32;
+    let status = loop {
+        if b.cancel.is_cancelled() && !t.cancel_sent {
+            t.cancel_sent = true;
+            cancel(b, &t).await;
+            next = Duration::ZERO;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(next) => {}
+            _ = b.detached.cancelled() => return,
+            _ = b.cancel.cancelled(), if !t.cancel_sent => continue,
+        }
+        let polled = tokio::select! {
+            r = b.adapter.poll(&t.provider_batch_id) => r,
+            _ = b.detached.cancelled() => return,
+        };
+        match polled {
+            Ok(s) => {
+                poll_errors = 0;
+                let done = s.state.is_terminal() && !s.results_pending;
+                next = cadence(b, &s.state, t.created_at);
+                let next_at = (!done).then(|| now_ts() + next.as_secs_f64());
+                b.write(WriteOp::Batch(status_op(&t.tag, &s, next_at, true)))
+                    .await;
+                if done {
+                    break s;
+                }
+            }
+            Err(e) => {
+                poll_errors += 1;
+                next = e
+                    .headers
+                    .retry_after
+                    .unwrap_or_else(|| backoff(poll_errors))
+                    .max(cadence(b, &BatchState::InProgress, t.created_at));
+                if poll_errors == 1 || poll_errors % 10 == 0 {
+                    b.event(
+                        "warn",
+                        "batch_poll_failed",
+                        format!(
+                            "batch {}: poll failed ({e}); trying again in {:.0} s (the batch goes on at the provider)",
+                            t.tag,
+                            next.as_secs_f64()
+                        ),
+                    );
+                }
+                b.writer.post(WriteOp::Batch(BatchOp::Status {
+                    tag: t.tag.clone(),
+                    state: "in_progress".into(),
+                    completed: 0,
+                    failed: 0,
+                    output_ref: None,
+                    error_ref: None,
+                    error_message: None,
+                    next_poll_at: Some(now_ts() + next.as_secs_f64()),
+                    polled: false,
+                    ended: false,
+                }))
+            }
+        }
+    };
+    collect(b, &t, &status).await;
+}
+
+/// The first poll: soon after a submit (validation is quick), at the
+/// cadence otherwise.
+fn first_poll(b: &Batcher) -> Duration {
+    b.settings.poll_interval.unwrap_or_else(|| {
+        b.adapter
+            .poll_after(&BatchState::Validating, Duration::ZERO)
+    })
+}
+
+/// The provider's cadence for `state` (or the configured interval), with
+/// jitter so many batches do not poll in step.
+fn cadence(b: &Batcher, state: &BatchState, created_at: f64) -> Duration {
+    let age = Duration::from_secs_f64((now_ts() - created_at).max(0.0));
+    let base = b
+        .settings
+        .poll_interval
+        .unwrap_or_else(|| b.adapter.poll_after(state, age));
+    let jitter = rand::rng().random_range(0.9..1.1);
+    base.mul_f64(jitter)
+}
+
+fn backoff(tries: u32) -> Duration {
+    let secs = 2f64
+        .powi(tries.min(16) as i32)
+        .min(MAX_BACKOFF.as_secs_f64());
+    Duration::from_secs_f64(secs)
+}
+
+/// Sleep unless the run lets go of its batches meanwhile.
+async fn pause(b: &Batcher, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = b.detached.cancelled() => false,
+    }
+}
+
+fn status_op(tag: &str, s: &BatchStatus, next_poll_at: Option<f64>, polled: bool) -> BatchOp {
+    BatchOp::Status {
+        tag: tag.to_string(),
+        state: s.state.as_str().to_string(),
+        completed: s.counts.completed,
+        failed: s.counts.failed,
+        output_ref: s.output_ref.clone(),
+        error_ref: s.error_ref.clone(),
+        error_message: match &s.state {
+            BatchState::Failed(why) => Some(why.clone()),
+            _ => None,
+        },
+        next_poll_at,
+        polled,
+        ended: s.state.is_terminal(),
+    }
+}
+
+async fn cancel(b: &Arc<Batcher>, t: &Tracked) {
+    b.write(WriteOp::Batch(BatchOp::CancelRequested {
+        tag: t.tag.clone(),
+    }))
+    .await;
+    match b.adapter.cancel(&t.provider_batch_id).await {
+        Ok(s) => {
+            b.event(
+                "warn",
+                "batch_cancelled",
+                format!(
+                    "batch {}: cancel asked of the provider (now {}); what it finished is collected",
+                    t.tag,
+                    s.state.as_str()
+                ),
+            );
+            b.write(WriteOp::Batch(status_op(&t.tag, &s, None, false)))
+                .await;
+        }
+        Err(e) => b.event(
+            "warn",
+            "batch_cancel_failed",
+            format!(
+                "batch {}: the provider did not take the cancel ({e}); it is polled until it ends",
+                t.tag
+            ),
+        ),
+    }
+}
+
+/// Stream the results of a finished batch to its lines; every line not
+/// answered by a result line hears why (never run, failed batch, no line).
+async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
+    let mut tries = 0u32;
+    let has_results = status.output_ref.is_some() || status.error_ref.is_some();
+    while has_results {
+        tries += 1;
+        let pending = &b.pending;
+        let mut delivered = 0u64;
+        let mut sink = |line: crate::provider::batch::ResultLine| {
+            let reply = match line.outcome {
+                LineOutcome::Answer(a) => Reply::Answer(a),
+                LineOutcome::Error(e) => Reply::Error(e),
+                LineOutcome::NotRun(why) => Reply::NotRun(why),
+            };
+            if pending.deliver(&line.custom_id, reply) {
+                delivered += 1;
+            }
+        };
+        let got = tokio::select! {
+            r = b.adapter.results(status, &t.expected, &mut sink) => r,
+            _ = b.detached.cancelled() => return,
+        };
+        match got {
+            Ok(sum) => {
+                let quarantined = sum.quarantined.len() as u64 + sum.quarantined_more;
+                if quarantined > 0 {
+                    b.event(
+                        "warn",
+                        "batch_quarantined",
+                        format!(
+                            "batch {}: {quarantined} result line(s) could not be used and were put aside (first: {})",
+                            t.tag,
+                            sum.quarantined
+                                .first()
+                                .map(|q| format!("line {}: {}", q.line, q.reason))
+                                .unwrap_or_default()
+                        ),
+                    );
+                }
+                b.write(WriteOp::Batch(BatchOp::Ingested {
+                    tag: t.tag.clone(),
+                    delivered,
+                    quarantined: sum.quarantined,
+                    quarantined_more: sum.quarantined_more,
+                }))
+                .await;
+                if !sum.cut {
+                    break;
+                }
+                if tries == RESULTS_TRIES_BEFORE_EVENT {
+                    b.event(
+                        "warn",
+                        "batch_results_cut",
+                        format!(
+                            "batch {}: the results stream keeps breaking off; what came is kept, fetching the rest again",
+                            t.tag
+                        ),
+                    );
+                }
+            }
+            Err(e) => {
+                if tries == 1 || tries % RESULTS_TRIES_BEFORE_EVENT == 0 {
+                    b.event(
+                        "warn",
+                        "batch_results_failed",
+                        format!(
+                            "batch {}: results could not be fetched ({e}); trying again",
+                            t.tag
+                        ),
+                    );
+                }
+            }
+        }
+        if !pause(b, backoff(tries).min(Duration::from_secs(60))).await {
+            return;
+        }
+    }
+    // Lines no result line spoke for.
+    let mut left = 0u64;
+    for id in &t.waiting {
+        if !b.pending.contains(id) {
+            continue;
+        }
+        left += 1;
+        let reply = match &status.state {
+            BatchState::Expired | BatchState::Cancelled => Reply::NotRun(format!(
+                "the batch was {} before this request ran",
+                status.state.as_str()
+            )),
+            BatchState::Failed(why) => Reply::Error(failed_batch_error(why)),
+            _ => Reply::Error(ProviderError {
+                class: ErrorClass::Ambiguous,
+                http_status: None,
+                message: "the batch finished without a result line for this request".into(),
+                headers: Default::default(),
+            }),
+        };
+        b.pending.deliver(id, reply);
+    }
+    let summary = format!(
+        "batch {} {}: {} completed, {} failed at the provider{}",
+        t.tag,
+        status.state.as_str(),
+        status.counts.completed,
+        status.counts.failed,
+        if left > 0 {
+            format!("; {left} request(s) without a result go back to be sent again")
+        } else {
+            String::new()
+        }
+    );
+    b.event("info", "batch_ended", summary.clone());
+    b.reporter.line(&format!("Batch {summary}."));
+    settle(b, &t.tag).await;
+}
+
+/// A batch the provider failed as a whole: its requests were not run. A
+/// limit (enqueued tokens) is "not now"; anything else may pass next time.
+fn failed_batch_error(why: &str) -> ProviderError {
+    let limit = why.contains("token_limit") || why.contains("limit");
+    ProviderError {
+        class: if limit {
+            ErrorClass::RateLimited
+        } else {
+            ErrorClass::Transient
+        },
+        http_status: None,
+        message: format!("the batch failed at the provider: {why}"),
+        headers: Default::default(),
+    }
+}
+
+/// Mark the batch finished with once its workers have recorded every
+/// line's outcome (they do it in their own time after the delivery).
+async fn settle(b: &Arc<Batcher>, tag: &str) {
+    let path = b.p.ledger_path.clone();
+    for _ in 0..400 {
+        b.writer.post(WriteOp::Batch(BatchOp::Settle {
+            tag: tag.to_string(),
+        }));
+        if !pause(b, Duration::from_millis(150)).await {
+            return;
+        }
+        let (path, tag2) = (path.clone(), tag.to_string());
+        let done = tokio::task::spawn_blocking(move || {
+            crate::ledger::open_read_only(&path)
+                .ok()
+                .and_then(|c| crate::ledger::batches::is_settled(&c, &tag2).ok())
+                .unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false);
+        if done {
+            return;
+        }
+    }
+}
