@@ -111,7 +111,7 @@ fn progress_line(
     let filled = ((pct / 5.0).floor() as usize).min(20);
     let bar = format!("{}{}", "█".repeat(filled), "░".repeat(20 - filled));
     let mut line = format!(
-        "[{bar}] {}/{} {:>5.1}% | ✓ {} acc  ⚠ {} rev  ✗ {} rej  ⨯ {} err | pending {} | {:.1} req/s  in flight {} (limit {})  429s {}  retries {}  ambiguous {} | tokens {} | ${:.4} of ~${:.4} | elapsed {}  ETA {}",
+        "[{bar}] {}/{} {:>5.1}% | ✓ {} acc  ⚠ {} rev  ✗ {} rej  ⨯ {} err | pending {} | {:.1} req/s  in flight {} ({})  429s {}  retries {}  ambiguous {} | tokens {} | ${:.4} of ~${:.4} | elapsed {}  ETA {}",
         s.done,
         s.total,
         pct,
@@ -122,7 +122,11 @@ fn progress_line(
         s.total.saturating_sub(s.done + s.in_flight),
         rate,
         s.in_flight,
-        concurrency,
+        if s.batched > 0 {
+            format!("{} in provider batches", s.batched)
+        } else {
+            format!("limit {concurrency}")
+        },
         s.rate_limited,
         s.retries,
         s.ambiguous,

@@ -403,6 +403,7 @@ async fn batch_reply(
         return Sent::Stopped;
     };
     ctx.stats.in_flight.fetch_sub(1, Relaxed);
+    ctx.stats.batched.fetch_sub(1, Relaxed);
     let base = AttemptRecord {
         session_id: ctx.session_id.clone(),
         request_id: job.item.request_id,
@@ -421,7 +422,12 @@ async fn batch_reply(
             Sent::NotRun(base, why)
         }
         // Waits for the operator: the attempt stays recorded in its batch.
-        Reply::Held(_) | Reply::GoSync => {
+        Reply::Held(why) => {
+            tracing::info!(request = job.item.request_id, "held: {why}");
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::Stopped
+        }
+        Reply::GoSync => {
             ctx.budget.settle(job.reserved, 0.0);
             Sent::Stopped
         }

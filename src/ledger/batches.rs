@@ -57,6 +57,11 @@ pub enum BatchOp {
         polled: bool,
         ended: bool,
     },
+    /// A poll failed: only when the next one is due changes.
+    NextPoll {
+        tag: String,
+        next_poll_at: f64,
+    },
     CancelRequested {
         tag: String,
     },
@@ -163,6 +168,13 @@ pub fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> 
                 ended,
                 now
             ])?;
+            Ok(())
+        }
+        BatchOp::NextPoll { tag, next_poll_at } => {
+            conn.prepare_cached(
+                "UPDATE provider_batch SET next_poll_at = ?2, updated_at = ?3 WHERE tag = ?1 AND state != 'ingested'",
+            )?
+            .execute(params![tag, next_poll_at, now])?;
             Ok(())
         }
         BatchOp::CancelRequested { tag } => {

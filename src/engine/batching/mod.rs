@@ -48,7 +48,7 @@ pub(super) enum Reply {
     /// Its batch's create answer was lost and the provider shows several
     /// batches that could be it: the request waits for the operator rather
     /// than risk paying twice. (The reason is in the session's events.)
-    Held(#[allow(dead_code)] String),
+    Held(String),
 }
 
 /// A request waiting to be put in a batch.

@@ -16,7 +16,7 @@ enum Slot {
     /// Re-attached from the ledger: no worker has asked yet.
     Unclaimed,
     /// The result came before the worker asked.
-    Arrived(Reply),
+    Arrived(Box<Reply>),
 }
 
 #[derive(Default)]
@@ -58,7 +58,7 @@ impl Pending {
                 Some(rx)
             }
             Some(Slot::Arrived(reply)) => {
-                let _ = tx.send(reply);
+                let _ = tx.send(*reply);
                 Some(rx)
             }
             Some(waiting @ Slot::Waiting(_)) => {
@@ -83,7 +83,7 @@ impl Pending {
                 true
             }
             Some(Slot::Unclaimed) => {
-                slots.insert(custom_id.to_string(), Slot::Arrived(reply));
+                slots.insert(custom_id.to_string(), Slot::Arrived(Box::new(reply)));
                 true
             }
             Some(arrived @ Slot::Arrived(_)) => {

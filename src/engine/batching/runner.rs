@@ -141,6 +141,7 @@ async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes:
     }
     b.stats.sent.fetch_add(n as u64, Ordering::Relaxed);
     b.stats.in_flight.fetch_add(n as u64, Ordering::Relaxed);
+    b.stats.batched.fetch_add(n as u64, Ordering::Relaxed);
     b.open.fetch_add(1, Ordering::Relaxed);
     let submitted = submit(&b, &tag, created_at, &lines).await;
     let expected: HashSet<String> = waiting.iter().cloned().collect();
@@ -186,6 +187,9 @@ pub(super) async fn reattach(
     b.open.fetch_add(1, Ordering::Relaxed);
     b.stats
         .in_flight
+        .fetch_add(waiting.len() as u64, Ordering::Relaxed);
+    b.stats
+        .batched
         .fetch_add(waiting.len() as u64, Ordering::Relaxed);
     let ids: Vec<String> = waiting.iter().map(|w| w.custom_id.clone()).collect();
     let provider_batch_id = match batch.provider_batch_id.clone() {
@@ -546,7 +550,7 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
                     .retry_after
                     .unwrap_or_else(|| backoff(poll_errors))
                     .max(cadence(b, &BatchState::InProgress, t.created_at));
-                if poll_errors == 1 || poll_errors % 10 == 0 {
+                if poll_errors == 1 || poll_errors.is_multiple_of(10) {
                     b.event(
                         "warn",
                         "batch_poll_failed",
@@ -557,17 +561,9 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
                         ),
                     );
                 }
-                b.writer.post(WriteOp::Batch(BatchOp::Status {
+                b.writer.post(WriteOp::Batch(BatchOp::NextPoll {
                     tag: t.tag.clone(),
-                    state: "in_progress".into(),
-                    completed: 0,
-                    failed: 0,
-                    output_ref: None,
-                    error_ref: None,
-                    error_message: None,
-                    next_poll_at: Some(now_ts() + next.as_secs_f64()),
-                    polled: false,
-                    ended: false,
+                    next_poll_at: now_ts() + next.as_secs_f64(),
                 }))
             }
         }
@@ -664,7 +660,7 @@ async fn cancel(b: &Arc<Batcher>, t: &Tracked) {
 async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
     let mut tries = 0u32;
     let has_results = status.output_ref.is_some() || status.error_ref.is_some();
-    while has_results {
+    while has_results && !b.detached.is_cancelled() {
         tries += 1;
         let pending = &b.pending;
         let mut delivered = 0u64;
@@ -721,7 +717,7 @@ async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
                 }
             }
             Err(e) => {
-                if tries == 1 || tries % RESULTS_TRIES_BEFORE_EVENT == 0 {
+                if tries == 1 || tries.is_multiple_of(RESULTS_TRIES_BEFORE_EVENT) {
                     b.event(
                         "warn",
                         "batch_results_failed",
@@ -760,7 +756,7 @@ async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
         b.pending.deliver(id, reply);
     }
     let summary = format!(
-        "batch {} {}: {} completed, {} failed at the provider{}",
+        "{} {}: {} completed, {} failed at the provider{}",
         t.tag,
         status.state.as_str(),
         status.counts.completed,
@@ -771,7 +767,7 @@ async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
             String::new()
         }
     );
-    b.event("info", "batch_ended", summary.clone());
+    b.event("info", "batch_ended", format!("batch {summary}"));
     b.reporter.line(&format!("Batch {summary}."));
     settle(b, &t.tag).await;
 }
