@@ -12,6 +12,10 @@ use docket::provider::batch::openai::{OpenAiBatch, PollCadence};
 use docket::provider::batch::{BatchLine, BatchProvider, LineOutcome, SubmitSpec};
 use docket::provider::{ApiKey, ChatRequest};
 
+// The allocator of the `docket` binary, so the figures are docket's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BIN: &str = env!("CARGO_BIN_EXE_docket");
 const N: usize = 100_000;
 
@@ -53,14 +57,16 @@ fn lines() -> Vec<BatchLine> {
             request: ChatRequest {
                 model: "gpt-4o-mini".into(),
                 system: Some("You match chart entries to MusicBrainz releases. Answer in JSON.".into()),
-                user: format!(
+                // Rendered prompts are kept at their length, as the
+                // engine's template does.
+                user: shrunk(format!(
                     "Chart entry {i}: \"Midnight Echoes\" by The Night Owls, UK Singles, week {w}.\n\
                      Candidates:\n1. release group 4f1c-{i:06} \"Midnight Echoes\" (Single, 2024)\n\
                      2. release group 9a2b-{i:06} \"Midnight Echoes (Remix)\" (EP, 2024)\n\
                      3. release group 77de-{i:06} \"Echoes at Midnight\" (Album, 2023)\n\
                      Pick the release group and recording; give your confidence and why.",
                     w = i % 52
-                ),
+                )),
                 max_tokens: 200,
                 temperature: Some(0.0),
                 response_schema: Some(schema.clone()),
@@ -69,6 +75,11 @@ fn lines() -> Vec<BatchLine> {
             },
         })
         .collect()
+}
+
+fn shrunk(mut s: String) -> String {
+    s.shrink_to_fit();
+    s
 }
 
 fn main() {
@@ -131,10 +142,16 @@ fn main() {
         }
         let uploaded = t.elapsed();
         let after_upload = peak_rss_mb();
+        // As the engine does: once uploaded, only the ids are kept (the
+        // prompts are in the ledger).
+        let expected: HashSet<String> = batch.iter().map(|l| l.custom_id.clone()).collect();
+        let files = chunks.len();
+        drop(chunks);
+        drop(batch);
         println!(
             "A  {N} requests: lines built in {:.2} s; {} JSONL files ({:.1} MB) checked, streamed up and the batches created in {:.2} s (target < 5 s)  [{}]",
             built.as_secs_f64(),
-            chunks.len(),
+            files,
             bytes as f64 / 1e6,
             uploaded.as_secs_f64(),
             if uploaded < Duration::from_secs(5) { "PASS" } else { "FAIL" }
@@ -149,7 +166,6 @@ fn main() {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             });
         }
-        let expected: HashSet<String> = batch.iter().map(|l| l.custom_id.clone()).collect();
         let mut answered = 0u64;
         let mut tokens = 0u64;
         let mut lines_read = 0u64;

@@ -95,11 +95,17 @@ impl PromptTemplate {
         ctx.insert("item".into(), evidence.clone());
         ctx.insert("item_id".into(), Value::String(item_id.to_string()));
         let ctx = minijinja::Value::from(minijinja::value::Serde(&ctx));
-        let user = self.render_one(USER, &self.user_path, item_id, &ctx)?;
-        let system = match &self.system_path {
+        let mut user = self.render_one(USER, &self.user_path, item_id, &ctx)?;
+        let mut system = match &self.system_path {
             Some(p) => Some(self.render_one(SYSTEM, p, item_id, &ctx)?),
             None => None,
         };
+        // A batch holds its prompts until the provider has them: no spare
+        // capacity from rendering rides along.
+        user.shrink_to_fit();
+        if let Some(s) = system.as_mut() {
+            s.shrink_to_fit();
+        }
         Ok(Prompt { system, user })
     }
 

@@ -430,6 +430,7 @@ async fn start_batching(
                 ctx.stop(StopCause::LedgerFailed(e));
             }
         }),
+        ctx.paused.clone(),
     );
     let _ = ctx.batcher.set(b.clone());
     if b.takes_new() {

@@ -108,6 +108,9 @@ pub(super) struct Batcher {
     cancel: CancellationToken,
     /// The run cannot go on (the ledger failed): the dispatch's stop.
     on_fatal: Box<dyn Fn(String) + Send + Sync>,
+    /// An operator's pause: no batch is created while it holds (open
+    /// batches are still polled and collected).
+    paused: tokio::sync::watch::Receiver<bool>,
     tasks: std::sync::Mutex<JoinSet<()>>,
 }
 
@@ -123,6 +126,7 @@ impl Batcher {
         reporter: Arc<dyn Reporter>,
         batches_so_far: u64,
         on_fatal: Box<dyn Fn(String) + Send + Sync>,
+        paused: tokio::sync::watch::Receiver<bool>,
     ) -> Arc<Batcher> {
         let (tx, rx) = mpsc::unbounded_channel();
         let b = Arc::new(Batcher {
@@ -145,6 +149,7 @@ impl Batcher {
             detached: CancellationToken::new(),
             cancel: CancellationToken::new(),
             on_fatal,
+            paused,
             tasks: std::sync::Mutex::new(JoinSet::new()),
         });
         let former = b.clone();
@@ -251,6 +256,24 @@ impl Batcher {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .abort_all();
+    }
+
+    /// Wait while the operator has the run paused; false when the run
+    /// stops creating batches meanwhile.
+    async fn wait_unpaused(&self) -> bool {
+        let mut rx = self.paused.clone();
+        loop {
+            if self.stop_forming.is_cancelled() {
+                return false;
+            }
+            if !*rx.borrow_and_update() {
+                return true;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return !self.stop_forming.is_cancelled() },
+                _ = self.stop_forming.cancelled() => return false,
+            }
+        }
     }
 
     fn new_tag(&self) -> String {

@@ -103,7 +103,8 @@ async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes:
         // Not recorded, not sent: the workers hear the run stopped.
         _ = b.stop_forming.cancelled() => return,
     };
-    if b.stop_forming.is_cancelled() {
+    // Paused: nothing new goes to the provider until the operator resumes.
+    if !b.wait_unpaused().await {
         return;
     }
     let tag = b.new_tag();

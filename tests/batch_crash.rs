@@ -1,0 +1,831 @@
+//! Batch mode survives crashes and stops, end to end: the real binary runs
+//! `batch-adjudicate` with `[stages.batch] mode = "batch"` against
+//! `docket mock-provider` running as its own process, and is killed with
+//! SIGKILL (between the batch create and its record, and after the record),
+//! interrupted with SIGINT off a terminal, or cancelled from another process.
+//! Every resume collects the open batch without paying for it twice: one
+//! batch at the provider, every item processed once, nothing ambiguous.
+//! Providers without a Batch API fall back to synchronous requests, the
+//! Anthropic and Gemini Batch APIs run through the whole engine, and the API
+//! key (a canary) is written nowhere.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use serde_json::Value;
+use support::{Workspace, check_complete, count, events_of};
+
+const BIN: &str = env!("CARGO_BIN_EXE_docket");
+// Not `sk-` shaped: the generic redaction of key-like words must not be
+// what keeps it out; it must never be written at all.
+const CANARY: &str = "canaryKEYb47c19e2d05f83";
+const KEY_ENV: &str = "DOCKET_TEST_KEY";
+const ITEMS: usize = 12;
+/// The longest any one docket child may take.
+const RUN_TIMEOUT: Duration = Duration::from_secs(40);
+/// The longest the test waits for a state it is about to act on.
+const STATE_TIMEOUT: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------- processes
+
+/// A child process, SIGKILLed and reaped when dropped (also on a failing
+/// assertion), with its stdout and stderr in one file.
+struct Proc {
+    child: Child,
+    what: String,
+    out: Option<PathBuf>,
+}
+
+impl Proc {
+    fn output(&self) -> String {
+        self.out
+            .as_ref()
+            .map(|p| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned())
+            .unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Wait for the exit within `timeout`; on timeout kill it and fail.
+    fn wait(&mut self, timeout: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return (status.code(), self.output());
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} did not end within {timeout:?}; killed. Output:\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// SIGKILL and reap; the output so far.
+    fn kill9(&mut self) -> String {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+        self.output()
+    }
+
+    /// Fail if the child already ended (it should still be working).
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().expect("try_wait") {
+            panic!(
+                "{} ended early ({status}). Output:\n{}",
+                self.what,
+                self.output()
+            );
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// `docket mock-provider` on a free loopback port, steered over HTTP.
+struct Mock {
+    _proc: Proc,
+    port: u16,
+}
+
+impl Mock {
+    fn start(flags: &[&str]) -> Mock {
+        let mut child = Command::new(BIN)
+            .args(["mock-provider", "--port", "0"])
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mock-provider");
+        let stdout = child.stdout.take().expect("mock stdout");
+        let proc = Proc {
+            child,
+            what: "mock-provider".into(),
+            out: None,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the mock never blocks on a full pipe.
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
+        });
+        let line = rx
+            .recv_timeout(STATE_TIMEOUT)
+            .expect("the mock's 'listening' line");
+        // "mock provider listening on http://127.0.0.1:PORT/v1"
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Mock { _proc: proc, port }
+    }
+
+    /// "http://127.0.0.1:PORT" (no path).
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn http(&self, method: &str, path: &str, body: &str) -> Value {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to the mock");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).expect("the mock's answer");
+        let resp = String::from_utf8_lossy(&resp);
+        let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP answer");
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "{method} {path}: {head}\n{body}"
+        );
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    }
+
+    fn stats(&self) -> Value {
+        self.http("GET", "/_mock/stats", "")
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.stats()[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {name} in the stats"))
+    }
+
+    /// Change one field of the live config (the rest kept as it is).
+    fn set(&self, field: &str, value: Value) {
+        let mut cfg = self.http("GET", "/_mock/config", "");
+        cfg[field] = value.clone();
+        let now = self.http("POST", "/_mock/config", &cfg.to_string());
+        assert_eq!(now[field], value, "config change taken");
+    }
+
+    fn log(&self) -> Vec<Value> {
+        match self.http("GET", "/_mock/log", "") {
+            Value::Array(a) => a,
+            other => panic!("log: {other}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- workspace
+
+/// A workspace from `docket init` with ITEMS demo items, its provider block
+/// and batch settings replaced, and a private HOME for the logs.
+struct Ws {
+    ws: Workspace,
+    home: tempfile::TempDir,
+}
+
+/// Lifecycle of a batch at the mock: quick unless the test needs it long.
+const QUICK: [&str; 6] = [
+    "--batch-validating-ms",
+    "100",
+    "--batch-running-ms",
+    "400",
+    "--batch-finalizing-ms",
+    "100",
+];
+
+fn provider_block(kind: &str, mock: &Mock) -> String {
+    let base = mock.base();
+    let (model, url) = match kind {
+        "openai" => ("gpt-4o-mini", format!("{base}/v1")),
+        "anthropic" => ("claude-haiku-4-5", base.clone()),
+        "gemini" => ("gemini-2.5-flash", base.clone()),
+        "openrouter" => ("openai/gpt-4o-mini", format!("{base}/api/v1")),
+        other => panic!("no block for {other}"),
+    };
+    format!(
+        "[providers.main]\nkind = \"{kind}\"\nmodel = \"{model}\"\nbase_url = \"{url}\"\n\
+         api_key_env = \"{KEY_ENV}\"\nrequests_per_minute = 0\ntokens_per_minute = 0\n\
+         max_concurrency = 8\nrequest_timeout_secs = 30\nmax_transport_attempts = 3\n"
+    )
+}
+
+impl Ws {
+    fn new(kind: &str, mock: &Mock) -> Ws {
+        let dir = tempfile::tempdir().expect("tempdir");
+        docket::workspace::init(dir.path(), false).expect("init");
+        let toml = format!(
+            r#"[job]
+name = "batch-crash"
+
+{provider}
+[[stages]]
+name = "adjudicate"
+provider = "main"
+template = "prompts/adjudicate.j2"
+system_prompt = "prompts/system.txt"
+max_tokens = 200
+max_attempts = 3
+
+[stages.batch]
+mode = "batch"
+max_wait_secs = 1
+poll_interval_secs = 0.2
+
+[stages.gate]
+kind = "json_schema"
+schema = "schemas/adjudicate.schema.json"
+
+[routing]
+auto_accept_threshold = 0.85
+review_threshold = 0.60
+"#,
+            provider = provider_block(kind, mock)
+        );
+        std::fs::write(dir.path().join("docket.toml"), toml).unwrap();
+        let ws = Workspace { dir };
+        support::import_demo_items(&ws, ITEMS);
+        Ws {
+            ws,
+            home: tempfile::tempdir().expect("home"),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--workspace")
+            .arg(self.ws.path())
+            .args(args)
+            .env("HOME", self.home.path())
+            .env("XDG_DATA_HOME", self.home.path().join("data"))
+            .env(KEY_ENV, CANARY)
+            .env("DOCKET_LOG", "trace")
+            .env("NO_COLOR", "1")
+            .env_remove("DOCKET_WORKSPACE")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Start `docket ARGS` with stdin not a terminal; output into a file
+    /// named `name` in HOME.
+    fn spawn(&self, name: &str, args: &[&str]) -> Proc {
+        let path = self.home.path().join(format!("{name}.out"));
+        let f = std::fs::File::create(&path).unwrap();
+        let child = self
+            .command(args)
+            .stdout(Stdio::from(f.try_clone().unwrap()))
+            .stderr(Stdio::from(f))
+            .spawn()
+            .expect("spawn docket");
+        Proc {
+            child,
+            what: format!("docket {}", args.join(" ")),
+            out: Some(path),
+        }
+    }
+
+    /// Run `docket ARGS` to its end (within RUN_TIMEOUT).
+    fn run(&self, name: &str, args: &[&str]) -> (Option<i32>, String) {
+        self.spawn(name, args).wait(RUN_TIMEOUT)
+    }
+
+    fn ro(&self) -> Option<Connection> {
+        docket::ledger::open_read_only(&self.ws.ledger()).ok()
+    }
+
+    fn conn(&self) -> Connection {
+        self.ws.conn()
+    }
+}
+
+/// One provider_batch row.
+#[derive(Debug, Clone)]
+struct BatchRow {
+    session_id: String,
+    state: String,
+    provider_batch_id: Option<String>,
+    provider_kind: String,
+    cancel_requested_at: Option<f64>,
+}
+
+fn batch_rows(conn: &Connection) -> Vec<BatchRow> {
+    let Ok(mut st) = conn.prepare(
+        "SELECT session_id, state, provider_batch_id, provider_kind, cancel_requested_at
+         FROM provider_batch ORDER BY batch_id",
+    ) else {
+        return Vec::new();
+    };
+    st.query_map([], |r| {
+        Ok(BatchRow {
+            session_id: r.get(0)?,
+            state: r.get(1)?,
+            provider_batch_id: r.get(2)?,
+            provider_kind: r.get(3)?,
+            cancel_requested_at: r.get(4)?,
+        })
+    })
+    .map(|rows| rows.filter_map(Result::ok).collect())
+    .unwrap_or_default()
+}
+
+/// Poll the ledger (read-only) every 25 ms until `f` gives a value; fail if
+/// the child ends first or after STATE_TIMEOUT.
+fn wait_for<T>(
+    what: &str,
+    ws: &Ws,
+    child: &mut Proc,
+    mut f: impl FnMut(&[BatchRow]) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + STATE_TIMEOUT;
+    loop {
+        if let Some(conn) = ws.ro()
+            && let Some(v) = f(&batch_rows(&conn))
+        {
+            return v;
+        }
+        child.assert_running();
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out waiting for {what}; batches {:?}. Output:\n{}",
+                ws.ro().map(|c| batch_rows(&c)),
+                child.output()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A batch row the provider knows (id recorded) and is still working on.
+fn running_batch(rows: &[BatchRow]) -> Option<BatchRow> {
+    rows.iter()
+        .find(|r| {
+            r.provider_batch_id.is_some()
+                && matches!(r.state.as_str(), "validating" | "in_progress")
+        })
+        .cloned()
+}
+
+/// Every item of the session has exactly one result, every request exactly
+/// one answered attempt, and no attempt is ambiguous.
+fn check_each_once(conn: &Connection, sid: &str) {
+    check_complete(conn, sid);
+    assert_eq!(
+        ITEMS as i64,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM session_item WHERE session_id = ?1",
+            [sid]
+        )
+    );
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM session_item s WHERE s.session_id = ?1 AND
+               (SELECT COUNT(*) FROM llm_batch_result r
+                 WHERE r.session_id = s.session_id AND r.item_id = s.item_id) != 1",
+            [sid]
+        ),
+        "an item without exactly one result"
+    );
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM session_item s WHERE s.session_id = ?1 AND
+               (SELECT COUNT(*) FROM llm_messages m
+                 WHERE m.request_id = s.request_id AND m.state = 'answered') != 1",
+            [sid]
+        ),
+        "a request without exactly one answered attempt"
+    );
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous'",
+            []
+        ),
+        "an ambiguous attempt"
+    );
+    let ambiguous = count(
+        conn,
+        "SELECT ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
+        [sid],
+    );
+    assert_eq!(ambiguous, 0, "the session counted ambiguous attempts");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The canary key is in no output, export, ledger byte or log file.
+fn check_no_key(ws: &Ws, sid: &str, mut haystack: String) {
+    for what in ["decisions", "results", "requests"] {
+        let (code, out) = ws.run(
+            &format!("export-{what}"),
+            &["export", "--what", what, "--format", "jsonl"],
+        );
+        assert_eq!(code, Some(0), "export {what}:\n{out}");
+        assert!(!out.trim().is_empty(), "export {what} is empty");
+        haystack.push_str(&out);
+    }
+    let (code, out) = ws.run("results", &["batch-results", sid, "--format", "json"]);
+    assert_eq!(code, Some(0), "batch-results:\n{out}");
+    haystack.push_str(&out);
+    assert!(!haystack.contains(CANARY), "the key is in the output");
+    let mut files = vec![
+        ws.ws.ledger(),
+        ws.ws.path().join("docket.sqlite-wal"),
+        ws.ws.path().join("docket.sqlite-shm"),
+    ];
+    files.extend(walk(ws.ws.path()));
+    files.extend(walk(ws.home.path()));
+    let mut logs = 0;
+    for f in files {
+        if let Ok(bytes) = std::fs::read(&f) {
+            if f.extension().is_some_and(|e| e == "log") {
+                logs += 1;
+            }
+            assert!(
+                !bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()),
+                "the key is in {}",
+                f.display()
+            );
+        }
+    }
+    assert!(logs > 0, "the log file was searched too");
+}
+
+fn session_of(rows: &[BatchRow]) -> String {
+    rows.first().expect("a batch row").session_id.clone()
+}
+
+// ---------------------------------------------------------------- tests
+
+/// SIGKILL while the create is made at the provider but not yet answered:
+/// the resume finds the batch by its tag and adopts it; nothing is sent
+/// twice.
+#[test]
+fn kill_between_create_and_record_adopts_the_batch() {
+    let mut flags = vec!["--batch-create-delay-ms", "4000"];
+    flags.extend(QUICK);
+    let mock = Mock::start(&flags);
+    let ws = Ws::new("openai", &mock);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let sid = wait_for("a batch created but not answered", &ws, &mut run, |rows| {
+        (rows.len() == 1 && rows[0].state == "submitting" && mock.stat("batches_created") == 1)
+            .then(|| session_of(rows))
+    });
+    let first = run.kill9();
+    let rows = batch_rows(&ws.ro().expect("ledger"));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].state, "submitting", "{rows:?}");
+    assert_eq!(
+        rows[0].provider_batch_id, None,
+        "the create answer cannot have been recorded yet"
+    );
+    assert_eq!(
+        count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'sent'",
+            []
+        ),
+        ITEMS as i64,
+        "every line recorded 'sent' before the upload"
+    );
+
+    mock.set("batch_create_delay_ms", Value::from(0));
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out}");
+    assert_eq!(
+        mock.stat("batches_created"),
+        1,
+        "a second batch was created:\n{out}"
+    );
+    let conn = ws.conn();
+    let rows = batch_rows(&conn);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].state, "ingested", "{rows:?}");
+    let created: Vec<String> = mock
+        .log()
+        .iter()
+        .filter(|e| e["outcome"] == "batch_created")
+        .filter_map(|e| e["batch_id"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        rows[0].provider_batch_id.as_ref(),
+        created.first(),
+        "the recorded id is the one batch the mock made"
+    );
+    check_each_once(&conn, &sid);
+    assert!(
+        !events_of(&conn, &sid, "batch_found").is_empty(),
+        "no batch_found event: {:?}",
+        support::events(&conn, &sid)
+    );
+    assert!(
+        events_of(&conn, &sid, "batch_resubmitted").is_empty(),
+        "resubmitted"
+    );
+    check_no_key(&ws, &sid, format!("{first}{out}"));
+}
+
+/// SIGKILL after the provider id was recorded: the resume re-attaches and
+/// polls the batch.
+#[test]
+fn kill_after_record_reattaches_the_batch() {
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "3000",
+        "--batch-finalizing-ms",
+        "100",
+    ]);
+    let ws = Ws::new("openai", &mock);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let batch = wait_for(
+        "a batch running at the provider",
+        &ws,
+        &mut run,
+        running_batch,
+    );
+    let first = run.kill9();
+    let sid = batch.session_id.clone();
+    assert_eq!(mock.stat("batches_completed"), 0, "killed too late");
+
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out}");
+    assert!(
+        out.contains("Re-attached provider batch"),
+        "the resume does not say it re-attached the batch:\n{out}"
+    );
+    assert!(
+        out.contains(batch.provider_batch_id.as_deref().unwrap()),
+        "the resume names another batch:\n{out}"
+    );
+    assert_eq!(mock.stat("batches_created"), 1, "{out}");
+    let conn = ws.conn();
+    let rows = batch_rows(&conn);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].state, "ingested");
+    assert_eq!(rows[0].provider_batch_id, batch.provider_batch_id);
+    check_each_once(&conn, &sid);
+    check_no_key(&ws, &sid, format!("{first}{out}"));
+}
+
+/// SIGINT off a terminal: the run stops without asking, leaves the batch
+/// to the provider, says so with the resume command; a resume collects it.
+#[test]
+fn sigint_off_terminal_leaves_the_batch_for_a_resume() {
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "3000",
+        "--batch-finalizing-ms",
+        "100",
+    ]);
+    let ws = Ws::new("openai", &mock);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let batch = wait_for(
+        "a batch running at the provider",
+        &ws,
+        &mut run,
+        running_batch,
+    );
+    let sid = batch.session_id.clone();
+    let st = Command::new("kill")
+        .args(["-INT", &run.pid().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(st.success());
+    let (code, out) = run.wait(Duration::from_secs(20));
+    assert_eq!(
+        code,
+        Some(130),
+        "a stopped run ends cancelled (RunEnd::Cancelled):\n{out}"
+    );
+    assert!(
+        out.contains("The provider keeps working on it"),
+        "no word that the provider keeps the batch:\n{out}"
+    );
+    assert!(
+        out.contains(&format!("docket batch-adjudicate --resume {sid}")),
+        "no resume command:\n{out}"
+    );
+    assert!(
+        !out.contains("Cancel them too"),
+        "asked a question off a terminal:\n{out}"
+    );
+    assert_eq!(mock.stat("batches_cancelled"), 0, "the batch was cancelled");
+    let rows = batch_rows(&ws.ro().unwrap());
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_ne!(rows[0].state, "ingested", "{rows:?}");
+    assert_eq!(rows[0].cancel_requested_at, None);
+
+    let (code, out2) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out2}");
+    assert_eq!(mock.stat("batches_created"), 1, "{out2}");
+    assert_eq!(mock.stat("batches_cancelled"), 0);
+    let conn = ws.conn();
+    let rows = batch_rows(&conn);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].state, "ingested");
+    check_each_once(&conn, &sid);
+}
+
+/// `docket cancel SESSION` from another process: the engine cancels the
+/// provider batch and the run ends cancelled.
+#[test]
+fn cancel_from_another_process_cancels_the_provider_batch() {
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "4000",
+        "--batch-finalizing-ms",
+        "100",
+        "--batch-cancelling-ms",
+        "200",
+    ]);
+    let ws = Ws::new("openai", &mock);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let batch = wait_for(
+        "a batch running at the provider",
+        &ws,
+        &mut run,
+        running_batch,
+    );
+    let sid = batch.session_id.clone();
+    let (code, out) = ws.run("cancel", &["cancel", &sid]);
+    assert_eq!(code, Some(0), "docket cancel:\n{out}");
+    let (code, out) = run.wait(Duration::from_secs(20));
+    assert_eq!(code, Some(130), "the run ends cancelled:\n{out}");
+    assert!(
+        out.contains("Cancelling 1 provider batch"),
+        "no word of cancelling the batch:\n{out}"
+    );
+    assert_eq!(
+        mock.stat("batches_cancelled"),
+        1,
+        "the provider batch was not cancelled:\n{out}"
+    );
+    assert_eq!(mock.stat("batches_created"), 1);
+    let conn = ws.conn();
+    let rows = batch_rows(&conn);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0].cancel_requested_at.is_some(),
+        "no cancel_requested_at: {rows:?}"
+    );
+    let state: String = conn
+        .query_row(
+            "SELECT state FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(state, "cancelled");
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous'",
+            []
+        )
+    );
+    support::check_invariants(&conn, &sid);
+}
+
+/// OpenRouter has no Batch API: `mode = "batch"` runs synchronously, says
+/// so, and makes no batch.
+#[test]
+fn openrouter_batch_mode_is_simulated() {
+    let mock = Mock::start(&QUICK);
+    let ws = Ws::new("openrouter", &mock);
+    let (code, out) = ws.run("run", &["batch-adjudicate", "--yes", "--headless"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("simulated batching"),
+        "no note about simulated batching:\n{out}"
+    );
+    let stats = mock.stats();
+    assert_eq!(stats["batches_created"], 0, "{stats}");
+    assert_eq!(stats["files_uploaded"], 0, "{stats}");
+    assert!(
+        stats["ok"].as_u64().unwrap() >= ITEMS as u64,
+        "synchronous answers: {stats}"
+    );
+    assert!(
+        mock.log().iter().all(|e| e["provider"] == "openrouter"),
+        "a request went elsewhere than the OpenRouter route"
+    );
+    let conn = ws.conn();
+    let sid = docket::ledger::store::latest_session(&conn)
+        .unwrap()
+        .expect("a session");
+    assert!(batch_rows(&conn).is_empty(), "a provider_batch row");
+    assert_eq!(
+        count(&conn, "SELECT COUNT(*) FROM provider_batch", []),
+        0,
+        "provider_batch rows"
+    );
+    assert_eq!(events_of(&conn, &sid, "simulated_batching").len(), 1);
+    check_each_once(&conn, &sid);
+    check_no_key(&ws, &sid, out);
+}
+
+/// A whole run through `kind`'s Batch API at the mock: one batch, every
+/// item once, the key nowhere.
+fn batch_api_end_to_end(kind: &str) {
+    let mock = Mock::start(&QUICK);
+    let ws = Ws::new(kind, &mock);
+    let (code, out) = ws.run("run", &["batch-adjudicate", "--yes", "--headless"]);
+    assert_eq!(code, Some(0), "{kind}:\n{out}");
+    let stats = mock.stats();
+    assert_eq!(stats["batches_created"], 1, "{kind}: {stats}\n{out}");
+    assert_eq!(stats["batches_completed"], 1, "{kind}: {stats}");
+    assert_eq!(stats["batch_lines_ok"], ITEMS as u64, "{kind}: {stats}");
+    assert_eq!(
+        stats["requests"], 0,
+        "{kind}: synchronous requests: {stats}"
+    );
+    let log = mock.log();
+    let creates: Vec<&Value> = log
+        .iter()
+        .filter(|e| e["outcome"] == "batch_created")
+        .collect();
+    assert_eq!(creates.len(), 1, "{kind}: {creates:?}");
+    assert_eq!(
+        creates[0]["provider"], kind,
+        "{kind}: the batch went to another API: {creates:?}"
+    );
+    let conn = ws.conn();
+    let sid = docket::ledger::store::latest_session(&conn)
+        .unwrap()
+        .expect("a session");
+    let rows = batch_rows(&conn);
+    assert_eq!(rows.len(), 1, "{kind}: {rows:?}");
+    assert_eq!(rows[0].state, "ingested", "{kind}: {rows:?}");
+    assert_eq!(rows[0].provider_kind, kind, "{kind}: {rows:?}");
+    assert!(rows[0].provider_batch_id.is_some());
+    check_each_once(&conn, &sid);
+    check_no_key(&ws, &sid, out);
+}
+
+#[test]
+fn anthropic_batch_api_end_to_end() {
+    batch_api_end_to_end("anthropic");
+}
+
+#[test]
+fn gemini_batch_api_end_to_end() {
+    batch_api_end_to_end("gemini");
+}
