@@ -71,7 +71,7 @@ pub async fn run(cli: Cli) -> i32 {
         } => export(&ws, session, what, format, output),
         Command::Pause { session } => control(&ws, &session, Some(Desired::Paused)),
         Command::Resume { session } => control(&ws, &session, Some(Desired::Running)),
-        Command::Cancel { session } => control(&ws, &session, Some(Desired::Cancelled)),
+        Command::Cancel { session } => cancel(&ws, &session).await,
         Command::StopAtStage { session } => control(&ws, &session, None),
         Command::MockProvider { port, config } => {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
@@ -201,11 +201,10 @@ fn export(
 fn control(ws: &Path, session: &str, desired: Option<Desired>) -> i32 {
     let actor = format!("cli:{}", docket::review::Operator::current().user);
     with_ledger(ws, |c| {
-        let live = match store::load_session(c, session).map_err(|e| e.to_string())? {
-            Some(s) if s.state == "running" || s.state == "paused" => {
-                "the engine running it obeys within a second"
-            }
-            _ => "it is not running now; `docket batch-adjudicate --resume` continues it",
+        let live = if store::run_by_live_process(c, session).map_err(|e| e.to_string())? {
+            "the engine running it obeys within a second"
+        } else {
+            "it is not running now; `docket batch-adjudicate --resume` continues it"
         };
         match desired {
             Some(d) => {
@@ -225,6 +224,53 @@ fn control(ws: &Path, session: &str, desired: Option<Desired>) -> i32 {
         }
         Ok(())
     })
+}
+
+/// `docket cancel`: asked through the ledger like the other controls; when
+/// no process runs the session, its provider batches are cancelled here
+/// (nobody else would, and the provider bills them until they stop).
+async fn cancel(ws: &Path, session: &str) -> i32 {
+    let code = control(ws, session, Some(Desired::Cancelled));
+    if code != 0 {
+        return code;
+    }
+    let ledger = ws.join(docket::ledger::LEDGER_FILE);
+    let idle = docket::ledger::open(&ledger)
+        .ok()
+        .and_then(|c| store::run_by_live_process(&c, session).ok())
+        .is_some_and(|live| !live);
+    if !idle {
+        return 0;
+    }
+    let actor = format!("cli:{}", docket::review::Operator::current().user);
+    match engine::cancel_open_batches(ws, session, &actor).await {
+        Ok(r) => {
+            for (tag, id, state) in &r.cancelled {
+                println!(
+                    "Provider batch {tag} ({}): cancelled at the provider (now {state}).",
+                    docket::sanitize::for_terminal(id)
+                );
+            }
+            for tag in &r.without_id {
+                println!(
+                    "Provider batch {tag}: its create answer was never recorded; `docket batch-adjudicate --resume {session}` looks for it at the provider."
+                );
+            }
+            for (tag, why) in &r.failed {
+                eprintln!(
+                    "docket: provider batch {tag} could not be cancelled: {}",
+                    docket::sanitize::for_terminal(why)
+                );
+            }
+            if !r.cancelled.is_empty() {
+                println!(
+                    "What they finished before stopping is paid for: `docket batch-adjudicate --resume {session}` collects it."
+                );
+            }
+            if r.failed.is_empty() { 0 } else { 1 }
+        }
+        Err(e) => fail(e),
+    }
 }
 
 /// Ctrl-C / SIGTERM: the first asks for a graceful stop, a second abandons

@@ -829,3 +829,79 @@ fn anthropic_batch_api_end_to_end() {
 fn gemini_batch_api_end_to_end() {
     batch_api_end_to_end("gemini");
 }
+
+/// `docket cancel SESSION` when no process runs the session (it was
+/// stopped, its batch left at the provider): the command itself cancels the
+/// provider batch, and a resume collects what it finished and sends the
+/// rest again.
+#[test]
+fn cancel_of_an_idle_session_cancels_its_provider_batch() {
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "6000",
+        "--batch-finalizing-ms",
+        "100",
+        "--batch-cancelling-ms",
+        "200",
+    ]);
+    let ws = Ws::new("openai", &mock);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let batch = wait_for(
+        "a batch running at the provider",
+        &ws,
+        &mut run,
+        running_batch,
+    );
+    let sid = batch.session_id.clone();
+    let st = Command::new("kill")
+        .args(["-INT", &run.pid().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(st.success());
+    let (code, out) = run.wait(Duration::from_secs(20));
+    assert_eq!(code, Some(130), "{out}");
+    assert_eq!(mock.stat("batches_cancelled"), 0, "stopped, not cancelled");
+
+    let (code, out) = ws.run("cancel", &["cancel", &sid]);
+    assert_eq!(code, Some(0), "cancel:\n{out}");
+    assert!(
+        out.contains("it is not running now"),
+        "the cancel should see that nothing runs the session:\n{out}"
+    );
+    assert!(
+        out.contains("cancelled at the provider"),
+        "the cancel does not say it cancelled the provider batch:\n{out}"
+    );
+    // The mock counts a batch cancelled once its cancelling state ends.
+    let deadline = Instant::now() + STATE_TIMEOUT;
+    while mock.stat("batches_cancelled") == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(mock.stat("batches_cancelled"), 1, "{out}");
+    let rows = batch_rows(&ws.ro().unwrap());
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].cancel_requested_at.is_some(), "{rows:?}");
+    // Cancelling again is harmless: idempotent at the provider.
+    let (code, out2) = ws.run("cancel again", &["cancel", &sid]);
+    assert_eq!(code, Some(0), "{out2}");
+    assert_eq!(mock.stat("batches_cancelled"), 1, "{out2}");
+    assert_eq!(mock.stat("batches_created"), 1, "{out2}");
+
+    // The resume collects what the cancelled batch finished; the lines it
+    // never ran go to a new batch. Every item once, nothing ambiguous.
+    let (code, out3) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out3}");
+    assert_eq!(mock.stat("batches_cancelled"), 1, "{out3}");
+    assert_eq!(mock.stat("batches_created"), 2, "{out3}");
+    let conn = ws.conn();
+    let rows = batch_rows(&conn);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows.iter().all(|r| r.state == "ingested"), "{rows:?}");
+    check_each_once(&conn, &sid);
+    check_no_key(&ws, &sid, format!("{out}{out2}{out3}"));
+}

@@ -5,6 +5,7 @@
 //! session, asks to continue, then dispatches under the shared limiter and
 //! records every attempt and outcome in the ledger.
 
+mod batch_cancel;
 mod batching;
 mod budget;
 mod dispatch;
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+pub use batch_cancel::{BatchCancelReport, cancel_open_batches};
 pub use budget::Budget;
 pub use plan::{Estimate, Plan};
 pub use progress::{Reporter, StdoutReporter, format_summary};

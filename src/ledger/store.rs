@@ -299,6 +299,25 @@ pub fn repair_interrupted(
     Ok(Repair::Repaired { ambiguous: n })
 }
 
+/// Whether a live process runs the session now (its heartbeat is fresh and,
+/// on this machine, its process is alive): the rule `repair_interrupted`
+/// uses to refuse a second runner.
+pub fn run_by_live_process(conn: &Connection, session_id: &str) -> rusqlite::Result<bool> {
+    let row: Option<(String, Option<f64>, Option<i64>, Option<String>)> = conn
+        .query_row(
+            "SELECT state, heartbeat_at, owner_pid, owner_host FROM llm_batch_session WHERE session_id = ?1",
+            params![session_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?;
+    let Some((state, heartbeat, pid, host)) = row else {
+        return Ok(false);
+    };
+    let fresh = heartbeat.is_some_and(|h| now_ts() - h < LIVE_HEARTBEAT_SECS);
+    let gone = host.as_deref() == Some(hostname().as_str()) && pid.is_some_and(|p| !process_alive(p));
+    Ok(matches!(state.as_str(), "running" | "paused") && fresh && !gone)
+}
+
 /// What `repair_interrupted` found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Repair {

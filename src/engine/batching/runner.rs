@@ -37,6 +37,8 @@ struct Tracked {
     expected: HashSet<String>,
     /// The lines of this run still waiting for a result.
     waiting: Vec<String>,
+    /// This batch alone is to be cancelled (asked before a stop).
+    cancel_wanted: bool,
     cancel_sent: bool,
 }
 
@@ -159,6 +161,7 @@ async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes:
                 created_at,
                 expected,
                 waiting,
+                cancel_wanted: false,
                 cancel_sent: false,
             }
         }
@@ -211,11 +214,9 @@ pub(super) async fn reattach(
             expected: all.into_iter().collect(),
             waiting: ids,
             // A cancel asked before the stop is asked again (idempotent).
+            cancel_wanted: batch.cancel_requested,
             cancel_sent: false,
         };
-        if batch.cancel_requested {
-            b.cancel.cancel();
-        }
         drive(&b, tracked).await;
     }
     b.open.fetch_sub(1, Ordering::Relaxed);
@@ -518,7 +519,7 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
     let mut next = first_poll(b);
     let mut poll_errors = 0u32;
     let status = loop {
-        if b.cancel.is_cancelled() && !t.cancel_sent {
+        if (b.cancel.is_cancelled() || t.cancel_wanted) && !t.cancel_sent {
             t.cancel_sent = true;
             cancel(b, &t).await;
             next = Duration::ZERO;
