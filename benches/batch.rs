@@ -5,7 +5,6 @@
 //! is the client's alone.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::collections::HashSet;
@@ -261,9 +260,13 @@ fn whole_job() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(f64::NAN);
     let conn = ws.conn();
-    let sid = docket::ledger::store::latest_session(&conn).unwrap().unwrap();
+    let sid = docket::ledger::store::latest_session(&conn)
+        .unwrap()
+        .unwrap();
     support::check_complete(&conn, &sid);
-    let row = docket::ledger::store::load_session(&conn, &sid).unwrap().unwrap();
+    let row = docket::ledger::store::load_session(&conn, &sid)
+        .unwrap()
+        .unwrap();
     let batches = support::count(
         &conn,
         "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1 AND state = 'ingested'",

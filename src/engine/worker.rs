@@ -68,7 +68,7 @@ pub(super) async fn reuse_answer(ctx: &Ctx, item: WorkItem) {
 /// One item, from its first attempt to its outcome (or back to pending when
 /// the session stops first).
 pub(super) async fn process(ctx: &Ctx, item: WorkItem, slot: Option<crate::limiter::Slot>) {
-    let Some(mut job) = Job::new(ctx, &item).await else {
+    let Some(mut job) = Box::pin(Job::new(ctx, &item)).await else {
         return;
     };
     // A resumed run: the latest attempt may be a line of a provider batch
@@ -83,39 +83,54 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, slot: Option<crate::limit
     }
     let mut slot = slot;
     loop {
-        let next = match attempt_once(ctx, &mut job, slot.take()).await {
-            // A request that did not finish simply stays pending: a resume
-            // (or a later session) picks it up.
-            Sent::Stopped => Next::Done,
-            Sent::Abandoned(rec) => {
-                ctx.stats.ambiguous.fetch_add(1, Relaxed);
-                ctx.write(WriteOp::Attempt(rec)).await;
-                Next::Done
-            }
-            Sent::LedgerFailed => Next::Done,
-            Sent::Answer(base, answer, reservation) => {
-                on_answer(ctx, &mut job, base, &answer, reservation).await
-            }
-            Sent::Failed(base, err) => on_error(ctx, &mut job, base, &err).await,
-            Sent::NotRun(base, why) => on_not_run(ctx, &mut job, base, why).await,
-        };
+        // Boxed (see `attempt_once`): the outcome's records live only
+        // while it is handled.
+        let sent = Box::pin(attempt_once(ctx, &mut job, slot.take())).await;
+        let next = Box::pin(handle(ctx, &mut job, sent)).await;
         match next {
             Next::Done => return,
             Next::Retry => {}
             Next::RetryAfter(delay) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = ctx.soft_stop.cancelled() => return,
+                let wait = Box::pin(async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => true,
+                        _ = ctx.soft_stop.cancelled() => false,
+                    }
+                });
+                if !wait.await {
+                    return;
                 }
             }
         }
     }
 }
 
+/// What to do after one attempt's outcome.
+async fn handle(ctx: &Ctx, job: &mut Job<'_>, sent: Sent) -> Next {
+    match sent {
+        // A request that did not finish simply stays pending: a resume
+        // (or a later session) picks it up.
+        Sent::Stopped => Next::Done,
+        Sent::Abandoned(rec) => {
+            ctx.stats.ambiguous.fetch_add(1, Relaxed);
+            ctx.write(WriteOp::Attempt(rec)).await;
+            Next::Done
+        }
+        Sent::LedgerFailed => Next::Done,
+        Sent::Answer(base, answer, reservation) => {
+            on_answer(ctx, job, base, &answer, reservation).await
+        }
+        Sent::Failed(base, err) => on_error(ctx, job, base, &err).await,
+        Sent::NotRun(base, why) => on_not_run(ctx, job, base, why).await,
+    }
+}
+
 /// An item being worked on: its prompt, estimates and budgets so far.
 struct Job<'a> {
     item: &'a WorkItem,
-    prompt: Prompt,
+    /// None while a batch holds it (a line waiting for its batch keeps no
+    /// copy): rendered again when another send needs it.
+    prompt: Option<Prompt>,
     /// Prompt tokens as reserved with the limiter.
     est_prompt: u64,
     /// What one send could cost at most (prompt + max_tokens of output).
@@ -151,13 +166,7 @@ impl<'a> Job<'a> {
     /// Render the prompt; an item that cannot be rendered errors at once.
     async fn new(ctx: &Ctx, item: &'a WorkItem) -> Option<Self> {
         let p = &ctx.p;
-        let rendered = serde_json::from_str::<serde_json::Value>(&item.evidence_json)
-            .map_err(|e| format!("stored evidence is not JSON: {e}"))
-            .and_then(|evidence| {
-                p.template
-                    .render(&item.item_id, &evidence)
-                    .map_err(|e| e.to_string())
-            });
+        let rendered = render(ctx, item);
         let prompt = match rendered {
             Ok(prompt) => prompt,
             Err(message) => {
@@ -179,7 +188,7 @@ impl<'a> Job<'a> {
             item,
             worst_cost: p.price.cost(est_prompt, 0, p.max_tokens),
             est_prompt,
-            prompt,
+            prompt: Some(prompt),
             attempt: item.attempt,
             gate_failures: item.gate_failures as u32,
             transport_failures: item.transport_retries as u32,
@@ -214,22 +223,64 @@ enum Next {
 }
 
 /// Wait for the budget, a slot and the rate limits; record the intent; send.
+///
+/// Each path is its own boxed future: a task waiting hours for a batch holds
+/// only the small state of that wait, not the largest state of every path
+/// (100,000 waiting lines are 100,000 tasks).
 async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
-    let p = &ctx.p;
     if let Some(rx) = job.reattached.take() {
         // Recorded and in a batch before the stop: nothing to reserve or
         // send, only the result to wait for.
         job.reserved = 0.0;
-        return batch_reply(ctx, job, rx, std::time::Instant::now()).await;
+        return Box::pin(batch_reply(ctx, job, rx, std::time::Instant::now())).await;
     }
     if !ctx.wait_unpaused().await {
         return Sent::Stopped;
     }
     if let Some(b) = ctx.batcher()
         && b.takes_new()
-        && let Some(sent) = via_batch(ctx, b, job).await
+        && let Some(sent) = Box::pin(via_batch(ctx, b, job)).await
     {
         return sent;
+    }
+    Box::pin(send_sync(ctx, job, slot)).await
+}
+
+/// Render the prompt again when a batch took it. False (the item has its
+/// error outcome) when it cannot be rendered.
+async fn ensure_prompt(ctx: &Ctx, job: &mut Job<'_>) -> bool {
+    if job.prompt.is_some() {
+        return true;
+    }
+    match render(ctx, job.item) {
+        Ok(prompt) => {
+            job.prompt = Some(prompt);
+            true
+        }
+        Err(message) => {
+            // Boxed: a rare path must not size every waiting task's state.
+            Box::pin(finish_error(ctx, job.item, None, message)).await;
+            false
+        }
+    }
+}
+
+fn render(ctx: &Ctx, item: &WorkItem) -> Result<Prompt, String> {
+    serde_json::from_str::<serde_json::Value>(&item.evidence_json)
+        .map_err(|e| format!("stored evidence is not JSON: {e}"))
+        .and_then(|evidence| {
+            ctx.p
+                .template
+                .render(&item.item_id, &evidence)
+                .map_err(|e| e.to_string())
+        })
+}
+
+/// One synchronous send under the budget and the rate limits.
+async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
+    let p = &ctx.p;
+    if !ensure_prompt(ctx, job).await {
+        return Sent::Stopped;
     }
     job.via = Via::Sync;
     job.reserved = job.worst_cost;
@@ -261,13 +312,17 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
     }
     job.attempt += 1;
     let client_request_id = custom_id(ctx, job.item.request_id, job.attempt);
+    let Some(prompt) = job.prompt.as_ref() else {
+        ctx.budget.settle(job.worst_cost, 0.0);
+        return Sent::Stopped;
+    };
     let intent = SendIntent {
         session_id: ctx.session_id.clone(),
         request_id: job.item.request_id,
         attempt: job.attempt,
         client_request_id: client_request_id.clone(),
-        system_prompt: job.prompt.system.clone(),
-        user_prompt: job.prompt.user.clone(),
+        system_prompt: prompt.system.clone(),
+        user_prompt: prompt.user.clone(),
     };
     // Intent before side effect: the attempt is on disk before a byte leaves.
     if !ctx.write(WriteOp::Send(intent)).await {
@@ -276,8 +331,8 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
     }
     let request = ChatRequest {
         model: p.model.clone(),
-        system: job.prompt.system.clone(),
-        user: job.prompt.user.clone(),
+        system: prompt.system.clone(),
+        user: prompt.user.clone(),
         max_tokens: p.max_tokens,
         temperature: p.temperature,
         response_schema: p.response_schema.clone(),
@@ -339,12 +394,21 @@ async fn via_batch(
         )));
         return Some(Sent::Stopped);
     }
+    if !ensure_prompt(ctx, job).await {
+        ctx.budget.settle(worst, 0.0);
+        return Some(Sent::Stopped);
+    }
     let attempt = job.attempt + 1;
     let id = custom_id(ctx, job.item.request_id, attempt);
+    // The batch takes the prompt: a waiting line keeps no copy of it.
+    let prompt = job.prompt.take().unwrap_or_else(|| Prompt {
+        system: None,
+        user: String::new(),
+    });
     let request = ChatRequest {
         model: p.model.clone(),
-        system: job.prompt.system.clone(),
-        user: job.prompt.user.clone(),
+        system: prompt.system,
+        user: prompt.user,
         max_tokens: p.max_tokens,
         temperature: p.temperature,
         response_schema: p.response_schema.clone(),
@@ -378,7 +442,7 @@ async fn via_batch(
             job.reserved = worst;
             let (tx, rx) = tokio::sync::oneshot::channel();
             let _ = tx.send(r);
-            Some(batch_reply(ctx, job, rx, started).await)
+            Some(Box::pin(batch_reply(ctx, job, rx, started)).await)
         }
     }
 }

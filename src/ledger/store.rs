@@ -303,7 +303,8 @@ pub fn repair_interrupted(
 /// on this machine, its process is alive): the rule `repair_interrupted`
 /// uses to refuse a second runner.
 pub fn run_by_live_process(conn: &Connection, session_id: &str) -> rusqlite::Result<bool> {
-    let row: Option<(String, Option<f64>, Option<i64>, Option<String>)> = conn
+    type Owner = (String, Option<f64>, Option<i64>, Option<String>);
+    let row: Option<Owner> = conn
         .query_row(
             "SELECT state, heartbeat_at, owner_pid, owner_host FROM llm_batch_session WHERE session_id = ?1",
             params![session_id],
@@ -314,7 +315,8 @@ pub fn run_by_live_process(conn: &Connection, session_id: &str) -> rusqlite::Res
         return Ok(false);
     };
     let fresh = heartbeat.is_some_and(|h| now_ts() - h < LIVE_HEARTBEAT_SECS);
-    let gone = host.as_deref() == Some(hostname().as_str()) && pid.is_some_and(|p| !process_alive(p));
+    let gone =
+        host.as_deref() == Some(hostname().as_str()) && pid.is_some_and(|p| !process_alive(p));
     Ok(matches!(state.as_str(), "running" | "paused") && fresh && !gone)
 }
 
