@@ -200,6 +200,35 @@ pub struct StageConfig {
     /// or through the provider's Batch API (`[stages.batch]`).
     #[serde(default, skip_serializing_if = "BatchConfig::is_default")]
     pub batch: BatchConfig,
+    /// This stage is a critic of an earlier stage: it runs for every item
+    /// whose output passed that stage's gate (never for one that failed),
+    /// and the item's outcome waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic_of: Option<String>,
+    /// Start this stage only once every item is through the one before it
+    /// (default: each item moves on as soon as its previous stage passed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait_for_previous: bool,
+    /// After this many answers failed the gate, the next attempt sends the
+    /// repair prompt (`repair_template`) instead of the stage's template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_after: Option<Spanned<u64>>,
+    /// The repair prompt: the stage's context plus `failed_output` (the last
+    /// answer) and `gate_error` (why it failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_template: Option<PathBuf>,
+    /// Structured batching: criteria judged in one request. The template
+    /// gets `criteria` (the names to judge); the answer holds one property
+    /// per criterion. Criteria an answer leaves out are asked again one by
+    /// one, and the answers are merged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub criteria: Vec<String>,
+}
+
+impl StageConfig {
+    pub fn is_critic(&self) -> bool {
+        self.critic_of.is_some()
+    }
 }
 
 /// `sync`, `batch`, or `auto` (batch when at least `min_batch_size`
@@ -304,6 +333,13 @@ pub struct RoutingConfig {
     pub auto_accept_threshold: Spanned<f64>,
     #[serde(default = "default_review")]
     pub review_threshold: Spanned<f64>,
+    /// The stage whose answer and confidence are routed (default: the last
+    /// stage that is not a critic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_stage: Option<String>,
+    /// How a critic of the answer stage bears on the routing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<CriticRule>,
 }
 
 impl Default for RoutingConfig {
@@ -311,8 +347,76 @@ impl Default for RoutingConfig {
         Self {
             auto_accept_threshold: default_auto_accept(),
             review_threshold: default_review(),
+            answer_stage: None,
+            critic: None,
         }
     }
+}
+
+/// The routing rule for a critic's verdict (`[routing.critic]`). Without
+/// it, a critic of the answer stage routes by these defaults.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CriticRule {
+    /// The critic stage (default: the critic of the answer stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// The field of the critic's answer holding its verdict.
+    #[serde(default = "default_verdict_field")]
+    pub verdict_field: String,
+    /// Verdicts that mean the critic agrees (compared case-insensitively).
+    #[serde(default = "default_agree")]
+    pub agree: Vec<String>,
+    /// Where an item the critic disagrees with goes, when the generator's
+    /// confidence would have auto-accepted it.
+    #[serde(default)]
+    pub on_disagree: OnDisagree,
+    /// `generator`: route on the generator's confidence. `min`: on the lower
+    /// of it and the critic's `confidence_field`.
+    #[serde(default)]
+    pub confidence: CriticConfidence,
+    #[serde(default = "default_confidence_field")]
+    pub confidence_field: String,
+}
+
+impl Default for CriticRule {
+    fn default() -> Self {
+        CriticRule {
+            stage: None,
+            verdict_field: default_verdict_field(),
+            agree: default_agree(),
+            on_disagree: OnDisagree::default(),
+            confidence: CriticConfidence::default(),
+            confidence_field: default_confidence_field(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDisagree {
+    /// An auto-accept becomes a human review; review and reject stay.
+    #[default]
+    Review,
+    /// Any outcome but an error becomes a reject.
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CriticConfidence {
+    #[default]
+    Generator,
+    Min,
+}
+
+fn default_verdict_field() -> String {
+    "verdict".into()
+}
+fn default_agree() -> Vec<String> {
+    ["agree", "agrees", "correct", "yes", "pass", "accept"]
+        .map(String::from)
+        .to_vec()
 }
 
 fn default_job_name() -> String {
@@ -575,15 +679,6 @@ impl LoadedConfig {
                 "at least one [[stages]] entry is required",
             ));
         }
-        if c.stages.len() > 1 {
-            // The format holds several stages; running more than one arrives
-            // with staged pipelines. Refuse rather than silently run one.
-            return Err(self.invalid_at_text(
-                &c.stages[1].name,
-                "stages",
-                "this docket runs one stage per job; multi-stage pipelines are not supported yet",
-            ));
-        }
         let mut names = std::collections::HashSet::new();
         for (i, s) in c.stages.iter().enumerate() {
             let key = |k: &str| format!("stages[{i}].{k}");
@@ -649,7 +744,9 @@ impl LoadedConfig {
                     ),
                 ));
             }
+            self.validate_pipeline(s, i)?;
         }
+        self.validate_routing_stages()?;
         let r = &c.routing;
         for (v, k) in [
             (&r.auto_accept_threshold, "routing.auto_accept_threshold"),
@@ -697,6 +794,193 @@ fn is_env_var_name(s: &str) -> bool {
 }
 
 impl LoadedConfig {
+    /// A stage's place in the pipeline: a critic judges an earlier stage
+    /// that is not itself a critic; a repair prompt comes with its count;
+    /// criteria are distinct names.
+    fn validate_pipeline(&self, s: &StageConfig, i: usize) -> Result<(), ConfigError> {
+        let stages = &self.config.stages;
+        let key = |k: &str| format!("stages[{i}].{k}");
+        if let Some(of) = &s.critic_of {
+            match stages.iter().position(|x| &x.name == of) {
+                Some(j) if j < i && !stages[j].is_critic() => {}
+                Some(j) if j < i => {
+                    return Err(self.invalid_at_text(
+                        "critic_of",
+                        &key("critic_of"),
+                        format!("\"{of}\" is itself a critic; a critic judges a stage that is not"),
+                    ));
+                }
+                Some(_) => {
+                    return Err(self.invalid_at_text(
+                        "critic_of",
+                        &key("critic_of"),
+                        format!("\"{of}\" does not come before stage \"{}\"; a critic judges an earlier stage", s.name),
+                    ));
+                }
+                None => {
+                    return Err(self.invalid_at_text(
+                        "critic_of",
+                        &key("critic_of"),
+                        format!(
+                            "no stage named \"{of}\" (stages: {})",
+                            stages
+                                .iter()
+                                .map(|x| x.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        if s.wait_for_previous && i == 0 {
+            return Err(self.invalid_at_text(
+                "wait_for_previous",
+                &key("wait_for_previous"),
+                "the first stage has no previous stage to wait for",
+            ));
+        }
+        match (&s.repair_after, &s.repair_template) {
+            (Some(n), Some(_)) => {
+                range_u64(self, n, &key("repair_after"), 1, 100)?;
+                if *n.get_ref() >= *s.max_attempts.get_ref() {
+                    return Err(self.invalid(
+                        n,
+                        &key("repair_after"),
+                        format!(
+                            "{} leaves no attempt for the repair prompt (max_attempts is {})",
+                            n.get_ref(),
+                            s.max_attempts.get_ref()
+                        ),
+                    ));
+                }
+            }
+            (Some(n), None) => {
+                return Err(self.invalid(
+                    n,
+                    &key("repair_after"),
+                    "needs repair_template (the prompt sent after that many gate failures)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid_at_text(
+                    "repair_template",
+                    &key("repair_template"),
+                    "needs repair_after (after how many gate failures to send it)",
+                ));
+            }
+            (None, None) => {}
+        }
+        let mut seen = std::collections::HashSet::new();
+        for c in &s.criteria {
+            let ok = !c.is_empty() && c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+            if !ok || !seen.insert(c.as_str()) {
+                return Err(self.invalid_at_text(
+                    "criteria",
+                    &key("criteria"),
+                    format!("\"{c}\": criteria are distinct names of letters, digits and '_'"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The answer stage and the critic rule name stages that exist and fit.
+    fn validate_routing_stages(&self) -> Result<(), ConfigError> {
+        let stages = &self.config.stages;
+        let r = &self.config.routing;
+        let find = |n: &str| stages.iter().find(|s| s.name == n);
+        if let Some(a) = &r.answer_stage {
+            match find(a) {
+                Some(s) if !s.is_critic() => {}
+                Some(_) => {
+                    return Err(self.invalid_at_text(
+                        "answer_stage",
+                        "routing.answer_stage",
+                        format!("\"{a}\" is a critic; the answer stage is the one a critic judges"),
+                    ));
+                }
+                None => {
+                    return Err(self.invalid_at_text(
+                        "answer_stage",
+                        "routing.answer_stage",
+                        format!("no stage named \"{a}\""),
+                    ));
+                }
+            }
+        }
+        if let Some(rule) = &r.critic {
+            if let Some(c) = &rule.stage {
+                match find(c) {
+                    Some(s) if s.is_critic() => {}
+                    Some(_) => {
+                        return Err(self.invalid_at_text(
+                            "[routing.critic]",
+                            "routing.critic.stage",
+                            format!("\"{c}\" is not a critic (it has no critic_of)"),
+                        ));
+                    }
+                    None => {
+                        return Err(self.invalid_at_text(
+                            "[routing.critic]",
+                            "routing.critic.stage",
+                            format!("no stage named \"{c}\""),
+                        ));
+                    }
+                }
+            } else if self.critic_stage().is_none() {
+                return Err(self.invalid_at_text(
+                    "[routing.critic]",
+                    "routing.critic",
+                    format!(
+                        "no stage is a critic of the answer stage \"{}\" (give it one with critic_of, or name the critic in routing.critic.stage)",
+                        self.answer_stage().name
+                    ),
+                ));
+            }
+            if rule.agree.is_empty() {
+                return Err(self.invalid_at_text(
+                    "agree",
+                    "routing.critic.agree",
+                    "list at least one verdict that means the critic agrees",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The stage whose answer and confidence are routed.
+    pub fn answer_stage(&self) -> &StageConfig {
+        let stages = &self.config.stages;
+        self.config
+            .routing
+            .answer_stage
+            .as_ref()
+            .and_then(|a| stages.iter().find(|s| &s.name == a))
+            .or_else(|| stages.iter().rev().find(|s| !s.is_critic()))
+            .unwrap_or(&stages[0])
+    }
+
+    /// The critic whose verdict the routing rule reads: the one named in
+    /// `[routing.critic]`, else the last critic of the answer stage.
+    pub fn critic_stage(&self) -> Option<&StageConfig> {
+        let stages = &self.config.stages;
+        if let Some(name) = self
+            .config
+            .routing
+            .critic
+            .as_ref()
+            .and_then(|r| r.stage.as_ref())
+        {
+            return stages.iter().find(|s| &s.name == name);
+        }
+        let answer = &self.answer_stage().name;
+        stages
+            .iter()
+            .rev()
+            .find(|s| s.critic_of.as_deref() == Some(answer.as_str()))
+    }
+
     fn validate_batch(&self, b: &BatchConfig, i: usize) -> Result<(), ConfigError> {
         let key = |k: &str| format!("stages[{i}].batch.{k}");
         range_u64(

@@ -13,6 +13,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("migrations/0002_console.sql")),
     (3, include_str!("migrations/0003_review_search.sql")),
     (4, include_str!("migrations/0004_provider_batches.sql")),
+    (5, include_str!("migrations/0005_stages.sql")),
 ];
 
 pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
