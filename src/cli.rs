@@ -94,13 +94,17 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = FormatArg::Table)]
         format: FormatArg,
     },
-    /// Export decisions, results or requests as CSV or JSONL (snake_case columns).
+    /// Export decisions, results, requests or a session's items as CSV, JSONL
+    /// or Parquet (stable snake_case columns; see the README's Exports).
     Export {
-        /// Only this session (results and requests).
+        /// Only this session (required for items).
         #[arg(long)]
         session: Option<String>,
+        /// items: one row per item of the session, every stage's parsed
+        /// output in its own `<stage>__<field>` column.
         #[arg(long, value_enum, default_value_t = ExportWhat::Results)]
         what: ExportWhat,
+        /// parquet needs --output FILE.
         #[arg(long, value_enum, default_value_t = ExportFormat::Csv)]
         format: ExportFormat,
         /// Write here instead of standard output.
@@ -167,6 +171,11 @@ pub struct RunArgs {
     /// Seconds in-flight requests may take to finish after Ctrl-C.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub grace: f64,
+    /// Ask this stage, and every stage after it, again: new requests (a new
+    /// request_version) instead of the answered ones. With --resume, for
+    /// every item of that session (its outcomes are kept as history).
+    #[arg(long, value_name = "STAGE")]
+    pub rerun_stage: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -193,6 +202,7 @@ pub enum FormatArg {
 pub enum ExportFormat {
     Csv,
     Jsonl,
+    Parquet,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -200,6 +210,7 @@ pub enum ExportWhat {
     Decisions,
     Results,
     Requests,
+    Items,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

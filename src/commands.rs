@@ -166,32 +166,39 @@ fn export(
     format: ExportFormat,
     output: Option<PathBuf>,
 ) -> i32 {
-    with_ledger(ws, |c| {
-        let opts = report::ExportOptions {
-            session,
-            what: match what {
-                ExportWhat::Decisions => report::ExportWhat::Decisions,
-                ExportWhat::Results => report::ExportWhat::Results,
-                ExportWhat::Requests => report::ExportWhat::Requests,
-            },
-            format: match format {
-                ExportFormat::Csv => report::ExportFormat::Csv,
-                ExportFormat::Jsonl => report::ExportFormat::Jsonl,
-            },
-        };
-        match &output {
-            Some(p) => {
-                let file = std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?;
-                let mut w = std::io::BufWriter::new(file);
-                let n = report::export(c, &opts, &mut w).map_err(|e| e.to_string())?;
-                w.flush().map_err(|e| format!("{}: {e}", p.display()))?;
-                println!("Exported {n} rows to {}", p.display());
-                Ok(())
-            }
-            None => report::export(c, &opts, &mut std::io::stdout().lock())
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
+    let opts = report::ExportOptions {
+        session,
+        what: match what {
+            ExportWhat::Decisions => report::ExportWhat::Decisions,
+            ExportWhat::Results => report::ExportWhat::Results,
+            ExportWhat::Requests => report::ExportWhat::Requests,
+            ExportWhat::Items => report::ExportWhat::Items,
+        },
+        format: match format {
+            ExportFormat::Csv => report::ExportFormat::Csv,
+            ExportFormat::Jsonl => report::ExportFormat::Jsonl,
+            ExportFormat::Parquet => report::ExportFormat::Parquet,
+        },
+    };
+    // Refused before the ledger is touched: Parquet is binary, never for a
+    // terminal or a pipe, and items are one session's.
+    if opts.format == report::ExportFormat::Parquet && output.is_none() {
+        return fail(report::ReportError::ParquetNeedsFile);
+    }
+    if opts.what == report::ExportWhat::Items && opts.session.is_none() {
+        return fail(report::ReportError::ItemsNeedSession);
+    }
+    with_ledger(ws, |c| match &output {
+        Some(p) => {
+            let n = report::export_file(c, &opts, ws, p).map_err(|e| e.to_string())?;
+            println!("Exported {n} rows to {}", p.display());
+            Ok(())
         }
+        None => match report::export_in(c, &opts, ws, &mut std::io::stdout().lock()) {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_broken_pipe() => Ok(()),
+            Err(e) => Err(e.to_string()),
+        },
     })
 }
 
@@ -390,6 +397,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
         max_cost: args.max_cost,
         base_url_override: None,
         grace: Some(Duration::from_secs_f64(args.grace)),
+        rerun_stage: args.rerun_stage.clone(),
     };
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let ask = !args.yes && tty;
@@ -490,6 +498,7 @@ async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         headless: args.headless,
         max_cost: None,
         grace: 5.0,
+        rerun_stage: None,
     };
     let code = batch_adjudicate(&dir, args, console).await;
     if code == 0 {

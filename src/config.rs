@@ -1192,8 +1192,38 @@ pattern = "(?P<confidence>[0-9.]+)"
         let two = format!(
             "{BASE}\n[[stages]]\nname = \"critic\"\nprovider = \"p\"\ntemplate = \"c.j2\"\n[stages.gate]\nkind = \"regex\"\npattern = \"(?P<confidence>.)\"\n"
         );
-        let e = parse(&two).err().unwrap().to_string();
-        assert!(e.contains("multi-stage"), "{e}");
+        assert!(parse(&two).is_ok(), "two stages are a pipeline");
+        // A critic must judge an earlier stage that exists.
+        let bad = two.replace(
+            "name = \"critic\"\n",
+            "name = \"critic\"\ncritic_of = \"nowhere\"\n",
+        );
+        let e = parse(&bad).err().unwrap().to_string();
+        assert!(e.contains("critic_of") && e.contains("nowhere"), "{e}");
+        let later = two.replace(
+            "name = \"critic\"\n",
+            "name = \"critic\"\ncritic_of = \"critic\"\n",
+        );
+        let e = parse(&later).err().unwrap().to_string();
+        assert!(e.contains("does not come before"), "{e}");
+        // A repair prompt needs its count, and leaves an attempt for itself.
+        let repair = two.replace(
+            "name = \"critic\"\n",
+            "name = \"critic\"\nrepair_template = \"r.j2\"\n",
+        );
+        let e = parse(&repair).err().unwrap().to_string();
+        assert!(e.contains("repair_after"), "{e}");
+        let repair = two.replace(
+            "name = \"critic\"\n",
+            "name = \"critic\"\nrepair_template = \"r.j2\"\nrepair_after = 3\n",
+        );
+        let e = parse(&repair).err().unwrap().to_string();
+        assert!(e.contains("leaves no attempt"), "{e}");
+        let first_waits = BASE.replace("[stages.gate]", "wait_for_previous = true\n[stages.gate]");
+        if first_waits != BASE {
+            let e = parse(&first_waits).err().unwrap().to_string();
+            assert!(e.contains("no previous stage"), "{e}");
+        }
     }
 
     #[test]

@@ -53,7 +53,9 @@ pub enum GateFailure {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GateOutput {
     pub answer: Value,
-    pub confidence: f64,
+    /// Always there for a stage that needs one (a generator); a critic's
+    /// is optional, checked when present.
+    pub confidence: Option<f64>,
     pub rationale: Option<String>,
 }
 
@@ -63,11 +65,13 @@ pub enum Gate {
         validator: Box<jsonschema::Validator>,
         confidence_field: String,
         rationale_field: String,
+        needs_confidence: bool,
     },
     Regex {
         regex: Regex,
         confidence_field: String,
         rationale_field: String,
+        needs_confidence: bool,
     },
 }
 
@@ -77,6 +81,17 @@ impl Gate {
         cfg: &GateConfig,
         root: &Path,
         config_path: &Path,
+    ) -> Result<Self, GateBuildError> {
+        Self::build_for(cfg, root, config_path, true)
+    }
+
+    /// `build`, for a stage whose answers need a confidence (a generator)
+    /// or may go without (a critic: its verdict is what counts).
+    pub fn build_for(
+        cfg: &GateConfig,
+        root: &Path,
+        config_path: &Path,
+        needs_confidence: bool,
     ) -> Result<Self, GateBuildError> {
         match cfg {
             GateConfig::JsonSchema {
@@ -112,6 +127,7 @@ impl Gate {
                     validator: Box::new(validator),
                     confidence_field: confidence_field.clone(),
                     rationale_field: rationale_field.clone(),
+                    needs_confidence,
                 })
             }
             GateConfig::Regex {
@@ -124,10 +140,11 @@ impl Gate {
                     path: shown.clone(),
                     detail: e.to_string(),
                 })?;
-                if !regex
-                    .capture_names()
-                    .flatten()
-                    .any(|n| n == confidence_field)
+                if needs_confidence
+                    && !regex
+                        .capture_names()
+                        .flatten()
+                        .any(|n| n == confidence_field)
                 {
                     return Err(GateBuildError::NoConfidenceCapture {
                         path: shown,
@@ -138,6 +155,7 @@ impl Gate {
                     regex,
                     confidence_field: confidence_field.clone(),
                     rationale_field: rationale_field.clone(),
+                    needs_confidence,
                 })
             }
         }
@@ -160,6 +178,18 @@ impl Gate {
     }
 
     /// The JSON schema to request as the provider's structured output, if any.
+    /// A regex gate's named captures (the fields of its answers).
+    pub fn capture_names(&self) -> Vec<String> {
+        match self {
+            Gate::Regex { regex, .. } => regex
+                .capture_names()
+                .flatten()
+                .map(str::to_string)
+                .collect(),
+            Gate::JsonSchema { .. } => Vec::new(),
+        }
+    }
+
     pub fn response_schema(&self) -> Option<&Value> {
         match self {
             Gate::JsonSchema { schema, .. } => Some(schema),
@@ -177,6 +207,7 @@ impl Gate {
                 validator,
                 confidence_field,
                 rationale_field,
+                needs_confidence,
                 ..
             } => {
                 let value: Value =
@@ -192,14 +223,18 @@ impl Gate {
                     });
                 }
                 let confidence = match value.get(confidence_field.as_str()) {
-                    None | Some(Value::Null) => {
+                    None | Some(Value::Null) if *needs_confidence => {
                         return Err(GateFailure::MissingConfidence(confidence_field.clone()));
                     }
-                    Some(v) => v
-                        .as_f64()
-                        .ok_or_else(|| GateFailure::BadConfidence(v.to_string()))?,
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(
+                        v.as_f64()
+                            .ok_or_else(|| GateFailure::BadConfidence(v.to_string()))?,
+                    ),
                 };
-                check_confidence(confidence)?;
+                if let Some(c) = confidence {
+                    check_confidence(c)?;
+                }
                 let rationale = value
                     .get(rationale_field.as_str())
                     .and_then(Value::as_str)
@@ -214,6 +249,7 @@ impl Gate {
                 regex,
                 confidence_field,
                 rationale_field,
+                needs_confidence,
             } => {
                 let caps = regex.captures(text).ok_or(GateFailure::NoMatch)?;
                 let mut answer = Map::new();
@@ -225,15 +261,20 @@ impl Gate {
                         );
                     }
                 }
-                let raw = caps
-                    .name(confidence_field)
-                    .map(|m| m.as_str().trim())
-                    .ok_or_else(|| GateFailure::MissingConfidence(confidence_field.clone()))?;
-                let confidence: f64 = raw
-                    .parse()
-                    .map_err(|_| GateFailure::BadConfidence(raw.to_string()))?;
-                check_confidence(confidence)?;
-                answer.insert(confidence_field.clone(), serde_json::json!(confidence));
+                let confidence = match caps.name(confidence_field).map(|m| m.as_str().trim()) {
+                    Some(raw) => {
+                        let c: f64 = raw
+                            .parse()
+                            .map_err(|_| GateFailure::BadConfidence(raw.to_string()))?;
+                        check_confidence(c)?;
+                        answer.insert(confidence_field.clone(), serde_json::json!(c));
+                        Some(c)
+                    }
+                    None if *needs_confidence => {
+                        return Err(GateFailure::MissingConfidence(confidence_field.clone()));
+                    }
+                    None => None,
+                };
                 let rationale = caps
                     .name(rationale_field)
                     .map(|m| m.as_str().trim().to_string());
@@ -287,7 +328,7 @@ mod tests {
         let out = g
             .check(r#" {"label":"match","confidence":0.9,"rationale":"same title"} "#)
             .unwrap();
-        assert_eq!(out.confidence, 0.9);
+        assert_eq!(out.confidence, Some(0.9));
         assert_eq!(out.rationale.as_deref(), Some("same title"));
         assert_eq!(out.answer["label"], "match");
     }
@@ -323,7 +364,7 @@ mod tests {
             .check("Both list the same ISRC.\nVERDICT: match\nCONFIDENCE: 0.72")
             .unwrap();
         assert_eq!(out.answer["verdict"], "match");
-        assert_eq!(out.confidence, 0.72);
+        assert_eq!(out.confidence, Some(0.72));
         assert_eq!(out.rationale.as_deref(), Some("Both list the same ISRC."));
         assert_eq!(g.check("no verdict here"), Err(GateFailure::NoMatch));
         assert!(matches!(

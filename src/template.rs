@@ -86,6 +86,19 @@ impl PromptTemplate {
     /// Render for one item. The context has `item` (the evidence object, also
     /// spread at top level for short templates) and `item_id`.
     pub fn render(&self, item_id: &str, evidence: &Value) -> Result<Prompt, TemplateError> {
+        self.render_with(item_id, evidence, serde_json::Map::new())
+    }
+
+    /// `render` with more context: a later stage's `stages` (the parsed
+    /// outputs of the stages before it), a critic's `target`, `criteria`,
+    /// a repair prompt's `failed_output` and `gate_error`. These names win
+    /// over evidence fields of the same name.
+    pub fn render_with(
+        &self,
+        item_id: &str,
+        evidence: &Value,
+        extra: serde_json::Map<String, Value>,
+    ) -> Result<Prompt, TemplateError> {
         let mut ctx = serde_json::Map::new();
         if let Value::Object(fields) = evidence {
             for (k, v) in fields {
@@ -94,6 +107,7 @@ impl PromptTemplate {
         }
         ctx.insert("item".into(), evidence.clone());
         ctx.insert("item_id".into(), Value::String(item_id.to_string()));
+        ctx.extend(extra);
         let ctx = minijinja::Value::from(minijinja::value::Serde(&ctx));
         let mut user = self.render_one(USER, &self.user_path, item_id, &ctx)?;
         let mut system = match &self.system_path {

@@ -74,6 +74,7 @@ fn view(state: &str, desired: &str) -> SessionView {
                 done: 400,
                 failed: 10,
                 in_flight: 8,
+                ..StageProgress::default()
             },
             StageProgress {
                 name: "verify".into(),
@@ -81,6 +82,7 @@ fn view(state: &str, desired: &str) -> SessionView {
                 done: 0,
                 failed: 0,
                 in_flight: 0,
+                ..StageProgress::default()
             },
         ],
         live: true,

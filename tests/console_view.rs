@@ -8,7 +8,7 @@ use docket::tui::keymap::Keymap;
 use docket::tui::theme::Theme;
 use docket::watch::{
     Event, Level, LiveGauges, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage,
-    ReviewRow, SessionSummary, SessionView, StageOutput, StageProgress, Tune,
+    ReviewRow, SessionSummary, SessionView, StageOutput, StageProgress, StageVerdict, Tune,
 };
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -76,6 +76,7 @@ fn view(state: &str, desired: &str) -> SessionView {
                 done: 400,
                 failed: 10,
                 in_flight: 8,
+                ..StageProgress::default()
             },
             StageProgress {
                 name: "verify".into(),
@@ -83,6 +84,7 @@ fn view(state: &str, desired: &str) -> SessionView {
                 done: 12,
                 failed: 0,
                 in_flight: 0,
+                ..StageProgress::default()
             },
         ],
         live: true,
@@ -242,6 +244,7 @@ fn detail() -> ReviewDetail {
         decided_by: None,
         decided_at: None,
         claimed_by: None,
+        ..ReviewDetail::default()
     }
 }
 
@@ -590,6 +593,7 @@ fn hostile_detail() -> ReviewDetail {
         decided_by: Some(hostile("decider")),
         decided_at: Some(NOW),
         claimed_by: Some(hostile("claimer")),
+        ..ReviewDetail::default()
     }
 }
 
@@ -984,4 +988,261 @@ fn odd_batch_rows_draw_without_panicking() {
         );
         assert!(text.contains("id id ·"), "sanitized id: {text}");
     }
+}
+
+// ---------------------------------------------------------------- staged pipelines
+
+fn stage(
+    name: &str,
+    position: u64,
+    critic_of: Option<&str>,
+    (total, done, failed, skipped, in_flight): (u64, u64, u64, u64, u64),
+    state: &str,
+) -> StageProgress {
+    StageProgress {
+        name: name.into(),
+        total,
+        done,
+        failed,
+        in_flight,
+        skipped,
+        position,
+        role: if critic_of.is_some() {
+            "critic"
+        } else {
+            "generator"
+        }
+        .into(),
+        critic_of: critic_of.map(str::to_string),
+        state: Some(state.into()),
+    }
+}
+
+/// A generator and its critic: the critic runs behind it, with items
+/// skipped where the generator failed; the run stops after the critic.
+fn two_stage_snapshot() -> Snapshot {
+    let mut snap = snapshot();
+    let v = snap.view.as_mut().unwrap();
+    v.stop_after_stage = Some("critic".into());
+    v.gauges.as_mut().unwrap().stage = "critic".into();
+    v.stages = vec![
+        stage("adjudicate", 0, None, (1000, 1000, 10, 0, 0), "done"),
+        stage(
+            "critic",
+            1,
+            Some("adjudicate"),
+            (1000, 400, 2, 10, 8),
+            "running",
+        ),
+    ];
+    snap
+}
+
+/// judge-gym's four stages: two done (one critic skipping items), the third
+/// running with the run asked to stop after it, the last pending.
+fn four_stage_snapshot() -> Snapshot {
+    let mut snap = snapshot();
+    let v = snap.view.as_mut().unwrap();
+    v.stop_after_stage = Some("score_gen".into());
+    v.gauges.as_mut().unwrap().stage = "score_gen".into();
+    v.stages = vec![
+        stage("rubric_gen", 0, None, (1000, 1000, 4, 0, 0), "done"),
+        stage(
+            "rubric_critic",
+            1,
+            Some("rubric_gen"),
+            (1000, 1000, 1, 4, 0),
+            "done",
+        ),
+        stage("score_gen", 2, None, (1000, 400, 10, 5, 8), "running"),
+        stage(
+            "score_critic",
+            3,
+            Some("score_gen"),
+            (1000, 0, 0, 0, 0),
+            "pending",
+        ),
+    ];
+    snap
+}
+
+#[test]
+fn dashboard_with_two_stages() {
+    let a = app_with(false, two_stage_snapshot());
+    snap_both("dashboard_two_stages", &a);
+    for (w, h) in SIZES {
+        let text = screen_text(render(&a, w, h).backend().buffer());
+        assert!(text.contains("adjudicate"), "{w}x{h}:\n{text}");
+        assert!(text.contains("↳ critic"), "{w}x{h}:\n{text}");
+        assert!(text.contains("stop after"), "{w}x{h}:\n{text}");
+        assert!(text.contains("10 skip"), "{w}x{h}:\n{text}");
+        // The finished generator is at 100%; the critic is not.
+        assert!(text.contains("100.0%"), "{w}x{h}:\n{text}");
+        assert_eq!(text.matches("100.0%").count(), 1, "{w}x{h}:\n{text}");
+    }
+}
+
+#[test]
+fn dashboard_with_four_stages() {
+    let a = app_with(false, four_stage_snapshot());
+    snap_both("dashboard_four_stages", &a);
+    for (w, h) in SIZES {
+        let text = screen_text(render(&a, w, h).backend().buffer());
+        for name in ["rubric_gen", "score_gen"] {
+            assert!(text.contains(name), "{w}x{h} {name}:\n{text}");
+        }
+        assert!(text.contains("⏹"), "{w}x{h}:\n{text}");
+        // The review queue keeps rows to read at 80x24.
+        assert!(text.contains("item-0003"), "{w}x{h}:\n{text}");
+    }
+}
+
+/// Never 100% while anything of a stage is pending or in flight, whatever
+/// its counts say.
+#[test]
+fn a_stage_is_never_full_while_unfinished() {
+    for (counts, state) in [
+        ((100, 100, 0, 0, 1), "running"),
+        ((100, 100, 0, 0, 0), "running"),
+        ((100, 100, 0, 0, 0), "pending"),
+        ((100, 120, 0, 0, 0), "running"),
+    ] {
+        let mut snap = snapshot();
+        let v = snap.view.as_mut().unwrap();
+        v.stop_after_stage = None;
+        v.stages = vec![
+            stage("gen", 0, None, counts, state),
+            stage("crit", 1, Some("gen"), counts, state),
+        ];
+        let a = app_with(false, snap.clone());
+        for (w, h) in SIZES {
+            let text = screen_text(render(&a, w, h).backend().buffer());
+            assert!(!text.contains("100.0%"), "{counts:?} {state}:\n{text}");
+            assert!(text.contains("99.9%"), "{counts:?} {state}:\n{text}");
+        }
+        // Compact rows: the bar is never full either.
+        let v = snap.view.as_mut().unwrap();
+        v.stages.push(stage("third", 2, None, counts, state));
+        v.stages.push(stage("fourth", 3, None, counts, state));
+        let a = app_with(false, snap.clone());
+        let text = screen_text(render(&a, 80, 24).backend().buffer());
+        assert!(text.contains('░'), "{counts:?} {state}:\n{text}");
+    }
+}
+
+fn critic_detail(rationale: &str) -> ReviewDetail {
+    ReviewDetail {
+        routing_note: Some("critic disagreed: accept -> review".into()),
+        generator: Some(StageVerdict {
+            stage: "adjudicate".into(),
+            output_json: Some(
+                r#"{"label":"spam","confidence":0.91,"rationale":"Unknown sender, prize language and a link."}"#
+                    .into(),
+            ),
+            confidence: Some(0.91),
+            rationale: Some("Unknown sender, prize language and a link.".into()),
+            verdict: None,
+        }),
+        critic: Some(StageVerdict {
+            stage: "critic".into(),
+            output_json: Some(
+                r#"{"verdict":"disagree","confidence":0.7,"label":"ham","rationale":"x"}"#.into(),
+            ),
+            confidence: Some(0.7),
+            rationale: Some(rationale.into()),
+            verdict: Some("disagree".into()),
+        }),
+        ..detail()
+    }
+}
+
+fn critic_app(d: ReviewDetail) -> App {
+    let mut snap = snapshot();
+    snap.detail = Some(d);
+    let mut a = app_with(false, snap);
+    a.handle_key(key('5'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    assert!(matches!(a.overlay, Overlay::Detail { scroll: 0 }));
+    a
+}
+
+/// The generator's answer and the critic's verdict: side by side at 120
+/// columns, stacked at 80, with why the item is in review above them.
+#[test]
+fn detail_with_critic() {
+    let hostile_rationale = format!(
+        "The sender is a known newsletter.\u{1b}[2J\u{1b}]0;pwned\u{7} {}",
+        hostile("critic")
+    );
+    let a = critic_app(critic_detail(&hostile_rationale));
+    snap_both("detail_critic", &a);
+    for (w, h) in SIZES {
+        let buf = render(&a, w, h).backend().buffer().clone();
+        assert_clean(&buf, &format!("critic detail {w}x{h}"));
+        let text = screen_text(&buf);
+        assert!(
+            text.contains("critic disagreed: accept -> review"),
+            "{text}"
+        );
+        assert!(text.contains("VERDICT: DISAGREE"), "{text}");
+        assert!(!text.contains("pwned"), "{text}");
+        let gen_row = (0..h)
+            .find(|&y| row_text(&buf, y).contains("generator: adjudicate"))
+            .expect("generator heading");
+        let critic_row = (0..h)
+            .find(|&y| row_text(&buf, y).contains("critic: critic"))
+            .expect("critic heading");
+        if w >= 100 {
+            assert_eq!(gen_row, critic_row, "side by side at {w}");
+        } else {
+            assert!(critic_row > gen_row, "stacked at {w}");
+        }
+    }
+    // Scrolled to the end the raw outputs follow, the frame intact.
+    let mut a = a;
+    for (w, h) in SIZES {
+        a.overlay = Overlay::Detail { scroll: 1000 };
+        let buf = render(&a, w, h).backend().buffer().clone();
+        for y in 2..h - 2 {
+            let row = row_text(&buf, y);
+            assert!(row.starts_with('║') && row.ends_with('║'), "{row:?}");
+        }
+    }
+}
+
+/// A long unbroken critic rationale wraps inside its column, never past it.
+#[test]
+fn critic_columns_keep_to_their_width() {
+    let long = "y".repeat(700);
+    let a = critic_app(critic_detail(&format!("{long} end-of-rationale")));
+    let buf = render(&a, 120, 40).backend().buffer().clone();
+    let divider = (0..40)
+        .map(|y| row_text(&buf, y))
+        .find(|r| r.contains("generator: adjudicate"))
+        .and_then(|r| r.chars().position(|c| c == '┬'))
+        .expect("divider");
+    let heading = (0..40)
+        .find(|&y| row_text(&buf, y).contains("generator: adjudicate"))
+        .unwrap();
+    let evidence = (0..40)
+        .find(|&y| row_text(&buf, y).contains("── Evidence"))
+        .unwrap_or(38);
+    let mut rows_with_y = 0;
+    for y in heading + 1..evidence {
+        let row: Vec<char> = row_text(&buf, y).chars().collect();
+        if row.iter().any(|&c| c == 'y') {
+            rows_with_y += 1;
+            assert_eq!(
+                row[divider],
+                '│',
+                "row {y}: {}",
+                row.iter().collect::<String>()
+            );
+            assert!(
+                !row[..divider].contains(&'y'),
+                "left column holds the critic's text"
+            );
+        }
+    }
+    assert!(rows_with_y > 5, "the rationale wraps in its column");
 }

@@ -617,7 +617,7 @@ async fn resume_routes_with_the_thresholds_the_session_started_with() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_changed_template_is_sent_again_not_reused() {
+async fn a_changed_template_is_not_reused_or_sent_again_unless_asked() {
     let (m, ws) = mocked(MockConfig::default(), 30, |_| {}).await;
     let (first, _) = run(options(&ws)).await;
     let s1 = first.session.unwrap();
@@ -627,11 +627,28 @@ async fn a_changed_template_is_sent_again_not_reused() {
     let (second, _) = run(options(&ws)).await;
     assert_eq!(second.session.unwrap().total_count, left);
     assert_eq!(m.stats().ok, 30);
-    // A new prompt: the remaining items are asked again.
+    // A new prompt: the answers made with the old one are neither reused
+    // nor asked again silently; the operator chooses.
     let tpl = ws.path().join("prompts/adjudicate.j2");
     let text = std::fs::read_to_string(&tpl).unwrap();
     std::fs::write(&tpl, format!("{text}\nThink twice.")).unwrap();
-    let (third, _) = run(options(&ws)).await;
+    let refused = docket::engine::run(
+        options(&ws),
+        std::sync::Arc::new(docket::engine::StdoutReporter),
+        |_| true,
+        Default::default(),
+    )
+    .await;
+    let e = refused.err().expect("refused").to_string();
+    assert!(
+        e.contains("another prompt template") && e.contains("--rerun-stage adjudicate"),
+        "{e}"
+    );
+    assert_eq!(m.stats().ok, 30, "nothing was sent");
+    // Asked again on purpose: a new request_version for the remaining items.
+    let mut opts = options(&ws);
+    opts.rerun_stage = Some("adjudicate".into());
+    let (third, _) = run(opts).await;
     let s3 = third.session.unwrap();
     check_complete(&ws.conn(), &s3.session_id);
     assert_eq!(m.stats().ok, 30 + s3.total_count);
@@ -646,6 +663,25 @@ async fn a_changed_template_is_sent_again_not_reused() {
     assert_eq!(
         hash, snap_hash,
         "requests record the template they were sent with"
+    );
+    // The old answers stay in the ledger as version 1; the new ones are 2.
+    let versions: Vec<i64> = ws
+        .conn()
+        .prepare("SELECT DISTINCT r.request_version FROM llm_requests r JOIN session_item si ON si.request_id = r.request_id WHERE si.session_id = ?1")
+        .unwrap()
+        .query_map([&s3.session_id], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(versions, vec![2]);
+    assert_eq!(
+        30,
+        count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM llm_requests WHERE request_version = 1 AND status = 'completed'",
+            []
+        ),
+        "the first answers are kept"
     );
 }
 

@@ -43,11 +43,26 @@ pub(super) enum StopCause {
     LedgerFailed(String),
 }
 
+/// A stage's runtime: its provider's client and limiter (shared by the
+/// stages on one provider) and, in batch mode, its batcher.
+pub(super) struct StageRt {
+    pub(super) provider: Arc<dyn ChatProvider>,
+    pub(super) limiter: Arc<Limiter>,
+    batcher: std::sync::OnceLock<Arc<Batcher>>,
+}
+
 pub(super) struct Ctx {
     pub(super) p: Arc<Prepared>,
     pub(super) session_id: String,
-    pub(super) provider: Box<dyn ChatProvider>,
-    pub(super) limiter: Arc<Limiter>,
+    /// One per stage, in job order.
+    stages: Vec<StageRt>,
+    /// Every distinct limiter (one per provider), for retunes and gauges.
+    limiters: Vec<(String, Arc<Limiter>)>,
+    /// Stop after this stage (index): later stages start for no item.
+    stop_after: std::sync::Mutex<Option<usize>>,
+    /// Requests under way per stage, and the stage last started.
+    busy: Vec<AtomicUsize>,
+    last_frontier: AtomicUsize,
     pub(super) writer: LedgerWriter,
     pub(super) stats: Arc<Stats>,
     pub(super) budget: Budget,
@@ -62,13 +77,77 @@ pub(super) struct Ctx {
     /// retuned upward.
     outstanding: Arc<Semaphore>,
     outstanding_cap: AtomicUsize,
-    /// Batch mode (or open batches of an earlier run to collect).
-    batcher: std::sync::OnceLock<Arc<Batcher>>,
 }
 
 impl Ctx {
-    pub(super) fn batcher(&self) -> Option<&Arc<Batcher>> {
-        self.batcher.get()
+    pub(super) fn rt(&self, stage: usize) -> &StageRt {
+        &self.stages[stage]
+    }
+
+    /// Stage `stage`'s batcher: batch mode, or open batches of an earlier
+    /// run to collect.
+    pub(super) fn batcher(&self, stage: usize) -> Option<&Arc<Batcher>> {
+        self.stages.get(stage).and_then(|s| s.batcher.get())
+    }
+
+    fn batchers(&self) -> impl Iterator<Item = &Arc<Batcher>> {
+        self.stages.iter().filter_map(|s| s.batcher.get())
+    }
+
+    /// The earliest stage with requests under way (the one the console and
+    /// a stop-after-stage mean by "the current stage").
+    pub(super) fn frontier(&self) -> usize {
+        self.busy
+            .iter()
+            .position(|n| n.load(Ordering::Relaxed) > 0)
+            .unwrap_or_else(|| self.last_frontier.load(Ordering::Relaxed))
+            .min(self.stages.len().saturating_sub(1))
+    }
+
+    /// A request of `stage` starts (+1) or ends (-1).
+    pub(super) fn busy(&self, stage: usize, delta: i64) {
+        if let Some(n) = self.busy.get(stage) {
+            if delta > 0 {
+                n.fetch_add(1, Ordering::Relaxed);
+                self.last_frontier.store(stage, Ordering::Relaxed);
+            } else {
+                let _ = n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+            }
+        }
+    }
+
+    /// Whether an operator's stop-after-stage holds stage `stage` back.
+    pub(super) fn stops_before(&self, stage: usize) -> bool {
+        self.stop_after
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|s| stage > s)
+    }
+
+    /// A request made while running (a criterion asked on its own): its id,
+    /// and its earlier answer when an identical one was answered before.
+    pub(super) async fn follow_up(
+        &self,
+        item: &crate::ledger::store::WorkItem,
+        stage: &super::stages::Stage,
+        name: &str,
+    ) -> Option<(i64, Option<String>)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let op = WriteOp::Request(crate::ledger::writer::NewRequest {
+            session_id: self.session_id.clone(),
+            item_id: item.item_id.clone(),
+            stage: name.to_string(),
+            position: stage.index as i64,
+            provider: stage.provider_name.clone(),
+            model: stage.model.clone(),
+            template_hash: stage.template.hash.clone(),
+            params_hash: stage.params_hash.clone(),
+            reply: std::sync::Mutex::new(Some(tx)),
+        });
+        if !self.write(op).await {
+            return None;
+        }
+        rx.await.ok()
     }
 
     pub(super) fn stop(&self, cause: StopCause) {
@@ -141,7 +220,7 @@ fn outstanding_for(concurrency: usize) -> usize {
 }
 
 /// The limiter's settings under an operator's retune (None: the config's).
-fn tuned_settings(p: &Prepared, tune: &Tune) -> LimiterSettings {
+fn tuned_settings(p: &super::stages::Stage, tune: &Tune) -> LimiterSettings {
     LimiterSettings {
         requests_per_minute: tune.rpm.unwrap_or(p.rpm),
         tokens_per_minute: tune.tpm.unwrap_or(p.tpm),
@@ -165,12 +244,15 @@ fn per_minute(n: u64) -> String {
 pub(super) async fn dispatch(
     p: Arc<Prepared>,
     session_id: String,
-    provider: Box<dyn ChatProvider>,
+    mut chat: std::collections::HashMap<String, Arc<dyn ChatProvider>>,
+    batch_adapters: std::collections::HashMap<
+        String,
+        Arc<dyn crate::provider::batch::BatchProvider>,
+    >,
     reporter: Arc<dyn Reporter>,
     interrupts: Interrupts,
     grace: Duration,
     resumed: bool,
-    batch_adapter: Option<Arc<dyn crate::provider::batch::BatchProvider>>,
 ) -> Result<RunEnd, EngineError> {
     let (writer, writer_handle) = LedgerWriter::start(&p.ledger_path)?;
     let read = crate::ledger::open(&p.ledger_path)?;
@@ -179,14 +261,59 @@ pub(super) async fn dispatch(
     })?;
     let stats = Arc::new(Stats::default());
     stats.seed(&row);
-    let limiter = Arc::new(Limiter::new(tuned_settings(&p, &Tune::default())));
+    // One limiter per provider: stages on the same provider share its limits.
+    let mut limiters: Vec<(String, Arc<Limiter>)> = Vec::new();
+    let mut stages = Vec::with_capacity(p.stages.len());
+    for st in &p.stages {
+        let limiter = match limiters.iter().find(|(n, _)| *n == st.provider_name) {
+            Some((_, l)) => l.clone(),
+            None => {
+                let l = Arc::new(Limiter::new(tuned_settings(st, &Tune::default())));
+                limiters.push((st.provider_name.clone(), l.clone()));
+                l
+            }
+        };
+        let provider = chat.remove(&st.provider_name).or_else(|| {
+            stages
+                .iter()
+                .zip(&p.stages)
+                .find(|(_, s): &(&StageRt, &super::stages::Stage)| {
+                    s.provider_name == st.provider_name
+                })
+                .map(|(rt, _)| rt.provider.clone())
+        });
+        let Some(provider) = provider else {
+            return Err(EngineError::Ledger(format!(
+                "internal error: no client for provider {}",
+                st.provider_name
+            )));
+        };
+        stages.push(StageRt {
+            provider,
+            limiter,
+            batcher: std::sync::OnceLock::new(),
+        });
+    }
+    let limiter = stages[0].limiter.clone();
+    let max_concurrency = p
+        .stages
+        .iter()
+        .map(|s| s.max_concurrency)
+        .max()
+        .unwrap_or(1);
+    let stop_after = store::session_controls(&read, &session_id)?
+        .and_then(|c| c.stop_after_stage)
+        .and_then(|n| p.stages.iter().position(|s| s.name == n));
     let (pause_tx, pause_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
         budget: Budget::new(row.max_cost_usd, row.cost_usd),
         p: p.clone(),
         session_id: session_id.clone(),
-        provider,
-        limiter: limiter.clone(),
+        stages,
+        limiters,
+        stop_after: std::sync::Mutex::new(stop_after),
+        busy: (0..p.stages.len()).map(|_| AtomicUsize::new(0)).collect(),
+        last_frontier: AtomicUsize::new(0),
         writer: writer.clone(),
         stats: stats.clone(),
         backoff: Backoff::default(),
@@ -194,26 +321,53 @@ pub(super) async fn dispatch(
         hard_stop: CancellationToken::new(),
         paused: pause_rx,
         cause: std::sync::Mutex::new(None),
-        outstanding: Arc::new(Semaphore::new(outstanding_for(p.max_concurrency))),
-        outstanding_cap: AtomicUsize::new(outstanding_for(p.max_concurrency)),
-        batcher: std::sync::OnceLock::new(),
+        outstanding: Arc::new(Semaphore::new(outstanding_for(max_concurrency))),
+        outstanding_cap: AtomicUsize::new(outstanding_for(max_concurrency)),
     });
-    let batches_before = (
-        crate::ledger::batches::open_batch_count(&read, &session_id)?,
-        crate::ledger::batches::batch_count(&read, &session_id)?,
-    );
-    start_batching(&ctx, batches_before, batch_adapter, &reporter).await?;
+    let open_batches = crate::ledger::batches::open_batches(&read, &session_id)?;
+    let tags = Arc::new(std::sync::atomic::AtomicU64::new(
+        crate::ledger::batches::batch_count(&read, &session_id)? + 1,
+    ));
+    for (k, st) in p.stages.iter().enumerate() {
+        let open = open_batches.iter().filter(|b| b.stage == st.name).count() as u64;
+        start_batching(
+            &ctx,
+            k,
+            open,
+            tags.clone(),
+            batch_adapters.get(&st.provider_name).cloned(),
+            &reporter,
+        )
+        .await?;
+    }
+    let one = p.stages.len() == 1;
+    let shown: Vec<String> = p
+        .stages
+        .iter()
+        .map(|st| {
+            format!(
+                "{}with {} ({}): requests/min {}, tokens/min {}, concurrency {}",
+                if one {
+                    String::new()
+                } else {
+                    format!("stage {} ", st.name)
+                },
+                st.model,
+                st.provider_name,
+                per_minute(st.rpm),
+                per_minute(st.tpm),
+                st.max_concurrency
+            )
+        })
+        .collect();
     ctx.event(
         "info",
         "started",
         format!(
-            "{} with {} ({}): requests/min {}, tokens/min {}, concurrency {}",
+            "{}{} {}",
             if resumed { "resumed" } else { "started" },
-            p.model,
-            p.provider_name,
-            per_minute(p.rpm),
-            per_minute(p.tpm),
-            p.max_concurrency
+            if one { "" } else { ":" },
+            shown.join("; ")
         ),
     );
     let progress = spawn_progress(
@@ -231,7 +385,7 @@ pub(super) async fn dispatch(
         reporter.clone(),
     ));
 
-    tracing::info!(session = %session_id, model = %p.model, "dispatch started");
+    tracing::info!(session = %session_id, stages = p.stages.len(), "dispatch started");
     let read = Arc::new(std::sync::Mutex::new(read));
     let feed_result = feed(&ctx, &read).await;
     if let Err(e) = &feed_result {
@@ -252,8 +406,15 @@ pub(super) async fn dispatch(
         // changes nothing.
         _ if remaining == 0 => ("completed", None, RunEnd::Completed),
         None => {
-            let why = match ctx.batcher().map(|b| b.held_count()) {
-                Some(held) if held > 0 => format!(
+            let held: usize = ctx.batchers().map(|b| b.held_count()).sum();
+            let stopped_at = *ctx.stop_after.lock().unwrap_or_else(|p| p.into_inner());
+            let why = match (held, stopped_at) {
+                (0, Some(s)) if s + 1 < ctx.p.stages.len() => format!(
+                    "stopped after stage {} as asked; resume to run {} and the stages after it",
+                    ctx.p.stages[s].name,
+                    ctx.p.stages[s + 1].name
+                ),
+                (held, _) if held > 0 => format!(
                     "{held} request(s) wait on a provider batch that could not be told apart from others (see the session's events); resume once it is sorted out"
                 ),
                 _ => "stopped with items left".to_string(),
@@ -308,10 +469,45 @@ pub(super) async fn dispatch(
     Ok(end)
 }
 
-/// Page through unprocessed items and hand each to a worker.
+/// The job's stages in groups: a stage that waits for the whole previous
+/// stage starts a new group. Items move through a group's stages one by
+/// one; a group starts once the one before it is over for every item.
+fn stage_groups(p: &Prepared) -> Vec<std::ops::Range<usize>> {
+    let mut groups = Vec::new();
+    let mut start = 0;
+    for (k, st) in p.stages.iter().enumerate().skip(1) {
+        if st.wait_for_previous {
+            groups.push(start..k);
+            start = k;
+        }
+    }
+    groups.push(start..p.stages.len());
+    groups
+}
+
+/// Run every group in turn over the items that have no outcome yet.
 async fn feed(
     ctx: &Arc<Ctx>,
     read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+) -> Result<(), EngineError> {
+    for group in stage_groups(&ctx.p) {
+        if ctx.soft_stop.is_cancelled() || (group.start > 0 && ctx.stops_before(group.start)) {
+            break;
+        }
+        feed_group(ctx, read, group).await?;
+    }
+    for b in ctx.batchers() {
+        b.feed_done();
+    }
+    Ok(())
+}
+
+/// Page through the items without an outcome and hand each to a worker for
+/// the stages of `group`.
+async fn feed_group(
+    ctx: &Arc<Ctx>,
+    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+    group: std::ops::Range<usize>,
 ) -> Result<(), EngineError> {
     // Bound the tasks alive at once (in flight plus waiting to retry) so a
     // long 429 storm cannot pile up the whole session in memory.
@@ -345,32 +541,9 @@ async fn feed(
                 _ = ctx.soft_stop.cancelled() => break 'pages,
             };
             let ctx2 = ctx.clone();
-            if item.status == "completed" {
-                workers.spawn(async move {
-                    super::worker::reuse_answer(&ctx2, item).await;
-                    drop(permit);
-                });
-                continue;
-            }
-            // A request that goes to a batch (or waits on one of an earlier
-            // run) takes no synchronous slot.
-            let batched = ctx.batcher().is_some_and(|b| {
-                b.takes_new()
-                    || b.is_reattached(&format!(
-                        "{}-{}-{}",
-                        ctx.session_id, item.request_id, item.attempt
-                    ))
-            });
-            let slot = if batched {
-                None
-            } else {
-                tokio::select! {
-                    s = ctx.limiter.acquire_slot() => Some(s),
-                    _ = ctx.soft_stop.cancelled() => break 'pages,
-                }
-            };
+            let group = group.clone();
             workers.spawn(async move {
-                super::worker::process(&ctx2, item, slot).await;
+                super::worker::process(&ctx2, item, group, None).await;
                 drop(permit);
             });
             while let Some(done) = workers.try_join_next() {
@@ -378,8 +551,12 @@ async fn feed(
             }
         }
     }
-    if let Some(b) = ctx.batcher() {
-        b.feed_done();
+    // The last group's last items: nothing more will come to the batchers
+    // of its stages.
+    if group.end == ctx.p.stages.len() {
+        for b in ctx.batchers() {
+            b.feed_done();
+        }
     }
     while let Some(done) = workers.join_next().await {
         note_crash(ctx, done);
@@ -392,16 +569,19 @@ async fn feed(
 /// send synchronously (simulated batching), and the run says so.
 async fn start_batching(
     ctx: &Arc<Ctx>,
-    (open, so_far): (u64, u64),
+    stage: usize,
+    open: u64,
+    tags: Arc<std::sync::atomic::AtomicU64>,
     adapter: Option<Arc<dyn crate::provider::batch::BatchProvider>>,
     reporter: &Arc<dyn Reporter>,
 ) -> Result<(), EngineError> {
-    let p = &ctx.p;
+    let p = &ctx.p.stages[stage];
     let mode = p.batch.mode;
     let Some(adapter) = adapter else {
         if mode != crate::config::BatchMode::Sync {
             let note = format!(
-                "{} (kind {}) has no Batch API here: mode = \"{}\" sends each request synchronously under the rate limits (simulated batching), at the synchronous price",
+                "stage {}: {} (kind {}) has no Batch API here: mode = \"{}\" sends each request synchronously under the rate limits (simulated batching), at the synchronous price",
+                p.name,
                 p.provider_name,
                 p.provider_kind.as_str(),
                 mode.as_str()
@@ -421,10 +601,11 @@ async fn start_batching(
         adapter,
         ctx.writer.clone(),
         ctx.session_id.clone(),
-        p.clone(),
+        ctx.p.clone(),
+        stage,
         ctx.stats.clone(),
         reporter.clone(),
-        so_far,
+        tags,
         Box::new(move |e| {
             if let Some(ctx) = weak.upgrade() {
                 ctx.stop(StopCause::LedgerFailed(e));
@@ -432,7 +613,7 @@ async fn start_batching(
         }),
         ctx.paused.clone(),
     );
-    let _ = ctx.batcher.set(b.clone());
+    let _ = ctx.stages[stage].batcher.set(b.clone());
     if b.takes_new() {
         // Tasks wait on whole batches: let enough of them be alive to fill
         // the open batches (each holds its rendered prompt only).
@@ -447,7 +628,8 @@ async fn start_batching(
             "info",
             "batch_mode",
             format!(
-                "{} mode: requests go to the {} Batch API at {:.0}% of the synchronous price; a batch is cut at {} requests, {} bytes or {:.0} s{}",
+                "stage {}: {} mode: requests go to the {} Batch API at {:.0}% of the synchronous price; a batch is cut at {} requests, {} bytes or {:.0} s{}",
+                p.name,
                 mode.as_str(),
                 b.adapter.name(),
                 b.price_factor() * 100.0,
@@ -480,10 +662,12 @@ async fn end_batching(
     read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
     reporter: &dyn Reporter,
 ) -> u64 {
-    let Some(b) = ctx.batcher() else {
+    if ctx.batchers().next().is_none() {
         return 0;
-    };
-    b.shutdown();
+    }
+    for b in ctx.batchers() {
+        b.shutdown();
+    }
     let open = {
         let conn = read.lock().unwrap_or_else(|p| p.into_inner());
         crate::ledger::batches::open_batches(&conn, &ctx.session_id).unwrap_or_default()
@@ -599,7 +783,8 @@ impl Window {
 fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
     let now = Instant::now();
     let s = ctx.stats.snapshot();
-    let lim = ctx.limiter.snapshot();
+    let frontier = ctx.frontier();
+    let lim = ctx.rt(frontier).limiter.snapshot();
     let (rpm_used, tpm_used) = window.rates(now, s.sent, s.input_tokens + s.output_tokens);
     let elapsed = now.duration_since(window.started).as_secs_f64();
     let done_here = s.done.saturating_sub(window.first_done);
@@ -607,20 +792,20 @@ fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
         .then(|| elapsed / done_here as f64 * (s.total - s.done) as f64);
     let slow_reason = if paused {
         PAUSED_BY_OPERATOR.to_string()
-    } else if let Some(b) = ctx
-        .batcher()
-        .filter(|b| b.is_cancelling() && b.open_count() > 0)
+    } else if ctx
+        .batchers()
+        .any(|b| b.is_cancelling() && b.open_count() > 0)
     {
         format!(
             "cancelling {} provider batch(es): collecting what they finished",
-            b.open_count()
+            ctx.batchers().map(|b| b.open_count()).sum::<usize>()
         )
     } else if ctx.soft_stop.is_cancelled() {
         "stopping: requests in flight are finishing".to_string()
-    } else if let Some(b) = ctx.batcher().filter(|b| b.open_count() > 0) {
+    } else if ctx.batchers().any(|b| b.open_count() > 0) {
         format!(
             "waiting on {} provider batch(es): results come when the provider finishes them",
-            b.open_count()
+            ctx.batchers().map(|b| b.open_count()).sum::<usize>()
         )
     } else {
         lim.slow_reason.describe().to_string()
@@ -635,7 +820,7 @@ fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
         tpm_used,
         slow_reason,
         paused,
-        stage: ctx.p.stage.clone(),
+        stage: ctx.p.stages[frontier].name.clone(),
         elapsed_secs: elapsed,
         eta_secs,
     }
@@ -677,15 +862,15 @@ async fn control_loop(
             _ = interrupts.abort.cancelled(), if !ctx.hard_stop.is_cancelled() => {
                 cancel(&ctx, &mut seen, "cancelled: requests in flight abandoned");
                 ctx.hard_stop.cancel();
-                if let Some(b) = ctx.batcher() {
+                for b in ctx.batchers() {
                     b.detach();
                 }
             }
         }
-        if let Some(b) = ctx.batcher()
-            && ctx.soft_stop.is_cancelled()
-        {
-            steer_batches(&ctx, b, &seen, &interrupts, &*reporter);
+        if ctx.soft_stop.is_cancelled() {
+            for b in ctx.batchers() {
+                steer_batches(&ctx, b, &seen, &interrupts, &*reporter);
+            }
         }
         if ctx.soft_stop.is_cancelled() && hard_deadline.is_none() {
             hard_deadline = Some(Instant::now() + grace);
@@ -805,15 +990,26 @@ fn obey(
     match &controls.stop_after_stage {
         Some(stage) if seen.stop_after_stage.as_ref() != Some(stage) => {
             seen.stop_after_stage = Some(stage.clone());
-            // One stage per job for now: whichever is named, the session
-            // ends when this one finishes, which it does anyway.
-            let message = if *stage == ctx.p.stage {
-                format!("stage {stage} is the last stage; the session ends when it finishes")
-            } else {
-                format!(
-                    "stop after stage {stage}: this job has one stage, {}, so it is the last stage; the session ends when it finishes",
-                    ctx.p.stage
-                )
+            let p = &ctx.p;
+            let message = match p.stages.iter().position(|s| &s.name == stage) {
+                Some(k) if k + 1 == p.stages.len() => {
+                    format!("stage {stage} is the last stage; the session ends when it finishes")
+                }
+                Some(k) => {
+                    *ctx.stop_after.lock().unwrap_or_else(|p| p.into_inner()) = Some(k);
+                    format!(
+                        "stop after stage {stage}: items finish it; {} and the stages after it start for no item until the session is resumed",
+                        p.stages[k + 1].name
+                    )
+                }
+                None => format!(
+                    "stop after stage {stage}: this job has no such stage ({}); nothing changes",
+                    p.stages
+                        .iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             };
             reporter.line(&format!("Stop after stage requested: {message}."));
             ctx.event("info", "stop_at_stage", message);
@@ -822,11 +1018,21 @@ fn obey(
         Some(_) => {}
     }
     if controls.tune != seen.tune {
-        let before = tuned_settings(&ctx.p, &seen.tune);
-        let after = tuned_settings(&ctx.p, &controls.tune);
+        // A retune applies to every provider's limiter; the message shows
+        // the first stage's.
+        let first = ctx.p.first();
+        let before = tuned_settings(first, &seen.tune);
+        let after = tuned_settings(first, &controls.tune);
+        let old_tune = seen.tune;
         seen.tune = controls.tune;
+        for (name, limiter) in &ctx.limiters {
+            if let Some(st) = ctx.p.stages.iter().find(|s| &s.provider_name == name)
+                && tuned_settings(st, &old_tune) != tuned_settings(st, &controls.tune)
+            {
+                limiter.retune(tuned_settings(st, &controls.tune));
+            }
+        }
         if before != after {
-            ctx.limiter.retune(after);
             ctx.make_room_for(after.max_concurrency);
             let mut changes = Vec::new();
             if before.max_concurrency != after.max_concurrency {
@@ -859,7 +1065,7 @@ fn obey(
 /// One `rate_limited` event when the limiter starts backing off (a cut or a
 /// cooldown), at most one per `RATE_EVENT_SPACING`.
 fn note_rate_limiting(ctx: &Ctx, seen: &mut Seen) {
-    let lim = ctx.limiter.snapshot();
+    let lim = ctx.rt(ctx.frontier()).limiter.snapshot();
     let limited = lim.slow_reason == SlowReason::Cooldown || lim.cuts > seen.last_cuts;
     seen.last_cuts = lim.cuts;
     let onset = limited && !seen.rate_limited;

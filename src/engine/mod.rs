@@ -5,12 +5,15 @@
 //! session, asks to continue, then dispatches under the shared limiter and
 //! records every attempt and outcome in the ledger.
 
+mod attempt;
 mod batch_cancel;
 mod batching;
 mod budget;
 mod dispatch;
 mod plan;
 mod progress;
+mod rerun;
+pub mod stages;
 mod stats;
 mod worker;
 
@@ -27,13 +30,12 @@ pub use progress::{Reporter, StdoutReporter, format_summary};
 pub use stats::{Stats, StatsSnapshot};
 
 use crate::config::{ConfigError, LoadedConfig, ProviderKind};
-use crate::cost::{Price, price_of};
-use crate::gate::{Gate, GateBuildError};
+use crate::gate::GateBuildError;
 use crate::ledger::store::{self, RESUME_WINDOW_SECS, SessionRow};
 use crate::ledger::{LEDGER_FILE, LedgerError, now_ts};
 use crate::mock::MockServer;
 use crate::routing::{ThresholdError, Thresholds};
-use crate::template::{PromptTemplate, TemplateError};
+use crate::template::TemplateError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -83,48 +85,41 @@ pub struct RunOptions {
     pub base_url_override: Option<String>,
     /// How long in-flight requests may finish after a stop.
     pub grace: Option<Duration>,
+    /// `--rerun-stage NAME`: new requests (a new request_version) for this
+    /// stage and every stage after it.
+    pub rerun_stage: Option<String>,
 }
 
 /// Everything checked and loaded before planning.
 pub struct Prepared {
     pub config: LoadedConfig,
     pub ledger_path: PathBuf,
-    pub template: PromptTemplate,
-    pub gate: Gate,
     pub thresholds: Thresholds,
-    pub stage: String,
-    pub provider_name: String,
-    pub provider_kind: ProviderKind,
-    pub model: String,
-    pub max_tokens: u64,
-    pub expected_output_tokens: u64,
-    pub temperature: Option<f64>,
-    pub max_attempts: u32,
-    pub max_transport_attempts: u32,
-    pub request_timeout: Duration,
-    pub rpm: u64,
-    pub tpm: u64,
-    pub max_concurrency: usize,
-    pub price: Price,
-    pub price_known: bool,
-    pub params_hash: String,
-    /// The gate's schema, sent as the provider's structured output: built
-    /// once and shared by every request.
-    pub response_schema: Option<Arc<(String, serde_json::Value)>>,
-    /// The model's tokenizer, loaded only when a budget needs exact counts.
-    pub budget_counter: Option<crate::cost::TokenCounter>,
-    /// The stage's batching (`[stages.batch]`).
-    pub batch: crate::config::BatchConfig,
-    /// The batch price against the synchronous one when this stage's
-    /// requests go to a Batch API (None: they go synchronously).
-    pub batch_price_factor: Option<f64>,
+    /// In job order.
+    pub stages: Vec<stages::Stage>,
+    /// The stage whose answer is routed.
+    pub answer: usize,
+    /// The critic whose verdict bears on the routing.
+    pub critic: Option<stages::CriticRouting>,
+    /// `--rerun-stage`: this stage and the later ones get new requests.
+    pub rerun_from: Option<usize>,
+}
+
+impl Prepared {
+    pub fn first(&self) -> &stages::Stage {
+        &self.stages[0]
+    }
+
+    pub fn answer_stage(&self) -> &stages::Stage {
+        &self.stages[self.answer]
+    }
 }
 
 pub fn config_path(workspace: &Path) -> PathBuf {
     workspace.join(crate::config::CONFIG_FILE)
 }
 
-/// Load and check config, template, gate and thresholds. Nothing is sent.
+/// Load and check config, templates, gates and thresholds. Nothing is sent.
 pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
     let cfg_path = config_path(&opts.workspace);
     if !cfg_path.exists() {
@@ -141,20 +136,6 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
             cfg_path.display()
         )));
     }
-    let stage = config.config.stages[0].clone();
-    let provider = config.provider_for(&stage).clone();
-    let template = PromptTemplate::load(
-        &config.resolve(&stage.template),
-        stage
-            .system_prompt
-            .as_ref()
-            .map(|p| config.resolve(p))
-            .as_deref(),
-    )?;
-    let gate = Gate::build(&stage.gate, &config.root, &cfg_path)?;
-    let response_schema = gate
-        .response_schema()
-        .map(|s| Arc::new((worker::schema_name(&stage.name), s.clone())));
     let routing = &config.config.routing;
     let thresholds = Thresholds::new(
         opts.auto_accept_threshold
@@ -170,46 +151,33 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
             "--max-cost {m}: must be a non-negative amount of USD"
         )));
     }
-    // A missing key stops the run here, before planning creates anything.
-    crate::provider::check_key(&stage.provider, &provider)?;
-    let (price, price_known) = price_of(&provider.model);
-    let params = serde_json::json!({
-        "max_tokens": stage.max_tokens.get_ref(),
-        "temperature": stage.temperature.as_ref().map(|t| *t.get_ref()),
-        "gate": &stage.gate,
-    });
+    let stages = stages::load_stages(&config, &cfg_path, opts)?;
+    let answer_name = config.answer_stage().name.clone();
+    let answer = stages
+        .iter()
+        .position(|s| s.name == answer_name)
+        .unwrap_or(0);
+    let rerun_from = match &opts.rerun_stage {
+        None => None,
+        Some(name) => Some(stages.iter().position(|s| &s.name == name).ok_or_else(|| {
+            EngineError::Usage(format!(
+                "--rerun-stage {name}: no such stage in {} (stages: {})",
+                cfg_path.display(),
+                stages
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?),
+    };
     Ok(Prepared {
         ledger_path: opts.workspace.join(LEDGER_FILE),
-        template,
-        gate,
         thresholds,
-        stage: stage.name.clone(),
-        provider_name: stage.provider.clone(),
-        provider_kind: provider.kind,
-        model: provider.model.clone(),
-        max_tokens: *stage.max_tokens.get_ref(),
-        expected_output_tokens: *stage.expected_output_tokens.get_ref(),
-        temperature: stage.temperature.as_ref().map(|t| *t.get_ref()),
-        max_attempts: (*stage.max_attempts.get_ref()).min(u64::from(u32::MAX)) as u32,
-        max_transport_attempts: (*provider.max_transport_attempts.get_ref())
-            .min(u64::from(u32::MAX)) as u32,
-        request_timeout: Duration::from_secs_f64(*provider.request_timeout_secs.get_ref()),
-        rpm: opts
-            .rate_limit
-            .unwrap_or(*provider.requests_per_minute.get_ref()),
-        tpm: *provider.tokens_per_minute.get_ref(),
-        max_concurrency: (*provider.max_concurrency.get_ref()).min(10_000) as usize,
-        price,
-        price_known,
-        params_hash: crate::cost::sha256_hex(params.to_string().as_bytes()),
-        response_schema,
-        budget_counter: opts
-            .max_cost
-            .map(|_| crate::cost::TokenCounter::for_model(&provider.model)),
-        batch_price_factor: (stage.batch.mode != crate::config::BatchMode::Sync
-            && crate::provider::batch::has_batch_api(provider.kind))
-        .then_some(crate::provider::batch::BATCH_PRICE_FACTOR),
-        batch: stage.batch.clone(),
+        critic: stages::critic_routing(&config),
+        stages,
+        answer,
+        rerun_from,
         config,
     })
 }
@@ -299,20 +267,20 @@ pub async fn run(
         },
     };
     reporter.session_started(&session_id);
-    let (provider, batch_adapter, mock) = connect(&prepared, &opts).await?;
+    let connections = connect(&prepared, &opts).await?;
     let grace = opts.grace.unwrap_or(Duration::from_secs(10));
     let result = dispatch::dispatch(
         prepared.clone(),
         session_id.clone(),
-        provider,
+        connections.chat,
+        connections.batch,
         reporter.clone(),
         interrupts,
         grace,
         resumed,
-        batch_adapter,
     )
     .await;
-    if let Some(m) = mock {
+    for m in connections.mocks {
         m.shutdown().await;
     }
     let end = result?;
@@ -371,6 +339,29 @@ fn start_session(
             "Budget: at most ${max:.4} (dispatch pauses before the spend could pass it)"
         ));
     }
+    // Answers made with another template or parameters are neither reused
+    // nor asked again behind the operator's back.
+    let stale = tokio::task::block_in_place(|| -> Result<_, EngineError> {
+        let conn = crate::ledger::open(&prepared.ledger_path)?;
+        Ok(store::stale_answers(
+            &conn,
+            &new_stages(prepared),
+            &plan.item_ids,
+        )?)
+    })?;
+    if !stale.is_empty() {
+        let list: Vec<String> = stale
+            .iter()
+            .map(|(stage, n)| format!("stage {stage}: {n} item(s)"))
+            .collect();
+        return Err(EngineError::Usage(format!(
+            "answers exist that were made with another prompt template or other stage parameters ({}). \
+             They are not reused and not asked again silently: pass `--rerun-stage {}` to ask that stage (and the ones after it) again \
+             with a new request_version, or restore the template and parameters to reuse them.",
+            list.join("; "),
+            stale[0].0
+        )));
+    }
     if !confirm(&plan.estimate) {
         reporter.line("Not started.");
         return Ok(Started::Ended(RunEnd::Declined));
@@ -385,10 +376,16 @@ fn start_session(
             "auto_accept_threshold": prepared.thresholds.auto_accept,
             "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
         },
-        "template_hash": prepared.template.hash,
-        "params_hash": prepared.params_hash,
+        "template_hash": prepared.first().template.hash,
+        "params_hash": prepared.first().params_hash,
+        "stages": prepared.stages.iter().map(|s| serde_json::json!({
+            "name": s.name, "provider": s.provider_name, "model": s.model,
+            "template_hash": s.template.hash, "params_hash": s.params_hash,
+        })).collect::<Vec<_>>(),
+        "rerun_stage": prepared.rerun_from.map(|i| prepared.stages[i].name.clone()),
     })
     .to_string();
+    let new_stages = new_stages(prepared);
     tokio::task::block_in_place(|| -> Result<(), EngineError> {
         let mut conn = crate::ledger::open(&prepared.ledger_path)?;
         store::create_session(
@@ -396,11 +393,7 @@ fn start_session(
             &store::NewSession {
                 session_id: &id,
                 config_snapshot_json: &snapshot,
-                stage: &prepared.stage,
-                provider: &prepared.provider_name,
-                model: &prepared.model,
-                template_hash: &prepared.template.hash,
-                params_hash: &prepared.params_hash,
+                stages: &new_stages,
                 estimated_tokens: plan.estimate.prompt_tokens
                     + plan.estimate.expected_output_tokens,
                 estimated_cost_usd: plan.estimate.cost_usd,
@@ -415,42 +408,65 @@ fn start_session(
     Ok(Started::Session(id))
 }
 
-/// The provider client, and the in-process mock when the provider is the
-/// built-in one (its port is only known once it listens).
-#[allow(clippy::type_complexity)]
-async fn connect(
-    prepared: &Prepared,
-    opts: &RunOptions,
-) -> Result<
-    (
-        Box<dyn crate::provider::ChatProvider>,
-        Option<Arc<dyn crate::provider::batch::BatchProvider>>,
-        Option<MockServer>,
-    ),
-    EngineError,
-> {
-    let provider_cfg = &prepared.config.config.providers[&prepared.provider_name];
-    let mut mock = None;
-    let mut base_url = opts.base_url_override.clone();
-    if base_url.is_none() && prepared.provider_kind == ProviderKind::Mock {
-        let server = MockServer::start(
-            provider_cfg.mock.clone().unwrap_or_default(),
-            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        )
-        .await
-        .map_err(|e| EngineError::Usage(format!("cannot start the built-in mock provider: {e}")))?;
-        base_url = Some(server.base_url());
-        mock = Some(server);
+/// The stages as a new session records them.
+fn new_stages(p: &Prepared) -> Vec<store::NewStage<'_>> {
+    p.stages
+        .iter()
+        .map(|s| store::NewStage {
+            name: &s.name,
+            provider: &s.provider_name,
+            model: &s.model,
+            template_hash: &s.template.hash,
+            params_hash: &s.params_hash,
+            critic_of: s.critic_of.map(|c| p.stages[c].name.as_str()),
+            rerun: p.rerun_from.is_some_and(|r| s.index >= r),
+        })
+        .collect()
+}
+
+/// Every provider the job's stages use: its chat client, its Batch API
+/// (where docket has one), and the in-process mock for `kind = "mock"` (its
+/// port is only known once it listens).
+pub(crate) struct Connections {
+    pub chat: std::collections::HashMap<String, Arc<dyn crate::provider::ChatProvider>>,
+    pub batch: std::collections::HashMap<String, Arc<dyn crate::provider::batch::BatchProvider>>,
+    pub mocks: Vec<MockServer>,
+}
+
+async fn connect(prepared: &Prepared, opts: &RunOptions) -> Result<Connections, EngineError> {
+    let mut out = Connections {
+        chat: Default::default(),
+        batch: Default::default(),
+        mocks: Vec::new(),
+    };
+    for stage in &prepared.stages {
+        let name = &stage.provider_name;
+        if out.chat.contains_key(name) {
+            continue;
+        }
+        let provider_cfg = &prepared.config.config.providers[name];
+        let mut base_url = opts.base_url_override.clone();
+        if base_url.is_none() && stage.provider_kind == ProviderKind::Mock {
+            let server = MockServer::start(
+                provider_cfg.mock.clone().unwrap_or_default(),
+                std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            )
+            .await
+            .map_err(|e| {
+                EngineError::Usage(format!("cannot start the built-in mock provider: {e}"))
+            })?;
+            base_url = Some(server.base_url());
+            out.mocks.push(server);
+        }
+        let chat = crate::provider::build(name, provider_cfg, base_url.as_deref())?;
+        out.chat.insert(name.clone(), Arc::from(chat));
+        if let Some(b) =
+            crate::provider::batch::build_batch(name, provider_cfg, base_url.as_deref())?
+        {
+            out.batch.insert(name.clone(), Arc::from(b));
+        }
     }
-    let provider =
-        crate::provider::build(&prepared.provider_name, provider_cfg, base_url.as_deref())?;
-    let batch = crate::provider::batch::build_batch(
-        &prepared.provider_name,
-        provider_cfg,
-        base_url.as_deref(),
-    )?
-    .map(Arc::from);
-    Ok((provider, batch, mock))
+    Ok(out)
 }
 
 fn resume_session(
@@ -478,13 +494,28 @@ fn resume_session(
                 age / 86_400.0
             )));
         }
-        if s.state == "completed" {
+        if s.state == "completed" && p.rerun_from.is_none() {
             return Err(EngineError::Usage(format!(
-                "session {id} is already completed ({} of {} items processed); see `docket batch-results {id}`",
+                "session {id} is already completed ({} of {} items processed); see `docket batch-results {id}` \
+                 (or ask a stage again with `--rerun-stage NAME`)",
                 s.processed_count, s.total_count
             )));
         }
         check_same_job(p, &s)?;
+        if let Some(from) = p.rerun_from {
+            if store::run_by_live_process(&conn, id)? {
+                return Err(EngineError::Usage(format!(
+                    "session {id} is being run right now; pause it (`docket pause {id}`) before asking a stage again"
+                )));
+            }
+            let actor = format!("cli:{}", crate::review::Operator::current().user);
+            let r = rerun::rerun_stages(&mut conn, p, id, from, &actor)?;
+            reporter.line(&format!(
+                "Asking stage \"{}\" and the stages after it again: {} requests for {} items get a new request_version \
+                 ({} outcomes moved to llm_batch_result_history; their auto-accepts undone).",
+                p.stages[from].name, r.requests, r.items, r.outcomes_superseded
+            ));
+        }
         let ambiguous = match store::repair_interrupted(&mut conn, id, max_cost)? {
             store::Repair::Repaired { ambiguous } => ambiguous,
             store::Repair::Live {
@@ -542,40 +573,78 @@ fn keep_session_flags(opts: &mut RunOptions, id: &str) {
 /// would make its results meaningless, so a change is refused, not followed.
 fn check_same_job(p: &Prepared, s: &SessionRow) -> Result<(), EngineError> {
     let snap: serde_json::Value = serde_json::from_str(&s.config_snapshot_json).unwrap_or_default();
-    let was_stage = snap
-        .pointer("/config/stages/0/name")
-        .and_then(|v| v.as_str())
-        .unwrap_or("");
-    let was_provider = snap
-        .pointer("/config/stages/0/provider")
-        .and_then(|v| v.as_str())
-        .unwrap_or("");
-    let was_model = snap
-        .pointer(&format!("/config/providers/{was_provider}/model"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("");
+    // What the session started with, stage by stage; sessions from before
+    // staged pipelines recorded one stage's hashes at the top level.
+    let was: Vec<(String, String, String, String, String)> =
+        match snap.get("stages").and_then(|v| v.as_array()) {
+            Some(stages) => stages
+                .iter()
+                .map(|st| {
+                    let f = |k: &str| st.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+                    (
+                        f("name"),
+                        f("provider"),
+                        f("model"),
+                        f("template_hash"),
+                        f("params_hash"),
+                    )
+                })
+                .collect(),
+            None => {
+                let name = snap
+                    .pointer("/config/stages/0/name")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                let provider = snap
+                    .pointer("/config/stages/0/provider")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                let model = snap
+                    .pointer(&format!("/config/providers/{provider}/model"))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                let f = |k: &str| {
+                    snap.get(k)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                vec![(name, provider, model, f("template_hash"), f("params_hash"))]
+            }
+        };
     let mut changes = Vec::new();
-    if was_stage != p.stage {
-        changes.push(format!("stage {was_stage} -> {}", p.stage));
-    }
-    if was_provider != p.provider_name || was_model != p.model {
-        changes.push(format!(
-            "provider/model {was_provider}/{was_model} -> {}/{}",
-            p.provider_name, p.model
-        ));
-    }
-    if snap.get("template_hash").and_then(|v| v.as_str()) != Some(p.template.hash.as_str()) {
-        changes.push("the prompt template".into());
-    }
-    if snap.get("params_hash").and_then(|v| v.as_str()) != Some(p.params_hash.as_str()) {
-        changes.push("the stage parameters (max_tokens, temperature or gate)".into());
+    let now: Vec<&str> = p.stages.iter().map(|s| s.name.as_str()).collect();
+    let before: Vec<&str> = was.iter().map(|w| w.0.as_str()).collect();
+    if now != before {
+        changes.push(format!("stages {} -> {}", before.join(","), now.join(",")));
+    } else {
+        for (st, (name, provider, model, th, ph)) in p.stages.iter().zip(&was) {
+            if *provider != st.provider_name || *model != st.model {
+                changes.push(format!(
+                    "stage {name}: provider/model {provider}/{model} -> {}/{}",
+                    st.provider_name, st.model
+                ));
+            }
+            if *th != st.template.hash {
+                changes.push(format!("stage {name}: the prompt template"));
+            }
+            if *ph != st.params_hash {
+                changes.push(format!(
+                    "stage {name}: the stage parameters (max_tokens, temperature, gate, criteria or repair prompt)"
+                ));
+            }
+        }
     }
     if changes.is_empty() {
         return Ok(());
     }
     Err(EngineError::Usage(format!(
         "session {} was started with a different job: {} changed in docket.toml since. \
-         Restore them to resume it, or start a new session (answered requests are reused only when nothing changed).",
+         Restore them to resume it, or start a new session (answered requests are reused only when nothing changed; \
+         `--rerun-stage NAME` asks a stage again).",
         s.session_id,
         changes.join(", ")
     )))
@@ -583,13 +652,28 @@ fn check_same_job(p: &Prepared, s: &SessionRow) -> Result<(), EngineError> {
 
 fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
     reporter.line("");
+    let stages: Vec<String> = p
+        .stages
+        .iter()
+        .map(|s| {
+            format!(
+                "\"{}\" ({} {}{})",
+                s.name,
+                s.provider_name,
+                s.model,
+                s.critic_of
+                    .map(|c| format!(", critic of {}", p.stages[c].name))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
     reporter.line(&format!(
-        "Dry run: nothing was sent. A session would send {} requests to {} ({}) for stage \"{}\"; \
-         routing: accept ≥ {:.2}, review ≥ {:.2}, reject below.",
+        "Dry run: nothing was sent. A session would run {} items through {} stage(s): {}; \
+         routing on stage \"{}\": accept ≥ {:.2}, review ≥ {:.2}, reject below.",
         plan.estimate.items,
-        p.provider_name,
-        p.model,
-        p.stage,
+        p.stages.len(),
+        stages.join(" → "),
+        p.answer_stage().name,
         p.thresholds.effective_accept(),
         p.thresholds.review
     ));

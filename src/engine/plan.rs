@@ -35,7 +35,23 @@ pub struct Estimate {
     pub batch_price_factor: Option<f64>,
     /// `auto` with fewer items than `min_batch_size`: synchronous.
     pub batch_mode: Option<crate::config::BatchMode>,
+    /// Per stage, for a job of several (empty for one).
+    pub stages: Vec<StageEstimate>,
     pub first_prompt: Option<Prompt>,
+}
+
+/// One stage's share of the estimate. A later stage's prompts depend on
+/// earlier answers: its size is measured on the first item's prompt with
+/// stand-ins for them.
+#[derive(Debug, Clone)]
+pub struct StageEstimate {
+    pub name: String,
+    pub model: String,
+    pub critic: bool,
+    pub prompt_tokens: u64,
+    pub expected_output_tokens: u64,
+    pub cost_usd: f64,
+    pub batch_price_factor: Option<f64>,
 }
 
 pub struct Plan {
@@ -47,7 +63,8 @@ pub struct Plan {
 /// line and item.
 pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Plan, EngineError> {
     let conn = crate::ledger::open(&p.ledger_path)?;
-    let counter = TokenCounter::for_model(&p.model);
+    let first = p.first();
+    let counter = TokenCounter::for_model(&first.model);
     let filter = CandidateFilter {
         limit,
         skip_reviewed,
@@ -63,7 +80,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     for_each_candidate(&conn, filter, |c: Candidate| {
         let evidence: Value = serde_json::from_str(&c.evidence_json)
             .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
-        match p.template.render(&c.item_id, &evidence) {
+        match first.template.render(&c.item_id, &evidence) {
             Ok(prompt) => {
                 if (item_ids.len() as u64).is_multiple_of(stride) {
                     counted_tokens += counter.count_prompt(&prompt);
@@ -91,34 +108,116 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     } else {
         (counted_tokens as f64 * items as f64 / counted as f64).round() as u64
     };
-    let expected_out = p.expected_output_tokens.min(p.max_tokens);
-    let expected_output_tokens = expected_out * items;
-    let max_output_tokens = p.max_tokens * items;
-    // `auto` batches only when enough requests are pending.
-    let factor = p.batch_price_factor.filter(|_| {
-        p.batch.mode != crate::config::BatchMode::Auto || items >= *p.batch.min_batch_size.get_ref()
-    });
-    let f = factor.unwrap_or(1.0);
+    let first_item = item_ids.first().cloned();
+    let mut stages = Vec::with_capacity(p.stages.len());
+    for (k, st) in p.stages.iter().enumerate() {
+        let per_item = if k == 0 {
+            None
+        } else {
+            Some(later_prompt_tokens(p, k, &conn, first_item.as_deref())?)
+        };
+        let prompt = match per_item {
+            None => prompt_tokens,
+            Some(t) => t * items,
+        };
+        let expected = st.expected_output_tokens.min(st.max_tokens) * items;
+        // `auto` batches only when enough requests are pending.
+        let factor = st.batch_price_factor.filter(|_| {
+            st.batch.mode != crate::config::BatchMode::Auto
+                || items >= *st.batch.min_batch_size.get_ref()
+        });
+        let f = factor.unwrap_or(1.0);
+        stages.push((
+            StageEstimate {
+                name: st.name.clone(),
+                model: st.model.clone(),
+                critic: st.is_critic(),
+                prompt_tokens: prompt,
+                expected_output_tokens: expected,
+                cost_usd: st.price.cost(prompt, 0, expected) * f,
+                batch_price_factor: factor,
+            },
+            st.price.cost(prompt, 0, st.max_tokens * items) * f,
+            st.max_tokens * items,
+        ));
+    }
+    let sum = |f: &dyn Fn(&(StageEstimate, f64, u64)) -> f64| stages.iter().map(f).sum::<f64>();
+    let cost_usd = sum(&|s| s.0.cost_usd);
+    let worst_cost_usd = sum(&|s| s.1);
+    let all_prompt: u64 = stages.iter().map(|s| s.0.prompt_tokens).sum();
+    let expected_output_tokens: u64 = stages.iter().map(|s| s.0.expected_output_tokens).sum();
+    let max_output_tokens: u64 = stages.iter().map(|s| s.2).sum();
+    let factor = stages[0].0.batch_price_factor;
+    let several = stages.len() > 1;
     Ok(Plan {
         item_ids,
         estimate: Estimate {
             items,
-            prompt_tokens,
+            prompt_tokens: all_prompt,
             expected_output_tokens,
             max_output_tokens,
-            cost_usd: p.price.cost(prompt_tokens, 0, expected_output_tokens) * f,
-            worst_cost_usd: p.price.cost(prompt_tokens, 0, max_output_tokens) * f,
-            model: p.model.clone(),
-            price_input: p.price.input,
-            price_output: p.price.output,
-            price_known: p.price_known,
+            cost_usd,
+            worst_cost_usd,
+            model: first.model.clone(),
+            price_input: first.price.input,
+            price_output: first.price.output,
+            price_known: p.stages.iter().all(|s| s.price_known),
             exact_tokenizer: counter.is_exact(),
             counted_prompts: counted,
             batch_price_factor: factor,
-            batch_mode: (p.batch.mode != crate::config::BatchMode::Sync).then_some(p.batch.mode),
+            batch_mode: (first.batch.mode != crate::config::BatchMode::Sync)
+                .then_some(first.batch.mode),
+            stages: if several {
+                stages.into_iter().map(|s| s.0).collect()
+            } else {
+                Vec::new()
+            },
             first_prompt,
         },
     })
+}
+
+/// Stage `k`'s prompt for the first item, with stand-ins for the earlier
+/// stages' answers: planning checks that it renders (a typo in
+/// `stages.NAME.FIELD` is caught before anything is sent) and measures it.
+fn later_prompt_tokens(
+    p: &Prepared,
+    k: usize,
+    conn: &rusqlite::Connection,
+    item: Option<&str>,
+) -> Result<u64, EngineError> {
+    let Some(item) = item else { return Ok(0) };
+    let evidence: Value = conn
+        .query_row(
+            "SELECT evidence_json FROM decision WHERE item_id = ?1",
+            [item],
+            |r| r.get::<_, String>(0),
+        )
+        .ok()
+        .and_then(|e| serde_json::from_str(&e).ok())
+        .unwrap_or(Value::Null);
+    let st = &p.stages[k];
+    let mut stages = serde_json::Map::new();
+    for earlier in &p.stages[..k] {
+        stages.insert(earlier.name.clone(), earlier.placeholder_output());
+    }
+    let mut extra = serde_json::Map::new();
+    if let Some(c) = st.critic_of {
+        extra.insert("target".into(), p.stages[c].placeholder_output());
+    }
+    extra.insert("stages".into(), Value::Object(stages));
+    extra.insert(
+        "criteria".into(),
+        Value::Array(st.criteria.iter().cloned().map(Value::String).collect()),
+    );
+    let prompt = st.template.render_with(item, &evidence, extra.clone())?;
+    if let Some(r) = &st.repair {
+        let mut extra = extra;
+        extra.insert("failed_output".into(), Value::String("…".into()));
+        extra.insert("gate_error".into(), Value::String("…".into()));
+        r.template.render_with(item, &evidence, extra)?;
+    }
+    Ok(TokenCounter::for_model(&st.model).count_prompt(&prompt))
 }
 
 impl Estimate {
@@ -152,6 +251,22 @@ impl Estimate {
                 mode.as_str()
             )),
             (None, None) => {}
+        }
+        for st in &self.stages {
+            lines.push(format!(
+                "  stage {}{} ({}): ~{} prompt + ~{} output tokens, ~${:.4}{}",
+                st.name,
+                if st.critic { " (critic)" } else { "" },
+                st.model,
+                st.prompt_tokens,
+                st.expected_output_tokens,
+                st.cost_usd,
+                if st.batch_price_factor.is_some() {
+                    " at the batch price"
+                } else {
+                    ""
+                }
+            ));
         }
         let mut notes = Vec::new();
         if !self.exact_tokenizer {

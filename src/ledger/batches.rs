@@ -238,6 +238,7 @@ pub struct OpenBatch {
     pub batch_id: i64,
     pub tag: String,
     pub state: String,
+    pub stage: String,
     pub provider: String,
     pub model: String,
     pub provider_batch_id: Option<String>,
@@ -252,7 +253,7 @@ pub struct OpenBatch {
 pub fn open_batches(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<OpenBatch>> {
     let mut stmt = conn.prepare_cached(
         "SELECT batch_id, tag, state, provider, model, provider_batch_id, input_file_id, request_count,
-                created_at, submitted_at, cancel_requested_at IS NOT NULL
+                created_at, submitted_at, cancel_requested_at IS NOT NULL, stage
          FROM provider_batch WHERE session_id = ?1 AND state != 'ingested' ORDER BY batch_id",
     )?;
     let rows = stmt.query_map(params![session_id], |r| {
@@ -268,6 +269,7 @@ pub fn open_batches(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec
             created_at: r.get(8)?,
             submitted_at: r.get(9)?,
             cancel_requested: r.get(10)?,
+            stage: r.get(11)?,
         })
     })?;
     rows.collect()

@@ -103,23 +103,79 @@ pub fn for_each_candidate(
     Ok(n)
 }
 
-/// What a new session is created with.
-pub struct NewSession<'a> {
-    pub session_id: &'a str,
-    pub config_snapshot_json: &'a str,
-    pub stage: &'a str,
+/// A stage of a new session's job.
+pub struct NewStage<'a> {
+    pub name: &'a str,
     pub provider: &'a str,
     pub model: &'a str,
     pub template_hash: &'a str,
     pub params_hash: &'a str,
+    pub critic_of: Option<&'a str>,
+    /// `--rerun-stage` reached this stage: new requests (a new
+    /// request_version) instead of the answered ones.
+    pub rerun: bool,
+}
+
+/// What a new session is created with.
+pub struct NewSession<'a> {
+    pub session_id: &'a str,
+    pub config_snapshot_json: &'a str,
+    /// In job order; the first is the one `session_item` links.
+    pub stages: &'a [NewStage<'a>],
     pub estimated_tokens: u64,
     pub estimated_cost_usd: f64,
     pub max_cost_usd: Option<f64>,
     pub item_ids: &'a [String],
 }
 
-/// Create the session, its requests (reusing answered ones) and its item
-/// list, in one transaction.
+/// Answered requests a new session would reuse although they were made with
+/// another template or parameters, per stage: (stage, count). Such answers
+/// are never reused or sent again silently: the operator chooses
+/// (`--rerun-stage`, or restoring the template).
+pub fn stale_answers(
+    conn: &Connection,
+    stages: &[NewStage<'_>],
+    item_ids: &[String],
+) -> rusqlite::Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT 1 FROM llm_requests WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4
+             AND status = 'completed' AND (template_hash != ?5 OR params_hash != ?6)
+             AND request_version = (SELECT MAX(request_version) FROM llm_requests
+                                    WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4)",
+    )?;
+    for st in stages.iter().filter(|s| !s.rerun) {
+        let mut n = 0u64;
+        for item in item_ids {
+            if stmt
+                .query_row(
+                    params![
+                        item,
+                        st.name,
+                        st.provider,
+                        st.model,
+                        st.template_hash,
+                        st.params_hash
+                    ],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some()
+            {
+                n += 1;
+            }
+        }
+        if n > 0 {
+            out.push((st.name.to_string(), n));
+        }
+    }
+    Ok(out)
+}
+
+/// Create the session, its requests for every stage (reusing answered ones
+/// made with the same template and parameters; `rerun` stages get a new
+/// request_version), its item list and stage checkpoints, in one
+/// transaction.
 pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<()> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -140,44 +196,92 @@ pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Re
         ],
     )?;
     {
-        let mut upsert = tx.prepare(
-            "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, 1, 'pending', ?5, ?6, ?7, ?7)
-             ON CONFLICT (item_id, stage, provider, model, request_version) DO UPDATE SET
-                 -- an answered request is reused, never sent again, as long as
-                 -- it was made with the same template and parameters; anything
-                 -- else starts this session afresh (new hashes, fresh budgets)
-                 status = CASE WHEN status = 'completed' AND template_hash = excluded.template_hash
-                               AND params_hash = excluded.params_hash THEN 'completed' ELSE 'pending' END,
-                 parsed_output_json = CASE WHEN status = 'completed' AND template_hash = excluded.template_hash
-                               AND params_hash = excluded.params_hash THEN parsed_output_json ELSE NULL END,
-                 result_message_id = CASE WHEN status = 'completed' AND template_hash = excluded.template_hash
-                               AND params_hash = excluded.params_hash THEN result_message_id ELSE NULL END,
-                 gate_failures = 0,
-                 transport_retries = 0,
-                 template_hash = excluded.template_hash,
-                 params_hash = excluded.params_hash,
-                 updated_at = excluded.updated_at
-             RETURNING request_id",
+        let mut link = tx.prepare(
+            "INSERT INTO session_item (session_id, position, item_id, request_id) VALUES (?1, ?2, ?3, ?4)",
         )?;
-        let mut link = tx.prepare("INSERT INTO session_item (session_id, position, item_id, request_id) VALUES (?1, ?2, ?3, ?4)")?;
-        for (pos, item_id) in s.item_ids.iter().enumerate() {
-            let request_id: i64 = upsert.query_row(
+        let mut stage_row = tx.prepare(
+            "INSERT INTO session_request (session_id, item_id, stage, position, request_id, state, output_json, updated_at)
+             SELECT ?1, ?2, ?3, ?4, request_id, 'pending', NULL, ?5 FROM llm_requests WHERE request_id = ?6",
+        )?;
+        for (pos, st) in s.stages.iter().enumerate() {
+            tx.execute(
+                "INSERT INTO run_stages (session_id, stage, position, role, critic_of, total, state, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7)",
                 params![
-                    item_id,
-                    s.stage,
-                    s.provider,
-                    s.model,
-                    s.template_hash,
-                    s.params_hash,
+                    s.session_id,
+                    st.name,
+                    pos as i64,
+                    if st.critic_of.is_some() { "critic" } else { "generator" },
+                    st.critic_of,
+                    s.item_ids.len() as i64,
                     now
                 ],
-                |r| r.get(0),
             )?;
-            link.execute(params![s.session_id, pos as i64, item_id, request_id])?;
+        }
+        for (pos, item_id) in s.item_ids.iter().enumerate() {
+            for (si, st) in s.stages.iter().enumerate() {
+                let request_id = request_for(&tx, item_id, st, now)?;
+                if si == 0 {
+                    link.execute(params![s.session_id, pos as i64, item_id, request_id])?;
+                }
+                stage_row.execute(params![
+                    s.session_id,
+                    item_id,
+                    st.name,
+                    si as i64,
+                    now,
+                    request_id
+                ])?;
+            }
         }
     }
     tx.commit()
+}
+
+/// The request a new session uses for (item, stage): the newest version,
+/// reused as it is when answered (stale answers were refused before, see
+/// `stale_answers`), made afresh when it never was; a new version when the
+/// stage is rerun.
+fn request_for(
+    conn: &Connection,
+    item_id: &str,
+    st: &NewStage<'_>,
+    now: f64,
+) -> rusqlite::Result<i64> {
+    let newest: Option<(i64, i64, String)> = conn
+        .prepare_cached(
+            "SELECT request_id, request_version, status FROM llm_requests
+             WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4
+             ORDER BY request_version DESC LIMIT 1",
+        )?
+        .query_row(params![item_id, st.name, st.provider, st.model], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()?;
+    match newest {
+        Some((id, _, status)) if !st.rerun && status == "completed" => Ok(id),
+        Some((id, _, _)) if !st.rerun => {
+            // Never answered: fresh budgets, today's template and parameters.
+            conn.prepare_cached(
+                "UPDATE llm_requests SET status = 'pending', parsed_output_json = NULL, result_message_id = NULL,
+                     gate_failures = 0, transport_retries = 0, template_hash = ?2, params_hash = ?3, updated_at = ?4
+                 WHERE request_id = ?1",
+            )?
+            .execute(params![id, st.template_hash, st.params_hash, now])?;
+            Ok(id)
+        }
+        newest => {
+            let version = newest.map_or(1, |(_, v, _)| v + 1);
+            conn.prepare_cached(
+                "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8) RETURNING request_id",
+            )?
+            .query_row(
+                params![item_id, st.name, st.provider, st.model, version, st.template_hash, st.params_hash, now],
+                |r| r.get(0),
+            )
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -353,21 +457,37 @@ fn process_alive(pid: i64) -> bool {
     }
 }
 
-/// One item still to process in a session.
+/// One stage of an item still to process.
 #[derive(Debug, Clone)]
-pub struct WorkItem {
+pub struct StageWork {
+    pub stage: String,
     pub position: i64,
-    pub item_id: String,
     pub request_id: i64,
-    pub evidence_json: String,
+    /// 'pending', 'passed', 'failed' or 'skipped' (this session's view).
+    pub state: String,
+    /// The request's own status: 'completed' when an answer passed before
+    /// (this session, or an earlier one whose answer is reused).
     pub status: String,
     pub attempt: i64,
     pub gate_failures: i64,
     pub transport_retries: i64,
     pub parsed_output_json: Option<String>,
+    /// The stage's output for the item (passed).
+    pub output_json: Option<String>,
 }
 
-/// The next `n` unprocessed items after `after_position`, in order.
+/// One item still to process in a session, with every stage.
+#[derive(Debug, Clone)]
+pub struct WorkItem {
+    pub position: i64,
+    pub item_id: String,
+    pub evidence_json: String,
+    /// In job order.
+    pub stages: Vec<StageWork>,
+}
+
+/// The next `n` items after `after_position` that have no outcome yet, in
+/// order, with every stage's request.
 pub fn next_work(
     conn: &Connection,
     session_id: &str,
@@ -375,32 +495,52 @@ pub fn next_work(
     n: usize,
 ) -> rusqlite::Result<Vec<WorkItem>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT si.position, si.item_id, si.request_id, d.evidence_json, r.status,
-                -- attempts are numbered from the messages: one sent just before a
-                -- crash is on disk there even though the request never heard of it
-                MAX(r.attempt, (SELECT COALESCE(MAX(m.attempt), 0) FROM llm_messages m WHERE m.request_id = r.request_id)),
-                r.gate_failures, r.transport_retries, r.parsed_output_json
+        "SELECT si.position, si.item_id, d.evidence_json
          FROM session_item si
          JOIN decision d ON d.item_id = si.item_id
-         JOIN llm_requests r ON r.request_id = si.request_id
          WHERE si.session_id = ?1 AND si.position > ?2
            AND NOT EXISTS (SELECT 1 FROM llm_batch_result b WHERE b.session_id = si.session_id AND b.item_id = si.item_id)
          ORDER BY si.position LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![session_id, after_position, n as i64], |r| {
-        Ok(WorkItem {
-            position: r.get(0)?,
-            item_id: r.get(1)?,
-            request_id: r.get(2)?,
-            evidence_json: r.get(3)?,
-            status: r.get(4)?,
-            attempt: r.get(5)?,
-            gate_failures: r.get(6)?,
-            transport_retries: r.get(7)?,
-            parsed_output_json: r.get(8)?,
-        })
-    })?;
-    rows.collect()
+    let mut items = stmt
+        .query_map(params![session_id, after_position, n as i64], |r| {
+            Ok(WorkItem {
+                position: r.get(0)?,
+                item_id: r.get(1)?,
+                evidence_json: r.get(2)?,
+                stages: Vec::new(),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut stages = conn.prepare_cached(
+        "SELECT sr.stage, sr.position, sr.request_id, sr.state, r.status,
+                -- attempts are numbered from the messages: one sent just before a
+                -- crash is on disk there even though the request never heard of it
+                MAX(r.attempt, (SELECT COALESCE(MAX(m.attempt), 0) FROM llm_messages m WHERE m.request_id = r.request_id)),
+                r.gate_failures, r.transport_retries, r.parsed_output_json, sr.output_json
+         FROM session_request sr JOIN llm_requests r ON r.request_id = sr.request_id
+         WHERE sr.session_id = ?1 AND sr.item_id = ?2
+         ORDER BY sr.position, sr.stage",
+    )?;
+    for item in &mut items {
+        item.stages = stages
+            .query_map(params![session_id, item.item_id], |r| {
+                Ok(StageWork {
+                    stage: r.get(0)?,
+                    position: r.get(1)?,
+                    request_id: r.get(2)?,
+                    state: r.get(3)?,
+                    status: r.get(4)?,
+                    attempt: r.get(5)?,
+                    gate_failures: r.get(6)?,
+                    transport_retries: r.get(7)?,
+                    parsed_output_json: r.get(8)?,
+                    output_json: r.get(9)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+    }
+    Ok(items)
 }
 
 /// What an operator asked of the session (the ledger is the bus).

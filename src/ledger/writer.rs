@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::thread::JoinHandle;
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::now_ts;
@@ -55,12 +55,55 @@ pub struct AttemptRecord {
     pub transport_failure: bool,
 }
 
+/// A stage of an item is over: its answer passed the gate, or its budgets
+/// are spent (and the later stages will never run).
+#[derive(Debug, Clone)]
+pub struct StageDone {
+    pub session_id: String,
+    pub item_id: String,
+    pub stage: String,
+    pub request_id: i64,
+    pub passed: bool,
+    /// The request's own parsed answer (passed), kept on the request.
+    pub parsed_json: Option<String>,
+    /// The stage's output for the item: the parsed answer with criteria
+    /// asked again merged in (passed).
+    pub output_json: Option<String>,
+    pub error_message: Option<String>,
+    /// Later stages that will not run for this item (failed).
+    pub skipped: Vec<String>,
+    /// The item's stage row (and checkpoint) moves too; false for a
+    /// request whose stage goes on (criteria still to ask one by one).
+    pub settle_item: bool,
+}
+
+/// A request made while a session runs (a criterion asked on its own),
+/// with the item's row for it. Answers the request's id, and its parsed
+/// answer when an identical one was answered before (reused, not sent).
+#[derive(Debug)]
+pub struct NewRequest {
+    pub session_id: String,
+    pub item_id: String,
+    pub stage: String,
+    pub position: i64,
+    pub provider: String,
+    pub model: String,
+    pub template_hash: String,
+    pub params_hash: String,
+    pub reply: std::sync::Mutex<Option<RequestReply>>,
+}
+
+/// Where `NewRequest` answers: the id, and an earlier identical answer.
+pub type RequestReply = oneshot::Sender<(i64, Option<String>)>;
+
 /// An item's final outcome in a session.
 #[derive(Debug, Clone)]
 pub struct FinalResult {
     pub session_id: String,
     pub item_id: String,
+    /// The answer stage's request (the adjudication id).
     pub request_id: i64,
+    /// The answer stage.
     pub stage: String,
     pub outcome: Outcome,
     pub answer_json: Option<String>,
@@ -68,8 +111,12 @@ pub struct FinalResult {
     pub rationale: Option<String>,
     pub model_id: String,
     pub error_message: Option<String>,
-    /// The request's status after this: 'completed' (gate passed) or 'error'.
-    pub request_status: &'static str,
+    pub critic_json: Option<String>,
+    pub critic_verdict: Option<String>,
+    /// Why the outcome is what it is when a rule changed it.
+    pub routing_note: Option<String>,
+    /// The last stage's end, recorded in the same transaction.
+    pub stage_done: Option<StageDone>,
 }
 
 // Ops move once through a channel to the writer thread; boxing the large
@@ -81,6 +128,9 @@ pub enum WriteOp {
     Attempt(AttemptRecord),
     /// The attempt record (if any) and the final result, in one transaction.
     Final(Option<AttemptRecord>, FinalResult),
+    /// The attempt record (if any) and a stage's end for an item.
+    Stage(Option<AttemptRecord>, StageDone),
+    Request(NewRequest),
     /// The engine is alive; `live_json` is its gauges (a serialized
     /// `watch::LiveGauges`), kept as they were when None.
     Heartbeat {
@@ -261,6 +311,20 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
             bump_session(conn, &a.session_id, Some(a), None, now)
         }
         WriteOp::Final(attempt, f) => apply_final(conn, attempt.as_ref(), f, now),
+        WriteOp::Stage(attempt, d) => {
+            if let Some(a) = attempt {
+                close_attempt(conn, a, now)?;
+            }
+            apply_stage_done(conn, attempt.as_ref(), d, now)?;
+            bump_session(conn, &d.session_id, attempt.as_ref(), None, now)
+        }
+        WriteOp::Request(r) => {
+            let made = apply_new_request(conn, r, now)?;
+            if let Some(tx) = r.reply.lock().ok().and_then(|mut t| t.take()) {
+                let _ = tx.send(made);
+            }
+            Ok(())
+        }
         WriteOp::Batch(b) => super::batches::apply(conn, b, now),
         WriteOp::Heartbeat {
             session_id,
@@ -393,6 +457,153 @@ fn bump_session(
     Ok(())
 }
 
+/// A stage's end: its request, the item's stage row, the stage checkpoint,
+/// and the later stages that will not run.
+fn apply_stage_done(
+    conn: &Connection,
+    attempt: Option<&AttemptRecord>,
+    d: &StageDone,
+    now: f64,
+) -> rusqlite::Result<()> {
+    // The answer that passed is the attempt just closed (or, for a reused
+    // answer, the one already linked).
+    let passed_attempt = attempt.filter(|_| d.passed).map(|a| a.attempt);
+    conn.prepare_cached(
+        "UPDATE llm_requests SET status = ?2, parsed_output_json = COALESCE(?3, parsed_output_json),
+             result_message_id = COALESCE((SELECT message_id FROM llm_messages WHERE request_id = ?1 AND attempt = ?4), result_message_id),
+             attempt = MAX(attempt, COALESCE(?5, 0)),
+             transport_retries = transport_retries + ?6, gate_failures = gate_failures + ?7,
+             last_error = COALESCE(?8, last_error), updated_at = ?9
+         WHERE request_id = ?1",
+    )?
+    .execute(params![
+        d.request_id,
+        if d.passed { "completed" } else { "error" },
+        d.parsed_json,
+        passed_attempt,
+        attempt.map(|a| a.attempt),
+        attempt.is_some_and(|a| a.transport_failure) as i64,
+        attempt.is_some_and(|a| a.gate_failure) as i64,
+        d.error_message.as_ref().or(attempt.and_then(|a| a.error_message.as_ref())),
+        now
+    ])?;
+    if !d.settle_item {
+        return Ok(());
+    }
+    let state = if d.passed { "passed" } else { "failed" };
+    let changed = conn
+        .prepare_cached(
+            "UPDATE session_request SET state = ?4, output_json = ?5, updated_at = ?6
+             WHERE session_id = ?1 AND item_id = ?2 AND stage = ?3 AND state = 'pending'",
+        )?
+        .execute(params![
+            d.session_id,
+            d.item_id,
+            d.stage,
+            state,
+            d.output_json,
+            now
+        ])?;
+    if changed > 0 {
+        bump_stage(
+            conn,
+            &d.session_id,
+            &d.stage,
+            d.passed as i64,
+            (!d.passed) as i64,
+            0,
+            now,
+        )?;
+    }
+    for later in &d.skipped {
+        let n = conn
+            .prepare_cached(
+                "UPDATE session_request SET state = 'skipped', updated_at = ?4
+                 WHERE session_id = ?1 AND item_id = ?2 AND stage = ?3 AND state = 'pending'",
+            )?
+            .execute(params![d.session_id, d.item_id, later, now])?;
+        if n > 0 {
+            bump_stage(conn, &d.session_id, later, 0, 0, 1, now)?;
+        }
+    }
+    Ok(())
+}
+
+fn apply_new_request(
+    conn: &Connection,
+    r: &NewRequest,
+    now: f64,
+) -> rusqlite::Result<(i64, Option<String>)> {
+    let newest: Option<(i64, i64, String, String, String, Option<String>)> = conn
+        .prepare_cached(
+            "SELECT request_id, request_version, status, template_hash, params_hash, parsed_output_json
+             FROM llm_requests WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4
+             ORDER BY request_version DESC LIMIT 1",
+        )?
+        .query_row(params![r.item_id, r.stage, r.provider, r.model], |x| {
+            Ok((x.get(0)?, x.get(1)?, x.get(2)?, x.get(3)?, x.get(4)?, x.get(5)?))
+        })
+        .optional()?;
+    let (id, answered) = match newest {
+        Some((id, _, status, th, ph, parsed))
+            if status == "completed" && th == r.template_hash && ph == r.params_hash =>
+        {
+            (id, parsed)
+        }
+        Some((id, _, status, _, _, _)) if status != "completed" => {
+            conn.prepare_cached(
+                "UPDATE llm_requests SET status = 'pending', gate_failures = 0, transport_retries = 0,
+                     template_hash = ?2, params_hash = ?3, updated_at = ?4 WHERE request_id = ?1",
+            )?
+            .execute(params![id, r.template_hash, r.params_hash, now])?;
+            (id, None)
+        }
+        newest => {
+            let version = newest.map_or(1, |n| n.1 + 1);
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8) RETURNING request_id",
+                )?
+                .query_row(
+                    params![r.item_id, r.stage, r.provider, r.model, version, r.template_hash, r.params_hash, now],
+                    |x| x.get(0),
+                )?;
+            (id, None)
+        }
+    };
+    conn.prepare_cached(
+        "INSERT INTO session_request (session_id, item_id, stage, position, request_id, state, output_json, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', NULL, ?6)
+         ON CONFLICT (session_id, item_id, stage) DO UPDATE SET request_id = excluded.request_id, updated_at = excluded.updated_at",
+    )?
+    .execute(params![r.session_id, r.item_id, r.stage, r.position, id, now])?;
+    Ok((id, answered))
+}
+
+/// Move a stage's checkpoint: running once anything happened, done once
+/// every item is through it.
+fn bump_stage(
+    conn: &Connection,
+    session_id: &str,
+    stage: &str,
+    completed: i64,
+    failed: i64,
+    skipped: i64,
+    now: f64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE run_stages SET completed = completed + ?3, failed = failed + ?4, skipped = skipped + ?5,
+             started_at = COALESCE(started_at, ?6),
+             state = CASE WHEN completed + ?3 + failed + ?4 + skipped + ?5 >= total THEN 'done' ELSE 'running' END,
+             completed_at = CASE WHEN completed + ?3 + failed + ?4 + skipped + ?5 >= total THEN ?6 ELSE NULL END,
+             updated_at = ?6
+         WHERE session_id = ?1 AND stage = ?2",
+    )?
+    .execute(params![session_id, stage, completed, failed, skipped, now])?;
+    Ok(())
+}
+
 fn apply_final(
     conn: &Connection,
     attempt: Option<&AttemptRecord>,
@@ -402,21 +613,28 @@ fn apply_final(
     if let Some(a) = attempt {
         close_attempt(conn, a, now)?;
     }
-    // `+session_id` keeps the planner on the request_id index: the session
-    // index would scan every message of the session for each result.
+    if let Some(d) = &f.stage_done {
+        apply_stage_done(conn, attempt, d, now)?;
+    }
+    // Every attempt of every stage of the item in this session. `+session_id`
+    // keeps the planner on the request_id index: the session index would
+    // scan every message of the session for each result.
     let (attempts, input, output, cost): (i64, i64, i64, f64) = conn
         .prepare_cached(
             "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), COALESCE(SUM(cost_usd), 0)
-             FROM llm_messages WHERE request_id = ?1 AND +session_id = ?2",
+             FROM llm_messages WHERE +session_id = ?2 AND request_id IN (
+                 SELECT request_id FROM session_request WHERE session_id = ?2 AND item_id = ?1
+                 UNION SELECT ?3)",
         )?
-        .query_row(params![f.request_id, f.session_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        .query_row(params![f.item_id, f.session_id, f.request_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
     let adjudication_id = f.request_id.to_string();
     // The primary key (session_id, item_id) makes a second result for the
     // same item a hard error: at most one recorded result, ever.
     conn.prepare_cached(
         "INSERT INTO llm_batch_result (session_id, item_id, processed_at, outcome, answer_json, confidence, rationale,
-             model_id, error_message, adjudication_id, stage, request_id, attempts, input_tokens, output_tokens, cost_usd)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             model_id, error_message, adjudication_id, stage, request_id, attempts, input_tokens, output_tokens, cost_usd,
+             critic_json, critic_verdict, routing_note)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
     )?
     .execute(params![
         f.session_id,
@@ -434,31 +652,10 @@ fn apply_final(
         attempts,
         input,
         output,
-        cost
-    ])?;
-    // The answer that passed is the attempt just closed (or, for a reused
-    // answer, the one already linked).
-    let passed_attempt = attempt
-        .filter(|_| f.request_status == "completed")
-        .map(|a| a.attempt);
-    conn.prepare_cached(
-        "UPDATE llm_requests SET status = ?2, parsed_output_json = COALESCE(?3, parsed_output_json),
-             result_message_id = COALESCE((SELECT message_id FROM llm_messages WHERE request_id = ?1 AND attempt = ?4), result_message_id),
-             attempt = MAX(attempt, COALESCE(?5, 0)),
-             transport_retries = transport_retries + ?6, gate_failures = gate_failures + ?7,
-             last_error = COALESCE(?8, last_error), updated_at = ?9
-         WHERE request_id = ?1",
-    )?
-    .execute(params![
-        f.request_id,
-        f.request_status,
-        f.answer_json,
-        passed_attempt,
-        attempt.map(|a| a.attempt),
-        attempt.is_some_and(|a| a.transport_failure) as i64,
-        attempt.is_some_and(|a| a.gate_failure) as i64,
-        f.error_message.as_ref().or(attempt.and_then(|a| a.error_message.as_ref())),
-        now
+        cost,
+        f.critic_json,
+        f.critic_verdict,
+        f.routing_note
     ])?;
     bump_session(conn, &f.session_id, attempt, Some(f.outcome), now)?;
     match f.outcome {
@@ -509,11 +706,15 @@ mod tests {
             &store::NewSession {
                 session_id: "s1",
                 config_snapshot_json: "{}",
-                stage: "adjudicate",
-                provider: "main",
-                model: "m",
-                template_hash: "t",
-                params_hash: "p",
+                stages: &[store::NewStage {
+                    name: "adjudicate",
+                    provider: "main",
+                    model: "m",
+                    template_hash: "t",
+                    params_hash: "p",
+                    critic_of: None,
+                    rerun: false,
+                }],
                 estimated_tokens: 0,
                 estimated_cost_usd: 0.0,
                 max_cost_usd: None,

@@ -14,6 +14,13 @@
 //! bands: ~50% in [0.85,0.99], ~30% in [0.60,0.85), ~20% in [0.05,0.60).
 //! Damage: `WrongSchema` drops a required field (text: the VERDICT line),
 //! `Truncated` cuts the content at about half its length.
+//!
+//! Steering (`Steer`, from the staged-pipeline config switches): a forced or
+//! disagree-rate verdict replaces the seeded one *after* it was drawn, and
+//! optional properties are dropped *after* the whole value was generated, both
+//! with draws from a second stream seeded by the prompt and the config seed.
+//! So the main stream, and every value not steered, is the same as without
+//! steering, and `Steer::default()` changes nothing.
 
 use super::json::Json;
 use super::schema;
@@ -27,9 +34,49 @@ pub(crate) enum Damage {
     Truncated,
 }
 
-/// The content of the assistant message for `prompt`.
+/// How the staged-pipeline switches bend an answer (`MockConfig::verdict`,
+/// `verdict_disagree_rate`, `omit_optional_rate`, `omit_optional_first`).
+#[derive(Default)]
+pub(crate) struct Steer<'a> {
+    /// the label every verdict takes
+    pub verdict: Option<&'a str>,
+    /// > 0: verdicts take option 1 with this probability, else option 0
+    pub disagree_rate: f64,
+    /// each optional top-level property is left out with this probability
+    pub omit_rate: f64,
+    /// claims one "keep only the first optional property" answer; asked only
+    /// for a schema with >= 2 optional top-level properties
+    pub omit_first: Option<&'a dyn Fn() -> bool>,
+    /// the config seed, mixed into the steering stream
+    pub seed: u64,
+}
+
+/// How a steered verdict is chosen among its options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VerdictChoice<'a> {
+    /// not steered: keep the seeded value
+    Seeded,
+    /// this label if an option allows it (else option 0)
+    Label(&'a str),
+    /// this option index
+    Index(usize),
+}
+
+/// The content of the assistant message for `prompt`, unsteered (unit tests).
+#[cfg(test)]
 pub(crate) fn content(prompt: &Prompt<'_>, seed: [u8; 32], damage: Damage) -> String {
+    steered(prompt, seed, damage, &Steer::default()).0
+}
+
+/// The content for `prompt` under `steer`, and whether optional properties were left out.
+pub(crate) fn steered(
+    prompt: &Prompt<'_>,
+    seed: [u8; 32],
+    damage: Damage,
+    steer: &Steer<'_>,
+) -> (String, bool) {
     let mut m = Material::new(prompt, seed);
+    m.steer(steer, seed);
     let full = match prompt.format {
         Format::Text => text(&mut m, damage == Damage::WrongSchema),
         Format::JsonObject | Format::JsonSchema(None) => {
@@ -37,16 +84,29 @@ pub(crate) fn content(prompt: &Prompt<'_>, seed: [u8; 32], damage: Damage) -> St
         }
         Format::JsonSchema(Some(s)) => schema::generate(s, &mut m, damage == Damage::WrongSchema),
     };
-    if damage == Damage::Truncated {
+    let partial = m.partial;
+    let out = if damage == Damage::Truncated {
         cut_in_half(full)
     } else {
         full
-    }
+    };
+    (out, partial)
 }
 
 fn text(m: &mut Material<'_>, drop_verdict: bool) -> String {
     let mut out = m.rationale(2);
-    let label = m.label();
+    let mut label = m.label();
+    let n = m.labels().len();
+    match m.verdict_choice(if n == 0 { 2 } else { n }) {
+        VerdictChoice::Seeded => {}
+        VerdictChoice::Label(l) => label = l.to_string(),
+        VerdictChoice::Index(i) => {
+            label = match m.labels().get(i) {
+                Some(l) => (*l).to_string(),
+                None => ["yes", "no"][i % 2].to_string(),
+            }
+        }
+    }
     let confidence = m.confidence();
     if !drop_verdict {
         out.push_str("\n\nVERDICT: ");
@@ -115,6 +175,15 @@ pub(crate) struct Material<'a> {
     labels: Option<Vec<&'a str>>,
     uuids: Option<Vec<&'a str>>,
     words: Option<Vec<&'a str>>,
+    /// the steering switches (owned copies: cheap, and no lifetime knots)
+    verdict: Option<String>,
+    disagree_rate: f64,
+    omit_rate: f64,
+    omit_first: bool,
+    /// second stream for steering draws, so the main stream never shifts
+    steer_rng: AnswerRng,
+    /// set when optional properties were left out
+    pub partial: bool,
 }
 
 const FALLBACK_WORDS: [&str; 4] = ["the title", "the date", "the source", "the wording"];
@@ -129,7 +198,62 @@ impl<'a> Material<'a> {
             labels: None,
             uuids: None,
             words: None,
+            verdict: None,
+            disagree_rate: 0.0,
+            omit_rate: 0.0,
+            omit_first: false,
+            steer_rng: AnswerRng(0),
+            partial: false,
         }
+    }
+
+    /// Take the steering switches; the steering stream is seeded by the prompt
+    /// hash (bytes 8..16) and the config seed.
+    fn steer(&mut self, steer: &Steer<'_>, seed: [u8; 32]) {
+        let mut mid = [0u8; 8];
+        mid.copy_from_slice(&seed[8..16]);
+        self.verdict = steer.verdict.map(str::to_string);
+        self.disagree_rate = steer.disagree_rate;
+        self.omit_rate = steer.omit_rate;
+        self.steer_rng = AnswerRng(splitmix(u64::from_le_bytes(mid) ^ steer.seed));
+        // Claimed before generating, and only when the omit rules apply at all.
+        self.omit_first = match self.prompt.format {
+            Format::JsonSchema(Some(s)) if schema::optional_properties(s).len() >= 2 => {
+                steer.omit_first.is_some_and(|claim| claim())
+            }
+            _ => false,
+        };
+    }
+
+    /// How the verdict among `n` options is steered (draws from the steering stream).
+    pub(crate) fn verdict_choice(&mut self, n: usize) -> VerdictChoice<'_> {
+        if let Some(label) = &self.verdict {
+            return VerdictChoice::Label(label);
+        }
+        if self.disagree_rate > 0.0 {
+            let disagree = self.steer_rng.chance(self.disagree_rate);
+            return VerdictChoice::Index(if disagree && n >= 2 { 1 } else { 0 });
+        }
+        VerdictChoice::Seeded
+    }
+
+    /// Which optional properties (top level, schema order) to leave out, if the omit rules apply.
+    pub(crate) fn omitted<'s>(&mut self, optional: &[&'s str]) -> Vec<&'s str> {
+        if optional.len() < 2 {
+            return Vec::new();
+        }
+        if self.omit_first {
+            return optional[1..].to_vec();
+        }
+        if self.omit_rate <= 0.0 {
+            return Vec::new();
+        }
+        let rate = self.omit_rate;
+        optional
+            .iter()
+            .copied()
+            .filter(|_| self.steer_rng.chance(rate))
+            .collect()
     }
 
     /// Confidence with the three-band spread, in hundredths.

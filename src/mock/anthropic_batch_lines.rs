@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::answer::{self, Damage};
+use super::answer::Damage;
 use super::anthropic::render_answer;
 use super::infer;
 use super::json::Json;
@@ -229,7 +229,7 @@ pub(crate) fn answer_line(
         max_tokens: Some(max),
     };
     let (_, seed) = prompt.hashes();
-    let content = answer::content(&prompt, seed, Damage::None);
+    let content = super::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
     let (pt, ct) = (prompt.prompt_tokens(), wire::completion_tokens(&content));
     let a = Answer {
         id: next_hex(shared),

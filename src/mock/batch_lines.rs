@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::Deserialize;
 
-use super::answer::{self, Damage};
+use super::answer::Damage;
 use super::batch_store::{Api, Store, StoredFile, unix_now};
 use super::files::new_file_id;
 use super::server::Shared;
@@ -65,7 +65,7 @@ pub(crate) fn answer(
         Err(msg) => return Err(bad(&msg)),
     };
     let (_, seed) = prompt.hashes();
-    let content = answer::content(&prompt, seed, Damage::None);
+    let content = super::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
     let (pt, ct) = (prompt.prompt_tokens(), wire::completion_tokens(&content));
     let completion_id = format!("chatcmpl-{}", next_hex(shared, shared.salt));
     let completion = Completion::new(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::answer::{self, Damage};
+use super::answer::Damage;
 use super::gemini::render_answer;
 use super::infer;
 use super::json::Json;
@@ -135,7 +135,7 @@ pub(crate) fn answer(
             .map(|n| n as u64),
     };
     let (_, seed) = prompt.hashes();
-    let content = answer::content(&prompt, seed, Damage::None);
+    let content = super::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
     let (pt, ct) = (prompt.prompt_tokens(), completion_tokens(&content));
     let id = id_hex(
         shared

@@ -35,7 +35,10 @@
 //! counters and the bounded request log); for the Files/Batches APIs
 //! `batch_store` (state and objects), `batch_gate` (auth, limits, answers),
 //! `files`, `batches` (routes), `batch_input` (JSONL validation), `batch_run`
-//! (the lifecycle task) and `batch_lines` (result lines and files).
+//! (the lifecycle task) and `batch_lines` (result lines and files); `steer`
+//! (the staged-pipeline switches `verdict`, `verdict_disagree_rate`,
+//! `omit_optional_rate`, `omit_optional_first`, applied on every route and
+//! batch path alike).
 
 mod answer;
 mod anthropic;
@@ -67,6 +70,7 @@ mod pipeline;
 mod schema;
 mod server;
 mod stats;
+mod steer;
 mod wire;
 
 use std::net::SocketAddr;
@@ -159,6 +163,27 @@ pub struct MockConfig {
     /// (a client killed meanwhile never learns the id: find it by `metadata`)
     #[arg(long, default_value_t = 0)]
     pub batch_create_delay_ms: u64,
+    /// Staged pipelines: every generated `verdict` property (JSON schema, at any depth) and every
+    /// text `VERDICT:` line uses this label; a schema whose `enum` does not allow it gets the
+    /// enum's first value. Unset = the seeded choice. Excludes `verdict_disagree_rate`
+    #[arg(long, value_name = "LABEL")]
+    pub verdict: Option<String>,
+    /// Staged pipelines: 0 = off (seeded choice); else each `verdict` takes the second option
+    /// (index 1) with this probability and the first otherwise. Options: the property's `enum`,
+    /// else (plain strings, the text `VERDICT:` line) the prompt's `Labels:` line, else yes/no.
+    /// A single option is always taken. Drawn from the seed and the prompt. In [0,1]
+    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    pub verdict_disagree_rate: f64,
+    /// Structured batching: each non-required top-level property of a JSON-schema answer is left
+    /// out with this probability (drawn from the seed and the prompt); only when the schema has
+    /// >= 2 optional properties, so a follow-up asking for one criterion is always answered. In [0,1]
+    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    pub omit_optional_rate: f64,
+    /// Structured batching, exact: the first N answers whose schema has >= 2 optional top-level
+    /// properties keep only the first optional property (schema order) and leave out the others
+    /// (counted per server from the last config change or reset; takes precedence over the rate)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub omit_optional_first: u32,
 }
 
 impl Default for MockConfig {
@@ -188,6 +213,10 @@ impl Default for MockConfig {
             batch_lose_create: 0,
             batch_enqueued_token_limit: 0,
             batch_create_delay_ms: 0,
+            verdict: None,
+            verdict_disagree_rate: 0.0,
+            omit_optional_rate: 0.0,
+            omit_optional_first: 0,
         }
     }
 }
@@ -212,10 +241,22 @@ impl MockConfig {
             ("wrong_schema", self.wrong_schema),
             ("batch_fail_rate", self.batch_fail_rate),
             ("batch_expire", self.batch_expire),
+            ("verdict_disagree_rate", self.verdict_disagree_rate),
+            ("omit_optional_rate", self.omit_optional_rate),
         ];
         for (name, rate) in rates {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(format!("{name} must be a rate in [0,1], got {rate}"));
+            }
+        }
+        if let Some(label) = &self.verdict {
+            if label.trim().is_empty() {
+                return Err("verdict must be a non-empty label".to_string());
+            }
+            if self.verdict_disagree_rate > 0.0 {
+                return Err(
+                    "verdict and verdict_disagree_rate exclude each other: set one".to_string(),
+                );
             }
         }
         for (name, ms) in [
@@ -282,6 +323,10 @@ pub struct MockStats {
     /// 429s on the Files and Batches endpoints
     #[serde(default)]
     pub batch_rate_limited: u64,
+    /// answers (chat routes and batch lines) generated with optional top-level properties left
+    /// out (`omit_optional_rate`, `omit_optional_first`)
+    #[serde(default)]
+    pub partial_answers: u64,
 }
 
 /// One chat request as the server saw it.

@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
-use super::answer::{self, Damage};
+use super::answer::Damage;
 use super::faults::{Draw, EarlyFault, LateFault};
 use super::limits::{Decision, LimitKind, RateHeaders};
 use super::server::{Live, Mode, Shared, lock};
@@ -317,7 +317,7 @@ pub(crate) async fn run(
         Some(LateFault::WrongSchema) => Damage::WrongSchema,
         None => Damage::None,
     };
-    let content = answer::content(&prompt, seed, damage);
+    let content = super::steer::answer(shared, live, &prompt, seed, damage);
     let full_tokens = wire::completion_tokens(&content);
     let (completion_tokens, outcome) = match damage {
         Damage::Truncated => (prompt.max_tokens.unwrap_or(full_tokens), Outcome::Truncated),

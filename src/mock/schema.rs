@@ -12,8 +12,15 @@
 //! `anyOf`/`oneOf` and the first `allOf` member are followed. Recursion is cut
 //! at a fixed depth and a fixed number of values, so self-referential or
 //! explosive schemas still terminate quickly (with nulls past the cut).
+//!
+//! Steering (see `answer::Steer`): a property named `verdict` (any depth,
+//! case-insensitive) takes the forced label when its `enum` allows it (else the
+//! enum's first value), or with a disagree rate the enum's value 1 / 0; without
+//! an enum, string verdicts choose among the prompt's labels (else yes/no).
+//! Optional (non-`required`) top-level properties may be left out, but only
+//! when the schema has at least two of them.
 
-use super::answer::Material;
+use super::answer::{Material, VerdictChoice};
 use super::json::Json;
 
 const MAX_DEPTH: usize = 24;
@@ -30,6 +37,15 @@ pub(crate) fn generate(schema: &Json, m: &mut Material<'_>, drop_required: bool)
         budget: MAX_VALUES,
     };
     let mut value = g.value(schema, None, 0);
+    let optional = optional_properties(schema);
+    let gone = g.m.omitted(&optional);
+    if let Json::Obj(pairs) = &mut value
+        && !gone.is_empty()
+    {
+        let before = pairs.len();
+        pairs.retain(|(k, _)| !gone.contains(&k.as_str()));
+        g.m.partial = pairs.len() < before;
+    }
     if drop_required {
         let top = g.resolve(schema);
         let required: Vec<&str> = match (&value, top.get("required").and_then(Json::as_array)) {
@@ -51,6 +67,60 @@ pub(crate) fn generate(schema: &Json, m: &mut Material<'_>, drop_required: bool)
     value.to_compact()
 }
 
+/// The top-level properties the schema does not require, in schema order
+/// (a top-level `$ref` is followed).
+pub(crate) fn optional_properties(schema: &Json) -> Vec<&str> {
+    let g = Resolver { root: schema };
+    let top = g.resolve(schema);
+    let Some(Json::Obj(props)) = top.get("properties") else {
+        return Vec::new();
+    };
+    let required: Vec<&str> = top
+        .get("required")
+        .and_then(Json::as_array)
+        .map(|r| r.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default();
+    props
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !required.contains(k))
+        .collect()
+}
+
+/// `$ref` resolution alone, for callers without a generator.
+struct Resolver<'s> {
+    root: &'s Json,
+}
+
+impl<'s> Resolver<'s> {
+    fn resolve(&self, mut s: &'s Json) -> &'s Json {
+        for _ in 0..16 {
+            let Some(target) = s.get("$ref").and_then(Json::as_str) else {
+                return s;
+            };
+            match pointer(self.root, target) {
+                Some(next) => s = next,
+                None => return s,
+            }
+        }
+        s
+    }
+}
+
+fn pointer<'s>(root: &'s Json, target: &str) -> Option<&'s Json> {
+    let path = target.strip_prefix('#')?;
+    let mut node = root;
+    for raw in path.split('/').skip(1) {
+        let key = raw.replace("~1", "/").replace("~0", "~");
+        node = match node {
+            Json::Obj(_) => node.get(&key)?,
+            Json::Arr(items) => items.get(key.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(node)
+}
+
 struct Gen<'s, 'm, 'p> {
     root: &'s Json,
     m: &'m mut Material<'p>,
@@ -63,31 +133,52 @@ fn is_null_schema(s: &Json) -> bool {
 
 impl<'s> Gen<'s, '_, '_> {
     /// Follow local `$ref`s ("#", "#/$defs/x", "#/definitions/x", any JSON pointer).
-    fn resolve(&self, mut s: &'s Json) -> &'s Json {
-        for _ in 0..16 {
-            let Some(target) = s.get("$ref").and_then(Json::as_str) else {
-                return s;
-            };
-            match self.pointer(target) {
-                Some(next) => s = next,
-                None => return s,
-            }
-        }
-        s
+    fn resolve(&self, s: &'s Json) -> &'s Json {
+        Resolver { root: self.root }.resolve(s)
     }
 
-    fn pointer(&self, target: &str) -> Option<&'s Json> {
-        let path = target.strip_prefix('#')?;
-        let mut node = self.root;
-        for raw in path.split('/').skip(1) {
-            let key = raw.replace("~1", "/").replace("~0", "~");
-            node = match node {
-                Json::Obj(_) => node.get(&key)?,
-                Json::Arr(items) => items.get(key.parse::<usize>().ok()?)?,
-                _ => return None,
+    /// A steered verdict instead of the seeded `value` (see the module docs).
+    fn steer_verdict(&mut self, schema: &'s Json, value: Json) -> Json {
+        let s = self.resolve(schema);
+        let mut options: Vec<Json> = s
+            .get("enum")
+            .and_then(Json::as_array)
+            .map(|o| o.iter().filter(|v| **v != Json::Null).cloned().collect())
+            .unwrap_or_default();
+        if options.is_empty() {
+            for key in ["anyOf", "oneOf"] {
+                let variants = s.get(key).and_then(Json::as_array).into_iter().flatten();
+                for v in variants {
+                    if let Some(o) = self.resolve(v).get("enum").and_then(Json::as_array)
+                        && options.is_empty()
+                    {
+                        options = o.iter().filter(|v| **v != Json::Null).cloned().collect();
+                    }
+                }
+            }
+        }
+        let has_enum = !options.is_empty();
+        if !has_enum {
+            if !matches!(value, Json::Str(_)) {
+                return value;
+            }
+            options = match self.m.labels() {
+                [] => vec![Json::Str("yes".into()), Json::Str("no".into())],
+                labels => labels.iter().map(|l| Json::Str((*l).to_string())).collect(),
             };
         }
-        Some(node)
+        match self.m.verdict_choice(options.len()) {
+            VerdictChoice::Seeded => value,
+            VerdictChoice::Label(l) => {
+                let wanted = Json::Str(l.to_string());
+                if !has_enum || options.contains(&wanted) {
+                    wanted
+                } else {
+                    options.swap_remove(0)
+                }
+            }
+            VerdictChoice::Index(i) => options.swap_remove(i.min(options.len() - 1)),
+        }
     }
 
     fn value(&mut self, schema: &'s Json, name: Option<&str>, depth: usize) -> Json {
@@ -173,7 +264,13 @@ impl<'s> Gen<'s, '_, '_> {
         };
         let pairs = props
             .iter()
-            .map(|(k, v)| (k.clone(), self.value(v, Some(k), depth + 1)))
+            .map(|(k, v)| {
+                let mut value = self.value(v, Some(k), depth + 1);
+                if k.eq_ignore_ascii_case("verdict") {
+                    value = self.steer_verdict(v, value);
+                }
+                (k.clone(), value)
+            })
             .collect();
         Json::Obj(pairs)
     }

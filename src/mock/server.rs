@@ -11,7 +11,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -88,6 +88,8 @@ pub(crate) struct Shared {
     pub ids: AtomicU64,
     /// makes ids differ between server instances
     pub salt: u64,
+    /// answers that used up the `omit_optional_first` budget since the last config change or reset
+    pub omit_first_used: AtomicU32,
     shutdown: watch::Sender<bool>,
 }
 
@@ -105,6 +107,7 @@ impl Shared {
             stats: Recorder::new(now),
             ids: AtomicU64::new(0),
             salt: splitmix(nanos ^ config.seed),
+            omit_first_used: AtomicU32::new(0),
             shutdown: watch::channel(false).0,
             live: RwLock::new(Arc::new(Live::new(config))),
         }
@@ -123,6 +126,7 @@ impl Shared {
         }
         self.stats.trim_log(config.log_capacity);
         lock(&self.store).lost_creates = 0;
+        self.omit_first_used.store(0, Relaxed);
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Live::new(config));
     }
 
@@ -319,6 +323,7 @@ async fn post_config(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
 async fn reset(State(shared): State<Arc<Shared>>) -> Response {
     shared.stats.reset();
     lock(&shared.store).lost_creates = 0;
+    shared.omit_first_used.store(0, Relaxed);
     to_json(&shared.stats.snapshot())
 }
 

@@ -113,6 +113,7 @@ pub(crate) struct Recorder {
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     models_requests: AtomicU64,
+    partial_answers: AtomicU64,
     batch: [AtomicU64; BATCH_COUNTS],
     log: Mutex<VecDeque<MockLogEntry>>,
 }
@@ -127,6 +128,7 @@ impl Recorder {
             prompt_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
             models_requests: AtomicU64::new(0),
+            partial_answers: AtomicU64::new(0),
             batch: std::array::from_fn(|_| AtomicU64::new(0)),
             log: Mutex::new(VecDeque::new()),
         }
@@ -138,6 +140,11 @@ impl Recorder {
 
     pub(crate) fn models_request(&self) {
         self.models_requests.fetch_add(1, Relaxed);
+    }
+
+    /// An answer was generated with optional properties left out.
+    pub(crate) fn partial_answer(&self) {
+        self.partial_answers.fetch_add(1, Relaxed);
     }
 
     /// Count the outcome (plus usage of a 200 with usage) and append to the log.
@@ -238,6 +245,7 @@ impl Recorder {
             batch_lines_failed: b(BatchCount::LineFailed),
             batch_polls: b(BatchCount::Poll),
             batch_rate_limited: b(BatchCount::RateLimited),
+            partial_answers: self.partial_answers.load(Relaxed),
         }
     }
 
@@ -259,7 +267,7 @@ impl Recorder {
             .outcomes
             .iter()
             .chain([&self.requests, &self.prompt_tokens, &self.completion_tokens])
-            .chain([&self.models_requests])
+            .chain([&self.models_requests, &self.partial_answers])
             .chain(self.batch.iter())
         {
             counter.store(0, Relaxed);

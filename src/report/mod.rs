@@ -1,5 +1,5 @@
 //! Read-only views of the ledger: `docket batch-results`, `docket sessions`
-//! and `docket export`.
+//! and `docket export` (CSV, JSONL or Parquet).
 //!
 //! Everything here streams rows from SQLite straight to the writer (no
 //! collecting a whole table in memory), and every text that came from an item
@@ -7,6 +7,8 @@
 
 mod columns;
 mod export;
+mod items;
+mod parquet;
 mod results;
 mod sessions;
 
@@ -15,7 +17,9 @@ use std::io;
 
 pub use export::{
     DECISION_COLUMNS, ExportFormat, ExportOptions, ExportWhat, REQUEST_COLUMNS, export,
+    export_file, export_in, export_parquet,
 };
+pub use items::{ITEM_COLUMNS, STAGE_COLUMNS};
 pub use results::{RESULT_COLUMNS, RESULT_JSON_KEYS, write_results};
 pub use sessions::{RESUMABLE_FOR_SECS, SESSION_COLUMNS, write_sessions};
 
@@ -50,6 +54,15 @@ pub enum ReportError {
     Csv(#[from] csv::Error),
     #[error("writing JSON failed: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("writing Parquet failed: {0}")]
+    Parquet(#[from] ::parquet::errors::ParquetError),
+    #[error(
+        "Parquet is a binary file format: write it to a file with --output FILE \
+         (not to a terminal or standard output)"
+    )]
+    ParquetNeedsFile,
+    #[error("--what items is one session's items: name it with --session ID")]
+    ItemsNeedSession,
 }
 
 impl ReportError {

@@ -12,7 +12,7 @@ pub use batches::{BATCH_STATES, is_terminal_state, provider_batch_summary, provi
 pub use events::events;
 pub use review::{review_detail, review_page};
 pub(crate) use sessions::current_stage;
-pub use sessions::{session_view, sessions};
+pub use sessions::{run_stages, session_view, sessions};
 
 use crate::ledger::store::SessionRow;
 
@@ -72,13 +72,45 @@ pub struct Tune {
     pub concurrency: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// One stage of a session's job. From its `run_stages` checkpoint when the
+/// session has one (every stage, in job order), else counted from the
+/// session's own counters (one stage, `state` None).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StageProgress {
     pub name: String,
     pub total: u64,
+    /// Items finished with the stage: passed, failed or skipped.
     pub done: u64,
+    /// Their budgets spent.
     pub failed: u64,
+    /// Attempts sent and not answered yet (the engine's gauge for the
+    /// stage it is dispatching, while live).
     pub in_flight: u64,
+    /// Never ran because an earlier stage failed for the item.
+    pub skipped: u64,
+    /// Its place in the job, from 0.
+    pub position: u64,
+    /// `critic` or `generator` (empty: not recorded).
+    pub role: String,
+    /// The stage a critic judges.
+    pub critic_of: Option<String>,
+    /// `pending`, `running` or `done` as the engine checkpoints it; None
+    /// when the session has no `run_stages` rows.
+    pub state: Option<String>,
+}
+
+impl StageProgress {
+    pub fn is_critic(&self) -> bool {
+        self.role == "critic" || self.critic_of.is_some()
+    }
+
+    /// Nothing of the stage is left: no item pending or in flight, and the
+    /// engine (when it checkpoints the stage) says it is done.
+    pub fn is_finished(&self) -> bool {
+        self.in_flight == 0
+            && self.done >= self.total
+            && self.state.as_deref().is_none_or(|s| s == "done")
+    }
 }
 
 /// One session in full, for the stages, outcomes and gauges panes.
@@ -233,8 +265,21 @@ pub struct StageOutput {
     pub cost_usd: f64,
 }
 
+/// What one stage of a staged job answered for an item, as the routing
+/// saw it: the answer stage's (generator's) or its critic's. Texts as stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StageVerdict {
+    pub stage: String,
+    /// The parsed output (JSON as stored; not JSON when the ledger says so).
+    pub output_json: Option<String>,
+    pub confidence: Option<f64>,
+    pub rationale: Option<String>,
+    /// The critic's verdict (None for the generator).
+    pub verdict: Option<String>,
+}
+
 /// The detail view of one review item.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReviewDetail {
     pub review_id: i64,
     pub item_id: String,
@@ -250,4 +295,11 @@ pub struct ReviewDetail {
     pub decided_by: Option<String>,
     pub decided_at: Option<f64>,
     pub claimed_by: Option<String>,
+    /// Why the routing sent it where it is, when a rule changed the outcome
+    /// (e.g. "critic disagreed: accept -> review").
+    pub routing_note: Option<String>,
+    /// The answer stage's output, when the session recorded a result.
+    pub generator: Option<StageVerdict>,
+    /// What a critic of the answer stage said (None: no critic).
+    pub critic: Option<StageVerdict>,
 }

@@ -5,7 +5,10 @@ use std::sync::{LazyLock, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{DEFAULT_PAGE, ReviewDetail, ReviewPage, ReviewQuery, ReviewRow, StageOutput};
+use super::sessions::{has_table, text};
+use super::{
+    DEFAULT_PAGE, ReviewDetail, ReviewPage, ReviewQuery, ReviewRow, StageOutput, StageVerdict,
+};
 use crate::ledger::now_ts;
 
 /// The columns of one queue row. A claim shows while its lease is unexpired.
@@ -338,6 +341,7 @@ pub fn review_detail(conn: &Connection, review_id: i64) -> rusqlite::Result<Opti
                 decided_by: r.get(9)?,
                 decided_at: r.get(10)?,
                 claimed_by: r.get(11)?,
+                ..ReviewDetail::default()
             })
         })
         .optional()?;
@@ -370,7 +374,133 @@ pub fn review_detail(conn: &Connection, review_id: i64) -> rusqlite::Result<Opti
         })
     })?;
     detail.stages = stages.collect::<rusqlite::Result<_>>()?;
+    if let Some(session) = detail.session_id.clone() {
+        routed(conn, &session, &mut detail)?;
+    }
     Ok(Some(detail))
+}
+
+/// The fields of a critic's answer read for its verdict, confidence and
+/// rationale (the defaults of `[routing.critic]` and the gate).
+const VERDICT_FIELDS: [&str; 2] = ["verdict", "agree"];
+const CONFIDENCE_FIELDS: [&str; 1] = ["confidence"];
+const RATIONALE_FIELDS: [&str; 4] = ["rationale", "reason", "reasoning", "explanation"];
+
+/// The answer stage's output and its critic's verdict, from the session's
+/// result for the item (with the critic's own request when the result has
+/// none), and the routing note. Leaves the detail as it is on a ledger
+/// without staged columns, or an item with no result yet.
+fn routed(conn: &Connection, session: &str, d: &mut ReviewDetail) -> rusqlite::Result<()> {
+    let staged =
+        has_table(conn, "run_stages")? && has_column(conn, "llm_batch_result", "critic_json")?;
+    if !staged {
+        return Ok(());
+    }
+    let result = conn
+        .prepare_cached(
+            "SELECT stage, answer_json, confidence, rationale, critic_json, critic_verdict, routing_note
+             FROM llm_batch_result WHERE session_id = ?1 AND item_id = ?2",
+        )?
+        .query_row(params![session, d.item_id], |r| {
+            Ok((
+                text(r, 0)?,
+                text(r, 1)?,
+                real(r, 2)?,
+                text(r, 3)?,
+                text(r, 4)?,
+                text(r, 5)?,
+                text(r, 6)?,
+            ))
+        })
+        .optional()?;
+    let (answer_stage, answer, confidence, rationale, critic_json, verdict, note) =
+        result.unwrap_or_default();
+    d.routing_note = note.filter(|n| !n.trim().is_empty());
+    // The critic of the answer stage (any critic when it is not named).
+    let critic_stage: Option<String> = conn
+        .prepare_cached(
+            "SELECT stage FROM run_stages
+             WHERE session_id = ?1 AND (role = 'critic' OR critic_of IS NOT NULL)
+             ORDER BY (critic_of IS ?2) DESC, position LIMIT 1",
+        )?
+        .query_row(params![session, answer_stage], |r| text(r, 0))
+        .optional()?
+        .flatten();
+    if answer.is_some() || answer_stage.is_some() {
+        d.generator = Some(StageVerdict {
+            stage: answer_stage.clone().unwrap_or_default(),
+            output_json: answer.or_else(|| Some(d.suggestion_json.clone())),
+            confidence: confidence.or(d.confidence),
+            rationale: rationale.or_else(|| d.rationale.clone()),
+            verdict: None,
+        });
+    }
+    let critic_output = match (&critic_json, &critic_stage) {
+        (Some(j), _) => Some(j.clone()),
+        (None, Some(stage)) => stage_output(conn, session, &d.item_id, stage)?,
+        (None, None) => None,
+    };
+    if critic_output.is_none() && verdict.is_none() {
+        return Ok(());
+    }
+    let fields = critic_output
+        .as_deref()
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
+    let field = |names: &[&str]| {
+        let obj = fields.as_ref()?.as_object()?;
+        names.iter().find_map(|n| obj.get(*n))
+    };
+    let as_text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    d.critic = Some(StageVerdict {
+        stage: critic_stage.unwrap_or_else(|| "critic".into()),
+        verdict: verdict
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| field(&VERDICT_FIELDS).map(as_text)),
+        confidence: field(&CONFIDENCE_FIELDS).and_then(serde_json::Value::as_f64),
+        rationale: field(&RATIONALE_FIELDS).map(as_text),
+        output_json: critic_output,
+    });
+    Ok(())
+}
+
+/// A stage's output for the item: what the session recorded when it
+/// passed, else its request's parsed answer.
+fn stage_output(
+    conn: &Connection,
+    session: &str,
+    item_id: &str,
+    stage: &str,
+) -> rusqlite::Result<Option<String>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT COALESCE(sr.output_json, q.parsed_output_json)
+             FROM session_request sr LEFT JOIN llm_requests q ON q.request_id = sr.request_id
+             WHERE sr.session_id = ?1 AND sr.item_id = ?2 AND sr.stage = ?3",
+        )?
+        .query_row(params![session, item_id, stage], |r| text(r, 0))
+        .optional()?
+        .flatten())
+}
+
+fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+        .query_row(params![table, column], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// A REAL column: NULL, text or a non-finite number read as None.
+fn real(r: &rusqlite::Row, i: usize) -> rusqlite::Result<Option<f64>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(i)? {
+        ValueRef::Real(f) if f.is_finite() => Some(f),
+        ValueRef::Integer(n) => Some(n as f64),
+        _ => None,
+    })
 }
 
 /// Pretty-printed JSON, or the text as it is when it is not JSON.

@@ -2,7 +2,8 @@
 //! against a ledger that may hold a million items, so every query here reads
 //! one row by primary key or a partial index, never a whole table.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{LiveGauges, SessionSummary, SessionView, StageProgress, Tune};
 use crate::ledger::now_ts;
@@ -71,13 +72,33 @@ pub fn session_view(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
     };
     let in_flight = in_flight(conn, session_id)?;
     let gauges = live_json.as_deref().and_then(parse_gauges);
-    let stage = StageProgress {
-        name: configured_stage(&row.config_snapshot_json),
-        total: row.total_count,
-        done: row.processed_count,
-        failed: row.error_count,
-        in_flight,
-    };
+    let live = is_live(heartbeat_at, now);
+    let mut stages = run_stages(conn, session_id)?;
+    if stages.is_empty() {
+        // No checkpoint (a ledger from before stages, read read-only): the
+        // one stage, counted from the session.
+        stages.push(StageProgress {
+            name: configured_stage(&row.config_snapshot_json),
+            total: row.total_count,
+            done: row.processed_count,
+            failed: row.error_count,
+            in_flight,
+            ..StageProgress::default()
+        });
+    } else {
+        let per_stage = in_flight_by_stage(conn, session_id)?;
+        for s in &mut stages {
+            s.in_flight = per_stage
+                .iter()
+                .filter(|(name, _)| name == &s.name)
+                .map(|(_, n)| n)
+                .sum();
+            // The engine's own count for the stage it dispatches now.
+            if let Some(g) = gauges.as_ref().filter(|g| live && g.stage == s.name) {
+                s.in_flight = s.in_flight.max(g.in_flight);
+            }
+        }
+    }
     let pending = row
         .total_count
         .saturating_sub(row.processed_count)
@@ -90,13 +111,90 @@ pub fn session_view(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
             concurrency: concurrency.map(count),
         },
         gauges,
-        stages: vec![stage],
-        live: is_live(heartbeat_at, now),
+        stages,
+        live,
         heartbeat_age_secs: heartbeat_at.map(|h| (now - h).max(0.0)),
         in_flight,
         pending,
         row,
     }))
+}
+
+/// Every stage of the session from its `run_stages` checkpoint, in job
+/// order. Empty when it has none (or the ledger predates the table). Odd
+/// values (NULLs, text where a count belongs) read as 0 or None.
+pub fn run_stages(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<StageProgress>> {
+    if !has_table(conn, "run_stages")? {
+        return Ok(Vec::new());
+    }
+    let mut stmt = conn.prepare_cached(
+        "SELECT stage, position, role, critic_of, total, completed, failed, skipped, state
+         FROM run_stages WHERE session_id = ?1 ORDER BY position, stage",
+    )?;
+    let rows = stmt.query_map(params![session_id], |r| {
+        let completed = int(r, 5)?;
+        let failed = int(r, 6)?;
+        let skipped = int(r, 7)?;
+        Ok(StageProgress {
+            name: text(r, 0)?.unwrap_or_default(),
+            position: int(r, 1)?,
+            role: text(r, 2)?.unwrap_or_default(),
+            critic_of: text(r, 3)?.filter(|s| !s.is_empty()),
+            total: int(r, 4)?,
+            done: completed.saturating_add(failed).saturating_add(skipped),
+            failed,
+            skipped,
+            in_flight: 0,
+            state: Some(text(r, 8)?.unwrap_or_else(|| "pending".into())),
+        })
+    })?;
+    rows.collect()
+}
+
+/// Open attempts by stage. A criterion asked on its own is a request of
+/// stage `STAGE:CRITERION`: it counts for STAGE.
+fn in_flight_by_stage(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<(String, u64)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT q.stage, COUNT(*) FROM llm_messages m JOIN llm_requests q ON q.request_id = m.request_id
+         WHERE m.session_id = ?1 AND m.state = 'sent' GROUP BY q.stage",
+    )?;
+    let rows = stmt.query_map(params![session_id], |r| {
+        let stage = text(r, 0)?.unwrap_or_default();
+        let stage = match stage.split_once(':') {
+            Some((base, _)) => base.to_string(),
+            None => stage,
+        };
+        Ok((stage, int(r, 1)?))
+    })?;
+    rows.collect()
+}
+
+pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1")?
+        .query_row(params![name], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// A count column: NULL, negative, text or a blob read as 0.
+pub(crate) fn int(r: &Row, i: usize) -> rusqlite::Result<u64> {
+    Ok(match r.get_ref(i)? {
+        ValueRef::Integer(n) => count(n),
+        ValueRef::Real(f) if f.is_finite() && f > 0.0 => f as u64,
+        _ => 0,
+    })
+}
+
+/// A text column: NULL is None, numbers are their text, bytes are read
+/// lossily.
+pub(crate) fn text(r: &Row, i: usize) -> rusqlite::Result<Option<String>> {
+    Ok(match r.get_ref(i)? {
+        ValueRef::Null => None,
+        ValueRef::Integer(n) => Some(n.to_string()),
+        ValueRef::Real(f) => Some(f.to_string()),
+        ValueRef::Text(t) | ValueRef::Blob(t) => Some(String::from_utf8_lossy(t).into_owned()),
+    })
 }
 
 /// Attempts of the session sent and not answered yet. The partial index

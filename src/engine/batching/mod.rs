@@ -87,13 +87,16 @@ pub(super) struct Batcher {
     pub(super) writer: LedgerWriter,
     pub(super) session_id: String,
     pub(super) p: Arc<Prepared>,
+    /// The stage whose requests this batcher carries.
+    pub(super) stage: usize,
     pub(super) stats: Arc<Stats>,
     pub(super) reporter: Arc<dyn Reporter>,
     pending: Pending,
     tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Queued>>>,
     /// Bounds the provider batches open at once.
     open_slots: Arc<Semaphore>,
-    next_tag: AtomicU64,
+    /// Shared by every stage's batcher of the session: tags are unique.
+    next_tag: Arc<AtomicU64>,
     /// Batches submitted (or re-attached) and not yet delivered.
     open: AtomicUsize,
     held: AtomicUsize,
@@ -122,9 +125,10 @@ impl Batcher {
         writer: LedgerWriter,
         session_id: String,
         p: Arc<Prepared>,
+        stage: usize,
         stats: Arc<Stats>,
         reporter: Arc<dyn Reporter>,
-        batches_so_far: u64,
+        next_tag: Arc<AtomicU64>,
         on_fatal: Box<dyn Fn(String) + Send + Sync>,
         paused: tokio::sync::watch::Receiver<bool>,
     ) -> Arc<Batcher> {
@@ -136,11 +140,12 @@ impl Batcher {
             writer,
             session_id,
             p,
+            stage,
             stats,
             reporter,
             pending: Pending::default(),
             tx: std::sync::Mutex::new(Some(tx)),
-            next_tag: AtomicU64::new(batches_so_far + 1),
+            next_tag,
             open: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             feed_done: AtomicBool::new(false),
@@ -155,6 +160,10 @@ impl Batcher {
         let former = b.clone();
         b.spawn(async move { former::form(former, rx).await });
         b
+    }
+
+    pub(super) fn stage(&self) -> &super::stages::Stage {
+        &self.p.stages[self.stage]
     }
 
     /// Whether new requests go to batches (else only re-attached batches are
@@ -188,10 +197,6 @@ impl Batcher {
     /// resumed run re-attached.
     pub(super) fn claim(&self, custom_id: &str) -> Option<oneshot::Receiver<Reply>> {
         self.pending.claim(custom_id)
-    }
-
-    pub(super) fn is_reattached(&self, custom_id: &str) -> bool {
-        self.pending.is_expected(custom_id)
     }
 
     /// The feed has handed out every item: cut what waits without waiting
@@ -283,7 +288,7 @@ impl Batcher {
 
     /// A line's request as it goes to the provider.
     fn request_for(&self, custom_id: &str, system: Option<String>, user: String) -> ChatRequest {
-        let p = &self.p;
+        let p = self.stage();
         ChatRequest {
             model: p.model.clone(),
             system,
@@ -321,11 +326,15 @@ impl Batcher {
     pub(super) async fn reattach(self: &Arc<Self>) -> Result<usize, String> {
         let path = self.p.ledger_path.clone();
         let sid = self.session_id.clone();
+        let stage_name = self.stage().name.clone();
         let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<_> {
             let conn = crate::ledger::open_read_only(&path)
                 .map_err(|e| rusqlite::Error::InvalidParameterName(e.to_string()))?;
             let mut out = Vec::new();
-            for b in crate::ledger::batches::open_batches(&conn, &sid)? {
+            for b in crate::ledger::batches::open_batches(&conn, &sid)?
+                .into_iter()
+                .filter(|b| b.stage == stage_name)
+            {
                 let waiting = crate::ledger::batches::waiting_lines(&conn, b.batch_id)?;
                 let all = crate::ledger::batches::batch_custom_ids(&conn, b.batch_id)?;
                 out.push((b, waiting, all));
@@ -358,7 +367,7 @@ impl Batcher {
 
 /// The batch settings of a stage for its provider's limits; `None` when
 /// batching is off and no batch of the session is open.
-pub(super) fn settings_for(p: &Prepared, adapter: &dyn BatchProvider) -> Settings {
+pub(super) fn settings_for(p: &super::stages::Stage, adapter: &dyn BatchProvider) -> Settings {
     let b = &p.batch;
     let limits = adapter.limits();
     let max_requests = b

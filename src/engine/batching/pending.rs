@@ -40,6 +40,7 @@ impl Pending {
     }
 
     /// Whether a re-attached line waits for its worker.
+    #[cfg(test)]
     pub(super) fn is_expected(&self, custom_id: &str) -> bool {
         matches!(
             self.lock().get(custom_id),

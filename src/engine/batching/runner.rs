@@ -114,10 +114,10 @@ async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes:
     let record = NewBatch {
         tag: tag.clone(),
         session_id: b.session_id.clone(),
-        stage: b.p.stage.clone(),
-        provider: b.p.provider_name.clone(),
-        provider_kind: b.p.provider_kind.as_str().to_string(),
-        model: b.p.model.clone(),
+        stage: b.stage().name.clone(),
+        provider: b.stage().provider_name.clone(),
+        provider_kind: b.stage().provider_kind.as_str().to_string(),
+        model: b.stage().model.clone(),
         input_bytes: bytes,
         lines: lines
             .iter()
@@ -348,7 +348,7 @@ async fn submit(b: &Arc<Batcher>, tag: &str, created_at: f64, lines: &[BatchLine
         tries += 1;
         let spec = SubmitSpec {
             tag,
-            model: &b.p.model,
+            model: &b.stage().model,
             lines,
         };
         let r = tokio::select! {
@@ -452,12 +452,12 @@ async fn record_submitted(b: &Arc<Batcher>, tag: &str, s: &Submitted, n: usize) 
             "batch_submitted",
             format!(
                 "batch {tag} submitted to {}: {n} requests, provider id {id}",
-                b.p.provider_name
+                b.stage().provider_name
             ),
         );
         b.reporter.line(&format!(
             "Submitted batch {tag} to {} ({}): {n} requests, provider id {id}",
-            b.p.provider_name,
+            b.stage().provider_name,
             b.adapter.name()
         ));
     }

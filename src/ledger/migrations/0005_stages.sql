@@ -14,6 +14,9 @@ CREATE TABLE session_request (
     -- so it never ran
     state       TEXT NOT NULL DEFAULT 'pending'
                 CHECK (state IN ('pending', 'passed', 'failed', 'skipped')),
+    -- the stage's output for the item once passed: its request's parsed
+    -- answer, with criteria asked again one by one merged in
+    output_json TEXT,
     updated_at  REAL NOT NULL,
     PRIMARY KEY (session_id, item_id, stage)
 );
@@ -73,10 +76,11 @@ CREATE TABLE llm_batch_result_history (
 CREATE INDEX idx_result_history_item ON llm_batch_result_history(session_id, item_id);
 
 -- Sessions from before: one stage each.
-INSERT INTO session_request (session_id, item_id, stage, position, request_id, state, updated_at)
+INSERT INTO session_request (session_id, item_id, stage, position, request_id, state, output_json, updated_at)
 SELECT si.session_id, si.item_id, r.stage, 0, si.request_id,
        CASE WHEN b.outcome IS NULL THEN 'pending'
             WHEN b.outcome = 'error' THEN 'failed' ELSE 'passed' END,
+       CASE WHEN b.outcome IS NULL OR b.outcome = 'error' THEN NULL ELSE r.parsed_output_json END,
        COALESCE(b.processed_at, r.updated_at)
 FROM session_item si
 JOIN llm_requests r ON r.request_id = si.request_id

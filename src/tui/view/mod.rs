@@ -52,8 +52,9 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
 }
 
 fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
-    let stage_rows = app.snap.view.as_ref().map_or(1, |v| v.stages.len().max(1)) as u16;
-    let stages_h = 2 + stage_rows * 2;
+    let n = app.snap.view.as_ref().map_or(1, |v| v.stages.len());
+    let compact = stages_compact(area, n);
+    let stages_h = panes::stages_height(n, compact);
     let top_h = (stages_h + 6).max(10);
     if is_wide(area) {
         let [top, middle, bottom] = Layout::vertical([
@@ -66,7 +67,7 @@ fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
             Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
         let [stages, outcomes] =
             Layout::vertical([Constraint::Length(stages_h), Constraint::Min(6)]).areas(left);
-        panes::draw_stages(frame, stages, app, theme);
+        panes::draw_stages(frame, stages, app, compact, theme);
         panes::draw_outcomes(frame, outcomes, app, theme);
         panes::draw_gauges(frame, gauges, app, theme);
         let [review, events] =
@@ -82,7 +83,7 @@ fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
             Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(top);
         let [stages, outcomes] =
             Layout::vertical([Constraint::Length(stages_h), Constraint::Min(6)]).areas(left);
-        panes::draw_stages(frame, stages, app, theme);
+        panes::draw_stages(frame, stages, app, compact, theme);
         panes::draw_outcomes(frame, outcomes, app, theme);
         panes::draw_gauges(frame, gauges, app, theme);
         // The lower half shows the focused list, the review queue otherwise.
@@ -97,6 +98,25 @@ fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
             _ => lists::draw_review(frame, bottom, app, theme),
         }
     }
+}
+
+/// Rows the list panes keep below the run panes, at least.
+const LIST_ROWS: u16 = 8;
+
+/// One row per stage when two each would squeeze the lists below
+/// [`LIST_ROWS`] (four stages at 80x24; never one or two stages).
+fn stages_compact(area: Rect, n: usize) -> bool {
+    if n <= 2 {
+        return false;
+    }
+    let top_h = (panes::stages_height(n, false) + 6).max(10);
+    // The wide layout also keeps 8 rows for the sessions pane.
+    let below = if is_wide(area) {
+        LIST_ROWS + 8
+    } else {
+        LIST_ROWS
+    };
+    area.height < top_h + below
 }
 
 fn draw_too_small(frame: &mut Frame, area: Rect, theme: Theme) {

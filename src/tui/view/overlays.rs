@@ -12,7 +12,7 @@ use crate::tui::action::Action;
 use crate::tui::app::{App, Dialog};
 use crate::tui::keymap::Section;
 use crate::tui::theme::Theme;
-use crate::watch::{ProviderBatchRow, is_terminal_state};
+use crate::watch::{ProviderBatchRow, StageVerdict, is_terminal_state};
 
 /// Long model outputs are cut here in the detail view (the ledger and the
 /// exports keep them whole).
@@ -67,10 +67,37 @@ pub(super) fn draw_detail(frame: &mut Frame, area: Rect, app: &App, scroll: u16,
         (None, None) => {}
     }
     lines.push(Line::from(styled(who.join(" · "), theme.dim())));
-    lines.push(heading("Suggested answer", theme));
-    lines.extend(safe_lines(&d.suggestion_json, "  "));
-    lines.push(heading("Rationale", theme));
-    lines.extend(safe_lines(d.rationale.as_deref().unwrap_or("(none)"), "  "));
+    match &d.critic {
+        Some(critic) => {
+            if let Some(note) = &d.routing_note {
+                lines.push(heading("Why in review", theme));
+                lines.extend(
+                    safe_lines(note, "  ")
+                        .into_iter()
+                        .map(|l| l.style(theme.review())),
+                );
+            }
+            let generator = d.generator.clone().unwrap_or_else(|| StageVerdict {
+                stage: "answer".into(),
+                output_json: Some(d.suggestion_json.clone()),
+                confidence: d.confidence,
+                rationale: d.rationale.clone(),
+                verdict: None,
+            });
+            let inner = usize::from(area.width.saturating_sub(2));
+            lines.extend(side_by_side(&generator, critic, inner, theme));
+        }
+        None => {
+            if let Some(note) = &d.routing_note {
+                lines.push(heading("Why in review", theme));
+                lines.extend(safe_lines(note, "  "));
+            }
+            lines.push(heading("Suggested answer", theme));
+            lines.extend(safe_lines(&d.suggestion_json, "  "));
+            lines.push(heading("Rationale", theme));
+            lines.extend(safe_lines(d.rationale.as_deref().unwrap_or("(none)"), "  "));
+        }
+    }
     lines.push(heading("Evidence", theme));
     lines.extend(safe_lines(&d.evidence_json, "  "));
     for s in &d.stages {
@@ -106,6 +133,182 @@ pub(super) fn draw_detail(frame: &mut Frame, area: Rect, app: &App, scroll: u16,
         .wrap(Wrap { trim: false });
     let scroll = clamp_scroll(app, &p, area, scroll);
     frame.render_widget(p.scroll((scroll, 0)), area);
+}
+
+/// From this inner width the generator and its critic stand side by side;
+/// below it (80 columns) one above the other.
+pub const SIDE_BY_SIDE_MIN: usize = 96;
+
+/// Model text in one column is cut here (the raw outputs below keep more).
+const COLUMN_LIMIT: usize = 4_000;
+
+/// The generator's answer and the critic's verdict: two columns when `inner`
+/// allows ([`SIDE_BY_SIDE_MIN`]), else stacked.
+fn side_by_side<'a>(
+    generator: &StageVerdict,
+    critic: &StageVerdict,
+    inner: usize,
+    theme: Theme,
+) -> Vec<Line<'a>> {
+    if inner < SIDE_BY_SIDE_MIN {
+        let mut lines = vec![heading(
+            &format!("generator: {}", truncate(&generator.stage, 30)),
+            theme,
+        )];
+        lines.extend(verdict_column(generator, inner.saturating_sub(2), theme));
+        lines.push(heading(
+            &format!("critic: {}", truncate(&critic.stage, 30)),
+            theme,
+        ));
+        lines.extend(verdict_column(critic, inner.saturating_sub(2), theme));
+        return lines.into_iter().map(indent_unless_heading).collect();
+    }
+    // `left │ right`: each column wrapped to its width here, so the
+    // paragraph never wraps a row again.
+    let left_w = (inner - 5) / 2;
+    let right_w = inner - 5 - left_w;
+    let head = |who: &str, stage: &str, w: usize| {
+        let text = format!("── {who}: {} ", truncate(stage, 30));
+        let fill = w.saturating_sub(text.chars().count());
+        styled(format!("{text}{}", "─".repeat(fill)), theme.title(true))
+    };
+    let mut lines = vec![Line::from(vec![
+        head("generator", &generator.stage, left_w + 2),
+        styled("─┬─", theme.title(true)),
+        head("critic", &critic.stage, right_w),
+    ])];
+    let left = verdict_column(generator, left_w, theme);
+    let right = verdict_column(critic, right_w, theme);
+    for i in 0..left.len().max(right.len()) {
+        let l = left.get(i).cloned().unwrap_or_default();
+        let pad = left_w.saturating_sub(l.width());
+        let mut spans = vec![Span::raw("  ")];
+        spans.extend(l.spans);
+        spans.push(Span::raw(" ".repeat(pad)));
+        spans.push(styled(" │ ", theme.dim()));
+        if let Some(r) = right.get(i) {
+            spans.extend(r.spans.iter().cloned());
+        }
+        lines.push(Line::from(spans));
+    }
+    lines
+}
+
+/// A stacked column's body lines come indented by two.
+fn indent_unless_heading(l: Line<'_>) -> Line<'_> {
+    if l.spans
+        .first()
+        .is_some_and(|s| s.content.starts_with("── "))
+    {
+        return l;
+    }
+    let mut spans = vec![Span::raw("  ")];
+    spans.extend(l.spans);
+    Line::from(spans)
+}
+
+/// One stage's side: the critic's verdict first and loud, then the parsed
+/// fields, the confidence and the rationale; every line at most `width`.
+fn verdict_column<'a>(v: &StageVerdict, width: usize, theme: Theme) -> Vec<Line<'a>> {
+    let width = width.max(8);
+    let mut lines = Vec::new();
+    if let Some(verdict) = &v.verdict {
+        let text = format!(" VERDICT: {} ", for_terminal(verdict).to_uppercase());
+        for row in wrap(&text, width) {
+            lines.push(Line::from(styled(row, theme.alert_badge())));
+        }
+    }
+    let value = v
+        .output_json
+        .as_deref()
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
+    let skip = ["confidence", "rationale", "verdict"];
+    match (&value, &v.output_json) {
+        (Some(serde_json::Value::Object(map)), _) => {
+            for (k, val) in map {
+                let shown_apart = match k.as_str() {
+                    "confidence" => v.confidence.is_some(),
+                    "rationale" => v.rationale.is_some(),
+                    "verdict" => v.verdict.is_some(),
+                    _ => false,
+                };
+                if skip.contains(&k.as_str()) && shown_apart {
+                    continue;
+                }
+                let val = match val {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let text = format!("{}: {}", for_terminal(k), for_terminal(&val));
+                lines.extend(wrap(&text, width).into_iter().map(Line::from));
+            }
+        }
+        (_, Some(raw)) => {
+            let raw: String = raw.chars().take(COLUMN_LIMIT).collect();
+            for l in raw.lines() {
+                lines.extend(wrap(&for_terminal(l), width).into_iter().map(Line::from));
+            }
+        }
+        (_, None) => lines.push(Line::from(styled("(no output)", theme.dim()))),
+    }
+    lines.push(Line::from(vec![
+        styled("confidence ", theme.dim()),
+        Span::raw(v.confidence.map_or("--".into(), |c| format!("{c:.2}"))),
+    ]));
+    lines.push(Line::from(styled("rationale:", theme.dim())));
+    let rationale = v.rationale.as_deref().unwrap_or("(none)");
+    let rationale: String = rationale.chars().take(COLUMN_LIMIT).collect();
+    for l in rationale.lines() {
+        let rows = wrap(&for_terminal(l), width.saturating_sub(2));
+        lines.extend(rows.into_iter().map(|r| Line::from(format!("  {r}"))));
+    }
+    lines
+}
+
+/// `text` (already safe) in rows of at most `width` cells: at spaces where
+/// it can, inside a word longer than a row where it must.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let cells = |s: &str| Span::raw(s).width();
+    let mut rows = Vec::new();
+    let mut row = String::new();
+    for word in text.split(' ') {
+        let sep = usize::from(!row.is_empty());
+        if cells(&row) + sep + cells(word) <= width {
+            if sep == 1 {
+                row.push(' ');
+            }
+            row.push_str(word);
+            continue;
+        }
+        if !row.is_empty() {
+            rows.push(std::mem::take(&mut row));
+        }
+        // A word longer than a row: cut it by cells.
+        let mut rest = word;
+        while cells(rest) > width {
+            let mut cut = 0;
+            let mut used = 0;
+            for (i, c) in rest.char_indices() {
+                let w = cells(&rest[i..i + c.len_utf8()]);
+                if used + w > width {
+                    break;
+                }
+                used += w;
+                cut = i + c.len_utf8();
+            }
+            if cut == 0 {
+                // One character wider than the row: keep it whole.
+                cut = rest.chars().next().map_or(rest.len(), char::len_utf8);
+            }
+            rows.push(rest[..cut].to_string());
+            rest = &rest[cut..];
+        }
+        row.push_str(rest);
+    }
+    if !row.is_empty() || rows.is_empty() {
+        rows.push(row);
+    }
+    rows
 }
 
 /// Record how far this overlay can scroll (its wrapped lines past one

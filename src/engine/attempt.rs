@@ -1,0 +1,770 @@
+//! One request of one item at one stage: render, reserve, record the
+//! intent, send (synchronously or in a provider batch), judge the answer,
+//! retry within the budgets. The caller records how the stage ended (a pass
+//! with its attempt, or the item's error), so a stage's end and the item's
+//! outcome commit together.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::batching::Reply;
+use super::dispatch::{Ctx, StageRt, StopCause};
+use super::stages::Stage;
+use crate::gate::{GateFailure, GateOutput};
+use crate::ledger::store::WorkItem;
+use crate::ledger::writer::{AttemptRecord, SendIntent, WriteOp};
+use crate::limiter::{Reservation, Slot};
+use crate::provider::{ChatAnswer, ChatRequest, ErrorClass, FinishReason, ProviderError};
+use crate::template::Prompt;
+
+/// Rate-limit refusals mean "not now", not "broken": they get their own,
+/// larger budget instead of using up the transport attempts.
+const MAX_RATE_LIMIT_RETRIES: u32 = 30;
+
+/// How a stage's request ended.
+pub(super) enum StageEnd {
+    /// Its answer passed the gate (with the attempt that brought it).
+    Passed(GateOutput, AttemptRecord),
+    /// Its budgets are spent, or it can never succeed: the item's outcome is
+    /// `error` (with the last attempt, if one is not recorded yet).
+    Failed(String, Option<AttemptRecord>),
+    /// The session stopped first: the request stays pending.
+    Stopped,
+}
+
+/// Run a request's attempts until its answer passes, its budgets are spent
+/// or the session stops. `slot` is a synchronous slot the feed already took.
+pub(super) async fn run_request(ctx: &Ctx, job: Job<'_>, slot: Option<Slot>) -> StageEnd {
+    let stage = job.stage.index;
+    ctx.busy(stage, 1);
+    let end = Box::pin(attempts(ctx, job, slot)).await;
+    ctx.busy(stage, -1);
+    end
+}
+
+async fn attempts(ctx: &Ctx, mut job: Job<'_>, slot: Option<Slot>) -> StageEnd {
+    // A resumed run: the latest attempt may be a line of a provider batch
+    // still open. Its result is collected, never paid for again.
+    if job.attempt > 0
+        && let Some(b) = ctx.batcher(job.stage.index)
+    {
+        job.reattached = b.claim(&custom_id(ctx, job.request_id, job.attempt));
+        if job.reattached.is_some() {
+            job.via = Via::Batch;
+        }
+    }
+    let mut slot = slot;
+    loop {
+        // Boxed (see `attempt_once`): the outcome's records live only
+        // while it is handled.
+        let sent = Box::pin(attempt_once(ctx, &mut job, slot.take())).await;
+        let next = Box::pin(handle(ctx, &mut job, sent)).await;
+        match next {
+            Next::Done(end) => return end,
+            Next::Retry => {}
+            Next::RetryAfter(delay) => {
+                let wait = Box::pin(async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => true,
+                        _ = ctx.soft_stop.cancelled() => false,
+                    }
+                });
+                if !wait.await {
+                    return StageEnd::Stopped;
+                }
+            }
+        }
+    }
+}
+
+/// What to do after one attempt's outcome.
+async fn handle(ctx: &Ctx, job: &mut Job<'_>, sent: Sent) -> Next {
+    match sent {
+        // A request that did not finish simply stays pending: a resume
+        // (or a later session) picks it up.
+        Sent::Stopped => Next::Done(StageEnd::Stopped),
+        Sent::Abandoned(rec) => {
+            ctx.stats.ambiguous.fetch_add(1, Relaxed);
+            ctx.write(WriteOp::Attempt(rec)).await;
+            Next::Done(StageEnd::Stopped)
+        }
+        Sent::LedgerFailed => Next::Done(StageEnd::Stopped),
+        Sent::Answer(base, answer, reservation) => {
+            on_answer(ctx, job, base, &answer, reservation).await
+        }
+        Sent::Failed(base, err) => on_error(ctx, job, base, &err).await,
+        Sent::NotRun(base, why) => on_not_run(ctx, job, base, why).await,
+        Sent::RenderFailed(message) => Next::Done(StageEnd::Failed(message, None)),
+    }
+}
+
+/// A request being worked on: its prompt, estimates and budgets so far.
+pub(super) struct Job<'a> {
+    pub item: &'a WorkItem,
+    pub stage: &'a Stage,
+    pub request_id: i64,
+    /// What the templates see besides the item: earlier stages' outputs
+    /// (`stages`), a critic's `target`, `criteria`.
+    extra: Map<String, Value>,
+    /// None while a batch holds it (a line waiting for its batch keeps no
+    /// copy): rendered again when another send needs it.
+    prompt: Option<Prompt>,
+    /// The prompt is the repair prompt.
+    repairing: bool,
+    /// The last answer that failed the gate, and why (for a repair prompt).
+    last_failure: Option<(String, String)>,
+    /// Prompt tokens as reserved with the limiter.
+    est_prompt: u64,
+    /// What one send could cost at most (prompt + max_tokens of output).
+    worst_cost: f64,
+    attempt: i64,
+    gate_failures: u32,
+    transport_failures: u32,
+    rate_limited: u32,
+    /// How the current attempt went out.
+    via: Via,
+    /// What the budget holds for the current attempt.
+    reserved: f64,
+    /// The result of a re-attached batch line (a resume).
+    reattached: Option<tokio::sync::oneshot::Receiver<Reply>>,
+}
+
+/// How an attempt goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// One HTTP call under the rate limits.
+    Sync,
+    /// A line of a provider batch (the batch price; no rate limits).
+    Batch,
+}
+
+/// An attempt's id, sent as `X-Client-Request-Id` and as a batch line's
+/// `custom_id`.
+pub(super) fn custom_id(ctx: &Ctx, request_id: i64, attempt: i64) -> String {
+    format!("{}-{request_id}-{attempt}", ctx.session_id)
+}
+
+/// Where a request stands when its job starts.
+pub(super) struct Counters {
+    pub attempt: i64,
+    pub gate_failures: i64,
+    pub transport_retries: i64,
+}
+
+impl<'a> Job<'a> {
+    /// Render the prompt; a prompt that cannot be rendered is the item's
+    /// error at once.
+    pub(super) fn new(
+        item: &'a WorkItem,
+        stage: &'a Stage,
+        request_id: i64,
+        counters: Counters,
+        extra: Map<String, Value>,
+    ) -> Result<Self, String> {
+        let mut job = Job {
+            item,
+            stage,
+            request_id,
+            extra,
+            prompt: None,
+            repairing: false,
+            last_failure: None,
+            est_prompt: 0,
+            worst_cost: 0.0,
+            attempt: counters.attempt,
+            gate_failures: counters.gate_failures.max(0) as u32,
+            transport_failures: counters.transport_retries.max(0) as u32,
+            rate_limited: 0,
+            via: Via::Sync,
+            reserved: 0.0,
+            reattached: None,
+        };
+        let prompt = job.render()?;
+        // With a budget the worst case must not be underestimated, so the real
+        // tokenizer counts (token-dense text beats characters/4); otherwise a
+        // cheap estimate, corrected from the reported usage afterwards.
+        job.est_prompt = match &stage.budget_counter {
+            Some(counter) => counter.count_prompt(&prompt),
+            None => {
+                let chars = prompt.user.len() + prompt.system.as_ref().map_or(0, String::len);
+                (chars as u64).div_ceil(4) + 12
+            }
+        };
+        job.worst_cost = stage.price.cost(job.est_prompt, 0, stage.max_tokens);
+        job.prompt = Some(prompt);
+        Ok(job)
+    }
+
+    fn rt<'c>(&self, ctx: &'c Ctx) -> &'c StageRt {
+        ctx.rt(self.stage.index)
+    }
+
+    /// The prompt for the next attempt: the stage's template, or its repair
+    /// prompt once enough answers failed the gate.
+    fn render(&mut self) -> Result<Prompt, String> {
+        let evidence = serde_json::from_str::<Value>(&self.item.evidence_json)
+            .map_err(|e| format!("stored evidence is not JSON: {e}"))?;
+        let (template, repairing) = self.stage.template_for(self.gate_failures);
+        let mut extra = self.extra.clone();
+        if repairing {
+            let (output, why) = self.last_failure.clone().unwrap_or_default();
+            extra.insert("failed_output".into(), Value::String(output));
+            extra.insert("gate_error".into(), Value::String(why));
+        }
+        self.repairing = repairing;
+        template
+            .render_with(&self.item.item_id, &evidence, extra)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What one send came to.
+enum Sent {
+    /// The session stopped before the send; nothing left.
+    Stopped,
+    /// Abandoned in flight at a hard stop (its record, state ambiguous).
+    Abandoned(AttemptRecord),
+    /// The intent could not be recorded; the session is stopping.
+    LedgerFailed,
+    /// The limiter's reservation for a synchronous send (None: a batch line).
+    Answer(AttemptRecord, ChatAnswer, Option<Reservation>),
+    Failed(AttemptRecord, ProviderError),
+    /// A batch line never run (its batch expired or was cancelled first).
+    NotRun(AttemptRecord, String),
+    /// The prompt could not be rendered: the item's error.
+    RenderFailed(String),
+}
+
+/// What to do after an attempt.
+// Built once per attempt and matched at once: boxing the big variant would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Done(StageEnd),
+    Retry,
+    RetryAfter(Duration),
+}
+
+/// Wait for the budget, a slot and the rate limits; record the intent; send.
+///
+/// Each path is its own boxed future: a task waiting hours for a batch holds
+/// only the small state of that wait, not the largest state of every path
+/// (100,000 waiting lines are 100,000 tasks).
+async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
+    if let Some(rx) = job.reattached.take() {
+        // Recorded and in a batch before the stop: nothing to reserve or
+        // send, only the result to wait for.
+        job.reserved = 0.0;
+        return Box::pin(batch_reply(ctx, job, rx, std::time::Instant::now())).await;
+    }
+    if !ctx.wait_unpaused().await {
+        return Sent::Stopped;
+    }
+    if let Some(b) = ctx.batcher(job.stage.index)
+        && b.takes_new()
+        && let Some(sent) = Box::pin(via_batch(ctx, b, job)).await
+    {
+        return sent;
+    }
+    Box::pin(send_sync(ctx, job, slot)).await
+}
+
+/// Render the prompt again when a batch took it (or the repair prompt is
+/// due). The message when it cannot be rendered: the item's error.
+fn ensure_prompt(job: &mut Job<'_>) -> Result<(), String> {
+    let repair_due = job.stage.template_for(job.gate_failures).1;
+    if job.prompt.is_some() && repair_due == job.repairing {
+        return Ok(());
+    }
+    job.prompt = Some(job.render()?);
+    Ok(())
+}
+
+/// One synchronous send under the budget and the rate limits.
+async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
+    if let Err(message) = ensure_prompt(job) {
+        return Sent::RenderFailed(message);
+    }
+    job.via = Via::Sync;
+    job.reserved = job.worst_cost;
+    if !ctx.budget.try_reserve(job.worst_cost) {
+        ctx.stop(StopCause::Budget(format!(
+            "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
+            ctx.budget.spent(),
+            ctx.budget.max().unwrap_or(0.0),
+            job.worst_cost
+        )));
+        return Sent::Stopped;
+    }
+    let slot = match slot {
+        Some(s) => s,
+        None => tokio::select! {
+            s = job.rt(ctx).limiter.acquire_slot() => s,
+            _ = ctx.soft_stop.cancelled() => { ctx.budget.settle(job.worst_cost, 0.0); return Sent::Stopped; }
+        },
+    };
+    let reservation = tokio::select! {
+        r = job.rt(ctx).limiter.reserve(job.est_prompt + job.stage.max_tokens) => r,
+        _ = ctx.soft_stop.cancelled() => { ctx.budget.settle(job.worst_cost, 0.0); return Sent::Stopped; }
+    };
+    // A pause that came while this send waited for the rate limits holds it
+    // too: nothing leaves while paused.
+    if !ctx.wait_unpaused().await {
+        ctx.budget.settle(job.worst_cost, 0.0);
+        return Sent::Stopped;
+    }
+    job.attempt += 1;
+    let client_request_id = custom_id(ctx, job.request_id, job.attempt);
+    let Some(prompt) = job.prompt.as_ref() else {
+        ctx.budget.settle(job.worst_cost, 0.0);
+        return Sent::Stopped;
+    };
+    let intent = SendIntent {
+        session_id: ctx.session_id.clone(),
+        request_id: job.request_id,
+        attempt: job.attempt,
+        client_request_id: client_request_id.clone(),
+        system_prompt: prompt.system.clone(),
+        user_prompt: prompt.user.clone(),
+    };
+    // Intent before side effect: the attempt is on disk before a byte leaves.
+    if !ctx.write(WriteOp::Send(intent)).await {
+        ctx.budget.settle(job.worst_cost, 0.0);
+        return Sent::LedgerFailed;
+    }
+    let request = ChatRequest {
+        model: job.stage.model.clone(),
+        system: prompt.system.clone(),
+        user: prompt.user.clone(),
+        max_tokens: job.stage.max_tokens,
+        temperature: job.stage.temperature,
+        response_schema: job.stage.response_schema.clone(),
+        client_request_id,
+        timeout: job.stage.request_timeout,
+    };
+    ctx.stats.in_flight.fetch_add(1, Relaxed);
+    ctx.stats.sent.fetch_add(1, Relaxed);
+    let started = std::time::Instant::now();
+    let result = tokio::select! {
+        r = job.rt(ctx).provider.send(&request) => Some(r),
+        _ = ctx.hard_stop.cancelled() => None,
+    };
+    ctx.stats.in_flight.fetch_sub(1, Relaxed);
+    drop(slot);
+    let base = AttemptRecord {
+        session_id: ctx.session_id.clone(),
+        request_id: job.request_id,
+        attempt: job.attempt,
+        latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+        ..Default::default()
+    };
+    match result {
+        None => {
+            // The bytes left, the answer never came: it may have been billed.
+            ctx.budget.settle(job.worst_cost, 0.0);
+            Sent::Abandoned(AttemptRecord {
+                state: "ambiguous",
+                error_kind: Some("ambiguous".into()),
+                error_message: Some(
+                    "abandoned in flight at shutdown; it may have been billed".into(),
+                ),
+                ..base
+            })
+        }
+        Some(Ok(answer)) => Sent::Answer(base, answer, Some(reservation)),
+        Some(Err(err)) => {
+            ctx.budget.settle(job.worst_cost, 0.0);
+            Sent::Failed(base, err)
+        }
+    }
+}
+
+/// Hand the request to the batcher and wait for its line's result. None:
+/// `auto` had too few requests for a batch: send it synchronously.
+async fn via_batch(
+    ctx: &Ctx,
+    b: &std::sync::Arc<super::batching::Batcher>,
+    job: &mut Job<'_>,
+) -> Option<Sent> {
+    let worst = job.worst_cost * b.price_factor();
+    if !ctx.budget.try_reserve(worst) {
+        ctx.stop(StopCause::Budget(format!(
+            "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
+            ctx.budget.spent(),
+            ctx.budget.max().unwrap_or(0.0),
+            worst
+        )));
+        return Some(Sent::Stopped);
+    }
+    if let Err(message) = ensure_prompt(job) {
+        ctx.budget.settle(worst, 0.0);
+        return Some(Sent::RenderFailed(message));
+    }
+    let attempt = job.attempt + 1;
+    let id = custom_id(ctx, job.request_id, attempt);
+    // The batch takes the prompt: a waiting line keeps no copy of it.
+    let prompt = job.prompt.take().unwrap_or_else(|| Prompt {
+        system: None,
+        user: String::new(),
+    });
+    let request = ChatRequest {
+        model: job.stage.model.clone(),
+        system: prompt.system,
+        user: prompt.user,
+        max_tokens: job.stage.max_tokens,
+        temperature: job.stage.temperature,
+        response_schema: job.stage.response_schema.clone(),
+        client_request_id: id,
+        timeout: job.stage.request_timeout,
+    };
+    let started = std::time::Instant::now();
+    let rx = b.enqueue(job.request_id, attempt, request);
+    let reply = tokio::select! {
+        r = rx => r.ok(),
+        // The run lets go of its batches: the attempt stays recorded in
+        // its batch and a resume collects the result.
+        _ = b.detached().cancelled() => {
+            ctx.budget.settle(worst, 0.0);
+            return Some(Sent::Stopped);
+        }
+    };
+    match reply {
+        Some(Reply::GoSync) => {
+            ctx.budget.settle(worst, 0.0);
+            None
+        }
+        // Dropped before its batch was recorded: the run is stopping.
+        None => {
+            ctx.budget.settle(worst, 0.0);
+            Some(Sent::Stopped)
+        }
+        Some(r) => {
+            job.attempt = attempt;
+            job.via = Via::Batch;
+            job.reserved = worst;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(r);
+            Some(Box::pin(batch_reply(ctx, job, rx, started)).await)
+        }
+    }
+}
+
+/// A batch line's result as an attempt's outcome.
+async fn batch_reply(
+    ctx: &Ctx,
+    job: &mut Job<'_>,
+    rx: tokio::sync::oneshot::Receiver<Reply>,
+    started: std::time::Instant,
+) -> Sent {
+    job.via = Via::Batch;
+    let reply = match ctx.batcher(job.stage.index) {
+        Some(b) => tokio::select! {
+            r = rx => r.ok(),
+            _ = b.detached().cancelled() => None,
+        },
+        None => rx.await.ok(),
+    };
+    let Some(reply) = reply else {
+        ctx.budget.settle(job.reserved, 0.0);
+        return Sent::Stopped;
+    };
+    ctx.stats.in_flight.fetch_sub(1, Relaxed);
+    ctx.stats.batched.fetch_sub(1, Relaxed);
+    let base = AttemptRecord {
+        session_id: ctx.session_id.clone(),
+        request_id: job.request_id,
+        attempt: job.attempt,
+        latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+        ..Default::default()
+    };
+    match reply {
+        Reply::Answer(a) => Sent::Answer(base, a, None),
+        Reply::Error(e) => {
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::Failed(base, e)
+        }
+        Reply::NotRun(why) => {
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::NotRun(base, why)
+        }
+        // Waits for the operator: the attempt stays recorded in its batch.
+        Reply::Held(why) => {
+            tracing::info!(request = job.request_id, "held: {why}");
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::Stopped
+        }
+        Reply::GoSync => {
+            ctx.budget.settle(job.reserved, 0.0);
+            Sent::Stopped
+        }
+    }
+}
+
+/// A batch line that never ran: not billed. It goes again (a new batch, or
+/// synchronously) unless the run is stopping or its sends are used up.
+async fn on_not_run(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, why: String) -> Next {
+    job.transport_failures += 1;
+    let stopping = ctx.soft_stop.is_cancelled();
+    let exhausted = job.transport_failures >= job.stage.max_transport_attempts;
+    let rec = AttemptRecord {
+        state: "failed",
+        error_kind: Some("not_run".into()),
+        error_message: Some(why.clone()),
+        transport_failure: true,
+        will_retry: !stopping && !exhausted,
+        ..base
+    };
+    if exhausted && !stopping {
+        let msg = format!(
+            "gave up after {} sends that did not run: {why}",
+            job.transport_failures
+        );
+        return Next::Done(StageEnd::Failed(msg, Some(rec)));
+    }
+    if stopping {
+        // Back to pending: a resume (or a later session) sends it.
+        ctx.write(WriteOp::Attempt(rec)).await;
+        return Next::Done(StageEnd::Stopped);
+    }
+    ctx.stats.retries.fetch_add(1, Relaxed);
+    if ctx.write(WriteOp::Attempt(rec)).await {
+        Next::Retry
+    } else {
+        Next::Done(StageEnd::Stopped)
+    }
+}
+
+/// An answer came: account for it, gate it, route it or try again.
+async fn on_answer(
+    ctx: &Ctx,
+    job: &mut Job<'_>,
+    base: AttemptRecord,
+    answer: &ChatAnswer,
+    reservation: Option<Reservation>,
+) -> Next {
+    let factor = match (job.via, ctx.batcher(job.stage.index)) {
+        (Via::Batch, Some(b)) => b.price_factor(),
+        _ => 1.0,
+    };
+    // An answer without usage is charged its worst case: the budget must
+    // never believe a send was free.
+    let cost = match answer.usage {
+        Some(u) => {
+            job.stage
+                .price
+                .cost(u.input_tokens, u.cached_input_tokens, u.output_tokens)
+                * factor
+        }
+        None => job.worst_cost * factor,
+    };
+    ctx.budget.settle(job.reserved, cost);
+    if let Some(reservation) = reservation {
+        job.rt(ctx).limiter.on_success(
+            reservation,
+            answer.usage.map(|u| u.input_tokens + u.output_tokens),
+            &answer.headers,
+        );
+    }
+    let usage = answer.usage.unwrap_or_default();
+    ctx.stats
+        .add_usage(usage.input_tokens, usage.output_tokens, cost);
+    let rec = answered_record(base, answer, cost);
+    match judge(job.stage, answer) {
+        Ok(out) => Next::Done(StageEnd::Passed(out, rec)),
+        Err(reason) => {
+            job.gate_failures += 1;
+            let retry = job.gate_failures < job.stage.max_attempts;
+            // What the repair prompt shows: the answer and why it failed.
+            job.last_failure = Some((
+                answer
+                    .content
+                    .clone()
+                    .or_else(|| answer.refusal.clone())
+                    .unwrap_or_default(),
+                reason.to_string(),
+            ));
+            let rec = AttemptRecord {
+                error_kind: Some(reason.kind().into()),
+                error_message: Some(reason.to_string()),
+                gate_failure: true,
+                will_retry: retry,
+                ..rec
+            };
+            if !retry {
+                let msg = format!(
+                    "{reason} (after {} answers failed the gate)",
+                    job.gate_failures
+                );
+                return Next::Done(StageEnd::Failed(msg, Some(rec)));
+            }
+            ctx.stats.retries.fetch_add(1, Relaxed);
+            if ctx.write(WriteOp::Attempt(rec)).await {
+                Next::Retry
+            } else {
+                Next::Done(StageEnd::Stopped)
+            }
+        }
+    }
+}
+
+/// No answer: throttle, stop the session, fail the item, or back off.
+async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &ProviderError) -> Next {
+    // A batch line's error says nothing about the synchronous limits.
+    if job.via == Via::Sync {
+        match err.class {
+            ErrorClass::RateLimited | ErrorClass::Overloaded => {
+                job.rt(ctx).limiter.on_throttled(&err.headers)
+            }
+            _ => job.rt(ctx).limiter.on_other(&err.headers),
+        }
+    }
+    let is_rl = err.class == ErrorClass::RateLimited;
+    let ambiguous = err.class == ErrorClass::Ambiguous;
+    if is_rl {
+        ctx.stats.rate_limited.fetch_add(1, Relaxed);
+    }
+    if ambiguous {
+        ctx.stats.ambiguous.fetch_add(1, Relaxed);
+    }
+    let rec = AttemptRecord {
+        state: if ambiguous { "ambiguous" } else { "failed" },
+        http_status: err.http_status,
+        error_kind: Some(err.class.as_str().into()),
+        error_message: Some(err.message.clone()),
+        rate_limited: is_rl,
+        transport_failure: !is_rl && err.class.is_retryable(),
+        ..base
+    };
+    tracing::debug!(
+        request = job.request_id,
+        attempt = job.attempt,
+        "attempt failed: {err}"
+    );
+    if err.class.stops_session() {
+        tracing::warn!(session = %ctx.session_id, "stopping: {err}");
+        ctx.stop(StopCause::Fatal(fatal_message(
+            err,
+            &job.stage.provider_name,
+        )));
+        ctx.write(WriteOp::Attempt(rec)).await;
+        return Next::Done(StageEnd::Stopped);
+    }
+    if !err.class.is_retryable() {
+        return Next::Done(StageEnd::Failed(err.to_string(), Some(rec)));
+    }
+    let (exhausted, retry_no) = if is_rl {
+        job.rate_limited += 1;
+        (job.rate_limited > MAX_RATE_LIMIT_RETRIES, job.rate_limited)
+    } else {
+        job.transport_failures += 1;
+        (
+            job.transport_failures >= job.stage.max_transport_attempts,
+            job.transport_failures,
+        )
+    };
+    if exhausted {
+        let msg = format!("gave up after {retry_no} failed attempts: {err}");
+        return Next::Done(StageEnd::Failed(msg, Some(rec)));
+    }
+    ctx.stats.retries.fetch_add(1, Relaxed);
+    if !ctx
+        .write(WriteOp::Attempt(AttemptRecord {
+            will_retry: true,
+            ..rec
+        }))
+        .await
+    {
+        return Next::Done(StageEnd::Stopped);
+    }
+    let delay = ctx
+        .backoff
+        .delay_with_hint(retry_no, err.headers.retry_after, &mut rand::rng());
+    Next::RetryAfter(delay)
+}
+
+/// The name a provider's structured-output mode gets for the stage's schema.
+pub(super) fn schema_name(stage: &str) -> String {
+    let s: String = stage
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .take(64)
+        .collect();
+    if s.is_empty() { "answer".into() } else { s }
+}
+
+/// Gate the answer. A cut-off answer is truncation, not a parse error.
+fn judge(stage: &Stage, answer: &ChatAnswer) -> Result<GateOutput, Judged> {
+    if answer.finish_reason == FinishReason::Length {
+        return Err(Judged::Truncated(stage.max_tokens));
+    }
+    match (&answer.content, &answer.refusal) {
+        (_, Some(r)) if !r.is_empty() => Err(Judged::Refused(r.clone())),
+        (None, _) => Err(Judged::Gate(GateFailure::Empty)),
+        (Some(text), _) => stage.gate.check(text).map_err(Judged::Gate),
+    }
+}
+
+#[derive(Debug)]
+enum Judged {
+    Truncated(u64),
+    Refused(String),
+    Gate(GateFailure),
+}
+
+impl Judged {
+    fn kind(&self) -> &'static str {
+        match self {
+            Judged::Truncated(_) => "truncated",
+            Judged::Refused(_) => "refused",
+            Judged::Gate(_) => "gate",
+        }
+    }
+}
+
+impl std::fmt::Display for Judged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Judged::Truncated(n) => write!(
+                f,
+                "truncated: the answer hit max_tokens ({n}) before it finished (finish_reason=length)"
+            ),
+            Judged::Refused(r) => write!(
+                f,
+                "the model refused: {}",
+                crate::sanitize::truncate(r, 200)
+            ),
+            Judged::Gate(g) => write!(f, "parse error: {g}"),
+        }
+    }
+}
+
+fn answered_record(base: AttemptRecord, a: &ChatAnswer, cost: f64) -> AttemptRecord {
+    let u = a.usage;
+    AttemptRecord {
+        state: "answered",
+        output: a.content.clone().or_else(|| a.refusal.clone()),
+        finish_reason: Some(a.finish_reason.as_str().to_string()),
+        http_status: Some(a.http_status),
+        provider_request_id: a.provider_request_id.clone(),
+        model_reported: a.model.clone(),
+        input_tokens: u.map(|u| u.input_tokens),
+        output_tokens: u.map(|u| u.output_tokens),
+        cached_input_tokens: u.map(|u| u.cached_input_tokens),
+        reasoning_tokens: u.map(|u| u.reasoning_tokens),
+        cost_usd: cost,
+        ..base
+    }
+}
+
+fn fatal_message(err: &ProviderError, provider: &str) -> String {
+    match err.class {
+        ErrorClass::Auth => format!(
+            "the provider rejected the credentials ({err}). Check the key named by providers.{provider}.api_key_env, then resume."
+        ),
+        _ => format!(
+            "the provider says the quota or billing is exhausted ({err}). Add credit or raise the limit, then resume."
+        ),
+    }
+}
