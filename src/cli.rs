@@ -60,6 +60,11 @@ pub enum Command {
         /// Overwrite the scaffold files if a docket.toml is already there.
         #[arg(long)]
         force: bool,
+        /// A staged-pipeline example instead of the one-stage job: `critic`
+        /// (adjudicate, then a critic) or `judge-gym` (rubric_gen,
+        /// rubric_critic, score_gen, score_critic).
+        #[arg(long, value_enum)]
+        example: Option<ExampleArg>,
     },
     /// Load JSONL or CSV items as undecided (indeterminate) decisions.
     ///
@@ -189,6 +194,12 @@ pub struct DemoArgs {
     /// Keep the previous demo ledger instead of starting fresh.
     #[arg(long)]
     pub keep: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExampleArg {
+    Critic,
+    JudgeGym,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

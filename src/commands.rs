@@ -39,7 +39,11 @@ pub async fn run(cli: Cli) -> i32 {
             crate::console::open(&ws, &console_args, Pane::Stages, session).await
         }
         Command::Review => crate::console::open(&ws, &console_args, Pane::Review, None).await,
-        Command::Init { dir, force } => init(dir.as_deref().unwrap_or(&ws), force),
+        Command::Init {
+            dir,
+            force,
+            example,
+        } => init(dir.as_deref().unwrap_or(&ws), force, example),
         Command::Import {
             file,
             id_field,
@@ -109,8 +113,12 @@ fn with_ledger(ws: &Path, f: impl FnOnce(&rusqlite::Connection) -> Result<(), St
     }
 }
 
-fn init(dir: &Path, force: bool) -> i32 {
-    match docket::workspace::init(dir, force) {
+fn init(dir: &Path, force: bool, example: Option<crate::cli::ExampleArg>) -> i32 {
+    let example = example.map(|e| match e {
+        crate::cli::ExampleArg::Critic => docket::workspace::Example::Critic,
+        crate::cli::ExampleArg::JudgeGym => docket::workspace::Example::JudgeGym,
+    });
+    match docket::workspace::init_example(dir, force, example) {
         Ok(files) => {
             println!("Initialized a docket workspace in {}:", dir.display());
             for f in files {

@@ -25,6 +25,83 @@ const TEMPLATE_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// A worked example of a staged pipeline (`docket init --example NAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Example {
+    /// Adjudicate, then a mandatory critic of every answer (JSON schemas,
+    /// a repair prompt, the critic routing rule).
+    Critic,
+    /// The judge-gym shape: rubric_gen -> rubric_critic (a regex gate), then
+    /// score_gen (structured batching, after every rubric) -> score_critic.
+    JudgeGym,
+}
+
+const CRITIC_FILES: &[(&str, &str)] = &[
+    (
+        "docket.toml",
+        include_str!("../assets/examples/critic/docket.toml"),
+    ),
+    (
+        "prompts/adjudicate.j2",
+        include_str!("../assets/examples/critic/prompts/adjudicate.j2"),
+    ),
+    (
+        "prompts/system.txt",
+        include_str!("../assets/examples/critic/prompts/system.txt"),
+    ),
+    (
+        "prompts/repair.j2",
+        include_str!("../assets/examples/critic/prompts/repair.j2"),
+    ),
+    (
+        "prompts/critic.j2",
+        include_str!("../assets/examples/critic/prompts/critic.j2"),
+    ),
+    (
+        "schemas/adjudicate.schema.json",
+        include_str!("../assets/examples/critic/schemas/adjudicate.schema.json"),
+    ),
+    (
+        "schemas/critic.schema.json",
+        include_str!("../assets/examples/critic/schemas/critic.schema.json"),
+    ),
+];
+
+const JUDGE_GYM_FILES: &[(&str, &str)] = &[
+    (
+        "docket.toml",
+        include_str!("../assets/examples/judge-gym/docket.toml"),
+    ),
+    (
+        "prompts/rubric_gen.j2",
+        include_str!("../assets/examples/judge-gym/prompts/rubric_gen.j2"),
+    ),
+    (
+        "prompts/rubric_critic.j2",
+        include_str!("../assets/examples/judge-gym/prompts/rubric_critic.j2"),
+    ),
+    (
+        "prompts/score_gen.j2",
+        include_str!("../assets/examples/judge-gym/prompts/score_gen.j2"),
+    ),
+    (
+        "prompts/score_critic.j2",
+        include_str!("../assets/examples/judge-gym/prompts/score_critic.j2"),
+    ),
+    (
+        "schemas/rubric.schema.json",
+        include_str!("../assets/examples/judge-gym/schemas/rubric.schema.json"),
+    ),
+    (
+        "schemas/score.schema.json",
+        include_str!("../assets/examples/judge-gym/schemas/score.schema.json"),
+    ),
+    (
+        "schemas/score_critic.schema.json",
+        include_str!("../assets/examples/judge-gym/schemas/score_critic.schema.json"),
+    ),
+];
+
 /// Sample items written by `docket init`.
 pub const SAMPLE_ITEMS: &str = "items/sample.jsonl";
 const SAMPLE_COUNT: usize = 50;
@@ -43,6 +120,20 @@ pub enum WorkspaceError {
 
 /// Write a working workspace into `dir`. Returns the files written.
 pub fn init(dir: &Path, force: bool) -> Result<Vec<PathBuf>, WorkspaceError> {
+    init_example(dir, force, None)
+}
+
+/// `init`, with a staged-pipeline example instead of the one-stage job.
+pub fn init_example(
+    dir: &Path,
+    force: bool,
+    example: Option<Example>,
+) -> Result<Vec<PathBuf>, WorkspaceError> {
+    let files = match example {
+        None => TEMPLATE_FILES,
+        Some(Example::Critic) => CRITIC_FILES,
+        Some(Example::JudgeGym) => JUDGE_GYM_FILES,
+    };
     let io = |p: &Path| {
         let path = p.display().to_string();
         move |source| WorkspaceError::Io { path, source }
@@ -51,7 +142,7 @@ pub fn init(dir: &Path, force: bool) -> Result<Vec<PathBuf>, WorkspaceError> {
         return Err(WorkspaceError::Exists(dir.display().to_string()));
     }
     let mut written = Vec::new();
-    for (rel, body) in TEMPLATE_FILES {
+    for (rel, body) in files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(io(parent))?;

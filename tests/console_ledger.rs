@@ -1889,3 +1889,268 @@ fn provider_batches_on_a_ledger_without_the_table() {
         0
     );
 }
+
+// ---------------------------------------------------------------- staged pipelines
+
+impl Ledger {
+    #[allow(clippy::too_many_arguments)]
+    fn run_stage(
+        &self,
+        session: &str,
+        stage: &str,
+        position: i64,
+        critic_of: Option<&str>,
+        (total, completed, failed, skipped): (i64, i64, i64, i64),
+        state: &str,
+    ) {
+        self.conn
+            .execute(
+                "INSERT INTO run_stages (session_id, stage, position, role, critic_of, total, completed, failed,
+                     skipped, state, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1)",
+                params![
+                    session,
+                    stage,
+                    position,
+                    if critic_of.is_some() { "critic" } else { "generator" },
+                    critic_of,
+                    total,
+                    completed,
+                    failed,
+                    skipped,
+                    state
+                ],
+            )
+            .expect("insert run_stages");
+    }
+
+    fn session_request(
+        &self,
+        session: &str,
+        item_id: &str,
+        stage: &str,
+        position: i64,
+        rid: i64,
+        output: Option<&str>,
+    ) {
+        self.conn
+            .execute(
+                "INSERT INTO session_request (session_id, item_id, stage, position, request_id, state, output_json,
+                     updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, CASE WHEN ?6 IS NULL THEN 'pending' ELSE 'passed' END, ?6, 1)",
+                params![session, item_id, stage, position, rid, output],
+            )
+            .expect("insert session_request");
+    }
+}
+
+#[test]
+fn stages_come_from_run_stages_in_job_order() {
+    let l = Ledger::new();
+    let now = now_ts();
+    l.session("two", 1000.0, Some(now - 1.0), "running");
+    l.session("four", 1001.0, None, "running");
+    l.counters("two", 4, 2, 0);
+    // Written out of order: the query orders by position.
+    l.run_stage(
+        "two",
+        "critic",
+        1,
+        Some("adjudicate"),
+        (4, 1, 0, 1),
+        "running",
+    );
+    l.run_stage("two", "adjudicate", 0, None, (4, 3, 1, 0), "done");
+    for (i, (name, of, counts, state)) in [
+        ("rubric_gen", None, (10, 10, 0, 0), "done"),
+        ("rubric_critic", Some("rubric_gen"), (10, 9, 0, 1), "done"),
+        ("score_gen", None, (10, 4, 1, 0), "running"),
+        ("score_critic", Some("score_gen"), (10, 0, 0, 0), "pending"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        l.run_stage("four", name, i as i64, of, counts, state);
+    }
+    // In flight: two critic attempts (one a criterion asked on its own) in
+    // "two"; one score_gen attempt in "four".
+    for i in 0..3 {
+        l.item(&format!("i{i}"));
+    }
+    let c0 = l.request("i0", "critic", 1.0);
+    let c1 = l.request("i1", "critic:tone", 1.0);
+    let g2 = l.request("i2", "score_gen", 1.0);
+    l.message(c0, 1, "two", "sent", None, None, None, None);
+    l.message(c1, 1, "two", "sent", None, None, None, None);
+    l.message(g2, 1, "four", "sent", None, None, None, None);
+    l.conn
+        .execute(
+            "UPDATE llm_batch_session SET live_json = ?2, stop_after_stage = 'critic' WHERE session_id = ?1",
+            params!["two", r#"{"in_flight":1,"stage":"critic"}"#],
+        )
+        .expect("live_json");
+
+    let v = watch::session_view(&l.conn, "two")
+        .expect("view")
+        .expect("two");
+    let names: Vec<&str> = v.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["adjudicate", "critic"]);
+    let (g, c) = (&v.stages[0], &v.stages[1]);
+    assert_eq!(
+        (g.total, g.done, g.failed, g.skipped, g.in_flight),
+        (4, 4, 1, 0, 0)
+    );
+    assert_eq!(g.state.as_deref(), Some("done"));
+    assert!(!g.is_critic() && g.critic_of.is_none());
+    // done = passed + failed + skipped; the ledger's two open attempts
+    // outnumber the gauge's one.
+    assert_eq!(
+        (c.total, c.done, c.failed, c.skipped, c.in_flight),
+        (4, 2, 0, 1, 2)
+    );
+    assert!(c.is_critic());
+    assert_eq!(c.critic_of.as_deref(), Some("adjudicate"));
+    assert_eq!((c.position, c.state.as_deref()), (1, Some("running")));
+    assert!(!c.is_finished());
+    assert_eq!(v.stop_after_stage.as_deref(), Some("critic"));
+
+    let v = watch::session_view(&l.reopen(), "four")
+        .expect("view")
+        .expect("four");
+    let got: Vec<(&str, Option<&str>, u64, u64, u64, Option<&str>)> = v
+        .stages
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.critic_of.as_deref(),
+                s.done,
+                s.skipped,
+                s.in_flight,
+                s.state.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("rubric_gen", None, 10, 0, 0, Some("done")),
+            ("rubric_critic", Some("rubric_gen"), 10, 1, 0, Some("done")),
+            ("score_gen", None, 5, 0, 1, Some("running")),
+            ("score_critic", Some("score_gen"), 0, 0, 0, Some("pending")),
+        ]
+    );
+    assert!(v.stages[0].is_finished() && !v.stages[2].is_finished());
+
+    // Odd values never fail the view: NULL-ish and mistyped counts read as 0.
+    l.conn
+        .execute(
+            "UPDATE run_stages SET total = 'lots', completed = -3, critic_of = '' WHERE session_id = 'four'
+                 AND stage = 'rubric_critic'",
+            [],
+        )
+        .expect("odd");
+    let v = watch::session_view(&l.conn, "four")
+        .expect("odd view")
+        .expect("four");
+    let s = &v.stages[1];
+    assert_eq!((s.total, s.done, s.critic_of.as_deref()), (0, 1, None));
+    assert!(s.is_critic(), "its role still says critic");
+}
+
+#[test]
+fn review_detail_pairs_the_generator_with_its_critic() {
+    let l = Ledger::new();
+    l.session("s", 1000.0, None, "running");
+    l.run_stage("s", "adjudicate", 0, None, (1, 1, 0, 0), "done");
+    l.run_stage("s", "critic", 1, Some("adjudicate"), (1, 1, 0, 0), "done");
+    l.item("song-1");
+    let g = l.request("song-1", "adjudicate", 1.0);
+    let c = l.request("song-1", "critic", 2.0);
+    let answer = r#"{"label":"match","confidence":0.93,"rationale":"same ISRC"}"#;
+    let critique = r#"{"verdict":"disagree","confidence":0.6,"rationale":"live \u001b[2Jversion"}"#;
+    l.answer(g, "s", answer, (10, 5), 0.001);
+    l.answer(c, "s", critique, (12, 6), 0.002);
+    l.session_request("s", "song-1", "adjudicate", 0, g, Some(answer));
+    l.session_request("s", "song-1", "critic", 1, c, Some(critique));
+    l.conn
+        .execute(
+            "INSERT INTO llm_batch_result (session_id, item_id, processed_at, outcome, answer_json, confidence,
+                 rationale, stage, request_id, critic_json, critic_verdict, routing_note)
+             VALUES ('s', 'song-1', 5, 'review', ?1, 0.93, 'same ISRC', 'adjudicate', ?2, ?3, 'disagree',
+                 'critic disagreed: accept -> review')",
+            params![answer, g, critique],
+        )
+        .expect("result");
+    let rid = l.review("song-1", "s", Some(0.93), "same ISRC", Some(g));
+
+    let d = watch::review_detail(&l.conn, rid)
+        .expect("detail")
+        .expect("exists");
+    assert_eq!(
+        d.routing_note.as_deref(),
+        Some("critic disagreed: accept -> review")
+    );
+    let gen_ = d.generator.expect("generator");
+    assert_eq!(gen_.stage, "adjudicate");
+    assert_eq!(gen_.output_json.as_deref(), Some(answer));
+    assert_eq!(
+        (gen_.confidence, gen_.rationale.as_deref()),
+        (Some(0.93), Some("same ISRC"))
+    );
+    assert_eq!(gen_.verdict, None);
+    let crit = d.critic.expect("critic");
+    assert_eq!(crit.stage, "critic");
+    assert_eq!(crit.verdict.as_deref(), Some("disagree"));
+    assert_eq!(crit.confidence, Some(0.6));
+    // As stored: the renderer sanitizes.
+    assert_eq!(crit.rationale.as_deref(), Some("live \u{1b}[2Jversion"));
+    assert_eq!(crit.output_json.as_deref(), Some(critique));
+    // Every stage's own output is still listed.
+    assert_eq!(d.stages.len(), 2);
+
+    // No critic_json on the result (an engine that did not write it): the
+    // critic's passed output from session_request stands in.
+    l.conn
+        .execute(
+            "UPDATE llm_batch_result SET critic_json = NULL, critic_verdict = NULL, routing_note = NULL",
+            [],
+        )
+        .expect("clear");
+    let d = watch::review_detail(&l.conn, rid)
+        .expect("detail")
+        .expect("exists");
+    assert_eq!(d.routing_note, None);
+    let crit = d.critic.expect("critic from its request");
+    assert_eq!(crit.verdict.as_deref(), Some("disagree"));
+    assert_eq!(crit.output_json.as_deref(), Some(critique));
+
+    // A one-stage session: no critic, the layout of old.
+    l.session("one", 1001.0, None, "completed");
+    l.run_stage("one", "adjudicate", 0, None, (1, 1, 0, 0), "done");
+    l.item("song-2");
+    let r2 = l.request("song-2", "adjudicate", 1.0);
+    l.conn
+        .execute(
+            "INSERT INTO llm_batch_result (session_id, item_id, processed_at, outcome, answer_json, confidence,
+                 stage, request_id)
+             VALUES ('one', 'song-2', 5, 'review', '{\"label\":\"x\"}', 0.5, 'adjudicate', ?1)",
+            params![r2],
+        )
+        .expect("result");
+    let rid2 = l.review("song-2", "one", Some(0.5), "meh", Some(r2));
+    let d2 = watch::review_detail(&l.conn, rid2)
+        .expect("detail")
+        .expect("exists");
+    assert!(d2.critic.is_none());
+    assert_eq!(d2.generator.expect("generator").stage, "adjudicate");
+    assert_eq!(d2.routing_note, None);
+
+    // A review item with no session result at all: neither.
+    l.item("song-3");
+    let rid3 = l.review("song-3", "one", None, "x", None);
+    let d3 = watch::review_detail(&l.conn, rid3)
+        .expect("detail")
+        .expect("exists");
+    assert!(d3.generator.is_none() && d3.critic.is_none());
+}

@@ -279,7 +279,9 @@ fn seed(conn: &Connection) {
     // judge-gym: rubric_gen, rubric_critic (regex), score_gen, score_critic
     // (its schema file is missing: the data's keys, sorted).
     session(conn, GYM, GYM_SNAPSHOT);
-    let gym: &[(i64, &str, &str, i64, &str, Option<&str>)] = &[
+    // (request id, item, stage, position, state, parsed output)
+    type Row<'a> = (i64, &'a str, &'a str, i64, &'a str, Option<&'a str>);
+    let gym: &[Row] = &[
         (
             30,
             "g1",

@@ -129,6 +129,9 @@ pub(super) struct Job<'a> {
     reserved: f64,
     /// The result of a re-attached batch line (a resume).
     reattached: Option<tokio::sync::oneshot::Receiver<Reply>>,
+    /// A narrower structured-output schema than the stage's (a criterion
+    /// asked on its own must be answered).
+    schema: Option<std::sync::Arc<(String, Value)>>,
 }
 
 /// How an attempt goes out.
@@ -180,6 +183,7 @@ impl<'a> Job<'a> {
             via: Via::Sync,
             reserved: 0.0,
             reattached: None,
+            schema: None,
         };
         let prompt = job.render()?;
         // With a budget the worst case must not be underestimated, so the real
@@ -195,6 +199,18 @@ impl<'a> Job<'a> {
         job.worst_cost = stage.price.cost(job.est_prompt, 0, stage.max_tokens);
         job.prompt = Some(prompt);
         Ok(job)
+    }
+
+    /// Send this schema as the structured output instead of the stage's.
+    pub(super) fn with_schema(mut self, schema: Option<std::sync::Arc<(String, Value)>>) -> Self {
+        self.schema = schema;
+        self
+    }
+
+    fn response_schema(&self) -> Option<std::sync::Arc<(String, Value)>> {
+        self.schema
+            .clone()
+            .or_else(|| self.stage.response_schema.clone())
     }
 
     fn rt<'c>(&self, ctx: &'c Ctx) -> &'c StageRt {
@@ -340,7 +356,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         user: prompt.user.clone(),
         max_tokens: job.stage.max_tokens,
         temperature: job.stage.temperature,
-        response_schema: job.stage.response_schema.clone(),
+        response_schema: job.response_schema(),
         client_request_id,
         timeout: job.stage.request_timeout,
     };
@@ -415,7 +431,7 @@ async fn via_batch(
         user: prompt.user,
         max_tokens: job.stage.max_tokens,
         temperature: job.stage.temperature,
-        response_schema: job.stage.response_schema.clone(),
+        response_schema: job.response_schema(),
         client_request_id: id,
         timeout: job.stage.request_timeout,
     };

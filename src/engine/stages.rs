@@ -83,7 +83,7 @@ impl Stage {
             Some(schema) => {
                 if let Some(props) = schema.get("properties").and_then(Value::as_object) {
                     for (k, v) in props {
-                        m.insert(k.clone(), placeholder(v));
+                        m.insert(k.clone(), placeholder(v, schema, 0));
                     }
                 }
             }
@@ -103,7 +103,29 @@ impl Stage {
     }
 }
 
-fn placeholder(schema: &Value) -> Value {
+/// A stand-in value for `schema` (local `$ref`s resolved against `root`).
+fn placeholder(schema: &Value, root: &Value, depth: usize) -> Value {
+    if depth > 16 {
+        return Value::Null;
+    }
+    if let Some(target) = schema
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+        .and_then(|ptr| root.pointer(ptr))
+    {
+        return placeholder(target, root, depth + 1);
+    }
+    if let Some(first) = ["anyOf", "oneOf", "allOf"]
+        .iter()
+        .find_map(|k| schema.get(*k).and_then(Value::as_array))
+        .and_then(|a| {
+            a.iter()
+                .find(|s| s.get("type").and_then(Value::as_str) != Some("null"))
+        })
+    {
+        return placeholder(first, root, depth + 1);
+    }
     if let Some(e) = schema
         .get("enum")
         .and_then(Value::as_array)
@@ -122,7 +144,13 @@ fn placeholder(schema: &Value) -> Value {
                 .to_string(),
             other => other.as_str().unwrap_or("string").to_string(),
         })
-        .unwrap_or_else(|| "string".into());
+        .unwrap_or_else(|| {
+            if schema.get("properties").is_some() {
+                "object".into()
+            } else {
+                "string".into()
+            }
+        });
     match ty.as_str() {
         "number" => Value::from(0.5),
         "integer" => Value::from(1),
@@ -132,7 +160,7 @@ fn placeholder(schema: &Value) -> Value {
             let mut m = Map::new();
             if let Some(props) = schema.get("properties").and_then(Value::as_object) {
                 for (k, v) in props {
-                    m.insert(k.clone(), placeholder(v));
+                    m.insert(k.clone(), placeholder(v, root, depth + 1));
                 }
             }
             Value::Object(m)

@@ -389,7 +389,7 @@ async fn fill_criteria(
             transport_retries: 0,
         });
         let job = match Job::new(item, stage, request_id, counters, extra) {
-            Ok(job) => job,
+            Ok(job) => job.with_schema(criterion_schema(stage, &criterion)),
             Err(message) => return Filled::Failed(message, None),
         };
         let done = |passed: bool, parsed: Option<String>, error: Option<String>| StageDone {
@@ -446,6 +446,28 @@ async fn fill_criteria(
         }
     }
     Filled::All
+}
+
+/// The stage's structured-output schema narrowed to one criterion, now
+/// required: the other criteria are left out, the stage's required fields
+/// stay. (The stage's own gate still checks the answer.)
+fn criterion_schema(stage: &Stage, criterion: &str) -> Option<std::sync::Arc<(String, Value)>> {
+    let (name, schema) = stage.response_schema.as_deref()?;
+    let mut schema = schema.clone();
+    if let Some(Value::Object(props)) = schema.get_mut("properties") {
+        props.retain(|k, _| k == criterion || !stage.criteria.iter().any(|c| c == k));
+    }
+    if let Some(obj) = schema.as_object_mut() {
+        let req = obj
+            .entry("required")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(a) = req
+            && !a.iter().any(|v| v.as_str() == Some(criterion))
+        {
+            a.push(Value::String(criterion.to_string()));
+        }
+    }
+    Some(std::sync::Arc::new((name.clone(), schema)))
 }
 
 fn merge(output: &mut Value, criterion: &str, v: Value) {

@@ -110,7 +110,7 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
     if let Some((name, schema)) = req.response_schema.as_deref() {
         body["response_format"] = json!({
             "type": "json_schema",
-            "json_schema": {"name": name, "strict": true, "schema": schema},
+            "json_schema": {"name": name, "strict": strict_ok(schema), "schema": schema},
         });
     }
     body
@@ -378,6 +378,38 @@ pub(crate) fn redact(text: &str) -> String {
     out
 }
 
+/// Whether OpenAI's strict structured outputs take `schema`: every object
+/// lists all its properties as required and allows no others. A schema with
+/// optional properties (structured batching's criteria) goes non-strict
+/// rather than being refused; docket's own gate checks it either way.
+pub(crate) fn strict_ok(schema: &Value) -> bool {
+    fn walk(v: &Value, depth: usize) -> bool {
+        if depth > 32 {
+            return true;
+        }
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::Object(props)) = m.get("properties") {
+                    let required: Vec<&str> = m
+                        .get("required")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    if props.keys().any(|k| !required.contains(&k.as_str()))
+                        || m.get("additionalProperties") != Some(&Value::Bool(false))
+                    {
+                        return false;
+                    }
+                }
+                m.values().all(|x| walk(x, depth + 1))
+            }
+            Value::Array(a) => a.iter().all(|x| walk(x, depth + 1)),
+            _ => true,
+        }
+    }
+    walk(schema, 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,6 +559,15 @@ mod tests {
         assert_eq!(b["messages"][1]["content"], "u");
         assert_eq!(b["response_format"]["type"], "json_schema");
         assert_eq!(b["response_format"]["json_schema"]["strict"], true);
+        // Optional properties (criteria an answer may leave out): not strict.
+        assert!(!strict_ok(
+            &json!({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},
+            "required":["a"],"additionalProperties":false})
+        ));
+        assert!(strict_ok(
+            &json!({"type":"object","properties":{"a":{"type":"object","properties":{"x":{"type":"number"}},
+            "required":["x"],"additionalProperties":false}},"required":["a"],"additionalProperties":false})
+        ));
         assert_eq!(b["max_completion_tokens"], 100);
         assert!(b.get("max_tokens").is_none());
         let mut b = b;

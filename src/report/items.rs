@@ -641,10 +641,10 @@ fn shape(node: &Ordered, root: &Ordered, depth: usize) -> Shape {
                 .filter_map(Ordered::as_str)
                 .filter(|t| *t != "null")
                 .collect();
-            if ts.len() == 1 {
-                if let Some(s) = named(ts[0]) {
-                    return s;
-                }
+            if ts.len() == 1
+                && let Some(s) = named(ts[0])
+            {
+                return s;
             }
             let leaves = ts.iter().map(|t| match named(t) {
                 Some(Shape::Leaf(f)) => f,

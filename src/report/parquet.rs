@@ -183,3 +183,48 @@ impl<W: Write + Send> ParquetWriter<W> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::RowAccessor;
+
+    #[test]
+    fn several_row_groups_and_nulls() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let file = std::fs::File::create(&path).unwrap();
+        let kinds = [Kind::Int, Kind::Text, Kind::Float, Kind::Bool];
+        let mut w = ParquetWriter::new(file, &["n", "s", "f", "b"], &kinds).unwrap();
+        let rows = ROW_GROUP_ROWS + 10;
+        for i in 0..rows {
+            let cells = if i % 2 == 0 {
+                vec![
+                    Cell::Int(i as i64),
+                    Cell::Text(format!("r{i}")),
+                    Cell::Float(0.5),
+                    Cell::Bool(true),
+                ]
+            } else {
+                vec![Cell::Null, Cell::Null, Cell::Null, Cell::Null]
+            };
+            w.write(&cells).unwrap();
+        }
+        w.finish().unwrap();
+        let r = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+        let meta = r.metadata();
+        assert_eq!(meta.num_row_groups(), 2);
+        assert_eq!(meta.file_metadata().num_rows(), rows as i64);
+        let tail: Vec<_> = r
+            .get_row_iter(None)
+            .unwrap()
+            .skip(rows - 2)
+            .map(|x| x.unwrap())
+            .collect();
+        // ROW_GROUP_ROWS + 8 is even: a value, in the second row group.
+        assert_eq!(tail[0].get_long(0).unwrap(), (rows - 2) as i64);
+        assert_eq!(tail[0].get_string(1).unwrap(), &format!("r{}", rows - 2));
+        assert!(tail[1].is_null(0).unwrap());
+    }
+}
