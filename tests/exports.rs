@@ -304,7 +304,8 @@ fn seed(conn: &Connection) {
             "score_gen",
             2,
             "passed",
-            Some(r#"{"score":4,"confidence":0.7,"rationale":"good"}"#),
+            // The answer left the score out; it was asked on its own.
+            Some(r#"{"confidence":0.7,"rationale":"good"}"#),
         ),
         (
             33,
@@ -343,6 +344,26 @@ fn seed(conn: &Connection) {
         request(conn, *id, item, stage, status, attempt, 0, *parsed);
         link(conn, GYM, item, stage, *pos, *id, state);
     }
+    // Structured batching's follow-up ("STAGE:CRITERION"), merged into the
+    // stage's output: no columns of its own, its cost in the item's totals.
+    request(
+        conn,
+        34,
+        "g1",
+        "score_gen:score",
+        "completed",
+        1,
+        0,
+        Some(r#"{"score":4}"#),
+    );
+    link(conn, GYM, "g1", "score_gen:score", 2, 34, "passed");
+    message(conn, GYM, 34, 1, (10, 2), 0.0001);
+    conn.execute(
+        "UPDATE session_request SET output_json = ?1 \
+         WHERE session_id = ?2 AND item_id = 'g1' AND stage = 'score_gen'",
+        [r#"{"confidence":0.7,"rationale":"good","score":4}"#, GYM],
+    )
+    .unwrap();
     conn.execute_batch(
         "INSERT INTO session_item (session_id, position, item_id, request_id) VALUES \
            ('batch_gym', 0, 'g1', 30), ('batch_gym', 1, 'g2', 40); \
@@ -549,7 +570,10 @@ fn items_jsonl_values_and_types() {
     assert_eq!(g[0]["rubric_critic__verdict"], json!("ok"));
     assert_eq!(g[0]["rubric_critic__confidence"], json!(0.75));
     assert_eq!(g[0]["rubric_gen__criteria"], json!(r#"["c1","c2"]"#));
+    // From the stage's merged output (the follow-up's answer).
     assert_eq!(g[0]["score_gen__score"], json!(4));
+    assert_eq!(g[0]["attempts"], json!(5), "four stages and the follow-up");
+    assert_eq!(g[0]["input_tokens"], json!(10));
     assert_eq!(g[0]["score_critic__adjusted__score"], json!(3));
     assert_eq!(g[0]["score_critic__agree"], json!(true));
     assert_eq!(g[1]["outcome"], json!("error"));
@@ -781,8 +805,22 @@ fn requests_one_row_per_stage_request() {
     assert_eq!(skipped["last_client_request_id"], Value::Null);
     assert_eq!(rows[4]["last_error"], json!("gate: not JSON"));
 
-    let (n, _) = text(&ws, GYM, ExportWhat::Requests, ExportFormat::Csv);
-    assert_eq!(n, 8);
+    let (n, t) = text(&ws, GYM, ExportWhat::Requests, ExportFormat::Jsonl);
+    assert_eq!(n, 9, "the follow-up is a request of its own");
+    let stages: Vec<String> = jsonl(&t)
+        .iter()
+        .map(|r| r["stage"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        stages[..5],
+        [
+            "rubric_gen",
+            "rubric_critic",
+            "score_gen",
+            "score_gen:score",
+            "score_critic"
+        ]
+    );
 
     // Every session's requests, each with its session.
     let mut out = Vec::new();
@@ -791,7 +829,7 @@ fn requests_one_row_per_stage_request() {
         what: ExportWhat::Requests,
         format: ExportFormat::Jsonl,
     };
-    assert_eq!(export(&ws.conn(), &all, &mut out).unwrap(), 16);
+    assert_eq!(export(&ws.conn(), &all, &mut out).unwrap(), 17);
     let rows = jsonl(&String::from_utf8(out).unwrap());
     assert_eq!(rows[0]["session_id"], json!(TWO));
     assert_eq!(rows.last().unwrap()["session_id"], json!(GYM));

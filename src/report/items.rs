@@ -219,7 +219,13 @@ impl ItemTable {
             .query_map([session], |r| r.get::<_, String>(0))?
             .collect::<Result<Vec<_>, _>>()?;
         for n in known {
-            if !names.contains(&n) {
+            // "STAGE:CRITERION": a criterion the stage's answer left out,
+            // asked on its own and merged into the stage's output; not a
+            // stage of the job (its costs count in the item's totals).
+            let follow_up = n
+                .split_once(':')
+                .is_some_and(|(base, _)| names.iter().any(|x| x == base));
+            if !follow_up && !names.contains(&n) {
                 names.push(n);
             }
         }
@@ -329,18 +335,20 @@ impl ItemTable {
             let (mut attempts, mut input, mut output, mut cost) = (0i64, 0i64, 0i64, 0f64);
             let mut any = false;
             while let Some(sr) = stage_rows.next()? {
-                let name: String = sr.get(0)?;
-                let Some(&(si, off)) = offsets.get(&name) else {
-                    continue;
-                };
+                // Totals over every request of the item, criterion
+                // follow-ups included; columns only for the job's stages.
                 any = true;
-                for (j, kind) in STAGE_KINDS.iter().enumerate() {
-                    cells[off + j] = read_cell(sr, j + 1, *kind)?;
-                }
                 attempts += sr.get::<_, Option<i64>>(3)?.unwrap_or(0);
                 input += sr.get::<_, Option<i64>>(6)?.unwrap_or(0);
                 output += sr.get::<_, Option<i64>>(7)?.unwrap_or(0);
                 cost += sr.get::<_, Option<f64>>(8)?.unwrap_or(0.0);
+                let name: String = sr.get(0)?;
+                let Some(&(si, off)) = offsets.get(&name) else {
+                    continue;
+                };
+                for (j, kind) in STAGE_KINDS.iter().enumerate() {
+                    cells[off + j] = read_cell(sr, j + 1, *kind)?;
+                }
                 let parsed: Option<Value> = sr
                     .get::<_, Option<String>>(5)?
                     .and_then(|s| serde_json::from_str(&s).ok());
