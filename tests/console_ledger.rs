@@ -2017,7 +2017,8 @@ fn stages_come_from_run_stages_in_job_order() {
     let v = watch::session_view(&l.reopen(), "four")
         .expect("view")
         .expect("four");
-    let got: Vec<(&str, Option<&str>, u64, u64, u64, Option<&str>)> = v
+    type Row<'a> = (&'a str, Option<&'a str>, u64, u64, u64, Option<&'a str>);
+    let got: Vec<Row> = v
         .stages
         .iter()
         .map(|s| {

@@ -1230,7 +1230,7 @@ fn critic_columns_keep_to_their_width() {
     let mut rows_with_y = 0;
     for y in heading + 1..evidence {
         let row: Vec<char> = row_text(&buf, y).chars().collect();
-        if row.iter().any(|&c| c == 'y') {
+        if row.contains(&'y') {
             rows_with_y += 1;
             assert_eq!(
                 row[divider],

@@ -639,7 +639,7 @@ async fn a_changed_template_is_not_reused_or_sent_again_unless_asked() {
         Default::default(),
     )
     .await;
-    let e = refused.err().expect("refused").to_string();
+    let e = refused.expect_err("refused").to_string();
     assert!(
         e.contains("another prompt template") && e.contains("--rerun-stage adjudicate"),
         "{e}"

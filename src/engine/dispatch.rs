@@ -131,7 +131,7 @@ impl Ctx {
         item: &crate::ledger::store::WorkItem,
         stage: &super::stages::Stage,
         name: &str,
-    ) -> Option<(i64, Option<String>)> {
+    ) -> Option<crate::ledger::writer::MadeRequest> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let op = WriteOp::Request(crate::ledger::writer::NewRequest {
             session_id: self.session_id.clone(),
@@ -551,12 +551,10 @@ async fn feed_group(
             }
         }
     }
-    // The last group's last items: nothing more will come to the batchers
-    // of its stages.
-    if group.end == ctx.p.stages.len() {
-        for b in ctx.batchers() {
-            b.feed_done();
-        }
+    // Every item of the group is handed out: cut what waits without
+    // waiting for the TIME trigger.
+    for b in ctx.batchers() {
+        b.feed_done();
     }
     while let Some(done) = workers.join_next().await {
         note_crash(ctx, done);
@@ -837,7 +835,17 @@ async fn control_loop(
 ) {
     let conn = match crate::ledger::open_read_only(&ctx.p.ledger_path) {
         Ok(c) => Arc::new(std::sync::Mutex::new(c)),
-        Err(_) => return,
+        Err(e) => {
+            // Without it nothing obeys the ledger or writes a heartbeat:
+            // stop (resumably) rather than run blind.
+            ctx.stop(StopCause::LedgerFailed(format!(
+                "cannot watch the ledger's run controls: {e}"
+            )));
+            for b in ctx.batchers() {
+                b.detach();
+            }
+            return;
+        }
     };
     let mut tick = tokio::time::interval(CONTROL_POLL);
     let mut hard_deadline: Option<Instant> = None;
@@ -1014,7 +1022,11 @@ fn obey(
             reporter.line(&format!("Stop after stage requested: {message}."));
             ctx.event("info", "stop_at_stage", message);
         }
-        None => seen.stop_after_stage = None,
+        None => {
+            if seen.stop_after_stage.take().is_some() {
+                *ctx.stop_after.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+        }
         Some(_) => {}
     }
     if controls.tune != seen.tune {

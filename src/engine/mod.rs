@@ -502,20 +502,6 @@ fn resume_session(
             )));
         }
         check_same_job(p, &s)?;
-        if let Some(from) = p.rerun_from {
-            if store::run_by_live_process(&conn, id)? {
-                return Err(EngineError::Usage(format!(
-                    "session {id} is being run right now; pause it (`docket pause {id}`) before asking a stage again"
-                )));
-            }
-            let actor = format!("cli:{}", crate::review::Operator::current().user);
-            let r = rerun::rerun_stages(&mut conn, p, id, from, &actor)?;
-            reporter.line(&format!(
-                "Asking stage \"{}\" and the stages after it again: {} requests for {} items get a new request_version \
-                 ({} outcomes moved to llm_batch_result_history; their auto-accepts undone).",
-                p.stages[from].name, r.requests, r.items, r.outcomes_superseded
-            ));
-        }
         let ambiguous = match store::repair_interrupted(&mut conn, id, max_cost)? {
             store::Repair::Repaired { ambiguous } => ambiguous,
             store::Repair::Live {
@@ -531,6 +517,21 @@ fn resume_session(
                 )));
             }
         };
+        // Asked again only once this process holds the session (the repair
+        // above claimed it under the write lock): no live engine runs it.
+        if let Some(from) = p.rerun_from {
+            let actor = format!("cli:{}", crate::review::Operator::current().user);
+            let r = rerun::rerun_stages(&mut conn, p, id, from, &actor).map_err(|e| match e {
+                rusqlite::Error::InvalidParameterName(m) => EngineError::Usage(m),
+                e => e.into(),
+            })?;
+            reporter.line(&format!(
+                "Asking stage \"{}\" and the stages after it again: {} requests for {} items get a new request_version \
+                 ({} outcomes moved to llm_batch_result_history; their auto-accepts undone).",
+                p.stages[from].name, r.requests, r.items, r.outcomes_superseded
+            ));
+        }
+        let s = store::load_session(&conn, id)?.unwrap_or(s);
         reporter.line(&format!(
             "Resuming session {id}: {} of {} items already processed{}",
             s.processed_count,

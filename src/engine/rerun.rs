@@ -4,7 +4,7 @@
 //! item's outcome is moved to `llm_batch_result_history` and its
 //! auto-accepted decision is undone, so the new answers decide it again.
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Prepared;
 use crate::ledger::now_ts;
@@ -27,12 +27,44 @@ pub fn rerun_stages(
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut done = Rerun::default();
+    // Lines of open provider batches point at the requests being replaced:
+    // they would be paid for and then dropped. Collect or cancel them first.
+    let open: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1 AND state != 'ingested'",
+        params![session_id],
+        |r| r.get(0),
+    )?;
+    if open > 0 {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "session {session_id} has {open} provider batch(es) still open: resume it to collect them (or cancel them) before asking a stage again"
+        )));
+    }
     let items: Vec<String> = tx
         .prepare("SELECT item_id FROM session_item WHERE session_id = ?1 ORDER BY position")?
         .query_map(params![session_id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     let why = format!("rerun-stage {} by {actor}", p.stages[from].name);
+    let earlier: Vec<&str> = p.stages[..from].iter().map(|s| s.name.as_str()).collect();
     for item in &items {
+        // An item that did not get through the stages before the rerun one
+        // keeps its outcome: there is nothing for those stages to judge.
+        let mut through = true;
+        for stage in &earlier {
+            let state: Option<String> = tx
+                .query_row(
+                    "SELECT state FROM session_request WHERE session_id = ?1 AND item_id = ?2 AND stage = ?3",
+                    params![session_id, item, stage],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if state.as_deref() != Some("passed") {
+                through = false;
+                break;
+            }
+        }
+        if !through {
+            continue;
+        }
         for stage in &p.stages[from..] {
             let version: i64 = tx.query_row(
                 "SELECT COALESCE(MAX(request_version), 0) + 1 FROM llm_requests
@@ -52,6 +84,11 @@ pub fn rerun_stages(
                  ON CONFLICT (session_id, item_id, stage) DO UPDATE SET
                      request_id = excluded.request_id, state = 'pending', output_json = NULL, updated_at = excluded.updated_at",
                 params![session_id, item, stage.name, stage.index as i64, request_id, now],
+            )?;
+            // Criteria asked on their own for the old answer go with it.
+            tx.execute(
+                "DELETE FROM session_request WHERE session_id = ?1 AND item_id = ?2 AND stage LIKE ?3 || ':%'",
+                params![session_id, item, stage.name],
             )?;
             if stage.index == 0 {
                 tx.execute(

@@ -117,7 +117,9 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                         Filled::All => {}
                         Filled::Stopped => return,
                         Filled::Failed(message, rec) => {
-                            fail(ctx, &item, k, sw, message, rec).await;
+                            // The stage's own answer passed (and was paid
+                            // for): it stays reusable; only the item fails.
+                            fail_keeping_request(ctx, &item, k, sw, message, rec).await;
                             return;
                         }
                     }
@@ -207,6 +209,7 @@ fn stage_done(
         error_message: None,
         skipped: Vec::new(),
         settle_item: true,
+        update_request: true,
     }
 }
 
@@ -220,11 +223,36 @@ async fn fail(
     message: String,
     rec: Option<AttemptRecord>,
 ) {
+    fail_with(ctx, item, k, sw, message, rec, true).await
+}
+
+/// `fail`, leaving the stage's own request as it is (its answer passed).
+async fn fail_keeping_request(
+    ctx: &Ctx,
+    item: &WorkItem,
+    k: usize,
+    sw: &StageWork,
+    message: String,
+    rec: Option<AttemptRecord>,
+) {
+    fail_with(ctx, item, k, sw, message, rec, false).await
+}
+
+async fn fail_with(
+    ctx: &Ctx,
+    item: &WorkItem,
+    k: usize,
+    sw: &StageWork,
+    message: String,
+    rec: Option<AttemptRecord>,
+    update_request: bool,
+) {
     let p = &ctx.p;
     let stage = &p.stages[k];
     let done = StageDone {
         error_message: Some(message.clone()),
         skipped: p.stages[k + 1..].iter().map(|s| s.name.clone()).collect(),
+        update_request,
         ..stage_done(ctx, item, stage, sw, false, None)
     };
     let answer = p.answer_stage();
@@ -332,6 +360,7 @@ async fn fill_criteria(
         .collect();
     for criterion in missing {
         let name = format!("{}:{criterion}", stage.name);
+        let mut made_attempts = 0;
         let (request_id, sw) = match stage_work(item, &name) {
             Some(sw) if sw.state == "passed" => {
                 if let Some(v) = sw
@@ -347,7 +376,12 @@ async fn fill_criteria(
             }
             Some(sw) => (sw.request_id, Some(sw)),
             None => match ctx.follow_up(item, stage, &name).await {
-                Some((id, Some(parsed))) => {
+                Some(crate::ledger::writer::MadeRequest {
+                    request_id: id,
+                    answered: Some(parsed),
+                    attempts,
+                }) => {
+                    made_attempts = attempts;
                     // The same question was answered before: reused.
                     let v = serde_json::from_str::<Value>(&parsed)
                         .ok()
@@ -365,6 +399,7 @@ async fn fill_criteria(
                             error_message: None,
                             skipped: Vec::new(),
                             settle_item: true,
+                            update_request: true,
                         };
                         if !ctx.write(WriteOp::Stage(None, reused)).await {
                             return Filled::Stopped;
@@ -374,7 +409,10 @@ async fn fill_criteria(
                     }
                     (id, None)
                 }
-                Some((id, None)) => (id, None),
+                Some(made) => {
+                    made_attempts = made.attempts;
+                    (made.request_id, None)
+                }
                 None => return Filled::Stopped,
             },
         };
@@ -383,8 +421,10 @@ async fn fill_criteria(
             "criteria".into(),
             Value::Array(vec![Value::String(criterion.clone())]),
         );
+        // A request made now may have attempts from an earlier session:
+        // new ones are numbered after them.
         let counters = sw.map(counters).unwrap_or(Counters {
-            attempt: 0,
+            attempt: made_attempts,
             gate_failures: 0,
             transport_retries: 0,
         });
@@ -403,6 +443,7 @@ async fn fill_criteria(
             error_message: error,
             skipped: Vec::new(),
             settle_item: true,
+            update_request: true,
         };
         match Box::pin(run_request(ctx, job, None)).await {
             StageEnd::Stopped => return Filled::Stopped,

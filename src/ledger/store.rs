@@ -38,6 +38,16 @@ impl CandidateFilter {
                 " AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')",
             );
         }
+        // A request whose line waits in a provider batch of a stopped session
+        // may still be answered (and billed): its item is not taken again
+        // until that session is resumed and the batch collected.
+        sql.push_str(
+            " AND NOT EXISTS (SELECT 1 FROM llm_requests q
+                 JOIN provider_batch_item bi ON bi.request_id = q.request_id
+                 JOIN provider_batch b ON b.batch_id = bi.batch_id
+                 JOIN llm_messages m ON m.request_id = bi.request_id AND m.attempt = bi.attempt
+                 WHERE q.item_id = d.item_id AND b.state != 'ingested' AND m.state = 'sent')",
+        );
         if live_sessions {
             sql.push_str(
                 " AND NOT EXISTS (SELECT 1 FROM session_item si JOIN llm_batch_session s ON s.session_id = si.session_id
@@ -382,7 +392,7 @@ pub fn repair_interrupted(
         "UPDATE llm_messages SET state = 'ambiguous', error_kind = 'ambiguous',
              error_message = 'no answer was recorded before the process stopped; it may have been billed', finished_at = ?2
          WHERE state = 'sent' AND +session_id = ?1
-           AND request_id IN (SELECT request_id FROM session_item WHERE session_id = ?1)
+           AND request_id IN (SELECT request_id FROM session_request WHERE session_id = ?1)
            -- a line of a provider batch still open is not lost: the resume
            -- polls its batch and ingests the result
            AND NOT EXISTS (SELECT 1 FROM provider_batch_item bi

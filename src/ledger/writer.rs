@@ -75,6 +75,10 @@ pub struct StageDone {
     /// The item's stage row (and checkpoint) moves too; false for a
     /// request whose stage goes on (criteria still to ask one by one).
     pub settle_item: bool,
+    /// The request's own status follows `passed`; false when the stage
+    /// failed for another request's sake (a criterion asked on its own)
+    /// and this one's answer passed and stays reusable.
+    pub update_request: bool,
 }
 
 /// A request made while a session runs (a criterion asked on its own),
@@ -94,7 +98,16 @@ pub struct NewRequest {
 }
 
 /// Where `NewRequest` answers: the id, and an earlier identical answer.
-pub type RequestReply = oneshot::Sender<(i64, Option<String>)>;
+pub type RequestReply = oneshot::Sender<MadeRequest>;
+
+/// What `NewRequest` made or found: the id, an earlier identical answer,
+/// and the attempts already numbered (a new attempt goes after them).
+#[derive(Debug, Clone)]
+pub struct MadeRequest {
+    pub request_id: i64,
+    pub answered: Option<String>,
+    pub attempts: i64,
+}
 
 /// An item's final outcome in a session.
 #[derive(Debug, Clone)]
@@ -468,7 +481,8 @@ fn apply_stage_done(
     // The answer that passed is the attempt just closed (or, for a reused
     // answer, the one already linked).
     let passed_attempt = attempt.filter(|_| d.passed).map(|a| a.attempt);
-    conn.prepare_cached(
+    if d.update_request {
+        conn.prepare_cached(
         "UPDATE llm_requests SET status = ?2, parsed_output_json = COALESCE(?3, parsed_output_json),
              result_message_id = COALESCE((SELECT message_id FROM llm_messages WHERE request_id = ?1 AND attempt = ?4), result_message_id),
              attempt = MAX(attempt, COALESCE(?5, 0)),
@@ -487,6 +501,7 @@ fn apply_stage_done(
         d.error_message.as_ref().or(attempt.and_then(|a| a.error_message.as_ref())),
         now
     ])?;
+    }
     if !d.settle_item {
         return Ok(());
     }
@@ -529,11 +544,7 @@ fn apply_stage_done(
     Ok(())
 }
 
-fn apply_new_request(
-    conn: &Connection,
-    r: &NewRequest,
-    now: f64,
-) -> rusqlite::Result<(i64, Option<String>)> {
+fn apply_new_request(conn: &Connection, r: &NewRequest, now: f64) -> rusqlite::Result<MadeRequest> {
     let newest: Option<(i64, i64, String, String, String, Option<String>)> = conn
         .prepare_cached(
             "SELECT request_id, request_version, status, template_hash, params_hash, parsed_output_json
@@ -578,7 +589,17 @@ fn apply_new_request(
          ON CONFLICT (session_id, item_id, stage) DO UPDATE SET request_id = excluded.request_id, updated_at = excluded.updated_at",
     )?
     .execute(params![r.session_id, r.item_id, r.stage, r.position, id, now])?;
-    Ok((id, answered))
+    let attempts: i64 = conn
+        .prepare_cached(
+            "SELECT MAX(r.attempt, (SELECT COALESCE(MAX(m.attempt), 0) FROM llm_messages m WHERE m.request_id = r.request_id))
+             FROM llm_requests r WHERE r.request_id = ?1",
+        )?
+        .query_row(params![id], |x| x.get(0))?;
+    Ok(MadeRequest {
+        request_id: id,
+        answered,
+        attempts,
+    })
 }
 
 /// Move a stage's checkpoint: running once anything happened, done once

@@ -33,8 +33,8 @@ pub const WORDS: &[&str] = &[
     "quit",
 ];
 
-const EXPORT_WHAT: &[&str] = &["decisions", "results", "requests"];
-const EXPORT_FORMAT: &[&str] = &["csv", "jsonl"];
+const EXPORT_WHAT: &[&str] = &["decisions", "results", "requests", "items"];
+const EXPORT_FORMAT: &[&str] = &["csv", "jsonl", "parquet"];
 const RETUNE_KEYS: &[&str] = &["rpm=", "tpm=", "concurrency="];
 
 pub fn parse(text: &str) -> Result<Command, String> {

@@ -397,22 +397,18 @@ fn export(
         what: match what {
             "decisions" => ExportWhat::Decisions,
             "requests" => ExportWhat::Requests,
+            "items" => ExportWhat::Items,
             _ => ExportWhat::Results,
         },
-        format: if format == "jsonl" {
-            ExportFormat::Jsonl
-        } else {
-            ExportFormat::Csv
+        format: match format {
+            "jsonl" => ExportFormat::Jsonl,
+            "parquet" => ExportFormat::Parquet,
+            _ => ExportFormat::Csv,
         },
     };
     let target = workspace.join(path);
-    let result = (|| -> Result<u64, String> {
-        let file = std::fs::File::create(&target).map_err(|e| e.to_string())?;
-        let mut w = std::io::BufWriter::new(file);
-        let n = crate::report::export(c, &opts, &mut w).map_err(|e| e.to_string())?;
-        std::io::Write::flush(&mut w).map_err(|e| e.to_string())?;
-        Ok(n)
-    })();
+    let result =
+        crate::report::export_file(c, &opts, workspace, &target).map_err(|e| e.to_string());
     match result {
         Ok(n) => format!("Exported {n} rows to {}", target.display()),
         Err(e) => format!("export to {} failed: {e}", target.display()),

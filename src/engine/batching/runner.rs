@@ -26,6 +26,9 @@ const MAX_SUBMITS: u32 = 5;
 /// operator is told; fetching goes on, slower, until the run stops.
 const RESULTS_TRIES_BEFORE_EVENT: u32 = 5;
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Results fetches after which the lines are held for the operator (the
+/// results may be gone at the provider): about an hour of tries.
+const RESULTS_TRIES_MAX: u32 = 70;
 
 /// A batch being driven: submitted, its lines known.
 struct Tracked {
@@ -717,6 +720,20 @@ async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
                         ),
                     );
                 }
+            }
+            Err(e) if tries >= RESULTS_TRIES_MAX => {
+                // Paid for, but not to be had: the lines wait for the
+                // operator rather than be sent (and paid for) again.
+                let why = format!(
+                    "batch {}: its results could not be fetched after {tries} tries ({e}); its requests wait. Check the batch at the provider, then resume",
+                    t.tag
+                );
+                b.event("error", "batch_results_failed", why.clone());
+                b.held.fetch_add(t.waiting.len(), Ordering::Relaxed);
+                for id in &t.waiting {
+                    b.pending.deliver(id, Reply::Held(why.clone()));
+                }
+                return;
             }
             Err(e) => {
                 if tries == 1 || tries.is_multiple_of(RESULTS_TRIES_BEFORE_EVENT) {
