@@ -228,6 +228,22 @@ async fn a_normal_batch_run_sends_every_item_in_one_batch() {
     // Nothing went the synchronous way.
     assert_eq!(st.requests, 0, "{st:?}");
     assert_eq!(sync_chat_calls(&m), 0);
+    // The stage's checkpoint names the batch it last used.
+    let last: Option<i64> = conn
+        .query_row(
+            "SELECT last_batch_id FROM run_stages WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let batch_id: i64 = conn
+        .query_row(
+            "SELECT batch_id FROM provider_batch WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(last, Some(batch_id));
     no_double_answers(&conn);
 }
 

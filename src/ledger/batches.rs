@@ -98,6 +98,11 @@ pub fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> 
                 now
             ])?;
             let batch_id = conn.last_insert_rowid();
+            // The stage's checkpoint names its last batch.
+            conn.prepare_cached(
+                "UPDATE run_stages SET last_batch_id = ?3, updated_at = ?4 WHERE session_id = ?1 AND stage = ?2",
+            )?
+            .execute(params![b.session_id, b.stage, batch_id, now])?;
             let mut item = conn.prepare_cached(
                 "INSERT INTO provider_batch_item (batch_id, custom_id, request_id, attempt) VALUES (?1, ?2, ?3, ?4)",
             )?;
