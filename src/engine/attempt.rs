@@ -213,6 +213,17 @@ impl<'a> Job<'a> {
             .or_else(|| self.stage.response_schema.clone())
     }
 
+    /// The record of the current attempt, before its outcome is known.
+    fn record(&self, ctx: &Ctx, started: std::time::Instant) -> AttemptRecord {
+        AttemptRecord {
+            session_id: ctx.session_id.clone(),
+            request_id: self.request_id,
+            attempt: self.attempt,
+            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+            ..Default::default()
+        }
+    }
+
     fn rt<'c>(&self, ctx: &'c Ctx) -> &'c StageRt {
         ctx.rt(self.stage.index)
     }
@@ -287,6 +298,21 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
     Box::pin(send_sync(ctx, job, slot)).await
 }
 
+/// Hold `worst` of the budget for a send; when it would pass the budget,
+/// stop the session (paused, resumable) instead.
+fn reserve(ctx: &Ctx, worst: f64) -> bool {
+    if ctx.budget.try_reserve(worst) {
+        return true;
+    }
+    ctx.stop(StopCause::Budget(format!(
+        "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
+        ctx.budget.spent(),
+        ctx.budget.max().unwrap_or(0.0),
+        worst
+    )));
+    false
+}
+
 /// Render the prompt again when a batch took it (or the repair prompt is
 /// due). The message when it cannot be rendered: the item's error.
 fn ensure_prompt(job: &mut Job<'_>) -> Result<(), String> {
@@ -305,13 +331,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
     }
     job.via = Via::Sync;
     job.reserved = job.worst_cost;
-    if !ctx.budget.try_reserve(job.worst_cost) {
-        ctx.stop(StopCause::Budget(format!(
-            "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
-            ctx.budget.spent(),
-            ctx.budget.max().unwrap_or(0.0),
-            job.worst_cost
-        )));
+    if !reserve(ctx, job.worst_cost) {
         return Sent::Stopped;
     }
     let slot = match slot {
@@ -369,13 +389,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
     };
     ctx.stats.in_flight.fetch_sub(1, Relaxed);
     drop(slot);
-    let base = AttemptRecord {
-        session_id: ctx.session_id.clone(),
-        request_id: job.request_id,
-        attempt: job.attempt,
-        latency_ms: started.elapsed().as_secs_f64() * 1000.0,
-        ..Default::default()
-    };
+    let base = job.record(ctx, started);
     match result {
         None => {
             // The bytes left, the answer never came: it may have been billed.
@@ -405,13 +419,7 @@ async fn via_batch(
     job: &mut Job<'_>,
 ) -> Option<Sent> {
     let worst = job.worst_cost * b.price_factor();
-    if !ctx.budget.try_reserve(worst) {
-        ctx.stop(StopCause::Budget(format!(
-            "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
-            ctx.budget.spent(),
-            ctx.budget.max().unwrap_or(0.0),
-            worst
-        )));
+    if !reserve(ctx, worst) {
         return Some(Sent::Stopped);
     }
     if let Err(message) = ensure_prompt(job) {
@@ -488,13 +496,7 @@ async fn batch_reply(
     };
     ctx.stats.in_flight.fetch_sub(1, Relaxed);
     ctx.stats.batched.fetch_sub(1, Relaxed);
-    let base = AttemptRecord {
-        session_id: ctx.session_id.clone(),
-        request_id: job.request_id,
-        attempt: job.attempt,
-        latency_ms: started.elapsed().as_secs_f64() * 1000.0,
-        ..Default::default()
-    };
+    let base = job.record(ctx, started);
     match reply {
         Reply::Answer(a) => Sent::Answer(base, a, None),
         Reply::Error(e) => {
