@@ -540,10 +540,38 @@ async fn feed_group(
                 p = outstanding.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'pages },
                 _ = ctx.soft_stop.cancelled() => break 'pages,
             };
+            // The stage this item runs first: when it goes synchronously,
+            // its slot is taken here, in order, so waiting tasks do not pile
+            // up on the limiter (one waiter, not hundreds, on every release).
+            let next = item
+                .stages
+                .iter()
+                .filter_map(|sw| {
+                    ctx.p
+                        .stages
+                        .iter()
+                        .position(|s| s.name == sw.stage)
+                        .map(|k| (k, sw))
+                })
+                .find(|(_, sw)| sw.state != "passed")
+                .map(|(k, sw)| (k, sw.status == "completed"));
+            let slot = match next {
+                Some((k, false))
+                    if group.contains(&k)
+                        && !ctx.batcher(k).is_some_and(|b| b.takes_new())
+                        && !(k > 0 && ctx.stops_before(k)) =>
+                {
+                    tokio::select! {
+                        s = ctx.rt(k).limiter.acquire_slot() => Some(s),
+                        _ = ctx.soft_stop.cancelled() => break 'pages,
+                    }
+                }
+                _ => None,
+            };
             let ctx2 = ctx.clone();
             let group = group.clone();
             workers.spawn(async move {
-                super::worker::process(&ctx2, item, group, None).await;
+                super::worker::process(&ctx2, item, group, slot).await;
                 drop(permit);
             });
             while let Some(done) = workers.try_join_next() {

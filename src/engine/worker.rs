@@ -177,16 +177,22 @@ fn context(p: &super::Prepared, k: usize, outputs: &[Option<Value>]) -> Map<Stri
             stages.insert(p.stages[j].name.clone(), o.clone());
         }
     }
+    // Only what a stage can use: the first stage of a one-stage job gets
+    // nothing extra (no allocation per item on the hot path).
     let mut extra = Map::new();
-    extra.insert("stages".into(), Value::Object(stages));
+    if k > 0 {
+        extra.insert("stages".into(), Value::Object(stages));
+    }
     let stage = &p.stages[k];
     if let Some(t) = stage.critic_of.and_then(|c| outputs[c].clone()) {
         extra.insert("target".into(), t);
     }
-    extra.insert(
-        "criteria".into(),
-        Value::Array(stage.criteria.iter().cloned().map(Value::String).collect()),
-    );
+    if !stage.criteria.is_empty() {
+        extra.insert(
+            "criteria".into(),
+            Value::Array(stage.criteria.iter().cloned().map(Value::String).collect()),
+        );
+    }
     extra
 }
 
@@ -275,6 +281,7 @@ async fn fail_with(
         critic_verdict: None,
         routing_note: None,
         stage_done: Some(done),
+        only_request: item.stages.len() == 1 && stage.criteria.is_empty(),
     };
     if ctx.write(WriteOp::Final(rec, fin)).await {
         ctx.stats.record_outcome(Outcome::Error);
@@ -327,6 +334,7 @@ async fn finish(
         critic_verdict: verdict,
         routing_note: note,
         stage_done: last,
+        only_request: item.stages.len() == 1 && p.stages[p.answer].criteria.is_empty(),
     };
     if ctx.write(WriteOp::Final(rec, fin)).await {
         ctx.stats.record_outcome(outcome);

@@ -522,34 +522,50 @@ pub fn next_work(
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let (Some(first), Some(last)) = (items.first(), items.last()) else {
+        return Ok(items);
+    };
+    // Every stage of the page's items in one pass over the page's positions.
     let mut stages = conn.prepare_cached(
-        "SELECT sr.stage, sr.position, sr.request_id, sr.state, r.status,
+        "SELECT si.position, sr.stage, sr.position, sr.request_id, sr.state, r.status,
                 -- attempts are numbered from the messages: one sent just before a
                 -- crash is on disk there even though the request never heard of it
                 MAX(r.attempt, (SELECT COALESCE(MAX(m.attempt), 0) FROM llm_messages m WHERE m.request_id = r.request_id)),
                 r.gate_failures, r.transport_retries, r.parsed_output_json, sr.output_json
-         FROM session_request sr JOIN llm_requests r ON r.request_id = sr.request_id
-         WHERE sr.session_id = ?1 AND sr.item_id = ?2
-         ORDER BY sr.position, sr.stage",
+         FROM session_item si
+         JOIN session_request sr ON sr.session_id = si.session_id AND sr.item_id = si.item_id
+         JOIN llm_requests r ON r.request_id = sr.request_id
+         WHERE si.session_id = ?1 AND si.position BETWEEN ?2 AND ?3
+         ORDER BY si.position, sr.position, sr.stage",
     )?;
-    for item in &mut items {
-        item.stages = stages
-            .query_map(params![session_id, item.item_id], |r| {
-                Ok(StageWork {
-                    stage: r.get(0)?,
-                    position: r.get(1)?,
-                    request_id: r.get(2)?,
-                    state: r.get(3)?,
-                    status: r.get(4)?,
-                    attempt: r.get(5)?,
-                    gate_failures: r.get(6)?,
-                    transport_retries: r.get(7)?,
-                    parsed_output_json: r.get(8)?,
-                    output_json: r.get(9)?,
-                })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut rows = stages.query(params![session_id, first.position, last.position])?;
+    let mut at = 0usize;
+    while let Some(r) = rows.next()? {
+        let pos: i64 = r.get(0)?;
+        while at < items.len() && items[at].position < pos {
+            at += 1;
+        }
+        if at >= items.len() {
+            break;
+        }
+        if items[at].position != pos {
+            // An item with an outcome already (not in the page).
+            continue;
+        }
+        items[at].stages.push(StageWork {
+            stage: r.get(1)?,
+            position: r.get(2)?,
+            request_id: r.get(3)?,
+            state: r.get(4)?,
+            status: r.get(5)?,
+            attempt: r.get(6)?,
+            gate_failures: r.get(7)?,
+            transport_retries: r.get(8)?,
+            parsed_output_json: r.get(9)?,
+            output_json: r.get(10)?,
+        });
     }
+    drop(rows);
     Ok(items)
 }
 

@@ -130,6 +130,9 @@ pub struct FinalResult {
     pub routing_note: Option<String>,
     /// The last stage's end, recorded in the same transaction.
     pub stage_done: Option<StageDone>,
+    /// The item has one request in the session (a one-stage job, no
+    /// criteria asked on their own): its totals are that request's.
+    pub only_request: bool,
 }
 
 // Ops move once through a channel to the writer thread; boxing the large
@@ -640,14 +643,22 @@ fn apply_final(
     // Every attempt of every stage of the item in this session. `+session_id`
     // keeps the planner on the request_id index: the session index would
     // scan every message of the session for each result.
-    let (attempts, input, output, cost): (i64, i64, i64, f64) = conn
-        .prepare_cached(
+    let (attempts, input, output, cost): (i64, i64, i64, f64) = if f.only_request {
+        // One request for the item (a one-stage job): straight off its index.
+        conn.prepare_cached(
             "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), COALESCE(SUM(cost_usd), 0)
-             FROM llm_messages WHERE +session_id = ?2 AND request_id IN (
-                 SELECT request_id FROM session_request WHERE session_id = ?2 AND item_id = ?1
-                 UNION SELECT ?3)",
+             FROM llm_messages WHERE request_id = ?1 AND +session_id = ?2",
         )?
-        .query_row(params![f.item_id, f.session_id, f.request_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        .query_row(params![f.request_id, f.session_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+    } else {
+        conn.prepare_cached(
+            "SELECT COUNT(m.message_id), COALESCE(SUM(m.input_tokens), 0), COALESCE(SUM(m.output_tokens), 0),
+                    COALESCE(SUM(m.cost_usd), 0)
+             FROM session_request sr JOIN llm_messages m ON m.request_id = sr.request_id AND +m.session_id = sr.session_id
+             WHERE sr.session_id = ?2 AND sr.item_id = ?1",
+        )?
+        .query_row(params![f.item_id, f.session_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+    };
     let adjudication_id = f.request_id.to_string();
     // The primary key (session_id, item_id) makes a second result for the
     // same item a hard error: at most one recorded result, ever.

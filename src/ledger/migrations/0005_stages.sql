@@ -21,7 +21,6 @@ CREATE TABLE session_request (
     PRIMARY KEY (session_id, item_id, stage)
 );
 CREATE INDEX idx_session_request_request ON session_request(request_id);
-CREATE INDEX idx_session_request_stage ON session_request(session_id, stage, state);
 
 -- Per session and stage: the checkpoint the seed calls `run_stages`.
 CREATE TABLE run_stages (
