@@ -244,7 +244,7 @@ fn per_minute(n: u64) -> String {
 pub(super) async fn dispatch(
     p: Arc<Prepared>,
     session_id: String,
-    mut chat: std::collections::HashMap<String, Arc<dyn ChatProvider>>,
+    chat: std::collections::HashMap<String, Arc<dyn ChatProvider>>,
     batch_adapters: std::collections::HashMap<
         String,
         Arc<dyn crate::provider::batch::BatchProvider>,
@@ -273,16 +273,8 @@ pub(super) async fn dispatch(
                 l
             }
         };
-        let provider = chat.remove(&st.provider_name).or_else(|| {
-            stages
-                .iter()
-                .zip(&p.stages)
-                .find(|(_, s): &(&StageRt, &super::stages::Stage)| {
-                    s.provider_name == st.provider_name
-                })
-                .map(|(rt, _)| rt.provider.clone())
-        });
-        let Some(provider) = provider else {
+        // Stages on one provider share its client.
+        let Some(provider) = chat.get(&st.provider_name).cloned() else {
             return Err(EngineError::Ledger(format!(
                 "internal error: no client for provider {}",
                 st.provider_name

@@ -204,11 +204,24 @@ fn stage_done(
     passed: bool,
     parsed_json: Option<String>,
 ) -> StageDone {
+    request_done(ctx, item, &stage.name, sw.request_id, passed, parsed_json)
+}
+
+/// The end of one request of an item (`stage` is its row's name: a stage,
+/// or `STAGE:CRITERION`).
+fn request_done(
+    ctx: &Ctx,
+    item: &WorkItem,
+    stage: &str,
+    request_id: i64,
+    passed: bool,
+    parsed_json: Option<String>,
+) -> StageDone {
     StageDone {
         session_id: ctx.session_id.clone(),
         item_id: item.item_id.clone(),
-        stage: stage.name.clone(),
-        request_id: sw.request_id,
+        stage: stage.to_string(),
+        request_id,
         passed,
         parsed_json,
         output_json: None,
@@ -397,17 +410,8 @@ async fn fill_criteria(
                         .filter(|v| !v.is_null());
                     if let Some(v) = v {
                         let reused = StageDone {
-                            session_id: ctx.session_id.clone(),
-                            item_id: item.item_id.clone(),
-                            stage: name.clone(),
-                            request_id: id,
-                            passed: true,
-                            parsed_json: None,
                             output_json: Some(parsed),
-                            error_message: None,
-                            skipped: Vec::new(),
-                            settle_item: true,
-                            update_request: true,
+                            ..request_done(ctx, item, &name, id, true, None)
                         };
                         if !ctx.write(WriteOp::Stage(None, reused)).await {
                             return Filled::Stopped;
@@ -441,17 +445,9 @@ async fn fill_criteria(
             Err(message) => return Filled::Failed(message, None),
         };
         let done = |passed: bool, parsed: Option<String>, error: Option<String>| StageDone {
-            session_id: ctx.session_id.clone(),
-            item_id: item.item_id.clone(),
-            stage: name.clone(),
-            request_id,
-            passed,
             output_json: parsed.clone(),
-            parsed_json: parsed,
             error_message: error,
-            skipped: Vec::new(),
-            settle_item: true,
-            update_request: true,
+            ..request_done(ctx, item, &name, request_id, passed, parsed)
         };
         match Box::pin(run_request(ctx, job, None)).await {
             StageEnd::Stopped => return Filled::Stopped,

@@ -147,31 +147,30 @@ pub fn stale_answers(
     stages: &[NewStage<'_>],
     item_ids: &[String],
 ) -> rusqlite::Result<Vec<(String, u64)>> {
-    let mut out = Vec::new();
+    let wanted: std::collections::HashSet<&str> = item_ids.iter().map(String::as_str).collect();
+    // One pass per stage over its answered requests (newest version per
+    // item), checked against the planned items in memory.
     let mut stmt = conn.prepare_cached(
-        "SELECT 1 FROM llm_requests WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4
-             AND status = 'completed' AND (template_hash != ?5 OR params_hash != ?6)
-             AND request_version = (SELECT MAX(request_version) FROM llm_requests
-                                    WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4)",
+        "SELECT r.item_id FROM llm_requests r
+         WHERE r.stage = ?1 AND r.provider = ?2 AND r.model = ?3 AND r.status = 'completed'
+           AND (r.template_hash != ?4 OR r.params_hash != ?5)
+           AND r.request_version = (SELECT MAX(v.request_version) FROM llm_requests v
+                                    WHERE v.item_id = r.item_id AND v.stage = r.stage
+                                      AND v.provider = r.provider AND v.model = r.model)",
     )?;
+    let mut out = Vec::new();
     for st in stages.iter().filter(|s| !s.rerun) {
+        let mut rows = stmt.query(params![
+            st.name,
+            st.provider,
+            st.model,
+            st.template_hash,
+            st.params_hash
+        ])?;
         let mut n = 0u64;
-        for item in item_ids {
-            if stmt
-                .query_row(
-                    params![
-                        item,
-                        st.name,
-                        st.provider,
-                        st.model,
-                        st.template_hash,
-                        st.params_hash
-                    ],
-                    |_| Ok(()),
-                )
-                .optional()?
-                .is_some()
-            {
+        while let Some(r) = rows.next()? {
+            let item: String = r.get(0)?;
+            if wanted.contains(item.as_str()) {
                 n += 1;
             }
         }
