@@ -87,6 +87,12 @@ pub enum Command {
     /// Adjudicate every indeterminate item: render, send, gate, route, record.
     #[command(visible_alias = "run")]
     BatchAdjudicate(RunArgs),
+    /// Join a running or paused session as one more worker (from any
+    /// terminal on a machine that sees the ledger): it claims items from the
+    /// ledger, shares the provider's limits with the other workers, obeys
+    /// pause / stop-at-stage / cancel, and exits 0 once the session's work
+    /// is done.
+    Worker(WorkerArgs),
     /// A session's results.
     #[command(visible_alias = "results")]
     BatchResults {
@@ -131,6 +137,16 @@ pub enum Command {
         #[command(flatten)]
         config: docket::mock::MockConfig,
     },
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct WorkerArgs {
+    /// The session to join.
+    #[arg(long, value_name = "ID")]
+    pub session: String,
+    /// Seconds in-flight requests may take to finish after Ctrl-C.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    pub grace: f64,
 }
 
 #[derive(Debug, Args, Clone)]

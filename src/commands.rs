@@ -51,6 +51,7 @@ pub async fn run(cli: Cli) -> i32 {
             format,
         } => import(&ws, &file, id_field, strict, format),
         Command::BatchAdjudicate(args) => batch_adjudicate(&ws, args, &console_args).await,
+        Command::Worker(args) => worker(&ws, args).await,
         Command::BatchResults { session, format } => with_ledger(&ws, |c| {
             let f = match format {
                 FormatArg::Table => report::OutputFormat::Table,
@@ -406,6 +407,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
         base_url_override: None,
         grace: Some(Duration::from_secs_f64(args.grace)),
         rerun_stage: args.rerun_stage.clone(),
+        join: false,
     };
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let ask = !args.yes && tty;
@@ -445,6 +447,37 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     )
     .await;
     match result {
+        Ok(report) => report.end.exit_code(),
+        Err(e) => fail(e),
+    }
+}
+
+/// `docket worker --session ID`: one more worker on a session, with line
+/// output (it is meant for a second terminal, a tmux pane or a service).
+async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
+    if !(args.grace.is_finite() && args.grace >= 0.0) {
+        return fail("--grace: must be a non-negative number of seconds");
+    }
+    let opts = RunOptions {
+        workspace: ws.to_path_buf(),
+        resume: Some(args.session.clone()),
+        join: true,
+        grace: Some(Duration::from_secs_f64(args.grace)),
+        ..RunOptions::default()
+    };
+    let interrupts = Interrupts::default();
+    // Ctrl-C stops this worker only (the others carry on); `docket cancel`
+    // stops them all.
+    spawn_signal_handler(&interrupts, None);
+    let session = Arc::new(std::sync::Mutex::new(None));
+    match engine::run(
+        opts,
+        Arc::new(NotingReporter { session }),
+        |_| true,
+        interrupts,
+    )
+    .await
+    {
         Ok(report) => report.end.exit_code(),
         Err(e) => fail(e),
     }

@@ -11,17 +11,15 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use serde_json::Value;
+use support::procs::{BIN, Mock, Proc};
 use support::{Workspace, check_complete, count, events_of};
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
 // Not `sk-` shaped: the generic redaction of key-like words must not be
 // what keeps it out; it must never be written at all.
 const CANARY: &str = "canaryKEYb47c19e2d05f83";
@@ -31,173 +29,6 @@ const ITEMS: usize = 12;
 const RUN_TIMEOUT: Duration = Duration::from_secs(40);
 /// The longest the test waits for a state it is about to act on.
 const STATE_TIMEOUT: Duration = Duration::from_secs(20);
-
-// ---------------------------------------------------------------- processes
-
-/// A child process, SIGKILLed and reaped when dropped (also on a failing
-/// assertion), with its stdout and stderr in one file.
-struct Proc {
-    child: Child,
-    what: String,
-    out: Option<PathBuf>,
-}
-
-impl Proc {
-    fn output(&self) -> String {
-        self.out
-            .as_ref()
-            .map(|p| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned())
-            .unwrap_or_default()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Wait for the exit within `timeout`; on timeout kill it and fail.
-    fn wait(&mut self, timeout: Duration) -> (Option<i32>, String) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return (status.code(), self.output());
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "{} did not end within {timeout:?}; killed. Output:\n{}",
-                    self.what,
-                    self.output()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-    }
-
-    /// SIGKILL and reap; the output so far.
-    fn kill9(&mut self) -> String {
-        self.child.kill().expect("kill -9");
-        self.child.wait().expect("reap");
-        self.output()
-    }
-
-    /// Fail if the child already ended (it should still be working).
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().expect("try_wait") {
-            panic!(
-                "{} ended early ({status}). Output:\n{}",
-                self.what,
-                self.output()
-            );
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// `docket mock-provider` on a free loopback port, steered over HTTP.
-struct Mock {
-    _proc: Proc,
-    port: u16,
-}
-
-impl Mock {
-    fn start(flags: &[&str]) -> Mock {
-        let mut child = Command::new(BIN)
-            .args(["mock-provider", "--port", "0"])
-            .args(flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn mock-provider");
-        let stdout = child.stdout.take().expect("mock stdout");
-        let proc = Proc {
-            child,
-            what: "mock-provider".into(),
-            out: None,
-        };
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the mock never blocks on a full pipe.
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
-        let line = rx
-            .recv_timeout(STATE_TIMEOUT)
-            .expect("the mock's 'listening' line");
-        // "mock provider listening on http://127.0.0.1:PORT/v1"
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.split('/').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Mock { _proc: proc, port }
-    }
-
-    /// "http://127.0.0.1:PORT" (no path).
-    fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn http(&self, method: &str, path: &str, body: &str) -> Value {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to the mock");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut resp = Vec::new();
-        s.read_to_end(&mut resp).expect("the mock's answer");
-        let resp = String::from_utf8_lossy(&resp);
-        let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP answer");
-        assert!(
-            head.starts_with("HTTP/1.1 200"),
-            "{method} {path}: {head}\n{body}"
-        );
-        serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
-    }
-
-    fn stats(&self) -> Value {
-        self.http("GET", "/_mock/stats", "")
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.stats()[name]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no {name} in the stats"))
-    }
-
-    /// Change one field of the live config (the rest kept as it is).
-    fn set(&self, field: &str, value: Value) {
-        let mut cfg = self.http("GET", "/_mock/config", "");
-        cfg[field] = value.clone();
-        let now = self.http("POST", "/_mock/config", &cfg.to_string());
-        assert_eq!(now[field], value, "config change taken");
-    }
-
-    fn log(&self) -> Vec<Value> {
-        match self.http("GET", "/_mock/log", "") {
-            Value::Array(a) => a,
-            other => panic!("log: {other}"),
-        }
-    }
-}
 
 // ---------------------------------------------------------------- workspace
 

@@ -87,7 +87,7 @@ async fn handle(ctx: &Ctx, job: &mut Job<'_>, sent: Sent) -> Next {
         Sent::Stopped => Next::Done(StageEnd::Stopped),
         Sent::Abandoned(rec) => {
             ctx.stats.ambiguous.fetch_add(1, Relaxed);
-            ctx.write(WriteOp::Attempt(rec)).await;
+            ctx.write(job.item, WriteOp::Attempt(rec)).await;
             Next::Done(StageEnd::Stopped)
         }
         Sent::LedgerFailed => Next::Done(StageEnd::Stopped),
@@ -366,7 +366,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         user_prompt: prompt.user.clone(),
     };
     // Intent before side effect: the attempt is on disk before a byte leaves.
-    if !ctx.write(WriteOp::Send(intent)).await {
+    if !ctx.write(job.item, WriteOp::Send(intent)).await {
         ctx.budget.settle(job.worst_cost, 0.0);
         return Sent::LedgerFailed;
     }
@@ -543,11 +543,11 @@ async fn on_not_run(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, why: Stri
     }
     if stopping {
         // Back to pending: a resume (or a later session) sends it.
-        ctx.write(WriteOp::Attempt(rec)).await;
+        ctx.write(job.item, WriteOp::Attempt(rec)).await;
         return Next::Done(StageEnd::Stopped);
     }
     ctx.stats.retries.fetch_add(1, Relaxed);
-    if ctx.write(WriteOp::Attempt(rec)).await {
+    if ctx.write(job.item, WriteOp::Attempt(rec)).await {
         Next::Retry
     } else {
         Next::Done(StageEnd::Stopped)
@@ -618,7 +618,7 @@ async fn on_answer(
                 return Next::Done(StageEnd::Failed(msg, Some(rec)));
             }
             ctx.stats.retries.fetch_add(1, Relaxed);
-            if ctx.write(WriteOp::Attempt(rec)).await {
+            if ctx.write(job.item, WriteOp::Attempt(rec)).await {
                 Next::Retry
             } else {
                 Next::Done(StageEnd::Stopped)
@@ -666,7 +666,7 @@ async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &Provi
             err,
             &job.stage.provider_name,
         )));
-        ctx.write(WriteOp::Attempt(rec)).await;
+        ctx.write(job.item, WriteOp::Attempt(rec)).await;
         return Next::Done(StageEnd::Stopped);
     }
     if !err.class.is_retryable() {
@@ -688,10 +688,13 @@ async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &Provi
     }
     ctx.stats.retries.fetch_add(1, Relaxed);
     if !ctx
-        .write(WriteOp::Attempt(AttemptRecord {
-            will_retry: true,
-            ..rec
-        }))
+        .write(
+            job.item,
+            WriteOp::Attempt(AttemptRecord {
+                will_retry: true,
+                ..rec
+            }),
+        )
         .await
     {
         return Next::Done(StageEnd::Stopped);

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
@@ -17,8 +17,9 @@ use super::budget::Budget;
 use super::progress::{Reporter, spawn_progress};
 use super::stats::Stats;
 use super::{EngineError, Interrupts, Prepared, RunEnd};
-use crate::ledger::store;
-use crate::ledger::writer::{LedgerWriter, WriteOp};
+use crate::ledger::queue::{self, ClaimScope};
+use crate::ledger::store::{self, WorkItem};
+use crate::ledger::writer::{Fence, LedgerWriter, WriteError, WriteOp};
 use crate::limiter::{Limiter, LimiterSettings, SlowReason};
 use crate::provider::ChatProvider;
 use crate::retry::Backoff;
@@ -31,6 +32,14 @@ const RATE_WINDOW: Duration = Duration::from_secs(60);
 /// At most one `rate_limited` event this often.
 const RATE_EVENT_SPACING: Duration = Duration::from_secs(10);
 const PAUSED_BY_OPERATOR: &str = "paused by operator";
+/// How often a worker looks for provider batches no live worker holds.
+const ADOPT_POLL: Duration = Duration::from_secs(2);
+/// How often a worker with nothing left to claim looks again while other
+/// workers still hold items (to take over any whose lease runs out).
+const TAKEOVER_POLL: Duration = Duration::from_secs(1);
+/// A lease outlasts the longest request deadline by this much, so a worker
+/// that is merely slow is never taken over.
+const LEASE_MARGIN_SECS: f64 = 30.0;
 
 /// Why a run stopped before every item had an outcome.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,9 +86,66 @@ pub(super) struct Ctx {
     /// retuned upward.
     outstanding: Arc<Semaphore>,
     outstanding_cap: AtomicUsize,
+    /// This process as a worker of the session (`user@host:pid#random`).
+    pub(super) worker_id: Arc<str>,
+    /// How long a claim lasts without renewal.
+    lease_secs: f64,
+    /// Items this worker holds now (claimed, no outcome yet).
+    claims: AtomicU64,
+    /// Workers of the session, this one included: the provider's limits
+    /// are split between them.
+    workers: AtomicU64,
+    /// The stop came from the ledger (an operator's cancel), so every
+    /// worker of the session stops with it.
+    stop_from_ledger: AtomicBool,
+    /// Writes refused because another worker took the item over.
+    pub(super) orphaned: AtomicU64,
+    /// A task ended: the feed may claim more.
+    claim_room: tokio::sync::Notify,
 }
 
 impl Ctx {
+    /// How many items this worker may hold claimed ahead of its work. In
+    /// batch mode every line waiting in a batch being formed or at the
+    /// provider is a claimed item, so as many as the open batches take;
+    /// synchronously a few times what it may have in flight, so the other
+    /// workers find the rest of the session free.
+    fn claim_ahead(&self) -> usize {
+        if self.batchers().any(|b| b.takes_new()) {
+            return self.outstanding_cap.load(Ordering::Relaxed);
+        }
+        let concurrency = self
+            .limiters
+            .iter()
+            .map(|(_, l)| l.snapshot().max_concurrency)
+            .max()
+            .unwrap_or(1);
+        concurrency.saturating_mul(4).clamp(64, PAGE)
+    }
+
+    /// Wait until every write posted so far has committed (the writer
+    /// applies them in order; a lease renewal is the harmless last one).
+    async fn flush(&self) {
+        let _ = self
+            .writer
+            .write(WriteOp::Renew {
+                session_id: self.session_id.clone(),
+                worker_id: self.worker_id.clone(),
+                lease_secs: self.lease_secs,
+            })
+            .await;
+    }
+
+    /// The claim this worker holds `item` under.
+    pub(super) fn fence(&self, item: &WorkItem) -> Fence {
+        Fence::Item {
+            session_id: self.session_id.clone(),
+            item_id: item.item_id.clone(),
+            token: item.claim_token,
+            worker_id: self.worker_id.clone(),
+        }
+    }
+
     pub(super) fn rt(&self, stage: usize) -> &StageRt {
         &self.stages[stage]
     }
@@ -144,7 +210,7 @@ impl Ctx {
             params_hash: stage.params_hash.clone(),
             reply: std::sync::Mutex::new(Some(tx)),
         });
-        if !self.write(op).await {
+        if !self.write(item, op).await {
             return None;
         }
         rx.await.ok()
@@ -202,14 +268,53 @@ impl Ctx {
         }
     }
 
-    pub(super) async fn write(&self, op: WriteOp) -> bool {
-        match self.writer.write(op).await {
+    /// Write `op` for `item` under the claim this worker holds on it. False
+    /// when it did not commit: the ledger failed (the session stops), or the
+    /// item was taken over by another worker (this worker's lease ran out
+    /// while it stalled): then the write is refused, counted as orphaned
+    /// spend, and this worker lets the item go.
+    pub(super) async fn write(&self, item: &WorkItem, op: WriteOp) -> bool {
+        match self.writer.write_fenced(op, self.fence(item)).await {
             Ok(()) => true,
-            Err(e) => {
+            Err(WriteError::LeaseLost) => {
+                self.orphaned.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(item = %item.item_id, worker = %self.worker_id, "lease lost: the write was refused");
+                false
+            }
+            Err(WriteError::Failed(e)) => {
                 self.stop(StopCause::LedgerFailed(e));
                 false
             }
         }
+    }
+}
+
+/// How long a claim lasts without renewal: longer than the longest request
+/// deadline of the job (a worker renews every third of it).
+/// `DOCKET_LEASE_SECS` overrides it (tests, and operators who want a dead
+/// host's items back sooner).
+fn lease_secs(p: &Prepared) -> f64 {
+    if let Some(secs) = std::env::var("DOCKET_LEASE_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 1.0)
+    {
+        return secs;
+    }
+    p.stages
+        .iter()
+        .map(|s| s.request_timeout.as_secs_f64())
+        .fold(0.0, f64::max)
+        + LEASE_MARGIN_SECS
+}
+
+/// This worker's row for the heartbeat.
+fn worker_beat(ctx: &Ctx, requests_per_sec: f64) -> queue::WorkerBeat {
+    queue::WorkerBeat {
+        worker_id: ctx.worker_id.to_string(),
+        claims: ctx.claims.load(Ordering::Relaxed),
+        sent: ctx.stats.sent.load(Ordering::Relaxed),
+        requests_per_sec,
     }
 }
 
@@ -229,6 +334,19 @@ fn tuned_settings(p: &super::stages::Stage, tune: &Tune) -> LimiterSettings {
             .map(|c| c.min(usize::MAX as u64) as usize)
             .unwrap_or(p.max_concurrency)
             .clamp(1, 10_000),
+    }
+}
+
+/// This worker's share of the session's limits when `workers` work it: an
+/// equal part of each (rounded down, at least 1), so the workers together
+/// stay under what is configured. Rebalanced whenever one joins or leaves.
+fn share(s: LimiterSettings, workers: u64) -> LimiterSettings {
+    let n = workers.max(1);
+    let part = |v: u64| if v == 0 { 0 } else { (v / n).max(1) };
+    LimiterSettings {
+        requests_per_minute: part(s.requests_per_minute),
+        tokens_per_minute: part(s.tokens_per_minute),
+        max_concurrency: ((s.max_concurrency as u64 / n).max(1)) as usize,
     }
 }
 
@@ -261,6 +379,9 @@ pub(super) async fn dispatch(
     })?;
     let stats = Arc::new(Stats::default());
     stats.seed(&row);
+    // The workers already on the session, and this one: the limits are
+    // split between them from the first request on.
+    let workers_now = queue::live_workers(&read, &session_id)? + 1;
     // One limiter per provider: stages on the same provider share its limits.
     let mut limiters: Vec<(String, Arc<Limiter>)> = Vec::new();
     let mut stages = Vec::with_capacity(p.stages.len());
@@ -268,7 +389,10 @@ pub(super) async fn dispatch(
         let limiter = match limiters.iter().find(|(n, _)| *n == st.provider_name) {
             Some((_, l)) => l.clone(),
             None => {
-                let l = Arc::new(Limiter::new(tuned_settings(st, &Tune::default())));
+                let l = Arc::new(Limiter::new(share(
+                    tuned_settings(st, &Tune::default()),
+                    workers_now,
+                )));
                 limiters.push((st.provider_name.clone(), l.clone()));
                 l
             }
@@ -315,7 +439,23 @@ pub(super) async fn dispatch(
         cause: std::sync::Mutex::new(None),
         outstanding: Arc::new(Semaphore::new(outstanding_for(max_concurrency))),
         outstanding_cap: AtomicUsize::new(outstanding_for(max_concurrency)),
+        worker_id: Arc::from(queue::new_worker_id()),
+        lease_secs: lease_secs(&p),
+        claims: AtomicU64::new(0),
+        workers: AtomicU64::new(workers_now),
+        stop_from_ledger: AtomicBool::new(false),
+        orphaned: AtomicU64::new(0),
+        claim_room: tokio::sync::Notify::new(),
     });
+    // On record as a worker before the first claim, so the others split
+    // the limits with it from the start.
+    let _ = writer
+        .write(WriteOp::Heartbeat {
+            session_id: session_id.clone(),
+            live_json: None,
+            worker: Some(worker_beat(&ctx, 0.0)),
+        })
+        .await;
     let open_batches = crate::ledger::batches::open_batches(&read, &session_id)?;
     let tags = Arc::new(std::sync::atomic::AtomicU64::new(
         crate::ledger::batches::batch_count(&read, &session_id)? + 1,
@@ -388,10 +528,20 @@ pub(super) async fn dispatch(
     progress.abort();
     let _ = progress.await;
 
+    // Let go of every item this worker still holds: other workers (or a
+    // resume) take them at once, with nothing to repair.
+    let _ = writer
+        .write(WriteOp::Leave {
+            session_id: session_id.clone(),
+            worker_id: ctx.worker_id.clone(),
+        })
+        .await;
     let cause = ctx.cause();
-    let remaining = tokio::task::block_in_place(|| {
+    let (remaining, others) = tokio::task::block_in_place(|| {
         let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-        store::next_work(&conn, &session_id, -1, 1).map(|w| w.len())
+        let remaining = store::next_work(&conn, &session_id, -1, 1).map(|w| w.len())?;
+        let others = queue::live_workers(&conn, &session_id)?;
+        Ok::<_, rusqlite::Error>((remaining, others))
     })?;
     let (state, reason, end) = match cause {
         // Every item has its outcome: a stop that came after the last one
@@ -423,6 +573,24 @@ pub(super) async fn dispatch(
         Some(StopCause::Budget(m)) => ("paused", Some(m.clone()), RunEnd::Paused(m)),
         Some(StopCause::LedgerFailed(m)) => ("error", Some(m.clone()), RunEnd::Stopped(m)),
     };
+    // This worker stopped on its own (a signal, its budget, a failure) while
+    // others still work the session: it leaves, and the session runs on.
+    if remaining > 0 && others > 0 && !ctx.stop_from_ledger.load(Ordering::Relaxed) {
+        ctx.event(
+            "info",
+            "worker_left",
+            format!(
+                "worker {} left the session ({}); {others} other worker(s) carry on",
+                ctx.worker_id,
+                reason.as_deref().unwrap_or("its work ran out")
+            ),
+        );
+        tracing::info!(session = %session_id, "worker left; the session runs on");
+        drop(ctx);
+        drop(writer);
+        tokio::task::block_in_place(|| writer_handle.join());
+        return Ok(end);
+    }
     let s = stats.snapshot();
     let level = match state {
         "error" => "error",
@@ -494,8 +662,11 @@ async fn feed(
     Ok(())
 }
 
-/// Page through the items without an outcome and hand each to a worker for
-/// the stages of `group`.
+/// Claim the items without an outcome page by page and hand each to a
+/// task for the stages of `group`. First a pass in order over the items
+/// nobody holds; then, until no other worker holds any, the items other
+/// workers let go or lost (their lease ran out): the group is over for this
+/// worker only when nobody has any of its work left.
 async fn feed_group(
     ctx: &Arc<Ctx>,
     read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
@@ -505,32 +676,76 @@ async fn feed_group(
     // long 429 storm cannot pile up the whole session in memory.
     let outstanding = ctx.outstanding.clone();
     let mut workers = JoinSet::new();
-    let mut after = -1i64;
+    let mut scope = ClaimScope::After(-1);
     'pages: loop {
         if ctx.soft_stop.is_cancelled() {
             break;
         }
-        let page = {
-            let read = read.clone();
-            let sid = ctx.session_id.clone();
-            tokio::task::spawn_blocking(move || {
-                let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-                store::next_work(&conn, &sid, after, PAGE)
-            })
-            .await
-            .map_err(|e| EngineError::Ledger(e.to_string()))??
-        };
-        if page.is_empty() {
+        if !ctx.wait_unpaused().await {
             break;
         }
-        for item in page {
-            after = item.position;
+        // Claim only what can start soon (a claimed item waiting here is
+        // one another worker cannot take): top the claims up once half of
+        // what this worker may hold ahead has been worked off.
+        let ahead = ctx.claim_ahead();
+        while ctx.claims.load(Ordering::Relaxed) as usize > ahead / 2 {
+            tokio::select! {
+                _ = ctx.claim_room.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = ctx.soft_stop.cancelled() => break 'pages,
+            }
+        }
+        let n = ahead
+            .saturating_sub(ctx.claims.load(Ordering::Relaxed) as usize)
+            .clamp(1, PAGE);
+        let page = claim(ctx, read, scope, n).await?;
+        if page.is_empty() {
+            match scope {
+                ClaimScope::After(_) => {
+                    // The first pass is over: cut what waits for a batch
+                    // without waiting for the TIME trigger, and once this
+                    // worker's own items are done, look for what others let
+                    // go or lost.
+                    for b in ctx.batchers() {
+                        b.feed_done();
+                    }
+                    while let Some(done) = workers.join_next().await {
+                        note_crash(ctx, done);
+                    }
+                    ctx.flush().await;
+                    scope = ClaimScope::Takeover;
+                    continue;
+                }
+                ClaimScope::Takeover => {
+                    if !others_hold_work(ctx, read).await? {
+                        break;
+                    }
+                    // Another worker still works on items: wait for it to
+                    // finish them, or for its lease to run out.
+                    tokio::select! {
+                        _ = tokio::time::sleep(TAKEOVER_POLL) => {}
+                        _ = ctx.soft_stop.cancelled() => break,
+                    }
+                    continue;
+                }
+            }
+        }
+        ctx.claims.fetch_add(page.len() as u64, Ordering::Relaxed);
+        let mut page = page.into_iter();
+        while let Some(item) = page.next() {
+            if let ClaimScope::After(after) = &mut scope {
+                *after = item.position;
+            }
             if !ctx.wait_unpaused().await {
+                release_unstarted(ctx, std::iter::once(item).chain(page));
                 break 'pages;
             }
             let permit = tokio::select! {
                 p = outstanding.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'pages },
-                _ = ctx.soft_stop.cancelled() => break 'pages,
+                _ = ctx.soft_stop.cancelled() => {
+                    release_unstarted(ctx, std::iter::once(item).chain(page));
+                    break 'pages;
+                }
             };
             // The stage this item runs first: when it goes synchronously,
             // its slot is taken here, in order, so waiting tasks do not pile
@@ -555,7 +770,10 @@ async fn feed_group(
                 {
                     tokio::select! {
                         s = ctx.rt(k).limiter.acquire_slot() => Some(s),
-                        _ = ctx.soft_stop.cancelled() => break 'pages,
+                        _ = ctx.soft_stop.cancelled() => {
+                            release_unstarted(ctx, std::iter::once(item).chain(page));
+                            break 'pages;
+                        }
                     }
                 }
                 _ => None,
@@ -563,7 +781,14 @@ async fn feed_group(
             let ctx2 = ctx.clone();
             let group = group.clone();
             workers.spawn(async move {
+                let fence = ctx2.fence(&item);
                 super::worker::process(&ctx2, item, group, slot).await;
+                // Without an outcome (a stop, a stop-after-stage, a later
+                // group's stage) the item is let go, not left to lapse; with
+                // one, its lease already ended with the outcome.
+                ctx2.writer.post(WriteOp::ReleaseItem(fence));
+                ctx2.claims.fetch_sub(1, Ordering::Relaxed);
+                ctx2.claim_room.notify_one();
                 drop(permit);
             });
             while let Some(done) = workers.try_join_next() {
@@ -579,7 +804,62 @@ async fn feed_group(
     while let Some(done) = workers.join_next().await {
         note_crash(ctx, done);
     }
+    // The items let go above are free before the next group claims them.
+    ctx.flush().await;
     Ok(())
+}
+
+/// Claimed items that never started (the run stopped first): let go now.
+fn release_unstarted(ctx: &Ctx, items: impl Iterator<Item = WorkItem>) {
+    for item in items {
+        ctx.writer.post(WriteOp::ReleaseItem(ctx.fence(&item)));
+        ctx.claims.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Claim the next page of `scope` for this worker.
+async fn claim(
+    ctx: &Arc<Ctx>,
+    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+    scope: ClaimScope,
+    n: usize,
+) -> Result<Vec<WorkItem>, EngineError> {
+    let read = read.clone();
+    let sid = ctx.session_id.clone();
+    let worker = ctx.worker_id.clone();
+    let lease = ctx.lease_secs;
+    tokio::task::spawn_blocking(move || {
+        let mut conn = read.lock().unwrap_or_else(|p| p.into_inner());
+        if scope == ClaimScope::Takeover {
+            // A dead worker of this host is let go at once.
+            for gone in queue::expire_dead_local_workers(&conn, &sid)? {
+                tracing::warn!(worker = %gone, "a worker of this host is gone: its items are free");
+            }
+        }
+        queue::claim_page(&mut conn, &sid, &worker, scope, n, lease)
+    })
+    .await
+    .map_err(|e| EngineError::Ledger(e.to_string()))?
+    .map_err(EngineError::from)
+}
+
+/// Whether another worker still holds items of the session under a live
+/// lease.
+async fn others_hold_work(
+    ctx: &Arc<Ctx>,
+    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+) -> Result<bool, EngineError> {
+    let read = read.clone();
+    let sid = ctx.session_id.clone();
+    let worker = ctx.worker_id.clone();
+    tokio::task::spawn_blocking(move || {
+        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
+        queue::held_by_others(&conn, &sid, &worker)
+    })
+    .await
+    .map_err(|e| EngineError::Ledger(e.to_string()))?
+    .map(|n| n > 0)
+    .map_err(EngineError::from)
 }
 
 /// Set up batch mode: the batcher, with the open batches of an earlier run
@@ -630,6 +910,10 @@ async fn start_batching(
             }
         }),
         ctx.paused.clone(),
+        batching::Lease {
+            worker_id: ctx.worker_id.clone(),
+            secs: ctx.lease_secs,
+        },
     );
     let _ = ctx.stages[stage].batcher.set(b.clone());
     if b.takes_new() {
@@ -686,9 +970,17 @@ async fn end_batching(
     for b in ctx.batchers() {
         b.shutdown();
     }
+    // This worker's batches only: another worker's are its own to collect.
+    let mine = |conn: &rusqlite::Connection| {
+        crate::ledger::batches::open_batches(conn, &ctx.session_id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|o| o.claimed_by.as_deref() == Some(&*ctx.worker_id))
+            .collect::<Vec<_>>()
+    };
     let open = {
         let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-        crate::ledger::batches::open_batches(&conn, &ctx.session_id).unwrap_or_default()
+        mine(&conn)
     };
     for o in &open {
         let _ = ctx
@@ -700,7 +992,7 @@ async fn end_batching(
     }
     let left = {
         let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-        crate::ledger::batches::open_batches(&conn, &ctx.session_id).unwrap_or_default()
+        mine(&conn)
     };
     let at_provider = left
         .iter()
@@ -757,6 +1049,8 @@ struct Seen {
     rate_limited: bool,
     last_cuts: u64,
     last_rate_event: Option<Instant>,
+    /// The number of workers the limits were last split between.
+    workers: u64,
 }
 
 /// Requests and tokens sent over the last minute, for the gauges.
@@ -869,8 +1163,13 @@ async fn control_loop(
     };
     let mut tick = tokio::time::interval(CONTROL_POLL);
     let mut hard_deadline: Option<Instant> = None;
-    let mut seen = Seen::default();
+    let mut seen = Seen {
+        workers: ctx.workers.load(Ordering::Relaxed),
+        ..Seen::default()
+    };
     let mut window = Window::new(&ctx.stats.snapshot());
+    let mut last_renewal = Instant::now();
+    let mut last_adoption = Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -913,20 +1212,63 @@ async fn control_loop(
             let sid = ctx.session_id.clone();
             tokio::task::spawn_blocking(move || {
                 let c = conn.lock().unwrap_or_else(|p| p.into_inner());
-                store::session_controls(&c, &sid)
+                let controls = store::session_controls(&c, &sid)?;
+                let workers = queue::live_workers(&c, &sid)?;
+                Ok::<_, rusqlite::Error>((controls, workers))
             })
             .await
         };
-        if let Ok(Ok(Some(controls))) = controls {
+        if let Ok(Ok((Some(controls), workers))) = controls {
+            // This worker counts itself even before its first beat lands.
+            ctx.workers.store(workers.max(1), Ordering::Relaxed);
             obey(&ctx, &pause_tx, &mut seen, &controls, &*reporter);
+        }
+        if last_adoption.elapsed() >= ADOPT_POLL && !ctx.soft_stop.is_cancelled() {
+            last_adoption = Instant::now();
+            adopt_orphaned_batches(&ctx, &*reporter).await;
+        }
+        if last_renewal.elapsed().as_secs_f64() >= ctx.lease_secs / 3.0 {
+            last_renewal = Instant::now();
+            ctx.writer.post(WriteOp::Renew {
+                session_id: ctx.session_id.clone(),
+                worker_id: ctx.worker_id.clone(),
+                lease_secs: ctx.lease_secs,
+            });
         }
         let paused = *pause_tx.borrow();
         let live = gauges(&ctx, &mut window, paused);
         ctx.writer.post(WriteOp::Heartbeat {
             session_id: ctx.session_id.clone(),
             live_json: serde_json::to_string(&live).ok(),
+            worker: Some(worker_beat(&ctx, live.rpm_used / 60.0)),
         });
         note_rate_limiting(&ctx, &mut seen);
+    }
+}
+
+/// Take over the provider batches that no live worker holds any more (their
+/// worker died, stalled past its lease, or left): this worker polls and
+/// ingests them, and the items waiting on their lines become claimable.
+async fn adopt_orphaned_batches(ctx: &Ctx, reporter: &dyn Reporter) {
+    for b in ctx.batchers() {
+        match b.reattach().await {
+            Ok(0) => {}
+            Ok(n) => {
+                reporter.line(&format!(
+                    "Took over {n} provider batch(es) another worker had left: collecting their results."
+                ));
+                ctx.event(
+                    "info",
+                    "batches_adopted",
+                    format!(
+                        "worker {} took over {n} provider batch(es) of stage {} that no live worker held",
+                        ctx.worker_id,
+                        b.stage().name
+                    ),
+                );
+            }
+            Err(e) => tracing::warn!("adopting provider batches: {e}"),
+        }
     }
 }
 
@@ -1006,6 +1348,7 @@ fn obey(
         }
         "cancelled" if !ctx.soft_stop.is_cancelled() => {
             seen.cancelled_from_ledger = true;
+            ctx.stop_from_ledger.store(true, Ordering::Relaxed);
             reporter.line("Cancelled from the ledger: stopping.");
             cancel(
                 ctx,
@@ -1049,20 +1392,38 @@ fn obey(
         }
         Some(_) => {}
     }
-    if controls.tune != seen.tune {
+    let workers = ctx.workers.load(Ordering::Relaxed).max(1);
+    if controls.tune != seen.tune || workers != seen.workers {
         // A retune applies to every provider's limiter; the message shows
         // the first stage's.
         let first = ctx.p.first();
         let before = tuned_settings(first, &seen.tune);
         let after = tuned_settings(first, &controls.tune);
-        let old_tune = seen.tune;
+        let (old_tune, old_workers) = (seen.tune, seen.workers);
         seen.tune = controls.tune;
+        seen.workers = workers;
         for (name, limiter) in &ctx.limiters {
-            if let Some(st) = ctx.p.stages.iter().find(|s| &s.provider_name == name)
-                && tuned_settings(st, &old_tune) != tuned_settings(st, &controls.tune)
-            {
-                limiter.retune(tuned_settings(st, &controls.tune));
+            if let Some(st) = ctx.p.stages.iter().find(|s| &s.provider_name == name) {
+                let was = share(tuned_settings(st, &old_tune), old_workers);
+                let now = share(tuned_settings(st, &controls.tune), workers);
+                if was != now {
+                    limiter.retune(now);
+                }
             }
+        }
+        if workers != old_workers {
+            let mine = share(after, workers);
+            ctx.event(
+                "info",
+                "workers",
+                format!(
+                    "{workers} worker(s) share the session's limits: worker {} runs at requests/min {}, tokens/min {}, concurrency {}",
+                    ctx.worker_id,
+                    per_minute(mine.requests_per_minute),
+                    per_minute(mine.tokens_per_minute),
+                    mine.max_concurrency
+                ),
+            );
         }
         if before != after {
             ctx.make_room_for(after.max_concurrency);

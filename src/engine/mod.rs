@@ -88,6 +88,9 @@ pub struct RunOptions {
     /// `--rerun-stage NAME`: new requests (a new request_version) for this
     /// stage and every stage after it.
     pub rerun_stage: Option<String>,
+    /// `docket worker`: join the session in `resume` as one more worker,
+    /// leaving its run controls (a pause, a stop after a stage) as they are.
+    pub join: bool,
 }
 
 /// Everything checked and loaded before planning.
@@ -254,7 +257,7 @@ pub async fn run(
     let prepared = Arc::new(tokio::task::block_in_place(|| prepare(&opts))?);
     let resumed = opts.resume.is_some();
     let session_id = match &opts.resume {
-        Some(id) => resume_session(&prepared, id, opts.max_cost, &*reporter)?,
+        Some(id) => resume_session(&prepared, id, &opts, &*reporter)?,
         None => match start_session(&prepared, &opts, &*reporter, confirm)? {
             Started::Session(id) => id,
             Started::Ended(end) => {
@@ -284,14 +287,24 @@ pub async fn run(
         m.shutdown().await;
     }
     let end = result?;
-    let session = tokio::task::block_in_place(|| -> Result<Option<SessionRow>, EngineError> {
+    let (session, orphaned) = tokio::task::block_in_place(|| -> Result<_, EngineError> {
         let conn = crate::ledger::open(&prepared.ledger_path)?;
-        Ok(store::load_session(&conn, &session_id)?)
+        Ok((
+            store::load_session(&conn, &session_id)?,
+            store::orphaned_spend(&conn, &session_id)?,
+        ))
     })?;
     if let Some(s) = &session {
         for l in format_summary(s, &end) {
             reporter.line(&l);
         }
+    }
+    if orphaned.0 > 0 {
+        reporter.line(&format!(
+            "  orphaned spend: {} answer(s), ${:.4}: paid for, but they came back to a worker that had lost its items \
+             (it stalled past its lease and another worker took them over), so they were refused",
+            orphaned.0, orphaned.1
+        ));
     }
     Ok(RunReport {
         session_id: Some(session_id),
@@ -386,9 +399,9 @@ fn start_session(
     })
     .to_string();
     let new_stages = new_stages(prepared);
-    tokio::task::block_in_place(|| -> Result<(), EngineError> {
+    let taken = tokio::task::block_in_place(|| -> Result<usize, EngineError> {
         let mut conn = crate::ledger::open(&prepared.ledger_path)?;
-        store::create_session(
+        Ok(store::create_session(
             &mut conn,
             &store::NewSession {
                 session_id: &id,
@@ -400,10 +413,23 @@ fn start_session(
                 max_cost_usd: opts.max_cost,
                 item_ids: &plan.item_ids,
             },
-        )?;
-        Ok(())
+        )?)
     })?;
+    if taken == 0 {
+        reporter.line(
+            "Nothing to do: every planned item was taken meanwhile by another session started at the same time \
+             (see `docket sessions`).",
+        );
+        return Ok(Started::Ended(RunEnd::NothingToDo));
+    }
     reporter.line("");
+    if taken < plan.item_ids.len() {
+        reporter.line(&format!(
+            "{} of the {} planned items were taken meanwhile by another session started at the same time; this session takes the other {taken}.",
+            plan.item_ids.len() - taken,
+            plan.item_ids.len()
+        ));
+    }
     reporter.line(&format!("Creating batch session: {id}"));
     Ok(Started::Session(id))
 }
@@ -472,9 +498,10 @@ async fn connect(prepared: &Prepared, opts: &RunOptions) -> Result<Connections, 
 fn resume_session(
     p: &Prepared,
     id: &str,
-    max_cost: Option<f64>,
+    opts: &RunOptions,
     reporter: &dyn Reporter,
 ) -> Result<String, EngineError> {
+    let max_cost = opts.max_cost;
     tokio::task::block_in_place(|| {
         let mut conn = crate::ledger::open(&p.ledger_path)?;
         let Some(s) = store::load_session(&conn, id)? else {
@@ -501,22 +528,29 @@ fn resume_session(
                 s.processed_count, s.total_count
             )));
         }
+        if opts.join && !matches!(s.state.as_str(), "running" | "paused") {
+            return Err(EngineError::Usage(format!(
+                "session {id} is {}: a worker joins a running or paused session only; \
+                 continue it with `docket batch-adjudicate --resume {id}`",
+                s.state
+            )));
+        }
         check_same_job(p, &s)?;
-        let ambiguous = match store::repair_interrupted(&mut conn, id, max_cost)? {
-            store::Repair::Repaired { ambiguous } => ambiguous,
-            store::Repair::Live {
-                pid,
-                host,
-                heartbeat_age_secs,
-            } => {
-                return Err(EngineError::Usage(format!(
-                    "session {id} is being run right now by process {} on {} (heartbeat {heartbeat_age_secs:.1} s ago); \
-                     running it twice would pay twice. Pause or cancel it there (`docket pause {id}`), or wait for it.",
-                    pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
-                    host.unwrap_or_else(|| "?".into()),
-                )));
-            }
-        };
+        if p.rerun_from.is_some() && crate::ledger::queue::live_workers(&conn, id)? > 0 {
+            return Err(EngineError::Usage(format!(
+                "session {id} is being worked on right now; --rerun-stage rewrites its requests and needs it to itself. \
+                 Pause or cancel it first (`docket cancel {id}`), then resume it with --rerun-stage."
+            )));
+        }
+        let repair = store::repair_interrupted(&mut conn, id, max_cost, !opts.join)?;
+        let ambiguous = repair.ambiguous;
+        if repair.live_workers > 0 {
+            reporter.line(&format!(
+                "Session {id} is being worked on by {} other worker(s): joining them (items are claimed from the ledger, \
+                 so nothing is sent twice; the provider's limits are shared between the workers).",
+                repair.live_workers
+            ));
+        }
         // Asked again only once this process holds the session (the repair
         // above claimed it under the write lock): no live engine runs it.
         if let Some(from) = p.rerun_from {

@@ -110,7 +110,7 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                         settle_item: false,
                         ..stage_done(ctx, &item, stage, sw, true, parsed.clone())
                     };
-                    if !ctx.write(WriteOp::Stage(rec, first)).await {
+                    if !ctx.write(&item, WriteOp::Stage(rec, first)).await {
                         return;
                     }
                     match Box::pin(fill_criteria(ctx, &item, stage, &extra, &mut output)).await {
@@ -133,7 +133,7 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                         finish(ctx, &item, &outputs, None, Some(merged)).await;
                         return;
                     }
-                    if !ctx.write(WriteOp::Stage(None, merged)).await {
+                    if !ctx.write(&item, WriteOp::Stage(None, merged)).await {
                         return;
                     }
                     continue;
@@ -147,7 +147,7 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                     finish(ctx, &item, &outputs, rec, Some(done)).await;
                     return;
                 }
-                if !ctx.write(WriteOp::Stage(rec, done)).await {
+                if !ctx.write(&item, WriteOp::Stage(rec, done)).await {
                     return;
                 }
             }
@@ -296,7 +296,7 @@ async fn fail_with(
         stage_done: Some(done),
         only_request: item.stages.len() == 1 && stage.criteria.is_empty(),
     };
-    if ctx.write(WriteOp::Final(rec, fin)).await {
+    if ctx.write(item, WriteOp::Final(rec, fin)).await {
         ctx.stats.record_outcome(Outcome::Error);
     }
 }
@@ -349,7 +349,7 @@ async fn finish(
         stage_done: last,
         only_request: item.stages.len() == 1 && p.stages[p.answer].criteria.is_empty(),
     };
-    if ctx.write(WriteOp::Final(rec, fin)).await {
+    if ctx.write(item, WriteOp::Final(rec, fin)).await {
         ctx.stats.record_outcome(outcome);
     }
 }
@@ -413,7 +413,7 @@ async fn fill_criteria(
                             output_json: Some(parsed),
                             ..request_done(ctx, item, &name, id, true, None)
                         };
-                        if !ctx.write(WriteOp::Stage(None, reused)).await {
+                        if !ctx.write(item, WriteOp::Stage(None, reused)).await {
                             return Filled::Stopped;
                         }
                         merge(output, &criterion, v);
@@ -454,7 +454,10 @@ async fn fill_criteria(
             StageEnd::Failed(message, rec) => {
                 let m = format!("criterion {criterion}, asked on its own: {message}");
                 if !ctx
-                    .write(WriteOp::Stage(rec, done(false, None, Some(m.clone()))))
+                    .write(
+                        item,
+                        WriteOp::Stage(rec, done(false, None, Some(m.clone()))),
+                    )
                     .await
                 {
                     return Filled::Stopped;
@@ -469,10 +472,10 @@ async fn fill_criteria(
                         "criterion {criterion}: asked on its own, the answer still leaves it out"
                     );
                     if !ctx
-                        .write(WriteOp::Stage(
-                            Some(rec),
-                            done(false, None, Some(m.clone())),
-                        ))
+                        .write(
+                            item,
+                            WriteOp::Stage(Some(rec), done(false, None, Some(m.clone()))),
+                        )
                         .await
                     {
                         return Filled::Stopped;
@@ -481,7 +484,7 @@ async fn fill_criteria(
                 };
                 let parsed = serde_json::to_string(&out.answer).ok();
                 if !ctx
-                    .write(WriteOp::Stage(Some(rec), done(true, parsed, None)))
+                    .write(item, WriteOp::Stage(Some(rec), done(true, parsed, None)))
                     .await
                 {
                     return Filled::Stopped;

@@ -30,6 +30,9 @@ pub struct NewBatch {
     pub model: String,
     pub input_bytes: u64,
     pub lines: Vec<NewBatchLine>,
+    /// The worker that submits it and holds its lease (see `adopt`).
+    pub claimed_by: String,
+    pub lease_until: f64,
 }
 
 /// A change to a provider batch.
@@ -78,13 +81,28 @@ pub enum BatchOp {
     },
 }
 
+impl BatchOp {
+    /// The batch an existing batch's change is about (None: a new batch).
+    pub fn tag(&self) -> Option<&str> {
+        match self {
+            BatchOp::Create(_) => None,
+            BatchOp::Submitted { tag, .. }
+            | BatchOp::Status { tag, .. }
+            | BatchOp::NextPoll { tag, .. }
+            | BatchOp::CancelRequested { tag }
+            | BatchOp::Ingested { tag, .. }
+            | BatchOp::Settle { tag } => Some(tag),
+        }
+    }
+}
+
 pub fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> {
     match op {
         BatchOp::Create(b) => {
             conn.prepare_cached(
                 "INSERT INTO provider_batch (tag, session_id, stage, provider, provider_kind, model, state,
-                     request_count, input_bytes, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'submitting', ?7, ?8, ?9, ?9)",
+                     request_count, input_bytes, created_at, updated_at, claimed_by, lease_until)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'submitting', ?7, ?8, ?9, ?9, ?10, ?11)",
             )?
             .execute(params![
                 b.tag,
@@ -95,7 +113,9 @@ pub fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> 
                 b.model,
                 b.lines.len() as i64,
                 b.input_bytes as i64,
-                now
+                now,
+                b.claimed_by,
+                b.lease_until
             ])?;
             let batch_id = conn.last_insert_rowid();
             // The stage's checkpoint names its last batch.
@@ -252,16 +272,66 @@ pub struct OpenBatch {
     pub created_at: f64,
     pub submitted_at: Option<f64>,
     pub cancel_requested: bool,
+    /// The worker holding its lease (None: nobody; a batch from before
+    /// leases, or let go by a worker that left).
+    pub claimed_by: Option<String>,
 }
 
 /// The session's batches that are not `ingested`, oldest first.
 pub fn open_batches(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<OpenBatch>> {
     let mut stmt = conn.prepare_cached(
         "SELECT batch_id, tag, state, provider, model, provider_batch_id, input_file_id, request_count,
-                created_at, submitted_at, cancel_requested_at IS NOT NULL, stage
+                created_at, submitted_at, cancel_requested_at IS NOT NULL, stage, claimed_by
          FROM provider_batch WHERE session_id = ?1 AND state != 'ingested' ORDER BY batch_id",
     )?;
-    let rows = stmt.query_map(params![session_id], |r| {
+    let rows = stmt.query_map(params![session_id], open_batch)?;
+    rows.collect()
+}
+
+/// Take the lease on the session's open batches of `stage` that nobody
+/// holds (from before leases, let go by a worker that left, or whose
+/// worker's lease ran out) for `worker`, and return them: exactly one
+/// worker polls and ingests each batch.
+pub fn adopt(
+    conn: &mut Connection,
+    session_id: &str,
+    stage: &str,
+    worker: &str,
+    lease_secs: f64,
+) -> rusqlite::Result<Vec<OpenBatch>> {
+    let now = super::now_ts();
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let ids: Vec<i64> = tx
+        .prepare_cached(
+            "UPDATE provider_batch SET claimed_by = ?3, lease_until = ?4
+             WHERE session_id = ?1 AND stage = ?2 AND state != 'ingested'
+               AND (lease_until IS NULL OR lease_until < ?5)
+               AND (claimed_by IS NULL OR claimed_by != ?3)
+             RETURNING batch_id",
+        )?
+        .query_map(
+            params![session_id, stage, worker, now + lease_secs, now],
+            |r| r.get(0),
+        )?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut out = Vec::with_capacity(ids.len());
+    {
+        let mut one = tx.prepare_cached(
+            "SELECT batch_id, tag, state, provider, model, provider_batch_id, input_file_id, request_count,
+                    created_at, submitted_at, cancel_requested_at IS NOT NULL, stage, claimed_by
+             FROM provider_batch WHERE batch_id = ?1",
+        )?;
+        for id in ids {
+            out.push(one.query_row(params![id], open_batch)?);
+        }
+    }
+    tx.commit()?;
+    out.sort_by_key(|b| b.batch_id);
+    Ok(out)
+}
+
+fn open_batch(r: &rusqlite::Row<'_>) -> rusqlite::Result<OpenBatch> {
+    {
         Ok(OpenBatch {
             batch_id: r.get(0)?,
             tag: r.get(1)?,
@@ -275,9 +345,9 @@ pub fn open_batches(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec
             submitted_at: r.get(9)?,
             cancel_requested: r.get(10)?,
             stage: r.get(11)?,
+            claimed_by: r.get(12)?,
         })
-    })?;
-    rows.collect()
+    }
 }
 
 /// How many of a session's batches are not finished with (for the message

@@ -14,6 +14,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("migrations/0003_review_search.sql")),
     (4, include_str!("migrations/0004_provider_batches.sql")),
     (5, include_str!("migrations/0005_stages.sql")),
+    (6, include_str!("migrations/0006_work_queue.sql")),
 ];
 
 pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {

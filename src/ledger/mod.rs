@@ -7,6 +7,7 @@
 
 pub mod batches;
 mod migrate;
+pub mod queue;
 pub mod store;
 pub mod writer;
 

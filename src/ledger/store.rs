@@ -184,10 +184,23 @@ pub fn stale_answers(
 /// Create the session, its requests for every stage (reusing answered ones
 /// made with the same template and parameters; `rerun` stages get a new
 /// request_version), its item list and stage checkpoints, in one
-/// transaction.
-pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<()> {
+/// transaction. Returns how many items it took: the planned items are
+/// checked again under the write lock, and any that a live session took
+/// since the plan was read (two sessions started at the same instant) are
+/// left out, so choosing and claiming are one atomic step. With none left
+/// nothing is created.
+pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let kept = still_free(&tx, s.item_ids)?;
+    if kept.is_empty() {
+        tx.rollback()?;
+        return Ok(0);
+    }
+    let item_ids: Vec<&String> = match &kept {
+        Kept::All => s.item_ids.iter().collect(),
+        Kept::Some(ids) => ids.clone(),
+    };
     tx.execute(
         "INSERT INTO llm_batch_session (session_id, started_at, total_count, config_snapshot_json, state, desired_state,
              estimated_tokens, estimated_cost_usd, max_cost_usd, owner_pid, owner_host, heartbeat_at, updated_at)
@@ -195,7 +208,7 @@ pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Re
         params![
             s.session_id,
             now,
-            s.item_ids.len() as i64,
+            item_ids.len() as i64,
             s.config_snapshot_json,
             s.estimated_tokens as i64,
             s.estimated_cost_usd,
@@ -222,12 +235,12 @@ pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Re
                     pos as i64,
                     if st.critic_of.is_some() { "critic" } else { "generator" },
                     st.critic_of,
-                    s.item_ids.len() as i64,
+                    item_ids.len() as i64,
                     now
                 ],
             )?;
         }
-        for (pos, item_id) in s.item_ids.iter().enumerate() {
+        for (pos, item_id) in item_ids.iter().enumerate() {
             for (si, st) in s.stages.iter().enumerate() {
                 let request_id = request_for(&tx, item_id, st, now)?;
                 if si == 0 {
@@ -244,7 +257,41 @@ pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Re
             }
         }
     }
-    tx.commit()
+    tx.commit()?;
+    Ok(item_ids.len())
+}
+
+/// Which planned items a new session may still take.
+enum Kept<'a> {
+    All,
+    Some(Vec<&'a String>),
+}
+
+impl Kept<'_> {
+    fn is_empty(&self) -> bool {
+        matches!(self, Kept::Some(v) if v.is_empty())
+    }
+}
+
+/// The planned items that no live session holds (checked under the write
+/// lock). With no live session at all, every one.
+fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> rusqlite::Result<Kept<'a>> {
+    let Some(cutoff) = live_cutoff(conn)? else {
+        return Ok(Kept::All);
+    };
+    let mut held = conn.prepare_cached(
+        "SELECT 1 FROM session_item si JOIN llm_batch_session s ON s.session_id = si.session_id
+         WHERE si.item_id = ?1 AND s.state IN ('running', 'paused') AND s.heartbeat_at >= ?2
+           AND NOT EXISTS (SELECT 1 FROM llm_batch_result b WHERE b.session_id = si.session_id AND b.item_id = si.item_id)
+         LIMIT 1",
+    )?;
+    let mut kept = Vec::with_capacity(item_ids.len());
+    for id in item_ids {
+        if !held.exists(params![id, cutoff])? {
+            kept.push(id);
+        }
+    }
+    Ok(Kept::Some(kept))
 }
 
 /// The request a new session uses for (item, stage): the newest version,
@@ -357,41 +404,51 @@ pub fn load_session(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
     .optional()
 }
 
-/// Before a resume: every attempt of this session still marked 'sent' left
-/// the machine and never got an answer recorded. Mark it ambiguous (it may
-/// have been billed), count it, and put its request back to pending so it is
-/// sent again. Returns how many were found.
+/// Answers paid for but refused because their worker had lost the item
+/// (see `ledger::queue`): (count, USD).
+pub fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(u64, f64)> {
+    conn.query_row(
+        "SELECT orphaned_count, orphaned_cost_usd FROM llm_batch_session WHERE session_id = ?1",
+        params![session_id],
+        |r| Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get(1)?)),
+    )
+    .optional()
+    .map(Option::unwrap_or_default)
+}
+
+/// Before a process works on a session (a resume, or a worker joining):
+/// items whose lease ran out (their worker died or stalled) are let go, with
+/// a new fencing token so whatever their old worker still writes is
+/// refused; then every attempt of an item nobody holds that is still marked
+/// 'sent' left the machine and never got an answer recorded: it is marked
+/// ambiguous (it may have been billed), counted, and its request is sent
+/// again. Items a live worker holds are left alone: the session may be
+/// joined while it runs. Returns how many attempts were found.
+///
+/// `resume`: the operator resumes the session (`--resume`): it runs again,
+/// and a pause or stop-after-stage asked of it is cleared. Without it (a
+/// `docket worker` joining) the session's controls stay as they are.
 pub fn repair_interrupted(
     conn: &mut Connection,
     session_id: &str,
     max_cost_usd: Option<f64>,
+    resume: bool,
 ) -> rusqlite::Result<Repair> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    // Under the write lock: two resumes cannot both pass this check.
-    let (state, heartbeat, pid, host): (String, Option<f64>, Option<i64>, Option<String>) = tx.query_row(
-        "SELECT state, heartbeat_at, owner_pid, owner_host FROM llm_batch_session WHERE session_id = ?1",
-        params![session_id],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    let live_workers = super::queue::live_workers(&tx, session_id)?;
+    tx.execute(
+        "UPDATE session_item SET claim_token = claim_token + 1, lease_until = NULL, claimed_by = NULL
+         WHERE session_id = ?1 AND lease_until IS NOT NULL AND lease_until < ?2",
+        params![session_id, now],
     )?;
-    let age = heartbeat.map(|h| now - h);
-    let same_host = host.as_deref() == Some(hostname().as_str());
-    let owner_gone = same_host && pid.is_some_and(|p| !process_alive(p));
-    if matches!(state.as_str(), "running" | "paused")
-        && age.is_some_and(|a| a < LIVE_HEARTBEAT_SECS)
-        && !owner_gone
-    {
-        return Ok(Repair::Live {
-            pid,
-            host,
-            heartbeat_age_secs: age.unwrap_or(0.0),
-        });
-    }
     let n = tx.execute(
         "UPDATE llm_messages SET state = 'ambiguous', error_kind = 'ambiguous',
              error_message = 'no answer was recorded before the process stopped; it may have been billed', finished_at = ?2
          WHERE state = 'sent' AND +session_id = ?1
-           AND request_id IN (SELECT request_id FROM session_request WHERE session_id = ?1)
+           AND request_id IN (SELECT sr.request_id FROM session_request sr
+                              JOIN session_item si ON si.session_id = sr.session_id AND si.item_id = sr.item_id
+                              WHERE sr.session_id = ?1 AND si.lease_until IS NULL)
            -- a line of a provider batch still open is not lost: the resume
            -- polls its batch and ingests the result
            AND NOT EXISTS (SELECT 1 FROM provider_batch_item bi
@@ -402,14 +459,20 @@ pub fn repair_interrupted(
     )? as u64;
     tx.execute(
         "UPDATE llm_batch_session SET ambiguous_count = ambiguous_count + ?2, attempt_count = attempt_count + ?2,
-             state = 'running', desired_state = 'running', stop_after_stage = NULL,
-             stop_reason = NULL, completed_at = NULL, max_cost_usd = COALESCE(?3, max_cost_usd),
+             state = CASE WHEN ?7 OR desired_state != 'paused' THEN 'running' ELSE 'paused' END,
+             desired_state = CASE WHEN ?7 THEN 'running' ELSE desired_state END,
+             stop_after_stage = CASE WHEN ?7 THEN NULL ELSE stop_after_stage END,
+             stop_reason = CASE WHEN ?7 OR desired_state != 'paused' THEN NULL ELSE stop_reason END,
+             completed_at = NULL, max_cost_usd = COALESCE(?3, max_cost_usd),
              owner_pid = ?4, owner_host = ?5, heartbeat_at = ?6, updated_at = ?6
          WHERE session_id = ?1",
-        params![session_id, n as i64, max_cost_usd, std::process::id(), hostname(), now],
+        params![session_id, n as i64, max_cost_usd, std::process::id(), hostname(), now, resume],
     )?;
     tx.commit()?;
-    Ok(Repair::Repaired { ambiguous: n })
+    Ok(Repair {
+        ambiguous: n,
+        live_workers,
+    })
 }
 
 /// Whether a live process runs the session now (its heartbeat is fresh and,
@@ -435,20 +498,16 @@ pub fn run_by_live_process(conn: &Connection, session_id: &str) -> rusqlite::Res
 
 /// What `repair_interrupted` found.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Repair {
-    /// Ready to resume; this many attempts were in flight at the stop.
-    Repaired { ambiguous: u64 },
-    /// Another live process is running the session: nothing was changed.
-    Live {
-        pid: Option<i64>,
-        host: Option<String>,
-        heartbeat_age_secs: f64,
-    },
+pub struct Repair {
+    /// Attempts that were in flight at a stop and are now ambiguous.
+    pub ambiguous: u64,
+    /// Workers running the session already (this process joins them).
+    pub live_workers: u64,
 }
 
 /// Whether a process of this machine is alive (Linux: /proc). Elsewhere a
 /// fresh heartbeat is trusted and the caller waits for it to go stale.
-fn process_alive(pid: i64) -> bool {
+pub(crate) fn process_alive(pid: i64) -> bool {
     if pid == i64::from(std::process::id()) {
         return false;
     }
@@ -493,6 +552,9 @@ pub struct WorkItem {
     pub evidence_json: String,
     /// In job order.
     pub stages: Vec<StageWork>,
+    /// The fencing token this worker claimed the item with (0: not claimed,
+    /// a read for a report).
+    pub claim_token: i64,
 }
 
 /// The next `n` items after `after_position` that have no outcome yet, in
@@ -511,16 +573,50 @@ pub fn next_work(
            AND NOT EXISTS (SELECT 1 FROM llm_batch_result b WHERE b.session_id = si.session_id AND b.item_id = si.item_id)
          ORDER BY si.position LIMIT ?3",
     )?;
-    let mut items = stmt
-        .query_map(params![session_id, after_position, n as i64], |r| {
-            Ok(WorkItem {
-                position: r.get(0)?,
-                item_id: r.get(1)?,
-                evidence_json: r.get(2)?,
-                stages: Vec::new(),
-            })
-        })?
+    let items = stmt
+        .query_map(params![session_id, after_position, n as i64], work_item)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    with_stages(conn, session_id, items)
+}
+
+/// The items between two positions (inclusive) that have no outcome yet,
+/// with every stage's request.
+pub(crate) fn work_between(
+    conn: &Connection,
+    session_id: &str,
+    first: i64,
+    last: i64,
+) -> rusqlite::Result<Vec<WorkItem>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT si.position, si.item_id, d.evidence_json
+         FROM session_item si
+         JOIN decision d ON d.item_id = si.item_id
+         WHERE si.session_id = ?1 AND si.position BETWEEN ?2 AND ?3
+           AND NOT EXISTS (SELECT 1 FROM llm_batch_result b WHERE b.session_id = si.session_id AND b.item_id = si.item_id)
+         ORDER BY si.position",
+    )?;
+    let items = stmt
+        .query_map(params![session_id, first, last], work_item)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    with_stages(conn, session_id, items)
+}
+
+fn work_item(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkItem> {
+    Ok(WorkItem {
+        position: r.get(0)?,
+        item_id: r.get(1)?,
+        evidence_json: r.get(2)?,
+        stages: Vec::new(),
+        claim_token: 0,
+    })
+}
+
+/// Fill in every stage's request of a page of items (in position order).
+fn with_stages(
+    conn: &Connection,
+    session_id: &str,
+    mut items: Vec<WorkItem>,
+) -> rusqlite::Result<Vec<WorkItem>> {
     let (Some(first), Some(last)) = (items.first(), items.last()) else {
         return Ok(items);
     };
@@ -631,7 +727,7 @@ pub fn latest_session(conn: &Connection) -> rusqlite::Result<Option<String>> {
     .optional()
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .or_else(|_| std::env::var("HOSTNAME"))

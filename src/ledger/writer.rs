@@ -135,6 +135,37 @@ pub struct FinalResult {
     pub only_request: bool,
 }
 
+/// The claim a write is made under (see `ledger::queue`). A worker that
+/// lost it (it stalled past its lease and another worker took over) has the
+/// write refused.
+#[derive(Debug, Clone)]
+pub enum Fence {
+    /// A write for an item: it commits only while the item still has this
+    /// token. A refused answer was paid for: it is counted as orphaned spend.
+    Item {
+        session_id: String,
+        item_id: String,
+        token: i64,
+        worker_id: std::sync::Arc<str>,
+    },
+    /// A change to a provider batch: only while this worker holds the
+    /// batch's lease, so exactly one worker polls and ingests it.
+    Batch {
+        tag: String,
+        worker_id: std::sync::Arc<str>,
+    },
+}
+
+/// Why a write did not commit.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WriteError {
+    /// The fence did not hold: another worker holds the item now.
+    #[error("the item's lease was lost (another worker holds it now); this write was refused")]
+    LeaseLost,
+    #[error("{0}")]
+    Failed(String),
+}
+
 // Ops move once through a channel to the writer thread; boxing the large
 // variants would add an allocation per op for no gain.
 #[allow(clippy::large_enum_variant)]
@@ -152,6 +183,22 @@ pub enum WriteOp {
     Heartbeat {
         session_id: String,
         live_json: Option<String>,
+        /// This worker's row in `session_worker`.
+        worker: Option<super::queue::WorkerBeat>,
+    },
+    /// Extend every lease this worker holds in the session.
+    Renew {
+        session_id: String,
+        worker_id: std::sync::Arc<str>,
+        lease_secs: f64,
+    },
+    /// Let go of an item this worker claimed but leaves without an outcome
+    /// (a stop-after-stage holds it, the run stops): no lease runs out.
+    ReleaseItem(Fence),
+    /// The worker leaves the session: every item it holds is let go.
+    Leave {
+        session_id: String,
+        worker_id: std::sync::Arc<str>,
     },
     /// Something notable happened to the session (state changes, controls
     /// obeyed, rate limiting); the engine's events have no actor.
@@ -175,11 +222,12 @@ pub enum WriteOp {
     },
 }
 
-type Reply = oneshot::Sender<Result<(), String>>;
+type Reply = oneshot::Sender<Result<(), WriteError>>;
+type Queued = (WriteOp, Option<Fence>, Option<Reply>);
 
 #[derive(Clone)]
 pub struct LedgerWriter {
-    tx: mpsc::UnboundedSender<(WriteOp, Option<Reply>)>,
+    tx: mpsc::UnboundedSender<Queued>,
 }
 
 pub struct WriterHandle {
@@ -220,22 +268,31 @@ impl LedgerWriter {
 
     /// Apply `op` and wait for its commit.
     pub async fn write(&self, op: WriteOp) -> Result<(), String> {
+        self.send(op, None).await.map_err(|e| e.to_string())
+    }
+
+    /// Apply `op` only while `fence` holds, and wait for its commit.
+    pub async fn write_fenced(&self, op: WriteOp, fence: Fence) -> Result<(), WriteError> {
+        self.send(op, Some(fence)).await
+    }
+
+    async fn send(&self, op: WriteOp, fence: Option<Fence>) -> Result<(), WriteError> {
+        let stopped = || WriteError::Failed("ledger writer has stopped".to_string());
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send((op, Some(reply)))
-            .map_err(|_| "ledger writer has stopped".to_string())?;
-        rx.await
-            .map_err(|_| "ledger writer has stopped".to_string())?
+            .send((op, fence, Some(reply)))
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Queue `op` without waiting (heartbeats).
     pub fn post(&self, op: WriteOp) {
-        let _ = self.tx.send((op, None));
+        let _ = self.tx.send((op, None, None));
     }
 }
 
-fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<(WriteOp, Option<Reply>)>) {
-    let mut group: Vec<(WriteOp, Option<Reply>)> = Vec::with_capacity(GROUP_MAX);
+fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
+    let mut group: Vec<Queued> = Vec::with_capacity(GROUP_MAX);
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         while group.len() < GROUP_MAX {
@@ -245,7 +302,7 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<(WriteOp, Option<Re
             }
         }
         let results = apply_group(&mut conn, &group);
-        for ((_, reply), result) in group.drain(..).zip(results) {
+        for ((_, _, reply), result) in group.drain(..).zip(results) {
             if let Some(reply) = reply {
                 let _ = reply.send(result);
             }
@@ -254,33 +311,33 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<(WriteOp, Option<Re
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
 }
 
-fn apply_group(
-    conn: &mut Connection,
-    group: &[(WriteOp, Option<Reply>)],
-) -> Vec<Result<(), String>> {
+fn apply_group(conn: &mut Connection, group: &[Queued]) -> Vec<Result<(), WriteError>> {
     let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
             return group
                 .iter()
-                .map(|_| Err(format!("ledger: cannot begin: {e}")))
+                .map(|_| Err(WriteError::Failed(format!("ledger: cannot begin: {e}"))))
                 .collect();
         }
     };
     let mut results = Vec::with_capacity(group.len());
     // With one operation the transaction itself is its savepoint.
     let isolate = group.len() > 1;
-    for (op, _) in group {
+    for (op, fence, _) in group {
         // A savepoint per operation: one bad operation never takes the
         // others' writes down with it. (Cached statements: execute_batch
         // would parse the SQL every time, thousands of times a second.)
-        let r = (|| -> rusqlite::Result<()> {
+        let r = (|| -> rusqlite::Result<bool> {
             if !isolate {
-                return apply(&tx, op);
+                return apply_fenced(&tx, op, fence.as_ref());
             }
             tx.prepare_cached("SAVEPOINT op")?.execute([])?;
-            match apply(&tx, op) {
-                Ok(()) => tx.prepare_cached("RELEASE op")?.execute([]).map(|_| ()),
+            match apply_fenced(&tx, op, fence.as_ref()) {
+                Ok(applied) => tx
+                    .prepare_cached("RELEASE op")?
+                    .execute([])
+                    .map(|_| applied),
                 Err(e) => {
                     tx.prepare_cached("ROLLBACK TO op")?.execute([])?;
                     tx.prepare_cached("RELEASE op")?.execute([])?;
@@ -288,18 +345,132 @@ fn apply_group(
                 }
             }
         })();
-        results.push(r.map_err(|e| format!("ledger write failed: {e}")));
+        results.push(match r {
+            Ok(true) => Ok(()),
+            // Refused, with the orphaned spend recorded: that commits.
+            Ok(false) => Err(WriteError::LeaseLost),
+            Err(e) => Err(WriteError::Failed(format!("ledger write failed: {e}"))),
+        });
     }
-    if !isolate && results.iter().any(Result::is_err) {
+    let failed = |r: &Result<(), WriteError>| matches!(r, Err(WriteError::Failed(_)));
+    if !isolate && results.iter().any(failed) {
         // The only operation failed: nothing of it may stay.
         let _ = tx.rollback();
         return results;
     }
     if let Err(e) = tx.commit() {
         let msg = format!("ledger: commit failed: {e}");
-        return group.iter().map(|_| Err(msg.clone())).collect();
+        return group
+            .iter()
+            .map(|_| Err(WriteError::Failed(msg.clone())))
+            .collect();
     }
     results
+}
+
+/// Apply `op` if its fence holds (true), or record what the refused write
+/// had paid for as orphaned spend (false).
+fn apply_fenced(conn: &Connection, op: &WriteOp, fence: Option<&Fence>) -> rusqlite::Result<bool> {
+    let holds = match fence {
+        None => true,
+        Some(Fence::Batch { tag, worker_id }) => {
+            let holder: Option<Option<String>> = conn
+                .prepare_cached("SELECT claimed_by FROM provider_batch WHERE tag = ?1")?
+                .query_row(params![tag], |r| r.get(0))
+                .optional()?;
+            holder.flatten().as_deref() == Some(&**worker_id)
+        }
+        // The item's outcome ends the claim: the lease goes with the check.
+        Some(Fence::Item {
+            session_id,
+            item_id,
+            token,
+            ..
+        }) if matches!(op, WriteOp::Final(..)) => {
+            conn.prepare_cached(
+                "UPDATE session_item SET lease_until = NULL
+                 WHERE session_id = ?1 AND item_id = ?2 AND claim_token = ?3",
+            )?
+            .execute(params![session_id, item_id, token])?
+                == 1
+        }
+        Some(Fence::Item {
+            session_id,
+            item_id,
+            token,
+            ..
+        }) => super::queue::current_token(conn, session_id, item_id)? == Some(*token),
+    };
+    if holds {
+        apply(conn, op)?;
+        return Ok(true);
+    }
+    if let Some(Fence::Item {
+        session_id,
+        item_id,
+        worker_id,
+        ..
+    }) = fence
+    {
+        record_orphan(conn, op, session_id, item_id, worker_id)?;
+    }
+    Ok(false)
+}
+
+/// A write refused by its fence. An answer that came back for it was paid
+/// for and is never applied: its tokens and cost go on the attempt's row
+/// (which the worker that took the item over marked ambiguous) and into the
+/// session's orphaned-spend counters.
+fn record_orphan(
+    conn: &Connection,
+    op: &WriteOp,
+    session_id: &str,
+    item_id: &str,
+    worker_id: &str,
+) -> rusqlite::Result<()> {
+    let now = now_ts();
+    let attempt = match op {
+        WriteOp::Attempt(a) => Some(a),
+        WriteOp::Final(a, _) | WriteOp::Stage(a, _) => a.as_ref(),
+        _ => None,
+    };
+    // Only an attempt that went out counts: a refused intent sent nothing.
+    let Some(a) = attempt.filter(|a| a.state != "failed" || a.http_status.is_some()) else {
+        return Ok(());
+    };
+    conn.prepare_cached(
+        "UPDATE llm_messages SET input_tokens = COALESCE(?3, input_tokens), output_tokens = COALESCE(?4, output_tokens),
+             cost_usd = ?5, error_message = 'answered after its worker lost the item (lease lost); the result was refused: orphaned spend'
+         WHERE request_id = ?1 AND attempt = ?2 AND state != 'answered'",
+    )?
+    .execute(params![
+        a.request_id,
+        a.attempt,
+        a.input_tokens.map(|v| v as i64),
+        a.output_tokens.map(|v| v as i64),
+        a.cost_usd
+    ])?;
+    conn.prepare_cached(
+        "UPDATE llm_batch_session SET orphaned_count = orphaned_count + 1,
+             orphaned_cost_usd = orphaned_cost_usd + ?2, updated_at = ?3 WHERE session_id = ?1",
+    )?
+    .execute(params![session_id, a.cost_usd, now])?;
+    conn.prepare_cached("UPDATE session_worker SET orphaned = orphaned + 1 WHERE worker_id = ?1")?
+        .execute(params![worker_id])?;
+    conn.prepare_cached(
+        "INSERT INTO session_event (session_id, at, level, kind, message, actor)
+         VALUES (?1, ?2, 'warn', 'lease_lost', ?3, ?4)",
+    )?
+    .execute(params![
+        session_id,
+        now,
+        format!(
+            "item {item_id}: an answer (request {}, attempt {}) came back after this worker lost the item to another; refused and counted as orphaned spend (${:.6})",
+            a.request_id, a.attempt, a.cost_usd
+        ),
+        worker_id
+    ])?;
+    Ok(())
 }
 
 fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
@@ -345,13 +516,43 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
         WriteOp::Heartbeat {
             session_id,
             live_json,
+            worker,
         } => {
             conn.prepare_cached(
                 "UPDATE llm_batch_session SET heartbeat_at = ?2, live_json = COALESCE(?3, live_json)
                  WHERE session_id = ?1",
             )?
             .execute(params![session_id, now, live_json])?;
+            if let Some(w) = worker {
+                super::queue::beat(conn, session_id, w)?;
+            }
             Ok(())
+        }
+        WriteOp::Renew {
+            session_id,
+            worker_id,
+            lease_secs,
+        } => super::queue::renew(conn, session_id, worker_id, *lease_secs).map(|_| ()),
+        WriteOp::ReleaseItem(Fence::Item {
+            session_id,
+            item_id,
+            token,
+            ..
+        }) => {
+            conn.prepare_cached(
+                "UPDATE session_item SET lease_until = NULL
+                 WHERE session_id = ?1 AND item_id = ?2 AND claim_token = ?3",
+            )?
+            .execute(params![session_id, item_id, token])?;
+            Ok(())
+        }
+        WriteOp::ReleaseItem(Fence::Batch { .. }) => Ok(()),
+        WriteOp::Leave {
+            session_id,
+            worker_id,
+        } => {
+            super::queue::release_all(conn, session_id, worker_id)?;
+            super::queue::worker_ended(conn, worker_id)
         }
         WriteOp::Event {
             session_id,
@@ -758,6 +959,7 @@ mod tests {
         let hb = |live: Option<&str>| WriteOp::Heartbeat {
             session_id: "s1".into(),
             live_json: live.map(str::to_string),
+            worker: None,
         };
         writer.write(hb(Some("{\"in_flight\":3}"))).await.unwrap();
         // A heartbeat without gauges keeps the last ones.

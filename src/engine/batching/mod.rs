@@ -27,7 +27,7 @@ use super::Prepared;
 use super::progress::Reporter;
 use super::stats::Stats;
 use crate::config::BatchMode;
-use crate::ledger::writer::{LedgerWriter, WriteOp};
+use crate::ledger::writer::{Fence, LedgerWriter, WriteError, WriteOp};
 use crate::provider::batch::BatchProvider;
 use crate::provider::{ChatAnswer, ChatRequest, ProviderError};
 
@@ -115,6 +115,15 @@ pub(super) struct Batcher {
     /// batches are still polled and collected).
     paused: tokio::sync::watch::Receiver<bool>,
     tasks: std::sync::Mutex<JoinSet<()>>,
+    /// This worker: it holds the lease of every batch it submits or adopts.
+    pub(super) lease: Lease,
+}
+
+/// Whose batches these are, and for how long without renewal.
+#[derive(Debug, Clone)]
+pub(super) struct Lease {
+    pub worker_id: Arc<str>,
+    pub secs: f64,
 }
 
 impl Batcher {
@@ -131,6 +140,7 @@ impl Batcher {
         next_tag: Arc<AtomicU64>,
         on_fatal: Box<dyn Fn(String) + Send + Sync>,
         paused: tokio::sync::watch::Receiver<bool>,
+        lease: Lease,
     ) -> Arc<Batcher> {
         let (tx, rx) = mpsc::unbounded_channel();
         let b = Arc::new(Batcher {
@@ -156,6 +166,7 @@ impl Batcher {
             on_fatal,
             paused,
             tasks: std::sync::Mutex::new(JoinSet::new()),
+            lease,
         });
         let former = b.clone();
         b.spawn(async move { former::form(former, rx).await });
@@ -281,9 +292,12 @@ impl Batcher {
         }
     }
 
+    /// Unique across the workers of the session: each counts its own
+    /// batches, and its id's random part tells them apart.
     fn new_tag(&self) -> String {
         let n = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        format!("{}-b{n}", self.session_id)
+        let worker = self.lease.worker_id.rsplit('#').next().unwrap_or_default();
+        format!("{}-b{n}-{worker}", self.session_id)
     }
 
     /// A line's request as it goes to the provider.
@@ -310,31 +324,63 @@ impl Batcher {
         });
     }
 
-    /// Record; a failed write stops the run (resumable).
+    /// Record; a failed write stops the run (resumable). A change to a batch
+    /// commits only while this worker holds the batch's lease: false when
+    /// another worker took it over (this one stalled past its lease), and
+    /// the caller lets the batch go.
     async fn write(&self, op: WriteOp) -> bool {
-        match self.writer.write(op).await {
+        let fence = match &op {
+            WriteOp::Batch(b) => b.tag().map(|tag| Fence::Batch {
+                tag: tag.to_string(),
+                worker_id: self.lease.worker_id.clone(),
+            }),
+            _ => None,
+        };
+        let result = match fence {
+            Some(f) => self.writer.write_fenced(op, f).await,
+            None => self.writer.write(op).await.map_err(WriteError::Failed),
+        };
+        match result {
             Ok(()) => true,
-            Err(e) => {
+            Err(WriteError::LeaseLost) => {
+                tracing::warn!(session = %self.session_id, "a provider batch's lease was lost: another worker collects it");
+                false
+            }
+            Err(WriteError::Failed(e)) => {
                 (self.on_fatal)(e);
                 false
             }
         }
     }
 
-    /// Re-attach the session's open batches (a resume): their lines wait
+    /// Another worker holds the batch now: its lines' workers here stop
+    /// waiting (their items went with it).
+    fn let_go(&self, custom_ids: &[String]) {
+        for id in custom_ids {
+            self.pending.forget(id);
+        }
+    }
+
+    /// Re-attach the session's open batches that no live worker holds (a
+    /// resume, a worker joining, or one whose worker died): their lines wait
     /// for results, never for a second submission.
     pub(super) async fn reattach(self: &Arc<Self>) -> Result<usize, String> {
         let path = self.p.ledger_path.clone();
         let sid = self.session_id.clone();
         let stage_name = self.stage().name.clone();
+        let lease = self.lease.clone();
         let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<_> {
-            let conn = crate::ledger::open_read_only(&path)
+            let mut conn = crate::ledger::open(&path)
                 .map_err(|e| rusqlite::Error::InvalidParameterName(e.to_string()))?;
             let mut out = Vec::new();
-            for b in crate::ledger::batches::open_batches(&conn, &sid)?
-                .into_iter()
-                .filter(|b| b.stage == stage_name)
-            {
+            // Only the batches nobody holds: each is polled by one worker.
+            for b in crate::ledger::batches::adopt(
+                &mut conn,
+                &sid,
+                &stage_name,
+                &lease.worker_id,
+                lease.secs,
+            )? {
                 let waiting = crate::ledger::batches::waiting_lines(&conn, b.batch_id)?;
                 let all = crate::ledger::batches::batch_custom_ids(&conn, b.batch_id)?;
                 out.push((b, waiting, all));

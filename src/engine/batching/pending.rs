@@ -95,6 +95,12 @@ impl Pending {
         }
     }
 
+    /// Stop waiting for `custom_id` (its batch went to another worker): a
+    /// worker waiting on it hears nothing more and stops.
+    pub(super) fn forget(&self, custom_id: &str) {
+        self.lock().remove(custom_id);
+    }
+
     /// Whether `custom_id` still waits for a result.
     pub(super) fn contains(&self, custom_id: &str) -> bool {
         matches!(

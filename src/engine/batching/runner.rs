@@ -133,6 +133,8 @@ async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes:
                 user_prompt: l.request.user.clone(),
             })
             .collect(),
+        claimed_by: b.lease.worker_id.to_string(),
+        lease_until: now_ts() + b.lease.secs,
     };
     // Intent before side effect: the batch, its lines and their attempts
     // are on disk before a byte is uploaded.
@@ -542,8 +544,14 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
                 let done = s.state.is_terminal() && !s.results_pending;
                 next = cadence(b, &s.state, t.created_at);
                 let next_at = (!done).then(|| now_ts() + next.as_secs_f64());
-                b.write(WriteOp::Batch(status_op(&t.tag, &s, next_at, true)))
-                    .await;
+                if !b
+                    .write(WriteOp::Batch(status_op(&t.tag, &s, next_at, true)))
+                    .await
+                {
+                    // Taken over (or the ledger failed): not ours to collect.
+                    b.let_go(&t.waiting);
+                    return;
+                }
                 if done {
                     break s;
                 }

@@ -1,0 +1,554 @@
+//! The ledger is the work queue, end to end: the real binary against
+//! `docket mock-provider` running as its own process.
+//!
+//! - Two sessions started at the same instant never take the same item (the
+//!   items are chosen again under the write lock that creates the session).
+//! - A worker stopped with SIGSTOP past its lease is taken over; once it runs
+//!   again, its late results are refused by the fencing token and counted as
+//!   orphaned spend, never applied (fault-matrix row P5).
+//! - Two workers share a session; one killed with kill -9 is taken over by
+//!   the other, which finishes the session (rows C1, P3).
+//! - Pause and resume from the CLI reach every worker of a session.
+//!
+//! Each ends with the billing oracle: the mock's own log of what it answered,
+//! held against the ledger. No request answered twice unless the ledger calls
+//! the extra attempt ambiguous, every item one result, counters equal rows,
+//! `PRAGMA integrity_check` ok.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use support::procs::{BIN, Mock, Proc};
+use support::{Job, Workspace, check_complete, count};
+
+/// The longest any one docket child may take.
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+/// The longest the test waits for a state it is about to act on.
+const STATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A workspace whose provider is the mock process, with `items` demo items
+/// and a private HOME for the logs.
+struct Ws {
+    ws: Workspace,
+    home: tempfile::TempDir,
+}
+
+impl Ws {
+    fn new(mock: &Mock, items: usize, tweak: impl FnOnce(&mut Job)) -> Ws {
+        let mut job = Job::new(&format!("{}/v1", mock.base()));
+        tweak(&mut job);
+        let ws = support::workspace(&job);
+        support::import_demo_items(&ws, items);
+        Ws {
+            ws,
+            home: tempfile::tempdir().expect("home"),
+        }
+    }
+
+    fn command(&self, args: &[&str], lease_secs: Option<f64>) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--workspace")
+            .arg(self.ws.path())
+            .args(args)
+            .env("HOME", self.home.path())
+            .env("XDG_DATA_HOME", self.home.path().join("data"))
+            .env("NO_COLOR", "1")
+            .env_remove("DOCKET_WORKSPACE")
+            .env_remove("DOCKET_LEASE_SECS")
+            .stdin(Stdio::null());
+        if let Some(l) = lease_secs {
+            c.env("DOCKET_LEASE_SECS", l.to_string());
+        }
+        c
+    }
+
+    /// Start `docket ARGS` off a terminal, its output in HOME/NAME.out.
+    fn spawn(&self, name: &str, args: &[&str], lease_secs: Option<f64>) -> Proc {
+        let path = self.home.path().join(format!("{name}.out"));
+        let f = std::fs::File::create(&path).unwrap();
+        let child = self
+            .command(args, lease_secs)
+            .stdout(Stdio::from(f.try_clone().unwrap()))
+            .stderr(Stdio::from(f))
+            .spawn()
+            .expect("spawn docket");
+        Proc {
+            child,
+            what: format!("docket {}", args.join(" ")),
+            out: Some(path),
+        }
+    }
+
+    fn run(&self, name: &str, args: &[&str]) -> (Option<i32>, String) {
+        self.spawn(name, args, None).wait(RUN_TIMEOUT)
+    }
+
+    fn conn(&self) -> Connection {
+        self.ws.conn()
+    }
+}
+
+const RUN: [&str; 3] = ["batch-adjudicate", "--yes", "--headless"];
+
+fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// Poll `f` every 25 ms until it gives a value; panic naming `what`.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + STATE_TIMEOUT;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn newest_session(ws: &Ws) -> String {
+    wait_for("a session", || {
+        docket::ledger::store::latest_session(&ws.conn())
+            .ok()
+            .flatten()
+    })
+}
+
+fn results(conn: &Connection, sid: &str) -> i64 {
+    count(
+        conn,
+        "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1",
+        [sid],
+    )
+}
+
+/// The billing oracle: what the mock answered (200s, by client request id)
+/// for `sessions` against the ledger's attempts. Returns how many answers
+/// the mock gave them.
+fn check_billing(mock: &Mock, conn: &Connection, sessions: &[String]) -> usize {
+    let mut sent: HashMap<String, usize> = HashMap::new();
+    let mut answered_by_request: HashMap<i64, usize> = HashMap::new();
+    let mut answered = 0;
+    for e in mock.log() {
+        let Some(id) = e["client_request_id"].as_str() else {
+            continue;
+        };
+        if !sessions.iter().any(|s| id.starts_with(&format!("{s}-"))) {
+            continue;
+        }
+        *sent.entry(id.to_string()).or_default() += 1;
+        if e["status"].as_u64() == Some(200) {
+            answered += 1;
+            // '<session>-<request_id>-<attempt>'
+            let request: i64 = id
+                .rsplit('-')
+                .nth(1)
+                .and_then(|r| r.parse().ok())
+                .unwrap_or_else(|| panic!("client request id {id}"));
+            *answered_by_request.entry(request).or_default() += 1;
+        }
+    }
+    for (id, n) in &sent {
+        assert_eq!(*n, 1, "attempt {id} went out {n} times");
+    }
+    for (request, n) in &answered_by_request {
+        let answered_here = count(
+            conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE request_id = ?1 AND state = 'answered'",
+            [request],
+        );
+        let ambiguous = count(
+            conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE request_id = ?1 AND state = 'ambiguous'",
+            [request],
+        );
+        assert!(
+            answered_here <= 1,
+            "request {request} has {answered_here} answered attempts"
+        );
+        assert!(
+            (*n as i64) <= answered_here + ambiguous,
+            "request {request}: the mock answered it {n} times; the ledger has {answered_here} answered \
+             and {ambiguous} ambiguous attempt(s)"
+        );
+    }
+    // Every answer the mock gave is on record: answered, or ambiguous.
+    let on_record: i64 = sessions
+        .iter()
+        .map(|s| {
+            count(
+                conn,
+                "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state IN ('answered', 'ambiguous')",
+                [s],
+            )
+        })
+        .sum();
+    assert!(
+        answered as i64 <= on_record,
+        "{answered} answers at the mock, {on_record} answered or ambiguous attempts in the ledger"
+    );
+    answered
+}
+
+/// The session's counters equal its rows: ambiguous attempts, results.
+fn check_counters(conn: &Connection, sid: &str) {
+    check_complete(conn, sid);
+    let (ambiguous, attempts): (i64, i64) = conn
+        .query_row(
+            "SELECT ambiguous_count, attempt_count FROM llm_batch_session WHERE session_id = ?1",
+            [sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        ambiguous,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'ambiguous'",
+            [sid]
+        ),
+        "ambiguous counter vs rows"
+    );
+    assert_eq!(
+        attempts,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state != 'sent'",
+            [sid]
+        ),
+        "attempt counter vs rows"
+    );
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM session_item WHERE session_id = ?1 AND lease_until IS NOT NULL",
+            [sid]
+        ),
+        "a lease left behind"
+    );
+}
+
+// ---------------------------------------------------------------- tests
+
+/// Two `batch-adjudicate` processes started at the same instant on one
+/// workspace: the items go to one session or the other, never both, and no
+/// request is answered twice. Repeated until the old race (4 of 8 tries)
+/// would have shown.
+#[test]
+fn two_sessions_started_at_once_never_share_an_item() {
+    const TRIES: usize = 20;
+    const ITEMS: usize = 40;
+    let mock = Mock::start(&["--latency-median-ms", "20", "--latency-p99-ms", "40"]);
+    let mut split = 0;
+    // Tries where both planned the same items before either had a session:
+    // the race the write lock now settles.
+    let mut raced = 0;
+    for t in 0..TRIES {
+        let ws = Ws::new(&mock, ITEMS, |_| {});
+        // Every answer accepts, so every item is decided once answered and
+        // a second session could only have taken it by racing the first.
+        let toml = ws.ws.path().join("docket.toml");
+        let text = std::fs::read_to_string(&toml)
+            .unwrap()
+            .replace(
+                "auto_accept_threshold = 0.85",
+                "auto_accept_threshold = 0.0",
+            )
+            .replace("review_threshold = 0.60", "review_threshold = 0.0");
+        std::fs::write(&toml, text).unwrap();
+        let mut a = ws.spawn(&format!("a{t}"), &RUN, None);
+        let mut b = ws.spawn(&format!("b{t}"), &RUN, None);
+        let (ca, oa) = a.wait(RUN_TIMEOUT);
+        let (cb, ob) = b.wait(RUN_TIMEOUT);
+        assert_eq!(ca, Some(0), "try {t}, first:\n{oa}");
+        assert_eq!(cb, Some(0), "try {t}, second:\n{ob}");
+        let conn = ws.conn();
+        assert_eq!(
+            0,
+            count(
+                &conn,
+                "SELECT COUNT(*) FROM (SELECT item_id FROM session_item GROUP BY item_id HAVING COUNT(*) > 1)",
+                []
+            ),
+            "try {t}: an item in two sessions\n{oa}\n{ob}"
+        );
+        assert_eq!(
+            0,
+            count(
+                &conn,
+                "SELECT COUNT(*) FROM (SELECT item_id FROM llm_batch_result GROUP BY item_id HAVING COUNT(*) > 1)",
+                []
+            ),
+            "try {t}: an item with results in two sessions"
+        );
+        assert_eq!(
+            ITEMS as i64,
+            count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []),
+            "try {t}: every item one result"
+        );
+        let sessions: Vec<String> = conn
+            .prepare("SELECT session_id FROM llm_batch_session")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for sid in &sessions {
+            check_counters(&conn, sid);
+        }
+        check_billing(&mock, &conn, &sessions);
+        if sessions.len() == 2 {
+            split += 1;
+        }
+        if oa.contains("taken meanwhile") || ob.contains("taken meanwhile") {
+            raced += 1;
+        }
+    }
+    eprintln!("{raced} of {TRIES} tries raced; {split} made two sessions");
+}
+
+/// A worker stopped (SIGSTOP) past its lease: another process takes its
+/// items over (`docket worker`, or `--resume` as in the bug report); when
+/// the stopped one runs again, what it still had in flight comes back to it
+/// and is refused by the fencing token (orphaned spend), never applied.
+/// Repeated: the old engine doubled answers in 4 of 4 tries.
+#[test]
+fn a_stalled_worker_is_fenced_out_when_it_runs_again() {
+    const TRIES: usize = 20;
+    let mock = Mock::start(&["--latency-median-ms", "250", "--latency-p99-ms", "350"]);
+    let mut orphaned = 0;
+    for t in 0..TRIES {
+        let via_resume = t % 2 == 1;
+        orphaned += stall_and_take_over(&mock, t, via_resume);
+    }
+    assert!(
+        orphaned >= 1,
+        "in {TRIES} tries no late answer of a stopped worker was refused: the test did not stop one mid-flight"
+    );
+}
+
+/// One try: returns the orphaned answers the session counted.
+fn stall_and_take_over(mock: &Mock, t: usize, via_resume: bool) -> i64 {
+    const ITEMS: usize = 48;
+    const LEASE: f64 = 1.5;
+    let ws = Ws::new(mock, ITEMS, |j| j.concurrency = 8);
+    let mut first = ws.spawn(&format!("first{t}"), &RUN, Some(LEASE));
+    let sid = newest_session(&ws);
+    wait_for("some results", || {
+        (results(&ws.conn(), &sid) >= 8).then_some(())
+    });
+    signal(first.pid(), "-STOP");
+    // Its requests are answered while it is stopped; its lease runs out.
+    std::thread::sleep(Duration::from_secs_f64(LEASE + 1.0));
+    let takeover: Vec<&str> = if via_resume {
+        vec!["batch-adjudicate", "--yes", "--headless", "--resume", &sid]
+    } else {
+        vec!["worker", "--session", &sid]
+    };
+    let mut second = ws.spawn(&format!("second{t}"), &takeover, Some(LEASE));
+    let first_pid = first.pid();
+    wait_for("the second process to take items over", || {
+        (count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM session_item WHERE session_id = ?1 AND claimed_by IS NOT NULL
+               AND claimed_by NOT LIKE '%:' || ?2 || '#%'",
+            rusqlite::params![sid, first_pid],
+        ) > 0)
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    signal(first_pid, "-CONT");
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    assert_eq!(c2, Some(0), "try {t}, second process:\n{o2}");
+    assert_eq!(c1, Some(0), "try {t}, first process:\n{o1}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    let (orphaned, ambiguous): (i64, i64) = conn
+        .query_row(
+            "SELECT orphaned_count, ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(
+        orphaned <= ambiguous,
+        "try {t}: {orphaned} orphaned, {ambiguous} ambiguous"
+    );
+    assert_eq!(
+        orphaned,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_event WHERE session_id = ?1 AND kind = 'lease_lost'",
+            [&sid]
+        ),
+        "try {t}: one lease_lost event per orphaned answer"
+    );
+    check_billing(mock, &conn, std::slice::from_ref(&sid));
+    orphaned
+}
+
+/// Two workers on one session; one is killed with kill -9 mid-run. The other
+/// takes its items over (its process is gone, so at once) and finishes the
+/// session; nothing answered is sent again.
+#[test]
+fn a_killed_worker_is_taken_over_by_the_other() {
+    const ITEMS: usize = 150;
+    let mock = Mock::start(&["--latency-median-ms", "150", "--latency-p99-ms", "250"]);
+    let ws = Ws::new(&mock, ITEMS, |j| j.concurrency = 8);
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+    wait_for("both workers to hold items", || {
+        let conn = ws.conn();
+        (count(
+            &conn,
+            "SELECT COUNT(DISTINCT claimed_by) FROM session_item WHERE session_id = ?1 AND lease_until IS NOT NULL",
+            [&sid],
+        ) >= 2)
+            .then_some(())
+    });
+    let out1 = first.kill9();
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    assert_eq!(c2, Some(0), "second worker:\n{o2}\nfirst:\n{out1}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert!(
+        results(&conn, &sid) == ITEMS as i64,
+        "the second worker finished the session"
+    );
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
+/// `docket pause` stops every worker of a session within a second (nothing
+/// new leaves any of them); `docket resume` starts them all again.
+#[test]
+fn pause_and_resume_reach_every_worker() {
+    const ITEMS: usize = 200;
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::new(&mock, ITEMS, |j| j.concurrency = 4);
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+    wait_for("both workers to send", || {
+        let conn = ws.conn();
+        (count(
+            &conn,
+            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
+            [&sid],
+        ) >= 2)
+            .then_some(())
+    });
+    let (code, out) = ws.run("pause", &["pause", &sid]);
+    assert_eq!(code, Some(0), "{out}");
+    // Within a second every worker has seen it; what was in flight lands.
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = mock.log().len();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(mock.log().len(), before, "a paused worker sent a request");
+    let done = results(&ws.conn(), &sid);
+    assert!(done < ITEMS as i64, "paused before the end ({done})");
+    first.assert_running();
+    second.assert_running();
+    let (code, out) = ws.run("resume", &["resume", &sid]);
+    assert_eq!(code, Some(0), "{out}");
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    assert_eq!(c1, Some(0), "first:\n{o1}");
+    assert_eq!(c2, Some(0), "second:\n{o2}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
+/// Batch mode, two workers: the first submits a provider batch and is killed
+/// with kill -9 while the batch runs at the provider. The second takes the
+/// batch's lease over (row C4: exactly one worker polls and ingests it),
+/// collects its results and finishes the session: one batch at the
+/// provider, nothing submitted or sent twice.
+#[test]
+fn a_dead_workers_provider_batch_is_adopted_not_sent_again() {
+    const ITEMS: usize = 40;
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "3000",
+        "--batch-finalizing-ms",
+        "100",
+    ]);
+    let ws = Ws::new(&mock, ITEMS, |_| {});
+    let toml = ws.ws.path().join("docket.toml");
+    let text = std::fs::read_to_string(&toml).unwrap().replace(
+        "[stages.gate]",
+        "[stages.batch]\nmode = \"batch\"\nmax_wait_secs = 1\npoll_interval_secs = 0.2\n\n[stages.gate]",
+    );
+    std::fs::write(&toml, text).unwrap();
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+    wait_for(
+        "the first worker's batch to be running at the provider",
+        || {
+            let conn = ws.conn();
+            (count(
+            &conn,
+            "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1 AND provider_batch_id IS NOT NULL",
+            [&sid],
+        ) >= 1)
+            .then_some(())
+        },
+    );
+    let out1 = first.kill9();
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    assert_eq!(c2, Some(0), "second worker:\n{o2}\nfirst:\n{out1}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    let created: Vec<String> = mock
+        .log()
+        .iter()
+        .filter(|e| e["outcome"] == "batch_created" && e["status"].as_u64() == Some(200))
+        .filter_map(|e| e["batch_id"].as_str().map(str::to_string))
+        .collect();
+    let rows = count(
+        &conn,
+        "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1",
+        [&sid],
+    );
+    assert_eq!(
+        created.len() as i64,
+        rows,
+        "every batch at the provider is on record once: {created:?}"
+    );
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1 AND state != 'ingested'",
+            [&sid]
+        ),
+        "every batch collected"
+    );
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM (SELECT request_id FROM provider_batch_item GROUP BY request_id HAVING COUNT(*) > 1)",
+            []
+        ),
+        "a request went into two batches"
+    );
+    assert!(
+        o2.contains("Took over") || o2.contains("Re-attached"),
+        "the second worker adopted the batch:\n{o2}"
+    );
+}
