@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::batching::Reply;
-use super::dispatch::{Ctx, StageRt, StopCause};
+use super::ctx::{Ctx, StageRt, StopCause};
 use super::stages::Stage;
 use crate::gate::{GateFailure, GateOutput};
 use crate::ledger::store::WorkItem;

@@ -11,7 +11,7 @@ use std::ops::Range;
 use serde_json::{Map, Value};
 
 use super::attempt::{Counters, Job, StageEnd, run_request};
-use super::dispatch::Ctx;
+use super::ctx::Ctx;
 use super::stages::{Routed, Stage, route};
 use crate::gate::GateOutput;
 use crate::ledger::store::{StageWork, WorkItem};
