@@ -34,12 +34,26 @@ fn main() {
     std::process::exit(code);
 }
 
-/// For the memory benchmark: the process's peak resident set, from /proc.
+/// For the benchmarks: the process's peak resident set and the CPU time it
+/// used (user + system, every thread), from /proc.
 fn report_peak_rss() {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     if let Some(line) = status.lines().find(|l| l.starts_with("VmHWM:")) {
         let kb = line.split_whitespace().nth(1).unwrap_or("0");
         eprintln!("peak_rss_kb={kb}");
+    }
+    // Fields 14 and 15 of /proc/self/stat (after the command in
+    // parentheses), in clock ticks; Linux uses 100 ticks a second.
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    if let (Some(user), Some(system)) = (ticks(11), ticks(12)) {
+        eprintln!("cpu_secs={:.2}", (user + system) / 100.0);
     }
 }
 

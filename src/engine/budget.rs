@@ -2,6 +2,11 @@
 //! estimate plus max_tokens of output) before it goes; dispatch stops before
 //! the spend could pass the budget, and the reservation is settled to the
 //! reported cost afterwards.
+//!
+//! With several workers on a session the budget is the session's: each
+//! worker sees the session's spend in the ledger (every heartbeat) and
+//! counts the others as reserving what it reserves itself, so together they
+//! stop before the spend could pass it.
 
 use std::sync::Mutex;
 
@@ -9,6 +14,8 @@ use std::sync::Mutex;
 struct State {
     spent: f64,
     reserved: f64,
+    /// Workers on the session, this one included (at least 1).
+    workers: u64,
 }
 
 #[derive(Debug)]
@@ -24,6 +31,7 @@ impl Budget {
             state: Mutex::new(State {
                 spent: already_spent,
                 reserved: 0.0,
+                workers: 1,
             }),
         }
     }
@@ -35,8 +43,9 @@ impl Budget {
     /// Reserve `worst_case` dollars; false if that could pass the budget.
     pub fn try_reserve(&self, worst_case: f64) -> bool {
         let mut s = self.lock();
+        let workers = s.workers.max(1) as f64;
         if let Some(max) = self.max
-            && s.spent + s.reserved + worst_case > max + 1e-12
+            && s.spent + (s.reserved + worst_case) * workers > max + 1e-12
         {
             return false;
         }
@@ -49,6 +58,14 @@ impl Budget {
         let mut s = self.lock();
         s.reserved = (s.reserved - reserved).max(0.0);
         s.spent += actual;
+    }
+
+    /// What the ledger says the session has spent (every worker's committed
+    /// spend), and how many workers run it now.
+    pub fn observe(&self, session_spent: f64, workers: u64) {
+        let mut s = self.lock();
+        s.spent = s.spent.max(session_spent);
+        s.workers = workers.max(1);
     }
 
     pub fn spent(&self) -> f64 {
@@ -72,6 +89,22 @@ mod tests {
         b.settle(0.5, 0.1); // the send cost less than its worst case
         assert!(b.try_reserve(0.6));
         assert!((b.spent() - 0.35).abs() < 1e-12);
+    }
+
+    #[test]
+    fn two_workers_share_the_headroom() {
+        let b = Budget::new(Some(1.0), 0.0);
+        // Another worker spent 0.4 of the session's budget.
+        b.observe(0.4, 2);
+        assert!(b.try_reserve(0.25), "0.4 + 2 x 0.25 = 0.9");
+        assert!(
+            !b.try_reserve(0.1),
+            "0.4 + 2 x 0.35 = 1.1: the other may reserve as much"
+        );
+        // The ledger never lowers what this worker knows it spent.
+        b.settle(0.25, 0.5);
+        b.observe(0.3, 1);
+        assert!((b.spent() - 0.9).abs() < 1e-12);
     }
 
     #[test]

@@ -212,13 +212,25 @@ pub(super) async fn control_loop(
                 let c = conn.lock().unwrap_or_else(|p| p.into_inner());
                 let controls = store::session_controls(&c, &sid)?;
                 let workers = queue::live_workers(&c, &sid)?;
-                Ok::<_, rusqlite::Error>((controls, workers))
+                // With others on the session, its counters and spend are
+                // theirs too: read them back for the progress and budget.
+                let row = if workers > 1 {
+                    store::load_session(&c, &sid)?
+                } else {
+                    None
+                };
+                Ok::<_, rusqlite::Error>((controls, workers, row))
             })
             .await
         };
-        if let Ok(Ok((Some(controls), workers))) = controls {
+        if let Ok(Ok((Some(controls), workers, row))) = controls {
             // This worker counts itself even before its first beat lands.
             ctx.workers.store(workers.max(1), Ordering::Relaxed);
+            ctx.budget
+                .observe(row.as_ref().map_or(0.0, |r| r.cost_usd), workers.max(1));
+            if let Some(r) = &row {
+                ctx.stats.seed(r);
+            }
             obey(&ctx, &pause_tx, &mut seen, &controls, &*reporter);
         }
         if last_adoption.elapsed() >= ADOPT_POLL && !ctx.soft_stop.is_cancelled() {
