@@ -448,6 +448,21 @@ fn pause_and_resume_reach_every_worker() {
         ) >= 2)
             .then_some(())
     });
+    // The session's gauges are the two workers' together: each runs at
+    // half the configured concurrency (4), and the halves add up to it.
+    wait_for("the session's gauges to add up both workers", || {
+        let conn = ws.conn();
+        let halves = count(
+            &conn,
+            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1
+               AND json_extract(live_json, '$.max_concurrency') = 2",
+            [&sid],
+        );
+        (halves == 2)
+            .then(|| support::live_gauges(&conn, &sid))
+            .flatten()
+            .filter(|g| g.max_concurrency == 4)
+    });
     let (code, out) = ws.run("pause", &["pause", &sid]);
     assert_eq!(code, Some(0), "{out}");
     // Within a second every worker has seen it; what was in flight lands.

@@ -208,22 +208,31 @@ pub(super) async fn control_loop(
         let controls = {
             let conn = conn.clone();
             let sid = ctx.session_id.clone();
+            let me = ctx.worker_id.clone();
             tokio::task::spawn_blocking(move || {
                 let c = conn.lock().unwrap_or_else(|p| p.into_inner());
                 let controls = store::session_controls(&c, &sid)?;
                 let workers = queue::live_workers(&c, &sid)?;
                 // With others on the session, its counters and spend are
                 // theirs too: read them back for the progress and budget.
-                let row = if workers > 1 {
-                    store::load_session(&c, &sid)?
+                let (row, others) = if workers > 1 {
+                    (
+                        store::load_session(&c, &sid)?,
+                        queue::others_gauges(&c, &sid, &me)?,
+                    )
                 } else {
-                    None
+                    (None, Vec::new())
                 };
-                Ok::<_, rusqlite::Error>((controls, workers, row))
+                Ok::<_, rusqlite::Error>((controls, workers, row, others))
             })
             .await
         };
-        if let Ok(Ok((Some(controls), workers, row))) = controls {
+        let mut others: Vec<LiveGauges> = Vec::new();
+        if let Ok(Ok((Some(controls), workers, row, other_json))) = controls {
+            others = other_json
+                .iter()
+                .filter_map(|j| serde_json::from_str(j).ok())
+                .collect();
             // This worker counts itself even before its first beat lands.
             ctx.workers.store(workers.max(1), Ordering::Relaxed);
             ctx.budget
@@ -247,13 +256,44 @@ pub(super) async fn control_loop(
         }
         let paused = *pause_tx.borrow();
         let live = gauges(&ctx, &mut window, paused);
+        let mine = serde_json::to_string(&live).ok();
+        // The session's gauges are every live worker's together, so a
+        // console shows the session, whichever worker wrote last.
+        let session = if others.is_empty() {
+            mine.clone()
+        } else {
+            serde_json::to_string(&combine(&live, &others)).ok()
+        };
         ctx.writer.post(WriteOp::Heartbeat {
             session_id: ctx.session_id.clone(),
-            live_json: serde_json::to_string(&live).ok(),
-            worker: Some(worker_beat(&ctx, live.rpm_used / 60.0)),
+            live_json: session,
+            worker: Some(worker_beat(&ctx, live.rpm_used / 60.0, mine)),
         });
         note_rate_limiting(&ctx, &mut seen);
     }
+}
+
+/// The session's gauges from this worker's and the other live workers':
+/// what is in flight, the limits (their shares add up to the session's)
+/// and the rates add up; the stage, the reason it is slow and the elapsed
+/// time are this worker's view.
+fn combine(mine: &LiveGauges, others: &[LiveGauges]) -> LiveGauges {
+    let mut all = mine.clone();
+    for g in others {
+        all.in_flight += g.in_flight;
+        all.concurrency_limit += g.concurrency_limit;
+        all.max_concurrency += g.max_concurrency;
+        all.rpm_limit += g.rpm_limit;
+        all.tpm_limit += g.tpm_limit;
+        all.rpm_used += g.rpm_used;
+        all.tpm_used += g.tpm_used;
+        all.paused |= g.paused;
+        all.elapsed_secs = all.elapsed_secs.max(g.elapsed_secs);
+    }
+    // Each worker's ETA is for the whole session at its own pace; together
+    // they go faster than any one of them.
+    all.eta_secs = None;
+    all
 }
 
 /// Take over the provider batches that no live worker holds any more (their
@@ -495,6 +535,41 @@ fn note_rate_limiting(ctx: &Ctx, seen: &mut Seen) {
 mod tests {
     use super::*;
     use crate::limiter::{Limiter, LimiterSettings};
+
+    #[test]
+    fn the_sessions_gauges_add_up_its_workers() {
+        let mine = LiveGauges {
+            in_flight: 3,
+            concurrency_limit: 8,
+            max_concurrency: 8,
+            rpm_limit: 600,
+            rpm_used: 500.0,
+            stage: "adjudicate".into(),
+            elapsed_secs: 10.0,
+            eta_secs: Some(30.0),
+            ..LiveGauges::default()
+        };
+        let other = LiveGauges {
+            in_flight: 5,
+            concurrency_limit: 8,
+            max_concurrency: 8,
+            rpm_limit: 600,
+            rpm_used: 550.0,
+            stage: "critic".into(),
+            elapsed_secs: 40.0,
+            ..LiveGauges::default()
+        };
+        let all = combine(&mine, &[other]);
+        assert_eq!(
+            (all.in_flight, all.max_concurrency, all.rpm_limit),
+            (8, 16, 1_200)
+        );
+        assert!((all.rpm_used - 1_050.0).abs() < 1e-9);
+        assert_eq!(all.stage, "adjudicate");
+        assert_eq!(all.elapsed_secs, 40.0);
+        assert_eq!(all.eta_secs, None);
+        assert!(all.rpm_used <= all.rpm_limit as f64);
+    }
 
     #[test]
     fn workers_split_every_limit_and_stay_under_it_together() {

@@ -297,12 +297,17 @@ pub(super) fn lease_secs(p: &Prepared) -> f64 {
 }
 
 /// This worker's row for the heartbeat.
-pub(super) fn worker_beat(ctx: &Ctx, requests_per_sec: f64) -> queue::WorkerBeat {
+pub(super) fn worker_beat(
+    ctx: &Ctx,
+    requests_per_sec: f64,
+    live_json: Option<String>,
+) -> queue::WorkerBeat {
     queue::WorkerBeat {
         worker_id: ctx.worker_id.to_string(),
         claims: ctx.claims.load(Ordering::Relaxed),
         sent: ctx.stats.sent.load(Ordering::Relaxed),
         requests_per_sec,
+        live_json,
     }
 }
 

@@ -125,7 +125,7 @@ pub(super) async fn dispatch(
         .write(WriteOp::Heartbeat {
             session_id: session_id.clone(),
             live_json: None,
-            worker: Some(worker_beat(&ctx, 0.0)),
+            worker: Some(worker_beat(&ctx, 0.0, None)),
         })
         .await;
     let open_batches = crate::ledger::batches::open_batches(&read, &session_id)?;

@@ -321,6 +321,8 @@ pub struct WorkerBeat {
     pub claims: u64,
     pub sent: u64,
     pub requests_per_sec: f64,
+    /// Its own gauges (a serialized `watch::LiveGauges`).
+    pub live_json: Option<String>,
 }
 
 /// Record a worker joining a session (or beating again).
@@ -329,10 +331,11 @@ pub fn beat(conn: &Connection, session_id: &str, b: &WorkerBeat) -> rusqlite::Re
     let op = crate::review::Operator::current();
     conn.prepare_cached(
         "INSERT INTO session_worker (worker_id, session_id, user_name, host, pid, started_at, heartbeat_at,
-             claims, sent, requests_per_sec)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9)
+             claims, sent, requests_per_sec, live_json)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10)
          ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, claims = excluded.claims,
-             sent = excluded.sent, requests_per_sec = excluded.requests_per_sec, ended_at = NULL",
+             sent = excluded.sent, requests_per_sec = excluded.requests_per_sec,
+             live_json = COALESCE(excluded.live_json, live_json), ended_at = NULL",
     )?
     .execute(params![
         b.worker_id,
@@ -343,7 +346,8 @@ pub fn beat(conn: &Connection, session_id: &str, b: &WorkerBeat) -> rusqlite::Re
         now,
         b.claims as i64,
         b.sent as i64,
-        b.requests_per_sec
+        b.requests_per_sec,
+        b.live_json
     ])?;
     Ok(())
 }
@@ -368,6 +372,24 @@ pub fn live_workers(conn: &Connection, session_id: &str) -> rusqlite::Result<u64
         r.get::<_, i64>(0)
     })
     .map(|n| n as u64)
+}
+
+/// The gauges the other live workers of the session last wrote.
+pub fn others_gauges(
+    conn: &Connection,
+    session_id: &str,
+    worker: &str,
+) -> rusqlite::Result<Vec<String>> {
+    conn.prepare_cached(
+        "SELECT live_json FROM session_worker
+         WHERE session_id = ?1 AND worker_id != ?2 AND ended_at IS NULL AND heartbeat_at >= ?3
+           AND live_json IS NOT NULL",
+    )?
+    .query_map(
+        params![session_id, worker, now_ts() - WORKER_LIVE_SECS],
+        |r| r.get(0),
+    )?
+    .collect()
 }
 
 /// A worker of a session as the console and `docket sessions` list it.

@@ -35,7 +35,10 @@ CREATE TABLE session_worker (
     claims            INTEGER NOT NULL DEFAULT 0,   -- items it holds now
     sent              INTEGER NOT NULL DEFAULT 0,   -- attempts it sent
     requests_per_sec  REAL NOT NULL DEFAULT 0,
-    orphaned          INTEGER NOT NULL DEFAULT 0    -- its results refused (lease lost)
+    orphaned          INTEGER NOT NULL DEFAULT 0,   -- its results refused (lease lost)
+    -- its own gauges (a serialized watch::LiveGauges); the session's
+    -- live_json is the sum over its live workers
+    live_json         TEXT
 );
 CREATE INDEX idx_session_worker_session ON session_worker(session_id, heartbeat_at);
 
