@@ -93,6 +93,13 @@ pub enum Command {
     /// pause / stop-at-stage / cancel, and exits 0 once the session's work
     /// is done.
     Worker(WorkerArgs),
+    /// The workers of a session: id, host, claims held, requests sent and
+    /// per second, orphaned answers, last heartbeat, alive or gone.
+    Workers {
+        session: String,
+        #[arg(long, value_enum, default_value_t = FormatArg::Table)]
+        format: FormatArg,
+    },
     /// A session's results.
     #[command(visible_alias = "results")]
     BatchResults {

@@ -52,6 +52,15 @@ pub async fn run(cli: Cli) -> i32 {
         } => import(&ws, &file, id_field, strict, format),
         Command::BatchAdjudicate(args) => batch_adjudicate(&ws, args, &console_args).await,
         Command::Worker(args) => worker(&ws, args).await,
+        Command::Workers { session, format } => with_ledger(&ws, |c| {
+            let rows = docket::ledger::queue::workers(c, &session).map_err(|e| e.to_string())?;
+            let out = match format {
+                FormatArg::Json => workers_json(&rows),
+                FormatArg::Table | FormatArg::Csv => workers_table(&session, &rows),
+            };
+            print!("{out}");
+            Ok(())
+        }),
         Command::BatchResults { session, format } => with_ledger(&ws, |c| {
             let f = match format {
                 FormatArg::Table => report::OutputFormat::Table,
@@ -450,6 +459,50 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
         Ok(report) => report.end.exit_code(),
         Err(e) => fail(e),
     }
+}
+
+/// `docket workers SESSION` as a table; ids and hosts made safe for a
+/// terminal.
+fn workers_table(session: &str, rows: &[docket::ledger::queue::WorkerRow]) -> String {
+    use std::fmt::Write as _;
+    let safe = docket::sanitize::for_terminal;
+    if rows.is_empty() {
+        return format!("no worker has worked on session {} yet\n", safe(session));
+    }
+    let mut out = format!(
+        "{:<40} {:<16} {:>7} {:>7} {:>8} {:>7} {:>8} {:>11}  state\n",
+        "worker", "host", "pid", "claims", "sent", "req/s", "orphaned", "heartbeat"
+    );
+    for w in rows {
+        let _ = writeln!(
+            out,
+            "{:<40} {:<16} {:>7} {:>7} {:>8} {:>7.1} {:>8} {:>9.1} s  {}",
+            safe(&w.worker_id),
+            safe(&w.host),
+            w.pid,
+            w.claims,
+            w.sent,
+            w.requests_per_sec,
+            w.orphaned,
+            w.heartbeat_age_secs,
+            if w.alive { "alive" } else { "gone" }
+        );
+    }
+    out
+}
+
+fn workers_json(rows: &[docket::ledger::queue::WorkerRow]) -> String {
+    let list: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "worker_id": w.worker_id, "host": w.host, "pid": w.pid, "claims": w.claims,
+                "sent": w.sent, "requests_per_sec": w.requests_per_sec, "orphaned": w.orphaned,
+                "heartbeat_age_secs": w.heartbeat_age_secs, "alive": w.alive,
+            })
+        })
+        .collect();
+    format!("{}\n", serde_json::Value::Array(list))
 }
 
 /// `docket worker --session ID`: one more worker on a session, with line

@@ -417,6 +417,13 @@ fn a_killed_worker_is_taken_over_by_the_other() {
         ) >= 2)
             .then_some(())
     });
+    let (code, listed) = ws.run("workers-live", &["workers", &sid]);
+    assert_eq!(code, Some(0), "{listed}");
+    assert_eq!(
+        listed.lines().filter(|l| l.ends_with("alive")).count(),
+        2,
+        "both workers listed alive:\n{listed}"
+    );
     let out1 = first.kill9();
     let (c2, o2) = second.wait(RUN_TIMEOUT);
     assert_eq!(c2, Some(0), "second worker:\n{o2}\nfirst:\n{out1}");
@@ -425,6 +432,20 @@ fn a_killed_worker_is_taken_over_by_the_other() {
     assert!(
         results(&conn, &sid) == ITEMS as i64,
         "the second worker finished the session"
+    );
+    let (code, listed) = ws.run("workers-json", &["workers", &sid, "--format", "json"]);
+    assert_eq!(code, Some(0), "{listed}");
+    let rows: serde_json::Value = serde_json::from_str(&listed).expect(&listed);
+    let rows = rows.as_array().expect("a list");
+    assert_eq!(rows.len(), 2, "{listed}");
+    assert!(
+        rows.iter().all(|r| r["alive"] == false),
+        "both gone now: {listed}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r["pid"].as_u64() == Some(u64::from(first.pid()))),
+        "{listed}"
     );
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
