@@ -8,7 +8,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::procs::{BIN, Mock, Proc};
@@ -28,24 +28,18 @@ fn workspace(mock: &Mock, items: usize, tweak: impl FnOnce(&mut Job)) -> Workspa
 }
 
 fn spawn(ws: &Workspace, name: &str, args: &[&str]) -> Proc {
-    let path = ws.path().join(format!("{name}.out"));
-    let f = std::fs::File::create(&path).unwrap();
-    let child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
         .arg("--workspace")
         .arg(ws.path())
         .args(args)
         .env("NO_COLOR", "1")
-        .env_remove("DOCKET_WORKSPACE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(f.try_clone().unwrap()))
-        .stderr(Stdio::from(f))
-        .spawn()
-        .expect("spawn docket");
-    Proc {
-        child,
-        what: format!("docket {}", args.join(" ")),
-        out: Some(path),
-    }
+        .env_remove("DOCKET_WORKSPACE");
+    Proc::start(
+        command,
+        format!("docket {}", args.join(" ")),
+        ws.path().join(format!("{name}.out")),
+    )
 }
 
 /// Run the session with `workers` processes: the first creates it, the

@@ -9,6 +9,7 @@ pub mod cost;
 pub mod demo;
 pub mod engine;
 pub mod gate;
+pub mod ids;
 pub mod items;
 pub mod ledger;
 pub mod limiter;

@@ -124,19 +124,11 @@ review_threshold = 0.60
     /// Start `docket ARGS` with stdin not a terminal; output into a file
     /// named `name` in HOME.
     fn spawn(&self, name: &str, args: &[&str]) -> Proc {
-        let path = self.home.path().join(format!("{name}.out"));
-        let f = std::fs::File::create(&path).unwrap();
-        let child = self
-            .command(args)
-            .stdout(Stdio::from(f.try_clone().unwrap()))
-            .stderr(Stdio::from(f))
-            .spawn()
-            .expect("spawn docket");
-        Proc {
-            child,
-            what: format!("docket {}", args.join(" ")),
-            out: Some(path),
-        }
+        Proc::start(
+            self.command(args),
+            format!("docket {}", args.join(" ")),
+            self.home.path().join(format!("{name}.out")),
+        )
     }
 
     /// Run `docket ARGS` to its end (within RUN_TIMEOUT).

@@ -68,19 +68,11 @@ impl Ws {
 
     /// Start `docket ARGS` off a terminal, its output in HOME/NAME.out.
     fn spawn(&self, name: &str, args: &[&str], lease_secs: Option<f64>) -> Proc {
-        let path = self.home.path().join(format!("{name}.out"));
-        let f = std::fs::File::create(&path).unwrap();
-        let child = self
-            .command(args, lease_secs)
-            .stdout(Stdio::from(f.try_clone().unwrap()))
-            .stderr(Stdio::from(f))
-            .spawn()
-            .expect("spawn docket");
-        Proc {
-            child,
-            what: format!("docket {}", args.join(" ")),
-            out: Some(path),
-        }
+        Proc::start(
+            self.command(args, lease_secs),
+            format!("docket {}", args.join(" ")),
+            self.home.path().join(format!("{name}.out")),
+        )
     }
 
     fn run(&self, name: &str, args: &[&str]) -> (Option<i32>, String) {

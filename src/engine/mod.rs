@@ -736,13 +736,11 @@ fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
 
 /// `batch_YYYYMMDD_xxxxxx`: the date and six random lowercase letters/digits.
 pub fn new_session_id() -> String {
-    use rand::Rng;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    let suffix: String = (0..6)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect();
-    format!("batch_{}_{suffix}", chrono::Utc::now().format("%Y%m%d"))
+    format!(
+        "batch_{}_{}",
+        chrono::Utc::now().format("%Y%m%d"),
+        crate::ids::random_suffix(6)
+    )
 }
 
 #[cfg(test)]

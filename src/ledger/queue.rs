@@ -29,17 +29,12 @@ pub const WORKER_LIVE_SECS: f64 = 5.0;
 /// `user@host:pid#random`: unique per process start, so a recycled pid never
 /// inherits a dead worker's claims.
 pub fn new_worker_id() -> String {
-    use rand::Rng;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    let suffix: String = (0..6)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect();
     format!(
-        "{}#{suffix}",
+        "{}#{}",
         crate::review::Operator::current()
             .claimant
-            .replace(' ', "_")
+            .replace(' ', "_"),
+        crate::ids::random_suffix(6)
     )
 }
 

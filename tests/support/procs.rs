@@ -23,6 +23,23 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Start `command` with stdin closed and its stdout and stderr in the
+    /// file `out`; `what` names it in failures.
+    pub fn start(mut command: Command, what: String, out: PathBuf) -> Proc {
+        let f = std::fs::File::create(&out).expect("output file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(f.try_clone().expect("output file")))
+            .stderr(Stdio::from(f))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+        Proc {
+            child,
+            what,
+            out: Some(out),
+        }
+    }
+
     pub fn output(&self) -> String {
         self.out
             .as_ref()
