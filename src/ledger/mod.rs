@@ -6,6 +6,7 @@
 //! lock instead of failing with SQLITE_BUSY halfway through a transaction.
 
 pub mod batches;
+mod handle;
 mod migrate;
 pub mod queue;
 pub mod store;
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use handle::Ledger;
 pub use migrate::{MIGRATIONS, migrate};
 
 /// The ledger file name inside a workspace.
