@@ -86,6 +86,26 @@ fn shrunk(mut s: String) -> String {
 }
 
 fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    if want("client") {
+        client();
+    }
+    if want("job") {
+        whole_job(N);
+    }
+    // Opt-in only (several minutes each): `cargo bench --bench batch -- million`.
+    if filter.iter().any(|f| f == "million") {
+        whole_job(1_000_000);
+        million_killed_and_resumed();
+    }
+}
+
+/// The client alone (A, B, C): the adapter against the mock, no engine.
+fn client() {
     let port = free_port();
     let mut mock = Command::new(BIN)
         .args([
@@ -201,45 +221,16 @@ fn main() {
     });
     let _ = mock.kill();
     let _ = mock.wait();
-    whole_job();
 }
 
-/// The same job through the whole engine: `docket run` over 100,000
-/// imported items with `mode = "batch"`, against the mock in its own
-/// process: render, record, cut (two batches at OpenAI's 50,000), upload,
-/// poll, ingest, gate and route, every row in the ledger.
-fn whole_job() {
-    let port = free_port();
+/// The same job through the whole engine: `docket run` over `n` imported
+/// items with `mode = "batch"`, against the mock in its own process:
+/// render, record, cut (at OpenAI's 50,000 lines a batch), upload, poll,
+/// ingest, gate and route, every row in the ledger.
+fn whole_job(n: usize) {
     let home = tempfile::tempdir().expect("tmp");
-    let mut mock = Command::new(BIN)
-        .env("HOME", home.path())
-        .args([
-            "mock-provider",
-            "--port",
-            &port.to_string(),
-            "--log-capacity",
-            "1000",
-            "--batch-validating-ms",
-            "100",
-            "--batch-running-ms",
-            "1000",
-            "--batch-finalizing-ms",
-            "100",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("docket mock-provider");
-    let job = support::Job::new(&format!("http://127.0.0.1:{port}/v1"));
-    let ws = support::workspace(&job);
-    let toml = std::fs::read_to_string(ws.path().join("docket.toml")).unwrap();
-    let toml = toml.replace(
-        "[stages.gate]",
-        "[stages.batch]\nmode = \"batch\"\nmax_wait_secs = 5\npoll_interval_secs = 0.5\n\n[stages.gate]",
-    );
-    std::fs::write(ws.path().join("docket.toml"), toml).unwrap();
-    support::import_demo_items(&ws, N);
-    std::thread::sleep(Duration::from_millis(200));
+    let (mut mock, port) = batch_mock(home.path());
+    let ws = batch_workspace(port, n);
     let t = Instant::now();
     let out = Command::new(BIN)
         .env("HOME", home.path())
@@ -273,10 +264,177 @@ fn whole_job() {
         [&sid],
     );
     let dispatch = row.completed_at.unwrap_or(f64::NAN) - row.started_at;
+    let mb = kb / 1024.0;
+    let verdict = if n >= 1_000_000 {
+        format!(
+            "  [{}: <= 200 MB and <= 600 s at 1,000,000]",
+            if mb <= 200.0 && dispatch <= 600.0 && row.processed_count as usize == n {
+                "PASS"
+            } else {
+                "FAIL"
+            }
+        )
+    } else {
+        String::new()
+    };
     println!(
         "D  the whole job through the engine, `docket run` over {} items in batch mode ({batches} provider batches, the mock's run time 1.2 s each): \
-         {dispatch:.1} s from session start to the last result (planning included in the command's {wall:.1} s); peak memory {:.0} MB (VmHWM of `docket run`)",
+         {dispatch:.1} s from session start to the last result (planning included in the command's {wall:.1} s); peak memory {mb:.0} MB (VmHWM of `docket run`){verdict}",
         row.processed_count,
-        kb / 1024.0
     );
+}
+
+/// The 1,000,000-item batch job killed with SIGKILL once some of its
+/// batches are in, then resumed: the resume's memory stays in bound and
+/// nothing is sent twice (the mock ran each line once; each request has
+/// one line).
+fn million_killed_and_resumed() {
+    const M: usize = 1_000_000;
+    let home = tempfile::tempdir().expect("tmp");
+    let (mut mock, port) = batch_mock(home.path());
+    let ws = batch_workspace(port, M);
+    let mut run = Command::new(BIN)
+        .env("HOME", home.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["run", "--yes", "--headless"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("docket run");
+    // Kill it mid-run: some batches in, others open or still being cut.
+    let conn = ws.conn();
+    let mut peak_first = 0.0f64;
+    let t = Instant::now();
+    loop {
+        peak_first = peak_first.max(vm_hwm_mb(run.id()));
+        let ingested = support::count(
+            &conn,
+            "SELECT COUNT(*) FROM provider_batch WHERE state = 'ingested'",
+            rusqlite::params![],
+        );
+        if ingested >= 8 || t.elapsed() > Duration::from_secs(900) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = run.kill();
+    let _ = run.wait();
+    let sid = docket::ledger::store::latest_session(&conn)
+        .unwrap()
+        .unwrap();
+    let done_at_kill = support::count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1",
+        [&sid],
+    );
+    let t = Instant::now();
+    let out = Command::new(BIN)
+        .env("HOME", home.path())
+        .env("DOCKET_REPORT_PEAK_RSS", "1")
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["run", "--yes", "--headless", "--resume", &sid])
+        .output()
+        .expect("docket run --resume");
+    let wall = t.elapsed().as_secs_f64();
+    let stats = mock_stats(port);
+    let _ = mock.kill();
+    let _ = mock.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let kb: f64 = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("peak_rss_kb="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN);
+    support::check_complete(&conn, &sid);
+    let lines_run = stats["batch_lines_ok"].as_u64().unwrap_or(0)
+        + stats["batch_lines_failed"].as_u64().unwrap_or(0);
+    let lines_recorded = support::count(
+        &conn,
+        "SELECT COUNT(*) FROM provider_batch_item",
+        rusqlite::params![],
+    );
+    let twice = support::count(
+        &conn,
+        "SELECT COUNT(*) FROM (SELECT request_id FROM llm_messages WHERE state = 'answered' GROUP BY request_id HAVING COUNT(*) > 1)",
+        rusqlite::params![],
+    );
+    let mb = kb / 1024.0;
+    let pass = mb <= 200.0 && peak_first <= 200.0 && lines_run == M as u64 && twice == 0;
+    println!(
+        "D2 the same 1,000,000-item job killed (SIGKILL) with {done_at_kill} results in, then resumed: peak memory {peak_first:.0} MB before the kill, {mb:.0} MB for the resume ({wall:.1} s); \
+         the mock ran {lines_run} lines for {lines_recorded} recorded, {twice} requests answered twice  [{}: <= 200 MB, every line run once]",
+        if pass { "PASS" } else { "FAIL" }
+    );
+}
+
+/// The mock's counters (`GET /_mock/stats`), over a plain socket.
+fn mock_stats(port: u16) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return serde_json::Value::Null;
+    };
+    let _ =
+        s.write_all(b"GET /_mock/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or_default()
+}
+
+/// The peak resident set of process `pid` so far, in MB (0 once gone).
+fn vm_hwm_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The mock as its own process, batches quick (1.2 s each).
+fn batch_mock(home: &std::path::Path) -> (std::process::Child, u16) {
+    let port = free_port();
+    let mock = Command::new(BIN)
+        .env("HOME", home)
+        .args([
+            "mock-provider",
+            "--port",
+            &port.to_string(),
+            "--log-capacity",
+            "1000",
+            "--batch-validating-ms",
+            "100",
+            "--batch-running-ms",
+            "1000",
+            "--batch-finalizing-ms",
+            "100",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("docket mock-provider");
+    (mock, port)
+}
+
+/// A workspace of `n` demo items whose job runs in batch mode.
+fn batch_workspace(port: u16, n: usize) -> support::Workspace {
+    let job = support::Job::new(&format!("http://127.0.0.1:{port}/v1"));
+    let ws = support::workspace(&job);
+    let toml = std::fs::read_to_string(ws.path().join("docket.toml")).unwrap();
+    let toml = toml.replace(
+        "[stages.gate]",
+        "[stages.batch]\nmode = \"batch\"\nmax_wait_secs = 5\npoll_interval_secs = 0.5\n\n[stages.gate]",
+    );
+    std::fs::write(ws.path().join("docket.toml"), toml).unwrap();
+    support::import_demo_items(&ws, n);
+    std::thread::sleep(Duration::from_millis(200));
+    ws
 }

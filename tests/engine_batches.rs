@@ -581,6 +581,68 @@ async fn a_lost_create_answer_is_found_not_resubmitted() {
     no_double_answers(&conn);
 }
 
+/// Claim, don't hold: while a batch waits at the provider its items are not
+/// held by the worker (the batch's lease covers them), nothing else claims
+/// them, and when the results come the items are claimed, finished and let
+/// go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_batch_holds_its_items_by_its_lease_not_by_claims() {
+    let cfg = MockConfig {
+        batch_validating_ms: 100,
+        batch_running_ms: 2_500,
+        ..Default::default()
+    };
+    let (_m, ws) = batch_ws(cfg, 60, "mode = \"batch\"\nmax_wait_secs = 1").await;
+    let handle = spawn_run(options(&ws), Interrupts::default());
+    let sid = session_created(&ws).await;
+    let conn = ws.conn();
+    poll(
+        "the batch to be at the provider",
+        Duration::from_secs(20),
+        || {
+            batches(&conn, &sid)
+                .first()
+                .filter(|b| b.state == "in_progress")
+                .map(|_| ())
+        },
+    )
+    .await;
+    let held_by_claims = count(
+        &conn,
+        "SELECT COUNT(*) FROM session_item WHERE session_id = ?1 AND claimed_by IS NOT NULL",
+        [&sid],
+    );
+    assert_eq!(
+        held_by_claims, 0,
+        "items of a waiting batch are not claimed"
+    );
+    let leased = count(
+        &conn,
+        "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1 AND claimed_by IS NOT NULL AND lease_until > 0",
+        [&sid],
+    );
+    assert_eq!(leased, 1, "the batch carries the lease");
+    let waiting = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'sent'",
+        [&sid],
+    );
+    assert_eq!(waiting, 60, "every line waits in the batch");
+    let (report, lines) = handle.await.unwrap();
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    check_complete(&conn, &sid);
+    each_item_once(&conn, &sid, 60);
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_item WHERE session_id = ?1 AND lease_until IS NOT NULL",
+            [&sid],
+        ),
+        "nothing stays leased"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_cancels_the_provider_batch_and_keeps_what_finished() {
     let cfg = MockConfig {

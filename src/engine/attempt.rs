@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::batching::Reply;
+use super::batching::{Delivered, Reply};
 use super::ctx::{Ctx, StageRt, StopCause};
 use super::stages::Stage;
 use crate::gate::{GateFailure, GateOutput};
@@ -32,6 +32,9 @@ pub(super) enum StageEnd {
     Failed(String, Option<AttemptRecord>),
     /// The session stopped first: the request stays pending.
     Stopped,
+    /// The request waits as a line for its provider batch: the item's
+    /// result comes to a new task (see `batching::Deliver`).
+    Parked,
 }
 
 /// Run a request's attempts until its answer passes, its budgets are spent
@@ -45,14 +48,27 @@ pub(super) async fn run_request(ctx: &Ctx, job: Job<'_>, slot: Option<Slot>) -> 
 }
 
 async fn attempts(ctx: &Ctx, mut job: Job<'_>, slot: Option<Slot>) -> StageEnd {
-    // A resumed run: the latest attempt may be a line of a provider batch
-    // still open. Its result is collected, never paid for again.
-    if job.attempt > 0
-        && let Some(b) = ctx.batcher(job.stage.index)
-    {
-        job.reattached = b.claim(&custom_id(ctx, job.request_id, job.attempt));
-        if job.reattached.is_some() {
-            job.via = Via::Batch;
+    // The result of a line of a provider batch: applied, never paid again.
+    if let Some(d) = job.delivered.take() {
+        match d.reply {
+            // `auto` had too few for a batch: this attempt goes at once.
+            Reply::GoSync => job.sync_only = true,
+            Reply::Refused(message) => return StageEnd::Failed(message, None),
+            reply if d.attempt == job.attempt => {
+                job.reattached = Some(reply);
+                job.via = Via::Batch;
+            }
+            _ => {
+                // The ledger moved on from that attempt (another worker
+                // applied it): nothing to apply here.
+                tracing::warn!(
+                    request = job.request_id,
+                    line = d.attempt,
+                    recorded = job.attempt,
+                    "a batch result for an attempt that is not the request's latest: not applied"
+                );
+                return StageEnd::Stopped;
+            }
         }
     }
     let mut slot = slot;
@@ -85,6 +101,7 @@ async fn handle(ctx: &Ctx, job: &mut Job<'_>, sent: Sent) -> Next {
         // A request that did not finish simply stays pending: a resume
         // (or a later session) picks it up.
         Sent::Stopped => Next::Done(StageEnd::Stopped),
+        Sent::Parked => Next::Done(StageEnd::Parked),
         Sent::Abandoned(rec) => {
             ctx.stats.ambiguous.fetch_add(1, Relaxed);
             ctx.write(job.item, WriteOp::Attempt(rec)).await;
@@ -127,8 +144,13 @@ pub(super) struct Job<'a> {
     via: Via,
     /// What the budget holds for the current attempt.
     reserved: f64,
-    /// The result of a re-attached batch line (a resume).
-    reattached: Option<tokio::sync::oneshot::Receiver<Reply>>,
+    /// A batch line's result handed to this job, before it is looked at.
+    delivered: Option<Delivered>,
+    /// The result of this attempt's batch line, to apply.
+    reattached: Option<Reply>,
+    /// This attempt goes synchronously even in batch mode (`auto` had too
+    /// few for a batch; a criterion's follow-up).
+    sync_only: bool,
     /// A narrower structured-output schema than the stage's (a criterion
     /// asked on its own must be answered).
     schema: Option<std::sync::Arc<(String, Value)>>,
@@ -182,7 +204,9 @@ impl<'a> Job<'a> {
             rate_limited: 0,
             via: Via::Sync,
             reserved: 0.0,
+            delivered: None,
             reattached: None,
+            sync_only: false,
             schema: None,
         };
         let prompt = job.render()?;
@@ -199,6 +223,19 @@ impl<'a> Job<'a> {
         job.worst_cost = stage.price.cost(job.est_prompt, 0, stage.max_tokens);
         job.prompt = Some(prompt);
         Ok(job)
+    }
+
+    /// Apply this batch line's result first.
+    pub(super) fn with_delivered(mut self, d: Option<Delivered>) -> Self {
+        self.delivered = d;
+        self
+    }
+
+    /// Never through a batch (a criterion's follow-up waits on its stage's
+    /// answer in the same task).
+    pub(super) fn sync_only(mut self) -> Self {
+        self.sync_only = true;
+        self
     }
 
     /// Send this schema as the structured output instead of the stage's.
@@ -251,6 +288,8 @@ impl<'a> Job<'a> {
 enum Sent {
     /// The session stopped before the send; nothing left.
     Stopped,
+    /// Handed to the batcher: the result comes to a new task.
+    Parked,
     /// Abandoned in flight at a hard stop (its record, state ambiguous).
     Abandoned(AttemptRecord),
     /// The intent could not be recorded; the session is stopping.
@@ -280,20 +319,20 @@ enum Next {
 /// only the small state of that wait, not the largest state of every path
 /// (100,000 waiting lines are 100,000 tasks).
 async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
-    if let Some(rx) = job.reattached.take() {
-        // Recorded and in a batch before the stop: nothing to reserve or
-        // send, only the result to wait for.
+    if let Some(reply) = job.reattached.take() {
+        // Recorded and in a batch: its budget was held by the batch, which
+        // gives it back as results are applied; only what it cost counts.
         job.reserved = 0.0;
-        return Box::pin(batch_reply(ctx, job, rx, std::time::Instant::now())).await;
+        return batch_reply(ctx, job, reply, std::time::Instant::now());
     }
     if !ctx.wait_unpaused().await {
         return Sent::Stopped;
     }
-    if let Some(b) = ctx.batcher(job.stage.index)
+    if !std::mem::take(&mut job.sync_only)
+        && let Some(b) = ctx.batcher(job.stage.index)
         && b.takes_new()
-        && let Some(sent) = Box::pin(via_batch(ctx, b, job)).await
     {
-        return sent;
+        return via_batch(ctx, b, job);
     }
     Box::pin(send_sync(ctx, job, slot)).await
 }
@@ -411,24 +450,21 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
     }
 }
 
-/// Hand the request to the batcher and wait for its line's result. None:
-/// `auto` had too few requests for a batch: send it synchronously.
-async fn via_batch(
-    ctx: &Ctx,
-    b: &std::sync::Arc<super::batching::Batcher>,
-    job: &mut Job<'_>,
-) -> Option<Sent> {
+/// Hand the request to the batcher: the line holds its prompt and its
+/// share of the budget until its batch is recorded; its result comes to a
+/// new task (see `batching::Deliver`).
+fn via_batch(ctx: &Ctx, b: &std::sync::Arc<super::batching::Batcher>, job: &mut Job<'_>) -> Sent {
     let worst = job.worst_cost * b.price_factor();
     if !reserve(ctx, worst) {
-        return Some(Sent::Stopped);
+        return Sent::Stopped;
     }
     if let Err(message) = ensure_prompt(job) {
         ctx.budget.settle(worst, 0.0);
-        return Some(Sent::RenderFailed(message));
+        return Sent::RenderFailed(message);
     }
     let attempt = job.attempt + 1;
     let id = custom_id(ctx, job.request_id, attempt);
-    // The batch takes the prompt: a waiting line keeps no copy of it.
+    // The batch takes the prompt: the job is done with it.
     let prompt = job.prompt.take().unwrap_or_else(|| Prompt {
         system: None,
         user: String::new(),
@@ -443,80 +479,23 @@ async fn via_batch(
         client_request_id: id,
         timeout: job.stage.request_timeout,
     };
-    let started = std::time::Instant::now();
-    let rx = b.enqueue(job.request_id, attempt, request);
-    let reply = tokio::select! {
-        r = rx => r.ok(),
-        // The run lets go of its batches: the attempt stays recorded in
-        // its batch and a resume collects the result.
-        _ = b.detached().cancelled() => {
-            ctx.budget.settle(worst, 0.0);
-            return Some(Sent::Stopped);
-        }
-    };
-    match reply {
-        Some(Reply::GoSync) => {
-            ctx.budget.settle(worst, 0.0);
-            None
-        }
-        // Dropped before its batch was recorded: the run is stopping.
-        None => {
-            ctx.budget.settle(worst, 0.0);
-            Some(Sent::Stopped)
-        }
-        Some(r) => {
-            job.attempt = attempt;
-            job.via = Via::Batch;
-            job.reserved = worst;
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let _ = tx.send(r);
-            Some(Box::pin(batch_reply(ctx, job, rx, started)).await)
-        }
-    }
+    let item = (job.item.item_id.clone(), job.item.claim_token);
+    b.enqueue(job.request_id, attempt, request, item, worst);
+    Sent::Parked
 }
 
 /// A batch line's result as an attempt's outcome.
-async fn batch_reply(
-    ctx: &Ctx,
-    job: &mut Job<'_>,
-    rx: tokio::sync::oneshot::Receiver<Reply>,
-    started: std::time::Instant,
-) -> Sent {
+fn batch_reply(ctx: &Ctx, job: &mut Job<'_>, reply: Reply, started: std::time::Instant) -> Sent {
     job.via = Via::Batch;
-    let reply = match ctx.batcher(job.stage.index) {
-        Some(b) => tokio::select! {
-            r = rx => r.ok(),
-            _ = b.detached().cancelled() => None,
-        },
-        None => rx.await.ok(),
-    };
-    let Some(reply) = reply else {
-        ctx.budget.settle(job.reserved, 0.0);
-        return Sent::Stopped;
-    };
     ctx.stats.in_flight.fetch_sub(1, Relaxed);
     ctx.stats.batched.fetch_sub(1, Relaxed);
     let base = job.record(ctx, started);
     match reply {
         Reply::Answer(a) => Sent::Answer(base, a, None),
-        Reply::Error(e) => {
-            ctx.budget.settle(job.reserved, 0.0);
-            Sent::Failed(base, e)
-        }
-        Reply::NotRun(why) => {
-            ctx.budget.settle(job.reserved, 0.0);
-            Sent::NotRun(base, why)
-        }
-        // Waits for the operator: the attempt stays recorded in its batch.
-        Reply::Held(why) => {
-            tracing::info!(request = job.request_id, "held: {why}");
-            ctx.budget.settle(job.reserved, 0.0);
-            Sent::Stopped
-        }
-        Reply::GoSync => {
-            ctx.budget.settle(job.reserved, 0.0);
-            Sent::Stopped
-        }
+        Reply::Error(e) => Sent::Failed(base, e),
+        Reply::NotRun(why) => Sent::NotRun(base, why),
+        // Never recorded: handled before the attempt (see `attempts`).
+        Reply::GoSync | Reply::Refused(_) => Sent::Stopped,
     }
 }
 

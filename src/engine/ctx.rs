@@ -62,7 +62,7 @@ pub(super) struct Ctx {
     pub(super) last_frontier: AtomicUsize,
     pub(super) writer: LedgerWriter,
     pub(super) stats: Arc<Stats>,
-    pub(super) budget: Budget,
+    pub(super) budget: Arc<Budget>,
     pub(super) backoff: Backoff,
     /// No new attempts (stop, cancel, budget, fatal error).
     pub(super) soft_stop: CancellationToken,
@@ -90,17 +90,27 @@ pub(super) struct Ctx {
     pub(super) orphaned: AtomicU64,
     /// A task ended: the feed may claim more.
     pub(super) claim_room: tokio::sync::Notify,
+    /// The connection batch results claim their items on (opened at the
+    /// first delivery).
+    pub(super) delivery_conn: std::sync::Mutex<Option<rusqlite::Connection>>,
 }
 
 impl Ctx {
-    /// How many items this worker may hold claimed ahead of its work. In
-    /// batch mode every line waiting in a batch being formed or at the
-    /// provider is a claimed item, so as many as the open batches take;
-    /// synchronously a few times what it may have in flight, so the other
-    /// workers find the rest of the session free.
+    /// How many items this worker may hold claimed ahead of its work
+    /// (lines not yet recorded in a batch included: they hold their rendered
+    /// prompts). In batch mode a batch's worth and a page, so one batch
+    /// fills while the one before it is recorded and uploaded; a line
+    /// recorded in a batch is the batch's, not a claim. Synchronously a few
+    /// times what it may have in flight, so the other workers find the rest
+    /// of the session free.
     pub(super) fn claim_ahead(&self) -> usize {
-        if self.batchers().any(|b| b.takes_new()) {
-            return self.outstanding_cap.load(Ordering::Relaxed);
+        if let Some(per_batch) = self
+            .batchers()
+            .filter(|b| b.takes_new())
+            .map(|b| b.max_requests())
+            .max()
+        {
+            return per_batch.saturating_add(PAGE);
         }
         let concurrency = self
             .limiters
@@ -109,6 +119,13 @@ impl Ctx {
             .max()
             .unwrap_or(1);
         concurrency.saturating_mul(4).clamp(64, PAGE)
+    }
+
+    /// Items claimed and lines not yet recorded in a batch: what counts
+    /// against `claim_ahead`.
+    pub(super) fn held_ahead(&self) -> usize {
+        self.claims.load(Ordering::Relaxed) as usize
+            + self.batchers().map(|b| b.buffered()).sum::<usize>()
     }
 
     /// Wait until every write posted so far has committed (the writer

@@ -94,7 +94,7 @@ pub(super) async fn dispatch(
         .and_then(|n| p.stages.iter().position(|s| s.name == n));
     let (pause_tx, pause_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
-        budget: Budget::new(row.max_cost_usd, row.cost_usd),
+        budget: Arc::new(Budget::new(row.max_cost_usd, row.cost_usd)),
         p: p.clone(),
         session_id: session_id.clone(),
         stages,
@@ -118,6 +118,7 @@ pub(super) async fn dispatch(
         stop_from_ledger: AtomicBool::new(false),
         orphaned: AtomicU64::new(0),
         claim_room: tokio::sync::Notify::new(),
+        delivery_conn: std::sync::Mutex::new(None),
     });
     // On record as a worker before the first claim, so the others split
     // the limits with it from the start.
@@ -195,6 +196,7 @@ pub(super) async fn dispatch(
     if let Err(e) = &feed_result {
         ctx.stop(StopCause::LedgerFailed(e.to_string()));
     }
+    settle_batches(&ctx).await;
     control.abort();
     let left_at_provider = end_batching(&ctx, &read, &*reporter).await;
     progress.abort();
@@ -342,6 +344,8 @@ async fn start_batching(
         stage,
         ctx.stats.clone(),
         reporter.clone(),
+        ctx.budget.clone(),
+        super::delivery::deliverer(Arc::downgrade(ctx)),
         tags,
         Box::new(move |e| {
             if let Some(ctx) = weak.upgrade() {
@@ -356,15 +360,6 @@ async fn start_batching(
     );
     let _ = ctx.stages[stage].batcher.set(b.clone());
     if b.takes_new() {
-        // Tasks wait on whole batches: let enough of them be alive to fill
-        // the open batches (each holds its rendered prompt only).
-        let want = (settings.max_requests.saturating_mul(settings.max_open))
-            .saturating_add(1024)
-            .min(2_000_000);
-        let had = ctx.outstanding_cap.fetch_max(want, Ordering::Relaxed);
-        if want > had {
-            ctx.outstanding.add_permits(want - had);
-        }
         ctx.event(
             "info",
             "batch_mode",
@@ -394,6 +389,19 @@ async fn start_batching(
         }
     }
     Ok(())
+}
+
+/// After the feed: at a stop, the control loop steers this worker's open
+/// provider batches (a cancel cancels them and collects what they finished;
+/// any other stop leaves them to the provider). Wait until each is left or
+/// collected.
+async fn settle_batches(ctx: &Ctx) {
+    while ctx
+        .batchers()
+        .any(|b| b.open_count() > 0 && !b.detached().is_cancelled())
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// After the feed: mark delivered batches finished with, stop the batcher,

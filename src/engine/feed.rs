@@ -78,16 +78,22 @@ async fn feed_group(
         // one another worker cannot take): top the claims up once half of
         // what this worker may hold ahead has been worked off.
         let ahead = ctx.claim_ahead();
-        while ctx.claims.load(Ordering::Relaxed) as usize > ahead / 2 {
+        // Synchronously, top up once half is worked off (one claim per
+        // half, not per item); in batch mode keep the buffer full, or the
+        // COUNT trigger could never fire.
+        let low_water = if ctx.batchers().any(|b| b.takes_new()) {
+            ahead.saturating_sub(1)
+        } else {
+            ahead / 2
+        };
+        while ctx.held_ahead() > low_water {
             tokio::select! {
                 _ = ctx.claim_room.notified() => {}
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 _ = ctx.soft_stop.cancelled() => break 'pages,
             }
         }
-        let n = ahead
-            .saturating_sub(ctx.claims.load(Ordering::Relaxed) as usize)
-            .clamp(1, PAGE);
+        let n = ahead.saturating_sub(ctx.held_ahead()).clamp(1, PAGE);
         let page = claim(ctx, read, scope, n).await?;
         if page.is_empty() {
             match scope {
@@ -107,7 +113,7 @@ async fn feed_group(
                     continue;
                 }
                 ClaimScope::Takeover => {
-                    if !others_hold_work(ctx, read).await? {
+                    if !mine_in_batches(ctx) && !others_hold_work(ctx, read).await? {
                         break;
                     }
                     // Another worker still works on items: wait for it to
@@ -171,14 +177,7 @@ async fn feed_group(
             let ctx2 = ctx.clone();
             let group = group.clone();
             workers.spawn(async move {
-                let fence = ctx2.fence(&item);
-                super::worker::process(&ctx2, item, group, slot).await;
-                // Without an outcome (a stop, a stop-after-stage, a later
-                // group's stage) the item is let go, not left to lapse; with
-                // one, its lease already ended with the outcome.
-                ctx2.writer.post(WriteOp::ReleaseItem(fence));
-                ctx2.claims.fetch_sub(1, Ordering::Relaxed);
-                ctx2.claim_room.notify_one();
+                run_item(&ctx2, item, group, slot, None).await;
                 drop(permit);
             });
             while let Some(done) = workers.try_join_next() {
@@ -197,6 +196,28 @@ async fn feed_group(
     // The items let go above are free before the next group claims them.
     ctx.flush().await;
     Ok(())
+}
+
+/// One claimed item through the stages of `group`, then let go of. The
+/// caller counted it in `claims`.
+pub(super) async fn run_item(
+    ctx: &Ctx,
+    item: WorkItem,
+    group: std::ops::Range<usize>,
+    slot: Option<crate::limiter::Slot>,
+    delivered: Option<super::batching::Delivered>,
+) {
+    let fence = ctx.fence(&item);
+    let parked = super::worker::process(ctx, item, group, slot, delivered).await;
+    // Without an outcome (a stop, a stop-after-stage, a later group's
+    // stage) the item is let go, not left to lapse; with one, its lease
+    // already ended with the outcome. Waiting as a batch line, it is let
+    // go as the line is recorded.
+    if !parked {
+        ctx.writer.post(WriteOp::ReleaseItem(fence));
+    }
+    ctx.claims.fetch_sub(1, Ordering::Relaxed);
+    ctx.claim_room.notify_one();
 }
 
 /// Claimed items that never started (the run stopped first): let go now.
@@ -231,6 +252,15 @@ async fn claim(
     .await
     .map_err(|e| EngineError::Ledger(e.to_string()))?
     .map_err(EngineError::from)
+}
+
+/// Whether this worker's provider batches still hold items of the session:
+/// lines waiting to be recorded, batches open at the provider, results being
+/// applied. Their items come back to it (and may go on to the next stage)
+/// as the results come.
+fn mine_in_batches(ctx: &Ctx) -> bool {
+    ctx.batchers()
+        .any(|b| b.buffered() > 0 || b.open_count() > 0)
 }
 
 /// Whether another worker still holds items of the session under a live

@@ -11,11 +11,11 @@ mod batching;
 mod budget;
 mod control;
 mod ctx;
+mod delivery;
 mod dispatch;
 mod feed;
 mod plan;
 mod progress;
-mod rerun;
 pub mod stages;
 mod stats;
 mod worker;
@@ -453,6 +453,21 @@ fn new_stages(p: &Prepared) -> Vec<store::NewStage<'_>> {
         .collect()
 }
 
+/// The stages as a rerun records them.
+fn rerun_stages(p: &Prepared) -> Vec<crate::ledger::rerun::RerunStage> {
+    p.stages
+        .iter()
+        .map(|s| crate::ledger::rerun::RerunStage {
+            name: s.name.clone(),
+            index: s.index,
+            provider_name: s.provider_name.clone(),
+            model: s.model.clone(),
+            template_hash: s.template.hash.clone(),
+            params_hash: s.params_hash.clone(),
+        })
+        .collect()
+}
+
 /// Every provider the job's stages use: its chat client, its Batch API
 /// (where docket has one), and the in-process mock for `kind = "mock"` (its
 /// port is only known once it listens).
@@ -558,10 +573,12 @@ fn resume_session(
         // above claimed it under the write lock): no live engine runs it.
         if let Some(from) = p.rerun_from {
             let actor = format!("cli:{}", crate::review::Operator::current().user);
-            let r = rerun::rerun_stages(&mut conn, p, id, from, &actor).map_err(|e| match e {
-                rusqlite::Error::InvalidParameterName(m) => EngineError::Usage(m),
-                e => e.into(),
-            })?;
+            let r =
+                crate::ledger::rerun::rerun_stages(&mut conn, &rerun_stages(p), id, from, &actor)
+                    .map_err(|e| match e {
+                    rusqlite::Error::InvalidParameterName(m) => EngineError::Usage(m),
+                    e => e.into(),
+                })?;
             reporter.line(&format!(
                 "Asking stage \"{}\" and the stages after it again: {} requests for {} items get a new request_version \
                  ({} outcomes moved to llm_batch_result_history; their auto-accepts undone).",

@@ -187,13 +187,9 @@ fn later_prompt_tokens(
     item: Option<&str>,
 ) -> Result<u64, EngineError> {
     let Some(item) = item else { return Ok(0) };
-    let evidence: Value = conn
-        .query_row(
-            "SELECT evidence_json FROM decision WHERE item_id = ?1",
-            [item],
-            |r| r.get::<_, String>(0),
-        )
+    let evidence: Value = crate::ledger::store::evidence_of(conn, item)
         .ok()
+        .flatten()
         .and_then(|e| serde_json::from_str(&e).ok())
         .unwrap_or(Value::Null);
     let st = &p.stages[k];

@@ -11,6 +11,7 @@ use std::ops::Range;
 use serde_json::{Map, Value};
 
 use super::attempt::{Counters, Job, StageEnd, run_request};
+use super::batching::Delivered;
 use super::ctx::Ctx;
 use super::stages::{Routed, Stage, route};
 use crate::gate::GateOutput;
@@ -22,19 +23,29 @@ use crate::routing::Outcome;
 pub(super) use super::attempt::schema_name;
 
 /// Run `item` through the stages of `group` (the stages before it must have
-/// passed; the ones after it belong to a later group). Returns when the item
-/// has its outcome, waits at a stop-after-stage, or the session stops.
-pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot: Option<Slot>) {
+/// passed; the ones after it belong to a later group), applying `delivered`
+/// (a batch line's result) to the request it answers. Returns when the item
+/// has its outcome, waits at a stop-after-stage, or the session stops
+/// (false), or when it waits as a line for a provider batch (true: the
+/// batch's record lets go of the item).
+pub(super) async fn process(
+    ctx: &Ctx,
+    item: WorkItem,
+    group: Range<usize>,
+    slot: Option<Slot>,
+    delivered: Option<Delivered>,
+) -> bool {
     let p = &ctx.p;
     let n = p.stages.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
     let mut slot = slot;
+    let mut delivered = delivered;
     for k in 0..n {
         let stage = &p.stages[k];
         let Some(sw) = stage_work(&item, &stage.name) else {
             // A session from another job shape: nothing to run here.
             tracing::warn!(item = %item.item_id, stage = %stage.name, "no request for the stage");
-            return;
+            return false;
         };
         match sw.state.as_str() {
             "passed" => {
@@ -48,22 +59,22 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                         // Every stage passed but the outcome was never
                         // written (a crash between): route it now.
                         finish(ctx, &item, &outputs, None, None).await;
-                        return;
+                        return false;
                     }
                     continue;
                 }
             }
-            "failed" | "skipped" => return,
+            "failed" | "skipped" => return false,
             _ => {}
         }
         if k < group.start || k >= group.end {
             // Not this group's stage: an earlier group left it (a stop), or
             // a later group runs it.
-            return;
+            return false;
         }
         if k > 0 && ctx.stops_before(k) {
             // Stop after stage k-1: the item waits here for a resume.
-            return;
+            return false;
         }
         let extra = context(p, k, &outputs);
         let end = if sw.status == "completed"
@@ -82,21 +93,24 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                 AttemptRecord::default(),
             )
         } else {
+            // A batch line's result is for the request it answered.
+            let d = delivered.take_if(|d| d.request_id == sw.request_id);
             let job = match Job::new(&item, stage, sw.request_id, counters(sw), extra.clone()) {
-                Ok(job) => job,
+                Ok(job) => job.with_delivered(d),
                 Err(message) => {
                     fail(ctx, &item, k, sw, message, None).await;
-                    return;
+                    return false;
                 }
             };
             Box::pin(run_request(ctx, job, slot.take())).await
         };
         let reused = sw.status == "completed";
         match end {
-            StageEnd::Stopped => return,
+            StageEnd::Stopped => return false,
+            StageEnd::Parked => return true,
             StageEnd::Failed(message, rec) => {
                 fail(ctx, &item, k, sw, message, rec).await;
-                return;
+                return false;
             }
             StageEnd::Passed(out, rec) => {
                 let rec = (!reused).then_some(rec);
@@ -111,16 +125,16 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                         ..stage_done(ctx, &item, stage, sw, true, parsed.clone())
                     };
                     if !ctx.write(&item, WriteOp::Stage(rec, first)).await {
-                        return;
+                        return false;
                     }
                     match Box::pin(fill_criteria(ctx, &item, stage, &extra, &mut output)).await {
                         Filled::All => {}
-                        Filled::Stopped => return,
+                        Filled::Stopped => return false,
                         Filled::Failed(message, rec) => {
                             // The stage's own answer passed (and was paid
                             // for): it stays reusable; only the item fails.
                             fail_keeping_request(ctx, &item, k, sw, message, rec).await;
-                            return;
+                            return false;
                         }
                     }
                     let merged = StageDone {
@@ -131,10 +145,10 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                     outputs[k] = Some(output);
                     if k + 1 == n {
                         finish(ctx, &item, &outputs, None, Some(merged)).await;
-                        return;
+                        return false;
                     }
                     if !ctx.write(&item, WriteOp::Stage(None, merged)).await {
-                        return;
+                        return false;
                     }
                     continue;
                 }
@@ -145,14 +159,15 @@ pub(super) async fn process(ctx: &Ctx, item: WorkItem, group: Range<usize>, slot
                 outputs[k] = Some(output);
                 if k + 1 == n {
                     finish(ctx, &item, &outputs, rec, Some(done)).await;
-                    return;
+                    return false;
                 }
                 if !ctx.write(&item, WriteOp::Stage(rec, done)).await {
-                    return;
+                    return false;
                 }
             }
         }
     }
+    false
 }
 
 fn stage_work<'a>(item: &'a WorkItem, stage: &str) -> Option<&'a StageWork> {
@@ -441,7 +456,9 @@ async fn fill_criteria(
             transport_retries: 0,
         });
         let job = match Job::new(item, stage, request_id, counters, extra) {
-            Ok(job) => job.with_schema(criterion_schema(stage, &criterion)),
+            Ok(job) => job
+                .with_schema(criterion_schema(stage, &criterion))
+                .sync_only(),
             Err(message) => return Filled::Failed(message, None),
         };
         let done = |passed: bool, parsed: Option<String>, error: Option<String>| StageDone {
@@ -450,7 +467,8 @@ async fn fill_criteria(
             ..request_done(ctx, item, &name, request_id, passed, parsed)
         };
         match Box::pin(run_request(ctx, job, None)).await {
-            StageEnd::Stopped => return Filled::Stopped,
+            // (A follow-up never waits in a batch: it is sync only.)
+            StageEnd::Stopped | StageEnd::Parked => return Filled::Stopped,
             StageEnd::Failed(message, rec) => {
                 let m = format!("criterion {criterion}, asked on its own: {message}");
                 if !ctx

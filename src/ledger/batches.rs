@@ -18,6 +18,10 @@ pub struct NewBatchLine {
     pub attempt: i64,
     pub system_prompt: Option<String>,
     pub user_prompt: String,
+    /// The item the line's worker held (its id and claim token): let go as
+    /// the line is recorded, since the batch's lease covers it from then on
+    /// and its result comes to whoever holds the batch.
+    pub release: Option<(String, i64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -29,6 +33,9 @@ pub struct NewBatch {
     pub provider_kind: String,
     pub model: String,
     pub input_bytes: u64,
+    /// Every line the batch will carry (`lines` may be the first of them:
+    /// the rest follow in `AddLines`, before anything is uploaded).
+    pub request_count: u64,
     pub lines: Vec<NewBatchLine>,
     /// The worker that submits it and holds its lease (see `adopt`).
     pub claimed_by: String,
@@ -40,6 +47,13 @@ pub struct NewBatch {
 pub enum BatchOp {
     /// The batch, its lines and their attempts, before anything is uploaded.
     Create(NewBatch),
+    /// More lines of a batch being recorded (recorded in pieces, so no
+    /// second copy of a whole batch's prompts is ever held).
+    AddLines {
+        tag: String,
+        session_id: String,
+        lines: Vec<NewBatchLine>,
+    },
     /// The create answered: the provider's id, stored at once.
     Submitted {
         tag: String,
@@ -86,7 +100,8 @@ impl BatchOp {
     pub fn tag(&self) -> Option<&str> {
         match self {
             BatchOp::Create(_) => None,
-            BatchOp::Submitted { tag, .. }
+            BatchOp::AddLines { tag, .. }
+            | BatchOp::Submitted { tag, .. }
             | BatchOp::Status { tag, .. }
             | BatchOp::NextPoll { tag, .. }
             | BatchOp::CancelRequested { tag }
@@ -111,7 +126,7 @@ pub fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> 
                 b.provider,
                 b.provider_kind,
                 b.model,
-                b.lines.len() as i64,
+                b.request_count as i64,
                 b.input_bytes as i64,
                 now,
                 b.claimed_by,
@@ -123,26 +138,17 @@ pub fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> 
                 "UPDATE run_stages SET last_batch_id = ?3, updated_at = ?4 WHERE session_id = ?1 AND stage = ?2",
             )?
             .execute(params![b.session_id, b.stage, batch_id, now])?;
-            let mut item = conn.prepare_cached(
-                "INSERT INTO provider_batch_item (batch_id, custom_id, request_id, attempt) VALUES (?1, ?2, ?3, ?4)",
-            )?;
-            let mut message = conn.prepare_cached(
-                "INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state, system_prompt, user_prompt, sent_at)
-                 VALUES (?1, ?2, ?3, ?4, 'sent', ?5, ?6, ?7)",
-            )?;
-            for l in &b.lines {
-                item.execute(params![batch_id, l.custom_id, l.request_id, l.attempt])?;
-                message.execute(params![
-                    l.request_id,
-                    l.attempt,
-                    b.session_id,
-                    l.custom_id,
-                    l.system_prompt,
-                    l.user_prompt,
-                    now
-                ])?;
-            }
-            Ok(())
+            insert_lines(conn, batch_id, &b.session_id, &b.lines, now)
+        }
+        BatchOp::AddLines {
+            tag,
+            session_id,
+            lines,
+        } => {
+            let batch_id: i64 = conn
+                .prepare_cached("SELECT batch_id FROM provider_batch WHERE tag = ?1")?
+                .query_row(params![tag], |r| r.get(0))?;
+            insert_lines(conn, batch_id, session_id, lines, now)
         }
         BatchOp::Submitted {
             tag,
@@ -407,6 +413,84 @@ pub fn waiting_lines(conn: &Connection, batch_id: i64) -> rusqlite::Result<Vec<W
             user_prompt: r.get(4)?,
         })
     })?;
+    rows.collect()
+}
+
+/// Record lines of batch `batch_id`: each line, its attempt ('sent'), and
+/// its item let go (the batch's lease covers it from now on).
+fn insert_lines(
+    conn: &Connection,
+    batch_id: i64,
+    session_id: &str,
+    lines: &[NewBatchLine],
+    now: f64,
+) -> rusqlite::Result<()> {
+    let mut item = conn.prepare_cached(
+        "INSERT INTO provider_batch_item (batch_id, custom_id, request_id, attempt) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    let mut message = conn.prepare_cached(
+        "INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state, system_prompt, user_prompt, sent_at)
+         VALUES (?1, ?2, ?3, ?4, 'sent', ?5, ?6, ?7)",
+    )?;
+    let mut release = conn.prepare_cached(
+        "UPDATE session_item SET claimed_by = NULL, lease_until = NULL
+         WHERE session_id = ?1 AND item_id = ?2 AND claim_token = ?3",
+    )?;
+    for l in lines {
+        item.execute(params![batch_id, l.custom_id, l.request_id, l.attempt])?;
+        if let Some((item_id, token)) = &l.release {
+            release.execute(params![session_id, item_id, token])?;
+        }
+        message.execute(params![
+            l.request_id,
+            l.attempt,
+            session_id,
+            l.custom_id,
+            l.system_prompt,
+            l.user_prompt,
+            now
+        ])?;
+    }
+    Ok(())
+}
+
+/// A line of a batch still waiting for its result: its id and attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineId {
+    pub custom_id: String,
+    pub request_id: i64,
+    pub attempt: i64,
+}
+
+/// The lines of batch `tag` still waiting for their result, without their
+/// prompts (what collecting its results needs).
+pub fn waiting_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<LineId>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT bi.custom_id, bi.request_id, bi.attempt
+         FROM provider_batch b
+         JOIN provider_batch_item bi ON bi.batch_id = b.batch_id
+         JOIN llm_messages m ON m.request_id = bi.request_id AND m.attempt = bi.attempt
+         WHERE b.tag = ?1 AND m.state = 'sent'
+         ORDER BY bi.request_id",
+    )?;
+    let rows = stmt.query_map(params![tag], |r| {
+        Ok(LineId {
+            custom_id: r.get(0)?,
+            request_id: r.get(1)?,
+            attempt: r.get(2)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Every line of batch `tag` (a re-fetch of its results must know the lines
+/// already applied from the ones that are not its own).
+pub fn line_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT bi.custom_id FROM provider_batch b
+         JOIN provider_batch_item bi ON bi.batch_id = b.batch_id WHERE b.tag = ?1",
+    )?;
+    let rows = stmt.query_map(params![tag], |r| r.get(0))?;
     rows.collect()
 }
 

@@ -9,6 +9,7 @@ pub mod batches;
 mod handle;
 mod migrate;
 pub mod queue;
+pub mod rerun;
 pub mod store;
 pub mod writer;
 

@@ -15,8 +15,6 @@
 //! - Workers on this host whose process is gone lose their leases at once;
 //!   elsewhere a lease runs out on its own.
 
-use std::collections::HashSet;
-
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::now_ts;
@@ -92,9 +90,9 @@ pub fn claim_page(
             ClaimScope::Takeover => -1,
         };
         // An item whose request waits as a line in an open provider batch
-        // that this worker does not hold is not taken: sending it again
-        // would pay twice. Whoever adopts the batch (see
-        // `batches::adopt`) takes the item with it.
+        // is not taken: sending it again would pay twice, and its result
+        // comes to whoever holds the batch (see `batches::adopt` and
+        // `claim_requests`), which takes the item then.
         let open_batches: bool = tx
             .prepare_cached(
                 "SELECT EXISTS (SELECT 1 FROM provider_batch WHERE session_id = ?1 AND state != 'ingested')",
@@ -103,7 +101,7 @@ pub fn claim_page(
         let sql = if open_batches {
             std::borrow::Cow::Owned(sql.replace(
                 "ORDER BY si.position",
-                &format!("{IN_OTHERS_BATCH} ORDER BY si.position"),
+                &format!("{IN_OPEN_BATCH} ORDER BY si.position"),
             ))
         } else {
             std::borrow::Cow::Borrowed(sql)
@@ -112,9 +110,6 @@ pub fn claim_page(
         let pick =
             |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?));
         let rows = match scope {
-            ClaimScope::After(_) if open_batches => {
-                stmt.query_map(params![session_id, after, now, n as i64, worker], pick)?
-            }
             ClaimScope::After(_) => {
                 stmt.query_map(params![session_id, after, now, n as i64], pick)?
             }
@@ -155,40 +150,95 @@ pub fn claim_page(
         )?
         .execute(params![session_id, ambiguous as i64, now])?;
     }
-    let first = picked.iter().map(|p| p.1).min().unwrap_or(0);
-    let last = picked.iter().map(|p| p.1).max().unwrap_or(0);
-    let wanted: HashSet<i64> = picked.iter().map(|p| p.1).collect();
-    // A page off the first pass is one stretch of positions: one read. Items
-    // taken over lie anywhere in the session: read one by one.
-    let mut items = if (last - first) as usize <= picked.len() * 2 {
-        let mut all = super::store::work_between(&tx, session_id, first, last)?;
-        all.retain(|w| wanted.contains(&w.position));
+    let items = load_claimed(&tx, session_id, &tokens)?;
+    tx.commit()?;
+    Ok(items)
+}
+
+/// The work of the items at the positions of `tokens` (position -> the
+/// token each was claimed with), in position order.
+fn load_claimed(
+    conn: &Connection,
+    session_id: &str,
+    tokens: &std::collections::HashMap<i64, i64>,
+) -> rusqlite::Result<Vec<WorkItem>> {
+    let first = tokens.keys().copied().min().unwrap_or(0);
+    let last = tokens.keys().copied().max().unwrap_or(0);
+    // A page off the first pass (or a batch's lines, cut in order) is one
+    // stretch of positions: one read. Items taken over lie anywhere in the
+    // session: read one by one.
+    let mut items = if (last - first) as usize <= tokens.len() * 2 {
+        let mut all = super::store::work_between(conn, session_id, first, last)?;
+        all.retain(|w| tokens.contains_key(&w.position));
         all
     } else {
-        let mut positions: Vec<i64> = wanted.iter().copied().collect();
+        let mut positions: Vec<i64> = tokens.keys().copied().collect();
         positions.sort_unstable();
         let mut all = Vec::with_capacity(positions.len());
         for p in positions {
-            all.extend(super::store::work_between(&tx, session_id, p, p)?);
+            all.extend(super::store::work_between(conn, session_id, p, p)?);
         }
         all
     };
     for w in &mut items {
         w.claim_token = tokens.get(&w.position).copied().unwrap_or(0);
     }
+    Ok(items)
+}
+
+/// Claim for `worker` the items whose requests are `request_ids` (lines of
+/// a provider batch it holds, whose results came) and load their work. An
+/// item another worker holds under a live lease, or that has its outcome,
+/// is left out.
+pub fn claim_requests(
+    conn: &mut Connection,
+    session_id: &str,
+    worker: &str,
+    request_ids: &[i64],
+    lease_secs: f64,
+) -> rusqlite::Result<Vec<WorkItem>> {
+    let now = now_ts();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut tokens = std::collections::HashMap::with_capacity(request_ids.len());
+    {
+        let mut claim = tx.prepare_cached(
+            "UPDATE session_item SET claimed_by = ?3, lease_until = ?4, claim_token = claim_token + 1
+             WHERE session_id = ?1
+               AND item_id = (SELECT item_id FROM session_request WHERE session_id = ?1 AND request_id = ?2)
+               AND (claimed_by IS NULL OR claimed_by = ?3 OR lease_until IS NULL OR lease_until < ?5)
+               AND NOT EXISTS (SELECT 1 FROM llm_batch_result b
+                               WHERE b.session_id = session_item.session_id AND b.item_id = session_item.item_id)
+             RETURNING position, claim_token",
+        )?;
+        for id in request_ids {
+            let got: Option<(i64, i64)> = claim
+                .query_row(
+                    params![session_id, id, worker, now + lease_secs, now],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            if let Some((position, token)) = got {
+                tokens.insert(position, token);
+            }
+        }
+    }
+    let items = if tokens.is_empty() {
+        Vec::new()
+    } else {
+        load_claimed(&tx, session_id, &tokens)?
+    };
     tx.commit()?;
     Ok(items)
 }
 
 /// Appended to a claim's WHERE clause while the session has open provider
-/// batches (`?5` is the claiming worker in both scopes).
-const IN_OTHERS_BATCH: &str = "AND NOT EXISTS (SELECT 1 FROM session_request sr
+/// batches: an item with a line waiting in one is the batch holder's.
+const IN_OPEN_BATCH: &str = "AND NOT EXISTS (SELECT 1 FROM session_request sr
         JOIN provider_batch_item bi ON bi.request_id = sr.request_id
         JOIN provider_batch b ON b.batch_id = bi.batch_id
         JOIN llm_messages m ON m.request_id = bi.request_id AND m.attempt = bi.attempt
         WHERE sr.session_id = si.session_id AND sr.item_id = si.item_id
-          AND b.state != 'ingested' AND m.state = 'sent'
-          AND (b.claimed_by IS NULL OR b.claimed_by != ?5))";
+          AND b.state != 'ingested' AND m.state = 'sent')";
 
 /// An item's attempts of this session still marked 'sent' (never answered
 /// on record) become ambiguous; lines of a provider batch still open are

@@ -736,3 +736,10 @@ pub(crate) fn hostname() -> String {
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_default()
 }
+
+/// An item's evidence as stored (JSON text); None for an unknown item.
+pub fn evidence_of(conn: &Connection, item_id: &str) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT evidence_json FROM decision WHERE item_id = ?1")?
+        .query_row(params![item_id], |r| r.get(0))
+        .optional()
+}

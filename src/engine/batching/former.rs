@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{Batcher, Queued, Reply, SETTLE};
+use super::{Batcher, Delivered, Queued, Reply, SETTLE};
 use crate::config::BatchMode;
 
 /// JSONL bytes a line adds beyond its prompt (its envelope, the model, the
@@ -82,8 +82,9 @@ pub(super) async fn form(b: Arc<Batcher>, mut rx: mpsc::UnboundedReceiver<Queued
             _ = sleep_until(due), if due.is_some() => cut(&b, buf.take()),
             _ = b.feed_done_notify.notified() => {}
             _ = b.stop_forming.cancelled() => {
-                // Dropped: each worker hears that the run stopped and its
-                // request stays pending, with nothing recorded.
+                // Dropped: nothing was recorded for them, so their requests
+                // stay pending (their items are let go with the worker's
+                // claims) and their budget is given back.
                 drop(buf.take());
                 rx.close();
                 while rx.recv().await.is_some() {}
@@ -112,9 +113,16 @@ fn cut(b: &Arc<Batcher>, lines: Vec<Queued>) {
             min = b.settings.min_batch_size,
             "too few for a batch: synchronous"
         );
-        for q in lines {
-            let _ = q.reply.send(Reply::GoSync);
-        }
+        let back: Vec<Delivered> = lines
+            .into_iter()
+            .map(|q| Delivered {
+                request_id: q.request_id,
+                attempt: q.attempt,
+                reply: Reply::GoSync,
+            })
+            .collect();
+        let me = b.clone();
+        b.spawn(async move { me.deliver(back).await });
         return;
     }
     let me = b.clone();

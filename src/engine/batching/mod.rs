@@ -1,37 +1,41 @@
 //! Batch mode: requests go to the provider's Batch API instead of one HTTP
-//! call each. A worker hands its request to the batcher and waits for the
-//! line's result exactly as it would wait for a synchronous answer, so the
-//! gate, routing, retries and the ledger records are the same code.
+//! call each. A worker hands its request to the batcher and is done with
+//! the item until the line's result comes: a line waiting at the provider
+//! costs ledger rows, not a task or a buffer. When a batch's results come,
+//! they are read in chunks and each chunk's items are claimed again and run
+//! on from the result (`Deliver`), through the same gate, routing, retries
+//! and ledger records as a synchronous answer.
 //!
 //! The former cuts a batch when a COUNT, SIZE or TIME trigger fires (or the
 //! feed is done and nothing new came for a moment), splits it to the
 //! provider's limits and hands each file to a runner. A runner records the
-//! batch and its lines before the upload, its provider id the moment it is
-//! known, polls on the provider's cadence with `next_poll_at` in the ledger,
-//! and streams the results to the waiting workers. A resume re-attaches
-//! open batches instead of sending their requests again.
+//! batch and its lines before the upload (letting go of their items: the
+//! batch's lease covers them), its provider id the moment it is known,
+//! polls on the provider's cadence with `next_poll_at` in the ledger, and
+//! reads the results back from the provider with the waiting lines from the
+//! ledger. A resume (or another worker) adopts open batches instead of
+//! sending their requests again.
 
 mod former;
-mod pending;
 mod runner;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use futures::future::BoxFuture;
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Prepared;
+use super::budget::Budget;
 use super::progress::Reporter;
 use super::stats::Stats;
 use crate::config::BatchMode;
 use crate::ledger::writer::{Fence, LedgerWriter, WriteError, WriteOp};
 use crate::provider::batch::BatchProvider;
 use crate::provider::{ChatAnswer, ChatRequest, ProviderError};
-
-use pending::Pending;
 
 /// What became of one line handed to the batcher.
 #[derive(Debug)]
@@ -45,11 +49,26 @@ pub(super) enum Reply {
     /// `auto`: too few requests were pending to make a batch: send it now,
     /// synchronously. Nothing was recorded for it.
     GoSync,
-    /// Its batch's create answer was lost and the provider shows several
-    /// batches that could be it: the request waits for the operator rather
-    /// than risk paying twice. (The reason is in the session's events.)
-    Held(String),
+    /// The provider would refuse the line (too large, say): it was never
+    /// recorded nor sent, and can never go in a batch.
+    Refused(String),
 }
+
+/// A line's result for its item: which request and attempt it answers.
+#[derive(Debug)]
+pub(super) struct Delivered {
+    pub request_id: i64,
+    /// The attempt the line carried (for `GoSync` and `Refused`, the one
+    /// that was never recorded).
+    pub attempt: i64,
+    pub reply: Reply,
+}
+
+/// Hands a chunk of results to the engine, which claims their items and
+/// runs them on; the future ends once every item of the chunk is done with
+/// (its outcome recorded, or it waits again in a new line).
+pub(super) type Deliver =
+    Box<dyn Fn(usize, Vec<Delivered>) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// A request waiting to be put in a batch.
 pub(super) struct Queued {
@@ -57,7 +76,38 @@ pub(super) struct Queued {
     pub attempt: i64,
     /// `client_request_id` is the line's `custom_id`.
     pub request: ChatRequest,
-    pub reply: oneshot::Sender<Reply>,
+    /// The item the worker holds (its id and claim token): let go when the
+    /// line is recorded.
+    pub item: (String, i64),
+    /// What the budget holds for the line until its result is applied.
+    pub ticket: Ticket,
+}
+
+/// A line on its way into a batch. Dropped before its batch is recorded
+/// (the run stopped, `auto` sends it synchronously, the provider would
+/// refuse it), it gives its budget reservation back; recorded, the
+/// reservation moves to the batch until its results are applied.
+pub(super) struct Ticket {
+    reserved: f64,
+    budget: Arc<Budget>,
+    buffered: Arc<AtomicUsize>,
+}
+
+impl Ticket {
+    /// The line is on disk in its batch: its reservation goes with the
+    /// batch (the ticket still counts the line as buffered until dropped).
+    fn take_reserved(&mut self) -> f64 {
+        std::mem::take(&mut self.reserved)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.buffered.fetch_sub(1, Ordering::Relaxed);
+        if self.reserved > 0.0 {
+            self.budget.settle(self.reserved, 0.0);
+        }
+    }
 }
 
 /// The triggers and bounds of a stage's batching.
@@ -91,7 +141,14 @@ pub(super) struct Batcher {
     pub(super) stage: usize,
     pub(super) stats: Arc<Stats>,
     pub(super) reporter: Arc<dyn Reporter>,
-    pending: Pending,
+    budget: Arc<Budget>,
+    /// Lines handed in and not yet recorded in a batch (they hold their
+    /// items' claims and their rendered prompts).
+    buffered: Arc<AtomicUsize>,
+    /// One batch's results are read and applied at a time: a whole batch's
+    /// replies are the most this holds.
+    collecting: Semaphore,
+    deliver: Deliver,
     tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Queued>>>,
     /// Bounds the provider batches open at once.
     open_slots: Arc<Semaphore>,
@@ -137,6 +194,8 @@ impl Batcher {
         stage: usize,
         stats: Arc<Stats>,
         reporter: Arc<dyn Reporter>,
+        budget: Arc<Budget>,
+        deliver: Deliver,
         next_tag: Arc<AtomicU64>,
         on_fatal: Box<dyn Fn(String) + Send + Sync>,
         paused: tokio::sync::watch::Receiver<bool>,
@@ -153,7 +212,10 @@ impl Batcher {
             stage,
             stats,
             reporter,
-            pending: Pending::default(),
+            budget,
+            buffered: Arc::new(AtomicUsize::new(0)),
+            collecting: Semaphore::new(1),
+            deliver,
             tx: std::sync::Mutex::new(Some(tx)),
             next_tag,
             open: AtomicUsize::new(0),
@@ -183,31 +245,49 @@ impl Batcher {
         self.settings.mode != BatchMode::Sync
     }
 
-    /// Hand a request to the batcher; the reply comes once its batch has
-    /// its result (or the run stops: the sender is dropped).
+    /// Hand a request to the batcher; `reserved` of the budget stays held
+    /// for it until its result is applied. Its result comes to the engine
+    /// through `Deliver`, in a new task: the caller is done with the item.
     pub(super) fn enqueue(
         &self,
         request_id: i64,
         attempt: i64,
         request: ChatRequest,
-    ) -> oneshot::Receiver<Reply> {
-        let (reply, rx) = oneshot::channel();
+        item: (String, i64),
+        reserved: f64,
+    ) {
+        self.buffered.fetch_add(1, Ordering::Relaxed);
         let q = Queued {
             request_id,
             attempt,
             request,
-            reply,
+            item,
+            ticket: Ticket {
+                reserved,
+                budget: self.budget.clone(),
+                buffered: self.buffered.clone(),
+            },
         };
         if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             let _ = tx.send(q);
         }
-        rx
     }
 
-    /// The result of `custom_id` when it is a line of an open batch that a
-    /// resumed run re-attached.
-    pub(super) fn claim(&self, custom_id: &str) -> Option<oneshot::Receiver<Reply>> {
-        self.pending.claim(custom_id)
+    /// The COUNT trigger: the most lines a batch takes.
+    pub(super) fn max_requests(&self) -> usize {
+        self.settings.max_requests
+    }
+
+    /// Lines handed in and not yet recorded in a batch.
+    pub(super) fn buffered(&self) -> usize {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    /// Hand results to their items and wait until every one is done with.
+    async fn deliver(&self, lines: Vec<Delivered>) {
+        if !lines.is_empty() {
+            (self.deliver)(self.stage, lines).await;
+        }
     }
 
     /// The feed has handed out every item: cut what waits without waiting
@@ -353,14 +433,6 @@ impl Batcher {
         }
     }
 
-    /// Another worker holds the batch now: its lines' workers here stop
-    /// waiting (their items went with it).
-    fn let_go(&self, custom_ids: &[String]) {
-        for id in custom_ids {
-            self.pending.forget(id);
-        }
-    }
-
     /// Re-attach the session's open batches that no live worker holds (a
     /// resume, a worker joining, or one whose worker died): their lines wait
     /// for results, never for a second submission.
@@ -372,8 +444,8 @@ impl Batcher {
         let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<_> {
             let mut conn = crate::ledger::open(&path)
                 .map_err(|e| rusqlite::Error::InvalidParameterName(e.to_string()))?;
-            let mut out = Vec::new();
             // Only the batches nobody holds: each is polled by one worker.
+            let mut out = Vec::new();
             for b in crate::ledger::batches::adopt(
                 &mut conn,
                 &sid,
@@ -381,9 +453,8 @@ impl Batcher {
                 &lease.worker_id,
                 lease.secs,
             )? {
-                let waiting = crate::ledger::batches::waiting_lines(&conn, b.batch_id)?;
-                let all = crate::ledger::batches::batch_custom_ids(&conn, b.batch_id)?;
-                out.push((b, waiting, all));
+                let waiting = crate::ledger::batches::waiting_ids(&conn, &b.tag)?.len();
+                out.push((b, waiting));
             }
             Ok(out)
         })
@@ -391,8 +462,8 @@ impl Batcher {
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("ledger: {e}"))?;
         let mut n = 0;
-        for (batch, waiting, all) in found {
-            if waiting.is_empty() {
+        for (batch, waiting) in found {
+            if waiting == 0 {
                 // Every line has its outcome: only the mark was missing.
                 self.writer
                     .post(WriteOp::Batch(crate::ledger::batches::BatchOp::Settle {
@@ -400,12 +471,9 @@ impl Batcher {
                     }));
                 continue;
             }
-            for w in &waiting {
-                self.pending.expect(w.custom_id.clone());
-            }
             n += 1;
             let me = self.clone();
-            self.spawn(async move { runner::reattach(me, batch, waiting, all).await });
+            self.spawn(async move { runner::reattach(me, batch, waiting).await });
         }
         Ok(n)
     }

@@ -3,15 +3,15 @@
 //! provider's cadence, cancel when asked, stream the results to the waiting
 //! workers, and mark the batch finished with once every line has its outcome.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rand::Rng;
 
-use super::{Batcher, Queued, Reply};
-use crate::ledger::batches::{BatchOp, NewBatch, NewBatchLine, OpenBatch, WaitingLine};
+use super::{Batcher, Delivered, Queued, Reply, Ticket};
+use crate::ledger::batches::{BatchOp, LineId, NewBatch, NewBatchLine, OpenBatch};
 use crate::ledger::now_ts;
 use crate::ledger::writer::WriteOp;
 use crate::provider::batch::{
@@ -20,7 +20,7 @@ use crate::provider::batch::{
 use crate::provider::{ErrorClass, ProviderError};
 
 /// Submissions tried before a batch's requests are failed back to their
-/// workers (which retry them within their own budgets).
+/// items (which retry them within their own budgets).
 const MAX_SUBMITS: u32 = 5;
 /// Results fetches tried (a cut stream, a file not there yet) before the
 /// operator is told; fetching goes on, slower, until the run stops.
@@ -29,20 +29,64 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// Results fetches after which the lines are held for the operator (the
 /// results may be gone at the provider): about an hour of tries.
 const RESULTS_TRIES_MAX: u32 = 70;
+/// Results handed to their items at once: what the engine holds of a
+/// batch's results besides the replies read and not yet applied.
+const DELIVER_CHUNK: usize = 512;
+/// Lines recorded in one write while a batch is recorded.
+const RECORD_PIECE: usize = 2_000;
 
-/// A batch being driven: submitted, its lines known.
+/// A batch being driven: submitted. Its lines are in the ledger, not here.
 struct Tracked {
     tag: String,
     provider_batch_id: String,
     /// Unix seconds of the record (its age drives the poll cadence).
     created_at: f64,
-    /// Every line of the batch, for matching results.
-    expected: HashSet<String>,
-    /// The lines of this run still waiting for a result.
-    waiting: Vec<String>,
     /// This batch alone is to be cancelled (asked before a stop).
     cancel_wanted: bool,
     cancel_sent: bool,
+    /// What the budget holds for its lines until their results are applied.
+    held: Held,
+}
+
+/// The budget a batch's lines hold, given back as their results are
+/// applied (each result then counts what it cost) and, for the rest, when
+/// the batch is done with.
+struct Held {
+    per_line: f64,
+    lines: usize,
+    budget: Arc<crate::engine::budget::Budget>,
+}
+
+impl Held {
+    fn none(b: &Batcher) -> Held {
+        Held {
+            per_line: 0.0,
+            lines: 0,
+            budget: b.budget.clone(),
+        }
+    }
+
+    fn give_back(&mut self, lines: usize) {
+        let n = lines.min(self.lines);
+        self.lines -= n;
+        if self.per_line > 0.0 && n > 0 {
+            self.budget.settle(self.per_line * n as f64, 0.0);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.give_back(self.lines);
+    }
+}
+
+/// A line of a new batch besides its request: its ids, its item, its ticket.
+struct Meta {
+    request_id: i64,
+    attempt: i64,
+    item: (String, i64),
+    ticket: Ticket,
 }
 
 /// New requests from the former: check and split them to the provider's
@@ -55,10 +99,16 @@ pub(super) async fn submit_new(b: Arc<Batcher>, queued: Vec<Queued>) {
             custom_id: q.request.client_request_id.clone(),
             request: q.request,
         });
-        meta.push((q.request_id, q.attempt, q.reply));
+        meta.push(Meta {
+            request_id: q.request_id,
+            attempt: q.attempt,
+            item: q.item,
+            ticket: q.ticket,
+        });
     }
     // A line the provider would refuse is refused here, with its reason,
     // and never uploaded; the others go on.
+    let mut refused = Vec::new();
     let ranges = loop {
         match b.adapter.split(&lines) {
             Ok(chunks) => {
@@ -68,20 +118,19 @@ pub(super) async fn submit_new(b: Arc<Batcher>, queued: Vec<Queued>) {
                     .collect::<Vec<_>>();
             }
             Err(e) => {
-                let (_, _, reply) = meta.remove(e.index);
+                let m = meta.remove(e.index);
                 lines.remove(e.index);
-                let _ = reply.send(Reply::Error(ProviderError {
-                    class: ErrorClass::Request,
-                    http_status: None,
-                    message: format!(
+                refused.push(Delivered {
+                    request_id: m.request_id,
+                    attempt: m.attempt,
+                    reply: Reply::Refused(format!(
                         "refused before upload: this request cannot go in a {} batch: {}",
                         b.adapter.name(),
                         e.reason
-                    ),
-                    headers: Default::default(),
-                }));
+                    )),
+                });
                 if lines.is_empty() {
-                    return;
+                    break Vec::new();
                 }
             }
         }
@@ -90,22 +139,21 @@ pub(super) async fn submit_new(b: Arc<Batcher>, queued: Vec<Queued>) {
     let mut parts = Vec::with_capacity(ranges.len());
     for (first, len, bytes) in ranges.into_iter().rev() {
         let l: Vec<BatchLine> = lines.drain(first..first + len).collect();
-        let m: Vec<_> = meta.drain(first..first + len).collect();
+        let m: Vec<Meta> = meta.drain(first..first + len).collect();
         parts.push((l, m, bytes));
     }
     for (l, m, bytes) in parts.into_iter().rev() {
         let me = b.clone();
         b.spawn(async move { run_new(me, l, m, bytes).await });
     }
+    b.deliver(refused).await;
 }
-
-type Meta = (i64, i64, tokio::sync::oneshot::Sender<Reply>);
 
 /// Record, submit and drive one new batch.
 async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes: u64) {
     let permit = tokio::select! {
         p = b.open_slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-        // Not recorded, not sent: the workers hear the run stopped.
+        // Not recorded, not sent: the requests stay pending.
         _ = b.stop_forming.cancelled() => return,
     };
     // Paused: nothing new goes to the provider until the operator resumes.
@@ -114,6 +162,24 @@ async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes:
     }
     let tag = b.new_tag();
     let created_at = now_ts();
+    // Intent before side effect: the batch, its lines and their attempts
+    // are on disk before a byte is uploaded. Recorded a piece at a time: a
+    // copy of one piece's prompts is held, never of the whole batch.
+    let n = lines.len();
+    let mut pieces = lines.chunks(RECORD_PIECE).zip(meta.chunks(RECORD_PIECE));
+    let record_lines = |(ls, ms): (&[BatchLine], &[Meta])| -> Vec<NewBatchLine> {
+        ls.iter()
+            .zip(ms)
+            .map(|(l, m)| NewBatchLine {
+                custom_id: l.custom_id.clone(),
+                request_id: m.request_id,
+                attempt: m.attempt,
+                system_prompt: l.request.system.clone(),
+                user_prompt: l.request.user.clone(),
+                release: Some(m.item.clone()),
+            })
+            .collect()
+    };
     let record = NewBatch {
         tag: tag.clone(),
         session_id: b.session_id.clone(),
@@ -122,73 +188,67 @@ async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes:
         provider_kind: b.stage().provider_kind.as_str().to_string(),
         model: b.stage().model.clone(),
         input_bytes: bytes,
-        lines: lines
-            .iter()
-            .zip(&meta)
-            .map(|(l, (request_id, attempt, _))| NewBatchLine {
-                custom_id: l.custom_id.clone(),
-                request_id: *request_id,
-                attempt: *attempt,
-                system_prompt: l.request.system.clone(),
-                user_prompt: l.request.user.clone(),
-            })
-            .collect(),
+        request_count: n as u64,
+        lines: pieces.next().map(record_lines).unwrap_or_default(),
         claimed_by: b.lease.worker_id.to_string(),
         lease_until: now_ts() + b.lease.secs,
     };
-    // Intent before side effect: the batch, its lines and their attempts
-    // are on disk before a byte is uploaded.
     if !b.write(WriteOp::Batch(BatchOp::Create(record))).await {
         return;
     }
-    let n = lines.len();
-    let mut waiting = Vec::with_capacity(n);
-    for (l, (_, _, reply)) in lines.iter().zip(meta) {
-        b.pending.wait(l.custom_id.clone(), reply);
-        waiting.push(l.custom_id.clone());
+    for piece in pieces {
+        let more = BatchOp::AddLines {
+            tag: tag.clone(),
+            session_id: b.session_id.clone(),
+            lines: record_lines(piece),
+        };
+        if !b.write(WriteOp::Batch(more)).await {
+            // Recorded in part, never uploaded: a resume finds no batch at
+            // the provider and submits the lines on record.
+            return;
+        }
     }
+    // The lines count against what the feed may claim ahead until they
+    // are uploaded (they hold their prompts until then); their budget goes
+    // with the batch.
+    let mut tickets: Vec<Ticket> = meta.into_iter().map(|m| m.ticket).collect();
+    let reserved: f64 = tickets.iter_mut().map(Ticket::take_reserved).sum();
+    let held = Held {
+        per_line: reserved / n.max(1) as f64,
+        lines: n,
+        budget: b.budget.clone(),
+    };
     b.stats.sent.fetch_add(n as u64, Ordering::Relaxed);
     b.stats.in_flight.fetch_add(n as u64, Ordering::Relaxed);
     b.stats.batched.fetch_add(n as u64, Ordering::Relaxed);
     b.open.fetch_add(1, Ordering::Relaxed);
     let submitted = submit(&b, &tag, created_at, &lines).await;
-    let expected: HashSet<String> = waiting.iter().cloned().collect();
     drop(lines);
-    let tracked = match submitted {
+    drop(tickets);
+    match submitted {
         Submitting::Done(s) => {
-            if !record_submitted(&b, &tag, &s, n).await {
-                b.open.fetch_sub(1, Ordering::Relaxed);
-                return;
-            }
-            Tracked {
-                tag,
-                provider_batch_id: s.provider_batch_id,
-                created_at,
-                expected,
-                waiting,
-                cancel_wanted: false,
-                cancel_sent: false,
+            if record_submitted(&b, &tag, &s, n).await {
+                let tracked = Tracked {
+                    tag,
+                    provider_batch_id: s.provider_batch_id,
+                    created_at,
+                    cancel_wanted: false,
+                    cancel_sent: false,
+                    held,
+                };
+                drive(&b, tracked).await;
             }
         }
-        other => {
-            not_submitted(&b, &tag, &waiting, other).await;
-            b.open.fetch_sub(1, Ordering::Relaxed);
-            return;
-        }
-    };
-    drive(&b, tracked).await;
+        other => not_submitted(&b, &tag, other).await,
+    }
     b.open.fetch_sub(1, Ordering::Relaxed);
     drop(permit);
 }
 
-/// A batch a resumed run found open in the ledger: collect it, never send
-/// its lines again unless the provider shows it was never made.
-pub(super) async fn reattach(
-    b: Arc<Batcher>,
-    batch: OpenBatch,
-    waiting: Vec<WaitingLine>,
-    all: Vec<String>,
-) {
+/// A batch found open in the ledger (a resume, or one whose worker died):
+/// collect it, never send its lines again unless the provider shows it was
+/// never made.
+pub(super) async fn reattach(b: Arc<Batcher>, batch: OpenBatch, waiting: usize) {
     let permit = tokio::select! {
         p = b.open_slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
         _ = b.detached.cancelled() => return,
@@ -196,31 +256,28 @@ pub(super) async fn reattach(
     b.open.fetch_add(1, Ordering::Relaxed);
     b.stats
         .in_flight
-        .fetch_add(waiting.len() as u64, Ordering::Relaxed);
-    b.stats
-        .batched
-        .fetch_add(waiting.len() as u64, Ordering::Relaxed);
-    let ids: Vec<String> = waiting.iter().map(|w| w.custom_id.clone()).collect();
+        .fetch_add(waiting as u64, Ordering::Relaxed);
+    b.stats.batched.fetch_add(waiting as u64, Ordering::Relaxed);
     let provider_batch_id = match batch.provider_batch_id.clone() {
         Some(id) => Some(id),
-        None => adopt_or_resubmit(&b, &batch, &waiting, &ids).await,
+        None => adopt_or_resubmit(&b, &batch).await,
     };
     if let Some(provider_batch_id) = provider_batch_id {
         b.reporter.line(&format!(
-            "Re-attached provider batch {} ({}, {} requests waiting): polling it, nothing is sent again.",
+            "Re-attached provider batch {} ({}, {waiting} requests waiting): polling it, nothing is sent again.",
             crate::sanitize::for_terminal(&provider_batch_id),
             batch.tag,
-            ids.len()
         ));
         let tracked = Tracked {
             tag: batch.tag.clone(),
             provider_batch_id,
             created_at: batch.created_at,
-            expected: all.into_iter().collect(),
-            waiting: ids,
             // A cancel asked before the stop is asked again (idempotent).
             cancel_wanted: batch.cancel_requested,
             cancel_sent: false,
+            // A resumed run's lines hold no budget: what they cost counts
+            // as their results are applied.
+            held: Held::none(&b),
         };
         drive(&b, tracked).await;
     }
@@ -230,12 +287,7 @@ pub(super) async fn reattach(
 
 /// A batch recorded but with no provider id: its create may or may not have
 /// happened. Look for it first; submit only when the provider shows none.
-async fn adopt_or_resubmit(
-    b: &Arc<Batcher>,
-    batch: &OpenBatch,
-    waiting: &[WaitingLine],
-    ids: &[String],
-) -> Option<String> {
+async fn adopt_or_resubmit(b: &Arc<Batcher>, batch: &OpenBatch) -> Option<String> {
     match find_ours(
         b,
         &batch.tag,
@@ -258,22 +310,37 @@ async fn adopt_or_resubmit(
                 provider_batch_id: id.clone(),
                 input_file_id: None,
             };
-            record_submitted(b, &batch.tag, &s, waiting.len())
+            record_submitted(b, &batch.tag, &s, batch.request_count as usize)
                 .await
                 .then_some(id)
         }
         Ok(Found::None) => {
             // Never made: the same lines (same custom ids, same attempts)
-            // go again under the same tag.
+            // go again under the same tag, read back from the ledger.
+            let (path, batch_id) = (b.p.ledger_path.clone(), batch.batch_id);
+            let waiting = tokio::task::spawn_blocking(move || {
+                crate::ledger::open_read_only(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|c| {
+                        crate::ledger::batches::waiting_lines(&c, batch_id)
+                            .map_err(|e| e.to_string())
+                    })
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let waiting = match waiting {
+                Ok(w) => w,
+                Err(e) => {
+                    (b.on_fatal)(format!("ledger: {e}"));
+                    return None;
+                }
+            };
             let lines: Vec<BatchLine> = waiting
-                .iter()
+                .into_iter()
                 .map(|w| BatchLine {
-                    custom_id: w.custom_id.clone(),
-                    request: b.request_for(
-                        &w.custom_id,
-                        w.system_prompt.clone(),
-                        w.user_prompt.clone(),
-                    ),
+                    request: b.request_for(&w.custom_id, w.system_prompt, w.user_prompt),
+                    custom_id: w.custom_id,
                 })
                 .collect();
             b.event(
@@ -290,26 +357,20 @@ async fn adopt_or_resubmit(
                     .await
                     .then_some(s.provider_batch_id),
                 other => {
-                    not_submitted(b, &batch.tag, ids, other).await;
+                    drop(lines);
+                    not_submitted(b, &batch.tag, other).await;
                     None
                 }
             }
         }
         Ok(Found::Ambiguous(candidates)) => {
-            not_submitted(
-                b,
-                &batch.tag,
-                ids,
-                Submitting::Held(held_message(&candidates)),
-            )
-            .await;
+            not_submitted(b, &batch.tag, Submitting::Held(held_message(&candidates))).await;
             None
         }
         Err(e) => {
             not_submitted(
                 b,
                 &batch.tag,
-                ids,
                 Submitting::Held(format!(
                     "cannot check whether the batch was made ({e}); its requests wait rather than risk paying twice: resume again later"
                 )),
@@ -471,7 +532,7 @@ async fn record_submitted(b: &Arc<Batcher>, tag: &str, s: &Submitted, n: usize) 
 
 /// The batch was not made (refused) or cannot be told apart (held): tell
 /// its lines, and the operator.
-async fn not_submitted(b: &Arc<Batcher>, tag: &str, ids: &[String], how: Submitting) {
+async fn not_submitted(b: &Arc<Batcher>, tag: &str, how: Submitting) {
     match how {
         Submitting::Failed(e) => {
             let msg = format!("not submitted: {e}");
@@ -489,9 +550,15 @@ async fn not_submitted(b: &Arc<Batcher>, tag: &str, ids: &[String], how: Submitt
             }))
             .await;
             b.event("warn", "batch_failed", format!("batch {tag} {msg}"));
-            for id in ids {
-                b.pending.deliver(id, Reply::Error(e.clone()));
-            }
+            let Some(waiting) = waiting_ids(b, tag).await else {
+                return;
+            };
+            let replies = waiting.into_iter().map(|w| Delivered {
+                request_id: w.request_id,
+                attempt: w.attempt,
+                reply: Reply::Error(e.clone()),
+            });
+            deliver_in_chunks(b, replies, &mut Held::none(b)).await;
             settle(b, tag).await;
         }
         Submitting::Held(why) => {
@@ -510,13 +577,89 @@ async fn not_submitted(b: &Arc<Batcher>, tag: &str, ids: &[String], how: Submitt
             .await;
             b.event("warn", "batch_unknown", format!("batch {tag}: {why}"));
             b.reporter.line(&format!("Batch {tag}: {why}."));
-            b.held.fetch_add(ids.len(), Ordering::Relaxed);
-            for id in ids {
-                b.pending.deliver(id, Reply::Held(why.clone()));
+            // The lines stay as they are, in their batch: nothing claims
+            // their items until the operator settles it and resumes.
+            if let Some(waiting) = waiting_ids(b, tag).await {
+                hold(b, waiting.len());
             }
         }
         Submitting::Stopped | Submitting::Done(_) => {}
     }
+}
+
+/// `n` lines wait for the operator: no longer in flight, counted as held.
+fn hold(b: &Batcher, n: usize) {
+    b.held.fetch_add(n, Ordering::Relaxed);
+    b.stats.in_flight.fetch_sub(n as u64, Ordering::Relaxed);
+    b.stats.batched.fetch_sub(n as u64, Ordering::Relaxed);
+}
+
+/// The lines of batch `tag` still waiting for a result, from the ledger
+/// (None when it cannot be read: the run stops).
+async fn waiting_ids(b: &Batcher, tag: &str) -> Option<Vec<LineId>> {
+    let (path, tag) = (b.p.ledger_path.clone(), tag.to_string());
+    let r = tokio::task::spawn_blocking(move || {
+        let c = crate::ledger::open_read_only(&path).map_err(|e| e.to_string())?;
+        crate::ledger::batches::waiting_ids(&c, &tag).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    match r {
+        Ok(w) => Some(w),
+        Err(e) => {
+            (b.on_fatal)(format!("ledger: {e}"));
+            None
+        }
+    }
+}
+
+/// Every line of batch `tag` (a re-read of its results must tell the lines
+/// already applied from ids that are not the batch's).
+async fn line_ids(b: &Batcher, tag: &str) -> Option<HashSet<String>> {
+    let (path, tag) = (b.p.ledger_path.clone(), tag.to_string());
+    let r = tokio::task::spawn_blocking(move || {
+        let c = crate::ledger::open_read_only(&path).map_err(|e| e.to_string())?;
+        crate::ledger::batches::line_ids(&c, &tag).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    match r {
+        Ok(ids) => Some(ids.into_iter().collect()),
+        Err(e) => {
+            (b.on_fatal)(format!("ledger: {e}"));
+            None
+        }
+    }
+}
+
+/// Hand `replies` to their items a chunk at a time, each chunk applied
+/// before the next is handed over; the budget the lines held is given back
+/// as they go.
+async fn deliver_in_chunks(
+    b: &Batcher,
+    replies: impl IntoIterator<Item = Delivered>,
+    held: &mut Held,
+) -> u64 {
+    let mut n = 0u64;
+    let mut chunk = Vec::with_capacity(DELIVER_CHUNK);
+    for r in replies {
+        chunk.push(r);
+        if chunk.len() == DELIVER_CHUNK {
+            n += chunk.len() as u64;
+            held.give_back(chunk.len());
+            b.deliver(std::mem::replace(
+                &mut chunk,
+                Vec::with_capacity(DELIVER_CHUNK),
+            ))
+            .await;
+        }
+    }
+    n += chunk.len() as u64;
+    held.give_back(chunk.len());
+    b.deliver(chunk).await;
+    n
 }
 
 /// Poll until the batch is over (cancelling it when asked), then collect.
@@ -549,7 +692,6 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
                     .await
                 {
                     // Taken over (or the ledger failed): not ours to collect.
-                    b.let_go(&t.waiting);
                     return;
                 }
                 if done {
@@ -581,7 +723,7 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
             }
         }
     };
-    collect(b, &t, &status).await;
+    collect(b, &mut t, &status).await;
 }
 
 /// The first poll: soon after a submit (validation is quick), at the
@@ -668,29 +810,71 @@ async fn cancel(b: &Arc<Batcher>, t: &Tracked) {
     }
 }
 
-/// Stream the results of a finished batch to its lines; every line not
-/// answered by a result line hears why (never run, failed batch, no line).
-async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
+/// Read the results of a finished batch and apply them to their items, a
+/// chunk at a time; every line not answered by a result line hears why
+/// (never run, failed batch, no line). The lines waiting are read from the
+/// ledger, so a re-read after a cut stream applies only what is missing.
+async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
+    // One batch's results in memory at a time.
+    let Ok(_turn) = b.collecting.acquire().await else {
+        return;
+    };
     let mut tries = 0u32;
     let has_results = status.output_ref.is_some() || status.error_ref.is_some();
+    // Lines whose result this run applied (one that stopped before its
+    // outcome still waits, and is not "without a result").
+    let mut applied: HashSet<String> = HashSet::new();
     while has_results && !b.detached.is_cancelled() {
         tries += 1;
-        let pending = &b.pending;
-        let mut delivered = 0u64;
+        let (Some(expected), Some(waiting)) =
+            (line_ids(b, &t.tag).await, waiting_ids(b, &t.tag).await)
+        else {
+            return;
+        };
+        if waiting.is_empty() {
+            break;
+        }
+        let mut waiting: HashMap<String, (i64, i64)> = waiting
+            .into_iter()
+            .map(|w| (w.custom_id, (w.request_id, w.attempt)))
+            .collect();
+        let mut replies = Vec::new();
         let mut sink = |line: crate::provider::batch::ResultLine| {
-            let reply = match line.outcome {
-                LineOutcome::Answer(a) => Reply::Answer(a),
-                LineOutcome::Error(e) => Reply::Error(e),
-                LineOutcome::NotRun(why) => Reply::NotRun(why),
+            // A line applied before a cut is read again: not twice.
+            let Some((request_id, attempt)) = waiting.remove(&line.custom_id) else {
+                return;
             };
-            if pending.deliver(&line.custom_id, reply) {
-                delivered += 1;
-            }
+            replies.push((
+                line.custom_id,
+                Delivered {
+                    request_id,
+                    attempt,
+                    reply: match line.outcome {
+                        LineOutcome::Answer(a) => Reply::Answer(a),
+                        LineOutcome::Error(e) => Reply::Error(e),
+                        LineOutcome::NotRun(why) => Reply::NotRun(why),
+                    },
+                },
+            ));
         };
         let got = tokio::select! {
-            r = b.adapter.results(status, &t.expected, &mut sink) => r,
+            r = b.adapter.results(status, &expected, &mut sink) => r,
             _ = b.detached.cancelled() => return,
         };
+        drop(expected);
+        drop(waiting);
+        // What came before a break is applied either way.
+        let mut ids = Vec::with_capacity(replies.len());
+        let delivered = deliver_in_chunks(
+            b,
+            replies.into_iter().map(|(id, d)| {
+                ids.push(id);
+                d
+            }),
+            &mut t.held,
+        )
+        .await;
+        applied.extend(ids);
         match got {
             Ok(sum) => {
                 let quarantined = sum.quarantined.len() as u64 + sum.quarantined_more;
@@ -737,9 +921,8 @@ async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
                     t.tag
                 );
                 b.event("error", "batch_results_failed", why.clone());
-                b.held.fetch_add(t.waiting.len(), Ordering::Relaxed);
-                for id in &t.waiting {
-                    b.pending.deliver(id, Reply::Held(why.clone()));
+                if let Some(w) = waiting_ids(b, &t.tag).await {
+                    hold(b, w.len());
                 }
                 return;
             }
@@ -760,14 +943,23 @@ async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
             return;
         }
     }
+    if b.detached.is_cancelled() {
+        return;
+    }
     // Lines no result line spoke for.
-    let mut left = 0u64;
-    for id in &t.waiting {
-        if !b.pending.contains(id) {
-            continue;
-        }
-        left += 1;
-        let reply = match &status.state {
+    let Some(waiting) = waiting_ids(b, &t.tag).await else {
+        return;
+    };
+    let unanswered: Vec<LineId> = waiting
+        .into_iter()
+        .filter(|w| !applied.contains(&w.custom_id))
+        .collect();
+    drop(applied);
+    let left = unanswered.len();
+    let replies = unanswered.into_iter().map(|w| Delivered {
+        request_id: w.request_id,
+        attempt: w.attempt,
+        reply: match &status.state {
             BatchState::Expired | BatchState::Cancelled => Reply::NotRun(format!(
                 "the batch was {} before this request ran",
                 status.state.as_str()
@@ -779,9 +971,9 @@ async fn collect(b: &Arc<Batcher>, t: &Tracked, status: &BatchStatus) {
                 message: "the batch finished without a result line for this request".into(),
                 headers: Default::default(),
             }),
-        };
-        b.pending.deliver(id, reply);
-    }
+        },
+    });
+    deliver_in_chunks(b, replies, &mut t.held).await;
     let summary = format!(
         "{} {}: {} completed, {} failed at the provider{}",
         t.tag,
@@ -815,8 +1007,8 @@ fn failed_batch_error(why: &str) -> ProviderError {
     }
 }
 
-/// Mark the batch finished with once its workers have recorded every
-/// line's outcome (they do it in their own time after the delivery).
+/// Mark the batch finished with once every line's outcome is recorded
+/// (the last writes of a chunk may still be on their way to the ledger).
 async fn settle(b: &Arc<Batcher>, tag: &str) {
     let path = b.p.ledger_path.clone();
     for _ in 0..400 {

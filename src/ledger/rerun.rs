@@ -6,8 +6,19 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::Prepared;
-use crate::ledger::now_ts;
+use super::now_ts;
+
+/// A stage of the job as a rerun records it.
+#[derive(Debug, Clone)]
+pub struct RerunStage {
+    pub name: String,
+    /// Its place in the job (0: the first stage).
+    pub index: usize,
+    pub provider_name: String,
+    pub model: String,
+    pub template_hash: String,
+    pub params_hash: String,
+}
 
 /// What a rerun reset.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,9 +28,11 @@ pub struct Rerun {
     pub outcomes_superseded: u64,
 }
 
+/// Ask `stages[from]` and every stage after it again for every item of
+/// `session_id` (`stages`: the job's stages, in order).
 pub fn rerun_stages(
     conn: &mut Connection,
-    p: &Prepared,
+    stages: &[RerunStage],
     session_id: &str,
     from: usize,
     actor: &str,
@@ -43,8 +56,8 @@ pub fn rerun_stages(
         .prepare("SELECT item_id FROM session_item WHERE session_id = ?1 ORDER BY position")?
         .query_map(params![session_id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    let why = format!("rerun-stage {} by {actor}", p.stages[from].name);
-    let earlier: Vec<&str> = p.stages[..from].iter().map(|s| s.name.as_str()).collect();
+    let why = format!("rerun-stage {} by {actor}", stages[from].name);
+    let earlier: Vec<&str> = stages[..from].iter().map(|s| s.name.as_str()).collect();
     for item in &items {
         // An item that did not get through the stages before the rerun one
         // keeps its outcome: there is nothing for those stages to judge.
@@ -65,7 +78,7 @@ pub fn rerun_stages(
         if !through {
             continue;
         }
-        for stage in &p.stages[from..] {
+        for stage in &stages[from..] {
             let version: i64 = tx.query_row(
                 "SELECT COALESCE(MAX(request_version), 0) + 1 FROM llm_requests
                  WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4",
@@ -75,7 +88,7 @@ pub fn rerun_stages(
             let request_id: i64 = tx.query_row(
                 "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8) RETURNING request_id",
-                params![item, stage.name, stage.provider_name, stage.model, version, stage.template.hash, stage.params_hash, now],
+                params![item, stage.name, stage.provider_name, stage.model, version, stage.template_hash, stage.params_hash, now],
                 |r| r.get(0),
             )?;
             tx.execute(
@@ -152,7 +165,7 @@ pub fn rerun_stages(
         )?;
     }
     // The checkpoints of the stages asked again start over.
-    for stage in &p.stages[from..] {
+    for stage in &stages[from..] {
         tx.execute(
             "UPDATE run_stages SET completed = 0, failed = 0, skipped = 0, state = 'pending',
                  started_at = NULL, completed_at = NULL, updated_at = ?3
@@ -168,7 +181,7 @@ pub fn rerun_stages(
             now,
             format!(
                 "stage {} and the stages after it asked again for {} items ({} requests, {} outcomes superseded)",
-                p.stages[from].name, done.items, done.requests, done.outcomes_superseded
+                stages[from].name, done.items, done.requests, done.outcomes_superseded
             ),
             actor
         ],
