@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use docket::watch::{self, ReviewQuery};
+use docket::ledger::console::ConsoleReads;
+use docket::watch::ReviewQuery;
 
 const BIN: &str = env!("CARGO_BIN_EXE_docket");
 const COLS: &str = "120";
@@ -640,26 +641,24 @@ fn queries() {
     // What the console's ledger worker does first, cold in this process:
     // open (and migrate) the ledger, then one snapshot.
     let t = Instant::now();
-    let conn = docket::ledger::open(&ws.join(docket::ledger::LEDGER_FILE)).expect("ledger");
+    let db = docket::ledger::Ledger::open(&ws.join(docket::ledger::LEDGER_FILE)).expect("ledger");
     let opened = t.elapsed().as_secs_f64() * 1000.0;
-    let _ = watch::sessions(&conn).unwrap();
-    let _ = watch::session_view(&conn, BIG_SESSION).unwrap();
-    let _ = watch::events(&conn, BIG_SESSION, 200).unwrap();
-    let _ = watch::review_page(
-        &conn,
-        &ReviewQuery {
+    let _ = db.sessions().unwrap();
+    let _ = db.session_view(BIG_SESSION).unwrap();
+    let _ = db.events(BIG_SESSION, 200).unwrap();
+    let _ = db
+        .review_page(&ReviewQuery {
             limit: 200,
             ..Default::default()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     println!(
-        "5. the console worker's first read, cold in a new process: ledger::open {opened:.1} ms, open + first snapshot {:.1} ms",
+        "5. the console worker's first read, cold in a new process: Ledger::open {opened:.1} ms, open + first snapshot {:.1} ms",
         t.elapsed().as_secs_f64() * 1000.0
     );
     let page = |q: ReviewQuery| {
-        let c = &conn;
-        move || watch::review_page(c, &q).expect("review_page")
+        let db = &db;
+        move || db.review_page(&q).expect("review_page")
     };
     let cases = [
         (
@@ -696,7 +695,7 @@ fn queries() {
     let mut refresh = 0.0;
     for (i, (what, q)) in cases.into_iter().enumerate() {
         let t = Instant::now();
-        let got = watch::review_page(&conn, &q).expect("review_page");
+        let got = db.review_page(&q).expect("review_page");
         let first = t.elapsed().as_secs_f64() * 1000.0;
         let (p50, p95) = time_it(50, page(q));
         if i == 3 {
@@ -709,13 +708,13 @@ fn queries() {
             verdict(p95 < 5.0),
         );
     }
-    let (p50, p95) = time_it(50, || watch::session_view(&conn, BIG_SESSION).unwrap());
+    let (p50, p95) = time_it(50, || db.session_view(BIG_SESSION).unwrap());
     refresh += p50;
     println!("5. session_view on the 1M-item session: median {p50:.2} ms, p95 {p95:.2} ms");
-    let (p50, p95) = time_it(50, || watch::sessions(&conn).unwrap());
+    let (p50, p95) = time_it(50, || db.sessions().unwrap());
     refresh += p50;
     println!("5. sessions (1 session, 1M items): median {p50:.2} ms, p95 {p95:.2} ms");
-    let (p50, p95) = time_it(50, || watch::events(&conn, BIG_SESSION, 200).unwrap());
+    let (p50, p95) = time_it(50, || db.events(BIG_SESSION, 200).unwrap());
     refresh += p50;
     println!(
         "5. events (limit 200, 1,000 failed attempts + 1,000 errored items): median {p50:.2} ms, p95 {p95:.2} ms"

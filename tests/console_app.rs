@@ -1313,3 +1313,124 @@ fn a_batch_countdown_makes_every_second_new_data() {
     done_later.now = NOW + 1.0;
     assert!(done.same_data(&done_later));
 }
+
+// ---------------------------------------------------------------- workers
+
+fn worker(id: &str, alive: bool, heartbeat_age_secs: f64) -> docket::ledger::console::WorkerRow {
+    docket::ledger::console::WorkerRow {
+        worker_id: id.into(),
+        host: "build-01".into(),
+        pid: 4242,
+        claims: 40,
+        sent: 1200,
+        requests_per_sec: 12.5,
+        orphaned: 0,
+        heartbeat_age_secs,
+        alive,
+    }
+}
+
+#[test]
+fn w_opens_the_workers_overlay_and_esc_closes_it() {
+    let mut a = app(3);
+    assert_eq!(
+        a.keymap.keys_for(
+            docket::tui::keymap::Section::Global,
+            docket::tui::action::Action::Workers
+        ),
+        vec!["w"]
+    );
+    let fx = a.handle_key(ch('w'));
+    assert!(
+        matches!(a.overlay, Overlay::Workers { scroll: 0 }),
+        "{:?}",
+        a.overlay
+    );
+    assert_eq!(a.mode(), Mode::Workers);
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::Claim(Some(_)))),
+        "opening it claims nothing: {fx:?}"
+    );
+    // j scrolls within what the last frame measured; the panes do not move.
+    a.scroll_max.set(3);
+    a.handle_key(ch('j'));
+    assert!(
+        matches!(a.overlay, Overlay::Workers { scroll: 1 }),
+        "{:?}",
+        a.overlay
+    );
+    a.handle_key(ch('G'));
+    assert!(
+        matches!(a.overlay, Overlay::Workers { scroll: 3 }),
+        "{:?}",
+        a.overlay
+    );
+    assert_eq!(a.focus, Pane::Stages);
+    a.handle_key(esc());
+    assert!(matches!(a.overlay, Overlay::None), "{:?}", a.overlay);
+    assert_eq!(a.mode(), Mode::Normal);
+    // w toggles it; b over it swaps to the batches.
+    a.handle_key(ch('w'));
+    a.handle_key(ch('w'));
+    assert!(matches!(a.overlay, Overlay::None), "{:?}", a.overlay);
+    a.handle_key(ch('w'));
+    a.handle_key(ch('b'));
+    assert!(
+        matches!(a.overlay, Overlay::Batches { .. }),
+        "{:?}",
+        a.overlay
+    );
+}
+
+#[test]
+fn review_keys_do_nothing_under_the_workers_overlay() {
+    let mut a = review_app(3);
+    a.handle_key(ch('w'));
+    assert!(matches!(a.overlay, Overlay::Workers { .. }));
+    let fx = a.handle_key(ch('a'));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Accept(_))), "{fx:?}");
+    a.handle_key(esc());
+    assert!(matches!(a.overlay, Overlay::None));
+    assert_eq!(a.focus, Pane::Review);
+}
+
+#[test]
+fn command_line_workers_opens_the_overlay() {
+    let mut a = app(3);
+    a.handle_key(ch(':'));
+    type_text(&mut a, "workers");
+    a.handle_key(enter());
+    assert!(
+        matches!(a.overlay, Overlay::Workers { scroll: 0 }),
+        "{:?}",
+        a.overlay
+    );
+    a.handle_key(esc());
+    assert!(matches!(a.overlay, Overlay::None), "{:?}", a.overlay);
+}
+
+#[test]
+fn a_worker_age_is_new_data_only_when_its_drawn_age_changes() {
+    let mut base = snapshot(3);
+    base.workers = vec![worker("alice@build-01:1#a", false, 125.0)];
+    // 2m 5s and 2m 40s both draw as `2m`: nothing to redraw.
+    let mut later = base.clone();
+    later.now = NOW + 35.0;
+    later.workers[0].heartbeat_age_secs = 160.0;
+    assert!(base.same_data(&later));
+    // `3m` is.
+    later.workers[0].heartbeat_age_secs = 185.0;
+    assert!(!base.same_data(&later));
+    // A live worker's age is always a second or two: not news by itself.
+    let mut live = base.clone();
+    live.workers[0].alive = true;
+    live.workers[0].heartbeat_age_secs = 0.3;
+    let mut live_later = live.clone();
+    live_later.workers[0].heartbeat_age_secs = 1.4;
+    assert!(live.same_data(&live_later));
+    // Going from alive to gone is, and so is a new worker joining.
+    assert!(!base.same_data(&live));
+    let mut joined = base.clone();
+    joined.workers.push(worker("bob@build-02:2#b", true, 0.4));
+    assert!(!base.same_data(&joined));
+}

@@ -1,13 +1,14 @@
-//! The console's reads (`watch`), review decisions (`review`) and run
-//! controls (`control`) against a real ledger file, with fixtures written as
-//! plain SQL the way the engine writes them.
+//! The console's reads (`ledger::console::ConsoleReads`), review decisions
+//! (`review`) and run controls (`control`) against a real ledger file, with
+//! fixtures written as plain SQL the way the engine writes them.
 
 use std::path::PathBuf;
 
 use docket::control::{self, ControlError, Desired};
+use docket::ledger::console::ConsoleReads;
 use docket::ledger::now_ts;
 use docket::review::{self, CLAIM_LEASE_SECS, Claim, Operator, ReviewError};
-use docket::watch::{self, Level, ReviewQuery, Tune};
+use docket::watch::{Level, ReviewQuery, Tune};
 use rusqlite::{Connection, OptionalExtension, params};
 
 const SNAPSHOT: &str = r#"{"config":{"stages":[{"name":"triage","provider":"mock"}]},"flags":{}}"#;
@@ -15,7 +16,10 @@ const SNAPSHOT: &str = r#"{"config":{"stages":[{"name":"triage","provider":"mock
 struct Ledger {
     _dir: tempfile::TempDir,
     path: PathBuf,
+    /// The fixtures' connection: rows are written here as the engine would.
     conn: Connection,
+    /// The console's handle on the same file: every read goes through it.
+    db: docket::ledger::Ledger,
 }
 
 impl Ledger {
@@ -23,11 +27,23 @@ impl Ledger {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("docket.sqlite");
         let conn = docket::ledger::open(&path).expect("open ledger");
+        let db = docket::ledger::Ledger::open(&path).expect("open the console's handle");
         Ledger {
             _dir: dir,
             path,
             conn,
+            db,
         }
+    }
+
+    /// A new console handle, as a console in another process would have.
+    fn fresh(&self) -> docket::ledger::Ledger {
+        docket::ledger::Ledger::open(&self.path).expect("open a console handle")
+    }
+
+    /// A read-only console's handle.
+    fn read_only(&self) -> docket::ledger::Ledger {
+        docket::ledger::Ledger::open_read_only(&self.path).expect("read-only")
     }
 
     /// A second connection, as another process would have.
@@ -257,7 +273,7 @@ fn sessions_are_newest_first_and_live_only_with_a_fresh_heartbeat() {
     l.session("batch_stale", 2000.0, Some(now - 60.0), "running");
     l.counters("batch_live", 10, 4, 1);
 
-    let s = watch::sessions(&l.conn).expect("sessions");
+    let s = l.db.sessions().expect("sessions");
     let ids: Vec<&str> = s.iter().map(|s| s.session_id.as_str()).collect();
     assert_eq!(ids, ["batch_live", "batch_stale", "batch_old"]);
     let live: Vec<bool> = s.iter().map(|s| s.live).collect();
@@ -313,9 +329,7 @@ fn session_view_counts_in_flight_pending_stage_and_gauges() {
         )
         .expect("live_json");
 
-    let v = watch::session_view(&l.conn, "s1")
-        .expect("view")
-        .expect("s1 exists");
+    let v = l.db.session_view("s1").expect("view").expect("s1 exists");
     assert_eq!(v.row.session_id, "s1");
     assert_eq!(v.in_flight, 3);
     assert_eq!(v.pending, 10 - 3 - 3);
@@ -343,9 +357,7 @@ fn session_view_counts_in_flight_pending_stage_and_gauges() {
     assert_eq!((st.total, st.done, st.failed, st.in_flight), (10, 3, 1, 3));
 
     // No heartbeat, no gauges: not live, None (not an error).
-    let v2 = watch::session_view(&l.conn, "s2")
-        .expect("view")
-        .expect("s2 exists");
+    let v2 = l.db.session_view("s2").expect("view").expect("s2 exists");
     assert!(!v2.live);
     assert_eq!(v2.heartbeat_age_secs, None);
     assert!(v2.gauges.is_none());
@@ -360,9 +372,10 @@ fn session_view_counts_in_flight_pending_stage_and_gauges() {
                 params![garbage],
             )
             .expect("garbage");
-        let v = watch::session_view(&l.conn, "s1")
-            .expect("garbage never errors")
-            .expect("s1");
+        let v =
+            l.db.session_view("s1")
+                .expect("garbage never errors")
+                .expect("s1");
         assert!(v.gauges.is_none(), "{garbage:?}");
     }
 
@@ -373,16 +386,10 @@ fn session_view_counts_in_flight_pending_stage_and_gauges() {
             [],
         )
         .expect("snapshot");
-    let v2 = watch::session_view(&l.conn, "s2")
-        .expect("view")
-        .expect("s2");
+    let v2 = l.db.session_view("s2").expect("view").expect("s2");
     assert_eq!(v2.stages[0].name, "adjudicate");
 
-    assert!(
-        watch::session_view(&l.conn, "nope")
-            .expect("view")
-            .is_none()
-    );
+    assert!(l.db.session_view("nope").expect("view").is_none());
 }
 
 #[test]
@@ -441,7 +448,7 @@ fn events_merge_three_sources_newest_first_and_are_sanitized() {
     l.result("s1", "a", "accepted", 700.0, None);
     l.event("other", 800.0, "info", "other session");
 
-    let ev = watch::events(&l.conn, "s1", 50).expect("events");
+    let ev = l.db.events("s1", 50).expect("events");
     let at: Vec<f64> = ev.iter().map(|e| e.at).collect();
     assert_eq!(at, [650.0, 600.0, 500.0, 400.0, 300.0, 200.0, 100.0]);
     let levels: Vec<Level> = ev.iter().map(|e| e.level).collect();
@@ -480,17 +487,13 @@ fn events_merge_three_sources_newest_first_and_are_sanitized() {
     assert!(ev[0].message.contains("evilid"), "{}", ev[0].message);
 
     // The limit applies to the merged list.
-    let top = watch::events(&l.conn, "s1", 3).expect("events");
+    let top = l.db.events("s1", 3).expect("events");
     assert_eq!(
         top.iter().map(|e| e.at).collect::<Vec<_>>(),
         [650.0, 600.0, 500.0]
     );
-    assert!(watch::events(&l.conn, "s1", 0).expect("events").is_empty());
-    assert!(
-        watch::events(&l.conn, "nope", 10)
-            .expect("events")
-            .is_empty()
-    );
+    assert!(l.db.events("s1", 0).expect("events").is_empty());
+    assert!(l.db.events("nope", 10).expect("events").is_empty());
 }
 
 #[test]
@@ -516,14 +519,12 @@ fn review_page_orders_by_confidence_filters_and_pages() {
         )
         .expect("decide x6");
 
-    let all = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let all =
+        l.db.review_page(&ReviewQuery {
             limit: 50,
             ..Default::default()
-        },
-    )
-    .expect("page");
+        })
+        .expect("page");
     assert_eq!(all.total, 6);
     let ids: Vec<i64> = all.rows.iter().map(|r| r.review_id).collect();
     // 0.90 (two, by review id), 0.80, 0.70, 0.60, then no confidence.
@@ -534,116 +535,100 @@ fn review_page_orders_by_confidence_filters_and_pages() {
     assert_eq!(all.rows[5].confidence, None);
 
     // Paging: total counts every page; offset echoes.
-    let page2 = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let page2 =
+        l.db.review_page(&ReviewQuery {
             offset: 2,
             limit: 2,
             ..Default::default()
-        },
-    )
-    .expect("page 2");
+        })
+        .expect("page 2");
     assert_eq!(page2.total, 6);
     assert_eq!(page2.offset, 2);
     assert_eq!(
         page2.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
         [x4, x1]
     );
-    let past = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let past =
+        l.db.review_page(&ReviewQuery {
             offset: 10,
             limit: 2,
             ..Default::default()
-        },
-    )
-    .expect("past the end");
+        })
+        .expect("past the end");
     assert_eq!(past.total, 6);
     assert!(past.rows.is_empty());
 
     // Case-insensitive, over item id and rationale.
-    let needle = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let needle =
+        l.db.review_page(&ReviewQuery {
             filter: Some("nEeDlE".into()),
             limit: 50,
             ..Default::default()
-        },
-    )
-    .expect("filter");
+        })
+        .expect("filter");
     assert_eq!(needle.total, 2);
     assert_eq!(
         needle.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
         [x4, n7]
     );
     // Over the suggestion JSON too; % and _ are plain characters.
-    let by_json = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let by_json =
+        l.db.review_page(&ReviewQuery {
             filter: Some(r#""item":"x5""#.into()),
             limit: 50,
             ..Default::default()
-        },
-    )
-    .expect("filter json");
+        })
+        .expect("filter json");
     assert_eq!(
         by_json.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
         [x5]
     );
     for literal in ["%", "_"] {
-        let none = watch::review_page(
-            &l.conn,
-            &ReviewQuery {
+        let none =
+            l.db.review_page(&ReviewQuery {
                 filter: Some(literal.into()),
                 limit: 50,
                 ..Default::default()
-            },
-        )
-        .expect("literal");
+            })
+            .expect("literal");
         assert_eq!(none.total, 0, "{literal}");
     }
     // An empty filter is no filter.
-    let empty = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let empty =
+        l.db.review_page(&ReviewQuery {
             filter: Some(String::new()),
             limit: 50,
             ..Default::default()
-        },
-    )
-    .expect("empty filter");
+        })
+        .expect("empty filter");
     assert_eq!(empty.total, 6);
 
     // One session only, with and without a filter.
-    let s2 = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let s2 =
+        l.db.review_page(&ReviewQuery {
             session: Some("s2".into()),
             limit: 50,
             ..Default::default()
-        },
-    )
-    .expect("session");
+        })
+        .expect("session");
     assert_eq!(s2.total, 3);
     assert_eq!(
         s2.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
         [x4, n7, x3]
     );
-    let s1_needle = watch::review_page(
-        &l.conn,
-        &ReviewQuery {
+    let s1_needle =
+        l.db.review_page(&ReviewQuery {
             session: Some("s1".into()),
             filter: Some("needle".into()),
             limit: 50,
             ..Default::default()
-        },
-    )
-    .expect("session + filter");
+        })
+        .expect("session + filter");
     assert_eq!(s1_needle.total, 0);
     assert!(s1_needle.rows.is_empty());
 
     // limit 0 is the default page.
-    let default = watch::review_page(&l.conn, &ReviewQuery::default()).expect("default");
+    let default = l.db.review_page(&ReviewQuery::default()).expect("default");
     assert_eq!(default.rows.len(), 6);
 }
 
@@ -659,7 +644,8 @@ fn review_page_total_follows_new_items_and_decisions() {
         ..Default::default()
     };
     let total = |filter: Option<&str>, session: Option<&str>| {
-        watch::review_page(&l.reopen(), &queries(filter, session))
+        l.fresh()
+            .review_page(&queries(filter, session))
             .expect("page")
             .total
     };
@@ -691,7 +677,7 @@ fn review_page_total_follows_new_items_and_decisions() {
     assert_eq!(total(None, None), 3);
     assert_eq!(total(Some("hit"), None), 2);
     assert_eq!(total(None, Some("s2")), 2);
-    let page = watch::review_page(&l.conn, &queries(None, None)).expect("page");
+    let page = l.db.review_page(&queries(None, None)).expect("page");
     assert_eq!(page.rows.len(), 2);
     assert_eq!(page.total, 3);
 }
@@ -716,20 +702,16 @@ fn review_page_shows_only_unexpired_claims() {
             params![b, now - 1.0],
         )
         .expect("expired claim");
-    let page = watch::review_page(&l.conn, &ReviewQuery::default()).expect("page");
+    let page = l.db.review_page(&ReviewQuery::default()).expect("page");
     let claims: Vec<(i64, Option<&str>)> = page
         .rows
         .iter()
         .map(|r| (r.review_id, r.claimed_by.as_deref()))
         .collect();
     assert_eq!(claims, [(a, Some("bob@host-b:200")), (b, None), (c, None)]);
-    let d = watch::review_detail(&l.conn, a)
-        .expect("detail")
-        .expect("a");
+    let d = l.db.review_detail(a).expect("detail").expect("a");
     assert_eq!(d.claimed_by.as_deref(), Some("bob@host-b:200"));
-    let d = watch::review_detail(&l.conn, b)
-        .expect("detail")
-        .expect("b");
+    let d = l.db.review_detail(b).expect("detail").expect("b");
     assert_eq!(d.claimed_by, None);
 }
 
@@ -767,9 +749,7 @@ fn review_detail_shows_evidence_suggestion_and_every_stage() {
     );
     let rid = l.review("song-1", "s1", Some(0.7), "raw \u{1b}[1mbold", Some(critic));
 
-    let d = watch::review_detail(&l.conn, rid)
-        .expect("detail")
-        .expect("exists");
+    let d = l.db.review_detail(rid).expect("detail").expect("exists");
     assert_eq!(d.review_id, rid);
     assert_eq!(d.item_id, "song-1");
     assert_eq!(d.session_id.as_deref(), Some("s1"));
@@ -823,19 +803,13 @@ fn review_detail_shows_evidence_suggestion_and_every_stage() {
     l.item("song-2");
     let r2 = l.request("song-2", "triage", 1.0);
     let rid2 = l.review("song-2", "s1", None, "x", Some(r2));
-    let d2 = watch::review_detail(&l.conn, rid2)
-        .expect("detail")
-        .expect("exists");
+    let d2 = l.db.review_detail(rid2).expect("detail").expect("exists");
     assert_eq!(d2.stages.len(), 1);
     assert_eq!(d2.stages[0].raw_output, None);
     assert_eq!(d2.stages[0].input_tokens, 0);
     assert_eq!(d2.stages[0].attempts, 0);
 
-    assert!(
-        watch::review_detail(&l.conn, 9999)
-            .expect("detail")
-            .is_none()
-    );
+    assert!(l.db.review_detail(9999).expect("detail").is_none());
 }
 
 // ---------------------------------------------------------------- review
@@ -1338,7 +1312,7 @@ fn set_desired_writes_the_state_and_an_event() {
         ]
     );
     // They show in the events pane, newest first.
-    let pane = watch::events(&l.conn, "run", 10).expect("events");
+    let pane = l.db.events("run", 10).expect("events");
     assert_eq!(pane[0].message, "cancel requested by review:alice");
     assert_eq!(pane[0].kind, "control");
 
@@ -1391,9 +1365,7 @@ fn retune_validates_and_leaves_unset_limits_alone() {
         session_controls(&l.conn, "run"),
         ("running".into(), None, Some(0), Some(50_000), Some(4))
     );
-    let view = watch::session_view(&l.conn, "run")
-        .expect("view")
-        .expect("run");
+    let view = l.db.session_view("run").expect("view").expect("run");
     assert_eq!(
         view.tune,
         Tune {
@@ -1533,9 +1505,7 @@ fn stop_after_stage_names_the_current_stage() {
         control::stop_after_stage(&l.conn, "bare", "review:alice").expect("stop"),
         "adjudicate"
     );
-    let view = watch::session_view(&l.conn, "bare")
-        .expect("view")
-        .expect("bare");
+    let view = l.db.session_view("bare").expect("view").expect("bare");
     assert_eq!(view.stop_after_stage.as_deref(), Some("adjudicate"));
 
     assert!(matches!(
@@ -1567,14 +1537,11 @@ fn the_review_filter_index_follows_every_change() {
     let l = Ledger::new();
     l.session("s1", 1.0, None, "completed");
     let q = |f: &str| {
-        watch::review_page(
-            &l.conn,
-            &ReviewQuery {
-                filter: Some(f.into()),
-                limit: 50,
-                ..Default::default()
-            },
-        )
+        l.db.review_page(&ReviewQuery {
+            filter: Some(f.into()),
+            limit: 50,
+            ..Default::default()
+        })
         .expect("filter")
         .rows
         .iter()
@@ -1730,7 +1697,7 @@ fn provider_batches_open_first_newest_first_with_a_summary() {
     )
     .expect("error message");
 
-    let rows = watch::provider_batches(c, "s1", 50).expect("batches");
+    let rows = l.db.provider_batches("s1", 50).expect("batches");
     let ids: Vec<i64> = rows.iter().map(|b| b.batch_id).collect();
     assert_eq!(
         ids,
@@ -1778,23 +1745,15 @@ fn provider_batches_open_first_newest_first_with_a_summary() {
     assert_eq!(rows[0].error_message, None);
 
     // The limit keeps the open ones.
-    let two = watch::provider_batches(c, "s1", 2).expect("limited");
+    let two = l.db.provider_batches("s1", 2).expect("limited");
     assert_eq!(
         two.iter().map(|b| b.batch_id).collect::<Vec<_>>(),
         vec![creating, unknown]
     );
-    assert!(
-        watch::provider_batches(c, "s1", 0)
-            .expect("zero")
-            .is_empty()
-    );
-    assert!(
-        watch::provider_batches(c, "nope", 10)
-            .expect("none")
-            .is_empty()
-    );
+    assert!(l.db.provider_batches("s1", 0).expect("zero").is_empty());
+    assert!(l.db.provider_batches("nope", 10).expect("none").is_empty());
 
-    let s = watch::provider_batch_summary(c, "s1").expect("summary");
+    let s = l.db.provider_batch_summary("s1").expect("summary");
     assert_eq!(s.total, 6);
     assert_eq!(s.ingested, 2);
     assert_eq!(
@@ -1811,23 +1770,17 @@ fn provider_batches_open_first_newest_first_with_a_summary() {
     assert_eq!(s.in_state("ingested"), 2);
     // 200 + (300 - 100) + 40 + max(60 - 70, 0): ingested batches do not count.
     assert_eq!(s.lines_waiting, 440);
-    let other = watch::provider_batch_summary(c, "s2").expect("other");
+    let other = l.db.provider_batch_summary("s2").expect("other");
     assert_eq!((other.total, other.lines_waiting), (1, 999));
     assert_eq!(
-        watch::provider_batch_summary(c, "nope").expect("empty"),
+        l.db.provider_batch_summary("nope").expect("empty"),
         Default::default()
     );
 
     // The same from a read-only connection (a read-only console).
-    let ro = docket::ledger::open_read_only(&l.path).expect("read-only");
-    assert_eq!(
-        watch::provider_batches(&ro, "s1", 50).expect("ro batches"),
-        rows
-    );
-    assert_eq!(
-        watch::provider_batch_summary(&ro, "s1").expect("ro summary"),
-        s
-    );
+    let ro = l.read_only();
+    assert_eq!(ro.provider_batches("s1", 50).expect("ro batches"), rows);
+    assert_eq!(ro.provider_batch_summary("s1").expect("ro summary"), s);
 }
 
 #[test]
@@ -1853,7 +1806,7 @@ fn provider_batches_survive_odd_ledger_content() {
              error_message = '   ', model = 42 WHERE batch_id = {id};"
     ))
     .expect("odd values");
-    let rows = watch::provider_batches(c, "s1", 10).expect("reads");
+    let rows = l.db.provider_batches("s1", 10).expect("reads");
     let r = &rows[0];
     assert_eq!(r.request_count, 0);
     assert_eq!(r.ingested_count, 0);
@@ -1863,7 +1816,7 @@ fn provider_batches_survive_odd_ledger_content() {
     assert_eq!(r.cancel_requested_at, None);
     assert_eq!(r.error_message, None, "a blank error is no error");
     assert_eq!(r.model, "42");
-    let s = watch::provider_batch_summary(c, "s1").expect("summary");
+    let s = l.db.provider_batch_summary("s1").expect("summary");
     assert_eq!((s.total, s.open_count()), (1, 1));
 }
 
@@ -1876,18 +1829,178 @@ fn provider_batches_on_a_ledger_without_the_table() {
     l.conn
         .execute_batch("DROP TABLE provider_batch_quarantine; DROP TABLE provider_batch_item; DROP TABLE provider_batch;")
         .expect("drop");
-    let ro = docket::ledger::open_read_only(&l.path).expect("read-only");
+    let ro = l.read_only();
+    assert!(ro.provider_batches("s1", 10).expect("rows").is_empty());
+    assert_eq!(ro.provider_batch_summary("s1").expect("summary").total, 0);
+}
+
+// ---------------------------------------------------------------- workers
+
+/// A worker's row as the work queue writes it.
+struct Worker<'a> {
+    id: &'a str,
+    session: &'a str,
+    host: &'a str,
+    started_at: f64,
+    heartbeat_at: f64,
+    ended_at: Option<f64>,
+    claims: i64,
+    requests_per_sec: f64,
+    orphaned: i64,
+}
+
+fn worker(conn: &Connection, w: &Worker) {
+    conn.execute(
+        "INSERT INTO session_worker (worker_id, session_id, user_name, host, pid, started_at,
+             heartbeat_at, ended_at, claims, sent, requests_per_sec, orphaned)
+         VALUES (?1, ?2, 'alice', ?3, 4242, ?4, ?5, ?6, ?7, 100, ?8, ?9)",
+        params![
+            w.id,
+            w.session,
+            w.host,
+            w.started_at,
+            w.heartbeat_at,
+            w.ended_at,
+            w.claims,
+            w.requests_per_sec,
+            w.orphaned
+        ],
+    )
+    .expect("insert session_worker");
+}
+
+#[test]
+fn workers_are_newest_first_and_alive_only_with_a_fresh_heartbeat() {
+    let l = Ledger::new();
+    l.session("s1", 100.0, None, "running");
+    l.session("s2", 100.0, None, "running");
+    let now = now_ts();
+    let base = Worker {
+        id: "",
+        session: "s1",
+        host: "build-01",
+        started_at: 0.0,
+        heartbeat_at: now - 1.0,
+        ended_at: None,
+        claims: 0,
+        requests_per_sec: 0.0,
+        orphaned: 0,
+    };
+    worker(
+        &l.conn,
+        &Worker {
+            id: "alice@build-01:11#a",
+            started_at: 1000.0,
+            claims: 40,
+            requests_per_sec: 12.5,
+            ..base
+        },
+    );
+    // No heartbeat for ten minutes: gone, though it never said goodbye.
+    worker(
+        &l.conn,
+        &Worker {
+            id: "alice@build-02:22#b",
+            host: "build-02",
+            started_at: 2000.0,
+            heartbeat_at: now - 600.0,
+            claims: 3,
+            ..base
+        },
+    );
+    // Let go of the session a moment ago: gone at once.
+    worker(
+        &l.conn,
+        &Worker {
+            id: "alice@build-03:33#c",
+            host: "build-03",
+            started_at: 3000.0,
+            ended_at: Some(now - 0.5),
+            orphaned: 2,
+            ..base
+        },
+    );
+    worker(
+        &l.conn,
+        &Worker {
+            id: "bob@elsewhere:44#d",
+            session: "s2",
+            started_at: 4000.0,
+            ..base
+        },
+    );
+
+    let w = l.db.workers("s1").expect("workers");
+    let ids: Vec<&str> = w.iter().map(|w| w.worker_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "alice@build-03:33#c",
+            "alice@build-02:22#b",
+            "alice@build-01:11#a"
+        ]
+    );
+    let alive: Vec<bool> = w.iter().map(|w| w.alive).collect();
+    assert_eq!(alive, [false, false, true]);
+    let live = &w[2];
+    assert_eq!(live.host, "build-01");
+    assert_eq!((live.claims, live.requests_per_sec), (40, 12.5));
     assert!(
-        watch::provider_batches(&ro, "s1", 10)
-            .expect("rows")
+        (0.5..30.0).contains(&live.heartbeat_age_secs),
+        "{}",
+        live.heartbeat_age_secs
+    );
+    assert!(
+        w[1].heartbeat_age_secs >= 599.0,
+        "{}",
+        w[1].heartbeat_age_secs
+    );
+    assert_eq!(w[0].orphaned, 2);
+
+    assert!(l.db.workers("nope").expect("none").is_empty());
+    // The same from a read-only console.
+    let ro = l.read_only();
+    let ro_ids: Vec<String> = ro
+        .workers("s1")
+        .expect("ro workers")
+        .into_iter()
+        .map(|w| w.worker_id)
+        .collect();
+    assert_eq!(ro_ids, ids);
+}
+
+#[test]
+fn workers_on_a_ledger_without_the_table() {
+    // A ledger from before the work queue (migration 0006), opened
+    // read-only, is never migrated: it has no workers rather than an error.
+    let l = Ledger::new();
+    l.session("s1", 100.0, None, "running");
+    l.conn
+        .execute_batch("DROP TABLE session_worker;")
+        .expect("drop");
+    assert!(
+        l.read_only()
+            .workers("s1")
+            .expect("no table, no rows")
             .is_empty()
     );
-    assert_eq!(
-        watch::provider_batch_summary(&ro, "s1")
-            .expect("summary")
-            .total,
-        0
+}
+
+#[test]
+fn has_changed_follows_another_connections_commits() {
+    let l = Ledger::new();
+    let mut db = l.fresh();
+    assert!(
+        ConsoleReads::has_changed(&mut db).expect("first"),
+        "the first call says yes"
     );
+    assert!(!ConsoleReads::has_changed(&mut db).expect("again"));
+    // Reading is not a change.
+    db.sessions().expect("sessions");
+    assert!(!ConsoleReads::has_changed(&mut db).expect("after a read"));
+    l.session("s1", 100.0, None, "running");
+    assert!(ConsoleReads::has_changed(&mut db).expect("after a write"));
+    assert!(!ConsoleReads::has_changed(&mut db).expect("settled"));
 }
 
 // ---------------------------------------------------------------- staged pipelines
@@ -1990,9 +2103,7 @@ fn stages_come_from_run_stages_in_job_order() {
         )
         .expect("live_json");
 
-    let v = watch::session_view(&l.conn, "two")
-        .expect("view")
-        .expect("two");
+    let v = l.db.session_view("two").expect("view").expect("two");
     let names: Vec<&str> = v.stages.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["adjudicate", "critic"]);
     let (g, c) = (&v.stages[0], &v.stages[1]);
@@ -2014,9 +2125,7 @@ fn stages_come_from_run_stages_in_job_order() {
     assert!(!c.is_finished());
     assert_eq!(v.stop_after_stage.as_deref(), Some("critic"));
 
-    let v = watch::session_view(&l.reopen(), "four")
-        .expect("view")
-        .expect("four");
+    let v = l.fresh().session_view("four").expect("view").expect("four");
     type Row<'a> = (&'a str, Option<&'a str>, u64, u64, u64, Option<&'a str>);
     let got: Vec<Row> = v
         .stages
@@ -2051,9 +2160,7 @@ fn stages_come_from_run_stages_in_job_order() {
             [],
         )
         .expect("odd");
-    let v = watch::session_view(&l.conn, "four")
-        .expect("odd view")
-        .expect("four");
+    let v = l.db.session_view("four").expect("odd view").expect("four");
     let s = &v.stages[1];
     assert_eq!((s.total, s.done, s.critic_of.as_deref()), (0, 1, None));
     assert!(s.is_critic(), "its role still says critic");
@@ -2085,9 +2192,7 @@ fn review_detail_pairs_the_generator_with_its_critic() {
         .expect("result");
     let rid = l.review("song-1", "s", Some(0.93), "same ISRC", Some(g));
 
-    let d = watch::review_detail(&l.conn, rid)
-        .expect("detail")
-        .expect("exists");
+    let d = l.db.review_detail(rid).expect("detail").expect("exists");
     assert_eq!(
         d.routing_note.as_deref(),
         Some("critic disagreed: accept -> review")
@@ -2118,9 +2223,7 @@ fn review_detail_pairs_the_generator_with_its_critic() {
             [],
         )
         .expect("clear");
-    let d = watch::review_detail(&l.conn, rid)
-        .expect("detail")
-        .expect("exists");
+    let d = l.db.review_detail(rid).expect("detail").expect("exists");
     assert_eq!(d.routing_note, None);
     let crit = d.critic.expect("critic from its request");
     assert_eq!(crit.verdict.as_deref(), Some("disagree"));
@@ -2140,9 +2243,7 @@ fn review_detail_pairs_the_generator_with_its_critic() {
         )
         .expect("result");
     let rid2 = l.review("song-2", "one", Some(0.5), "meh", Some(r2));
-    let d2 = watch::review_detail(&l.conn, rid2)
-        .expect("detail")
-        .expect("exists");
+    let d2 = l.db.review_detail(rid2).expect("detail").expect("exists");
     assert!(d2.critic.is_none());
     assert_eq!(d2.generator.expect("generator").stage, "adjudicate");
     assert_eq!(d2.routing_note, None);
@@ -2150,8 +2251,6 @@ fn review_detail_pairs_the_generator_with_its_critic() {
     // A review item with no session result at all: neither.
     l.item("song-3");
     let rid3 = l.review("song-3", "one", None, "x", None);
-    let d3 = watch::review_detail(&l.conn, rid3)
-        .expect("detail")
-        .expect("exists");
+    let d3 = l.db.review_detail(rid3).expect("detail").expect("exists");
     assert!(d3.generator.is_none() && d3.critic.is_none());
 }

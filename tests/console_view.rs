@@ -2,6 +2,7 @@
 //! and 120x40 (mono theme, fixed clock), a sanitizer test with hostile item
 //! and model text, and a test that focus and selection show without colour.
 
+use docket::ledger::console::WorkerRow;
 use docket::ledger::store::SessionRow;
 use docket::tui::app::{App, Dialog, Overlay, Pane, Snapshot};
 use docket::tui::keymap::Keymap;
@@ -987,6 +988,110 @@ fn odd_batch_rows_draw_without_panicking() {
             "no age from NaN: {text}"
         );
         assert!(text.contains("id id ·"), "sanitized id: {text}");
+    }
+}
+
+// ---------------------------------------------------------------- workers
+
+fn worker(id: &str, host: &str, alive: bool, claims: u64, rate: f64, age: f64) -> WorkerRow {
+    WorkerRow {
+        worker_id: id.into(),
+        host: host.into(),
+        pid: 4242,
+        claims,
+        sent: claims.saturating_mul(30),
+        requests_per_sec: rate,
+        orphaned: 0,
+        heartbeat_age_secs: age,
+        alive,
+    }
+}
+
+/// Three workers newest first: one that just joined, the run's own engine,
+/// and one gone for 12 minutes that lost two answers to a takeover.
+fn workers() -> Vec<WorkerRow> {
+    let mut gone = worker("bob@build-02:5150#k2x9", "build-02", false, 3, 4.0, 754.0);
+    gone.orphaned = 2;
+    vec![
+        worker("carol@build-03:777#p0q1", "build-03", true, 12, 3.3, 0.4),
+        worker(
+            "alice@a-very-long-hostname.example.internal:31337#a1b2c3",
+            "a-very-long-hostname.example.internal",
+            true,
+            40,
+            12.5,
+            1.2,
+        ),
+        gone,
+    ]
+}
+
+fn workers_app() -> App {
+    let mut snap = snapshot();
+    snap.workers = workers();
+    app_with(false, snap)
+}
+
+#[test]
+fn workers_overlay() {
+    let mut a = workers_app();
+    a.handle_key(key('w'));
+    assert!(matches!(a.overlay, Overlay::Workers { scroll: 0 }));
+    snap_both("workers_overlay", &a);
+    for (w, h) in SIZES {
+        let ctx = format!("workers {w}x{h}");
+        let text = screen_text(render(&a, w, h).backend().buffer());
+        // The live ones are summed; the gone one's figures are history.
+        assert!(
+            text.contains("workers 3: 2 alive · 1 gone · 52 claims held · 15.8 req/s"),
+            "{ctx}: {text}"
+        );
+        assert!(text.contains("● alive") && text.contains("✗ gone"), "{ctx}");
+        assert!(text.contains("12m ago") && text.contains("0s ago"), "{ctx}");
+        assert!(text.contains("2 answer(s) refused"), "{ctx}: {text}");
+        assert!(text.contains("WORKERS"), "{ctx}: the mode badge");
+    }
+    // Long ids are cut to their column, never wrapped into the next.
+    let narrow = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(
+        narrow.contains("alice@a-very-long-hostname.ex… a-very-long-h…"),
+        "{narrow}"
+    );
+}
+
+#[test]
+fn workers_overlay_without_workers() {
+    let mut a = app();
+    a.handle_key(key('w'));
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(
+        text.contains("no worker has worked on this session yet"),
+        "{text}"
+    );
+}
+
+#[test]
+fn hostile_worker_text_never_reaches_a_cell() {
+    let mut snap = snapshot();
+    let mut odd = worker(
+        &hostile("wid"),
+        &hostile("host"),
+        true,
+        u64::MAX,
+        f64::NAN,
+        f64::INFINITY,
+    );
+    odd.orphaned = u64::MAX;
+    snap.workers = vec![odd, worker("w2", "h", true, u64::MAX, f64::INFINITY, -5.0)];
+    let mut a = app_with(false, snap);
+    a.handle_key(key('w'));
+    for (w, h) in SIZES {
+        let terminal = render(&a, w, h);
+        let buf = terminal.backend().buffer();
+        assert_clean(buf, &format!("workers {w}x{h}"));
+        let text = screen_text(buf);
+        assert!(text.contains("wid "), "{text}");
+        assert!(text.contains("?"), "no rate from NaN: {text}");
     }
 }
 

@@ -6,6 +6,7 @@
 //! lock instead of failing with SQLITE_BUSY halfway through a transaction.
 
 pub mod batches;
+pub mod console;
 mod handle;
 mod migrate;
 pub mod queue;

@@ -71,6 +71,8 @@ pub enum Action {
     CancelRun,
     /// Show the watched session's provider batches.
     Batches,
+    /// Show the watched session's workers.
+    Workers,
     /// Answer yes in a confirmation dialog.
     ConfirmYes,
     /// Answer no in a confirmation dialog.
@@ -128,6 +130,7 @@ impl Action {
         Action::StopAtStage,
         Action::CancelRun,
         Action::Batches,
+        Action::Workers,
         Action::ConfirmYes,
         Action::ConfirmNo,
         Action::QuitKeep,
@@ -175,6 +178,7 @@ impl Action {
             Action::StopAtStage => "stop_at_stage",
             Action::CancelRun => "cancel_run",
             Action::Batches => "batches",
+            Action::Workers => "workers",
             Action::ConfirmYes => "confirm_yes",
             Action::ConfirmNo => "confirm_no",
             Action::QuitKeep => "quit_keep",
@@ -228,6 +232,7 @@ impl Action {
             Action::StopAtStage => "stop after this stage",
             Action::CancelRun => "cancel the run",
             Action::Batches => "list the provider batches",
+            Action::Workers => "list the session's workers",
             Action::ConfirmYes => "yes",
             Action::ConfirmNo => "no",
             Action::QuitKeep => "quit, keep the run going headless",
@@ -273,6 +278,6 @@ mod tests {
             assert_eq!(back, a);
             assert!(!a.describe().is_empty());
         }
-        assert_eq!(Action::ALL.len(), 42);
+        assert_eq!(Action::ALL.len(), 43);
     }
 }

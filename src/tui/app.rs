@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use tui_input::Input;
 
 use super::keymap::{KeyPress, Keymap};
+use crate::ledger::console::WorkerRow;
 use crate::watch::{
     Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, SessionSummary,
     SessionView, Tune,
@@ -83,6 +84,10 @@ pub enum Overlay {
     Batches {
         scroll: u16,
     },
+    /// The watched session's workers.
+    Workers {
+        scroll: u16,
+    },
     Dialog(Dialog),
     Filter(Input),
     Command(Input),
@@ -95,6 +100,7 @@ pub enum Mode {
     Detail,
     Help,
     Batches,
+    Workers,
     Filter,
     Command,
     Confirm,
@@ -107,6 +113,7 @@ impl Mode {
             Mode::Detail => "DETAIL",
             Mode::Help => "HELP",
             Mode::Batches => "BATCHES",
+            Mode::Workers => "WORKERS",
             Mode::Filter => "FILTER",
             Mode::Command => "CMD",
             Mode::Confirm => "CONFIRM",
@@ -178,6 +185,8 @@ pub struct Snapshot {
     pub batches: Vec<ProviderBatchRow>,
     /// All of its provider batches, counted.
     pub batch_summary: ProviderBatchSummary,
+    /// Every worker that worked on the watched session, newest first.
+    pub workers: Vec<WorkerRow>,
     /// Ledger time of the read (unix seconds), for ages.
     pub now: f64,
 }
@@ -195,12 +204,28 @@ impl Snapshot {
         if (ticking(self) || ticking(other)) && self.now.floor() != other.now.floor() {
             return false;
         }
-        // The heartbeat's age grows with every read and is not drawn.
+        // A gone worker's heartbeat age is drawn as `12s` or `3m`: only a
+        // change in what is drawn is new data, so it does not redraw the
+        // console every second. A live one beats every second or so, its
+        // age always a second or two: only its going is news (`alive`).
+        let drawn_ages = |s: &Snapshot| -> Vec<Option<String>> {
+            s.workers
+                .iter()
+                .map(|w| (!w.alive).then(|| super::view::human_secs(w.heartbeat_age_secs)))
+                .collect()
+        };
+        if drawn_ages(self) != drawn_ages(other) {
+            return false;
+        }
+        // The session heartbeat's age grows with every read and is not drawn.
         let timeless = |s: &Snapshot| {
             let mut s = s.clone();
             s.now = 0.0;
             if let Some(v) = s.view.as_mut() {
                 v.heartbeat_age_secs = None;
+            }
+            for w in &mut s.workers {
+                w.heartbeat_age_secs = 0.0;
             }
             s
         };
@@ -278,6 +303,7 @@ impl App {
             Overlay::Help { .. } => Mode::Help,
             Overlay::Detail { .. } => Mode::Detail,
             Overlay::Batches { .. } => Mode::Batches,
+            Overlay::Workers { .. } => Mode::Workers,
             Overlay::Dialog(_) => Mode::Confirm,
             Overlay::Filter(_) => Mode::Filter,
             Overlay::Command(_) => Mode::Command,

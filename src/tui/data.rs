@@ -1,18 +1,18 @@
-//! The console's ledger worker: a thread that owns the console's connection,
-//! reads snapshots when the ledger changed (`PRAGMA data_version`) or a second
-//! passed, and carries out decisions and controls. The UI thread never waits
-//! on it.
+//! The console's ledger worker: a thread that owns the console's ledger
+//! handle, reads snapshots through `ConsoleReads` when the ledger changed or
+//! a second passed, and carries out decisions and controls. The UI thread
+//! never waits on it.
 
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
-
 use super::app::{Control, Effect, Snapshot};
 use crate::control::{self, Desired};
+use crate::ledger::console::ConsoleReads;
+use crate::ledger::{Ledger, LedgerError};
 use crate::review::{self, Claim, Operator};
-use crate::watch::{self, ProviderBatchRow, ProviderBatchSummary, ReviewQuery};
+use crate::watch::{ProviderBatchRow, ProviderBatchSummary, ReviewPage, ReviewQuery};
 
 /// From the worker to the UI.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ pub struct DataWorker {
     detail: Option<i64>,
     claim: Option<i64>,
     claim_at: Instant,
-    review_cache: Option<(ReviewQuery, crate::watch::ReviewPage, Instant)>,
+    review_cache: Option<(ReviewQuery, ReviewPage, Instant)>,
     /// A ledger change was seen but the (filtered) page was not re-read yet.
     review_behind: bool,
     last_key: Instant,
@@ -88,8 +88,7 @@ impl DataWorker {
 
     /// Run until the UI drops its sender.
     pub fn run(mut self, rx: Receiver<Effect>, out: impl Fn(DataMsg) -> bool) {
-        let mut conn: Option<Connection> = None;
-        let mut last_version = -1i64;
+        let mut ledger: Option<Ledger> = None;
         let mut last_read = Instant::now() - REFRESH;
         let mut said_missing = false;
         let mut last_sent: Option<(Snapshot, Instant)> = None;
@@ -99,20 +98,20 @@ impl DataWorker {
                 Ok(fx) => {
                     // A bare key press changes nothing to read.
                     dirty = !matches!(fx, Effect::Activity);
-                    self.apply(conn.as_ref(), fx, &out);
+                    self.apply(ledger.as_ref(), fx, &out);
                     while let Ok(fx) = rx.try_recv() {
                         dirty |= !matches!(fx, Effect::Activity);
-                        self.apply(conn.as_ref(), fx, &out);
+                        self.apply(ledger.as_ref(), fx, &out);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            if conn.is_none() {
+            if ledger.is_none() {
                 // The console may open before the first import: wait for it.
                 if self.ledger_path.exists() {
                     match self.open() {
-                        Ok(c) => conn = Some(c),
+                        Ok(l) => ledger = Some(l),
                         Err(e) => {
                             if !said_missing {
                                 out(DataMsg::Toast(e));
@@ -140,15 +139,12 @@ impl DataWorker {
                     continue;
                 }
             }
-            let Some(c) = conn.as_ref() else { continue };
-            let version: i64 = c
-                .pragma_query_value(None, "data_version", |r| r.get(0))
-                .unwrap_or(-2);
-            let changed = version != last_version;
+            let Some(l) = ledger.as_mut() else { continue };
+            // When the ledger cannot say, the one-second timer still reads.
+            let changed = l.has_changed().unwrap_or(false);
             if changed || dirty || last_read.elapsed() >= REFRESH {
-                last_version = version;
                 last_read = Instant::now();
-                match self.read(c, changed, dirty) {
+                match self.read(&*l, changed, dirty) {
                     Ok(snap) => {
                         let unchanged = last_sent.as_ref().is_some_and(|(prev, at)| {
                             !dirty && at.elapsed() < RESEND && prev.same_data(&snap)
@@ -175,47 +171,61 @@ impl DataWorker {
                 self.claim_at = Instant::now();
                 if self.last_key.elapsed() >= IDLE_RELEASE {
                     self.claim_idle = true;
-                    let _ = review::release(c, id, &self.operator);
+                    // TODO(review-api)
+                    let _ = review::release(l.conn(), id, &self.operator);
                 } else {
-                    let _ = review::claim(c, id, &self.operator);
+                    // TODO(review-api)
+                    let _ = review::claim(l.conn(), id, &self.operator);
                 }
             }
         }
-        if let Some(c) = conn.as_ref()
+        if let Some(l) = ledger.as_ref()
             && !self.read_only
         {
-            let _ = review::release_all(c, &self.operator);
+            // TODO(review-api)
+            let _ = review::release_all(l.conn(), &self.operator);
         }
     }
 
-    fn open(&self) -> Result<Connection, String> {
-        let conn = if self.read_only {
-            crate::ledger::open_read_only(&self.ledger_path)
+    fn open(&self) -> Result<Ledger, String> {
+        let ledger = if self.read_only {
+            Ledger::open_read_only(&self.ledger_path)
         } else {
-            crate::ledger::open(&self.ledger_path)
+            Ledger::open(&self.ledger_path)
         };
-        conn.map_err(|e| e.to_string())
+        ledger.map_err(|e| e.to_string())
     }
 
     /// `changed`: another connection wrote since the last read; `force`: we
     /// did (or the operator asked for something), so nothing may be reused.
-    fn read(&mut self, c: &Connection, changed: bool, force: bool) -> rusqlite::Result<Snapshot> {
-        let sessions = watch::sessions(c)?;
+    fn read<R: ConsoleReads + ?Sized>(
+        &mut self,
+        db: &R,
+        changed: bool,
+        force: bool,
+    ) -> Result<Snapshot, LedgerError> {
+        let sessions = db.sessions()?;
         let id = self
             .watch
             .clone()
             .or_else(|| sessions.first().map(|s| s.session_id.clone()));
         let (view, events) = match &id {
-            Some(id) => (watch::session_view(c, id)?, watch::events(c, id, EVENTS)?),
+            Some(id) => (db.session_view(id)?, db.events(id, EVENTS)?),
             None => (None, Vec::new()),
         };
         let (batches, batch_summary) = match &id {
-            Some(id) => self.batches(c, id, changed || force)?,
+            Some(id) => self.batches(db, id, changed || force)?,
             None => (Vec::new(), ProviderBatchSummary::default()),
         };
-        let review = self.review(c, changed, force)?;
+        // Read every pass, not only on a change: a dead worker writes
+        // nothing, and time alone turns it from alive to gone.
+        let workers = match &id {
+            Some(id) => db.workers(id)?,
+            None => Vec::new(),
+        };
+        let review = self.review(db, changed, force)?;
         let detail = match self.detail {
-            Some(rid) => watch::review_detail(c, rid)?,
+            Some(rid) => db.review_detail(rid)?,
             None => None,
         };
         Ok(Snapshot {
@@ -226,37 +236,38 @@ impl DataWorker {
             detail,
             batches,
             batch_summary,
+            workers,
             now: crate::ledger::now_ts(),
         })
     }
 
     /// The session's provider batches, re-read only when the ledger changed
     /// (or another session is watched).
-    fn batches(
+    fn batches<R: ConsoleReads + ?Sized>(
         &mut self,
-        c: &Connection,
+        db: &R,
         session_id: &str,
         changed: bool,
-    ) -> rusqlite::Result<(Vec<ProviderBatchRow>, ProviderBatchSummary)> {
+    ) -> Result<(Vec<ProviderBatchRow>, ProviderBatchSummary), LedgerError> {
         if let Some((id, rows, summary)) = &self.batches_cache
             && id == session_id
             && !changed
         {
             return Ok((rows.clone(), summary.clone()));
         }
-        let rows = watch::provider_batches(c, session_id, BATCHES)?;
-        let summary = watch::provider_batch_summary(c, session_id)?;
+        let rows = db.provider_batches(session_id, BATCHES)?;
+        let summary = db.provider_batch_summary(session_id)?;
         self.batches_cache = Some((session_id.to_string(), rows.clone(), summary.clone()));
         Ok((rows, summary))
     }
 
     /// The review page, re-read only when it can have changed.
-    fn review(
+    fn review<R: ConsoleReads + ?Sized>(
         &mut self,
-        c: &Connection,
+        db: &R,
         changed: bool,
         force: bool,
-    ) -> rusqlite::Result<crate::watch::ReviewPage> {
+    ) -> Result<ReviewPage, LedgerError> {
         if let Some((q, page, at)) = &self.review_cache
             && *q == self.query
             && !force
@@ -274,12 +285,12 @@ impl DataWorker {
             }
         }
         self.review_behind = false;
-        let page = watch::review_page(c, &self.query)?;
+        let page = db.review_page(&self.query)?;
         self.review_cache = Some((self.query.clone(), page.clone(), Instant::now()));
         Ok(page)
     }
 
-    fn apply(&mut self, conn: Option<&Connection>, fx: Effect, out: &impl Fn(DataMsg) -> bool) {
+    fn apply(&mut self, ledger: Option<&Ledger>, fx: Effect, out: &impl Fn(DataMsg) -> bool) {
         let toast = |t: String| {
             out(DataMsg::Toast(t));
         };
@@ -287,12 +298,14 @@ impl DataWorker {
             Effect::Activity => {
                 self.last_key = Instant::now();
                 if self.claim_idle
-                    && let (Some(c), Some(id)) = (conn, self.claim)
+                    && let (Some(l), Some(id)) = (ledger, self.claim)
                     && !self.read_only
                 {
                     self.claim_idle = false;
                     self.claim_at = Instant::now();
-                    if let Ok(Claim::HeldByOther(who)) = review::claim(c, id, &self.operator) {
+                    // TODO(review-api)
+                    if let Ok(Claim::HeldByOther(who)) = review::claim(l.conn(), id, &self.operator)
+                    {
                         toast(format!(
                             "held by {who}: another operator took it while you were away"
                         ));
@@ -304,7 +317,7 @@ impl DataWorker {
             Effect::Detail(d) => self.detail = d,
             Effect::Quit(_) => {}
             other => {
-                let Some(c) = conn else {
+                let Some(l) = ledger else {
                     toast("no ledger yet".into());
                     return;
                 };
@@ -313,7 +326,7 @@ impl DataWorker {
                 if self.read_only && !matches!(other, Effect::Export { .. }) {
                     return;
                 }
-                if let Some(t) = self.write(c, other) {
+                if let Some(t) = self.write(l, other) {
                     toast(t);
                 }
             }
@@ -321,7 +334,7 @@ impl DataWorker {
     }
 
     /// Decisions and controls; returns what to tell the operator.
-    fn write(&mut self, c: &Connection, fx: Effect) -> Option<String> {
+    fn write(&mut self, ledger: &Ledger, fx: Effect) -> Option<String> {
         let op = &self.operator;
         let actor = format!("review:{}", op.user);
         match fx {
@@ -329,12 +342,14 @@ impl DataWorker {
                 if let Some(old) = self.claim
                     && Some(old) != id
                 {
-                    let _ = review::release(c, old, op);
+                    // TODO(review-api)
+                    let _ = review::release(ledger.conn(), old, op);
                 }
                 self.claim = id;
                 self.claim_at = Instant::now();
                 let id = id?;
-                match review::claim(c, id, op) {
+                // TODO(review-api)
+                match review::claim(ledger.conn(), id, op) {
                     Ok(Claim::HeldByOther(who)) => {
                         Some(format!("held by {who}: another operator is on it"))
                     }
@@ -342,15 +357,18 @@ impl DataWorker {
                     Err(e) => Some(e.to_string()),
                 }
             }
-            Effect::Accept(ids) => Some(match review::accept(c, &ids, op) {
+            // TODO(review-api)
+            Effect::Accept(ids) => Some(match review::accept(ledger.conn(), &ids, op) {
                 Ok(a) => applied("Accepted", &a),
                 Err(e) => e.to_string(),
             }),
-            Effect::Reject(ids) => Some(match review::reject(c, &ids, op) {
+            // TODO(review-api)
+            Effect::Reject(ids) => Some(match review::reject(ledger.conn(), &ids, op) {
                 Ok(a) => applied("Rejected", &a),
                 Err(e) => e.to_string(),
             }),
-            Effect::Undo => Some(match review::undo_last(c, op) {
+            // TODO(review-api)
+            Effect::Undo => Some(match review::undo_last(ledger.conn(), op) {
                 Ok(Some(u)) => format!(
                     "Undid {} of {}",
                     u.action,
@@ -362,7 +380,7 @@ impl DataWorker {
             Effect::Control {
                 session_id,
                 control: ctl,
-            } => Some(match do_control(c, &session_id, ctl, &actor) {
+            } => Some(match do_control(ledger, &session_id, ctl, &actor) {
                 Ok(msg) => msg,
                 Err(e) => e,
             }),
@@ -371,7 +389,14 @@ impl DataWorker {
                 what,
                 format,
                 path,
-            } => Some(export(c, &self.workspace, session, &what, &format, &path)),
+            } => Some(export(
+                ledger,
+                &self.workspace,
+                session,
+                &what,
+                &format,
+                &path,
+            )),
             Effect::Watch(_)
             | Effect::Query(_)
             | Effect::Detail(_)
@@ -384,7 +409,7 @@ impl DataWorker {
 /// `:export`: a file in the workspace (reads only, so a read-only console
 /// may export too).
 fn export(
-    c: &Connection,
+    ledger: &Ledger,
     workspace: &std::path::Path,
     session: Option<String>,
     what: &str,
@@ -407,8 +432,9 @@ fn export(
         },
     };
     let target = workspace.join(path);
-    let result =
-        crate::report::export_file(c, &opts, workspace, &target).map_err(|e| e.to_string());
+    // TODO(review-api)
+    let result = crate::report::export_file(ledger.conn(), &opts, workspace, &target)
+        .map_err(|e| e.to_string());
     match result {
         Ok(n) => format!("Exported {n} rows to {}", target.display()),
         Err(e) => format!("export to {} failed: {e}", target.display()),
@@ -427,21 +453,28 @@ fn applied(verb: &str, a: &review::Applied) -> String {
     msg
 }
 
-fn do_control(c: &Connection, sid: &str, ctl: Control, actor: &str) -> Result<String, String> {
+fn do_control(ledger: &Ledger, sid: &str, ctl: Control, actor: &str) -> Result<String, String> {
     let e = |e: control::ControlError| e.to_string();
+    // TODO(review-api): the run controls through the ledger's own trait.
+    let c = ledger.conn();
     match ctl {
+        // TODO(review-api)
         Control::Pause => control::set_desired(c, sid, Desired::Paused, actor)
             .map(|()| "Pause asked: no new requests; in-flight ones finish.".into())
             .map_err(e),
+        // TODO(review-api)
         Control::Resume => control::set_desired(c, sid, Desired::Running, actor)
             .map(|()| "Resume asked.".into())
             .map_err(e),
+        // TODO(review-api)
         Control::Cancel => control::set_desired(c, sid, Desired::Cancelled, actor)
             .map(|()| "Cancel asked: the session stops and stays resumable.".into())
             .map_err(e),
+        // TODO(review-api)
         Control::StopAtStage => control::stop_after_stage(c, sid, actor)
             .map(|stage| format!("Stops after stage {stage}."))
             .map_err(e),
+        // TODO(review-api)
         Control::Retune(t) => control::retune(c, sid, t, actor)
             .map(|()| "Retune asked: the engine follows within a second.".into())
             .map_err(e),

@@ -1038,7 +1038,7 @@ mod tests {
 
     #[test]
     fn bad_key_warns_with_line_and_keeps_default() {
-        let src = "[global]\nup = [\"w\"]\n\n\n\n\n\n\nquit = [\"x\",\n  \"ctrl-\"]\n";
+        let src = "[global]\nup = [\"z\"]\n\n\n\n\n\n\nquit = [\"x\",\n  \"ctrl-\"]\n";
         let (map, w) = merged(src);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
@@ -1047,7 +1047,7 @@ mod tests {
             w[0]
         );
         assert_eq!(map.keys_for(Section::Global, Action::Quit), vec!["q"]);
-        assert_eq!(map.keys_for(Section::Global, Action::Up), vec!["w"]);
+        assert_eq!(map.keys_for(Section::Global, Action::Up), vec!["z"]);
         let (map, w) = merged("[global]\nquit = [\"ctrl-\"]\n");
         assert!(
             w[0].starts_with("keymap.toml:2: global.quit: \"ctrl-\" is not a key: "),

@@ -23,7 +23,9 @@ impl App {
             _ => {}
         }
         let sections: &[Section] = match (&self.overlay, self.focus) {
-            (Overlay::Help { .. } | Overlay::Batches { .. }, _) => &[Section::Global],
+            (Overlay::Help { .. } | Overlay::Batches { .. } | Overlay::Workers { .. }, _) => {
+                &[Section::Global]
+            }
             (Overlay::Detail { .. }, _) | (_, Pane::Review) => &[Section::Review, Section::Global],
             _ => &[Section::Global],
         };
@@ -218,6 +220,13 @@ impl App {
                 };
                 self.after_cursor_move()
             }
+            A::Workers => {
+                self.overlay = match self.overlay {
+                    Overlay::Workers { .. } => Overlay::None,
+                    _ => Overlay::Workers { scroll: 0 },
+                };
+                self.after_cursor_move()
+            }
             A::CommandLine => {
                 self.overlay = Overlay::Command(Input::default());
                 Vec::new()
@@ -325,8 +334,10 @@ impl App {
         // Overlays scroll within what the last frame could show (set by the
         // view), so G lands on the last page, never on a blank box.
         let scroll_len = i64::from(self.scroll_max.get()) + 1;
-        if let Overlay::Help { scroll } | Overlay::Detail { scroll } | Overlay::Batches { scroll } =
-            &mut self.overlay
+        if let Overlay::Help { scroll }
+        | Overlay::Detail { scroll }
+        | Overlay::Batches { scroll }
+        | Overlay::Workers { scroll } = &mut self.overlay
         {
             // In the detail view j/k scroll; the cursor moves with s/a/r.
             *scroll = delta(scroll_len, i64::from(*scroll)) as u16;

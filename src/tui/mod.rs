@@ -1,5 +1,6 @@
 //! The operations console (ratatui + crossterm). A client of the engine: it
-//! reads the ledger through `watch`, writes decisions and controls through
+//! holds a ledger handle, reads through `ledger::console::ConsoleReads` into
+//! the plain types of `watch`, writes decisions and controls through
 //! `review` and `control`, and never speaks HTTP or SQL itself.
 //!
 //! `app` is the state (pure), `keys` turns keys into actions, `view` draws,

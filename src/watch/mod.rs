@@ -1,18 +1,14 @@
-//! Read-only views of the ledger for the console: sessions, one session's
-//! live state and events, its provider batches, and the review queue. Everything the console shows
-//! comes from here, so a console in another process or SSH login shows a run
-//! exactly as one in the same process does.
+//! What the console shows, as plain data: sessions, one session's live
+//! state and events, its provider batches, its workers and the review
+//! queue. No SQL here: `ledger::console::ConsoleReads` fills these from a
+//! ledger, so a console in another process or SSH login shows a run exactly
+//! as one in the same process does, whatever backend holds the ledger.
 
 mod batches;
-mod events;
-mod review;
-mod sessions;
+mod stage;
 
-pub use batches::{BATCH_STATES, is_terminal_state, provider_batch_summary, provider_batches};
-pub use events::events;
-pub use review::{review_detail, review_page};
-pub(crate) use sessions::current_stage;
-pub use sessions::{run_stages, session_view, sessions};
+pub use batches::{BATCH_STATES, is_terminal_state, state_rank};
+pub use stage::{DEFAULT_STAGE, configured_stage, current_stage};
 
 use crate::ledger::store::SessionRow;
 
@@ -62,6 +58,19 @@ pub struct LiveGauges {
     pub elapsed_secs: f64,
     /// Its estimate of the time left, when it has one.
     pub eta_secs: Option<f64>,
+}
+
+impl LiveGauges {
+    /// The gauges an engine wrote; None for anything that does not parse
+    /// (an engine of another version, a torn write): the console shows "no
+    /// gauges", not an error.
+    pub fn from_json(json: &str) -> Option<LiveGauges> {
+        // Only an object: serde would also read a struct from an array.
+        match serde_json::from_str::<serde_json::Value>(json).ok()? {
+            v @ serde_json::Value::Object(_) => serde_json::from_value(v).ok(),
+            _ => None,
+        }
+    }
 }
 
 /// Operator overrides of a live run's limits (NULL columns are None).
@@ -302,4 +311,22 @@ pub struct ReviewDetail {
     pub generator: Option<StageVerdict>,
     /// What a critic of the answer stage said (None: no critic).
     pub critic: Option<StageVerdict>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_parse_partially_and_reject_garbage() {
+        let g = LiveGauges::from_json(r#"{"in_flight":3,"stage":"adjudicate","eta_secs":12.5}"#);
+        let g = g.expect("parses");
+        assert_eq!(g.in_flight, 3);
+        assert_eq!(g.eta_secs, Some(12.5));
+        assert_eq!(g.rpm_limit, 0);
+        assert!(LiveGauges::from_json("{not json").is_none());
+        assert!(LiveGauges::from_json("42").is_none());
+        assert!(LiveGauges::from_json("[1,2]").is_none());
+        assert!(LiveGauges::from_json(r#"{"in_flight":"many"}"#).is_none());
+    }
 }

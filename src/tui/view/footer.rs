@@ -73,7 +73,7 @@ fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
     use Action as A;
     use Section::{Global as G, Review as R};
     match (&app.overlay, app.focus) {
-        (Overlay::Help { .. } | Overlay::Batches { .. }, _) => {
+        (Overlay::Help { .. } | Overlay::Batches { .. } | Overlay::Workers { .. }, _) => {
             vec![(G, A::Back, "close"), (G, A::Down, "scroll")]
         }
         (Overlay::Dialog(_), _) => Vec::new(),

@@ -5,6 +5,7 @@ mod footer;
 mod lists;
 mod overlays;
 mod panes;
+mod workers;
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -46,6 +47,7 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
     match &app.overlay {
         Overlay::Help { scroll } => overlays::draw_help(frame, body, app, *scroll, theme),
         Overlay::Batches { scroll } => overlays::draw_batches(frame, body, app, *scroll, theme),
+        Overlay::Workers { scroll } => workers::draw_workers(frame, body, app, *scroll, theme),
         Overlay::Dialog(d) => overlays::draw_dialog(frame, body, app, d, theme),
         _ => {}
     }

@@ -313,7 +313,7 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
 
 /// Record how far this overlay can scroll (its wrapped lines past one
 /// screenful) for the keys, and the scroll to draw with now.
-fn clamp_scroll(app: &App, p: &Paragraph, area: Rect, scroll: u16) -> u16 {
+pub(super) fn clamp_scroll(app: &App, p: &Paragraph, area: Rect, scroll: u16) -> u16 {
     let rows = p.line_count(area.width.saturating_sub(2)).saturating_sub(2);
     let shown = usize::from(area.height.saturating_sub(2));
     let max = u16::try_from(rows.saturating_sub(shown)).unwrap_or(u16::MAX);
@@ -321,7 +321,7 @@ fn clamp_scroll(app: &App, p: &Paragraph, area: Rect, scroll: u16) -> u16 {
     scroll.min(max)
 }
 
-fn centered(area: Rect, width: u16, height: u16) -> Rect {
+pub(super) fn centered(area: Rect, width: u16, height: u16) -> Rect {
     let [row] = Layout::vertical([Constraint::Length(height.min(area.height))])
         .flex(Flex::Center)
         .areas(area);

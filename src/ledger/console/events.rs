@@ -7,12 +7,16 @@
 
 use rusqlite::{Connection, params};
 
-use super::{Event, Level};
 use crate::sanitize::for_terminal;
+use crate::watch::{Event, Level};
 
 /// The newest `limit` events of a session, newest first. Every text is made
 /// safe for a terminal (item ids and provider errors are untrusted).
-pub fn events(conn: &Connection, session_id: &str, limit: usize) -> rusqlite::Result<Vec<Event>> {
+pub(super) fn events(
+    conn: &Connection,
+    session_id: &str,
+    limit: usize,
+) -> rusqlite::Result<Vec<Event>> {
     if limit == 0 {
         return Ok(Vec::new());
     }

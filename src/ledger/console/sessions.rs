@@ -1,19 +1,19 @@
-//! The sessions pane and one session in full. Both run every half second
+//! The sessions pane and one session in full. Both run every second
 //! against a ledger that may hold a million items, so every query here reads
 //! one row by primary key or a partial index, never a whole table.
 
-use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{LiveGauges, SessionSummary, SessionView, StageProgress, Tune};
+use super::columns::{clamp, count, text};
+use super::schema::has_table;
 use crate::ledger::now_ts;
 use crate::ledger::store::{LIVE_HEARTBEAT_SECS, load_session};
-
-/// The stage name when a session's config snapshot does not name one.
-pub const DEFAULT_STAGE: &str = "adjudicate";
+use crate::watch::{
+    LiveGauges, SessionSummary, SessionView, StageProgress, Tune, configured_stage,
+};
 
 /// Every session, newest first.
-pub fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionSummary>> {
+pub(super) fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionSummary>> {
     let now = now_ts();
     let mut stmt = conn.prepare_cached(
         "SELECT session_id, state, desired_state, started_at, completed_at, total_count, processed_count,
@@ -28,12 +28,12 @@ pub fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionSummary>> {
             desired_state: r.get(2)?,
             started_at: r.get(3)?,
             completed_at: r.get(4)?,
-            total: count(r.get(5)?),
-            processed: count(r.get(6)?),
-            accepted: count(r.get(7)?),
-            review: count(r.get(8)?),
-            rejected: count(r.get(9)?),
-            errors: count(r.get(10)?),
+            total: clamp(r.get(5)?),
+            processed: clamp(r.get(6)?),
+            accepted: clamp(r.get(7)?),
+            review: clamp(r.get(8)?),
+            rejected: clamp(r.get(9)?),
+            errors: clamp(r.get(10)?),
             cost_usd: r.get(11)?,
             estimated_cost_usd: r.get(12)?,
             stop_reason: r.get(13)?,
@@ -45,7 +45,10 @@ pub fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionSummary>> {
 
 /// One session in full: counters, controls, the engine's gauges, stages and
 /// what is in flight. None when there is no such session.
-pub fn session_view(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<SessionView>> {
+pub(super) fn session_view(
+    conn: &Connection,
+    session_id: &str,
+) -> rusqlite::Result<Option<SessionView>> {
     let Some(row) = load_session(conn, session_id)? else {
         return Ok(None);
     };
@@ -71,7 +74,7 @@ pub fn session_view(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
         return Ok(None);
     };
     let in_flight = in_flight(conn, session_id)?;
-    let gauges = live_json.as_deref().and_then(parse_gauges);
+    let gauges = live_json.as_deref().and_then(LiveGauges::from_json);
     let live = is_live(heartbeat_at, now);
     let mut stages = run_stages(conn, session_id)?;
     if stages.is_empty() {
@@ -106,9 +109,9 @@ pub fn session_view(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
     Ok(Some(SessionView {
         stop_after_stage,
         tune: Tune {
-            rpm: rpm.map(count),
-            tpm: tpm.map(count),
-            concurrency: concurrency.map(count),
+            rpm: rpm.map(clamp),
+            tpm: tpm.map(clamp),
+            concurrency: concurrency.map(clamp),
         },
         gauges,
         stages,
@@ -123,7 +126,10 @@ pub fn session_view(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
 /// Every stage of the session from its `run_stages` checkpoint, in job
 /// order. Empty when it has none (or the ledger predates the table). Odd
 /// values (NULLs, text where a count belongs) read as 0 or None.
-pub fn run_stages(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<StageProgress>> {
+pub(super) fn run_stages(
+    conn: &Connection,
+    session_id: &str,
+) -> rusqlite::Result<Vec<StageProgress>> {
     if !has_table(conn, "run_stages")? {
         return Ok(Vec::new());
     }
@@ -132,15 +138,15 @@ pub fn run_stages(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<S
          FROM run_stages WHERE session_id = ?1 ORDER BY position, stage",
     )?;
     let rows = stmt.query_map(params![session_id], |r| {
-        let completed = int(r, 5)?;
-        let failed = int(r, 6)?;
-        let skipped = int(r, 7)?;
+        let completed = count(r, 5)?;
+        let failed = count(r, 6)?;
+        let skipped = count(r, 7)?;
         Ok(StageProgress {
             name: text(r, 0)?.unwrap_or_default(),
-            position: int(r, 1)?,
+            position: count(r, 1)?,
             role: text(r, 2)?.unwrap_or_default(),
             critic_of: text(r, 3)?.filter(|s| !s.is_empty()),
-            total: int(r, 4)?,
+            total: count(r, 4)?,
             done: completed.saturating_add(failed).saturating_add(skipped),
             failed,
             skipped,
@@ -164,37 +170,9 @@ fn in_flight_by_stage(conn: &Connection, session_id: &str) -> rusqlite::Result<V
             Some((base, _)) => base.to_string(),
             None => stage,
         };
-        Ok((stage, int(r, 1)?))
+        Ok((stage, count(r, 1)?))
     })?;
     rows.collect()
-}
-
-pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1")?
-        .query_row(params![name], |_| Ok(()))
-        .optional()?
-        .is_some())
-}
-
-/// A count column: NULL, negative, text or a blob read as 0.
-pub(crate) fn int(r: &Row, i: usize) -> rusqlite::Result<u64> {
-    Ok(match r.get_ref(i)? {
-        ValueRef::Integer(n) => count(n),
-        ValueRef::Real(f) if f.is_finite() && f > 0.0 => f as u64,
-        _ => 0,
-    })
-}
-
-/// A text column: NULL is None, numbers are their text, bytes are read
-/// lossily.
-pub(crate) fn text(r: &Row, i: usize) -> rusqlite::Result<Option<String>> {
-    Ok(match r.get_ref(i)? {
-        ValueRef::Null => None,
-        ValueRef::Integer(n) => Some(n.to_string()),
-        ValueRef::Real(f) => Some(f.to_string()),
-        ValueRef::Text(t) | ValueRef::Blob(t) => Some(String::from_utf8_lossy(t).into_owned()),
-    })
 }
 
 /// Attempts of the session sent and not answered yet. The partial index
@@ -206,82 +184,9 @@ fn in_flight(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
             "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'sent'",
         )?
         .query_row(params![session_id], |r| r.get(0))?;
-    Ok(count(n))
-}
-
-/// The engine's gauges; None for anything that does not parse (an engine of
-/// another version, a torn write): the console shows "no gauges", not an error.
-fn parse_gauges(json: &str) -> Option<LiveGauges> {
-    // Only an object: serde would also read a struct from an array.
-    match serde_json::from_str::<serde_json::Value>(json).ok()? {
-        v @ serde_json::Value::Object(_) => serde_json::from_value(v).ok(),
-        _ => None,
-    }
-}
-
-/// The first stage named in a session's config snapshot.
-pub(crate) fn configured_stage(config_snapshot_json: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(config_snapshot_json)
-        .ok()
-        .and_then(|v| {
-            v.pointer("/config/stages/0/name")
-                .and_then(serde_json::Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| DEFAULT_STAGE.to_string())
-}
-
-/// The stage a session is in now: the engine's own word (`live_json`'s
-/// `stage`) when it has written one, else the configured first stage.
-pub(crate) fn current_stage(config_snapshot_json: &str, live_json: Option<&str>) -> String {
-    live_json
-        .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok())
-        .and_then(|v| {
-            v.get("stage")
-                .and_then(serde_json::Value::as_str)
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| configured_stage(config_snapshot_json))
+    Ok(clamp(n))
 }
 
 fn is_live(heartbeat_at: Option<f64>, now: f64) -> bool {
     heartbeat_at.is_some_and(|h| h >= now - LIVE_HEARTBEAT_SECS)
-}
-
-/// Counters are never negative in the ledger; clamp rather than wrap if one is.
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stage_names() {
-        let snap = r#"{"config":{"stages":[{"name":"triage"},{"name":"critic"}]}}"#;
-        assert_eq!(configured_stage(snap), "triage");
-        assert_eq!(configured_stage("{}"), DEFAULT_STAGE);
-        assert_eq!(configured_stage("not json"), DEFAULT_STAGE);
-        assert_eq!(current_stage(snap, Some(r#"{"stage":"critic"}"#)), "critic");
-        assert_eq!(current_stage(snap, Some(r#"{"stage":""}"#)), "triage");
-        assert_eq!(current_stage(snap, Some("garbage")), "triage");
-        assert_eq!(current_stage(snap, None), "triage");
-    }
-
-    #[test]
-    fn gauges_parse_partially_and_reject_garbage() {
-        let g = parse_gauges(r#"{"in_flight":3,"stage":"adjudicate","eta_secs":12.5}"#);
-        let g = g.expect("parses");
-        assert_eq!(g.in_flight, 3);
-        assert_eq!(g.eta_secs, Some(12.5));
-        assert_eq!(g.rpm_limit, 0);
-        assert!(parse_gauges("{not json").is_none());
-        assert!(parse_gauges("42").is_none());
-        assert!(parse_gauges("[1,2]").is_none());
-        assert!(parse_gauges(r#"{"in_flight":"many"}"#).is_none());
-    }
 }
