@@ -431,7 +431,9 @@ fn batch_workspace(port: u16, n: usize) -> support::Workspace {
     let toml = std::fs::read_to_string(ws.path().join("docket.toml")).unwrap();
     let toml = toml.replace(
         "[stages.gate]",
-        "[stages.batch]\nmode = \"batch\"\nmax_wait_secs = 5\npoll_interval_secs = 0.5\n\n[stages.gate]",
+        &format!(
+            "[stages.batch]\nmode = \"batch\"\nmax_wait_secs = {wait}\npoll_interval_secs = 0.5\n\n[stages.gate]"
+        ),
     );
     std::fs::write(ws.path().join("docket.toml"), toml).unwrap();
     support::import_demo_items(&ws, n);
