@@ -429,6 +429,9 @@ fn batch_workspace(port: u16, n: usize) -> support::Workspace {
     let job = support::Job::new(&format!("http://127.0.0.1:{port}/v1"));
     let ws = support::workspace(&job);
     let toml = std::fs::read_to_string(ws.path().join("docket.toml")).unwrap();
+    // At 1,000,000 items the COUNT trigger cuts the batches (20 of
+    // 50,000), not the TIME trigger while the feed fills one.
+    let wait = if n >= 1_000_000 { 120 } else { 5 };
     let toml = toml.replace(
         "[stages.gate]",
         &format!(
