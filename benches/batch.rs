@@ -106,23 +106,8 @@ fn main() {
 
 /// The client alone (A, B, C): the adapter against the mock, no engine.
 fn client() {
-    let port = free_port();
-    let mut mock = Command::new(BIN)
-        .args([
-            "mock-provider",
-            "--port",
-            &port.to_string(),
-            "--batch-validating-ms",
-            "100",
-            "--batch-running-ms",
-            "1000",
-            "--batch-finalizing-ms",
-            "100",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("docket mock-provider");
+    let home = tempfile::tempdir().expect("tmp");
+    let (mut mock, port) = batch_mock(home.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

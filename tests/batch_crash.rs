@@ -659,11 +659,13 @@ fn gemini_batch_api_end_to_end() {
 /// rest again.
 #[test]
 fn cancel_of_an_idle_session_cancels_its_provider_batch() {
+    // Long enough that the batch is still running when the cancel comes,
+    // even on a loaded machine (else nothing is left to send again).
     let mock = Mock::start(&[
         "--batch-validating-ms",
         "100",
         "--batch-running-ms",
-        "6000",
+        "12000",
         "--batch-finalizing-ms",
         "100",
         "--batch-cancelling-ms",

@@ -597,36 +597,34 @@ fn hold(b: &Batcher, n: usize) {
 /// The lines of batch `tag` still waiting for a result, from the ledger
 /// (None when it cannot be read: the run stops).
 async fn waiting_ids(b: &Batcher, tag: &str) -> Option<Vec<LineId>> {
-    let (path, tag) = (b.p.ledger_path.clone(), tag.to_string());
-    let r = tokio::task::spawn_blocking(move || {
-        let c = crate::ledger::open_read_only(&path).map_err(|e| e.to_string())?;
-        crate::ledger::batches::waiting_ids(&c, &tag).map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r);
-    match r {
-        Ok(w) => Some(w),
-        Err(e) => {
-            (b.on_fatal)(format!("ledger: {e}"));
-            None
-        }
-    }
+    read_batch(b, tag, crate::ledger::batches::waiting_ids).await
 }
 
 /// Every line of batch `tag` (a re-read of its results must tell the lines
 /// already applied from ids that are not the batch's).
 async fn line_ids(b: &Batcher, tag: &str) -> Option<HashSet<String>> {
+    read_batch(b, tag, crate::ledger::batches::line_ids)
+        .await
+        .map(|ids| ids.into_iter().collect())
+}
+
+/// `read` of batch `tag`, off the async threads; a ledger that cannot be
+/// read stops the run (None).
+async fn read_batch<T: Send + 'static>(
+    b: &Batcher,
+    tag: &str,
+    read: fn(&rusqlite::Connection, &str) -> rusqlite::Result<T>,
+) -> Option<T> {
     let (path, tag) = (b.p.ledger_path.clone(), tag.to_string());
     let r = tokio::task::spawn_blocking(move || {
         let c = crate::ledger::open_read_only(&path).map_err(|e| e.to_string())?;
-        crate::ledger::batches::line_ids(&c, &tag).map_err(|e| e.to_string())
+        read(&c, &tag).map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| e.to_string())
     .and_then(|r| r);
     match r {
-        Ok(ids) => Some(ids.into_iter().collect()),
+        Ok(v) => Some(v),
         Err(e) => {
             (b.on_fatal)(format!("ledger: {e}"));
             None
