@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use docket::engine::{self, Interrupts, RunOptions, StdoutReporter};
-use docket::ledger::{self, LEDGER_FILE, store};
+use docket::ledger::console::ConsoleReads;
+use docket::ledger::controls::RunControls;
+use docket::ledger::{LEDGER_FILE, Ledger};
 use docket::{items, report};
 
 use docket::control::Desired;
@@ -52,8 +54,8 @@ pub async fn run(cli: Cli) -> i32 {
         } => import(&ws, &file, id_field, strict, format),
         Command::BatchAdjudicate(args) => batch_adjudicate(&ws, args, &console_args).await,
         Command::Worker(args) => worker(&ws, args).await,
-        Command::Workers { session, format } => with_ledger(&ws, |c| {
-            let rows = docket::ledger::queue::workers(c, &session).map_err(|e| e.to_string())?;
+        Command::Workers { session, format } => with_ledger(&ws, |l| {
+            let rows = l.workers(&session).map_err(|e| e.to_string())?;
             let out = match format {
                 FormatArg::Json => workers_json(&rows),
                 FormatArg::Table | FormatArg::Csv => workers_table(&session, &rows),
@@ -61,21 +63,21 @@ pub async fn run(cli: Cli) -> i32 {
             print!("{out}");
             Ok(())
         }),
-        Command::BatchResults { session, format } => with_ledger(&ws, |c| {
+        Command::BatchResults { session, format } => with_ledger(&ws, |l| {
             let f = match format {
                 FormatArg::Table => report::OutputFormat::Table,
                 FormatArg::Csv => report::OutputFormat::Csv,
                 FormatArg::Json => report::OutputFormat::Json,
             };
-            report::write_results(c, &session, f, &mut std::io::stdout().lock())
+            report::write_results(l, &session, f, &mut std::io::stdout().lock())
                 .map_err(|e| e.to_string())
         }),
-        Command::Sessions { format } => with_ledger(&ws, |c| {
+        Command::Sessions { format } => with_ledger(&ws, |l| {
             let f = match format {
                 FormatArg::Table | FormatArg::Csv => report::OutputFormat::Table,
                 FormatArg::Json => report::OutputFormat::Json,
             };
-            report::write_sessions(c, f, &mut std::io::stdout().lock()).map_err(|e| e.to_string())
+            report::write_sessions(l, f, &mut std::io::stdout().lock()).map_err(|e| e.to_string())
         }),
         Command::Export {
             session,
@@ -105,7 +107,7 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
     EXIT_USAGE
 }
 
-fn with_ledger(ws: &Path, f: impl FnOnce(&rusqlite::Connection) -> Result<(), String>) -> i32 {
+fn with_ledger(ws: &Path, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 {
     let path = ws.join(LEDGER_FILE);
     if !path.exists() {
         return fail(format!(
@@ -113,11 +115,11 @@ fn with_ledger(ws: &Path, f: impl FnOnce(&rusqlite::Connection) -> Result<(), St
             path.display()
         ));
     }
-    let conn = match ledger::open(&path) {
-        Ok(c) => c,
+    let ledger = match Ledger::open(&path) {
+        Ok(l) => l,
         Err(e) => return fail(e),
     };
-    match f(&conn) {
+    match f(&ledger) {
         Ok(()) => 0,
         Err(e) => fail(e),
     }
@@ -156,8 +158,8 @@ fn import(
     format: Option<ImportFormatArg>,
 ) -> i32 {
     let path = ws.join(LEDGER_FILE);
-    let mut conn = match ledger::open(&path) {
-        Ok(c) => c,
+    let mut ledger = match Ledger::open(&path) {
+        Ok(l) => l,
         Err(e) => return fail(e),
     };
     let opts = items::ImportOptions {
@@ -168,7 +170,7 @@ fn import(
             ImportFormatArg::Csv => items::ImportFormat::Csv,
         }),
     };
-    match items::import_file(&mut conn, file, &opts) {
+    match items::import_file(&mut ledger, file, &opts) {
         Ok(r) => {
             let _ = items::render_import_report(&r, &mut std::io::stdout().lock());
             if r.bad_count > 0 { EXIT_USAGE } else { 0 }
@@ -206,13 +208,13 @@ fn export(
     if opts.what == report::ExportWhat::Items && opts.session.is_none() {
         return fail(report::ReportError::ItemsNeedSession);
     }
-    with_ledger(ws, |c| match &output {
+    with_ledger(ws, |l| match &output {
         Some(p) => {
-            let n = report::export_file(c, &opts, ws, p).map_err(|e| e.to_string())?;
+            let n = report::export_file(l, &opts, ws, p).map_err(|e| e.to_string())?;
             println!("Exported {n} rows to {}", p.display());
             Ok(())
         }
-        None => match report::export_in(c, &opts, ws, &mut std::io::stdout().lock()) {
+        None => match report::export_in(l, &opts, ws, &mut std::io::stdout().lock()) {
             Ok(_) => Ok(()),
             Err(e) if e.is_broken_pipe() => Ok(()),
             Err(e) => Err(e.to_string()),
@@ -225,15 +227,16 @@ fn export(
 /// whatever process, obeys within a second.
 fn control(ws: &Path, session: &str, desired: Option<Desired>) -> i32 {
     let actor = format!("cli:{}", docket::review::Operator::current().user);
-    with_ledger(ws, |c| {
-        let live = if store::run_by_live_process(c, session).map_err(|e| e.to_string())? {
+    with_ledger(ws, |l| {
+        let live = if l.run_by_live_process(session).map_err(|e| e.to_string())? {
             "the engine running it obeys within a second"
         } else {
             "it is not running now; `docket batch-adjudicate --resume` continues it"
         };
         match desired {
             Some(d) => {
-                docket::control::set_desired(c, session, d, &actor).map_err(|e| e.to_string())?;
+                l.set_desired(session, d, &actor)
+                    .map_err(|e| e.to_string())?;
                 let verb = match d {
                     Desired::Paused => "pause",
                     Desired::Running => "resume",
@@ -242,7 +245,8 @@ fn control(ws: &Path, session: &str, desired: Option<Desired>) -> i32 {
                 println!("Session {session}: asked to {verb} ({live}).");
             }
             None => {
-                let stage = docket::control::stop_after_stage(c, session, &actor)
+                let stage = l
+                    .stop_after_stage(session, &actor)
                     .map_err(|e| e.to_string())?;
                 println!("Session {session}: asked to stop after stage {stage} ({live}).");
             }
@@ -259,10 +263,9 @@ async fn cancel(ws: &Path, session: &str) -> i32 {
     if code != 0 {
         return code;
     }
-    let ledger = ws.join(docket::ledger::LEDGER_FILE);
-    let idle = docket::ledger::open(&ledger)
+    let idle = Ledger::open(&ws.join(LEDGER_FILE))
         .ok()
-        .and_then(|c| store::run_by_live_process(&c, session).ok())
+        .and_then(|l| l.run_by_live_process(session).ok())
         .is_some_and(|live| !live);
     if !idle {
         return 0;
@@ -363,8 +366,8 @@ struct BatchQuestion {
 impl BatchQuestion {
     fn open_batches(&self) -> Option<u64> {
         let id = self.session.lock().ok()?.clone()?;
-        let conn = docket::ledger::open_read_only(&self.ledger).ok()?;
-        docket::ledger::batches::open_batch_count(&conn, &id).ok()
+        let ledger = Ledger::open_read_only(&self.ledger).ok()?;
+        ledger.open_provider_batches(&id).ok()
     }
 }
 

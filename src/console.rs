@@ -198,10 +198,11 @@ pub async fn run_with_console(
 /// The quit dialog's choice, in the session's events with who made it.
 fn note(ws: &Path, session_id: &str, what: &str) {
     let actor = format!("review:{}", docket::review::Operator::current().user);
-    let written = docket::ledger::open(&ws.join(docket::ledger::LEDGER_FILE))
+    let written = docket::ledger::Ledger::open(&ws.join(docket::ledger::LEDGER_FILE))
         .map_err(|e| e.to_string())
-        .and_then(|c| {
-            docket::control::note(&c, session_id, what, &actor).map_err(|e| e.to_string())
+        .and_then(|l| {
+            use docket::ledger::controls::RunControls;
+            l.note(session_id, what, &actor).map_err(|e| e.to_string())
         });
     if let Err(e) = written {
         tracing::warn!("could not record {what:?} for {session_id}: {e}");

@@ -1,13 +1,16 @@
 //! The console's reads (`ledger::console::ConsoleReads`), review decisions
-//! (`review`) and run controls (`control`) against a real ledger file, with
+//! (`ledger::review::ReviewDecisions`) and run controls
+//! (`ledger::controls::RunControls`) against a real ledger file, with
 //! fixtures written as plain SQL the way the engine writes them.
 
 use std::path::PathBuf;
 
-use docket::control::{self, ControlError, Desired};
+use docket::control::{ControlError, Desired};
 use docket::ledger::console::ConsoleReads;
+use docket::ledger::controls::RunControls;
 use docket::ledger::now_ts;
-use docket::review::{self, CLAIM_LEASE_SECS, Claim, Operator, ReviewError};
+use docket::ledger::review::ReviewDecisions;
+use docket::review::{CLAIM_LEASE_SECS, Claim, Operator, ReviewError};
 use docket::watch::{Level, ReviewQuery, Tune};
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -664,16 +667,14 @@ fn review_page_total_follows_new_items_and_decisions() {
     assert_eq!(total(None, Some("s2")), 2);
 
     // Decisions and undos take items out of the queue and back.
-    review::accept(&l.conn, &[a, c], &alice()).expect("accept");
+    l.db.accept(&[a, c], &alice()).expect("accept");
     assert_eq!(total(None, None), 2);
     assert_eq!(total(Some("hit"), None), 0);
-    review::reject(&l.conn, &[b], &bob()).expect("reject");
+    l.db.reject(&[b], &bob()).expect("reject");
     l.reviewable("e-hit", "s1", 0.5);
     assert_eq!(total(None, None), 2);
     assert_eq!(total(Some("hit"), None), 1);
-    review::undo_last(&l.conn, &alice())
-        .expect("undo")
-        .expect("undone");
+    l.db.undo_last(&alice()).expect("undo").expect("undone");
     assert_eq!(total(None, None), 3);
     assert_eq!(total(Some("hit"), None), 2);
     assert_eq!(total(None, Some("s2")), 2);
@@ -821,10 +822,10 @@ fn two_operators_claims_leases_and_skips() {
     let x = l.reviewable("x", "s1", 0.8);
     let y = l.reviewable("y", "s1", 0.7);
     let (a, b) = (alice(), bob());
-    // Bob works from his own connection (another process).
-    let bconn = l.reopen();
+    // Bob works from his own handle (another process).
+    let bdb = l.fresh();
 
-    assert_eq!(review::claim(&l.conn, x, &a).expect("claim"), Claim::Held);
+    assert_eq!(l.db.claim(x, &a).expect("claim"), Claim::Held);
     let until: f64 = l
         .conn
         .query_row(
@@ -839,20 +840,20 @@ fn two_operators_claims_leases_and_skips() {
         "{left}"
     );
     assert_eq!(
-        review::claim(&bconn, x, &b).expect("claim"),
+        bdb.claim(x, &b).expect("claim"),
         Claim::HeldByOther(a.claimant.clone())
     );
     // Alice renews her own claim.
-    assert_eq!(review::claim(&l.conn, x, &a).expect("renew"), Claim::Held);
+    assert_eq!(l.db.claim(x, &a).expect("renew"), Claim::Held);
     // The same user in another console is someone else.
     let a2 = Operator::new("alice", "alice@host-a:999");
     assert!(matches!(
-        review::claim(&l.conn, x, &a2).expect("claim"),
+        l.db.claim(x, &a2).expect("claim"),
         Claim::HeldByOther(_)
     ));
 
     // Bob's bulk accept skips what Alice holds and does the rest.
-    let applied = review::accept(&bconn, &[x, y], &b).expect("accept");
+    let applied = bdb.accept(&[x, y], &b).expect("accept");
     assert_eq!(applied.done, [y]);
     assert_eq!(applied.skipped.len(), 1);
     assert_eq!(applied.skipped[0].0, x);
@@ -871,20 +872,20 @@ fn two_operators_claims_leases_and_skips() {
             params![x, now_ts() - 0.5],
         )
         .expect("expire");
-    assert_eq!(review::claim(&bconn, x, &b).expect("claim"), Claim::Held);
+    assert_eq!(bdb.claim(x, &b).expect("claim"), Claim::Held);
     assert_eq!(
-        review::claim(&l.conn, x, &a).expect("claim"),
+        l.db.claim(x, &a).expect("claim"),
         Claim::HeldByOther(b.claimant.clone())
     );
     // Releasing: only our own claims.
-    assert!(!review::release(&l.conn, x, &a).expect("release"));
-    assert!(review::release(&bconn, x, &b).expect("release"));
-    assert_eq!(review::claim(&l.conn, x, &a).expect("claim"), Claim::Held);
+    assert!(!l.db.release(x, &a).expect("release"));
+    assert!(bdb.release(x, &b).expect("release"));
+    assert_eq!(l.db.claim(x, &a).expect("claim"), Claim::Held);
     // release_all drops Alice's claims and nobody else's.
     l.item("z");
     let z = l.review("z", "s1", Some(0.5), "r", None);
-    assert_eq!(review::claim(&bconn, z, &b).expect("claim"), Claim::Held);
-    assert_eq!(review::release_all(&l.conn, &a).expect("release all"), 1);
+    assert_eq!(bdb.claim(z, &b).expect("claim"), Claim::Held);
+    assert_eq!(l.db.release_all(&a).expect("release all"), 1);
     let holders: Vec<Option<String>> = [x, z]
         .iter()
         .map(|id| {
@@ -900,12 +901,9 @@ fn two_operators_claims_leases_and_skips() {
     assert_eq!(holders, [None, Some(b.claimant.clone())]);
 
     // Decided items cannot be claimed; unknown ones are an error.
-    assert_eq!(
-        review::claim(&l.conn, y, &a).expect("claim"),
-        Claim::NotPending
-    );
+    assert_eq!(l.db.claim(y, &a).expect("claim"), Claim::NotPending);
     assert!(matches!(
-        review::claim(&l.conn, 4242, &a),
+        l.db.claim(4242, &a),
         Err(ReviewError::NotFound(4242))
     ));
 }
@@ -917,13 +915,10 @@ fn accept_records_the_decision_as_auto_accept_would() {
     l.item("x");
     let req = l.request("x", "triage", 1.0);
     let rid = l.review("x", "s1", Some(0.82), "close call", Some(req));
-    assert_eq!(
-        review::claim(&l.conn, rid, &alice()).expect("claim"),
-        Claim::Held
-    );
+    assert_eq!(l.db.claim(rid, &alice()).expect("claim"), Claim::Held);
 
     let before = now_ts();
-    let applied = review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    let applied = l.db.accept(&[rid], &alice()).expect("accept");
     assert_eq!(applied.done, [rid]);
     assert!(applied.skipped.is_empty());
 
@@ -978,7 +973,7 @@ fn accept_records_the_decision_as_auto_accept_would() {
     assert!(prev["decided_by"].is_null());
 
     // Accepting again is skipped, saying who decided.
-    let again = review::accept(&l.conn, &[rid], &bob()).expect("accept");
+    let again = l.db.accept(&[rid], &bob()).expect("accept");
     assert!(again.done.is_empty());
     assert!(
         again.skipped[0].1.contains("review:alice"),
@@ -1000,7 +995,7 @@ fn accept_never_overwrites_a_decision_made_elsewhere() {
         )
         .expect("auto-accepted elsewhere");
     let before = l.decision("x");
-    let applied = review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    let applied = l.db.accept(&[rid], &alice()).expect("accept");
     assert!(applied.done.is_empty());
     assert!(
         applied.skipped[0].1.contains("llm_auto_accept"),
@@ -1017,7 +1012,7 @@ fn reject_closes_the_review_item_and_leaves_the_decision() {
     l.session("s1", 1000.0, None, "completed");
     let rid = l.reviewable("x", "s1", 0.6);
     let before = l.decision("x");
-    let applied = review::reject(&l.conn, &[rid], &bob()).expect("reject");
+    let applied = l.db.reject(&[rid], &bob()).expect("reject");
     assert_eq!(applied.done, [rid]);
     assert_eq!(l.decision("x"), before);
     assert_eq!(before.state, "indeterminate");
@@ -1036,9 +1031,10 @@ fn reject_closes_the_review_item_and_leaves_the_decision() {
     assert_eq!(action, "reject");
 
     // Undo of a reject: pending again, decision still untouched.
-    let u = review::undo_last(&l.conn, &bob())
-        .expect("undo")
-        .expect("something undone");
+    let u =
+        l.db.undo_last(&bob())
+            .expect("undo")
+            .expect("something undone");
     assert_eq!(
         (u.review_id, u.item_id.as_str(), u.action.as_str()),
         (rid, "x", "reject")
@@ -1054,12 +1050,9 @@ fn bulk_accept_with_one_already_decided() {
     let a = l.reviewable("a", "s1", 0.9);
     let b = l.reviewable("b", "s1", 0.8);
     let c = l.reviewable("c", "s1", 0.7);
-    assert_eq!(
-        review::reject(&l.conn, &[b], &bob()).expect("reject").done,
-        [b]
-    );
+    assert_eq!(l.db.reject(&[b], &bob()).expect("reject").done, [b]);
 
-    let applied = review::accept(&l.conn, &[a, b, c], &alice()).expect("accept");
+    let applied = l.db.accept(&[a, b, c], &alice()).expect("accept");
     assert_eq!(applied.done, [a, c]);
     assert_eq!(applied.skipped.len(), 1);
     assert_eq!(applied.skipped[0].0, b);
@@ -1077,7 +1070,7 @@ fn bulk_accept_with_one_already_decided() {
     assert_eq!(l.decision("b").state, "indeterminate");
     assert_eq!(l.decision("c").state, "decided");
     // Unknown ids are skipped too, not an error.
-    let applied = review::accept(&l.conn, &[9999], &alice()).expect("accept");
+    let applied = l.db.accept(&[9999], &alice()).expect("accept");
     assert_eq!(applied.skipped.len(), 1);
 }
 
@@ -1087,16 +1080,15 @@ fn undo_after_accept_restores_the_decision_even_after_a_restart() {
     l.session("s1", 1000.0, None, "completed");
     let rid = l.reviewable("x", "s1", 0.8);
     let before = l.decision("x");
-    review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    l.db.accept(&[rid], &alice()).expect("accept");
     assert_eq!(l.decision("x").state, "decided");
 
     // A new process (restart): the undo stack is in the ledger.
     let conn2 = l.reopen();
+    let db2 = l.fresh();
     // Bob has nothing to undo; Alice's decision is hers.
-    assert_eq!(review::undo_last(&conn2, &bob()).expect("undo"), None);
-    let u = review::undo_last(&conn2, &alice())
-        .expect("undo")
-        .expect("undone");
+    assert_eq!(db2.undo_last(&bob()).expect("undo"), None);
+    let u = db2.undo_last(&alice()).expect("undo").expect("undone");
     assert_eq!(
         (u.review_id, u.item_id.as_str(), u.action.as_str()),
         (rid, "x", "accept")
@@ -1119,11 +1111,8 @@ fn undo_after_accept_restores_the_decision_even_after_a_restart() {
     assert_eq!(log[1], (undo_id, "undo".into(), Some(accept_id), None));
 
     // Nothing left to undo; the item can be decided afresh.
-    assert_eq!(review::undo_last(&conn2, &alice()).expect("undo"), None);
-    assert_eq!(
-        review::accept(&conn2, &[rid], &bob()).expect("accept").done,
-        [rid]
-    );
+    assert_eq!(db2.undo_last(&alice()).expect("undo"), None);
+    assert_eq!(db2.accept(&[rid], &bob()).expect("accept").done, [rid]);
 }
 
 #[test]
@@ -1140,11 +1129,9 @@ fn undo_restores_an_earlier_decision_exactly() {
         )
         .expect("history");
     let before = l.decision("x");
-    review::accept(&l.conn, &[rid], &alice()).expect("accept");
+    l.db.accept(&[rid], &alice()).expect("accept");
     assert_ne!(l.decision("x"), before);
-    review::undo_last(&l.conn, &alice())
-        .expect("undo")
-        .expect("undone");
+    l.db.undo_last(&alice()).expect("undo").expect("undone");
     assert_eq!(l.decision("x"), before);
 }
 
@@ -1155,20 +1142,16 @@ fn repeated_undo_walks_back() {
     let a = l.reviewable("a", "s1", 0.9);
     let b = l.reviewable("b", "s1", 0.8);
     let c = l.reviewable("c", "s1", 0.7);
-    review::accept(&l.conn, &[a], &alice()).expect("accept a");
-    review::reject(&l.conn, &[b], &alice()).expect("reject b");
+    l.db.accept(&[a], &alice()).expect("accept a");
+    l.db.reject(&[b], &alice()).expect("reject b");
     // Bob's decision in between is not Alice's to undo.
-    review::accept(&l.conn, &[c], &bob()).expect("accept c");
+    l.db.accept(&[c], &bob()).expect("accept c");
 
-    let u1 = review::undo_last(&l.conn, &alice())
-        .expect("undo")
-        .expect("one");
+    let u1 = l.db.undo_last(&alice()).expect("undo").expect("one");
     assert_eq!((u1.review_id, u1.action.as_str()), (b, "reject"));
-    let u2 = review::undo_last(&l.conn, &alice())
-        .expect("undo")
-        .expect("two");
+    let u2 = l.db.undo_last(&alice()).expect("undo").expect("two");
     assert_eq!((u2.review_id, u2.action.as_str()), (a, "accept"));
-    assert_eq!(review::undo_last(&l.conn, &alice()).expect("undo"), None);
+    assert_eq!(l.db.undo_last(&alice()).expect("undo"), None);
 
     assert_eq!(l.review_status(a).0, "pending");
     assert_eq!(l.review_status(b).0, "pending");
@@ -1184,7 +1167,7 @@ fn undo_is_refused_when_someone_else_decided_since() {
 
     // 1. Alice accepted; the decision was then re-decided by someone else.
     let x = l.reviewable("x", "s1", 0.8);
-    review::accept(&l.conn, &[x], &alice()).expect("accept");
+    l.db.accept(&[x], &alice()).expect("accept");
     l.conn
         .execute(
             "UPDATE decision SET decided_answer_json = '{\"label\":\"other\"}', decided_by = 'review:bob',
@@ -1193,7 +1176,7 @@ fn undo_is_refused_when_someone_else_decided_since() {
         )
         .expect("bob re-decides");
     let after_bob = l.decision("x");
-    let err = review::undo_last(&l.conn, &alice()).expect_err("refused");
+    let err = l.db.undo_last(&alice()).expect_err("refused");
     assert!(matches!(err, ReviewError::UndoConflict { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("review:bob") && msg.contains('x'), "{msg}");
@@ -1214,22 +1197,17 @@ fn undo_is_refused_when_someone_else_decided_since() {
     let l = Ledger::new();
     l.session("s1", 1000.0, None, "completed");
     let y = l.reviewable("y", "s1", 0.8);
-    review::reject(&l.conn, &[y], &alice()).expect("reject");
+    l.db.reject(&[y], &alice()).expect("reject");
     l.conn
         .execute("UPDATE review_item SET status = 'pending', decided_by = NULL, decided_at = NULL WHERE review_id = ?1", params![y])
         .expect("reopen");
-    assert_eq!(
-        review::accept(&l.conn, &[y], &bob()).expect("accept").done,
-        [y]
-    );
-    let err = review::undo_last(&l.conn, &alice()).expect_err("refused");
+    assert_eq!(l.db.accept(&[y], &bob()).expect("accept").done, [y]);
+    let err = l.db.undo_last(&alice()).expect_err("refused");
     assert!(err.to_string().contains("accepted by review:bob"), "{err}");
     assert_eq!(l.review_status(y).0, "accepted");
     assert_eq!(l.decision("y").decided_by.as_deref(), Some("review:bob"));
     // Bob's own undo still works.
-    let u = review::undo_last(&l.conn, &bob())
-        .expect("undo")
-        .expect("bob's");
+    let u = l.db.undo_last(&bob()).expect("undo").expect("bob's");
     assert_eq!(u.review_id, y);
     assert_eq!(l.decision("y").state, "indeterminate");
 }
@@ -1273,7 +1251,8 @@ fn set_desired_writes_the_state_and_an_event() {
     l.session("run", 1000.0, Some(now_ts()), "running");
     l.session("done", 900.0, None, "completed");
 
-    control::set_desired(&l.conn, "run", Desired::Paused, "review:alice").expect("pause");
+    l.db.set_desired("run", Desired::Paused, "review:alice")
+        .expect("pause");
     assert_eq!(session_controls(&l.conn, "run").0, "paused");
     // The engine's own reader sees it.
     assert_eq!(
@@ -1282,9 +1261,11 @@ fn set_desired_writes_the_state_and_an_event() {
             .as_deref(),
         Some("paused")
     );
-    control::set_desired(&l.conn, "run", Desired::Running, "review:bob").expect("resume");
+    l.db.set_desired("run", Desired::Running, "review:bob")
+        .expect("resume");
     assert_eq!(session_controls(&l.conn, "run").0, "running");
-    control::set_desired(&l.conn, "run", Desired::Cancelled, "review:alice").expect("cancel");
+    l.db.set_desired("run", Desired::Cancelled, "review:alice")
+        .expect("cancel");
     assert_eq!(session_controls(&l.conn, "run").0, "cancelled");
 
     let ev = control_events(&l.conn, "run");
@@ -1316,15 +1297,17 @@ fn set_desired_writes_the_state_and_an_event() {
     assert_eq!(pane[0].message, "cancel requested by review:alice");
     assert_eq!(pane[0].kind, "control");
 
-    let err = control::set_desired(&l.conn, "done", Desired::Paused, "review:alice")
-        .expect_err("completed");
+    let err =
+        l.db.set_desired("done", Desired::Paused, "review:alice")
+            .expect_err("completed");
     assert!(matches!(err, ControlError::Completed(_)));
     assert!(err.to_string().contains("completed"), "{err}");
     assert_eq!(session_controls(&l.conn, "done").0, "running");
     assert!(control_events(&l.conn, "done").is_empty());
 
-    let err = control::set_desired(&l.conn, "batch_nope", Desired::Paused, "review:alice")
-        .expect_err("unknown");
+    let err =
+        l.db.set_desired("batch_nope", Desired::Paused, "review:alice")
+            .expect_err("unknown");
     assert!(matches!(err, ControlError::NoSession(_)));
     assert!(err.to_string().contains("batch_nope"), "{err}");
 }
@@ -1335,8 +1318,7 @@ fn retune_validates_and_leaves_unset_limits_alone() {
     l.session("run", 1000.0, Some(now_ts()), "running");
     l.session("done", 900.0, None, "completed");
 
-    control::retune(
-        &l.conn,
+    l.db.retune(
         "run",
         Tune {
             rpm: Some(120),
@@ -1351,8 +1333,7 @@ fn retune_validates_and_leaves_unset_limits_alone() {
         ("running".into(), None, Some(120), Some(50_000), Some(4))
     );
     // None leaves a column as it is; 0 means no client limit.
-    control::retune(
-        &l.conn,
+    l.db.retune(
         "run",
         Tune {
             rpm: Some(0),
@@ -1407,7 +1388,9 @@ fn retune_validates_and_leaves_unset_limits_alone() {
         },
         Tune::default(),
     ] {
-        let err = control::retune(&l.conn, "run", bad, "review:alice").expect_err("invalid");
+        let err =
+            l.db.retune("run", bad, "review:alice")
+                .expect_err("invalid");
         assert!(
             matches!(err, ControlError::InvalidTune(_)),
             "{bad:?}: {err}"
@@ -1420,8 +1403,7 @@ fn retune_validates_and_leaves_unset_limits_alone() {
     assert_eq!(control_events(&l.conn, "run").len(), 2);
     // The bounds themselves are fine.
     for c in [1, 10_000] {
-        control::retune(
-            &l.conn,
+        l.db.retune(
             "run",
             Tune {
                 concurrency: Some(c),
@@ -1438,11 +1420,11 @@ fn retune_validates_and_leaves_unset_limits_alone() {
         ..Tune::default()
     };
     assert!(matches!(
-        control::retune(&l.conn, "done", ok, "review:alice"),
+        l.db.retune("done", ok, "review:alice"),
         Err(ControlError::Completed(_))
     ));
     assert!(matches!(
-        control::retune(&l.conn, "nope", ok, "review:alice"),
+        l.db.retune("nope", ok, "review:alice"),
         Err(ControlError::NoSession(_))
     ));
 }
@@ -1461,7 +1443,7 @@ fn stop_after_stage_names_the_current_stage() {
         .expect("bare snapshot");
 
     // From the config snapshot.
-    let stage = control::stop_after_stage(&l.conn, "run", "review:alice").expect("stop");
+    let stage = l.db.stop_after_stage("run", "review:alice").expect("stop");
     assert_eq!(stage, "triage");
     assert_eq!(
         session_controls(&l.conn, "run").1.as_deref(),
@@ -1481,7 +1463,7 @@ fn stop_after_stage_names_the_current_stage() {
         .execute("UPDATE llm_batch_session SET live_json = '{\"stage\":\"critic\"}' WHERE session_id = 'run'", [])
         .expect("live");
     assert_eq!(
-        control::stop_after_stage(&l.conn, "run", "review:bob").expect("stop"),
+        l.db.stop_after_stage("run", "review:bob").expect("stop"),
         "critic"
     );
     assert_eq!(
@@ -1496,24 +1478,24 @@ fn stop_after_stage_names_the_current_stage() {
         )
         .expect("live");
     assert_eq!(
-        control::stop_after_stage(&l.conn, "run", "review:bob").expect("stop"),
+        l.db.stop_after_stage("run", "review:bob").expect("stop"),
         "triage"
     );
 
     // No stages configured: the default stage.
     assert_eq!(
-        control::stop_after_stage(&l.conn, "bare", "review:alice").expect("stop"),
+        l.db.stop_after_stage("bare", "review:alice").expect("stop"),
         "adjudicate"
     );
     let view = l.db.session_view("bare").expect("view").expect("bare");
     assert_eq!(view.stop_after_stage.as_deref(), Some("adjudicate"));
 
     assert!(matches!(
-        control::stop_after_stage(&l.conn, "done", "review:alice"),
+        l.db.stop_after_stage("done", "review:alice"),
         Err(ControlError::Completed(_))
     ));
     assert!(matches!(
-        control::stop_after_stage(&l.conn, "nope", "review:alice"),
+        l.db.stop_after_stage("nope", "review:alice"),
         Err(ControlError::NoSession(_))
     ));
     let none: Option<String> = l

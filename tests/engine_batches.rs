@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use docket::engine::{Interrupts, RunEnd, RunReport};
+use docket::ledger::controls::RunControls;
 use docket::mock::{MockConfig, MockServer};
 use rusqlite::Connection;
 use support::*;
@@ -667,7 +668,9 @@ async fn a_cancel_cancels_the_provider_batch_and_keeps_what_finished() {
         },
     )
     .await;
-    docket::control::set_desired(&conn, &sid, docket::control::Desired::Cancelled, "test").unwrap();
+    ws.handle()
+        .set_desired(&sid, docket::control::Desired::Cancelled, "test")
+        .unwrap();
     let (report, lines) = handle.await.unwrap();
     assert_eq!(report.end, RunEnd::Cancelled, "{}", lines.text());
     assert_eq!(session_state(&conn, &sid), "cancelled");

@@ -701,7 +701,8 @@ async fn another_writer_during_a_run_never_sees_busy() {
     // A second connection imports batches and flips desired_state while the
     // engine writes: every write must wait its turn, none may fail.
     let writer = std::thread::spawn(move || {
-        let mut conn = docket::ledger::open(&dir.join("docket.sqlite")).unwrap();
+        let conn = docket::ledger::open(&dir.join("docket.sqlite")).unwrap();
+        let mut ledger = docket::ledger::Ledger::open(&dir.join("docket.sqlite")).unwrap();
         for i in 0..30 {
             let path = dir.join(format!("items/extra{i}.jsonl"));
             let body: String = (0..20)
@@ -713,7 +714,7 @@ async fn another_writer_during_a_run_never_sees_busy() {
                 format: None,
                 strict: true,
             };
-            docket::items::import_file(&mut conn, &path, &opts).expect("import during a run");
+            docket::items::import_file(&mut ledger, &path, &opts).expect("import during a run");
             if let Ok(Some(id)) = docket::ledger::store::latest_session(&conn) {
                 docket::ledger::store::set_desired_state(&conn, &id, "running")
                     .expect("control write during a run");

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use docket::ledger::Ledger;
 use docket::report::{
     ExportFormat, ExportOptions, ExportWhat, ITEM_COLUMNS, REQUEST_COLUMNS, ReportError, export,
     export_file, export_in,
@@ -108,6 +109,10 @@ impl Ws {
     }
     fn conn(&self) -> Connection {
         docket::ledger::open(&self.dir.path().join("docket.sqlite")).unwrap()
+    }
+    /// The handle the CLI exports through.
+    fn handle(&self) -> Ledger {
+        Ledger::open(&self.dir.path().join("docket.sqlite")).unwrap()
     }
 }
 
@@ -386,7 +391,7 @@ fn opts(session: &str, what: ExportWhat, format: ExportFormat) -> ExportOptions 
 fn text(ws: &Ws, session: &str, what: ExportWhat, format: ExportFormat) -> (u64, String) {
     let mut out = Vec::new();
     let n = export_in(
-        &ws.conn(),
+        &ws.handle(),
         &opts(session, what, format),
         ws.path(),
         &mut out,
@@ -642,7 +647,7 @@ fn items_csv_reads_back_with_pythons_csv_module() {
 fn parquet_file(ws: &Ws, session: &str, what: ExportWhat, name: &str) -> std::path::PathBuf {
     let path = ws.path().join(name);
     export_file(
-        &ws.conn(),
+        &ws.handle(),
         &opts(session, what, ExportFormat::Parquet),
         ws.path(),
         &path,
@@ -829,7 +834,7 @@ fn requests_one_row_per_stage_request() {
         what: ExportWhat::Requests,
         format: ExportFormat::Jsonl,
     };
-    assert_eq!(export(&ws.conn(), &all, &mut out).unwrap(), 17);
+    assert_eq!(export(&ws.handle(), &all, &mut out).unwrap(), 17);
     let rows = jsonl(&String::from_utf8(out).unwrap());
     assert_eq!(rows[0]["session_id"], json!(TWO));
     assert_eq!(rows.last().unwrap()["session_id"], json!(GYM));
@@ -838,17 +843,17 @@ fn requests_one_row_per_stage_request() {
 #[test]
 fn library_errors() {
     let ws = Ws::new();
-    let conn = ws.conn();
+    let ledger = ws.handle();
     let mut out = Vec::new();
     let err = export(
-        &conn,
+        &ledger,
         &opts("nope", ExportWhat::Items, ExportFormat::Csv),
         &mut out,
     )
     .unwrap_err();
     assert!(matches!(err, ReportError::UnknownSession(_)));
     let err = export(
-        &conn,
+        &ledger,
         &opts(TWO, ExportWhat::Items, ExportFormat::Parquet),
         &mut out,
     )
@@ -860,14 +865,14 @@ fn library_errors() {
         format: ExportFormat::Csv,
     };
     assert!(matches!(
-        export(&conn, &no_session, &mut out).unwrap_err(),
+        export(&ledger, &no_session, &mut out).unwrap_err(),
         ReportError::ItemsNeedSession
     ));
     // `export` reads schema files next to the ledger: the same header.
     let (_, via_ws) = text(&ws, TWO, ExportWhat::Items, ExportFormat::Csv);
     let mut out = Vec::new();
     export(
-        &conn,
+        &ledger,
         &opts(TWO, ExportWhat::Items, ExportFormat::Csv),
         &mut out,
     )

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use docket::items::{ImportError, ImportFormat, ImportOptions, import_file, render_import_report};
+use docket::ledger::Ledger;
 use docket::report::{
     DECISION_COLUMNS, ExportFormat, ExportOptions, ExportWhat, OutputFormat, REQUEST_COLUMNS,
     RESULT_COLUMNS, ReportError, export, write_results, write_sessions,
@@ -15,6 +16,12 @@ const SESSION: &str = "batch_20260501_abc123";
 
 fn ledger(dir: &Path) -> Connection {
     docket::ledger::open(&dir.join("docket.sqlite")).expect("open ledger")
+}
+
+/// The handle the CLI imports and reports through, on the same file as the
+/// fixtures' connection.
+fn handle(conn: &Connection) -> Ledger {
+    Ledger::open(Path::new(conn.path().expect("a ledger file"))).expect("open the handle")
 }
 
 fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
@@ -51,7 +58,7 @@ fn evidence(conn: &Connection, id: &str) -> Value {
 #[test]
 fn jsonl_import_with_string_and_integer_ids() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(
         dir.path(),
         "items.jsonl",
@@ -60,7 +67,7 @@ fn jsonl_import_with_string_and_integer_ids() {
           {\"id\": 42, \"title\": null, \"nested\": {\"k\": true}}\r\n\
           {\"title\": \"no trailing newline\", \"id\": \"z\"}",
     );
-    let report = import_file(&mut conn, &path, &opts()).unwrap();
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     assert_eq!(report.rows_read, 3);
     assert_eq!(report.imported, 3);
     assert_eq!(report.already_present, 0);
@@ -97,7 +104,7 @@ fn jsonl_import_with_string_and_integer_ids() {
 #[test]
 fn csv_import_keeps_other_columns_as_strings() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(
         dir.path(),
         "items.csv",
@@ -108,7 +115,7 @@ fn csv_import_keeps_other_columns_as_strings() {
          Carol,i3,7,plain\n"
             .as_bytes(),
     );
-    let report = import_file(&mut conn, &path, &opts()).unwrap();
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     assert_eq!(
         (report.rows_read, report.imported, report.bad_count),
         (3, 3, 0)
@@ -137,9 +144,9 @@ fn csv_import_keeps_other_columns_as_strings() {
 #[test]
 fn explicit_format_and_custom_id_field() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(dir.path(), "items.txt", b"{\"key\": \"k1\", \"v\": 1}\n");
-    let err = import_file(&mut conn, &path, &opts()).unwrap_err();
+    let err = import_file(&mut handle(&conn), &path, &opts()).unwrap_err();
     assert!(matches!(err, ImportError::UnknownFormat { .. }));
     assert!(err.to_string().contains("items.txt"), "{err}");
 
@@ -148,7 +155,7 @@ fn explicit_format_and_custom_id_field() {
         format: Some(ImportFormat::Jsonl),
         strict: false,
     };
-    let report = import_file(&mut conn, &path, &o).unwrap();
+    let report = import_file(&mut handle(&conn), &path, &o).unwrap();
     assert_eq!(report.imported, 1);
     assert_eq!(evidence(&conn, "k1"), json!({"v": 1}));
 }
@@ -156,13 +163,13 @@ fn explicit_format_and_custom_id_field() {
 #[test]
 fn reimport_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(
         dir.path(),
         "items.jsonl",
         b"{\"id\": \"a\", \"v\": 1}\n{\"id\": \"b\", \"v\": 2}\n{\"id\": \"a\", \"v\": 3}\n",
     );
-    let first = import_file(&mut conn, &path, &opts()).unwrap();
+    let first = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     assert_eq!(
         (first.rows_read, first.imported, first.already_present),
         (3, 2, 1)
@@ -179,7 +186,7 @@ fn reimport_is_idempotent() {
         [],
     )
     .unwrap();
-    let again = import_file(&mut conn, &path, &opts()).unwrap();
+    let again = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     assert_eq!(
         (again.rows_read, again.imported, again.already_present),
         (3, 0, 3)
@@ -222,9 +229,9 @@ fn messy_jsonl() -> Vec<u8> {
 #[test]
 fn bad_rows_are_reported_with_lines_and_reasons() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(dir.path(), "items.jsonl", &messy_jsonl());
-    let report = import_file(&mut conn, &path, &opts()).unwrap();
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     assert_eq!(report.rows_read, 10);
     assert_eq!(report.imported, 2);
     assert_eq!(report.bad_count, 8);
@@ -268,13 +275,13 @@ fn bad_rows_are_reported_with_lines_and_reasons() {
 #[test]
 fn csv_bad_rows_name_field_counts() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(
         dir.path(),
         "items.csv",
         b"id,a,b,c\n1,x,y,z\n2,x,y\n3,x,y,z,extra\n4,\xff,y,z\n,x,y,z\n5,x,y,z\n",
     );
-    let report = import_file(&mut conn, &path, &opts()).unwrap();
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     assert_eq!(
         (report.rows_read, report.imported, report.bad_count),
         (6, 2, 4)
@@ -299,13 +306,13 @@ fn csv_bad_rows_name_field_counts() {
 #[test]
 fn strict_mode_imports_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(dir.path(), "items.jsonl", &messy_jsonl());
     let o = ImportOptions {
         strict: true,
         ..opts()
     };
-    let err = import_file(&mut conn, &path, &o).unwrap_err();
+    let err = import_file(&mut handle(&conn), &path, &o).unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("items.jsonl") && msg.contains("8 bad rows"),
@@ -328,15 +335,18 @@ fn strict_mode_imports_nothing() {
 
     // A clean file still imports in strict mode.
     let good = write_file(dir.path(), "good.jsonl", b"{\"id\": 1}\n{\"id\": 2}\n");
-    assert_eq!(import_file(&mut conn, &good, &o).unwrap().imported, 2);
+    assert_eq!(
+        import_file(&mut handle(&conn), &good, &o).unwrap().imported,
+        2
+    );
 }
 
 #[test]
 fn missing_id_column_is_a_file_error() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = write_file(dir.path(), "items.csv", b"\n\nkey,name\nk1,Alice\n");
-    let err = import_file(&mut conn, &path, &opts()).unwrap_err();
+    let err = import_file(&mut handle(&conn), &path, &opts()).unwrap_err();
     assert!(
         matches!(err, ImportError::MissingIdColumn { line: 3, .. }),
         "{err:?}"
@@ -348,7 +358,7 @@ fn missing_id_column_is_a_file_error() {
     assert_eq!(count(&conn, "SELECT COUNT(*) FROM decision"), 0);
 
     let missing = dir.path().join("nope.jsonl");
-    let err = import_file(&mut conn, &missing, &opts()).unwrap_err();
+    let err = import_file(&mut handle(&conn), &missing, &opts()).unwrap_err();
     assert!(matches!(err, ImportError::Open { .. }));
     assert!(err.to_string().contains("nope.jsonl"), "{err}");
 }
@@ -356,7 +366,7 @@ fn missing_id_column_is_a_file_error() {
 #[test]
 fn bad_row_details_are_capped_but_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let mut body = String::new();
     for i in 0..1500 {
         body.push_str(if i % 3 == 0 {
@@ -368,7 +378,7 @@ fn bad_row_details_are_capped_but_counted() {
         body.push_str(if i % 3 == 0 { "\"}\n" } else { "\n" });
     }
     let path = write_file(dir.path(), "many.jsonl", body.as_bytes());
-    let report = import_file(&mut conn, &path, &opts()).unwrap();
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     assert_eq!(report.imported, 500);
     assert_eq!(report.bad_count, 1000);
     assert_eq!(report.bad_rows.len(), 1000);
@@ -386,7 +396,7 @@ fn bad_row_details_are_capped_but_counted() {
 fn import_a_million_rows_quickly() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
-    let mut conn = ledger(dir.path());
+    let conn = ledger(dir.path());
     let path = dir.path().join("big.jsonl");
     {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
@@ -401,7 +411,7 @@ fn import_a_million_rows_quickly() {
         }
     }
     let started = std::time::Instant::now();
-    let report = import_file(&mut conn, &path, &opts()).unwrap();
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
     let took = started.elapsed();
     eprintln!("imported {} rows in {took:?}", report.imported);
     assert_eq!(report.imported, 1_000_000);
@@ -489,7 +499,7 @@ fn seeded() -> (tempfile::TempDir, Connection) {
 
 fn results(conn: &Connection, session: &str, format: OutputFormat) -> Result<String, ReportError> {
     let mut out = Vec::new();
-    write_results(conn, session, format, &mut out)?;
+    write_results(&handle(conn), session, format, &mut out)?;
     Ok(String::from_utf8(out).expect("utf-8 output"))
 }
 
@@ -555,7 +565,7 @@ fn unknown_session_is_an_error_pointing_at_sessions() {
         what: ExportWhat::Results,
         format: ExportFormat::Csv,
     };
-    let err = export(&conn, &opts, &mut Vec::new()).unwrap_err();
+    let err = export(&handle(&conn), &opts, &mut Vec::new()).unwrap_err();
     assert!(matches!(err, ReportError::UnknownSession(_)));
 }
 
@@ -621,7 +631,7 @@ fn results_json_nests_the_answer() {
 
 fn sessions(conn: &Connection, format: OutputFormat) -> String {
     let mut out = Vec::new();
-    write_sessions(conn, format, &mut out).unwrap();
+    write_sessions(&handle(conn), format, &mut out).unwrap();
     String::from_utf8(out).unwrap()
 }
 
@@ -695,7 +705,7 @@ fn export_text(
         format,
     };
     let mut out = Vec::new();
-    let n = export(conn, &opts, &mut out).unwrap();
+    let n = export(&handle(conn), &opts, &mut out).unwrap();
     (n, String::from_utf8(out).unwrap())
 }
 

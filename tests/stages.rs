@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use docket::engine::{RunEnd, RunOptions};
+use docket::ledger::controls::RunControls;
 use docket::mock::{MockConfig, MockServer};
 use docket::workspace::Example;
 use rusqlite::Connection;
@@ -538,7 +539,10 @@ async fn stop_after_stage_then_resume() {
         [&sid],
     );
     assert!(sent_before < 30, "the stop lands early: {sent_before} sent");
-    let stage = docket::control::stop_after_stage(&conn, &sid, "test:stop").expect("stop");
+    let stage = ws
+        .handle()
+        .stop_after_stage(&sid, "test:stop")
+        .expect("stop");
     assert_eq!(stage, "adjudicate");
     let (report, lines) = handle.await.unwrap().expect("the run ended in time");
     let RunEnd::Paused(why) = &report.end else {

@@ -5,9 +5,9 @@
 //! item id: an id already in the ledger (or seen earlier in the same file) is
 //! left untouched and counted as already present.
 //!
-//! The whole file is imported in one `BEGIN IMMEDIATE` transaction with a
-//! cached prepared statement, reading line by line through a `BufReader`, so a
-//! million items import in a few seconds with flat memory.
+//! The whole file is imported in one write transaction of the ledger
+//! ([`crate::ledger::import::Import`]), reading line by line through a
+//! `BufReader`, so a million items import in a few seconds with flat memory.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -17,10 +17,10 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use rusqlite::{Connection, TransactionBehavior, params};
 use serde_json::{Map, Value};
 
-use crate::ledger::now_ts;
+use crate::ledger::LedgerError;
+use crate::ledger::import::{Import, ItemBatch};
 
 /// At most this many bad rows are kept with their details; all are counted.
 pub const MAX_BAD_ROW_DETAILS: usize = 1000;
@@ -28,16 +28,8 @@ pub const MAX_BAD_ROW_DETAILS: usize = 1000;
 /// The longest item id accepted, in characters.
 pub const MAX_ID_CHARS: usize = 256;
 
-/// Page cache during an import, as SQLite's negative KiB: 64 MiB.
-const IMPORT_CACHE_KIB: i64 = -64 * 1024;
-
 /// How many bad rows `render_import_report` lists before summarising the rest.
 const RENDERED_BAD_ROWS: usize = 20;
-
-const INSERT_SQL: &str = "INSERT INTO decision \
-     (item_id, state, evidence_json, source_file, source_line, imported_at, updated_at) \
-     VALUES (?1, 'indeterminate', ?2, ?3, ?4, ?5, ?5) \
-     ON CONFLICT(item_id) DO NOTHING";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImportFormat {
@@ -166,7 +158,7 @@ pub enum ImportError {
     Ledger {
         file: PathBuf,
         #[source]
-        source: rusqlite::Error,
+        source: LedgerError,
     },
     #[error(
         "{}: {bad_count} bad {} in strict mode, so nothing was imported; first: line {first_line}: {first_reason}",
@@ -183,13 +175,13 @@ pub enum ImportError {
     },
 }
 
-/// Import `path` into the ledger behind `conn`. See the module docs.
+/// Import `path` into `ledger`. See the module docs.
 ///
 /// Row-level problems are reported in `ImportReport::bad_rows` and the row is
 /// skipped; with `opts.strict` any bad row rolls everything back and returns
 /// `ImportError::StrictRejected` (which carries the report).
 pub fn import_file(
-    conn: &mut Connection,
+    ledger: &mut dyn Import,
     path: &Path,
     opts: &ImportOptions,
 ) -> Result<ImportReport, ImportError> {
@@ -225,53 +217,15 @@ pub fn import_file(
         file: path.to_path_buf(),
         source,
     };
-    // A larger page cache for the one big transaction keeps the item-id index
-    // in memory (random ids would otherwise spill and re-read pages). Bounded,
-    // so memory stays flat whatever the file size; restored afterwards.
-    let cache_before: i64 = conn
-        .pragma_query_value(None, "cache_size", |r| r.get(0))
-        .map_err(ledger_err)?;
-    conn.pragma_update(None, "cache_size", IMPORT_CACHE_KIB)
-        .map_err(ledger_err)?;
-    let result = import_in_transaction(conn, path, opts, format, reader, &source_file);
-    let restored = conn.pragma_update(None, "cache_size", cache_before);
-    let report = result?;
-    restored.map_err(ledger_err)?;
-    Ok(report)
-}
-
-fn import_in_transaction<R: Read>(
-    conn: &mut Connection,
-    path: &Path,
-    opts: &ImportOptions,
-    format: ImportFormat,
-    reader: BufReader<R>,
-    source_file: &str,
-) -> Result<ImportReport, ImportError> {
-    let ledger_err = |source| ImportError::Ledger {
-        file: path.to_path_buf(),
-        source,
-    };
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(ledger_err)?;
+    let mut batch = ledger.begin_import(&source_file).map_err(ledger_err)?;
     let mut report = ImportReport::new(path);
-    {
-        let mut stmt = tx.prepare_cached(INSERT_SQL).map_err(ledger_err)?;
-        let mut sink = Sink {
-            stmt: &mut stmt,
-            source_file,
-            now: now_ts(),
-        };
-        match format {
-            ImportFormat::Jsonl => {
-                import_jsonl(reader, path, &opts.id_field, &mut sink, &mut report)?
-            }
-            ImportFormat::Csv => import_csv(reader, path, &opts.id_field, &mut sink, &mut report)?,
-        }
+    let mut sink = Sink { batch: &mut *batch };
+    match format {
+        ImportFormat::Jsonl => import_jsonl(reader, path, &opts.id_field, &mut sink, &mut report)?,
+        ImportFormat::Csv => import_csv(reader, path, &opts.id_field, &mut sink, &mut report)?,
     }
     if opts.strict && report.bad_count > 0 {
-        tx.rollback().map_err(ledger_err)?;
+        batch.rollback().map_err(ledger_err)?;
         report.imported = 0;
         report.already_present = 0;
         report.committed = false;
@@ -288,7 +242,7 @@ fn import_in_transaction<R: Read>(
             report: Box::new(report),
         });
     }
-    tx.commit().map_err(ledger_err)?;
+    batch.commit().map_err(ledger_err)?;
     tracing::info!(
         file = %path.display(),
         rows_read = report.rows_read,
@@ -309,11 +263,9 @@ fn format_from_extension(path: &Path) -> Option<ImportFormat> {
     }
 }
 
-/// Where good rows go: the cached insert statement.
-struct Sink<'a, 'conn> {
-    stmt: &'a mut rusqlite::CachedStatement<'conn>,
-    source_file: &'a str,
-    now: f64,
+/// Where good rows go: the ledger's open import, counted in the report.
+struct Sink<'a, 'b> {
+    batch: &'a mut (dyn ItemBatch + 'b),
 }
 
 impl Sink<'_, '_> {
@@ -323,19 +275,11 @@ impl Sink<'_, '_> {
         evidence_json: &str,
         line: u64,
         report: &mut ImportReport,
-    ) -> rusqlite::Result<()> {
-        let line = i64::try_from(line).unwrap_or(i64::MAX);
-        let changed = self.stmt.execute(params![
-            item_id,
-            evidence_json,
-            self.source_file,
-            line,
-            self.now
-        ])?;
-        if changed == 0 {
-            report.already_present += 1;
-        } else {
+    ) -> Result<(), LedgerError> {
+        if self.batch.add(item_id, evidence_json, line)? {
             report.imported += 1;
+        } else {
+            report.already_present += 1;
         }
         Ok(())
     }

@@ -7,11 +7,16 @@
 
 pub mod batches;
 pub mod console;
+pub mod controls;
 mod handle;
+pub mod import;
 mod migrate;
 pub mod queue;
+pub mod reports;
 pub mod rerun;
+pub mod review;
 pub mod store;
+mod transaction;
 pub mod writer;
 
 use std::path::Path;

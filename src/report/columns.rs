@@ -1,7 +1,8 @@
 //! Typed cells and the streaming CSV / JSON writers shared by the reports.
 //!
-//! Each report is a SQL query plus a fixed list of (column, kind). A row is
-//! read into a reused `Vec<Cell>` and written at once, so memory stays flat.
+//! Each report is a ledger read plus a fixed list of (column, kind). The
+//! ledger reads a row into a reused `Vec<Cell>` ([`crate::ledger::reports`])
+//! and it is written at once, so memory stays flat.
 //! Kinds keep types stable across runs: timestamps are ISO-8601 UTC strings,
 //! floats always print as floats (`1.0`, never `1`), JSON-valued columns are
 //! strings in CSV and nested values in JSON, missing values are empty / null.
@@ -9,14 +10,13 @@
 use std::io::{self, Write};
 
 use chrono::{DateTime, Utc};
-use rusqlite::types::ValueRef;
-use rusqlite::{Params, Row};
 use serde_json::Value;
 
 use super::ReportError;
 
+/// The type of a report column, which says how the ledger reads its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     Text,
     Int,
     Float,
@@ -28,8 +28,9 @@ pub(crate) enum Kind {
     Bool,
 }
 
+/// One value of a report row.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Cell {
+pub enum Cell {
     Null,
     Int(i64),
     Float(f64),
@@ -109,62 +110,15 @@ pub(crate) fn datetime(ts: f64) -> Option<DateTime<Utc>> {
     DateTime::<Utc>::from_timestamp(secs as i64, 0)
 }
 
-fn ts_cell(ts: f64) -> Cell {
-    match super::iso_time(ts) {
-        Some(s) => Cell::Text(s),
-        None => Cell::Null,
-    }
-}
-
-/// Read column `idx` of `row` as `kind`, tolerating SQLite's loose typing.
-pub(crate) fn read_cell(row: &Row<'_>, idx: usize, kind: Kind) -> rusqlite::Result<Cell> {
-    let cell = match (row.get_ref(idx)?, kind) {
-        (ValueRef::Null, _) => Cell::Null,
-        (ValueRef::Integer(i), Kind::Int) => Cell::Int(i),
-        (ValueRef::Integer(i), Kind::Float) => Cell::Float(i as f64),
-        (ValueRef::Integer(i), Kind::Ts) => ts_cell(i as f64),
-        (ValueRef::Integer(i), Kind::Bool) => Cell::Bool(i != 0),
-        (ValueRef::Integer(i), Kind::Text | Kind::Json) => Cell::Text(i.to_string()),
-        (ValueRef::Real(f), Kind::Int) if f.fract() == 0.0 => Cell::Int(f as i64),
-        (ValueRef::Real(f), Kind::Int | Kind::Float) => Cell::Float(f),
-        (ValueRef::Real(f), Kind::Ts) => ts_cell(f),
-        (ValueRef::Real(f), Kind::Bool) => Cell::Bool(f != 0.0),
-        (ValueRef::Real(f), Kind::Text | Kind::Json) => Cell::Text(f.to_string()),
-        (ValueRef::Text(t), Kind::Json) => Cell::Json(String::from_utf8_lossy(t).into_owned()),
-        (ValueRef::Text(t), Kind::Ts) => {
-            let s = String::from_utf8_lossy(t);
-            match s.trim().parse::<f64>() {
-                Ok(f) => ts_cell(f),
-                Err(_) => Cell::Text(s.into_owned()),
-            }
+impl Cell {
+    /// A `Kind::Ts` value: Unix seconds as ISO-8601 UTC text, null when
+    /// they are no time at all.
+    pub(crate) fn ts(ts: f64) -> Cell {
+        match super::iso_time(ts) {
+            Some(s) => Cell::Text(s),
+            None => Cell::Null,
         }
-        (ValueRef::Text(t), _) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
-        (ValueRef::Blob(b), _) => Cell::Text(String::from_utf8_lossy(b).into_owned()),
-    };
-    Ok(cell)
-}
-
-/// Run `sql` and call `each` with every row read as `kinds`; returns the row count.
-pub(crate) fn stream_rows<P: Params>(
-    conn: &rusqlite::Connection,
-    sql: &str,
-    params: P,
-    kinds: &[Kind],
-    mut each: impl FnMut(&[Cell]) -> Result<(), ReportError>,
-) -> Result<u64, ReportError> {
-    let mut stmt = conn.prepare(sql)?;
-    let mut rows = stmt.query(params)?;
-    let mut cells: Vec<Cell> = Vec::with_capacity(kinds.len());
-    let mut count = 0u64;
-    while let Some(row) = rows.next()? {
-        cells.clear();
-        for (i, kind) in kinds.iter().enumerate() {
-            cells.push(read_cell(row, i, *kind)?);
-        }
-        each(&cells)?;
-        count += 1;
     }
-    Ok(count)
 }
 
 /// Write one JSON object with keys in the given order (serde_json's `Map`

@@ -16,12 +16,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::ReportError;
-use super::columns::{Cell, Kind, read_cell};
+use super::columns::{Cell, Kind};
+use crate::ledger::reports::Reports;
 
 /// The fixed columns of `export --what items`, before the per-stage ones.
 pub const ITEM_COLUMNS: &[&str] = &[
@@ -183,18 +183,12 @@ impl ItemTable {
     /// Work out the columns of `session`'s items from its job's stages and
     /// their gates; schema files are read relative to `workspace`.
     pub(crate) fn load(
-        conn: &Connection,
+        ledger: &dyn Reports,
         session: &str,
         workspace: &Path,
     ) -> Result<Self, ReportError> {
-        let snapshot: Option<String> = conn
-            .query_row(
-                "SELECT config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
-                [session],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let snapshot: Value = snapshot
+        let snapshot: Value = ledger
+            .session_config(session)?
             .and_then(|s| serde_json::from_str(&s).ok())
             .unwrap_or(Value::Null);
         let configured: Vec<&Value> = snapshot
@@ -209,16 +203,7 @@ impl ItemTable {
             .iter()
             .filter_map(|s| s.get("name").and_then(Value::as_str).map(String::from))
             .collect();
-        let mut stmt = conn.prepare(
-            "SELECT stage, MIN(position) AS p FROM ( \
-               SELECT stage, position FROM run_stages WHERE session_id = ?1 \
-               UNION ALL SELECT stage, position FROM session_request WHERE session_id = ?1) \
-             GROUP BY stage ORDER BY p, stage",
-        )?;
-        let known = stmt
-            .query_map([session], |r| r.get::<_, String>(0))?
-            .collect::<Result<Vec<_>, _>>()?;
-        for n in known {
+        for n in ledger.session_stages(session)? {
             // "STAGE:CRITERION": a criterion the stage's answer left out,
             // asked on its own and merged into the stage's output; not a
             // stage of the job (its costs count in the item's totals).
@@ -238,7 +223,7 @@ impl ItemTable {
                 .and_then(|s| s.get("gate"));
             let fields = match gate.and_then(|g| gate_fields(g, workspace)) {
                 Some(f) => f,
-                None => data_fields(conn, session, &name)?,
+                None => data_fields(ledger, session, &name)?,
             };
             stages.push(Stage { name, fields });
         }
@@ -276,39 +261,10 @@ impl ItemTable {
     /// Stream one row per item of `session`; returns the row count.
     pub(crate) fn stream(
         &self,
-        conn: &Connection,
+        ledger: &dyn Reports,
         session: &str,
-        mut each: impl FnMut(&[Cell]) -> Result<(), ReportError>,
+        each: &mut dyn FnMut(&[Cell]) -> Result<(), ReportError>,
     ) -> Result<u64, ReportError> {
-        let output = output_expr(conn)?;
-        let mut stage_stmt = conn.prepare(&format!(
-            "SELECT sr.stage, sr.request_id, sr.state, q.attempt, q.gate_failures, {output}, \
-               (SELECT COALESCE(SUM(m.input_tokens), 0) FROM llm_messages m \
-                WHERE m.request_id = sr.request_id AND (m.session_id = ?1 OR m.session_id IS NULL)), \
-               (SELECT COALESCE(SUM(m.output_tokens), 0) FROM llm_messages m \
-                WHERE m.request_id = sr.request_id AND (m.session_id = ?1 OR m.session_id IS NULL)), \
-               (SELECT TOTAL(m.cost_usd) FROM llm_messages m \
-                WHERE m.request_id = sr.request_id AND (m.session_id = ?1 OR m.session_id IS NULL)) \
-             FROM session_request sr LEFT JOIN llm_requests q ON q.request_id = sr.request_id \
-             WHERE sr.session_id = ?1 AND sr.item_id = ?2"
-        ))?;
-        let mut item_stmt = conn.prepare(
-            "WITH items(item_id) AS ( \
-               SELECT item_id FROM session_item WHERE session_id = ?1 \
-               UNION SELECT item_id FROM session_request WHERE session_id = ?1 \
-               UNION SELECT item_id FROM llm_batch_result WHERE session_id = ?1) \
-             SELECT i.item_id, si.position, b.outcome, b.confidence, b.rationale, b.routing_note, \
-               b.critic_verdict, b.stage, b.error_message, b.processed_at, \
-               d.state, d.decided_by, d.decided_at, rv.status, rv.decided_by, rv.decided_at, \
-               b.attempts, b.input_tokens, b.output_tokens, b.cost_usd \
-             FROM items i \
-             LEFT JOIN session_item si ON si.session_id = ?1 AND si.item_id = i.item_id \
-             LEFT JOIN llm_batch_result b ON b.session_id = ?1 AND b.item_id = i.item_id \
-             LEFT JOIN decision d ON d.item_id = i.item_id \
-             LEFT JOIN review_item rv ON rv.session_id = ?1 AND rv.item_id = i.item_id \
-             ORDER BY si.position IS NULL, si.position, i.item_id",
-        )?;
-
         // Where each stage's columns start in the row.
         let mut offsets = HashMap::with_capacity(self.stages.len());
         let mut at = ITEM_COLUMNS.len();
@@ -318,40 +274,28 @@ impl ItemTable {
         }
 
         let mut cells: Vec<Cell> = Vec::with_capacity(self.columns.len());
-        let mut rows = item_stmt.query([session])?;
-        let mut count = 0u64;
-        while let Some(row) = rows.next()? {
+        ledger.for_each_item(session, ITEM_KINDS, STAGE_KINDS, &mut |item, stages| {
             cells.clear();
-            for (i, kind) in ITEM_KINDS.iter().enumerate() {
-                cells.push(read_cell(row, i, *kind)?);
-            }
+            cells.extend_from_slice(item);
             cells.resize(self.columns.len(), Cell::Null);
-            let item_id = match &cells[0] {
-                Cell::Text(s) => s.clone(),
-                other => other.csv_text(),
-            };
-
-            let mut stage_rows = stage_stmt.query(rusqlite::params![session, item_id])?;
             let (mut attempts, mut input, mut output, mut cost) = (0i64, 0i64, 0i64, 0f64);
-            let mut any = false;
-            while let Some(sr) = stage_rows.next()? {
+            for sr in stages {
                 // Totals over every request of the item, criterion
                 // follow-ups included; columns only for the job's stages.
-                any = true;
-                attempts += sr.get::<_, Option<i64>>(3)?.unwrap_or(0);
-                input += sr.get::<_, Option<i64>>(6)?.unwrap_or(0);
-                output += sr.get::<_, Option<i64>>(7)?.unwrap_or(0);
-                cost += sr.get::<_, Option<f64>>(8)?.unwrap_or(0.0);
-                let name: String = sr.get(0)?;
-                let Some(&(si, off)) = offsets.get(&name) else {
+                attempts += sr.attempts.unwrap_or(0);
+                input += sr.input_tokens.unwrap_or(0);
+                output += sr.output_tokens.unwrap_or(0);
+                cost += sr.cost_usd.unwrap_or(0.0);
+                let Some(&(si, off)) = offsets.get(&sr.stage) else {
                     continue;
                 };
-                for (j, kind) in STAGE_KINDS.iter().enumerate() {
-                    cells[off + j] = read_cell(sr, j + 1, *kind)?;
+                for (j, cell) in sr.cells.iter().take(STAGE_COLUMNS.len()).enumerate() {
+                    cells[off + j] = cell.clone();
                 }
                 let parsed: Option<Value> = sr
-                    .get::<_, Option<String>>(5)?
-                    .and_then(|s| serde_json::from_str(&s).ok());
+                    .output_json
+                    .as_deref()
+                    .and_then(|s| serde_json::from_str(s).ok());
                 if let Some(v) = parsed {
                     let base = off + STAGE_COLUMNS.len();
                     for (k, f) in self.stages[si].fields.iter().enumerate() {
@@ -361,32 +305,15 @@ impl ItemTable {
                     }
                 }
             }
-            if any {
+            if !stages.is_empty() {
                 cells[COL_ATTEMPTS] = Cell::Int(attempts);
                 cells[COL_INPUT_TOKENS] = Cell::Int(input);
                 cells[COL_OUTPUT_TOKENS] = Cell::Int(output);
                 cells[COL_COST] = Cell::Float(cost);
             }
-            each(&cells)?;
-            count += 1;
-        }
-        Ok(count)
+            each(&cells)
+        })
     }
-}
-
-/// A stage's output for an item: the session's own copy (with criteria asked
-/// again merged in) when the ledger has one, else the request's parsed answer.
-fn output_expr(conn: &Connection) -> Result<&'static str, ReportError> {
-    let has_output: bool = conn.query_row(
-        "SELECT COUNT(*) > 0 FROM pragma_table_info('session_request') WHERE name = 'output_json'",
-        [],
-        |r| r.get(0),
-    )?;
-    Ok(if has_output {
-        "COALESCE(sr.output_json, q.parsed_output_json)"
-    } else {
-        "q.parsed_output_json"
-    })
 }
 
 fn lookup<'v>(v: &'v Value, path: &[String]) -> Option<&'v Value> {
@@ -436,21 +363,17 @@ fn gate_fields(gate: &Value, workspace: &Path) -> Option<Vec<Field>> {
 
 /// The union of the keys in the stage's outputs in this session, sorted,
 /// nested objects flattened, types unified over the values seen.
-fn data_fields(conn: &Connection, session: &str, stage: &str) -> Result<Vec<Field>, ReportError> {
-    let output = output_expr(conn)?;
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {output} FROM session_request sr \
-         JOIN llm_requests q ON q.request_id = sr.request_id \
-         WHERE sr.session_id = ?1 AND sr.stage = ?2 AND {output} IS NOT NULL"
-    ))?;
+fn data_fields(
+    ledger: &dyn Reports,
+    session: &str,
+    stage: &str,
+) -> Result<Vec<Field>, ReportError> {
     let mut seen: BTreeMap<Vec<String>, Option<FieldType>> = BTreeMap::new();
-    let mut rows = stmt.query([session, stage])?;
-    while let Some(r) = rows.next()? {
-        let text: String = r.get(0)?;
-        if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&text) {
+    ledger.for_each_stage_output(session, stage, &mut |text| {
+        if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(text) {
             observe(&map, &mut Vec::new(), &mut seen);
         }
-    }
+    })?;
     Ok(seen
         .into_iter()
         .map(|(path, ty)| Field {

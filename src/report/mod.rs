@@ -1,9 +1,10 @@
 //! Read-only views of the ledger: `docket batch-results`, `docket sessions`
 //! and `docket export` (CSV, JSONL or Parquet).
 //!
-//! Everything here streams rows from SQLite straight to the writer (no
-//! collecting a whole table in memory), and every text that came from an item
-//! or a model is stripped of control characters before it reaches a terminal.
+//! Everything here streams rows from the ledger ([`crate::ledger::reports`])
+//! straight to the writer (no collecting a whole table in memory), and every
+//! text that came from an item or a model is stripped of control characters
+//! before it reaches a terminal.
 
 mod columns;
 mod export;
@@ -15,12 +16,15 @@ mod sessions;
 use std::fmt;
 use std::io;
 
+use crate::ledger::LedgerError;
+
+pub use columns::{Cell, Kind};
 pub use export::{
     DECISION_COLUMNS, ExportFormat, ExportOptions, ExportWhat, REQUEST_COLUMNS, export,
     export_file, export_in, export_parquet,
 };
 pub use items::{ITEM_COLUMNS, STAGE_COLUMNS};
-pub use results::{RESULT_COLUMNS, RESULT_JSON_KEYS, write_results};
+pub use results::{RESULT_COLUMNS, RESULT_JSON_KEYS, SessionHead, write_results};
 pub use sessions::{RESUMABLE_FOR_SECS, SESSION_COLUMNS, write_sessions};
 
 /// Output format of `batch-results` and `sessions`.
@@ -47,7 +51,7 @@ pub enum ReportError {
     #[error("unknown session {0:?}; list the sessions in this ledger with `docket sessions`")]
     UnknownSession(String),
     #[error("reading the ledger failed: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Ledger(#[from] LedgerError),
     #[error("writing the output failed: {0}")]
     Io(#[from] io::Error),
     #[error("writing CSV failed: {0}")]

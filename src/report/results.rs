@@ -2,10 +2,9 @@
 
 use std::io::{self, Write};
 
-use rusqlite::{Connection, OptionalExtension};
-
-use super::columns::{Cell, Kind, RecordWriter, stream_rows};
+use super::columns::{Cell, Kind, RecordWriter};
 use super::{OutputFormat, ReportError, clip, group_thousands, strip_controls, table_time};
+use crate::ledger::reports::Reports;
 
 /// Columns of `batch-results --format csv` and `export --what results`, in order.
 pub const RESULT_COLUMNS: &[&str] = &[
@@ -70,12 +69,6 @@ pub(crate) const RESULT_KINDS: &[Kind] = &[
 const _: () = assert!(RESULT_COLUMNS.len() == RESULT_KINDS.len());
 const _: () = assert!(RESULT_JSON_KEYS.len() == RESULT_KINDS.len());
 
-/// The select list matching `RESULT_COLUMNS` (table alias `r`).
-pub(crate) const RESULT_SELECT: &str = "SELECT r.session_id, r.item_id, r.outcome, r.confidence, \
-     r.answer_json, r.rationale, r.error_message, r.model_id, r.stage, r.request_id, r.attempts, \
-     r.input_tokens, r.output_tokens, r.cost_usd, r.processed_at, r.adjudication_id \
-     FROM llm_batch_result r";
-
 // Indexes into a result row.
 const C_ITEM: usize = 1;
 const C_OUTCOME: usize = 2;
@@ -88,65 +81,29 @@ const C_ATTEMPTS: usize = 10;
 /// The table is laid out for this many columns.
 const TABLE_WIDTH: usize = 120;
 
-/// One session's header numbers.
-struct SessionHead {
-    session_id: String,
-    state: String,
-    desired_state: String,
-    started_at: f64,
-    completed_at: Option<f64>,
-    total: i64,
-    processed: i64,
-    accepted: i64,
-    review: i64,
-    rejected: i64,
-    errors: i64,
-    retries: i64,
-    rate_limited: i64,
-    ambiguous: i64,
-    input_tokens: i64,
-    output_tokens: i64,
-    cost_usd: f64,
-    estimated_cost_usd: f64,
-    max_cost_usd: Option<f64>,
-    stop_reason: Option<String>,
-}
-
-fn session_head(conn: &Connection, session_id: &str) -> Result<SessionHead, ReportError> {
-    conn.query_row(
-        "SELECT session_id, state, desired_state, started_at, completed_at, total_count, \
-         processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
-         retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, \
-         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason \
-         FROM llm_batch_session WHERE session_id = ?1",
-        [session_id],
-        |r| {
-            Ok(SessionHead {
-                session_id: r.get(0)?,
-                state: r.get(1)?,
-                desired_state: r.get(2)?,
-                started_at: r.get(3)?,
-                completed_at: r.get(4)?,
-                total: r.get(5)?,
-                processed: r.get(6)?,
-                accepted: r.get(7)?,
-                review: r.get(8)?,
-                rejected: r.get(9)?,
-                errors: r.get(10)?,
-                retries: r.get(11)?,
-                rate_limited: r.get(12)?,
-                ambiguous: r.get(13)?,
-                input_tokens: r.get(14)?,
-                output_tokens: r.get(15)?,
-                cost_usd: r.get(16)?,
-                estimated_cost_usd: r.get(17)?,
-                max_cost_usd: r.get(18)?,
-                stop_reason: r.get(19)?,
-            })
-        },
-    )
-    .optional()?
-    .ok_or_else(|| ReportError::UnknownSession(session_id.to_string()))
+/// One session's header numbers, as `batch-results` shows them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionHead {
+    pub session_id: String,
+    pub state: String,
+    pub desired_state: String,
+    pub started_at: f64,
+    pub completed_at: Option<f64>,
+    pub total: i64,
+    pub processed: i64,
+    pub accepted: i64,
+    pub review: i64,
+    pub rejected: i64,
+    pub errors: i64,
+    pub retries: i64,
+    pub rate_limited: i64,
+    pub ambiguous: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_usd: f64,
+    pub estimated_cost_usd: f64,
+    pub max_cost_usd: Option<f64>,
+    pub stop_reason: Option<String>,
 }
 
 /// `running→paused` when an operator asked for something the engine has not
@@ -171,47 +128,40 @@ fn percent(part: i64, whole: i64) -> i64 {
 
 /// Write the results of `session_id` in `format`.
 pub fn write_results(
-    conn: &Connection,
+    ledger: &dyn Reports,
     session_id: &str,
     format: OutputFormat,
     out: &mut dyn Write,
 ) -> Result<(), ReportError> {
-    let head = session_head(conn, session_id)?;
-    let sql = format!("{RESULT_SELECT} WHERE r.session_id = ?1 ORDER BY r.processed_at, r.item_id");
+    let head = ledger
+        .session_head(session_id)?
+        .ok_or_else(|| ReportError::UnknownSession(session_id.to_string()))?;
+    let session = Some(session_id);
     match format {
-        OutputFormat::Table => write_table(conn, &head, &sql, out),
+        OutputFormat::Table => write_table(ledger, &head, out),
         OutputFormat::Csv => {
             let mut w = RecordWriter::csv(out, RESULT_COLUMNS)?;
-            stream_rows(conn, &sql, [session_id], RESULT_KINDS, |cells| {
-                w.write(cells)
-            })?;
+            ledger.for_each_result(session, RESULT_KINDS, &mut |cells| w.write(cells))?;
             w.finish()
         }
         OutputFormat::Json => {
             let mut w = RecordWriter::json_array(out, RESULT_JSON_KEYS)?;
-            stream_rows(conn, &sql, [session_id], RESULT_KINDS, |cells| {
-                w.write(cells)
-            })?;
+            ledger.for_each_result(session, RESULT_KINDS, &mut |cells| w.write(cells))?;
             w.finish()
         }
     }
 }
 
 fn write_table(
-    conn: &Connection,
+    ledger: &dyn Reports,
     head: &SessionHead,
-    sql: &str,
     out: &mut dyn Write,
 ) -> Result<(), ReportError> {
     let mut out = io::BufWriter::new(out);
     write_head(head, &mut out)?;
 
     // Column widths from the data, within bounds, so ids are not cut needlessly.
-    let (max_item, max_model): (Option<i64>, Option<i64>) = conn.query_row(
-        "SELECT MAX(LENGTH(item_id)), MAX(LENGTH(model_id)) FROM llm_batch_result WHERE session_id = ?1",
-        [&head.session_id],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+    let (max_item, max_model) = ledger.result_id_widths(&head.session_id)?;
     let Some(max_item) = max_item else {
         writeln!(out)?;
         writeln!(out, "No results yet.")?;
@@ -230,38 +180,32 @@ fn write_table(
         "{:<item_w$} {:<8} {:>4} {:>3} {:<model_w$} RATIONALE / ERROR",
         "ITEM", "OUTCOME", "CONF", "ATT", "MODEL"
     )?;
-    stream_rows(
-        conn,
-        sql,
-        [&head.session_id],
-        super::results::RESULT_KINDS,
-        |c| {
-            let item = clip(c[C_ITEM].as_str().unwrap_or(""), item_w);
-            let outcome = clip(c[C_OUTCOME].as_str().unwrap_or(""), 8);
-            let conf = c[C_CONFIDENCE]
-                .as_f64()
-                .map(|f| format!("{f:.2}"))
-                .unwrap_or_else(|| "-".into());
-            let attempts = c[C_ATTEMPTS]
-                .as_i64()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "-".into());
-            let model = clip(c[C_MODEL].as_str().unwrap_or("-"), model_w);
-            let rationale = c[C_RATIONALE].as_str().filter(|s| !s.trim().is_empty());
-            let error = c[C_ERROR].as_str().filter(|s| !s.trim().is_empty());
-            let detail = if c[C_OUTCOME] == Cell::Text("error".into()) {
-                error.or(rationale)
-            } else {
-                rationale.or(error)
-            };
-            let detail = clip(detail.unwrap_or(""), detail_w);
-            writeln!(
-                out,
-                "{item:<item_w$} {outcome:<8} {conf:>4} {attempts:>3} {model:<model_w$} {detail}"
-            )?;
-            Ok(())
-        },
-    )?;
+    ledger.for_each_result(Some(&head.session_id), RESULT_KINDS, &mut |c| {
+        let item = clip(c[C_ITEM].as_str().unwrap_or(""), item_w);
+        let outcome = clip(c[C_OUTCOME].as_str().unwrap_or(""), 8);
+        let conf = c[C_CONFIDENCE]
+            .as_f64()
+            .map(|f| format!("{f:.2}"))
+            .unwrap_or_else(|| "-".into());
+        let attempts = c[C_ATTEMPTS]
+            .as_i64()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "-".into());
+        let model = clip(c[C_MODEL].as_str().unwrap_or("-"), model_w);
+        let rationale = c[C_RATIONALE].as_str().filter(|s| !s.trim().is_empty());
+        let error = c[C_ERROR].as_str().filter(|s| !s.trim().is_empty());
+        let detail = if c[C_OUTCOME] == Cell::Text("error".into()) {
+            error.or(rationale)
+        } else {
+            rationale.or(error)
+        };
+        let detail = clip(detail.unwrap_or(""), detail_w);
+        writeln!(
+            out,
+            "{item:<item_w$} {outcome:<8} {conf:>4} {attempts:>3} {model:<model_w$} {detail}"
+        )?;
+        Ok(())
+    })?;
     out.flush()?;
     Ok(())
 }

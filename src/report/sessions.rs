@@ -2,12 +2,11 @@
 
 use std::io::{self, Write};
 
-use rusqlite::Connection;
-
-use super::columns::{Cell, Kind, RecordWriter, stream_rows};
+use super::columns::{Cell, Kind, RecordWriter};
 use super::results::state_label;
 use super::{OutputFormat, ReportError, strip_controls, table_time};
 use crate::ledger::now_ts;
+use crate::ledger::reports::Reports;
 
 /// A session can be resumed for this long after it started.
 pub const RESUMABLE_FOR_SECS: f64 = 7.0 * 24.0 * 3600.0;
@@ -64,19 +63,6 @@ const SESSION_KINDS: &[Kind] = &[
 
 const _: () = assert!(SESSION_COLUMNS.len() == SESSION_KINDS.len());
 
-/// `?1` is the oldest start time that is still resumable.
-/// `?2` is the oldest heartbeat of a live engine: a session still owned by a
-/// process whose heartbeat is older is shown as `interrupted` (killed, or the
-/// machine went down); it can be resumed.
-const SESSIONS_SQL: &str = "SELECT session_id, \
-     CASE WHEN state IN ('running', 'paused') AND owner_pid IS NOT NULL AND COALESCE(heartbeat_at, 0) < ?2 THEN 'interrupted' ELSE state END, \
-     desired_state, started_at, completed_at, \
-     total_count, processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
-     retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, cost_usd, \
-     estimated_cost_usd, stop_reason, \
-     (state IN ('running', 'paused', 'cancelled', 'error') AND started_at >= ?1) \
-     FROM llm_batch_session ORDER BY started_at DESC, session_id DESC";
-
 const TABLE_HEADER: &[&str] = &[
     "session_id",
     "state",
@@ -96,34 +82,29 @@ const TABLE_HEADER: &[&str] = &[
 
 /// Write all sessions, newest first.
 pub fn write_sessions(
-    conn: &Connection,
+    ledger: &dyn Reports,
     format: OutputFormat,
     out: &mut dyn Write,
 ) -> Result<(), ReportError> {
     let cutoff = now_ts() - RESUMABLE_FOR_SECS;
     let mut w = match format {
-        OutputFormat::Table => return write_table(conn, cutoff, out),
+        OutputFormat::Table => return write_table(ledger, cutoff, out),
         OutputFormat::Csv => RecordWriter::csv(out, SESSION_COLUMNS)?,
         OutputFormat::Json => RecordWriter::json_array(out, SESSION_COLUMNS)?,
     };
-    let params = rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS];
-    stream_rows(conn, SESSIONS_SQL, params, SESSION_KINDS, |c| w.write(c))?;
+    let live_since = now_ts() - STALE_HEARTBEAT_SECS;
+    ledger.for_each_session(cutoff, live_since, SESSION_KINDS, &mut |c| w.write(c))?;
     w.finish()
 }
 
-fn write_table(conn: &Connection, cutoff: f64, out: &mut dyn Write) -> Result<(), ReportError> {
+fn write_table(ledger: &dyn Reports, cutoff: f64, out: &mut dyn Write) -> Result<(), ReportError> {
     // Sessions are few (one per run): collect them to size the columns.
     let mut rows: Vec<Vec<String>> = Vec::new();
-    stream_rows(
-        conn,
-        SESSIONS_SQL,
-        rusqlite::params![cutoff, now_ts() - STALE_HEARTBEAT_SECS],
-        SESSION_KINDS,
-        |c| {
-            rows.push(table_row(c));
-            Ok(())
-        },
-    )?;
+    let live_since = now_ts() - STALE_HEARTBEAT_SECS;
+    ledger.for_each_session(cutoff, live_since, SESSION_KINDS, &mut |c| {
+        rows.push(table_row(c));
+        Ok(())
+    })?;
     let mut out = io::BufWriter::new(out);
     if rows.is_empty() {
         writeln!(

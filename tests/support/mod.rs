@@ -27,6 +27,10 @@ impl Workspace {
     pub fn conn(&self) -> Connection {
         docket::ledger::open(&self.ledger()).expect("open ledger")
     }
+    /// The ledger handle the CLI and the console use.
+    pub fn handle(&self) -> docket::ledger::Ledger {
+        docket::ledger::Ledger::open(&self.ledger()).expect("open ledger")
+    }
 }
 
 /// Provider knobs for a test job.
@@ -157,13 +161,13 @@ pub fn import_demo_items(ws: &Workspace, n: usize) {
 }
 
 pub fn import(ws: &Workspace, path: &Path) {
-    let mut conn = ws.conn();
+    let mut ledger = ws.handle();
     let opts = docket::items::ImportOptions {
         id_field: "id".into(),
         format: None,
         strict: true,
     };
-    let r = docket::items::import_file(&mut conn, path, &opts).expect("import");
+    let r = docket::items::import_file(&mut ledger, path, &opts).expect("import");
     assert_eq!(r.bad_count, 0);
 }
 
