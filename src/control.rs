@@ -11,11 +11,9 @@ use crate::ledger::LedgerError;
 use crate::watch::Tune;
 
 pub use crate::ledger::controls::RunControls;
-// TODO(console-api): the console's data worker still calls these with a
-// connection; the lead removes them once it holds a `Ledger`.
-// TODO(engine-api): `note` is also called by engine::batch_cancel.
+// TODO(engine-api): engine::batch_cancel notes on its own connection.
 #[doc(hidden)]
-pub use crate::ledger::controls::{note, retune, set_desired, stop_after_stage};
+pub use crate::ledger::controls::note;
 
 /// The highest concurrency a retune may ask for.
 pub const MAX_CONCURRENCY: u64 = 10_000;

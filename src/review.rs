@@ -12,10 +12,6 @@
 use crate::ledger::LedgerError;
 
 pub use crate::ledger::review::ReviewDecisions;
-// TODO(console-api): the console's data worker still calls these with a
-// connection; the lead removes them once it holds a `Ledger`.
-#[doc(hidden)]
-pub use crate::ledger::review::{accept, claim, reject, release, release_all, undo_last};
 
 /// How long a claim holds an item for its operator without a renewal.
 pub const CLAIM_LEASE_SECS: f64 = 30.0;

@@ -79,15 +79,13 @@ impl From<rusqlite::Error> for ControlError {
     }
 }
 
-// The functions below are the SQLite implementation. They are public only
-// for callers that still hold a connection of their own.
-// TODO(console-api): the console's data worker; TODO(engine-api): `note`,
-// from engine::batch_cancel. Make them private once both hold a `Ledger`.
+// The functions below are the SQLite implementation behind the trait.
+// TODO(engine-api): `note` stays public for engine::batch_cancel, which
+// notes on its own connection.
 
 /// Ask the session to run, pause or cancel. Refused for an unknown or a
 /// completed session.
-#[doc(hidden)]
-pub fn set_desired(
+pub(crate) fn set_desired(
     conn: &Connection,
     session_id: &str,
     desired: Desired,
@@ -127,8 +125,7 @@ pub fn note(
 /// Ask the engine to finish the stage it is in and then stop. Returns the
 /// stage: the one the engine reports in its gauges, else the configured
 /// first stage.
-#[doc(hidden)]
-pub fn stop_after_stage(
+pub(crate) fn stop_after_stage(
     conn: &Connection,
     session_id: &str,
     actor: &str,
@@ -152,8 +149,7 @@ pub fn stop_after_stage(
 
 /// Override the live run's limits. `None` leaves a limit as it is; rpm and
 /// tpm 0 mean no client-side limit; concurrency must be 1..=10000.
-#[doc(hidden)]
-pub fn retune(
+pub(crate) fn retune(
     conn: &Connection,
     session_id: &str,
     tune: Tune,

@@ -71,14 +71,15 @@ impl From<rusqlite::Error> for ReviewError {
     }
 }
 
-// The functions below are the SQLite implementation. They are public only
-// for callers that still hold a connection of their own.
-// TODO(console-api): make them private once the console holds a `Ledger`.
+// The functions below are the SQLite implementation behind the trait.
 
 /// Take, or renew, the lease on a pending item: when it is unclaimed, its
 /// lease expired, or it is already ours.
-#[doc(hidden)]
-pub fn claim(conn: &Connection, review_id: i64, op: &Operator) -> Result<Claim, ReviewError> {
+pub(crate) fn claim(
+    conn: &Connection,
+    review_id: i64,
+    op: &Operator,
+) -> Result<Claim, ReviewError> {
     write_transaction(conn, || {
         let now = now_ts();
         let Some(item) = load_item(conn, review_id)? else {
@@ -99,8 +100,11 @@ pub fn claim(conn: &Connection, review_id: i64, op: &Operator) -> Result<Claim, 
 }
 
 /// Let go of our claim on one item. Returns whether we held it.
-#[doc(hidden)]
-pub fn release(conn: &Connection, review_id: i64, op: &Operator) -> Result<bool, ReviewError> {
+pub(crate) fn release(
+    conn: &Connection,
+    review_id: i64,
+    op: &Operator,
+) -> Result<bool, ReviewError> {
     write_transaction(conn, || {
         let n = conn
             .prepare_cached(
@@ -113,8 +117,7 @@ pub fn release(conn: &Connection, review_id: i64, op: &Operator) -> Result<bool,
 }
 
 /// Let go of every claim of ours (a console closing). Returns how many.
-#[doc(hidden)]
-pub fn release_all(conn: &Connection, op: &Operator) -> Result<usize, ReviewError> {
+pub(crate) fn release_all(conn: &Connection, op: &Operator) -> Result<usize, ReviewError> {
     write_transaction(conn, || {
         let n = conn
             .prepare_cached(
@@ -129,15 +132,21 @@ pub fn release_all(conn: &Connection, op: &Operator) -> Result<usize, ReviewErro
 /// recorded exactly as an auto-accept records it, decided by
 /// `review:<user>`. Items no longer pending, held by someone else, or whose
 /// decision was already made are skipped, with the reason.
-#[doc(hidden)]
-pub fn accept(conn: &Connection, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError> {
+pub(crate) fn accept(
+    conn: &Connection,
+    ids: &[i64],
+    op: &Operator,
+) -> Result<Applied, ReviewError> {
     decide(conn, ids, op, Action::Accept)
 }
 
 /// Reject the suggestions: the review items are closed and each decision
 /// stays indeterminate (a later run may take the item again).
-#[doc(hidden)]
-pub fn reject(conn: &Connection, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError> {
+pub(crate) fn reject(
+    conn: &Connection,
+    ids: &[i64],
+    op: &Operator,
+) -> Result<Applied, ReviewError> {
     decide(conn, ids, op, Action::Reject)
 }
 
@@ -259,8 +268,7 @@ fn decide(
 /// restored as it was, the review item is pending again, and the log says
 /// so. Each call walks one decision further back. Refused, with nothing
 /// changed, when the item was decided again since by someone else.
-#[doc(hidden)]
-pub fn undo_last(conn: &Connection, op: &Operator) -> Result<Option<Undone>, ReviewError> {
+pub(crate) fn undo_last(conn: &Connection, op: &Operator) -> Result<Option<Undone>, ReviewError> {
     let actor = op.actor();
     write_transaction(conn, || {
         let now = now_ts();

@@ -8,10 +8,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::app::{Control, Effect, Snapshot};
-use crate::control::{self, Desired};
+use crate::control::{self, Desired, RunControls};
 use crate::ledger::console::ConsoleReads;
 use crate::ledger::{Ledger, LedgerError};
-use crate::review::{self, Claim, Operator};
+use crate::review::{Applied, Claim, Operator, ReviewDecisions};
 use crate::watch::{ProviderBatchRow, ProviderBatchSummary, ReviewPage, ReviewQuery};
 
 /// From the worker to the UI.
@@ -171,19 +171,16 @@ impl DataWorker {
                 self.claim_at = Instant::now();
                 if self.last_key.elapsed() >= IDLE_RELEASE {
                     self.claim_idle = true;
-                    // TODO(review-api)
-                    let _ = review::release(l.conn(), id, &self.operator);
+                    let _ = l.release(id, &self.operator);
                 } else {
-                    // TODO(review-api)
-                    let _ = review::claim(l.conn(), id, &self.operator);
+                    let _ = l.claim(id, &self.operator);
                 }
             }
         }
         if let Some(l) = ledger.as_ref()
             && !self.read_only
         {
-            // TODO(review-api)
-            let _ = review::release_all(l.conn(), &self.operator);
+            let _ = l.release_all(&self.operator);
         }
     }
 
@@ -303,9 +300,7 @@ impl DataWorker {
                 {
                     self.claim_idle = false;
                     self.claim_at = Instant::now();
-                    // TODO(review-api)
-                    if let Ok(Claim::HeldByOther(who)) = review::claim(l.conn(), id, &self.operator)
-                    {
+                    if let Ok(Claim::HeldByOther(who)) = l.claim(id, &self.operator) {
                         toast(format!(
                             "held by {who}: another operator took it while you were away"
                         ));
@@ -342,14 +337,12 @@ impl DataWorker {
                 if let Some(old) = self.claim
                     && Some(old) != id
                 {
-                    // TODO(review-api)
-                    let _ = review::release(ledger.conn(), old, op);
+                    let _ = ledger.release(old, op);
                 }
                 self.claim = id;
                 self.claim_at = Instant::now();
                 let id = id?;
-                // TODO(review-api)
-                match review::claim(ledger.conn(), id, op) {
+                match ledger.claim(id, op) {
                     Ok(Claim::HeldByOther(who)) => {
                         Some(format!("held by {who}: another operator is on it"))
                     }
@@ -357,18 +350,15 @@ impl DataWorker {
                     Err(e) => Some(e.to_string()),
                 }
             }
-            // TODO(review-api)
-            Effect::Accept(ids) => Some(match review::accept(ledger.conn(), &ids, op) {
+            Effect::Accept(ids) => Some(match ledger.accept(&ids, op) {
                 Ok(a) => applied("Accepted", &a),
                 Err(e) => e.to_string(),
             }),
-            // TODO(review-api)
-            Effect::Reject(ids) => Some(match review::reject(ledger.conn(), &ids, op) {
+            Effect::Reject(ids) => Some(match ledger.reject(&ids, op) {
                 Ok(a) => applied("Rejected", &a),
                 Err(e) => e.to_string(),
             }),
-            // TODO(review-api)
-            Effect::Undo => Some(match review::undo_last(ledger.conn(), op) {
+            Effect::Undo => Some(match ledger.undo_last(op) {
                 Ok(Some(u)) => format!(
                     "Undid {} of {}",
                     u.action,
@@ -432,16 +422,15 @@ fn export(
         },
     };
     let target = workspace.join(path);
-    // TODO(review-api)
-    let result = crate::report::export_file(ledger.conn(), &opts, workspace, &target)
-        .map_err(|e| e.to_string());
+    let result =
+        crate::report::export_file(ledger, &opts, workspace, &target).map_err(|e| e.to_string());
     match result {
         Ok(n) => format!("Exported {n} rows to {}", target.display()),
         Err(e) => format!("export to {} failed: {e}", target.display()),
     }
 }
 
-fn applied(verb: &str, a: &review::Applied) -> String {
+fn applied(verb: &str, a: &Applied) -> String {
     let mut msg = match a.done.len() {
         0 => format!("{verb} nothing"),
         1 => format!("{verb} 1 item (u undoes)"),
@@ -455,27 +444,25 @@ fn applied(verb: &str, a: &review::Applied) -> String {
 
 fn do_control(ledger: &Ledger, sid: &str, ctl: Control, actor: &str) -> Result<String, String> {
     let e = |e: control::ControlError| e.to_string();
-    // TODO(review-api): the run controls through the ledger's own trait.
-    let c = ledger.conn();
     match ctl {
-        // TODO(review-api)
-        Control::Pause => control::set_desired(c, sid, Desired::Paused, actor)
+        Control::Pause => ledger
+            .set_desired(sid, Desired::Paused, actor)
             .map(|()| "Pause asked: no new requests; in-flight ones finish.".into())
             .map_err(e),
-        // TODO(review-api)
-        Control::Resume => control::set_desired(c, sid, Desired::Running, actor)
+        Control::Resume => ledger
+            .set_desired(sid, Desired::Running, actor)
             .map(|()| "Resume asked.".into())
             .map_err(e),
-        // TODO(review-api)
-        Control::Cancel => control::set_desired(c, sid, Desired::Cancelled, actor)
+        Control::Cancel => ledger
+            .set_desired(sid, Desired::Cancelled, actor)
             .map(|()| "Cancel asked: the session stops and stays resumable.".into())
             .map_err(e),
-        // TODO(review-api)
-        Control::StopAtStage => control::stop_after_stage(c, sid, actor)
+        Control::StopAtStage => ledger
+            .stop_after_stage(sid, actor)
             .map(|stage| format!("Stops after stage {stage}."))
             .map_err(e),
-        // TODO(review-api)
-        Control::Retune(t) => control::retune(c, sid, t, actor)
+        Control::Retune(t) => ledger
+            .retune(sid, t, actor)
             .map(|()| "Retune asked: the engine follows within a second.".into())
             .map_err(e),
     }

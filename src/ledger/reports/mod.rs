@@ -13,8 +13,6 @@ mod results;
 mod rows;
 mod sessions;
 
-use rusqlite::Connection;
-
 use super::{Ledger, LedgerError};
 use crate::report::{Cell, Kind, ReportError, SessionHead};
 
@@ -108,7 +106,7 @@ pub trait Reports {
 
 impl Reports for Ledger {
     fn session_exists(&self, session_id: &str) -> Result<bool, LedgerError> {
-        self.conn().session_exists(session_id)
+        Ok(export::session_exists(self.conn(), session_id)?)
     }
 
     fn for_each_session(
@@ -118,19 +116,18 @@ impl Reports for Ledger {
         kinds: &[Kind],
         each: EachRow<'_>,
     ) -> Result<u64, ReportError> {
-        self.conn()
-            .for_each_session(resumable_since, live_since, kinds, each)
+        sessions::for_each_session(self.conn(), resumable_since, live_since, kinds, each)
     }
 
     fn session_head(&self, session_id: &str) -> Result<Option<SessionHead>, LedgerError> {
-        self.conn().session_head(session_id)
+        Ok(results::session_head(self.conn(), session_id)?)
     }
 
     fn result_id_widths(
         &self,
         session_id: &str,
     ) -> Result<(Option<i64>, Option<i64>), LedgerError> {
-        self.conn().result_id_widths(session_id)
+        Ok(results::result_id_widths(self.conn(), session_id)?)
     }
 
     fn for_each_result(
@@ -139,7 +136,7 @@ impl Reports for Ledger {
         kinds: &[Kind],
         each: EachRow<'_>,
     ) -> Result<u64, ReportError> {
-        self.conn().for_each_result(session_id, kinds, each)
+        results::for_each_result(self.conn(), session_id, kinds, each)
     }
 
     fn for_each_decision(
@@ -148,7 +145,7 @@ impl Reports for Ledger {
         kinds: &[Kind],
         each: EachRow<'_>,
     ) -> Result<u64, ReportError> {
-        self.conn().for_each_decision(session_id, kinds, each)
+        export::for_each_decision(self.conn(), session_id, kinds, each)
     }
 
     fn for_each_request(
@@ -157,15 +154,15 @@ impl Reports for Ledger {
         kinds: &[Kind],
         each: EachRow<'_>,
     ) -> Result<u64, ReportError> {
-        self.conn().for_each_request(session_id, kinds, each)
+        export::for_each_request(self.conn(), session_id, kinds, each)
     }
 
     fn session_config(&self, session_id: &str) -> Result<Option<String>, LedgerError> {
-        self.conn().session_config(session_id)
+        Ok(items::session_config(self.conn(), session_id)?)
     }
 
     fn session_stages(&self, session_id: &str) -> Result<Vec<String>, LedgerError> {
-        self.conn().session_stages(session_id)
+        Ok(items::session_stages(self.conn(), session_id)?)
     }
 
     fn for_each_stage_output(
@@ -174,7 +171,12 @@ impl Reports for Ledger {
         stage: &str,
         each: &mut dyn FnMut(&str),
     ) -> Result<(), LedgerError> {
-        self.conn().for_each_stage_output(session_id, stage, each)
+        Ok(items::for_each_stage_output(
+            self.conn(),
+            session_id,
+            stage,
+            each,
+        )?)
     }
 
     fn for_each_item(
@@ -184,94 +186,7 @@ impl Reports for Ledger {
         stage_kinds: &[Kind],
         each: EachItem<'_>,
     ) -> Result<u64, ReportError> {
-        self.conn()
-            .for_each_item(session_id, item_kinds, stage_kinds, each)
-    }
-}
-
-/// The SQLite implementation, on a bare connection.
-// TODO(console-api): public only because the console's data worker still
-// exports through its own connection (`report::export_file(conn, ..)`);
-// fold it into `impl Reports for Ledger` once the console holds a `Ledger`.
-#[doc(hidden)]
-impl Reports for Connection {
-    fn session_exists(&self, session_id: &str) -> Result<bool, LedgerError> {
-        Ok(export::session_exists(self, session_id)?)
-    }
-
-    fn for_each_session(
-        &self,
-        resumable_since: f64,
-        live_since: f64,
-        kinds: &[Kind],
-        each: EachRow<'_>,
-    ) -> Result<u64, ReportError> {
-        sessions::for_each_session(self, resumable_since, live_since, kinds, each)
-    }
-
-    fn session_head(&self, session_id: &str) -> Result<Option<SessionHead>, LedgerError> {
-        Ok(results::session_head(self, session_id)?)
-    }
-
-    fn result_id_widths(
-        &self,
-        session_id: &str,
-    ) -> Result<(Option<i64>, Option<i64>), LedgerError> {
-        Ok(results::result_id_widths(self, session_id)?)
-    }
-
-    fn for_each_result(
-        &self,
-        session_id: Option<&str>,
-        kinds: &[Kind],
-        each: EachRow<'_>,
-    ) -> Result<u64, ReportError> {
-        results::for_each_result(self, session_id, kinds, each)
-    }
-
-    fn for_each_decision(
-        &self,
-        session_id: Option<&str>,
-        kinds: &[Kind],
-        each: EachRow<'_>,
-    ) -> Result<u64, ReportError> {
-        export::for_each_decision(self, session_id, kinds, each)
-    }
-
-    fn for_each_request(
-        &self,
-        session_id: Option<&str>,
-        kinds: &[Kind],
-        each: EachRow<'_>,
-    ) -> Result<u64, ReportError> {
-        export::for_each_request(self, session_id, kinds, each)
-    }
-
-    fn session_config(&self, session_id: &str) -> Result<Option<String>, LedgerError> {
-        Ok(items::session_config(self, session_id)?)
-    }
-
-    fn session_stages(&self, session_id: &str) -> Result<Vec<String>, LedgerError> {
-        Ok(items::session_stages(self, session_id)?)
-    }
-
-    fn for_each_stage_output(
-        &self,
-        session_id: &str,
-        stage: &str,
-        each: &mut dyn FnMut(&str),
-    ) -> Result<(), LedgerError> {
-        Ok(items::for_each_stage_output(self, session_id, stage, each)?)
-    }
-
-    fn for_each_item(
-        &self,
-        session_id: &str,
-        item_kinds: &[Kind],
-        stage_kinds: &[Kind],
-        each: EachItem<'_>,
-    ) -> Result<u64, ReportError> {
-        items::for_each_item(self, session_id, item_kinds, stage_kinds, each)
+        items::for_each_item(self.conn(), session_id, item_kinds, stage_kinds, each)
     }
 }
 
