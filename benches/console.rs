@@ -562,6 +562,11 @@ PRAGMA wal_checkpoint(TRUNCATE);
 "
     );
     conn.execute_batch(&sql).expect("generate the ledger");
+    // As the ledger writer does after a run: index the new review items.
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    docket::ledger::search_index::catch_up(&conn).expect("index the review items");
+    conn.execute_batch("COMMIT; PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
     let review: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM review_item WHERE status = 'pending'",

@@ -1511,6 +1511,108 @@ fn stop_after_stage_names_the_current_stage() {
     assert_eq!(none, None);
 }
 
+/// Since migration 0007 a new review item waits in `review_search_pending`
+/// until the writer indexes a batch of them (`ledger::search_index`): a
+/// filter finds it while it waits and after, through text updates and
+/// deletes in either state, the page's total agrees, and FTS5's own check
+/// holds at every step (its content check whenever nothing waits).
+#[test]
+fn the_review_filter_finds_items_waiting_for_the_index_and_indexed_ones() {
+    let l = Ledger::new();
+    l.session("s1", 1.0, None, "completed");
+    let page = |f: &str| {
+        let p =
+            l.db.review_page(&ReviewQuery {
+                filter: Some(f.into()),
+                limit: 50,
+                ..Default::default()
+            })
+            .expect("filter");
+        (
+            p.rows.iter().map(|r| r.item_id.clone()).collect::<Vec<_>>(),
+            p.total,
+        )
+    };
+    // Review texts never change in use, so the queue's count cache does not
+    // watch for it: totals are checked before the texts change below.
+    let counted = |f: &str| {
+        let (ids, total) = page(f);
+        assert_eq!(total as usize, ids.len(), "total for {f:?}");
+        ids
+    };
+    let page = |f: &str| page(f).0;
+    let waiting = || -> i64 {
+        l.conn
+            .query_row("SELECT COUNT(*) FROM review_search_pending", [], |r| {
+                r.get(0)
+            })
+            .expect("waiting")
+    };
+    // FTS5's check of its own structure; with nothing waiting, also of its
+    // content against the table (rank 1), which rows still waiting fail.
+    let index_matches_table = || {
+        let content = i64::from(waiting() == 0);
+        l.conn
+            .execute(
+                "INSERT INTO review_search(review_search, rank) VALUES ('integrity-check', ?1)",
+                [content],
+            )
+            .expect("the index matches its table");
+    };
+
+    l.item("alpha-1");
+    let a = l.review("alpha-1", "s1", Some(0.7), "Venue was Wembley", None);
+    assert_eq!(waiting(), 1);
+    assert_eq!(counted("wembley"), ["alpha-1"], "found while it waits");
+    assert_eq!(counted("EMBLE"), ["alpha-1"], "a substring, any case");
+    index_matches_table();
+    assert_eq!(docket::ledger::search_index::catch_up(&l.conn).unwrap(), 1);
+    assert_eq!(waiting(), 0);
+    index_matches_table();
+    assert_eq!(counted("wembley"), ["alpha-1"], "found in the index");
+
+    // One indexed, one waiting: both found, counted once each.
+    l.item("beta-2");
+    let b = l.review("beta-2", "s1", Some(0.6), "Venue was Hyde Park", None);
+    assert_eq!(counted("venue"), ["alpha-1", "beta-2"]);
+    assert_eq!(counted("hyde park"), ["beta-2"]);
+
+    // Text changed in either state: the new text is found, the old is not.
+    for (id, text) in [(a, "Venue was Glastonbury"), (b, "Venue was Isle of Wight")] {
+        l.conn
+            .execute(
+                "UPDATE review_item SET rationale = ?2 WHERE review_id = ?1",
+                rusqlite::params![id, text],
+            )
+            .unwrap();
+    }
+    assert!(page("wembley").is_empty());
+    assert!(page("hyde park").is_empty());
+    assert_eq!(page("glaston"), ["alpha-1"]);
+    assert_eq!(page("isle of"), ["beta-2"]);
+    index_matches_table();
+
+    // Deleted in either state: gone, and nothing is left waiting.
+    for id in [a, b] {
+        l.conn
+            .execute("DELETE FROM review_item WHERE review_id = ?1", [id])
+            .unwrap();
+    }
+    assert!(page("venue").is_empty());
+    assert_eq!(waiting(), 0);
+    index_matches_table();
+    assert_eq!(docket::ledger::search_index::catch_up(&l.conn).unwrap(), 0);
+
+    // A reused id (the deleted row was the newest) waits again, as new.
+    l.item("gamma-3");
+    l.review("gamma-3", "s1", Some(0.5), "Venue was Wembley", None);
+    assert_eq!(waiting(), 1);
+    assert_eq!(page("wembley"), ["gamma-3"]);
+    assert_eq!(docket::ledger::search_index::catch_up(&l.conn).unwrap(), 1);
+    assert_eq!(page("wembley"), ["gamma-3"]);
+    index_matches_table();
+}
+
 /// The filter's index (migration 0003) follows inserts, text updates and
 /// deletes; filters of one or two characters, which have no trigram, still
 /// match as substrings.

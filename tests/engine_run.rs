@@ -47,6 +47,25 @@ async fn counters_add_up_and_match_the_results_table() {
     assert!((cost - s.cost_usd).abs() < 1e-9 && cost > 0.0);
     // The snapshot holds the config, never a key value.
     assert!(s.config_snapshot_json.contains("\"model\":\"gpt-4o-mini\""));
+    // The review search index caught up as the writer ended: nothing waits,
+    // and FTS5's content check agrees with the review items.
+    assert_eq!(
+        count(&conn, "SELECT COUNT(*) FROM review_search_pending", []),
+        0
+    );
+    conn.execute(
+        "INSERT INTO review_search(review_search, rank) VALUES ('integrity-check', 1)",
+        [],
+    )
+    .expect("the search index matches the review items");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_search WHERE review_search MATCH 'rr_mbid'",
+            []
+        ),
+        s.reviewed_count as i64
+    );
     // The seed's summary was printed.
     let text = lines.text();
     assert!(text.contains("✓ Auto-accepted:"), "{text}");

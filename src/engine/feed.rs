@@ -208,12 +208,12 @@ pub(super) async fn run_item(
     delivered: Option<super::batching::Delivered>,
 ) {
     let fence = ctx.fence(&item);
-    let parked = super::worker::process(ctx, item, group, slot, delivered).await;
+    let ended = super::worker::process(ctx, item, group, slot, delivered).await;
     // Without an outcome (a stop, a stop-after-stage, a later group's
     // stage) the item is let go, not left to lapse; with one, its lease
     // already ended with the outcome. Waiting as a batch line, it is let
     // go as the line is recorded.
-    if !parked {
+    if ended == super::worker::Ended::Open {
         ctx.writer.post(WriteOp::ReleaseItem(fence));
     }
     ctx.claims.fetch_sub(1, Ordering::Relaxed);

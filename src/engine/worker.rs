@@ -22,19 +22,30 @@ use crate::routing::Outcome;
 
 pub(super) use super::attempt::schema_name;
 
+/// How an item's turn through [`process`] ended, for its claim.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Ended {
+    /// Its outcome committed, and with it the end of its lease.
+    Settled,
+    /// It waits as a line for a provider batch, whose record lets go of it.
+    Parked,
+    /// No outcome (a stop, a stop-after-stage, a later group's stage, a
+    /// write that failed): the caller lets go of it.
+    Open,
+}
+
 /// Run `item` through the stages of `group` (the stages before it must have
 /// passed; the ones after it belong to a later group), applying `delivered`
 /// (a batch line's result) to the request it answers. Returns when the item
-/// has its outcome, waits at a stop-after-stage, or the session stops
-/// (false), or when it waits as a line for a provider batch (true: the
-/// batch's record lets go of the item).
+/// has its outcome, waits at a stop-after-stage, the session stops, or it
+/// waits as a line for a provider batch.
 pub(super) async fn process(
     ctx: &Ctx,
     item: WorkItem,
     group: Range<usize>,
     slot: Option<Slot>,
     delivered: Option<Delivered>,
-) -> bool {
+) -> Ended {
     let p = &ctx.p;
     let n = p.stages.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -45,7 +56,7 @@ pub(super) async fn process(
         let Some(sw) = stage_work(&item, &stage.name) else {
             // A session from another job shape: nothing to run here.
             tracing::warn!(item = %item.item_id, stage = %stage.name, "no request for the stage");
-            return false;
+            return Ended::Open;
         };
         match sw.state.as_str() {
             "passed" => {
@@ -58,23 +69,22 @@ pub(super) async fn process(
                     if k + 1 == n {
                         // Every stage passed but the outcome was never
                         // written (a crash between): route it now.
-                        finish(ctx, &item, &outputs, None, None).await;
-                        return false;
+                        return finish(ctx, &item, &outputs, None, None).await;
                     }
                     continue;
                 }
             }
-            "failed" | "skipped" => return false,
+            "failed" | "skipped" => return Ended::Open,
             _ => {}
         }
         if k < group.start || k >= group.end {
             // Not this group's stage: an earlier group left it (a stop), or
             // a later group runs it.
-            return false;
+            return Ended::Open;
         }
         if k > 0 && ctx.stops_before(k) {
             // Stop after stage k-1: the item waits here for a resume.
-            return false;
+            return Ended::Open;
         }
         let extra = context(p, k, &outputs);
         let end = if sw.status == "completed"
@@ -98,19 +108,17 @@ pub(super) async fn process(
             let job = match Job::new(&item, stage, sw.request_id, counters(sw), extra.clone()) {
                 Ok(job) => job.with_delivered(d),
                 Err(message) => {
-                    fail(ctx, &item, k, sw, message, None).await;
-                    return false;
+                    return fail(ctx, &item, k, sw, message, None).await;
                 }
             };
             Box::pin(run_request(ctx, job, slot.take())).await
         };
         let reused = sw.status == "completed";
         match end {
-            StageEnd::Stopped => return false,
-            StageEnd::Parked => return true,
+            StageEnd::Stopped => return Ended::Open,
+            StageEnd::Parked => return Ended::Parked,
             StageEnd::Failed(message, rec) => {
-                fail(ctx, &item, k, sw, message, rec).await;
-                return false;
+                return fail(ctx, &item, k, sw, message, rec).await;
             }
             StageEnd::Passed(out, rec) => {
                 let rec = (!reused).then_some(rec);
@@ -125,16 +133,15 @@ pub(super) async fn process(
                         ..stage_done(ctx, &item, stage, sw, true, parsed.clone())
                     };
                     if !ctx.write(&item, WriteOp::Stage(rec, first)).await {
-                        return false;
+                        return Ended::Open;
                     }
                     match Box::pin(fill_criteria(ctx, &item, stage, &extra, &mut output)).await {
                         Filled::All => {}
-                        Filled::Stopped => return false,
+                        Filled::Stopped => return Ended::Open,
                         Filled::Failed(message, rec) => {
                             // The stage's own answer passed (and was paid
                             // for): it stays reusable; only the item fails.
-                            fail_keeping_request(ctx, &item, k, sw, message, rec).await;
-                            return false;
+                            return fail_keeping_request(ctx, &item, k, sw, message, rec).await;
                         }
                     }
                     let merged = StageDone {
@@ -144,11 +151,10 @@ pub(super) async fn process(
                     };
                     outputs[k] = Some(output);
                     if k + 1 == n {
-                        finish(ctx, &item, &outputs, None, Some(merged)).await;
-                        return false;
+                        return finish(ctx, &item, &outputs, None, Some(merged)).await;
                     }
                     if !ctx.write(&item, WriteOp::Stage(None, merged)).await {
-                        return false;
+                        return Ended::Open;
                     }
                     continue;
                 }
@@ -158,16 +164,15 @@ pub(super) async fn process(
                 };
                 outputs[k] = Some(output);
                 if k + 1 == n {
-                    finish(ctx, &item, &outputs, rec, Some(done)).await;
-                    return false;
+                    return finish(ctx, &item, &outputs, rec, Some(done)).await;
                 }
                 if !ctx.write(&item, WriteOp::Stage(rec, done)).await {
-                    return false;
+                    return Ended::Open;
                 }
             }
         }
     }
-    false
+    Ended::Open
 }
 
 fn stage_work<'a>(item: &'a WorkItem, stage: &str) -> Option<&'a StageWork> {
@@ -256,7 +261,7 @@ async fn fail(
     sw: &StageWork,
     message: String,
     rec: Option<AttemptRecord>,
-) {
+) -> Ended {
     fail_with(ctx, item, k, sw, message, rec, true).await
 }
 
@@ -268,7 +273,7 @@ async fn fail_keeping_request(
     sw: &StageWork,
     message: String,
     rec: Option<AttemptRecord>,
-) {
+) -> Ended {
     fail_with(ctx, item, k, sw, message, rec, false).await
 }
 
@@ -280,7 +285,7 @@ async fn fail_with(
     message: String,
     rec: Option<AttemptRecord>,
     update_request: bool,
-) {
+) -> Ended {
     let p = &ctx.p;
     let stage = &p.stages[k];
     let done = StageDone {
@@ -311,9 +316,7 @@ async fn fail_with(
         stage_done: Some(done),
         only_request: item.stages.len() == 1 && stage.criteria.is_empty(),
     };
-    if ctx.write(item, WriteOp::Final(rec, fin)).await {
-        ctx.stats.record_outcome(Outcome::Error);
-    }
+    record_final(ctx, item, rec, fin).await
 }
 
 /// Every stage passed: route on the answer stage (and the critic's
@@ -324,7 +327,7 @@ async fn finish(
     outputs: &[Option<Value>],
     rec: Option<AttemptRecord>,
     last: Option<StageDone>,
-) {
+) -> Ended {
     let p = &ctx.p;
     let answer_stage = p.answer_stage();
     let answer = outputs[p.answer].clone().unwrap_or(Value::Null);
@@ -364,8 +367,22 @@ async fn finish(
         stage_done: last,
         only_request: item.stages.len() == 1 && p.stages[p.answer].criteria.is_empty(),
     };
+    record_final(ctx, item, rec, fin).await
+}
+
+/// Commit the item's outcome (its lease ends with it) and count it.
+async fn record_final(
+    ctx: &Ctx,
+    item: &WorkItem,
+    rec: Option<AttemptRecord>,
+    fin: FinalResult,
+) -> Ended {
+    let outcome = fin.outcome;
     if ctx.write(item, WriteOp::Final(rec, fin)).await {
         ctx.stats.record_outcome(outcome);
+        Ended::Settled
+    } else {
+        Ended::Open
     }
 }
 

@@ -15,6 +15,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("migrations/0004_provider_batches.sql")),
     (5, include_str!("migrations/0005_stages.sql")),
     (6, include_str!("migrations/0006_work_queue.sql")),
+    (7, include_str!("migrations/0007_search_catch_up.sql")),
 ];
 
 pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {

@@ -15,6 +15,8 @@ pub mod queue;
 pub mod reports;
 pub mod rerun;
 pub mod review;
+pub mod search_index;
+mod sqlite_memory;
 pub mod store;
 mod transaction;
 pub mod writer;
@@ -58,6 +60,7 @@ pub enum LedgerError {
 
 /// Open (creating if needed) the ledger at `path` and bring its schema up to date.
 pub fn open(path: &Path) -> Result<Connection, LedgerError> {
+    sqlite_memory::configure();
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -75,6 +78,7 @@ pub fn open(path: &Path) -> Result<Connection, LedgerError> {
 
 /// Open an existing ledger read-only (reports, the console). Fails if missing.
 pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
+    sqlite_memory::configure();
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::now_ts;
+use super::{now_ts, search_index};
 use crate::routing::Outcome;
 
 /// The most operations one transaction takes.
@@ -293,6 +293,7 @@ impl LedgerWriter {
 
 fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     let mut group: Vec<Queued> = Vec::with_capacity(GROUP_MAX);
+    let mut search = search_index::Pacer::new();
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         while group.len() < GROUP_MAX {
@@ -301,17 +302,30 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
                 Err(_) => break,
             }
         }
-        let results = apply_group(&mut conn, &group);
+        let results = apply_group(&mut conn, &group, &mut search);
         for ((_, _, reply), result) in group.drain(..).zip(results) {
             if let Some(reply) = reply {
                 let _ = reply.send(result);
             }
         }
     }
+    // Leave the review search index whole for whoever reads next. If this
+    // fails the rows stay noted and the next writer indexes them.
+    let _ = conn.execute_batch("BEGIN IMMEDIATE");
+    let indexed = search_index::catch_up(&conn);
+    let _ = conn.execute_batch(if indexed.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    });
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
 }
 
-fn apply_group(conn: &mut Connection, group: &[Queued]) -> Vec<Result<(), WriteError>> {
+fn apply_group(
+    conn: &mut Connection,
+    group: &[Queued],
+    search: &mut search_index::Pacer,
+) -> Vec<Result<(), WriteError>> {
     let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
@@ -358,6 +372,18 @@ fn apply_group(conn: &mut Connection, group: &[Queued]) -> Vec<Result<(), WriteE
         let _ = tx.rollback();
         return results;
     }
+    // Index the review items this and earlier groups added, when due. In
+    // its own savepoint: a failure leaves them noted for a later try and
+    // costs the group's writes nothing.
+    let _ = (|| -> rusqlite::Result<()> {
+        tx.prepare_cached("SAVEPOINT search")?.execute([])?;
+        let indexed = search.maybe_catch_up(&tx);
+        if indexed.is_err() {
+            tx.prepare_cached("ROLLBACK TO search")?.execute([])?;
+        }
+        tx.prepare_cached("RELEASE search")?.execute([])?;
+        indexed.map(|_| ())
+    })();
     if let Err(e) = tx.commit() {
         let msg = format!("ledger: commit failed: {e}");
         return group

@@ -8,7 +8,7 @@ use std::sync::{LazyLock, Mutex};
 
 use rusqlite::{Connection, OptionalExtension};
 
-use crate::ledger::now_ts;
+use crate::ledger::{now_ts, search_index};
 use crate::watch::{DEFAULT_PAGE, ReviewPage, ReviewQuery, ReviewRow};
 
 /// The columns of one queue row. A claim shows while its lease is unexpired.
@@ -31,13 +31,43 @@ const MATCHES: &str = " AND (r.item_id LIKE :pattern ESCAPE '\\'
 /// every pending suggestion. Shorter ones have no trigram and use LIKE.
 const SEARCHED: &str =
     " AND r.review_id IN (SELECT rowid FROM review_search WHERE review_search MATCH :phrase)";
+/// Since migration 0007 the newest review items wait in
+/// `review_search_pending` until the writer indexes them in a batch: those
+/// few are read directly.
+const SEARCHED_OR_WAITING: &str =
+    " AND (r.review_id IN (SELECT rowid FROM review_search WHERE review_search MATCH :phrase)
+     OR (r.review_id IN (SELECT review_id FROM review_search_pending)
+         AND (r.item_id LIKE :pattern ESCAPE '\\'
+              OR r.llm_suggestion_json LIKE :pattern ESCAPE '\\'
+              OR r.rationale LIKE :pattern ESCAPE '\\')))";
 
-/// The filter clause for `filter`: the index when it can answer.
-fn text_match(filter: &str) -> &'static str {
-    if filter.chars().count() >= 3 {
-        SEARCHED
+/// How a filter is answered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lookup {
+    /// LIKE over the queue (no trigram in the filter).
+    Scan,
+    /// The trigram index holds every review item (a ledger before 0007).
+    Index,
+    /// The index, plus the review items still waiting to be indexed.
+    IndexAndWaiting,
+}
+
+fn lookup(filter: &str, batched_index: bool) -> Lookup {
+    if filter.chars().count() < 3 {
+        Lookup::Scan
+    } else if batched_index {
+        Lookup::IndexAndWaiting
     } else {
-        MATCHES
+        Lookup::Index
+    }
+}
+
+/// The filter clause for `filter` on the rows of `review_item r`.
+fn text_match(filter: &str, batched_index: bool) -> &'static str {
+    match lookup(filter, batched_index) {
+        Lookup::Scan => MATCHES,
+        Lookup::Index => SEARCHED,
+        Lookup::IndexAndWaiting => SEARCHED_OR_WAITING,
     }
 }
 
@@ -46,6 +76,15 @@ fn text_match(filter: &str) -> &'static str {
 const SEARCH_FROM: &str =
     "review_search CROSS JOIN review_item r ON r.review_id = review_search.rowid";
 const SEARCH_JOINED: &str = " AND review_search MATCH :phrase";
+/// The same with the waiting review items' matches added (they are never in
+/// the index, so no id comes twice).
+const SEARCH_AND_WAITING_FROM: &str = "(SELECT rowid AS rid FROM review_search WHERE review_search MATCH :phrase
+       UNION ALL
+       SELECT w.review_id FROM review_search_pending p JOIN review_item w ON w.review_id = p.review_id
+       WHERE w.item_id LIKE :pattern ESCAPE '\\'
+          OR w.llm_suggestion_json LIKE :pattern ESCAPE '\\'
+          OR w.rationale LIKE :pattern ESCAPE '\\') m
+     CROSS JOIN review_item r ON r.review_id = m.rid";
 const PLAIN_FROM: &str = "review_item r";
 
 /// `filter` as one FTS5 phrase: a substring, every character literal.
@@ -70,16 +109,20 @@ pub(super) fn review_page(conn: &Connection, q: &ReviewQuery) -> rusqlite::Resul
     if session.is_some() {
         cond.push_str(IN_SESSION);
     }
+    let batched_index = search_index::is_batched(conn)?;
     let mut from = PLAIN_FROM;
     if let Some(f) = filter {
-        if text_match(f) == SEARCHED {
-            from = SEARCH_FROM;
-            cond.push_str(SEARCH_JOINED);
-        } else {
-            cond.push_str(MATCHES);
+        match lookup(f, batched_index) {
+            Lookup::Scan => cond.push_str(MATCHES),
+            Lookup::Index => {
+                from = SEARCH_FROM;
+                cond.push_str(SEARCH_JOINED);
+            }
+            Lookup::IndexAndWaiting => from = SEARCH_AND_WAITING_FROM,
         }
     }
     let binds = Binds {
+        batched_index,
         now: now_ts(),
         session,
         filter,
@@ -199,7 +242,7 @@ fn pending_count(
                 sql.push_str(" AND +r.session_id = :session");
             }
             if let Some(f) = binds.filter {
-                sql.push_str(text_match(f));
+                sql.push_str(text_match(f, binds.batched_index));
             }
             let mut stmt = conn.prepare_cached(&sql)?;
             binds.bind(&mut stmt)?;
@@ -275,6 +318,9 @@ fn like_pattern(text: &str) -> String {
 
 /// The queue's parameters, bound by name to whichever the statement uses.
 struct Binds<'a> {
+    /// Not a parameter: whether the ledger indexes review items in batches
+    /// (see `search_index`), which decides the filter's SQL.
+    batched_index: bool,
     now: f64,
     session: Option<&'a str>,
     filter: Option<&'a str>,
