@@ -17,6 +17,7 @@ pub mod rerun;
 pub mod review;
 pub mod store;
 mod transaction;
+pub mod work;
 pub mod writer;
 
 use std::path::Path;

@@ -73,7 +73,10 @@ fn live_cutoff(conn: &Connection) -> rusqlite::Result<Option<f64>> {
 }
 
 /// How many items a new session would take.
-pub fn count_candidates(conn: &Connection, filter: CandidateFilter) -> rusqlite::Result<u64> {
+pub fn count_candidates(
+    conn: &Connection,
+    filter: CandidateFilter,
+) -> rusqlite::Result<u64> {
     let cutoff = live_cutoff(conn)?;
     let sql = format!(
         "SELECT COUNT(*) FROM ({})",
@@ -87,27 +90,44 @@ pub fn count_candidates(conn: &Connection, filter: CandidateFilter) -> rusqlite:
     Ok(n as u64)
 }
 
+/// Why visiting the candidates stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CandidateError {
+    /// The ledger could not be read.
+    #[error(transparent)]
+    Ledger(#[from] super::LedgerError),
+    /// The visitor stopped the visit, saying why.
+    #[error("{0}")]
+    Stopped(String),
+}
+
+impl From<rusqlite::Error> for CandidateError {
+    fn from(e: rusqlite::Error) -> Self {
+        CandidateError::Ledger(super::LedgerError::Sql(e))
+    }
+}
+
 /// Visit the items a new session would take, in import order.
 pub fn for_each_candidate(
     conn: &Connection,
     filter: CandidateFilter,
     mut visit: impl FnMut(Candidate) -> Result<(), String>,
-) -> Result<u64, String> {
-    let cutoff = live_cutoff(conn).map_err(|e| e.to_string())?;
+) -> Result<u64, CandidateError> {
+    let cutoff = live_cutoff(conn)?;
     let sql = filter.sql("SELECT d.item_id, d.evidence_json", cutoff.is_some());
     let limit = filter.limit.map(|l| l as i64).unwrap_or(-1);
-    let mut stmt = conn.prepare(&sql).map_err(|e| e.to_string())?;
+    let mut stmt = conn.prepare(&sql)?;
     let mut rows = match cutoff {
         Some(c) => stmt.query(params![limit, c]),
         None => stmt.query(params![limit]),
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     let mut n = 0;
-    while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+    while let Some(row) = rows.next()? {
         visit(Candidate {
-            item_id: row.get(0).map_err(|e| e.to_string())?,
-            evidence_json: row.get(1).map_err(|e| e.to_string())?,
-        })?;
+            item_id: row.get(0)?,
+            evidence_json: row.get(1)?,
+        })
+        .map_err(CandidateError::Stopped)?;
         n += 1;
     }
     Ok(n)
@@ -688,7 +708,10 @@ pub struct Controls {
 
 /// The run controls of a session (None when there is no such session). A
 /// negative tune value is not a limit anyone meant: it reads as unset.
-pub fn session_controls(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<Controls>> {
+pub fn session_controls(
+    conn: &Connection,
+    session_id: &str,
+) -> rusqlite::Result<Option<Controls>> {
     let tune = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
     conn.prepare_cached(
         "SELECT desired_state, stop_after_stage, tune_rpm, tune_tpm, tune_concurrency
