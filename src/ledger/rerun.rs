@@ -47,7 +47,7 @@ impl From<rusqlite::Error> for RerunError {
 
 /// Ask `stages[from]` and every stage after it again for every item of
 /// `session_id` (`stages`: the job's stages, in order).
-pub fn rerun_stages(
+pub(crate) fn rerun_stages(
     conn: &mut Connection,
     stages: &[RerunStage],
     session_id: &str,

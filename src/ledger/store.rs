@@ -73,7 +73,7 @@ fn live_cutoff(conn: &Connection) -> rusqlite::Result<Option<f64>> {
 }
 
 /// How many items a new session would take.
-pub fn count_candidates(
+pub(crate) fn count_candidates(
     conn: &Connection,
     filter: CandidateFilter,
 ) -> rusqlite::Result<u64> {
@@ -108,7 +108,7 @@ impl From<rusqlite::Error> for CandidateError {
 }
 
 /// Visit the items a new session would take, in import order.
-pub fn for_each_candidate(
+pub(crate) fn for_each_candidate(
     conn: &Connection,
     filter: CandidateFilter,
     mut visit: impl FnMut(Candidate) -> Result<(), String>,
@@ -162,7 +162,7 @@ pub struct NewSession<'a> {
 /// another template or parameters, per stage: (stage, count). Such answers
 /// are never reused or sent again silently: the operator chooses
 /// (`--rerun-stage`, or restoring the template).
-pub fn stale_answers(
+pub(crate) fn stale_answers(
     conn: &Connection,
     stages: &[NewStage<'_>],
     item_ids: &[String],
@@ -209,7 +209,7 @@ pub fn stale_answers(
 /// since the plan was read (two sessions started at the same instant) are
 /// left out, so choosing and claiming are one atomic step. With none left
 /// nothing is created.
-pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
+pub(crate) fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let kept = still_free(&tx, s.item_ids)?;
@@ -426,7 +426,7 @@ pub fn load_session(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
 
 /// Answers paid for but refused because their worker had lost the item
 /// (see `ledger::queue`): (count, USD).
-pub fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(u64, f64)> {
+pub(crate) fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(u64, f64)> {
     conn.query_row(
         "SELECT orphaned_count, orphaned_cost_usd FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
@@ -448,7 +448,7 @@ pub fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(
 /// `resume`: the operator resumes the session (`--resume`): it runs again,
 /// and a pause or stop-after-stage asked of it is cleared. Without it (a
 /// `docket worker` joining) the session's controls stay as they are.
-pub fn repair_interrupted(
+pub(crate) fn repair_interrupted(
     conn: &mut Connection,
     session_id: &str,
     max_cost_usd: Option<f64>,
@@ -579,7 +579,7 @@ pub struct WorkItem {
 
 /// The next `n` items after `after_position` that have no outcome yet, in
 /// order, with every stage's request.
-pub fn next_work(
+pub(crate) fn next_work(
     conn: &Connection,
     session_id: &str,
     after_position: i64,
@@ -708,7 +708,7 @@ pub struct Controls {
 
 /// The run controls of a session (None when there is no such session). A
 /// negative tune value is not a limit anyone meant: it reads as unset.
-pub fn session_controls(
+pub(crate) fn session_controls(
     conn: &Connection,
     session_id: &str,
 ) -> rusqlite::Result<Option<Controls>> {
@@ -761,7 +761,7 @@ pub(crate) fn hostname() -> String {
 }
 
 /// An item's evidence as stored (JSON text); None for an unknown item.
-pub fn evidence_of(conn: &Connection, item_id: &str) -> rusqlite::Result<Option<String>> {
+pub(crate) fn evidence_of(conn: &Connection, item_id: &str) -> rusqlite::Result<Option<String>> {
     conn.prepare_cached("SELECT evidence_json FROM decision WHERE item_id = ?1")?
         .query_row(params![item_id], |r| r.get(0))
         .optional()
