@@ -11,9 +11,6 @@ use crate::ledger::LedgerError;
 use crate::watch::Tune;
 
 pub use crate::ledger::controls::RunControls;
-// TODO(engine-api): engine::batch_cancel notes on its own connection.
-#[doc(hidden)]
-pub use crate::ledger::controls::note;
 
 /// The highest concurrency a retune may ask for.
 pub const MAX_CONCURRENCY: u64 = 10_000;

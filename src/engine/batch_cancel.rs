@@ -5,8 +5,10 @@
 
 use std::path::Path;
 
-use crate::ledger::batches::{BatchOp, open_batches};
-use crate::ledger::{LEDGER_FILE, now_ts};
+use crate::control::RunControls;
+use crate::ledger::batches::BatchOp;
+use crate::ledger::work::BatchLedger;
+use crate::ledger::{LEDGER_FILE, Ledger};
 use crate::provider::batch::{BatchProvider, build_batch};
 
 /// What `cancel_open_batches` did.
@@ -29,10 +31,12 @@ pub async fn cancel_open_batches(
     session_id: &str,
     actor: &str,
 ) -> Result<BatchCancelReport, String> {
-    let ledger = workspace.join(LEDGER_FILE);
+    let path = workspace.join(LEDGER_FILE);
     let open = {
-        let conn = crate::ledger::open(&ledger).map_err(|e| e.to_string())?;
-        open_batches(&conn, session_id).map_err(|e| format!("ledger: {e}"))?
+        let ledger = Ledger::open(&path).map_err(|e| e.to_string())?;
+        ledger
+            .open_batches(session_id)
+            .map_err(|e| format!("ledger: {e}"))?
     };
     let mut report = BatchCancelReport::default();
     if open.is_empty() {
@@ -42,7 +46,7 @@ pub async fn cancel_open_batches(
     let config = crate::config::LoadedConfig::load(&cfg_path).map_err(|e| e.to_string())?;
     let mut adapters: std::collections::HashMap<String, Box<dyn BatchProvider>> =
         Default::default();
-    let conn = crate::ledger::open(&ledger).map_err(|e| e.to_string())?;
+    let ledger = Ledger::open(&path).map_err(|e| e.to_string())?;
     for b in open {
         let Some(id) = b.provider_batch_id.clone() else {
             report.without_id.push(b.tag);
@@ -85,17 +89,13 @@ pub async fn cancel_open_batches(
             }
         }
         let adapter = &adapters[&b.provider];
-        crate::ledger::batches::apply(
-            &conn,
-            &BatchOp::CancelRequested { tag: b.tag.clone() },
-            now_ts(),
-        )
-        .map_err(|e| format!("ledger: {e}"))?;
+        ledger
+            .record_batch(&BatchOp::CancelRequested { tag: b.tag.clone() })
+            .map_err(|e| format!("ledger: {e}"))?;
         match adapter.cancel(&id).await {
             Ok(s) => {
-                crate::ledger::batches::apply(
-                    &conn,
-                    &BatchOp::Status {
+                ledger
+                    .record_batch(&BatchOp::Status {
                         tag: b.tag.clone(),
                         state: s.state.as_str().to_string(),
                         completed: s.counts.completed,
@@ -106,12 +106,9 @@ pub async fn cancel_open_batches(
                         next_poll_at: None,
                         polled: true,
                         ended: s.state.is_terminal(),
-                    },
-                    now_ts(),
-                )
-                .map_err(|e| format!("ledger: {e}"))?;
-                let _ = crate::control::note(
-                    &conn,
+                    })
+                    .map_err(|e| format!("ledger: {e}"))?;
+                let _ = ledger.note(
                     session_id,
                     &format!(
                         "provider batch {} ({}) cancelled at the provider (now {})",

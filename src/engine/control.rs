@@ -18,9 +18,10 @@ use super::ctx::{
     Ctx, PAUSED_BY_OPERATOR, StopCause, per_minute, share, tuned_settings, worker_beat,
 };
 use super::progress::Reporter;
-use crate::ledger::queue;
 use crate::ledger::store;
+use crate::ledger::work::{RunSessions, WorkQueue};
 use crate::ledger::writer::WriteOp;
+use crate::ledger::{Ledger, LedgerError};
 use crate::limiter::SlowReason;
 use crate::watch::{LiveGauges, Tune};
 
@@ -145,8 +146,8 @@ pub(super) async fn control_loop(
     grace: Duration,
     reporter: Arc<dyn Reporter>,
 ) {
-    let conn = match crate::ledger::open_read_only(&ctx.p.ledger_path) {
-        Ok(c) => Arc::new(std::sync::Mutex::new(c)),
+    let ledger = match Ledger::open_read_only(&ctx.p.ledger_path) {
+        Ok(l) => Arc::new(std::sync::Mutex::new(l)),
         Err(e) => {
             // Without it nothing obeys the ledger or writes a heartbeat:
             // stop (resumably) rather than run blind.
@@ -206,24 +207,21 @@ pub(super) async fn control_loop(
             ctx.hard_stop.cancel();
         }
         let controls = {
-            let conn = conn.clone();
+            let ledger = ledger.clone();
             let sid = ctx.session_id.clone();
             let me = ctx.worker_id.clone();
             tokio::task::spawn_blocking(move || {
-                let c = conn.lock().unwrap_or_else(|p| p.into_inner());
-                let controls = store::session_controls(&c, &sid)?;
-                let workers = queue::live_workers(&c, &sid)?;
+                let l = ledger.lock().unwrap_or_else(|p| p.into_inner());
+                let controls = l.session_controls(&sid)?;
+                let workers = l.live_workers(&sid)?;
                 // With others on the session, its counters and spend are
                 // theirs too: read them back for the progress and budget.
                 let (row, others) = if workers > 1 {
-                    (
-                        store::load_session(&c, &sid)?,
-                        queue::others_gauges(&c, &sid, &me)?,
-                    )
+                    (l.load_session(&sid)?, l.others_gauges(&sid, &me)?)
                 } else {
                     (None, Vec::new())
                 };
-                Ok::<_, rusqlite::Error>((controls, workers, row, others))
+                Ok::<_, LedgerError>((controls, workers, row, others))
             })
             .await
         };

@@ -90,9 +90,9 @@ pub(super) struct Ctx {
     pub(super) orphaned: AtomicU64,
     /// A task ended: the feed may claim more.
     pub(super) claim_room: tokio::sync::Notify,
-    /// The connection batch results claim their items on (opened at the
+    /// The ledger handle batch results claim their items on (opened at the
     /// first delivery).
-    pub(super) delivery_conn: std::sync::Mutex<Option<rusqlite::Connection>>,
+    pub(super) delivery_ledger: std::sync::Mutex<Option<crate::ledger::Ledger>>,
 }
 
 impl Ctx {

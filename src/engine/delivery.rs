@@ -13,8 +13,9 @@ use tokio::task::JoinSet;
 use super::batching::{Deliver, Delivered};
 use super::ctx::{Ctx, StopCause};
 use super::feed::{note_crash, run_item, stage_groups};
-use crate::ledger::queue;
+use crate::ledger::Ledger;
 use crate::ledger::store::WorkItem;
+use crate::ledger::work::WorkQueue;
 
 /// The batchers' way back into the engine. Holds the run's context weakly:
 /// the context holds the batchers.
@@ -77,21 +78,24 @@ async fn deliver(ctx: &Arc<Ctx>, stage: usize, lines: Vec<Delivered>) {
 async fn claim(ctx: &Arc<Ctx>, request_ids: Vec<i64>) -> Result<Vec<WorkItem>, String> {
     let ctx = ctx.clone();
     tokio::task::spawn_blocking(move || {
-        let mut slot = ctx.delivery_conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = ctx
+            .delivery_ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
-            *slot = Some(crate::ledger::open(&ctx.p.ledger_path).map_err(|e| e.to_string())?);
+            *slot = Some(Ledger::open(&ctx.p.ledger_path).map_err(|e| e.to_string())?);
         }
-        let Some(conn) = slot.as_mut() else {
+        let Some(ledger) = slot.as_mut() else {
             return Err("no ledger connection".to_string());
         };
-        queue::claim_requests(
-            conn,
-            &ctx.session_id,
-            &ctx.worker_id,
-            &request_ids,
-            ctx.lease_secs,
-        )
-        .map_err(|e| e.to_string())
+        ledger
+            .claim_requests(
+                &ctx.session_id,
+                &ctx.worker_id,
+                &request_ids,
+                ctx.lease_secs,
+            )
+            .map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| e.to_string())?

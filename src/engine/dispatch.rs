@@ -4,8 +4,8 @@
 //! lets go of what this worker holds and ends the session in a resumable
 //! state, or leaves it to the other workers still on it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
@@ -22,9 +22,11 @@ use super::feed::feed;
 use super::progress::{Reporter, spawn_progress};
 use super::stats::Stats;
 use super::{EngineError, Interrupts, Prepared, RunEnd};
+use crate::ledger::batches::BatchOp;
 use crate::ledger::queue;
-use crate::ledger::store;
+use crate::ledger::work::{BatchLedger, RunSessions, WorkQueue};
 use crate::ledger::writer::{LedgerWriter, WriteOp};
+use crate::ledger::{Ledger, LedgerError};
 use crate::limiter::Limiter;
 use crate::provider::ChatProvider;
 use crate::retry::Backoff;
@@ -44,16 +46,17 @@ pub(super) async fn dispatch(
     grace: Duration,
     resumed: bool,
 ) -> Result<RunEnd, EngineError> {
-    let (writer, writer_handle) = LedgerWriter::start(&p.ledger_path)?;
-    let read = crate::ledger::open(&p.ledger_path)?;
-    let row = store::load_session(&read, &session_id)?.ok_or_else(|| {
+    let (writer, writer_handle) =
+        LedgerWriter::start(&p.ledger_path).map_err(EngineError::opening)?;
+    let read = super::open_ledger(&p.ledger_path)?;
+    let row = read.load_session(&session_id)?.ok_or_else(|| {
         EngineError::Ledger(format!("session {session_id} vanished from the ledger"))
     })?;
     let stats = Arc::new(Stats::default());
     stats.seed(&row);
     // The workers already on the session, and this one: the limits are
     // split between them from the first request on.
-    let workers_now = queue::live_workers(&read, &session_id)? + 1;
+    let workers_now = read.live_workers(&session_id)? + 1;
     // One limiter per provider: stages on the same provider share its limits.
     let mut limiters: Vec<(String, Arc<Limiter>)> = Vec::new();
     let mut stages = Vec::with_capacity(p.stages.len());
@@ -89,7 +92,8 @@ pub(super) async fn dispatch(
         .map(|s| s.max_concurrency)
         .max()
         .unwrap_or(1);
-    let stop_after = store::session_controls(&read, &session_id)?
+    let stop_after = read
+        .session_controls(&session_id)?
         .and_then(|c| c.stop_after_stage)
         .and_then(|n| p.stages.iter().position(|s| s.name == n));
     let (pause_tx, pause_rx) = watch::channel(false);
@@ -118,7 +122,7 @@ pub(super) async fn dispatch(
         stop_from_ledger: AtomicBool::new(false),
         orphaned: AtomicU64::new(0),
         claim_room: tokio::sync::Notify::new(),
-        delivery_conn: std::sync::Mutex::new(None),
+        delivery_ledger: Mutex::new(None),
     });
     // On record as a worker before the first claim, so the others split
     // the limits with it from the start.
@@ -129,9 +133,9 @@ pub(super) async fn dispatch(
             worker: Some(worker_beat(&ctx, 0.0, None)),
         })
         .await;
-    let open_batches = crate::ledger::batches::open_batches(&read, &session_id)?;
+    let open_batches = read.open_batches(&session_id)?;
     let tags = Arc::new(std::sync::atomic::AtomicU64::new(
-        crate::ledger::batches::batch_count(&read, &session_id)? + 1,
+        read.batch_count(&session_id)? + 1,
     ));
     for (k, st) in p.stages.iter().enumerate() {
         let open = open_batches.iter().filter(|b| b.stage == st.name).count() as u64;
@@ -191,7 +195,7 @@ pub(super) async fn dispatch(
     ));
 
     tracing::info!(session = %session_id, stages = p.stages.len(), "dispatch started");
-    let read = Arc::new(std::sync::Mutex::new(read));
+    let read = Arc::new(Mutex::new(read));
     let feed_result = feed(&ctx, &read).await;
     if let Err(e) = &feed_result {
         ctx.stop(StopCause::LedgerFailed(e.to_string()));
@@ -212,10 +216,10 @@ pub(super) async fn dispatch(
         .await;
     let cause = ctx.cause();
     let (remaining, others) = tokio::task::block_in_place(|| {
-        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-        let remaining = store::next_work(&conn, &session_id, -1, 1).map(|w| w.len())?;
-        let others = queue::live_workers(&conn, &session_id)?;
-        Ok::<_, rusqlite::Error>((remaining, others))
+        let ledger = read.lock().unwrap_or_else(|p| p.into_inner());
+        let remaining = ledger.next_work(&session_id, -1, 1).map(|w| w.len())?;
+        let others = ledger.live_workers(&session_id)?;
+        Ok::<_, LedgerError>((remaining, others))
     })?;
     let (state, reason, end) = match cause {
         // Every item has its outcome: a stop that came after the last one
@@ -406,11 +410,7 @@ async fn settle_batches(ctx: &Ctx) {
 
 /// After the feed: mark delivered batches finished with, stop the batcher,
 /// and say what is still open at the provider. Returns that count.
-async fn end_batching(
-    ctx: &Arc<Ctx>,
-    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
-    reporter: &dyn Reporter,
-) -> u64 {
+async fn end_batching(ctx: &Arc<Ctx>, read: &Arc<Mutex<Ledger>>, reporter: &dyn Reporter) -> u64 {
     if ctx.batchers().next().is_none() {
         return 0;
     }
@@ -418,28 +418,27 @@ async fn end_batching(
         b.shutdown();
     }
     // This worker's batches only: another worker's are its own to collect.
-    let mine = |conn: &rusqlite::Connection| {
-        crate::ledger::batches::open_batches(conn, &ctx.session_id)
+    let mine = |ledger: &Ledger| {
+        ledger
+            .open_batches(&ctx.session_id)
             .unwrap_or_default()
             .into_iter()
             .filter(|o| o.claimed_by.as_deref() == Some(&*ctx.worker_id))
             .collect::<Vec<_>>()
     };
     let open = {
-        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-        mine(&conn)
+        let ledger = read.lock().unwrap_or_else(|p| p.into_inner());
+        mine(&ledger)
     };
     for o in &open {
         let _ = ctx
             .writer
-            .write(WriteOp::Batch(crate::ledger::batches::BatchOp::Settle {
-                tag: o.tag.clone(),
-            }))
+            .write(WriteOp::Batch(BatchOp::Settle { tag: o.tag.clone() }))
             .await;
     }
     let left = {
-        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-        mine(&conn)
+        let ledger = read.lock().unwrap_or_else(|p| p.into_inner());
+        mine(&ledger)
     };
     let at_provider = left
         .iter()

@@ -3,16 +3,18 @@
 //! order over the items nobody holds, then, until no other worker holds
 //! any, the items other workers let go or lost.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 
 use super::ctx::{Ctx, PAGE, StopCause};
 use super::{EngineError, Prepared};
-use crate::ledger::queue::{self, ClaimScope};
+use crate::ledger::Ledger;
+use crate::ledger::queue::ClaimScope;
 use crate::ledger::store::WorkItem;
+use crate::ledger::work::WorkQueue;
 use crate::ledger::writer::WriteOp;
 
 /// How often a worker with nothing left to claim looks again while other
@@ -36,10 +38,7 @@ pub(super) fn stage_groups(p: &Prepared) -> Vec<std::ops::Range<usize>> {
 }
 
 /// Run every group in turn over the items that have no outcome yet.
-pub(super) async fn feed(
-    ctx: &Arc<Ctx>,
-    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
-) -> Result<(), EngineError> {
+pub(super) async fn feed(ctx: &Arc<Ctx>, read: &Arc<Mutex<Ledger>>) -> Result<(), EngineError> {
     for group in stage_groups(&ctx.p) {
         if ctx.soft_stop.is_cancelled() || (group.start > 0 && ctx.stops_before(group.start)) {
             break;
@@ -59,7 +58,7 @@ pub(super) async fn feed(
 /// worker only when nobody has any of its work left.
 async fn feed_group(
     ctx: &Arc<Ctx>,
-    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+    read: &Arc<Mutex<Ledger>>,
     group: std::ops::Range<usize>,
 ) -> Result<(), EngineError> {
     // Bound the tasks alive at once (in flight plus waiting to retry) so a
@@ -231,7 +230,7 @@ fn release_unstarted(ctx: &Ctx, items: impl Iterator<Item = WorkItem>) {
 /// Claim the next page of `scope` for this worker.
 async fn claim(
     ctx: &Arc<Ctx>,
-    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
+    read: &Arc<Mutex<Ledger>>,
     scope: ClaimScope,
     n: usize,
 ) -> Result<Vec<WorkItem>, EngineError> {
@@ -240,14 +239,14 @@ async fn claim(
     let worker = ctx.worker_id.clone();
     let lease = ctx.lease_secs;
     tokio::task::spawn_blocking(move || {
-        let mut conn = read.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ledger = read.lock().unwrap_or_else(|p| p.into_inner());
         if scope == ClaimScope::Takeover {
             // A dead worker of this host is let go at once.
-            for gone in queue::expire_dead_local_workers(&conn, &sid)? {
+            for gone in ledger.expire_dead_local_workers(&sid)? {
                 tracing::warn!(worker = %gone, "a worker of this host is gone: its items are free");
             }
         }
-        queue::claim_page(&mut conn, &sid, &worker, scope, n, lease)
+        ledger.claim_page(&sid, &worker, scope, n, lease)
     })
     .await
     .map_err(|e| EngineError::Ledger(e.to_string()))?
@@ -265,16 +264,13 @@ fn mine_in_batches(ctx: &Ctx) -> bool {
 
 /// Whether another worker still holds items of the session under a live
 /// lease.
-async fn others_hold_work(
-    ctx: &Arc<Ctx>,
-    read: &Arc<std::sync::Mutex<rusqlite::Connection>>,
-) -> Result<bool, EngineError> {
+async fn others_hold_work(ctx: &Arc<Ctx>, read: &Arc<Mutex<Ledger>>) -> Result<bool, EngineError> {
     let read = read.clone();
     let sid = ctx.session_id.clone();
     let worker = ctx.worker_id.clone();
     tokio::task::spawn_blocking(move || {
-        let conn = read.lock().unwrap_or_else(|p| p.into_inner());
-        queue::held_by_others(&conn, &sid, &worker)
+        let ledger = read.lock().unwrap_or_else(|p| p.into_inner());
+        ledger.held_by_others(&sid, &worker)
     })
     .await
     .map_err(|e| EngineError::Ledger(e.to_string()))?

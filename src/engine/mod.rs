@@ -34,8 +34,10 @@ pub use stats::{Stats, StatsSnapshot};
 
 use crate::config::{ConfigError, LoadedConfig, ProviderKind};
 use crate::gate::GateBuildError;
+use crate::ledger::rerun::RerunError;
 use crate::ledger::store::{self, RESUME_WINDOW_SECS, SessionRow};
-use crate::ledger::{LEDGER_FILE, LedgerError, now_ts};
+use crate::ledger::work::{RunSessions, WorkQueue};
+use crate::ledger::{LEDGER_FILE, Ledger, LedgerError, now_ts};
 use crate::mock::MockServer;
 use crate::routing::{ThresholdError, Thresholds};
 use crate::template::TemplateError;
@@ -58,16 +60,29 @@ pub enum EngineError {
     Provider(#[from] crate::provider::ProviderSetupError),
 }
 
+/// A read or write on an open ledger that failed: "ledger: <what failed>".
+/// (Opening it fails with an error that names the ledger file itself: see
+/// `EngineError::opening`.)
 impl From<LedgerError> for EngineError {
     fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::Sql(e) => EngineError::Ledger(format!("ledger: {e}")),
+            e => EngineError::opening(e),
+        }
+    }
+}
+
+impl EngineError {
+    /// The ledger could not be opened (or its writer started): the error
+    /// names the ledger file, and reads as it is.
+    pub(crate) fn opening(e: LedgerError) -> Self {
         EngineError::Ledger(e.to_string())
     }
 }
 
-impl From<rusqlite::Error> for EngineError {
-    fn from(e: rusqlite::Error) -> Self {
-        EngineError::Ledger(format!("ledger: {e}"))
-    }
+/// Open (creating and migrating if needed) the ledger the engine works on.
+pub(crate) fn open_ledger(path: &Path) -> Result<Ledger, EngineError> {
+    Ledger::open(path).map_err(EngineError::opening)
 }
 
 /// The flags of `batch-adjudicate`.
@@ -291,10 +306,10 @@ pub async fn run(
     }
     let end = result?;
     let (session, orphaned) = tokio::task::block_in_place(|| -> Result<_, EngineError> {
-        let conn = crate::ledger::open(&prepared.ledger_path)?;
+        let ledger = open_ledger(&prepared.ledger_path)?;
         Ok((
-            store::load_session(&conn, &session_id)?,
-            store::orphaned_spend(&conn, &session_id)?,
+            ledger.load_session(&session_id)?,
+            ledger.orphaned_spend(&session_id)?,
         ))
     })?;
     if let Some(s) = &session {
@@ -358,12 +373,8 @@ fn start_session(
     // Answers made with another template or parameters are neither reused
     // nor asked again behind the operator's back.
     let stale = tokio::task::block_in_place(|| -> Result<_, EngineError> {
-        let conn = crate::ledger::open(&prepared.ledger_path)?;
-        Ok(store::stale_answers(
-            &conn,
-            &new_stages(prepared),
-            &plan.item_ids,
-        )?)
+        let ledger = open_ledger(&prepared.ledger_path)?;
+        Ok(ledger.stale_answers(&new_stages(prepared), &plan.item_ids)?)
     })?;
     if !stale.is_empty() {
         let list: Vec<String> = stale
@@ -403,20 +414,16 @@ fn start_session(
     .to_string();
     let new_stages = new_stages(prepared);
     let taken = tokio::task::block_in_place(|| -> Result<usize, EngineError> {
-        let mut conn = crate::ledger::open(&prepared.ledger_path)?;
-        Ok(store::create_session(
-            &mut conn,
-            &store::NewSession {
-                session_id: &id,
-                config_snapshot_json: &snapshot,
-                stages: &new_stages,
-                estimated_tokens: plan.estimate.prompt_tokens
-                    + plan.estimate.expected_output_tokens,
-                estimated_cost_usd: plan.estimate.cost_usd,
-                max_cost_usd: opts.max_cost,
-                item_ids: &plan.item_ids,
-            },
-        )?)
+        let mut ledger = open_ledger(&prepared.ledger_path)?;
+        Ok(ledger.create_session(&store::NewSession {
+            session_id: &id,
+            config_snapshot_json: &snapshot,
+            stages: &new_stages,
+            estimated_tokens: plan.estimate.prompt_tokens + plan.estimate.expected_output_tokens,
+            estimated_cost_usd: plan.estimate.cost_usd,
+            max_cost_usd: opts.max_cost,
+            item_ids: &plan.item_ids,
+        })?)
     })?;
     if taken == 0 {
         reporter.line(
@@ -521,9 +528,10 @@ fn resume_session(
 ) -> Result<String, EngineError> {
     let max_cost = opts.max_cost;
     tokio::task::block_in_place(|| {
-        let mut conn = crate::ledger::open(&p.ledger_path)?;
-        let Some(s) = store::load_session(&conn, id)? else {
-            let hint = store::latest_session(&conn)?
+        let mut ledger = open_ledger(&p.ledger_path)?;
+        let Some(s) = ledger.load_session(id)? else {
+            let hint = ledger
+                .latest_session()?
                 .map(|l| format!(" (newest: {l})"))
                 .unwrap_or_default();
             return Err(EngineError::Usage(format!(
@@ -554,13 +562,13 @@ fn resume_session(
             )));
         }
         check_same_job(p, &s)?;
-        if p.rerun_from.is_some() && crate::ledger::queue::live_workers(&conn, id)? > 0 {
+        if p.rerun_from.is_some() && ledger.live_workers(id)? > 0 {
             return Err(EngineError::Usage(format!(
                 "session {id} is being worked on right now; --rerun-stage rewrites its requests and needs it to itself. \
                  Pause or cancel it first (`docket cancel {id}`), then resume it with --rerun-stage."
             )));
         }
-        let repair = store::repair_interrupted(&mut conn, id, max_cost, !opts.join)?;
+        let repair = ledger.repair_interrupted(id, max_cost, !opts.join)?;
         let ambiguous = repair.ambiguous;
         if repair.live_workers > 0 {
             reporter.line(&format!(
@@ -573,11 +581,11 @@ fn resume_session(
         // above claimed it under the write lock): no live engine runs it.
         if let Some(from) = p.rerun_from {
             let actor = format!("cli:{}", crate::review::Operator::current().user);
-            let r =
-                crate::ledger::rerun::rerun_stages(&mut conn, &rerun_stages(p), id, from, &actor)
-                    .map_err(|e| match e {
-                    rusqlite::Error::InvalidParameterName(m) => EngineError::Usage(m),
-                    e => e.into(),
+            let r = ledger
+                .rerun_stages(&rerun_stages(p), id, from, &actor)
+                .map_err(|e| match e {
+                    RerunError::Refused(m) => EngineError::Usage(m),
+                    RerunError::Ledger(e) => e.into(),
                 })?;
             reporter.line(&format!(
                 "Asking stage \"{}\" and the stages after it again: {} requests for {} items get a new request_version \
@@ -585,7 +593,7 @@ fn resume_session(
                 p.stages[from].name, r.requests, r.items, r.outcomes_superseded
             ));
         }
-        let s = store::load_session(&conn, id)?.unwrap_or(s);
+        let s = ledger.load_session(id)?.unwrap_or(s);
         reporter.line(&format!(
             "Resuming session {id}: {} of {} items already processed{}",
             s.processed_count,
@@ -604,10 +612,10 @@ fn resume_session(
 /// limit) it started with, unless the operator passes the flag again.
 fn keep_session_flags(opts: &mut RunOptions, id: &str) {
     let path = opts.workspace.join(LEDGER_FILE);
-    let Ok(conn) = crate::ledger::open_read_only(&path) else {
+    let Ok(ledger) = Ledger::open_read_only(&path) else {
         return;
     };
-    let Ok(Some(s)) = store::load_session(&conn, id) else {
+    let Ok(Some(s)) = ledger.load_session(id) else {
         return;
     };
     let Ok(snap) = serde_json::from_str::<serde_json::Value>(&s.config_snapshot_json) else {

@@ -6,7 +6,9 @@ use serde_json::Value;
 
 use super::{EngineError, Prepared};
 use crate::cost::TokenCounter;
-use crate::ledger::store::{Candidate, CandidateFilter, count_candidates, for_each_candidate};
+use crate::ledger::Ledger;
+use crate::ledger::store::{Candidate, CandidateError, CandidateFilter};
+use crate::ledger::work::RunSessions;
 use crate::template::Prompt;
 
 /// Above this many items the estimate tokenizes a uniform sample and scales
@@ -62,14 +64,14 @@ pub struct Plan {
 /// Pick and render the candidates. Rendering errors name the template file,
 /// line and item.
 pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Plan, EngineError> {
-    let conn = crate::ledger::open(&p.ledger_path)?;
+    let ledger = super::open_ledger(&p.ledger_path)?;
     let first = p.first();
     let counter = TokenCounter::for_model(&first.model);
     let filter = CandidateFilter {
         limit,
         skip_reviewed,
     };
-    let total: u64 = count_candidates(&conn, filter)?;
+    let total: u64 = ledger.count_candidates(filter)?;
     // Sample every `stride`-th prompt for the token count when large.
     let stride = total.div_ceil(EXACT_COUNT_MAX).max(1);
     let mut item_ids = Vec::with_capacity(total as usize);
@@ -77,7 +79,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     let mut counted = 0u64;
     let mut first_prompt = None;
     let mut render_error: Option<EngineError> = None;
-    for_each_candidate(&conn, filter, |c: Candidate| {
+    let mut each = |c: Candidate| {
         let evidence: Value = serde_json::from_str(&c.evidence_json)
             .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
         match first.template.render(&c.item_id, &evidence) {
@@ -97,11 +99,16 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
         }
         item_ids.push(c.item_id);
         Ok(())
-    })
-    .map_err(|e| match render_error.take() {
-        Some(err) => err,
-        None => EngineError::Ledger(e),
-    })?;
+    };
+    ledger
+        .for_each_candidate(filter, &mut each)
+        .map_err(|e| match render_error.take() {
+            Some(err) => err,
+            None => match e {
+                CandidateError::Stopped(m) => EngineError::Ledger(m),
+                CandidateError::Ledger(e) => EngineError::Ledger(e.to_string()),
+            },
+        })?;
     let items = item_ids.len() as u64;
     let prompt_tokens = if counted == 0 {
         0
@@ -114,7 +121,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
         let per_item = if k == 0 {
             None
         } else {
-            Some(later_prompt_tokens(p, k, &conn, first_item.as_deref())?)
+            Some(later_prompt_tokens(p, k, &ledger, first_item.as_deref())?)
         };
         let prompt = match per_item {
             None => prompt_tokens,
@@ -183,11 +190,12 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
 fn later_prompt_tokens(
     p: &Prepared,
     k: usize,
-    conn: &rusqlite::Connection,
+    ledger: &Ledger,
     item: Option<&str>,
 ) -> Result<u64, EngineError> {
     let Some(item) = item else { return Ok(0) };
-    let evidence: Value = crate::ledger::store::evidence_of(conn, item)
+    let evidence: Value = ledger
+        .evidence_of(item)
         .ok()
         .flatten()
         .and_then(|e| serde_json::from_str(&e).ok())

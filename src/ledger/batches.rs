@@ -111,7 +111,7 @@ impl BatchOp {
     }
 }
 
-pub fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> {
+pub(crate) fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> {
     match op {
         BatchOp::Create(b) => {
             conn.prepare_cached(
@@ -284,7 +284,10 @@ pub struct OpenBatch {
 }
 
 /// The session's batches that are not `ingested`, oldest first.
-pub fn open_batches(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<OpenBatch>> {
+pub(crate) fn open_batches(
+    conn: &Connection,
+    session_id: &str,
+) -> rusqlite::Result<Vec<OpenBatch>> {
     let mut stmt = conn.prepare_cached(
         "SELECT batch_id, tag, state, provider, model, provider_batch_id, input_file_id, request_count,
                 created_at, submitted_at, cancel_requested_at IS NOT NULL, stage, claimed_by
@@ -298,7 +301,7 @@ pub fn open_batches(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec
 /// holds (from before leases, let go by a worker that left, or whose
 /// worker's lease ran out) for `worker`, and return them: exactly one
 /// worker polls and ingests each batch.
-pub fn adopt(
+pub(crate) fn adopt(
     conn: &mut Connection,
     session_id: &str,
     stage: &str,
@@ -358,7 +361,7 @@ fn open_batch(r: &rusqlite::Row<'_>) -> rusqlite::Result<OpenBatch> {
 
 /// How many of a session's batches are not finished with (for the message
 /// at a stop: the provider keeps running them).
-pub fn open_batch_count(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
+pub(crate) fn open_batch_count(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
     let n: i64 = conn
         .prepare_cached(
             "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1 AND state != 'ingested'",
@@ -369,7 +372,7 @@ pub fn open_batch_count(conn: &Connection, session_id: &str) -> rusqlite::Result
 
 /// Every provider batch id docket knows (any session): `find` must never
 /// take one of them for the batch it looks for.
-pub fn known_provider_ids(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+pub(crate) fn known_provider_ids(conn: &Connection) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
         "SELECT provider_batch_id FROM provider_batch WHERE provider_batch_id IS NOT NULL",
     )?;
@@ -378,7 +381,7 @@ pub fn known_provider_ids(conn: &Connection) -> rusqlite::Result<Vec<String>> {
 }
 
 /// How many batches the session has had (the next tag's number).
-pub fn batch_count(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
+pub(crate) fn batch_count(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
     let n: i64 = conn
         .prepare_cached("SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1")?
         .query_row(params![session_id], |r| r.get(0))?;
@@ -396,7 +399,10 @@ pub struct WaitingLine {
 }
 
 /// The lines of batch `batch_id` still waiting for their result.
-pub fn waiting_lines(conn: &Connection, batch_id: i64) -> rusqlite::Result<Vec<WaitingLine>> {
+pub(crate) fn waiting_lines(
+    conn: &Connection,
+    batch_id: i64,
+) -> rusqlite::Result<Vec<WaitingLine>> {
     let mut stmt = conn.prepare_cached(
         "SELECT bi.custom_id, bi.request_id, bi.attempt, m.system_prompt, m.user_prompt
          FROM provider_batch_item bi
@@ -464,7 +470,7 @@ pub struct LineId {
 
 /// The lines of batch `tag` still waiting for their result, without their
 /// prompts (what collecting its results needs).
-pub fn waiting_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<LineId>> {
+pub(crate) fn waiting_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<LineId>> {
     let mut stmt = conn.prepare_cached(
         "SELECT bi.custom_id, bi.request_id, bi.attempt
          FROM provider_batch b
@@ -485,7 +491,7 @@ pub fn waiting_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<LineId>
 
 /// Every line of batch `tag` (a re-fetch of its results must know the lines
 /// already applied from the ones that are not its own).
-pub fn line_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<String>> {
+pub(crate) fn line_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
         "SELECT bi.custom_id FROM provider_batch b
          JOIN provider_batch_item bi ON bi.batch_id = b.batch_id WHERE b.tag = ?1",
@@ -495,7 +501,7 @@ pub fn line_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<String>> {
 }
 
 /// Whether batch `tag` is finished with (`ingested`).
-pub fn is_settled(conn: &Connection, tag: &str) -> rusqlite::Result<bool> {
+pub(crate) fn is_settled(conn: &Connection, tag: &str) -> rusqlite::Result<bool> {
     let state: Option<String> = conn
         .prepare_cached("SELECT state FROM provider_batch WHERE tag = ?1")?
         .query_row(params![tag], |r| r.get(0))

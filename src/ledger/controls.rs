@@ -22,8 +22,10 @@ pub trait RunControls {
     ) -> Result<(), ControlError>;
 
     /// Record a control that reached the engine another way (the console's
-    /// quit dialog stops its own process's run directly), so the session's
-    /// events still say who asked: "<message> by <actor>".
+    /// quit dialog stops its own process's run directly), or that was
+    /// carried out with no engine running (`docket cancel` cancelling an
+    /// idle session's provider batches), so the session's events still say
+    /// who asked: "<message> by <actor>".
     fn note(&self, session_id: &str, message: &str, actor: &str) -> Result<(), ControlError>;
 
     /// Ask the engine to finish the stage it is in and then stop; returns
@@ -80,8 +82,6 @@ impl From<rusqlite::Error> for ControlError {
 }
 
 // The functions below are the SQLite implementation behind the trait.
-// TODO(engine-api): `note` stays public for engine::batch_cancel, which
-// notes on its own connection.
 
 /// Ask the session to run, pause or cancel. Refused for an unknown or a
 /// completed session.
@@ -109,8 +109,7 @@ pub(crate) fn set_desired(
 /// Record an operator's control that reaches the engine another way (the
 /// console's quit dialog stops its own process's run directly), so the
 /// session's events still say who asked.
-#[doc(hidden)]
-pub fn note(
+fn note(
     conn: &Connection,
     session_id: &str,
     message: &str,

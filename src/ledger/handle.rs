@@ -1,7 +1,8 @@
 //! The ledger as the rest of docket sees it: one handle, opened on a
 //! workspace's ledger, on which the ledger's traits are implemented (the
 //! console's reads, review decisions, run controls, reports and exports,
-//! import). Callers outside `ledger` hold a `Ledger` and call those traits;
+//! import, and the engine's work queue, sessions and provider batches).
+//! Callers outside `ledger` hold a `Ledger` and call those traits;
 //! they never see the SQLite connection behind it, so a second backend
 //! (PostgreSQL) can implement the same traits without touching them.
 
@@ -59,7 +60,6 @@ impl Ledger {
         &self.conn
     }
 
-    #[allow(dead_code)] // the import and review writers take it
     pub(crate) fn conn_mut(&mut self) -> &mut Connection {
         &mut self.conn
     }

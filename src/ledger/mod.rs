@@ -19,6 +19,7 @@ pub mod search_index;
 mod sqlite_memory;
 pub mod store;
 mod transaction;
+pub mod work;
 pub mod writer;
 
 use std::path::Path;

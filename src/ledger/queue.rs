@@ -52,7 +52,7 @@ pub enum ClaimScope {
 /// Claim up to `n` items of `session_id` for `worker` and load their work.
 /// Items taken over from another worker have that worker's unanswered
 /// attempts marked ambiguous first.
-pub fn claim_page(
+pub(crate) fn claim_page(
     conn: &mut Connection,
     session_id: &str,
     worker: &str,
@@ -190,7 +190,7 @@ fn load_claimed(
 /// a provider batch it holds, whose results came) and load their work. An
 /// item another worker holds under a live lease, or that has its outcome,
 /// is left out.
-pub fn claim_requests(
+pub(crate) fn claim_requests(
     conn: &mut Connection,
     session_id: &str,
     worker: &str,
@@ -265,7 +265,7 @@ fn mark_in_flight_ambiguous(
 
 /// Extend every lease `worker` holds in the session. Returns how many it
 /// holds (0 after a takeover of all of them).
-pub fn renew(
+pub(crate) fn renew(
     conn: &Connection,
     session_id: &str,
     worker: &str,
@@ -286,7 +286,11 @@ pub fn renew(
 
 /// Let go of every item `worker` holds (it leaves the session): other
 /// workers take them at once, with nothing to repair.
-pub fn release_all(conn: &Connection, session_id: &str, worker: &str) -> rusqlite::Result<usize> {
+pub(crate) fn release_all(
+    conn: &Connection,
+    session_id: &str,
+    worker: &str,
+) -> rusqlite::Result<usize> {
     // Its open provider batches too: another worker (or a resume) adopts
     // them and collects their results.
     conn.prepare_cached(
@@ -305,7 +309,11 @@ pub fn release_all(conn: &Connection, session_id: &str, worker: &str) -> rusqlit
 /// holds under a lease that has not run out, plus open provider batches
 /// this worker does not hold (another worker's, or one waiting to be
 /// adopted: its items become claimable once it is).
-pub fn held_by_others(conn: &Connection, session_id: &str, worker: &str) -> rusqlite::Result<u64> {
+pub(crate) fn held_by_others(
+    conn: &Connection,
+    session_id: &str,
+    worker: &str,
+) -> rusqlite::Result<u64> {
     let items: i64 = conn
         .prepare_cached(
             "SELECT COUNT(*) FROM session_item
@@ -324,7 +332,7 @@ pub fn held_by_others(conn: &Connection, session_id: &str, worker: &str) -> rusq
 /// Workers of this host that hold claims in the session but whose process
 /// is gone (kill -9): their leases end now instead of running out. Returns
 /// the worker ids let go.
-pub fn expire_dead_local_workers(
+pub(crate) fn expire_dead_local_workers(
     conn: &Connection,
     session_id: &str,
 ) -> rusqlite::Result<Vec<String>> {
@@ -371,7 +379,7 @@ pub struct WorkerBeat {
 }
 
 /// Record a worker joining a session (or beating again).
-pub fn beat(conn: &Connection, session_id: &str, b: &WorkerBeat) -> rusqlite::Result<()> {
+pub(crate) fn beat(conn: &Connection, session_id: &str, b: &WorkerBeat) -> rusqlite::Result<()> {
     let now = now_ts();
     let op = crate::review::Operator::current();
     conn.prepare_cached(
@@ -398,7 +406,7 @@ pub fn beat(conn: &Connection, session_id: &str, b: &WorkerBeat) -> rusqlite::Re
 }
 
 /// A worker let go of the session.
-pub fn worker_ended(conn: &Connection, worker: &str) -> rusqlite::Result<()> {
+pub(crate) fn worker_ended(conn: &Connection, worker: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "UPDATE session_worker SET ended_at = ?2, claims = 0 WHERE worker_id = ?1",
     )?
@@ -408,7 +416,7 @@ pub fn worker_ended(conn: &Connection, worker: &str) -> rusqlite::Result<()> {
 
 /// How many workers run the session now (a fresh heartbeat, not ended),
 /// this one included if it beat.
-pub fn live_workers(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
+pub(crate) fn live_workers(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
     conn.prepare_cached(
         "SELECT COUNT(*) FROM session_worker
          WHERE session_id = ?1 AND ended_at IS NULL AND heartbeat_at >= ?2",
@@ -420,7 +428,7 @@ pub fn live_workers(conn: &Connection, session_id: &str) -> rusqlite::Result<u64
 }
 
 /// The gauges the other live workers of the session last wrote.
-pub fn others_gauges(
+pub(crate) fn others_gauges(
     conn: &Connection,
     session_id: &str,
     worker: &str,
@@ -452,7 +460,7 @@ pub struct WorkerRow {
 }
 
 /// Every worker that worked on the session, newest first.
-pub fn workers(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<WorkerRow>> {
+pub(crate) fn workers(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<WorkerRow>> {
     let now = now_ts();
     conn.prepare_cached(
         "SELECT worker_id, host, pid, claims, sent, requests_per_sec, orphaned, heartbeat_at, ended_at
@@ -477,7 +485,7 @@ pub fn workers(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<Work
 }
 
 /// The token an item is claimed under now (None: no such item).
-pub fn current_token(
+pub(crate) fn current_token(
     conn: &Connection,
     session_id: &str,
     item_id: &str,

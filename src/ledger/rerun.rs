@@ -6,7 +6,7 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::now_ts;
+use super::{LedgerError, now_ts};
 
 /// A stage of the job as a rerun records it.
 #[derive(Debug, Clone)]
@@ -28,15 +28,32 @@ pub struct Rerun {
     pub outcomes_superseded: u64,
 }
 
+/// Why a rerun did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum RerunError {
+    /// Refused, and why (for the operator): the session has provider
+    /// batches still open.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl From<rusqlite::Error> for RerunError {
+    fn from(e: rusqlite::Error) -> Self {
+        RerunError::Ledger(LedgerError::Sql(e))
+    }
+}
+
 /// Ask `stages[from]` and every stage after it again for every item of
 /// `session_id` (`stages`: the job's stages, in order).
-pub fn rerun_stages(
+pub(crate) fn rerun_stages(
     conn: &mut Connection,
     stages: &[RerunStage],
     session_id: &str,
     from: usize,
     actor: &str,
-) -> rusqlite::Result<Rerun> {
+) -> Result<Rerun, RerunError> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut done = Rerun::default();
@@ -48,7 +65,7 @@ pub fn rerun_stages(
         |r| r.get(0),
     )?;
     if open > 0 {
-        return Err(rusqlite::Error::InvalidParameterName(format!(
+        return Err(RerunError::Refused(format!(
             "session {session_id} has {open} provider batch(es) still open: resume it to collect them (or cancel them) before asking a stage again"
         )));
     }

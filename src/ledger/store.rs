@@ -73,7 +73,10 @@ fn live_cutoff(conn: &Connection) -> rusqlite::Result<Option<f64>> {
 }
 
 /// How many items a new session would take.
-pub fn count_candidates(conn: &Connection, filter: CandidateFilter) -> rusqlite::Result<u64> {
+pub(crate) fn count_candidates(
+    conn: &Connection,
+    filter: CandidateFilter,
+) -> rusqlite::Result<u64> {
     let cutoff = live_cutoff(conn)?;
     let sql = format!(
         "SELECT COUNT(*) FROM ({})",
@@ -87,27 +90,44 @@ pub fn count_candidates(conn: &Connection, filter: CandidateFilter) -> rusqlite:
     Ok(n as u64)
 }
 
+/// Why visiting the candidates stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CandidateError {
+    /// The ledger could not be read.
+    #[error(transparent)]
+    Ledger(#[from] super::LedgerError),
+    /// The visitor stopped the visit, saying why.
+    #[error("{0}")]
+    Stopped(String),
+}
+
+impl From<rusqlite::Error> for CandidateError {
+    fn from(e: rusqlite::Error) -> Self {
+        CandidateError::Ledger(super::LedgerError::Sql(e))
+    }
+}
+
 /// Visit the items a new session would take, in import order.
-pub fn for_each_candidate(
+pub(crate) fn for_each_candidate(
     conn: &Connection,
     filter: CandidateFilter,
     mut visit: impl FnMut(Candidate) -> Result<(), String>,
-) -> Result<u64, String> {
-    let cutoff = live_cutoff(conn).map_err(|e| e.to_string())?;
+) -> Result<u64, CandidateError> {
+    let cutoff = live_cutoff(conn)?;
     let sql = filter.sql("SELECT d.item_id, d.evidence_json", cutoff.is_some());
     let limit = filter.limit.map(|l| l as i64).unwrap_or(-1);
-    let mut stmt = conn.prepare(&sql).map_err(|e| e.to_string())?;
+    let mut stmt = conn.prepare(&sql)?;
     let mut rows = match cutoff {
         Some(c) => stmt.query(params![limit, c]),
         None => stmt.query(params![limit]),
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     let mut n = 0;
-    while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+    while let Some(row) = rows.next()? {
         visit(Candidate {
-            item_id: row.get(0).map_err(|e| e.to_string())?,
-            evidence_json: row.get(1).map_err(|e| e.to_string())?,
-        })?;
+            item_id: row.get(0)?,
+            evidence_json: row.get(1)?,
+        })
+        .map_err(CandidateError::Stopped)?;
         n += 1;
     }
     Ok(n)
@@ -142,7 +162,7 @@ pub struct NewSession<'a> {
 /// another template or parameters, per stage: (stage, count). Such answers
 /// are never reused or sent again silently: the operator chooses
 /// (`--rerun-stage`, or restoring the template).
-pub fn stale_answers(
+pub(crate) fn stale_answers(
     conn: &Connection,
     stages: &[NewStage<'_>],
     item_ids: &[String],
@@ -189,7 +209,7 @@ pub fn stale_answers(
 /// since the plan was read (two sessions started at the same instant) are
 /// left out, so choosing and claiming are one atomic step. With none left
 /// nothing is created.
-pub fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
+pub(crate) fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let kept = still_free(&tx, s.item_ids)?;
@@ -406,7 +426,7 @@ pub fn load_session(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
 
 /// Answers paid for but refused because their worker had lost the item
 /// (see `ledger::queue`): (count, USD).
-pub fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(u64, f64)> {
+pub(crate) fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(u64, f64)> {
     conn.query_row(
         "SELECT orphaned_count, orphaned_cost_usd FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
@@ -428,7 +448,7 @@ pub fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(
 /// `resume`: the operator resumes the session (`--resume`): it runs again,
 /// and a pause or stop-after-stage asked of it is cleared. Without it (a
 /// `docket worker` joining) the session's controls stay as they are.
-pub fn repair_interrupted(
+pub(crate) fn repair_interrupted(
     conn: &mut Connection,
     session_id: &str,
     max_cost_usd: Option<f64>,
@@ -559,7 +579,7 @@ pub struct WorkItem {
 
 /// The next `n` items after `after_position` that have no outcome yet, in
 /// order, with every stage's request.
-pub fn next_work(
+pub(crate) fn next_work(
     conn: &Connection,
     session_id: &str,
     after_position: i64,
@@ -688,7 +708,10 @@ pub struct Controls {
 
 /// The run controls of a session (None when there is no such session). A
 /// negative tune value is not a limit anyone meant: it reads as unset.
-pub fn session_controls(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<Controls>> {
+pub(crate) fn session_controls(
+    conn: &Connection,
+    session_id: &str,
+) -> rusqlite::Result<Option<Controls>> {
     let tune = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
     conn.prepare_cached(
         "SELECT desired_state, stop_after_stage, tune_rpm, tune_tpm, tune_concurrency
@@ -738,7 +761,7 @@ pub(crate) fn hostname() -> String {
 }
 
 /// An item's evidence as stored (JSON text); None for an unknown item.
-pub fn evidence_of(conn: &Connection, item_id: &str) -> rusqlite::Result<Option<String>> {
+pub(crate) fn evidence_of(conn: &Connection, item_id: &str) -> rusqlite::Result<Option<String>> {
     conn.prepare_cached("SELECT evidence_json FROM decision WHERE item_id = ?1")?
         .query_row(params![item_id], |r| r.get(0))
         .optional()

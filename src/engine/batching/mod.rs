@@ -33,7 +33,10 @@ use super::budget::Budget;
 use super::progress::Reporter;
 use super::stats::Stats;
 use crate::config::BatchMode;
+use crate::ledger::batches::BatchOp;
+use crate::ledger::work::BatchLedger;
 use crate::ledger::writer::{Fence, LedgerWriter, WriteError, WriteOp};
+use crate::ledger::{Ledger, LedgerError};
 use crate::provider::batch::BatchProvider;
 use crate::provider::{ChatAnswer, ChatRequest, ProviderError};
 
@@ -441,19 +444,12 @@ impl Batcher {
         let sid = self.session_id.clone();
         let stage_name = self.stage().name.clone();
         let lease = self.lease.clone();
-        let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<_> {
-            let mut conn = crate::ledger::open(&path)
-                .map_err(|e| rusqlite::Error::InvalidParameterName(e.to_string()))?;
+        let found = tokio::task::spawn_blocking(move || -> Result<_, LedgerError> {
+            let mut ledger = Ledger::open(&path)?;
             // Only the batches nobody holds: each is polled by one worker.
             let mut out = Vec::new();
-            for b in crate::ledger::batches::adopt(
-                &mut conn,
-                &sid,
-                &stage_name,
-                &lease.worker_id,
-                lease.secs,
-            )? {
-                let waiting = crate::ledger::batches::waiting_ids(&conn, &b.tag)?.len();
+            for b in ledger.adopt_batches(&sid, &stage_name, &lease.worker_id, lease.secs)? {
+                let waiting = ledger.waiting_ids(&b.tag)?.len();
                 out.push((b, waiting));
             }
             Ok(out)
@@ -465,10 +461,9 @@ impl Batcher {
         for (batch, waiting) in found {
             if waiting == 0 {
                 // Every line has its outcome: only the mark was missing.
-                self.writer
-                    .post(WriteOp::Batch(crate::ledger::batches::BatchOp::Settle {
-                        tag: batch.tag.clone(),
-                    }));
+                self.writer.post(WriteOp::Batch(BatchOp::Settle {
+                    tag: batch.tag.clone(),
+                }));
                 continue;
             }
             n += 1;

@@ -12,8 +12,9 @@ use rand::Rng;
 
 use super::{Batcher, Delivered, Queued, Reply, Ticket};
 use crate::ledger::batches::{BatchOp, LineId, NewBatch, NewBatchLine, OpenBatch};
-use crate::ledger::now_ts;
+use crate::ledger::work::BatchLedger;
 use crate::ledger::writer::WriteOp;
+use crate::ledger::{Ledger, LedgerError, now_ts};
 use crate::provider::batch::{
     BatchLine, BatchState, BatchStatus, Found, LineOutcome, SubmitSpec, Submitted,
 };
@@ -319,12 +320,9 @@ async fn adopt_or_resubmit(b: &Arc<Batcher>, batch: &OpenBatch) -> Option<String
             // go again under the same tag, read back from the ledger.
             let (path, batch_id) = (b.p.ledger_path.clone(), batch.batch_id);
             let waiting = tokio::task::spawn_blocking(move || {
-                crate::ledger::open_read_only(&path)
+                Ledger::open_read_only(&path)
                     .map_err(|e| e.to_string())
-                    .and_then(|c| {
-                        crate::ledger::batches::waiting_lines(&c, batch_id)
-                            .map_err(|e| e.to_string())
-                    })
+                    .and_then(|l| l.waiting_lines(batch_id).map_err(|e| e.to_string()))
             })
             .await
             .map_err(|e| e.to_string())
@@ -480,9 +478,9 @@ async fn find_ours(
     let found = b.adapter.find(tag, created_at, count).await?;
     let path = b.p.ledger_path.clone();
     let known: HashSet<String> = tokio::task::spawn_blocking(move || {
-        crate::ledger::open_read_only(&path)
+        Ledger::open_read_only(&path)
             .ok()
-            .and_then(|c| crate::ledger::batches::known_provider_ids(&c).ok())
+            .and_then(|l| l.known_provider_ids().ok())
             .unwrap_or_default()
     })
     .await
@@ -597,13 +595,13 @@ fn hold(b: &Batcher, n: usize) {
 /// The lines of batch `tag` still waiting for a result, from the ledger
 /// (None when it cannot be read: the run stops).
 async fn waiting_ids(b: &Batcher, tag: &str) -> Option<Vec<LineId>> {
-    read_batch(b, tag, crate::ledger::batches::waiting_ids).await
+    read_batch(b, tag, |l, tag| l.waiting_ids(tag)).await
 }
 
 /// Every line of batch `tag` (a re-read of its results must tell the lines
 /// already applied from ids that are not the batch's).
 async fn line_ids(b: &Batcher, tag: &str) -> Option<HashSet<String>> {
-    read_batch(b, tag, crate::ledger::batches::line_ids)
+    read_batch(b, tag, |l, tag| l.line_ids(tag))
         .await
         .map(|ids| ids.into_iter().collect())
 }
@@ -613,12 +611,12 @@ async fn line_ids(b: &Batcher, tag: &str) -> Option<HashSet<String>> {
 async fn read_batch<T: Send + 'static>(
     b: &Batcher,
     tag: &str,
-    read: fn(&rusqlite::Connection, &str) -> rusqlite::Result<T>,
+    read: fn(&Ledger, &str) -> Result<T, LedgerError>,
 ) -> Option<T> {
     let (path, tag) = (b.p.ledger_path.clone(), tag.to_string());
     let r = tokio::task::spawn_blocking(move || {
-        let c = crate::ledger::open_read_only(&path).map_err(|e| e.to_string())?;
-        read(&c, &tag).map_err(|e| e.to_string())
+        let l = Ledger::open_read_only(&path).map_err(|e| e.to_string())?;
+        read(&l, &tag).map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| e.to_string())
@@ -1018,9 +1016,9 @@ async fn settle(b: &Arc<Batcher>, tag: &str) {
         }
         let (path, tag2) = (path.clone(), tag.to_string());
         let done = tokio::task::spawn_blocking(move || {
-            crate::ledger::open_read_only(&path)
+            Ledger::open_read_only(&path)
                 .ok()
-                .and_then(|c| crate::ledger::batches::is_settled(&c, &tag2).ok())
+                .and_then(|l| l.is_settled(&tag2).ok())
                 .unwrap_or(false)
         })
         .await
