@@ -15,6 +15,10 @@ use crate::routing::Outcome;
 
 /// The most operations one transaction takes.
 const GROUP_MAX: usize = 1024;
+/// A group smaller than this waits `LINGER` for more writes before it
+/// commits (see `run`).
+const LINGER_BELOW: usize = 32;
+const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// An attempt is about to be sent.
 #[derive(Debug, Clone)]
@@ -296,11 +300,12 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     let mut search = search_index::Pacer::new();
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
-        while group.len() < GROUP_MAX {
-            match rx.try_recv() {
-                Ok(op) => group.push(op),
-                Err(_) => break,
-            }
+        collect(&mut rx, &mut group);
+        if group.len() < LINGER_BELOW {
+            // Light load: a commit per two or three writes costs more than
+            // the writes. Wait a moment for the next ones to join.
+            std::thread::sleep(LINGER);
+            collect(&mut rx, &mut group);
         }
         let results = apply_group(&mut conn, &group, &mut search);
         for ((_, _, reply), result) in group.drain(..).zip(results) {
@@ -321,7 +326,90 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
 }
 
+/// Take what is queued, up to a full group.
+fn collect(rx: &mut mpsc::UnboundedReceiver<Queued>, group: &mut Vec<Queued>) {
+    while group.len() < GROUP_MAX {
+        match rx.try_recv() {
+            Ok(op) => group.push(op),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Apply a group in one transaction. Usually every operation succeeds, so
+/// they are applied straight, with no savepoint each (a fifth of the
+/// writer's statements); if one fails, the transaction is rolled back and
+/// the group applied again with a savepoint per operation, so that one bad
+/// operation never takes the others' writes down with it. A new request
+/// answers its caller as it is applied, so a group with one takes the
+/// careful path from the start.
 fn apply_group(
+    conn: &mut Connection,
+    group: &[Queued],
+    search: &mut search_index::Pacer,
+) -> Vec<Result<(), WriteError>> {
+    let straight = group.len() > 1
+        && !group
+            .iter()
+            .any(|(op, _, _)| matches!(op, WriteOp::Request(_)));
+    if straight && let Some(results) = apply_all_or_none(conn, group, search) {
+        return results;
+    }
+    apply_each_isolated(conn, group, search)
+}
+
+/// Every operation of `group` straight in one transaction; None (and
+/// nothing written) if one of them failed.
+fn apply_all_or_none(
+    conn: &mut Connection,
+    group: &[Queued],
+    search: &mut search_index::Pacer,
+) -> Option<Vec<Result<(), WriteError>>> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .ok()?;
+    let mut results = Vec::with_capacity(group.len());
+    for (op, fence, _) in group {
+        results.push(match apply_fenced(&tx, op, fence.as_ref()) {
+            Ok(true) => Ok(()),
+            // Refused, with the orphaned spend recorded: that commits.
+            Ok(false) => Err(WriteError::LeaseLost),
+            Err(_) => return None, // dropping `tx` rolls it back
+        });
+    }
+    index_new_reviews(&tx, search);
+    Some(match tx.commit() {
+        Ok(()) => results,
+        Err(e) => commit_failed(group, &e),
+    })
+}
+
+fn commit_failed(group: &[Queued], e: &rusqlite::Error) -> Vec<Result<(), WriteError>> {
+    let msg = format!("ledger: commit failed: {e}");
+    group
+        .iter()
+        .map(|_| Err(WriteError::Failed(msg.clone())))
+        .collect()
+}
+
+/// Index the review items this and earlier groups added, when due. In its
+/// own savepoint: a failure leaves them noted for a later try and costs the
+/// group's writes nothing.
+fn index_new_reviews(tx: &Connection, search: &mut search_index::Pacer) {
+    let _ = (|| -> rusqlite::Result<()> {
+        tx.prepare_cached("SAVEPOINT search")?.execute([])?;
+        let indexed = search.maybe_catch_up(tx);
+        if indexed.is_err() {
+            tx.prepare_cached("ROLLBACK TO search")?.execute([])?;
+        }
+        tx.prepare_cached("RELEASE search")?.execute([])?;
+        indexed.map(|_| ())
+    })();
+}
+
+/// `group` with a savepoint per operation (none for a group of one: the
+/// transaction is its savepoint).
+fn apply_each_isolated(
     conn: &mut Connection,
     group: &[Queued],
     search: &mut search_index::Pacer,
@@ -372,24 +460,9 @@ fn apply_group(
         let _ = tx.rollback();
         return results;
     }
-    // Index the review items this and earlier groups added, when due. In
-    // its own savepoint: a failure leaves them noted for a later try and
-    // costs the group's writes nothing.
-    let _ = (|| -> rusqlite::Result<()> {
-        tx.prepare_cached("SAVEPOINT search")?.execute([])?;
-        let indexed = search.maybe_catch_up(&tx);
-        if indexed.is_err() {
-            tx.prepare_cached("ROLLBACK TO search")?.execute([])?;
-        }
-        tx.prepare_cached("RELEASE search")?.execute([])?;
-        indexed.map(|_| ())
-    })();
+    index_new_reviews(&tx, search);
     if let Err(e) = tx.commit() {
-        let msg = format!("ledger: commit failed: {e}");
-        return group
-            .iter()
-            .map(|_| Err(WriteError::Failed(msg.clone())))
-            .collect();
+        return commit_failed(group, &e);
     }
     results
 }
@@ -954,6 +1027,76 @@ fn apply_final(
 mod tests {
     use super::*;
     use crate::ledger::store;
+
+    fn event(message: &str) -> Queued {
+        let op = WriteOp::Event {
+            session_id: "s1".into(),
+            level: "info",
+            kind: "note",
+            message: message.into(),
+        };
+        (op, None, None)
+    }
+
+    /// A group is applied straight when every operation succeeds, and again
+    /// with a savepoint each when one fails: the others still commit, and
+    /// nothing of the failed one stays.
+    #[test]
+    fn one_failing_operation_never_takes_its_group_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docket.sqlite");
+        let mut conn = crate::ledger::open(&path).unwrap();
+        store::create_session(
+            &mut conn,
+            &store::NewSession {
+                session_id: "s1",
+                config_snapshot_json: "{}",
+                stages: &[],
+                estimated_tokens: 0,
+                estimated_cost_usd: 0.0,
+                max_cost_usd: None,
+                item_ids: &[],
+            },
+        )
+        .unwrap();
+        let mut search = search_index::Pacer::new();
+        let events = |conn: &Connection| -> Vec<String> {
+            let mut stmt = conn
+                .prepare("SELECT message FROM session_event ORDER BY event_id")
+                .unwrap();
+            stmt.query_map([], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+
+        let all_good = [event("a"), event("b")];
+        let results = apply_group(&mut conn, &all_good, &mut search);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(events(&conn), ["a", "b"]);
+
+        // An attempt of a request that does not exist breaks a foreign key.
+        let orphan = WriteOp::Send(SendIntent {
+            session_id: "s1".into(),
+            request_id: 404,
+            attempt: 1,
+            client_request_id: "s1-404-1".into(),
+            system_prompt: None,
+            user_prompt: "hello".into(),
+        });
+        let mixed = [event("c"), (orphan, None, None), event("d")];
+        let results = apply_group(&mut conn, &mixed, &mut search);
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert!(
+            matches!(&results[1], Err(WriteError::Failed(m)) if m.contains("FOREIGN KEY")),
+            "{results:?}"
+        );
+        assert_eq!(events(&conn), ["a", "b", "c", "d"]);
+        let messages: i64 = conn
+            .query_row("SELECT COUNT(*) FROM llm_messages", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(messages, 0);
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn heartbeat_gauges_events_and_controls_round_trip() {
