@@ -181,7 +181,7 @@ fn client() {
         let t = Instant::now();
         for status in &statuses {
             let summary = b
-                .results(status, &expected, &mut |l| {
+                .results(status, &expected, &mut |l: docket::provider::batch::ResultLine| {
                     if let LineOutcome::Answer(a) = &l.outcome {
                         answered += 1;
                         tokens += a.usage.map_or(0, |u| u.output_tokens);

@@ -208,3 +208,61 @@ async fn azure_runs_the_same_lifecycle_under_its_urls() {
         "Azure routes used"
     );
 }
+
+/// A sink that takes `limit` lines and then has no room until released.
+struct Slow {
+    got: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    limit: usize,
+    release: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl docket::provider::batch::ResultSink for Slow {
+    fn accept(&mut self, _line: ResultLine) {
+        self.got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn room(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if self.got.load(std::sync::atomic::Ordering::SeqCst) >= self.limit {
+                self.release.notified().await;
+                self.limit = usize::MAX;
+            }
+        })
+    }
+}
+
+/// Results are read only as fast as the sink takes them: while it has no
+/// room, the download waits (a piece of it past the limit at most), and
+/// it goes on to the end once there is room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_results_read_waits_while_the_sink_has_no_room() {
+    let n = 3_000;
+    let m = mock(|_| {}).await;
+    let b = openai(&m);
+    let batch = lines("slow", n);
+    let id = submit(&b, "slow", &batch).await;
+    let (status, _) = settle(&b, &id).await;
+    assert_eq!(status.state, BatchState::Completed);
+    let expected: std::collections::HashSet<String> =
+        batch.iter().map(|l| l.custom_id.clone()).collect();
+    let got = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut sink = Slow {
+        got: got.clone(),
+        limit: 100,
+        release: release.clone(),
+    };
+    let reading = b.results(&status, &expected, &mut sink);
+    tokio::pin!(reading);
+    let early = tokio::time::timeout(std::time::Duration::from_millis(500), &mut reading).await;
+    assert!(early.is_err(), "the read finished without room in the sink");
+    let stalled = got.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (100..n / 2).contains(&stalled),
+        "{stalled} lines taken while the sink had no room"
+    );
+    release.notify_one();
+    let summary = reading.await.expect("results");
+    assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), n);
+    assert!(!summary.cut && summary.quarantined.is_empty());
+}

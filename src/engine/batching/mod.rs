@@ -16,6 +16,7 @@
 //! ledger. A resume (or another worker) adopts open batches instead of
 //! sending their requests again.
 
+mod applying;
 mod former;
 mod runner;
 

@@ -15,9 +15,7 @@ use crate::ledger::batches::{BatchOp, LineId, NewBatch, NewBatchLine, OpenBatch}
 use crate::ledger::work::BatchLedger;
 use crate::ledger::writer::WriteOp;
 use crate::ledger::{Ledger, LedgerError, now_ts};
-use crate::provider::batch::{
-    BatchLine, BatchState, BatchStatus, Found, LineOutcome, SubmitSpec, Submitted,
-};
+use crate::provider::batch::{BatchLine, BatchState, BatchStatus, Found, SubmitSpec, Submitted};
 use crate::provider::{ErrorClass, ProviderError};
 
 /// Submissions tried before a batch's requests are failed back to their
@@ -32,7 +30,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 const RESULTS_TRIES_MAX: u32 = 70;
 /// Results handed to their items at once: what the engine holds of a
 /// batch's results besides the replies read and not yet applied.
-const DELIVER_CHUNK: usize = 512;
+pub(super) const DELIVER_CHUNK: usize = 512;
 /// Lines recorded in one write while a batch is recorded.
 const RECORD_PIECE: usize = 2_000;
 
@@ -52,7 +50,7 @@ struct Tracked {
 /// The budget a batch's lines hold, given back as their results are
 /// applied (each result then counts what it cost) and, for the rest, when
 /// the batch is done with.
-struct Held {
+pub(super) struct Held {
     per_line: f64,
     lines: usize,
     budget: Arc<crate::engine::budget::Budget>,
@@ -67,7 +65,7 @@ impl Held {
         }
     }
 
-    fn give_back(&mut self, lines: usize) {
+    pub(super) fn give_back(&mut self, lines: usize) {
         let n = lines.min(self.lines);
         self.lines -= n;
         if self.per_line > 0.0 && n > 0 {
@@ -830,47 +828,17 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
         if waiting.is_empty() {
             break;
         }
-        let mut waiting: HashMap<String, (i64, i64)> = waiting
+        let waiting: HashMap<String, (i64, i64)> = waiting
             .into_iter()
             .map(|w| (w.custom_id, (w.request_id, w.attempt)))
             .collect();
-        let mut replies = Vec::new();
-        let mut sink = |line: crate::provider::batch::ResultLine| {
-            // A line applied before a cut is read again: not twice.
-            let Some((request_id, attempt)) = waiting.remove(&line.custom_id) else {
-                return;
-            };
-            replies.push((
-                line.custom_id,
-                Delivered {
-                    request_id,
-                    attempt,
-                    reply: match line.outcome {
-                        LineOutcome::Answer(a) => Reply::Answer(a),
-                        LineOutcome::Error(e) => Reply::Error(e),
-                        LineOutcome::NotRun(why) => Reply::NotRun(why),
-                    },
-                },
-            ));
-        };
-        let got = tokio::select! {
-            r = b.adapter.results(status, &expected, &mut sink) => r,
-            _ = b.detached.cancelled() => return,
-        };
+        let now = super::applying::read_and_apply(b, status, &expected, waiting, &mut t.held).await;
         drop(expected);
-        drop(waiting);
-        // What came before a break is applied either way.
-        let mut ids = Vec::with_capacity(replies.len());
-        let delivered = deliver_in_chunks(
-            b,
-            replies.into_iter().map(|(id, d)| {
-                ids.push(id);
-                d
-            }),
-            &mut t.held,
-        )
-        .await;
-        applied.extend(ids);
+        let delivered = now.ids.len() as u64;
+        applied.extend(now.ids);
+        let Some(got) = now.read else {
+            return;
+        };
         match got {
             Ok(sum) => {
                 let quarantined = sum.quarantined.len() as u64 + sum.quarantined_more;

@@ -43,7 +43,7 @@ use super::openai::PollCadence;
 use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, verdict,
+    Found, LineOutcome, ResultSink, ResultsSummary, SubmitSpec, Submitted, verdict,
     with_key_header,
 };
 use crate::limiter::RateHeaders;
@@ -261,7 +261,7 @@ impl AnthropicBatch {
         &self,
         status: &BatchStatus,
         expected: &HashSet<String>,
-        sink: &mut (dyn FnMut(ResultLine) + Send),
+        sink: &mut dyn ResultSink,
     ) -> Result<ResultsSummary, ProviderError> {
         let mut m = Matcher::new(expected, sink, "custom_id");
         if status.output_ref.is_some() {
@@ -564,6 +564,7 @@ struct ResultBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::batch::ResultLine;
     use crate::provider::{ChatRequest, ErrorClass, FinishReason};
 
     fn adapter() -> AnthropicBatch {

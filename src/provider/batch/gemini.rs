@@ -52,7 +52,7 @@ use super::jsonl::{self, Chunk, LineError};
 use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, with_key_header,
+    Found, LineOutcome, ResultSink, ResultsSummary, SubmitSpec, Submitted, with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::gemini::{classify_error, parse_success, request_body};
@@ -500,7 +500,7 @@ impl GeminiBatch {
         &self,
         status: &BatchStatus,
         expected: &HashSet<String>,
-        sink: &mut (dyn FnMut(ResultLine) + Send),
+        sink: &mut dyn ResultSink,
     ) -> Result<ResultsSummary, ProviderError> {
         let mut m = Matcher::new(expected, sink, "key");
         match &status.output_ref {
@@ -1155,6 +1155,7 @@ fn parse_json(raw: &RawAnswer, what: &str) -> Result<Value, ProviderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::batch::ResultLine;
     use crate::provider::{ChatRequest, ErrorClass, FinishReason};
 
     fn adapter() -> GeminiBatch {

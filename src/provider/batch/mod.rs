@@ -35,7 +35,7 @@ macro_rules! scrubbed_batch_calls {
             &'a self,
             status: &'a $crate::provider::batch::BatchStatus,
             expected: &'a std::collections::HashSet<String>,
-            sink: &'a mut (dyn FnMut($crate::provider::batch::ResultLine) + Send),
+            sink: &'a mut dyn $crate::provider::batch::ResultSink,
         ) -> $crate::provider::batch::BatchFuture<'a, $crate::provider::batch::ResultsSummary> {
             Box::pin(async move {
                 self.results_inner(status, expected, sink)
@@ -315,6 +315,24 @@ pub(crate) fn verdict(
     }
 }
 
+/// Where a batch's results go, line by line, as they are read.
+pub trait ResultSink: Send {
+    fn accept(&mut self, line: ResultLine);
+    /// Resolves once the sink can take more lines. The reader waits on it
+    /// between pieces of a download, so a consumer slower than the network
+    /// slows the read instead of piling results up in memory. A closure is
+    /// always ready.
+    fn room(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
+}
+
+impl<F: FnMut(ResultLine) + Send> ResultSink for F {
+    fn accept(&mut self, line: ResultLine) {
+        self(line)
+    }
+}
+
 /// A provider's Batch API.
 pub trait BatchProvider: Send + Sync {
     fn name(&self) -> &str;
@@ -347,7 +365,7 @@ pub trait BatchProvider: Send + Sync {
         &'a self,
         status: &'a BatchStatus,
         expected: &'a std::collections::HashSet<String>,
-        sink: &'a mut (dyn FnMut(ResultLine) + Send),
+        sink: &'a mut dyn ResultSink,
     ) -> BatchFuture<'a, ResultsSummary>;
     /// Ask the provider to stop; idempotent (cancelling a finished batch is
     /// not an error).

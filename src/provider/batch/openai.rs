@@ -36,7 +36,7 @@ use super::jsonl::{self, Chunk, LineError};
 use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultLine, ResultsSummary, SubmitSpec, Submitted, verdict,
+    Found, LineOutcome, ResultSink, ResultsSummary, SubmitSpec, Submitted, verdict,
     with_key_header,
 };
 use crate::limiter::RateHeaders;
@@ -389,7 +389,7 @@ impl OpenAiBatch {
         &self,
         status: &BatchStatus,
         expected: &HashSet<String>,
-        sink: &mut (dyn FnMut(ResultLine) + Send),
+        sink: &mut dyn ResultSink,
     ) -> Result<ResultsSummary, ProviderError> {
         let mut m = Matcher::new(expected, sink, "custom_id");
         for (which, file) in [("output", &status.output_ref), ("error", &status.error_ref)] {
@@ -754,6 +754,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::batch::ResultLine;
     use crate::provider::{ChatRequest, FinishReason};
 
     fn openai() -> OpenAiBatch {

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use futures::StreamExt;
 
-use super::{BatchState, LineOutcome, Quarantined, ResultLine, ResultsSummary};
+use super::{BatchState, LineOutcome, Quarantined, ResultLine, ResultSink, ResultsSummary};
 use crate::provider::ProviderError;
 use crate::provider::openai::transport_error;
 
@@ -28,7 +28,7 @@ pub(crate) struct Matcher<'a> {
     expected: &'a HashSet<String>,
     seen: HashSet<String>,
     summary: ResultsSummary,
-    sink: &'a mut (dyn FnMut(ResultLine) + Send),
+    sink: &'a mut dyn ResultSink,
     /// What the provider calls a request's id in a result (`custom_id`, `key`).
     id_word: &'static str,
 }
@@ -36,7 +36,7 @@ pub(crate) struct Matcher<'a> {
 impl<'a> Matcher<'a> {
     pub(crate) fn new(
         expected: &'a HashSet<String>,
-        sink: &'a mut (dyn FnMut(ResultLine) + Send),
+        sink: &'a mut dyn ResultSink,
         id_word: &'static str,
     ) -> Self {
         Matcher {
@@ -51,6 +51,11 @@ impl<'a> Matcher<'a> {
     /// Result lines read so far (blank lines not counted).
     pub(crate) fn lines(&self) -> u64 {
         self.summary.lines
+    }
+
+    /// Wait until the sink can take more lines (see `ResultSink::room`).
+    pub(crate) async fn room(&mut self) {
+        self.sink.room().await
     }
 
     pub(crate) fn set_cut(&mut self) {
@@ -107,7 +112,7 @@ impl<'a> Matcher<'a> {
 
     fn deliver(&mut self, custom_id: String, outcome: LineOutcome) {
         self.summary.delivered += 1;
-        (self.sink)(ResultLine { custom_id, outcome });
+        self.sink.accept(ResultLine { custom_id, outcome });
     }
 
     /// The read is over. Unless it was cut, every expected id with no
@@ -285,7 +290,7 @@ pub(crate) async fn stream_lines<'a>(
     on_line: impl Fn(&mut Matcher<'a>, &[u8], &str),
 ) -> StreamEnd {
     let mut splitter = LineSplitter::new(MAX_LINE_BYTES);
-    let mut out = |p: Piece<'_>| {
+    let out = |m: &mut Matcher<'a>, p: Piece<'_>| {
         match p {
         Piece::Line { n, bytes } => on_line(m, bytes, &format!("{label} {n}")),
         Piece::TooLong { n, bytes } => m.unreadable(format!(
@@ -296,11 +301,14 @@ pub(crate) async fn stream_lines<'a>(
     let mut stream = response.bytes_stream();
     while let Some(piece) = stream.next().await {
         match piece {
-            Ok(bytes) => splitter.feed(&bytes, &mut out),
+            Ok(bytes) => splitter.feed(&bytes, &mut |p| out(m, p)),
             Err(e) => return StreamEnd::Broken(transport_error(&e)),
         }
+        // The lines of one piece of the download are out: read on only
+        // when the sink has room for more.
+        m.room().await;
     }
-    if splitter.finish(&mut out) {
+    if splitter.finish(&mut |p| out(m, p)) {
         StreamEnd::Whole
     } else {
         StreamEnd::Cut
