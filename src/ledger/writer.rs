@@ -1028,6 +1028,33 @@ mod tests {
     use super::*;
     use crate::ledger::store;
 
+    /// A new ledger at `path` with session "s1" (one stage, no items).
+    fn ledger_with_session(path: &Path) -> Connection {
+        let mut conn = crate::ledger::open(path).unwrap();
+        store::create_session(
+            &mut conn,
+            &store::NewSession {
+                session_id: "s1",
+                config_snapshot_json: "{}",
+                stages: &[store::NewStage {
+                    name: "adjudicate",
+                    provider: "main",
+                    model: "m",
+                    template_hash: "t",
+                    params_hash: "p",
+                    critic_of: None,
+                    rerun: false,
+                }],
+                estimated_tokens: 0,
+                estimated_cost_usd: 0.0,
+                max_cost_usd: None,
+                item_ids: &[],
+            },
+        )
+        .unwrap();
+        conn
+    }
+
     fn event(message: &str) -> Queued {
         let op = WriteOp::Event {
             session_id: "s1".into(),
@@ -1045,20 +1072,7 @@ mod tests {
     fn one_failing_operation_never_takes_its_group_down() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("docket.sqlite");
-        let mut conn = crate::ledger::open(&path).unwrap();
-        store::create_session(
-            &mut conn,
-            &store::NewSession {
-                session_id: "s1",
-                config_snapshot_json: "{}",
-                stages: &[],
-                estimated_tokens: 0,
-                estimated_cost_usd: 0.0,
-                max_cost_usd: None,
-                item_ids: &[],
-            },
-        )
-        .unwrap();
+        let mut conn = ledger_with_session(&path);
         let mut search = search_index::Pacer::new();
         let events = |conn: &Connection| -> Vec<String> {
             let mut stmt = conn
@@ -1102,28 +1116,7 @@ mod tests {
     async fn heartbeat_gauges_events_and_controls_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("docket.sqlite");
-        let mut conn = crate::ledger::open(&path).unwrap();
-        store::create_session(
-            &mut conn,
-            &store::NewSession {
-                session_id: "s1",
-                config_snapshot_json: "{}",
-                stages: &[store::NewStage {
-                    name: "adjudicate",
-                    provider: "main",
-                    model: "m",
-                    template_hash: "t",
-                    params_hash: "p",
-                    critic_of: None,
-                    rerun: false,
-                }],
-                estimated_tokens: 0,
-                estimated_cost_usd: 0.0,
-                max_cost_usd: None,
-                item_ids: &[],
-            },
-        )
-        .unwrap();
+        let conn = ledger_with_session(&path);
         let (writer, handle) = LedgerWriter::start(&path).unwrap();
         let hb = |live: Option<&str>| WriteOp::Heartbeat {
             session_id: "s1".into(),
