@@ -316,13 +316,16 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     }
     // Leave the review search index whole for whoever reads next. If this
     // fails the rows stay noted and the next writer indexes them.
-    let _ = conn.execute_batch("BEGIN IMMEDIATE");
-    let indexed = search_index::catch_up(&conn);
-    let _ = conn.execute_batch(if indexed.is_ok() {
-        "COMMIT"
-    } else {
-        "ROLLBACK"
-    });
+    // Only inside a transaction: indexing the rows and clearing their note
+    // must commit together, or a row could be indexed twice.
+    if conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
+        let indexed = search_index::catch_up(&conn);
+        let _ = conn.execute_batch(if indexed.is_ok() {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        });
+    }
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
 }
 
