@@ -5,7 +5,7 @@
 //! `assets/prices.toml`, embedded at build time.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -82,7 +82,40 @@ impl Price {
 
 /// Counts prompt tokens for one model.
 pub struct TokenCounter {
-    bpe: Option<&'static tiktoken_rs::CoreBPE>,
+    bpe: Option<Arc<tiktoken_rs::CoreBPE>>,
+}
+
+/// An OpenAI tokenizer's tables.
+#[derive(Clone, Copy)]
+enum Encoding {
+    O200k,
+    Cl100k,
+}
+
+/// Each tokenizer is built on first use and shared while a counter holds
+/// it, then dropped with the last one: o200k's tables are about 27 MB of
+/// heap, and a run without a cost cap needs them only while it plans (a
+/// process-wide singleton kept them for the whole of a million-item run).
+fn shared(encoding: Encoding) -> Option<Arc<tiktoken_rs::CoreBPE>> {
+    static O200K: Mutex<Weak<tiktoken_rs::CoreBPE>> = Mutex::new(Weak::new());
+    static CL100K: Mutex<Weak<tiktoken_rs::CoreBPE>> = Mutex::new(Weak::new());
+    let slot = match encoding {
+        Encoding::O200k => &O200K,
+        Encoding::Cl100k => &CL100K,
+    };
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(bpe) = slot.upgrade() {
+        return Some(bpe);
+    }
+    // The tables are embedded in the binary: building them cannot fail
+    // short of a broken build, and then counts fall back to the estimate.
+    let built = match encoding {
+        Encoding::O200k => tiktoken_rs::o200k_base(),
+        Encoding::Cl100k => tiktoken_rs::cl100k_base(),
+    };
+    let bpe = Arc::new(built.ok()?);
+    *slot = Arc::downgrade(&bpe);
+    Some(bpe)
 }
 
 impl TokenCounter {
@@ -94,9 +127,9 @@ impl TokenCounter {
                 || model.starts_with('o')
                 || model.starts_with("gpt-5")
             {
-                Some(tiktoken_rs::o200k_base_singleton())
+                shared(Encoding::O200k)
             } else {
-                Some(tiktoken_rs::cl100k_base_singleton())
+                shared(Encoding::Cl100k)
             }
         } else {
             None
@@ -110,7 +143,7 @@ impl TokenCounter {
     }
 
     pub fn count_text(&self, text: &str) -> u64 {
-        match self.bpe {
+        match &self.bpe {
             Some(bpe) => bpe.encode_ordinary(text).len() as u64,
             None => (text.chars().count() as u64).div_ceil(4),
         }
@@ -196,6 +229,28 @@ mod tests {
         let other = TokenCounter::for_model("llama3");
         assert!(!other.is_exact());
         assert_eq!(other.count_text("abcdefgh"), 2);
+    }
+
+    #[test]
+    fn a_tokenizer_is_shared_while_held_and_dropped_with_its_last_counter() {
+        // cl100k: no other test of this crate counts with it.
+        let slot_is_empty = || {
+            TokenCounter::for_model("gpt-3.5-turbo")
+                .bpe
+                .is_some_and(|held| {
+                    // Only the counter just made holds it: it was built afresh.
+                    Arc::strong_count(&held) == 1
+                })
+        };
+        let a = TokenCounter::for_model("gpt-4-turbo");
+        let b = TokenCounter::for_model("gpt-3.5-turbo");
+        let (Some(x), Some(y)) = (&a.bpe, &b.bpe) else {
+            panic!("OpenAI models count with the real tokenizer");
+        };
+        assert!(Arc::ptr_eq(x, y), "two counters share one set of tables");
+        assert_eq!(a.count_text("hello world"), 2);
+        drop((a, b));
+        assert!(slot_is_empty(), "the tables went with the last counter");
     }
 
     #[test]

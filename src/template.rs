@@ -5,6 +5,7 @@
 //! the template file and line.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use minijinja::{Environment, UndefinedBehavior};
 use serde_json::Value;
@@ -40,6 +41,10 @@ pub struct PromptTemplate {
     system_path: Option<PathBuf>,
     /// sha256 of the template sources, recorded on every request.
     pub hash: String,
+    /// The system prompt rendered last: items whose system prompt renders
+    /// the same share it instead of holding a copy each (a batch holds
+    /// 50,000 prompts until the provider has them).
+    last_system: std::sync::Mutex<Option<Arc<str>>>,
 }
 
 const USER: &str = "user";
@@ -48,7 +53,8 @@ const SYSTEM: &str = "system";
 /// A rendered prompt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prompt {
-    pub system: Option<String>,
+    /// Shared: usually the same for every item of a stage.
+    pub system: Option<Arc<str>>,
     pub user: String,
 }
 
@@ -80,6 +86,7 @@ impl PromptTemplate {
             user_path: user_path.to_path_buf(),
             system_path: system_path.map(Path::to_path_buf),
             hash: crate::cost::sha256_hex(hasher_input.as_bytes()),
+            last_system: std::sync::Mutex::new(None),
         })
     }
 
@@ -110,17 +117,27 @@ impl PromptTemplate {
         ctx.extend(extra);
         let ctx = minijinja::Value::from(minijinja::value::Serde(&ctx));
         let mut user = self.render_one(USER, &self.user_path, item_id, &ctx)?;
-        let mut system = match &self.system_path {
-            Some(p) => Some(self.render_one(SYSTEM, p, item_id, &ctx)?),
+        let system = match &self.system_path {
+            Some(p) => Some(self.shared_system(self.render_one(SYSTEM, p, item_id, &ctx)?)),
             None => None,
         };
         // A batch holds its prompts until the provider has them: no spare
         // capacity from rendering rides along.
         user.shrink_to_fit();
-        if let Some(s) = system.as_mut() {
-            s.shrink_to_fit();
-        }
         Ok(Prompt { system, user })
+    }
+
+    /// `rendered`, shared with the last item's system prompt when equal.
+    fn shared_system(&self, rendered: String) -> Arc<str> {
+        let mut last = self.last_system.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref() {
+            Some(l) if **l == *rendered => l.clone(),
+            _ => {
+                let fresh: Arc<str> = Arc::from(rendered);
+                *last = Some(fresh.clone());
+                fresh
+            }
+        }
     }
 
     fn render_one(

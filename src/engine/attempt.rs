@@ -216,7 +216,7 @@ impl<'a> Job<'a> {
         job.est_prompt = match &stage.budget_counter {
             Some(counter) => counter.count_prompt(&prompt),
             None => {
-                let chars = prompt.user.len() + prompt.system.as_ref().map_or(0, String::len);
+                let chars = prompt.user.len() + prompt.system.as_deref().map_or(0, str::len);
                 (chars as u64).div_ceil(4) + 12
             }
         };

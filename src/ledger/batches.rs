@@ -16,7 +16,7 @@ pub struct NewBatchLine {
     pub custom_id: String,
     pub request_id: i64,
     pub attempt: i64,
-    pub system_prompt: Option<String>,
+    pub system_prompt: Option<std::sync::Arc<str>>,
     pub user_prompt: String,
     /// The item the line's worker held (its id and claim token): let go as
     /// the line is recorded, since the batch's lease covers it from then on
@@ -452,7 +452,7 @@ fn insert_lines(
             l.attempt,
             session_id,
             l.custom_id,
-            l.system_prompt,
+            l.system_prompt.as_deref(),
             l.user_prompt,
             now
         ])?;

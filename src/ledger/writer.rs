@@ -27,7 +27,7 @@ pub struct SendIntent {
     pub request_id: i64,
     pub attempt: i64,
     pub client_request_id: String,
-    pub system_prompt: Option<String>,
+    pub system_prompt: Option<std::sync::Arc<str>>,
     pub user_prompt: String,
 }
 
@@ -586,7 +586,7 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
                 "INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state, system_prompt, user_prompt, sent_at)
                  VALUES (?1, ?2, ?3, ?4, 'sent', ?5, ?6, ?7)",
             )?
-            .execute(params![s.request_id, s.attempt, s.session_id, s.client_request_id, s.system_prompt, s.user_prompt, now])?;
+            .execute(params![s.request_id, s.attempt, s.session_id, s.client_request_id, s.system_prompt.as_deref(), s.user_prompt, now])?;
             Ok(())
         }
         WriteOp::Attempt(a) => {

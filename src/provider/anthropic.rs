@@ -100,7 +100,7 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
             Some(format!("{s}\n\n{}", schema_instruction(name, schema)))
         }
         (None, Some((name, schema))) => Some(schema_instruction(name, schema)),
-        (s, None) => s.clone(),
+        (s, None) => s.as_deref().map(str::to_string),
     };
     let mut body = json!({
         "model": req.model,

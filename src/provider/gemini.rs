@@ -114,7 +114,7 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
         "generationConfig": generation,
     });
     if let Some(system) = &req.system {
-        body["systemInstruction"] = json!({"parts": [{"text": system}]});
+        body["systemInstruction"] = json!({"parts": [{"text": &**system}]});
     }
     body
 }

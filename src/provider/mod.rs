@@ -32,7 +32,8 @@ pub use openrouter::OpenRouterChat;
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub model: String,
-    pub system: Option<String>,
+    /// Shared: usually the same for every request of a stage.
+    pub system: Option<std::sync::Arc<str>>,
     pub user: String,
     pub max_tokens: u64,
     pub temperature: Option<f64>,

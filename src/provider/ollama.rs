@@ -77,7 +77,7 @@ impl ChatProvider for OllamaChat {
 pub(crate) fn request_body(req: &ChatRequest) -> Value {
     let mut messages = Vec::with_capacity(2);
     if let Some(system) = &req.system {
-        messages.push(json!({"role": "system", "content": system}));
+        messages.push(json!({"role": "system", "content": &**system}));
     }
     messages.push(json!({"role": "user", "content": req.user}));
     let mut options = json!({"num_predict": req.max_tokens});

@@ -14,8 +14,10 @@ use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::runner::Meta;
 use super::{Batcher, Delivered, Queued, Reply, SETTLE};
 use crate::config::BatchMode;
+use crate::provider::batch::BatchLine;
 
 /// JSONL bytes a line adds beyond its prompt (its envelope, the model, the
 /// schema reference): a rough figure for the SIZE trigger only.
@@ -26,28 +28,62 @@ fn rough_bytes(q: &Queued) -> u64 {
     r.user.len() as u64 + r.system.as_ref().map_or(0, |s| s.len() as u64) + LINE_OVERHEAD
 }
 
+/// The lines waiting to be cut, as the runner takes them: their requests
+/// and, beside them, their ids, items and tickets.
 #[derive(Default)]
 struct Buffer {
-    lines: Vec<Queued>,
+    lines: Vec<BatchLine>,
+    meta: Vec<Meta>,
     bytes: u64,
     first_at: Option<Instant>,
     last_at: Option<Instant>,
 }
 
+/// A buffer grows by doubling only this far; past it, room for a whole
+/// batch is made at once. Doubling to 50,000 lines would leave a quarter
+/// of the room unused and briefly hold two copies of the buffer, at the
+/// moment the most prompts are held.
+const GROW_BY_DOUBLING: usize = 4096;
+
 impl Buffer {
-    fn push(&mut self, q: Queued) {
+    fn push(&mut self, q: Queued, max_requests: usize) {
         let now = Instant::now();
         self.bytes += rough_bytes(&q);
         self.first_at.get_or_insert(now);
         self.last_at = Some(now);
-        self.lines.push(q);
+        if self.lines.len() == GROW_BY_DOUBLING {
+            let room = max_requests.saturating_sub(self.lines.len());
+            self.lines.reserve_exact(room);
+            self.meta.reserve_exact(room);
+        }
+        self.lines.push(BatchLine {
+            custom_id: q.request.client_request_id.clone(),
+            request: q.request,
+        });
+        self.meta.push(Meta {
+            request_id: q.request_id,
+            attempt: q.attempt,
+            item: q.item,
+            ticket: q.ticket,
+        });
     }
 
-    fn take(&mut self) -> Vec<Queued> {
+    fn len(&self) -> usize {
+        self.lines.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    fn take(&mut self) -> (Vec<BatchLine>, Vec<Meta>) {
         self.bytes = 0;
         self.first_at = None;
         self.last_at = None;
-        std::mem::take(&mut self.lines)
+        (
+            std::mem::take(&mut self.lines),
+            std::mem::take(&mut self.meta),
+        )
     }
 }
 
@@ -56,7 +92,7 @@ pub(super) async fn form(b: Arc<Batcher>, mut rx: mpsc::UnboundedReceiver<Queued
     let mut buf = Buffer::default();
     loop {
         let time_due = buf.first_at.map(|t| t + s.max_wait);
-        let settle_due = (b.feed_done.load(Ordering::Relaxed) && !buf.lines.is_empty())
+        let settle_due = (b.feed_done.load(Ordering::Relaxed) && !buf.is_empty())
             .then(|| buf.last_at.map(|t| t + SETTLE))
             .flatten();
         let due = match (time_due, settle_due) {
@@ -66,14 +102,14 @@ pub(super) async fn form(b: Arc<Batcher>, mut rx: mpsc::UnboundedReceiver<Queued
         tokio::select! {
             q = rx.recv() => match q {
                 Some(q) => {
-                    buf.push(q);
-                    if buf.lines.len() >= s.max_requests || buf.bytes >= s.max_bytes {
+                    buf.push(q, s.max_requests);
+                    if buf.len() >= s.max_requests || buf.bytes >= s.max_bytes {
                         cut(&b, buf.take());
                     }
                 }
                 // Every sender is gone: nothing more will come.
                 None => {
-                    if !buf.lines.is_empty() && !b.stop_forming.is_cancelled() {
+                    if !buf.is_empty() && !b.stop_forming.is_cancelled() {
                         cut(&b, buf.take());
                     }
                     return;
@@ -101,9 +137,9 @@ async fn sleep_until(due: Option<Instant>) {
     }
 }
 
-/// Make batches of `lines`, or send them back to go synchronously when
-/// `auto` has too few.
-fn cut(b: &Arc<Batcher>, lines: Vec<Queued>) {
+/// Make batches of the buffer's lines, or send them back to go
+/// synchronously when `auto` has too few.
+fn cut(b: &Arc<Batcher>, (lines, meta): (Vec<BatchLine>, Vec<Meta>)) {
     if lines.is_empty() {
         return;
     }
@@ -113,18 +149,19 @@ fn cut(b: &Arc<Batcher>, lines: Vec<Queued>) {
             min = b.settings.min_batch_size,
             "too few for a batch: synchronous"
         );
-        let back: Vec<Delivered> = lines
+        let back: Vec<Delivered> = meta
             .into_iter()
-            .map(|q| Delivered {
-                request_id: q.request_id,
-                attempt: q.attempt,
+            .map(|m| Delivered {
+                request_id: m.request_id,
+                attempt: m.attempt,
                 reply: Reply::GoSync,
             })
             .collect();
+        drop(lines);
         let me = b.clone();
         b.spawn(async move { me.deliver(back).await });
         return;
     }
     let me = b.clone();
-    b.spawn(async move { super::runner::submit_new(me, lines).await });
+    b.spawn(async move { super::runner::submit_new(me, lines, meta).await });
 }

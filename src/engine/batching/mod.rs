@@ -389,7 +389,7 @@ impl Batcher {
         let p = self.stage();
         ChatRequest {
             model: p.model.clone(),
-            system,
+            system: system.map(Arc::from),
             user,
             max_tokens: p.max_tokens,
             temperature: p.temperature,

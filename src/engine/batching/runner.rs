@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::{Batcher, Delivered, Queued, Reply, Ticket};
+use super::{Batcher, Delivered, Reply, Ticket};
 use crate::ledger::batches::{BatchOp, LineId, NewBatch, NewBatchLine, OpenBatch};
 use crate::ledger::work::BatchLedger;
 use crate::ledger::writer::WriteOp;
@@ -81,30 +81,17 @@ impl Drop for Held {
 }
 
 /// A line of a new batch besides its request: its ids, its item, its ticket.
-struct Meta {
-    request_id: i64,
-    attempt: i64,
-    item: (String, i64),
-    ticket: Ticket,
+pub(super) struct Meta {
+    pub request_id: i64,
+    pub attempt: i64,
+    pub item: (String, i64),
+    pub ticket: Ticket,
 }
 
-/// New requests from the former: check and split them to the provider's
-/// limits, then run each file as its own batch.
-pub(super) async fn submit_new(b: Arc<Batcher>, queued: Vec<Queued>) {
-    let mut lines = Vec::with_capacity(queued.len());
-    let mut meta = Vec::with_capacity(queued.len());
-    for q in queued {
-        lines.push(BatchLine {
-            custom_id: q.request.client_request_id.clone(),
-            request: q.request,
-        });
-        meta.push(Meta {
-            request_id: q.request_id,
-            attempt: q.attempt,
-            item: q.item,
-            ticket: q.ticket,
-        });
-    }
+/// New requests from the former (`lines[i]` and `meta[i]` are one line):
+/// check and split them to the provider's limits, then run each file as its
+/// own batch.
+pub(super) async fn submit_new(b: Arc<Batcher>, mut lines: Vec<BatchLine>, mut meta: Vec<Meta>) {
     // A line the provider would refuse is refused here, with its reason,
     // and never uploaded; the others go on.
     let mut refused = Vec::new();
@@ -134,14 +121,22 @@ pub(super) async fn submit_new(b: Arc<Batcher>, queued: Vec<Queued>) {
             }
         }
     };
-    // Hand each file to its own task, last first so the drains keep indexes.
+    // Hand each file to its own task. One file (the usual case) takes the
+    // lines as they are: a copy would hold a second batch's worth of lines
+    // at the moment the most are held.
     let mut parts = Vec::with_capacity(ranges.len());
-    for (first, len, bytes) in ranges.into_iter().rev() {
-        let l: Vec<BatchLine> = lines.drain(first..first + len).collect();
-        let m: Vec<Meta> = meta.drain(first..first + len).collect();
-        parts.push((l, m, bytes));
+    if let [(_, _, bytes)] = ranges[..] {
+        parts.push((lines, meta, bytes));
+    } else {
+        // Last first, so the drains keep the indexes.
+        for (first, len, bytes) in ranges.into_iter().rev() {
+            let l: Vec<BatchLine> = lines.drain(first..first + len).collect();
+            let m: Vec<Meta> = meta.drain(first..first + len).collect();
+            parts.push((l, m, bytes));
+        }
+        parts.reverse();
     }
-    for (l, m, bytes) in parts.into_iter().rev() {
+    for (l, m, bytes) in parts {
         let me = b.clone();
         b.spawn(async move { run_new(me, l, m, bytes).await });
     }

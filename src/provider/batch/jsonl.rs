@@ -134,7 +134,7 @@ pub fn neutral_encoding(line: &BatchLine) -> Result<Vec<u8>, String> {
     serde_json::to_vec(&serde_json::json!({
         "custom_id": line.custom_id,
         "model": r.model,
-        "system": r.system,
+        "system": r.system.as_deref(),
         "user": r.user,
         "max_tokens": r.max_tokens,
         "temperature": r.temperature,
