@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use docket::provider::batch::openai::{OpenAiBatch, PollCadence};
-use docket::provider::batch::{BatchLine, BatchProvider, LineOutcome, SubmitSpec};
+use docket::provider::batch::{BatchLine, BatchProvider, LineOutcome, LineSlice, SubmitSpec};
 use docket::provider::{ApiKey, ChatRequest};
 
 // The allocator of the `docket` binary, so the figures are docket's.
@@ -138,11 +138,12 @@ fn client() {
         let mut ids = Vec::new();
         for (n, c) in chunks.iter().enumerate() {
             let tag = format!("bench-{n}");
+            let lines = LineSlice(c.lines);
             let sub = b
                 .submit(SubmitSpec {
                     tag: &tag,
                     model: "gpt-4o-mini",
-                    lines: c.lines,
+                    lines: &lines,
                 })
                 .await
                 .expect("submit");

@@ -67,6 +67,12 @@ fn provider_block(kind: &str, mock: &Mock) -> String {
 
 impl Ws {
     fn new(kind: &str, mock: &Mock) -> Ws {
+        Ws::with_items(kind, mock, ITEMS, 1.0)
+    }
+
+    /// `items` demo items, a batch cut `max_wait` seconds after its first
+    /// request waited (or sooner, by another trigger).
+    fn with_items(kind: &str, mock: &Mock, items: usize, max_wait: f64) -> Ws {
         let dir = tempfile::tempdir().expect("tempdir");
         docket::workspace::init(dir.path(), false).expect("init");
         let toml = format!(
@@ -84,7 +90,7 @@ max_attempts = 3
 
 [stages.batch]
 mode = "batch"
-max_wait_secs = 1
+max_wait_secs = {max_wait}
 poll_interval_secs = 0.2
 
 [stages.gate]
@@ -99,7 +105,7 @@ review_threshold = 0.60
         );
         std::fs::write(dir.path().join("docket.toml"), toml).unwrap();
         let ws = Workspace { dir };
-        support::import_demo_items(&ws, ITEMS);
+        support::import_demo_items(&ws, items);
         Ws {
             ws,
             home: tempfile::tempdir().expect("home"),
@@ -215,9 +221,14 @@ fn running_batch(rows: &[BatchRow]) -> Option<BatchRow> {
 /// Every item of the session has exactly one result, every request exactly
 /// one answered attempt, and no attempt is ambiguous.
 fn check_each_once(conn: &Connection, sid: &str) {
+    check_each_once_of(conn, sid, ITEMS);
+}
+
+/// `check_each_once` for a session of `items` items.
+fn check_each_once_of(conn: &Connection, sid: &str, items: usize) {
     check_complete(conn, sid);
     assert_eq!(
-        ITEMS as i64,
+        items as i64,
         count(
             conn,
             "SELECT COUNT(*) FROM session_item WHERE session_id = ?1",
@@ -437,6 +448,66 @@ fn kill_after_record_reattaches_the_batch() {
     assert_eq!(rows[0].state, "ingested");
     assert_eq!(rows[0].provider_batch_id, batch.provider_batch_id);
     check_each_once(&conn, &sid);
+    check_no_key(&ws, &sid, format!("{first}{out}"));
+}
+
+/// kill -9 while a batch forms (fault-matrix row C1, killed after the
+/// intent is on disk and before the upload): lines are recorded a piece at
+/// a time as they come, so the ledger holds part of a batch that never
+/// reached the provider. The resume finds nothing at the provider, submits
+/// those lines (the same custom ids, once) and takes the other items in a
+/// new batch: every item one result, no line run twice.
+#[test]
+fn kill_while_a_batch_forms_submits_its_recorded_lines_on_resume() {
+    // More than one piece of lines (2,000) before the cut: the batch is cut
+    // only once the feed has handed out every item.
+    const MANY: usize = 4_500;
+    let mock = Mock::start(&QUICK);
+    let ws = Ws::with_items("openai", &mock, MANY, 120.0);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let forming = |_: &[BatchRow]| {
+        let conn = ws.ro()?;
+        conn.query_row(
+            "SELECT session_id FROM provider_batch WHERE provider_batch_id IS NULL AND request_count > 0",
+            [],
+            |r| r.get::<_, String>(0),
+        )
+        .ok()
+    };
+    let sid = wait_for("a batch with lines on record", &ws, &mut run, forming);
+    let first = run.kill9();
+    let conn = ws.conn();
+    let recorded = count(&conn, "SELECT COUNT(*) FROM provider_batch_item", []);
+    assert!(
+        recorded > 0 && recorded < MANY as i64,
+        "killed while the batch formed: {recorded} of {MANY} lines on record"
+    );
+    assert_eq!(
+        mock.stat("batches_created"),
+        0,
+        "nothing reached the provider"
+    );
+    drop(conn);
+
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out}");
+    assert!(
+        out.contains(&format!(": {recorded} requests, provider id")),
+        "the resume does not say it submits the {recorded} recorded lines:\n{out}"
+    );
+    let conn = ws.conn();
+    let rows = batch_rows(&conn);
+    assert!(
+        rows.len() >= 2 && rows.iter().all(|r| r.state == "ingested"),
+        "{rows:?}"
+    );
+    check_each_once_of(&conn, &sid, MANY);
+    // The mock ran every line once: one line per item, none twice.
+    let run_lines = mock.stat("batch_lines_ok") + mock.stat("batch_lines_failed");
+    assert_eq!(run_lines, MANY as u64, "lines run at the provider");
     check_no_key(&ws, &sid, format!("{first}{out}"));
 }
 

@@ -1064,7 +1064,7 @@ async fn submit_refuses_what_the_provider_would_reject_before_sending() {
         .submit(SubmitSpec {
             tag: "t",
             model: "m",
-            lines: &dup[..],
+            lines: &dup,
         })
         .await
         .unwrap_err();

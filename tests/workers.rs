@@ -301,7 +301,7 @@ fn two_sessions_started_at_once_never_share_an_item() {
         if sessions.len() == 2 {
             split += 1;
         }
-        if oa.contains("taken meanwhile") || ob.contains("taken meanwhile") {
+        if oa.contains("decided meanwhile") || ob.contains("decided meanwhile") {
             raced += 1;
         }
     }

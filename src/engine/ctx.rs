@@ -98,19 +98,19 @@ pub(super) struct Ctx {
 impl Ctx {
     /// How many items this worker may hold claimed ahead of its work
     /// (lines not yet recorded in a batch included: they hold their rendered
-    /// prompts). In batch mode a batch's worth and a page, so one batch
-    /// fills while the one before it is recorded and uploaded; a line
-    /// recorded in a batch is the batch's, not a claim. Synchronously a few
-    /// times what it may have in flight, so the other workers find the rest
-    /// of the session free.
+    /// prompts). In batch mode what a batcher records at a time, twice, and
+    /// a page: lines are recorded as they come, and a line recorded in a
+    /// batch is the batch's, not a claim. Synchronously a few times what it
+    /// may have in flight, so the other workers find the rest of the session
+    /// free.
     pub(super) fn claim_ahead(&self) -> usize {
-        if let Some(per_batch) = self
+        if let Some(ahead) = self
             .batchers()
             .filter(|b| b.takes_new())
-            .map(|b| b.max_requests())
+            .map(|b| b.claim_ahead())
             .max()
         {
-            return per_batch.saturating_add(PAGE);
+            return ahead.saturating_add(PAGE);
         }
         let concurrency = self
             .limiters

@@ -428,7 +428,7 @@ fn start_session(
     })?;
     if taken == 0 {
         reporter.line(
-            "Nothing to do: every planned item was taken meanwhile by another session started at the same time \
+            "Nothing to do: every planned item was taken or decided meanwhile by another session started at the same time \
              (see `docket sessions`).",
         );
         return Ok(Started::Ended(RunEnd::NothingToDo));
@@ -436,7 +436,7 @@ fn start_session(
     reporter.line("");
     if taken < plan.item_ids.len() {
         reporter.line(&format!(
-            "{} of the {} planned items were taken meanwhile by another session started at the same time; this session takes the other {taken}.",
+            "{} of the {} planned items were taken or decided meanwhile by another session started at the same time; this session takes the other {taken}.",
             plan.item_ids.len() - taken,
             plan.item_ids.len()
         ));

@@ -47,12 +47,15 @@ pub struct NewBatch {
 pub enum BatchOp {
     /// The batch, its lines and their attempts, before anything is uploaded.
     Create(NewBatch),
-    /// More lines of a batch being recorded (recorded in pieces, so no
-    /// second copy of a whole batch's prompts is ever held).
+    /// More lines of a batch being recorded (recorded in pieces as they
+    /// come, so no batch's prompts are ever held whole), and the batch's
+    /// totals with them.
     AddLines {
         tag: String,
         session_id: String,
         lines: Vec<NewBatchLine>,
+        request_count: u64,
+        input_bytes: u64,
     },
     /// The create answered: the provider's id, stored at once.
     Submitted {
@@ -144,11 +147,24 @@ pub(crate) fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Resu
             tag,
             session_id,
             lines,
+            request_count,
+            input_bytes,
         } => {
             let batch_id: i64 = conn
                 .prepare_cached("SELECT batch_id FROM provider_batch WHERE tag = ?1")?
                 .query_row(params![tag], |r| r.get(0))?;
-            insert_lines(conn, batch_id, session_id, lines, now)
+            insert_lines(conn, batch_id, session_id, lines, now)?;
+            conn.prepare_cached(
+                "UPDATE provider_batch SET request_count = ?2, input_bytes = ?3, updated_at = ?4
+                 WHERE batch_id = ?1",
+            )?
+            .execute(params![
+                batch_id,
+                *request_count as i64,
+                *input_bytes as i64,
+                now
+            ])?;
+            Ok(())
         }
         BatchOp::Submitted {
             tag,
@@ -398,19 +414,24 @@ pub struct WaitingLine {
     pub user_prompt: String,
 }
 
-/// The lines of batch `batch_id` still waiting for their result.
-pub(crate) fn waiting_lines(
+/// Up to `max` of batch `tag`'s lines whose attempts wait ('sent'), with
+/// their prompts, in `custom_id` order after `after` ("" for the first).
+pub(crate) fn waiting_lines_after(
     conn: &Connection,
-    batch_id: i64,
+    tag: &str,
+    after: &str,
+    max: usize,
 ) -> rusqlite::Result<Vec<WaitingLine>> {
     let mut stmt = conn.prepare_cached(
         "SELECT bi.custom_id, bi.request_id, bi.attempt, m.system_prompt, m.user_prompt
-         FROM provider_batch_item bi
+         FROM provider_batch pb
+         JOIN provider_batch_item bi ON bi.batch_id = pb.batch_id
          JOIN llm_messages m ON m.request_id = bi.request_id AND m.attempt = bi.attempt
-         WHERE bi.batch_id = ?1 AND m.state = 'sent'
-         ORDER BY bi.custom_id",
+         WHERE pb.tag = ?1 AND bi.custom_id > ?2 AND m.state = 'sent'
+         ORDER BY bi.custom_id
+         LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![batch_id], |r| {
+    let rows = stmt.query_map(params![tag, after, max as i64], |r| {
         Ok(WaitingLine {
             custom_id: r.get(0)?,
             request_id: r.get(1)?,

@@ -205,9 +205,9 @@ pub(crate) fn stale_answers(
 /// made with the same template and parameters; `rerun` stages get a new
 /// request_version), its item list and stage checkpoints, in one
 /// transaction. Returns how many items it took: the planned items are
-/// checked again under the write lock, and any that a live session took
-/// since the plan was read (two sessions started at the same instant) are
-/// left out, so choosing and claiming are one atomic step. With none left
+/// checked again under the write lock, and any that a live session took or
+/// any session decided since the plan was read (two sessions started at the
+/// same instant) are left out, so choosing and claiming are one atomic step. With none left
 /// nothing is created.
 pub(crate) fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
     let now = now_ts();
@@ -293,12 +293,14 @@ impl Kept<'_> {
     }
 }
 
-/// The planned items that no live session holds (checked under the write
-/// lock). With no live session at all, every one.
+/// The planned items a new session may still take, checked again under
+/// the write lock: still undecided (a session that ran meanwhile may have
+/// decided some: asking again would pay twice), and held by no live
+/// session.
 fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> rusqlite::Result<Kept<'a>> {
-    let Some(cutoff) = live_cutoff(conn)? else {
-        return Ok(Kept::All);
-    };
+    let cutoff = live_cutoff(conn)?;
+    let mut undecided = conn
+        .prepare_cached("SELECT 1 FROM decision WHERE item_id = ?1 AND state = 'indeterminate'")?;
     let mut held = conn.prepare_cached(
         "SELECT 1 FROM session_item si JOIN llm_batch_session s ON s.session_id = si.session_id
          WHERE si.item_id = ?1 AND s.state IN ('running', 'paused') AND s.heartbeat_at >= ?2
@@ -307,11 +309,20 @@ fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> rusqlite::Result
     )?;
     let mut kept = Vec::with_capacity(item_ids.len());
     for id in item_ids {
-        if !held.exists(params![id, cutoff])? {
+        let free = undecided.exists(params![id])?
+            && match cutoff {
+                Some(cutoff) => !held.exists(params![id, cutoff])?,
+                None => true,
+            };
+        if free {
             kept.push(id);
         }
     }
-    Ok(Kept::Some(kept))
+    Ok(if kept.len() == item_ids.len() {
+        Kept::All
+    } else {
+        Kept::Some(kept)
+    })
 }
 
 /// The request a new session uses for (item, stage): the newest version,

@@ -54,17 +54,16 @@ pub fn lines(model: &str, system: &str, tag: &str, n: usize) -> Vec<BatchLine> {
         .collect()
 }
 
-fn spec<'a>(model: &'a str, tag: &'a str, batch: &'a [BatchLine]) -> SubmitSpec<'a> {
-    SubmitSpec {
-        tag,
-        model,
-        lines: batch,
-    }
+/// `lines` are the batch's lines, in memory (`Vec<BatchLine>` is a
+/// `LineSource`).
+fn spec<'a>(model: &'a str, tag: &'a str, lines: &'a Vec<BatchLine>) -> SubmitSpec<'a> {
+    SubmitSpec { tag, model, lines }
 }
 
 /// Submit `batch` under `tag`; the provider's batch id.
 pub async fn submit(b: &dyn BatchProvider, model: &str, tag: &str, batch: &[BatchLine]) -> String {
-    b.submit(spec(model, tag, batch))
+    let lines = batch.to_vec();
+    b.submit(spec(model, tag, &lines))
         .await
         .expect("submit")
         .provider_batch_id
@@ -79,7 +78,8 @@ pub async fn submit_refused(
     batch: &[BatchLine],
     why: &str,
 ) -> ProviderError {
-    b.submit(spec(model, tag, batch)).await.expect_err(why)
+    let lines = batch.to_vec();
+    b.submit(spec(model, tag, &lines)).await.expect_err(why)
 }
 
 /// Poll until the batch is terminal with its results in place.

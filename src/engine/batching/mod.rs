@@ -18,6 +18,7 @@
 
 mod applying;
 mod former;
+mod lines;
 mod runner;
 
 use std::sync::Arc;
@@ -277,9 +278,19 @@ impl Batcher {
         }
     }
 
-    /// The COUNT trigger: the most lines a batch takes.
-    pub(super) fn max_requests(&self) -> usize {
-        self.settings.max_requests
+    /// How many lines this batcher's feed may hold claimed and not yet
+    /// recorded: a piece being recorded while the next one fills (in
+    /// `auto`, at least `min_batch_size`, since nothing is recorded before
+    /// a batch is sure), never more than a batch.
+    pub(super) fn claim_ahead(&self) -> usize {
+        let s = &self.settings;
+        let first = match s.mode {
+            BatchMode::Auto => s.min_batch_size.max(former::RECORD_PIECE),
+            _ => former::RECORD_PIECE,
+        };
+        first
+            .saturating_add(former::RECORD_PIECE)
+            .min(s.max_requests.max(1))
     }
 
     /// Lines handed in and not yet recorded in a batch.

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use super::lines::LedgerLines;
 use super::{Batcher, Delivered, Reply, Ticket};
-use crate::ledger::batches::{BatchOp, LineId, NewBatch, NewBatchLine, OpenBatch};
+use crate::ledger::batches::{BatchOp, LineId, OpenBatch};
 use crate::ledger::work::BatchLedger;
 use crate::ledger::writer::WriteOp;
 use crate::ledger::{Ledger, LedgerError, now_ts};
-use crate::provider::batch::{BatchLine, BatchState, BatchStatus, Found, SubmitSpec, Submitted};
+use crate::provider::batch::{BatchState, BatchStatus, Found, LineSource, SubmitSpec, Submitted};
 use crate::provider::{ErrorClass, ProviderError};
 
 /// Submissions tried before a batch's requests are failed back to their
@@ -31,8 +32,6 @@ const RESULTS_TRIES_MAX: u32 = 70;
 /// Results handed to their items at once: what the engine holds of a
 /// batch's results besides the replies read and not yet applied.
 pub(super) const DELIVER_CHUNK: usize = 512;
-/// Lines recorded in one write while a batch is recorded.
-const RECORD_PIECE: usize = 2_000;
 
 /// A batch being driven: submitted. Its lines are in the ledger, not here.
 struct Tracked {
@@ -57,6 +56,15 @@ pub(super) struct Held {
 }
 
 impl Held {
+    /// `reserved` held for `lines` lines.
+    pub(super) fn new(b: &Batcher, reserved: f64, lines: usize) -> Held {
+        Held {
+            per_line: reserved / lines.max(1) as f64,
+            lines,
+            budget: b.budget.clone(),
+        }
+    }
+
     fn none(b: &Batcher) -> Held {
         Held {
             per_line: 0.0,
@@ -80,7 +88,8 @@ impl Drop for Held {
     }
 }
 
-/// A line of a new batch besides its request: its ids, its item, its ticket.
+/// A line of a forming batch besides its request: its ids, its item, its
+/// ticket.
 pub(super) struct Meta {
     pub request_id: i64,
     pub attempt: i64,
@@ -88,155 +97,83 @@ pub(super) struct Meta {
     pub ticket: Ticket,
 }
 
-/// New requests from the former (`lines[i]` and `meta[i]` are one line):
-/// check and split them to the provider's limits, then run each file as its
-/// own batch.
-pub(super) async fn submit_new(b: Arc<Batcher>, mut lines: Vec<BatchLine>, mut meta: Vec<Meta>) {
-    // A line the provider would refuse is refused here, with its reason,
-    // and never uploaded; the others go on.
-    let mut refused = Vec::new();
-    let ranges = loop {
-        match b.adapter.split(&lines) {
-            Ok(chunks) => {
-                break chunks
-                    .iter()
-                    .map(|c| (c.first, c.lines.len(), c.bytes))
-                    .collect::<Vec<_>>();
-            }
-            Err(e) => {
-                let m = meta.remove(e.index);
-                lines.remove(e.index);
-                refused.push(Delivered {
-                    request_id: m.request_id,
-                    attempt: m.attempt,
-                    reply: Reply::Refused(format!(
-                        "refused before upload: this request cannot go in a {} batch: {}",
-                        b.adapter.name(),
-                        e.reason
-                    )),
-                });
-                if lines.is_empty() {
-                    break Vec::new();
-                }
-            }
-        }
-    };
-    // Hand each file to its own task. One file (the usual case) takes the
-    // lines as they are: a copy would hold a second batch's worth of lines
-    // at the moment the most are held.
-    let mut parts = Vec::with_capacity(ranges.len());
-    if let [(_, _, bytes)] = ranges[..] {
-        parts.push((lines, meta, bytes));
-    } else {
-        // Last first, so the drains keep the indexes.
-        for (first, len, bytes) in ranges.into_iter().rev() {
-            let l: Vec<BatchLine> = lines.drain(first..first + len).collect();
-            let m: Vec<Meta> = meta.drain(first..first + len).collect();
-            parts.push((l, m, bytes));
-        }
-        parts.reverse();
-    }
-    for (l, m, bytes) in parts {
-        let me = b.clone();
-        b.spawn(async move { run_new(me, l, m, bytes).await });
-    }
-    b.deliver(refused).await;
+/// A batch the former cut: every line recorded, nothing uploaded yet.
+pub(super) struct Formed {
+    pub tag: String,
+    pub created_at: f64,
+    pub lines: usize,
+    pub held: Held,
+    /// Its place among the provider batches open at once.
+    pub permit: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// Record, submit and drive one new batch.
-async fn run_new(b: Arc<Batcher>, lines: Vec<BatchLine>, meta: Vec<Meta>, bytes: u64) {
-    let permit = tokio::select! {
-        p = b.open_slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-        // Not recorded, not sent: the requests stay pending.
-        _ = b.stop_forming.cancelled() => return,
-    };
+/// Submit and drive a batch the former cut. Its lines are uploaded from
+/// the ledger, a page at a time.
+pub(super) async fn run_formed(b: Arc<Batcher>, formed: Formed) {
+    let Formed {
+        tag,
+        created_at,
+        lines,
+        held,
+        permit,
+    } = formed;
     // Paused: nothing new goes to the provider until the operator resumes.
-    if !b.wait_unpaused().await {
-        return;
-    }
-    let tag = b.new_tag();
-    let created_at = now_ts();
-    // Intent before side effect: the batch, its lines and their attempts
-    // are on disk before a byte is uploaded. Recorded a piece at a time: a
-    // copy of one piece's prompts is held, never of the whole batch.
-    let n = lines.len();
-    let mut pieces = lines.chunks(RECORD_PIECE).zip(meta.chunks(RECORD_PIECE));
-    let record_lines = |(ls, ms): (&[BatchLine], &[Meta])| -> Vec<NewBatchLine> {
-        ls.iter()
-            .zip(ms)
-            .map(|(l, m)| NewBatchLine {
-                custom_id: l.custom_id.clone(),
-                request_id: m.request_id,
-                attempt: m.attempt,
-                system_prompt: l.request.system.clone(),
-                user_prompt: l.request.user.clone(),
-                release: Some(m.item.clone()),
-            })
-            .collect()
-    };
-    let record = NewBatch {
-        tag: tag.clone(),
-        session_id: b.session_id.clone(),
-        stage: b.stage().name.clone(),
-        provider: b.stage().provider_name.clone(),
-        provider_kind: b.stage().provider_kind.as_str().to_string(),
-        model: b.stage().model.clone(),
-        input_bytes: bytes,
-        request_count: n as u64,
-        lines: pieces.next().map(record_lines).unwrap_or_default(),
-        claimed_by: b.lease.worker_id.to_string(),
-        lease_until: now_ts() + b.lease.secs,
-    };
-    if !b.write(WriteOp::Batch(BatchOp::Create(record))).await {
-        return;
-    }
-    for piece in pieces {
-        let more = BatchOp::AddLines {
-            tag: tag.clone(),
-            session_id: b.session_id.clone(),
-            lines: record_lines(piece),
-        };
-        if !b.write(WriteOp::Batch(more)).await {
-            // Recorded in part, never uploaded: a resume finds no batch at
-            // the provider and submits the lines on record.
-            return;
-        }
-    }
-    // The lines count against what the feed may claim ahead until they
-    // are uploaded (they hold their prompts until then); their budget goes
-    // with the batch.
-    let mut tickets: Vec<Ticket> = meta.into_iter().map(|m| m.ticket).collect();
-    let reserved: f64 = tickets.iter_mut().map(Ticket::take_reserved).sum();
-    let held = Held {
-        per_line: reserved / n.max(1) as f64,
-        lines: n,
-        budget: b.budget.clone(),
-    };
-    b.stats.sent.fetch_add(n as u64, Ordering::Relaxed);
-    b.stats.in_flight.fetch_add(n as u64, Ordering::Relaxed);
-    b.stats.batched.fetch_add(n as u64, Ordering::Relaxed);
-    b.open.fetch_add(1, Ordering::Relaxed);
-    let submitted = submit(&b, &tag, created_at, &lines).await;
-    drop(lines);
-    drop(tickets);
-    match submitted {
-        Submitting::Done(s) => {
-            if record_submitted(&b, &tag, &s, n).await {
-                let tracked = Tracked {
-                    tag,
-                    provider_batch_id: s.provider_batch_id,
-                    created_at,
-                    cancel_wanted: false,
-                    cancel_sent: false,
-                    held,
-                };
-                drive(&b, tracked).await;
+    // Stopped first: the batch stays recorded, and a resume submits it.
+    if b.wait_unpaused().await {
+        let source = LedgerLines::new(b.clone(), tag.clone(), lines);
+        let submitted = submit(&b, &tag, created_at, &source).await;
+        drop(source);
+        match submitted {
+            Submitting::Done(s) => {
+                if record_submitted(&b, &tag, &s, lines).await {
+                    let tracked = Tracked {
+                        tag,
+                        provider_batch_id: s.provider_batch_id,
+                        created_at,
+                        cancel_wanted: false,
+                        cancel_sent: false,
+                        held,
+                    };
+                    drive(&b, tracked).await;
+                }
             }
+            other => not_submitted(&b, &tag, other).await,
         }
-        other => not_submitted(&b, &tag, other).await,
+    } else if b.is_cancelling() {
+        never_submitted(&b, &tag).await;
     }
     b.open.fetch_sub(1, Ordering::Relaxed);
     drop(permit);
+}
+
+/// A batch recorded but never uploaded, cancelled: settled as never run
+/// (not billed), its lines handed back to their items.
+pub(super) async fn never_submitted(b: &Arc<Batcher>, tag: &str) {
+    let why = "cancelled before it was submitted: never run, not billed";
+    b.write(WriteOp::Batch(BatchOp::Status {
+        tag: tag.to_string(),
+        state: "cancelled".into(),
+        completed: 0,
+        failed: 0,
+        output_ref: None,
+        error_ref: None,
+        error_message: Some(why.into()),
+        next_poll_at: None,
+        polled: false,
+        ended: true,
+    }))
+    .await;
+    b.event("info", "batch_cancelled", format!("batch {tag}: {why}"));
+    let Some(waiting) = waiting_ids(b, tag).await else {
+        return;
+    };
+    let replies = waiting.into_iter().map(|w| Delivered {
+        request_id: w.request_id,
+        attempt: w.attempt,
+        reply: Reply::NotRun(why.into()),
+    });
+    deliver_in_chunks(b, replies, &mut Held::none(b)).await;
+    settle(b, tag).await;
 }
 
 /// A batch found open in the ledger (a resume, or one whose worker died):
@@ -254,7 +191,7 @@ pub(super) async fn reattach(b: Arc<Batcher>, batch: OpenBatch, waiting: usize) 
     b.stats.batched.fetch_add(waiting as u64, Ordering::Relaxed);
     let provider_batch_id = match batch.provider_batch_id.clone() {
         Some(id) => Some(id),
-        None => adopt_or_resubmit(&b, &batch).await,
+        None => adopt_or_resubmit(&b, &batch, waiting).await,
     };
     if let Some(provider_batch_id) = provider_batch_id {
         b.reporter.line(&format!(
@@ -281,7 +218,7 @@ pub(super) async fn reattach(b: Arc<Batcher>, batch: OpenBatch, waiting: usize) 
 
 /// A batch recorded but with no provider id: its create may or may not have
 /// happened. Look for it first; submit only when the provider shows none.
-async fn adopt_or_resubmit(b: &Arc<Batcher>, batch: &OpenBatch) -> Option<String> {
+async fn adopt_or_resubmit(b: &Arc<Batcher>, batch: &OpenBatch, waiting: usize) -> Option<String> {
     match find_ours(
         b,
         &batch.tag,
@@ -310,30 +247,9 @@ async fn adopt_or_resubmit(b: &Arc<Batcher>, batch: &OpenBatch) -> Option<String
         }
         Ok(Found::None) => {
             // Never made: the same lines (same custom ids, same attempts)
-            // go again under the same tag, read back from the ledger.
-            let (path, batch_id) = (b.p.ledger_path.clone(), batch.batch_id);
-            let waiting = tokio::task::spawn_blocking(move || {
-                Ledger::open_read_only(&path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|l| l.waiting_lines(batch_id).map_err(|e| e.to_string()))
-            })
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
-            let waiting = match waiting {
-                Ok(w) => w,
-                Err(e) => {
-                    (b.on_fatal)(format!("ledger: {e}"));
-                    return None;
-                }
-            };
-            let lines: Vec<BatchLine> = waiting
-                .into_iter()
-                .map(|w| BatchLine {
-                    request: b.request_for(&w.custom_id, w.system_prompt, w.user_prompt),
-                    custom_id: w.custom_id,
-                })
-                .collect();
+            // go again under the same tag, read back from the ledger a page
+            // at a time.
+            let lines = LedgerLines::new(b.clone(), batch.tag.clone(), waiting);
             b.event(
                 "info",
                 "batch_resubmitted",
@@ -399,7 +315,12 @@ enum Submitting {
 /// Submit `lines` as batch `tag`. When the create's answer is lost (a
 /// network error, a 5xx after the batch may have been made), look for the
 /// batch before submitting again.
-async fn submit(b: &Arc<Batcher>, tag: &str, created_at: f64, lines: &[BatchLine]) -> Submitting {
+async fn submit(
+    b: &Arc<Batcher>,
+    tag: &str,
+    created_at: f64,
+    lines: &dyn LineSource,
+) -> Submitting {
     let mut tries = 0u32;
     loop {
         tries += 1;

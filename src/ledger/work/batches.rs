@@ -30,10 +30,17 @@ pub trait BatchLedger {
     /// their prompts.
     fn waiting_ids(&self, tag: &str) -> Result<Vec<LineId>, LedgerError>;
 
-    /// The lines of batch `batch_id` still waiting for their result, with
-    /// their prompts (to submit a batch whose create never reached the
-    /// provider again, line for line).
-    fn waiting_lines(&self, batch_id: i64) -> Result<Vec<WaitingLine>, LedgerError>;
+    /// Up to `max` lines of batch `tag` still waiting for their result,
+    /// with their prompts, in `custom_id` order after `after` ("" for the
+    /// first page): a batch is uploaded from the ledger a page at a time,
+    /// and a batch whose create never reached the provider is submitted
+    /// again, line for line.
+    fn waiting_lines_after(
+        &self,
+        tag: &str,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<WaitingLine>, LedgerError>;
 
     /// Every line (custom id) of batch `tag`.
     fn line_ids(&self, tag: &str) -> Result<Vec<String>, LedgerError>;
@@ -77,8 +84,13 @@ impl BatchLedger for Ledger {
         Ok(batches::waiting_ids(self.conn(), tag)?)
     }
 
-    fn waiting_lines(&self, batch_id: i64) -> Result<Vec<WaitingLine>, LedgerError> {
-        Ok(batches::waiting_lines(self.conn(), batch_id)?)
+    fn waiting_lines_after(
+        &self,
+        tag: &str,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<WaitingLine>, LedgerError> {
+        Ok(batches::waiting_lines_after(self.conn(), tag, after, max)?)
     }
 
     fn line_ids(&self, tag: &str) -> Result<Vec<String>, LedgerError> {

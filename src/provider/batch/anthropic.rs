@@ -35,15 +35,13 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::http::{
-    self, Framing, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
-};
+use super::http::{self, Framing, Wire, measure, not_understood, request_error, streamed_body};
 use super::jsonl::{self, Chunk, LineError};
 use super::openai::PollCadence;
 use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultSink, ResultsSummary, SubmitSpec, Submitted, verdict,
+    Found, LineOutcome, LineSource, ResultSink, ResultsSummary, SubmitSpec, Submitted, verdict,
     with_key_header,
 };
 use crate::limiter::RateHeaders;
@@ -171,9 +169,8 @@ impl AnthropicBatch {
             return Err(request_error("a batch needs at least one request".into()));
         }
         // Anthropic batches may mix models; docket's are one model each.
-        one_model(spec, "")?;
-        let chunk = one_chunk(self.split(spec.lines), self.limits, "", "batch")?;
-        let raw = self.create(&chunk).await?;
+        let measured = measure(spec, self.limits, |l| self.encode_line(l), "", "", "batch").await?;
+        let raw = self.create(spec.lines, measured.bytes).await?;
         let batch: MessageBatch = parse_json(&raw, "batch create")?;
         Ok(Submitted {
             provider_batch_id: batch.id,
@@ -182,14 +179,14 @@ impl AnthropicBatch {
     }
 
     /// `POST /v1/messages/batches`, the body encoded as it is sent.
-    async fn create(&self, chunk: &Chunk<'_>) -> Result<RawAnswer, ProviderError> {
-        let (body, produce) = streamed_body(chunk, &FRAMING, |l| self.encode_line(l));
+    async fn create(&self, lines: &dyn LineSource, bytes: u64) -> Result<RawAnswer, ProviderError> {
+        let (body, produce) = streamed_body(lines, &FRAMING, |l| self.encode_line(l));
         let send = self.call(
             self.client
                 .post(self.url(""))
                 .timeout(BODY_TIMEOUT)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .header(reqwest::header::CONTENT_LENGTH, chunk.bytes + 14)
+                .header(reqwest::header::CONTENT_LENGTH, bytes + 14)
                 .body(body),
         );
         let (answer, ()) = futures::join!(send, produce);

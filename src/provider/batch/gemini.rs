@@ -45,14 +45,15 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Value, json};
 
 use super::http::{
-    self, Framing, JSONL, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
+    self, Framing, JSONL, Measured, Wire, measure, not_understood, request_error, streamed_body,
     streamed_body_opening,
 };
 use super::jsonl::{self, Chunk, LineError};
 use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultSink, ResultsSummary, SubmitSpec, Submitted, with_key_header,
+    Found, LineOutcome, LineSource, ResultSink, ResultsSummary, SubmitSpec, Submitted,
+    with_key_header,
 };
 use crate::limiter::RateHeaders;
 use crate::provider::gemini::{classify_error, parse_success, request_body};
@@ -209,12 +210,12 @@ impl GeminiBatch {
 
     /// The inline create body's length, its opening `open_len` bytes long,
     /// counted without encoding it; None when it would pass the limit.
-    fn inline_len(&self, open_len: usize, chunk: &Chunk<'_>) -> Option<u64> {
-        // `chunk.bytes` counts each file line and its newline; an item is
+    fn inline_len(&self, open_len: usize, measured: Measured) -> Option<u64> {
+        // `measured.bytes` counts each file line and its newline; an item is
         // `ITEM_EXTRA` longer than its line, and a comma stands between two.
-        let n = chunk.lines.len() as u64;
+        let n = measured.lines;
         let len = (open_len as u64 + INLINE_FRAMING.close.len() as u64)
-            .saturating_add(chunk.bytes)
+            .saturating_add(measured.bytes)
             .saturating_add(n.saturating_mul(ITEM_EXTRA))
             .saturating_sub(1);
         (len <= self.inline_limit).then_some(len)
@@ -225,7 +226,11 @@ impl GeminiBatch {
     #[cfg(test)]
     fn inline_body(&self, tag: &str, chunk: &Chunk<'_>) -> Option<Vec<u8>> {
         let mut body = inline_open(tag);
-        let len = self.inline_len(body.len(), chunk)?;
+        let measured = Measured {
+            lines: chunk.lines.len() as u64,
+            bytes: chunk.bytes,
+        };
+        let len = self.inline_len(body.len(), measured)?;
         for (i, line) in chunk.lines.iter().enumerate() {
             if i > 0 {
                 body.extend_from_slice(INLINE_FRAMING.between);
@@ -244,11 +249,11 @@ impl GeminiBatch {
         &self,
         model: &str,
         open: &[u8],
-        chunk: &Chunk<'_>,
+        lines: &dyn LineSource,
         len: u64,
     ) -> Result<RawAnswer, ProviderError> {
         let (body, produce) =
-            streamed_body_opening(chunk, open, &INLINE_FRAMING, Self::encode_item);
+            streamed_body_opening(lines, open, &INLINE_FRAMING, Self::encode_item);
         let send = self.call(
             self.client
                 .post(self.model_url(model))
@@ -337,16 +342,24 @@ impl GeminiBatch {
                 "the batch tag must be 1 to {MAX_TAG} characters (a Gemini display name)"
             )));
         }
-        one_model(spec, " (one model per batch)")?;
-        let chunk = &one_chunk(self.split(spec.lines), self.limits, " per file", "file")?;
+        let measured = measure(
+            spec,
+            self.limits,
+            |l| self.encode_line(l),
+            " (one model per batch)",
+            " per file",
+            "file",
+        )
+        .await?;
         let open = inline_open(spec.tag);
-        let (raw, file) = match self.inline_len(open.len(), chunk) {
+        let (raw, file) = match self.inline_len(open.len(), measured) {
             Some(len) => (
-                self.create_inline(spec.model, &open, chunk, len).await?,
+                self.create_inline(spec.model, &open, spec.lines, len)
+                    .await?,
                 None,
             ),
             None => {
-                let file = self.upload(spec.tag, chunk).await?;
+                let file = self.upload(spec.tag, spec.lines, measured.bytes).await?;
                 let body = json!({"batch": {
                     "displayName": spec.tag,
                     "inputConfig": {"fileName": file},
@@ -380,10 +393,15 @@ impl GeminiBatch {
         })
     }
 
-    /// The Files API's resumable upload of one chunk as JSONL: `start`
+    /// The Files API's resumable upload of `lines` (`bytes` long) as JSONL: `start`
     /// answers an upload URL, then `upload, finalize` sends the bytes,
     /// encoded a piece at a time as they are sent.
-    async fn upload(&self, tag: &str, chunk: &Chunk<'_>) -> Result<String, ProviderError> {
+    async fn upload(
+        &self,
+        tag: &str,
+        lines: &dyn LineSource,
+        bytes: u64,
+    ) -> Result<String, ProviderError> {
         let start = self
             .call(
                 self.client
@@ -391,7 +409,7 @@ impl GeminiBatch {
                     .timeout(CALL_TIMEOUT)
                     .header("X-Goog-Upload-Protocol", "resumable")
                     .header("X-Goog-Upload-Command", "start")
-                    .header("X-Goog-Upload-Header-Content-Length", chunk.bytes)
+                    .header("X-Goog-Upload-Header-Content-Length", bytes)
                     .header("X-Goog-Upload-Header-Content-Type", "application/jsonl")
                     .json(&json!({"file": {"displayName": format!("docket-{tag}")}})),
             )
@@ -414,14 +432,14 @@ impl GeminiBatch {
                 RateHeaders::default(),
             ));
         }
-        let (body, produce) = streamed_body(chunk, &JSONL, |l| self.encode_line(l));
+        let (body, produce) = streamed_body(lines, &JSONL, |l| self.encode_line(l));
         let send = self.call(
             self.client
                 .post(&upload_url)
                 .timeout(FILE_TIMEOUT)
                 .header("X-Goog-Upload-Command", "upload, finalize")
                 .header("X-Goog-Upload-Offset", "0")
-                .header(reqwest::header::CONTENT_LENGTH, chunk.bytes)
+                .header(reqwest::header::CONTENT_LENGTH, bytes)
                 .body(body),
         );
         let (answer, ()) = futures::join!(send, produce);

@@ -14,9 +14,9 @@ use futures::SinkExt;
 use reqwest::header::HeaderMap;
 use serde::de::DeserializeOwned;
 
-use super::jsonl::{Chunk, LineError};
+use super::jsonl::{LineCheck, LineError};
 use super::results::{Matcher, StreamEnd, stream_lines};
-use super::{BatchLimits, BatchLine, SubmitSpec};
+use super::{BatchLimits, BatchLine, LineSource, SubmitSpec};
 use crate::limiter::RateHeaders;
 use crate::provider::openai::{preview, transport_error};
 use crate::provider::{ErrorClass, ProviderError, RawAnswer};
@@ -116,51 +116,79 @@ pub(super) fn not_understood(status: u16, message: String, headers: RateHeaders)
     }
 }
 
-/// A line of the batch whose model is not `spec.model`, as an error (its
-/// reason ends with `note`): one model per batch.
-pub(super) fn one_model(spec: &SubmitSpec<'_>, note: &str) -> Result<(), ProviderError> {
-    match spec
-        .lines
-        .iter()
-        .enumerate()
-        .find(|(_, l)| l.request.model != spec.model)
-    {
-        None => Ok(()),
-        Some((i, line)) => Err(request_error(
-            LineError {
-                index: i,
-                custom_id: line.custom_id.clone(),
-                reason: format!(
-                    "model {:?} differs from the batch's model {:?}{note}",
-                    line.request.model, spec.model
-                ),
-            }
-            .to_string(),
-        )),
-    }
+/// A batch's body as `measure` found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Measured {
+    pub lines: u64,
+    /// Every encoded line plus its newline.
+    pub bytes: u64,
 }
 
-/// The one chunk `split` made of a batch's lines; more than one is an error
-/// (`per` after the byte limit, `unit` what a second chunk would start).
-pub(super) fn one_chunk<'l>(
-    split: Result<Vec<Chunk<'l>>, LineError>,
+/// Lines read from a source at a time, to check, measure or send them.
+pub(super) const READ_PAGE: usize = 2_000;
+
+/// Read `spec`'s lines a page at a time and check them before anything is
+/// sent: one model per batch (a refusal ends with `model_note`), each line
+/// as `jsonl::split` checks it, and all of them in one file of `limits`
+/// (`per` after the byte limit, `unit` what a second one would start).
+/// What is held is one page and the ids seen, never the whole batch.
+pub(super) async fn measure(
+    spec: &SubmitSpec<'_>,
     limits: BatchLimits,
+    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String>,
+    model_note: &str,
     per: &str,
     unit: &str,
-) -> Result<Chunk<'l>, ProviderError> {
-    let mut chunks = split.map_err(|e| request_error(e.to_string()))?;
-    if chunks.len() > 1 {
-        let second = &chunks[1];
-        return Err(request_error(format!(
-            "the requests do not fit one batch ({} requests, {} bytes{per}): \
-             line {} (custom_id {:?}) starts a second {unit}; split them first",
-            limits.max_requests,
-            limits.max_bytes,
-            second.first + 1,
-            second.lines[0].custom_id
-        )));
+) -> Result<Measured, ProviderError> {
+    let mut check = LineCheck::new(limits);
+    let mut total = Measured { lines: 0, bytes: 0 };
+    let mut at = 0usize;
+    while at < spec.lines.len() {
+        let page = spec
+            .lines
+            .read(at, READ_PAGE)
+            .await
+            .map_err(|e| request_error(format!("the batch's lines cannot be read: {e}")))?;
+        if page.is_empty() {
+            return Err(request_error(format!(
+                "the batch's lines ended at line {at} of {}",
+                spec.lines.len()
+            )));
+        }
+        for (k, line) in page.iter().enumerate() {
+            let index = at + k;
+            if line.request.model != spec.model {
+                return Err(request_error(
+                    LineError {
+                        index,
+                        custom_id: line.custom_id.clone(),
+                        reason: format!(
+                            "model {:?} differs from the batch's model {:?}{model_note}",
+                            line.request.model, spec.model
+                        ),
+                    }
+                    .to_string(),
+                ));
+            }
+            let size = check
+                .size(index, line, &encode)
+                .map_err(|e| request_error(e.to_string()))?;
+            if index >= limits.max_requests.max(1) || total.bytes + size > limits.max_bytes {
+                return Err(request_error(format!(
+                    "the requests do not fit one batch ({} requests, {} bytes{per}): \
+                     line {} (custom_id {:?}) starts a second {unit}; split them first",
+                    limits.max_requests,
+                    limits.max_bytes,
+                    index + 1,
+                    line.custom_id
+                )));
+            }
+            total.lines += 1;
+            total.bytes += size;
+        }
+        at += page.len();
     }
-    Ok(chunks.swap_remove(0))
+    Ok(total)
 }
 
 /// How encoded lines are put together into a body.
@@ -183,21 +211,22 @@ pub(super) const JSONL: Framing = Framing {
     close: b"",
 };
 
-/// A body of `chunk`'s lines, encoded by `encode` and framed by `framing` a
-/// piece at a time as it is sent: the body to send, and the future that
-/// feeds it (to be run beside the send). An encoding error fails the body.
+/// A body of `lines`, read a page at a time, encoded by `encode` and framed
+/// by `framing` a piece at a time as it is sent: the body to send, and the
+/// future that feeds it (to be run beside the send). A line that cannot be
+/// read or encoded fails the body.
 pub(super) fn streamed_body<'c>(
-    chunk: &'c Chunk<'_>,
+    lines: &'c dyn LineSource,
     framing: &'c Framing,
     encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String> + 'c,
 ) -> (reqwest::Body, impl Future<Output = ()> + 'c) {
-    streamed_body_opening(chunk, framing.open, framing, encode)
+    streamed_body_opening(lines, framing.open, framing, encode)
 }
 
 /// As `streamed_body`, but the body opens with `open` (made at run time,
 /// say holding a name) in place of `framing.open`.
 pub(super) fn streamed_body_opening<'c>(
-    chunk: &'c Chunk<'_>,
+    lines: &'c dyn LineSource,
     open: &'c [u8],
     framing: &'c Framing,
     encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String> + 'c,
@@ -206,24 +235,41 @@ pub(super) fn streamed_body_opening<'c>(
     let produce = async move {
         let mut piece = Vec::with_capacity(PIECE + 4096);
         piece.extend_from_slice(open);
-        for (i, line) in chunk.lines.iter().enumerate() {
-            let encoded = match encode(line) {
-                Ok(v) => v,
+        let mut at = 0usize;
+        while at < lines.len() {
+            let page = match lines.read(at, READ_PAGE).await {
+                Ok(page) if !page.is_empty() => page,
+                Ok(_) => {
+                    let e = format!("the batch's lines ended at line {at}");
+                    let _ = tx.send(Err(std::io::Error::other(e))).await;
+                    return;
+                }
                 Err(e) => {
+                    let e = format!("the batch's lines cannot be read: {e}");
                     let _ = tx.send(Err(std::io::Error::other(e))).await;
                     return;
                 }
             };
-            if i > 0 {
-                piece.extend_from_slice(framing.between);
-            }
-            piece.extend_from_slice(&encoded);
-            piece.extend_from_slice(framing.after);
-            if piece.len() >= PIECE {
-                let full = std::mem::replace(&mut piece, Vec::with_capacity(PIECE + 4096));
-                // A closed channel: the send ended early; its answer says why.
-                if tx.send(Ok(full)).await.is_err() {
-                    return;
+            for line in &page {
+                let encoded = match encode(line) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = tx.send(Err(std::io::Error::other(e))).await;
+                        return;
+                    }
+                };
+                if at > 0 {
+                    piece.extend_from_slice(framing.between);
+                }
+                at += 1;
+                piece.extend_from_slice(&encoded);
+                piece.extend_from_slice(framing.after);
+                if piece.len() >= PIECE {
+                    let full = std::mem::replace(&mut piece, Vec::with_capacity(PIECE + 4096));
+                    // A closed channel: the send ended early; its answer says why.
+                    if tx.send(Ok(full)).await.is_err() {
+                        return;
+                    }
                 }
             }
         }

@@ -66,45 +66,12 @@ pub fn split<'a>(
     encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String>,
 ) -> Result<Vec<Chunk<'a>>, LineError> {
     let max_requests = limits.max_requests.max(1);
-    let mut seen: HashSet<&str> = HashSet::with_capacity(lines.len());
+    let mut check = LineCheck::new(limits);
     let mut chunks = Vec::new();
     let mut start = 0usize;
     let mut bytes = 0u64;
-    let err = |index: usize, line: &BatchLine, reason: String| LineError {
-        index,
-        custom_id: line.custom_id.clone(),
-        reason,
-    };
     for (i, line) in lines.iter().enumerate() {
-        if !limits.custom_id_ok(&line.custom_id) {
-            return Err(err(
-                i,
-                line,
-                format!(
-                    "custom_id must be 1 to {} characters of A-Z a-z 0-9 _ -",
-                    limits.max_custom_id
-                ),
-            ));
-        }
-        if !seen.insert(&line.custom_id) {
-            return Err(err(i, line, "duplicate custom_id".into()));
-        }
-        let encoded = encode(line).map_err(|e| err(i, line, e))?;
-        if encoded.contains(&b'\n') {
-            return Err(err(i, line, "encoded line contains a newline".into()));
-        }
-        let size = encoded.len() as u64 + 1;
-        drop(encoded);
-        if size > limits.max_bytes {
-            return Err(err(
-                i,
-                line,
-                format!(
-                    "line is {size} bytes, over the {} bytes one input file may hold",
-                    limits.max_bytes
-                ),
-            ));
-        }
+        let size = check.size(i, line, &encode)?;
         if i > start && (i - start >= max_requests || bytes + size > limits.max_bytes) {
             chunks.push(Chunk {
                 first: start,
@@ -124,6 +91,59 @@ pub fn split<'a>(
         });
     }
     Ok(chunks)
+}
+
+/// The checks `split` makes of each line, for lines that come one at a
+/// time: the `custom_id` valid and not seen before, the line encodable
+/// without a newline, and small enough for a file on its own.
+pub struct LineCheck {
+    limits: BatchLimits,
+    seen: HashSet<String>,
+}
+
+impl LineCheck {
+    pub fn new(limits: BatchLimits) -> Self {
+        LineCheck {
+            limits,
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Line `index`'s size in a file (its newline counted), or why it
+    /// cannot go.
+    pub fn size(
+        &mut self,
+        index: usize,
+        line: &BatchLine,
+        encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String>,
+    ) -> Result<u64, LineError> {
+        let err = |reason: String| LineError {
+            index,
+            custom_id: line.custom_id.clone(),
+            reason,
+        };
+        if !self.limits.custom_id_ok(&line.custom_id) {
+            return Err(err(format!(
+                "custom_id must be 1 to {} characters of A-Z a-z 0-9 _ -",
+                self.limits.max_custom_id
+            )));
+        }
+        if !self.seen.insert(line.custom_id.clone()) {
+            return Err(err("duplicate custom_id".into()));
+        }
+        let encoded = encode(line).map_err(err)?;
+        if encoded.contains(&b'\n') {
+            return Err(err("encoded line contains a newline".into()));
+        }
+        let size = encoded.len() as u64 + 1;
+        if size > self.limits.max_bytes {
+            return Err(err(format!(
+                "line is {size} bytes, over the {} bytes one input file may hold",
+                self.limits.max_bytes
+            )));
+        }
+        Ok(size)
+    }
 }
 
 /// A provider-neutral size estimate for adapters without an exact encoder:

@@ -122,7 +122,56 @@ impl BatchLimits {
 pub struct SubmitSpec<'a> {
     pub tag: &'a str,
     pub model: &'a str,
-    pub lines: &'a [BatchLine],
+    /// Read a page at a time: checked and measured once, then read again
+    /// as the body is sent.
+    pub lines: &'a dyn LineSource,
+}
+
+/// A batch's lines, read a page at a time, so that a batch of 50,000 is
+/// never held whole (the engine's come from the ledger, where they were
+/// recorded before the upload).
+pub trait LineSource: Send + Sync {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Up to `max` lines from position `from`, in order; fewer only at the
+    /// end. The same positions give the same lines every time.
+    fn read(&self, from: usize, max: usize) -> LinePage<'_>;
+}
+
+/// A page of a `LineSource`; an error says why the lines cannot be read.
+pub type LinePage<'a> = Pin<Box<dyn Future<Output = Result<Vec<BatchLine>, String>> + Send + 'a>>;
+
+/// Lines already in memory (tests, tools).
+impl LineSource for Vec<BatchLine> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn read(&self, from: usize, max: usize) -> LinePage<'_> {
+        page_of(self, from, max)
+    }
+}
+
+/// Borrowed lines already in memory, as a `LineSource`.
+pub struct LineSlice<'a>(pub &'a [BatchLine]);
+
+impl LineSource for LineSlice<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn read(&self, from: usize, max: usize) -> LinePage<'_> {
+        page_of(self.0, from, max)
+    }
+}
+
+/// Up to `max` of `lines` from `from`, copied.
+fn page_of(lines: &[BatchLine], from: usize, max: usize) -> LinePage<'static> {
+    let end = from.saturating_add(max).min(lines.len());
+    let page = lines.get(from..end).map(<[BatchLine]>::to_vec);
+    Box::pin(async move { Ok(page.unwrap_or_default()) })
 }
 
 /// The provider's handle on a created batch.

@@ -29,14 +29,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::http::{
-    self, JSONL, Wire, not_understood, one_chunk, one_model, request_error, streamed_body,
-};
+use super::http::{self, JSONL, Wire, measure, not_understood, request_error, streamed_body};
 use super::jsonl::{self, Chunk, LineError};
 use super::results::{Matcher, StreamEnd, parse_line};
 use super::{
     BatchCounts, BatchLimits, BatchLine, BatchProvider, BatchState, BatchStatus, FIND_CLOCK_MARGIN,
-    Found, LineOutcome, ResultSink, ResultsSummary, SubmitSpec, Submitted, verdict,
+    Found, LineOutcome, LineSource, ResultSink, ResultsSummary, SubmitSpec, Submitted, verdict,
     with_key_header,
 };
 use crate::limiter::RateHeaders;
@@ -270,9 +268,16 @@ impl OpenAiBatch {
                 "the batch tag must be 1 to 512 characters (an OpenAI metadata value)".into(),
             ));
         }
-        one_model(spec, " (one model per input file)")?;
-        let chunk = one_chunk(self.split(spec.lines), self.limits, " per file", "file")?;
-        let file_id = self.upload(spec.tag, &chunk).await?;
+        let measured = measure(
+            spec,
+            self.limits,
+            |l| self.encode_line(l),
+            " (one model per input file)",
+            " per file",
+            "file",
+        )
+        .await?;
+        let file_id = self.upload(spec.tag, spec.lines, measured.bytes).await?;
         let body = json!({
             "input_file_id": file_id,
             "endpoint": self.endpoint(),
@@ -294,10 +299,15 @@ impl OpenAiBatch {
         })
     }
 
-    /// Upload one chunk as a JSONL file; the bytes are encoded as they are
-    /// sent, a piece at a time.
-    async fn upload(&self, tag: &str, chunk: &Chunk<'_>) -> Result<String, ProviderError> {
-        let (body, produce) = streamed_body(chunk, &JSONL, |l| self.encode_line(l));
+    /// Upload `lines` (`bytes` long) as a JSONL file; the bytes are encoded
+    /// as they are sent, a piece at a time.
+    async fn upload(
+        &self,
+        tag: &str,
+        lines: &dyn LineSource,
+        bytes: u64,
+    ) -> Result<String, ProviderError> {
+        let (body, produce) = streamed_body(lines, &JSONL, |l| self.encode_line(l));
         let safe_tag: String = tag
             .chars()
             .map(|c| {
@@ -309,7 +319,7 @@ impl OpenAiBatch {
             })
             .take(64)
             .collect();
-        let part = reqwest::multipart::Part::stream_with_length(body, chunk.bytes)
+        let part = reqwest::multipart::Part::stream_with_length(body, bytes)
             .file_name(format!("batch-{safe_tag}.jsonl"))
             .mime_str("application/jsonl")
             .map_err(|e| request_error(format!("multipart: {e}")))?;
