@@ -150,27 +150,46 @@ pub(super) async fn run_formed(b: Arc<Batcher>, formed: Formed) {
 /// (not billed), its lines handed back to their items.
 pub(super) async fn never_submitted(b: &Arc<Batcher>, tag: &str) {
     let why = "cancelled before it was submitted: never run, not billed";
+    let event = ("info", "batch_cancelled", format!("batch {tag}: {why}"));
+    end_unrun(b, tag, "cancelled", why.into(), event, || {
+        Reply::NotRun(why.into())
+    })
+    .await;
+}
+
+/// End a batch that never ran at the provider: `state` (with `message`)
+/// recorded as its last, `event` logged, and each waiting line answered
+/// with `reply()`; then the batch is finished with.
+async fn end_unrun(
+    b: &Arc<Batcher>,
+    tag: &str,
+    state: &str,
+    message: String,
+    event: (&'static str, &'static str, String),
+    reply: impl Fn() -> Reply,
+) {
     b.write(WriteOp::Batch(BatchOp::Status {
         tag: tag.to_string(),
-        state: "cancelled".into(),
+        state: state.into(),
         completed: 0,
         failed: 0,
         output_ref: None,
         error_ref: None,
-        error_message: Some(why.into()),
+        error_message: Some(message),
         next_poll_at: None,
         polled: false,
         ended: true,
     }))
     .await;
-    b.event("info", "batch_cancelled", format!("batch {tag}: {why}"));
+    let (level, kind, text) = event;
+    b.event(level, kind, text);
     let Some(waiting) = waiting_ids(b, tag).await else {
         return;
     };
     let replies = waiting.into_iter().map(|w| Delivered {
         request_id: w.request_id,
         attempt: w.attempt,
-        reply: Reply::NotRun(why.into()),
+        reply: reply(),
     });
     deliver_in_chunks(b, replies, &mut Held::none(b)).await;
     settle(b, tag).await;
@@ -448,30 +467,8 @@ async fn not_submitted(b: &Arc<Batcher>, tag: &str, how: Submitting) {
     match how {
         Submitting::Failed(e) => {
             let msg = format!("not submitted: {e}");
-            b.write(WriteOp::Batch(BatchOp::Status {
-                tag: tag.to_string(),
-                state: "failed".into(),
-                completed: 0,
-                failed: 0,
-                output_ref: None,
-                error_ref: None,
-                error_message: Some(msg.clone()),
-                next_poll_at: None,
-                polled: false,
-                ended: true,
-            }))
-            .await;
-            b.event("warn", "batch_failed", format!("batch {tag} {msg}"));
-            let Some(waiting) = waiting_ids(b, tag).await else {
-                return;
-            };
-            let replies = waiting.into_iter().map(|w| Delivered {
-                request_id: w.request_id,
-                attempt: w.attempt,
-                reply: Reply::Error(e.clone()),
-            });
-            deliver_in_chunks(b, replies, &mut Held::none(b)).await;
-            settle(b, tag).await;
+            let event = ("warn", "batch_failed", format!("batch {tag} {msg}"));
+            end_unrun(b, tag, "failed", msg, event, || Reply::Error(e.clone())).await;
         }
         Submitting::Held(why) => {
             b.write(WriteOp::Batch(BatchOp::Status {
