@@ -638,6 +638,71 @@ fn cancel_from_another_process_cancels_the_provider_batch() {
     support::check_invariants(&conn, &sid);
 }
 
+/// A cancel while a batch forms: its lines are on record but it never
+/// reached the provider, so nothing is cancelled there; the batch is ended
+/// as never run (not billed) and the session ends cancelled.
+#[test]
+fn cancel_while_a_batch_forms_ends_it_unsent() {
+    // Enough items that the batch is still forming when the cancel lands
+    // (the run reads controls every 400 ms).
+    const MANY: usize = 12_000;
+    let mock = Mock::start(&QUICK);
+    let ws = Ws::with_items("openai", &mock, MANY, 120.0);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let forming = |_: &[BatchRow]| {
+        let conn = ws.ro()?;
+        conn.query_row(
+            "SELECT session_id FROM provider_batch WHERE provider_batch_id IS NULL AND request_count > 0",
+            [],
+            |r| r.get::<_, String>(0),
+        )
+        .ok()
+    };
+    let sid = wait_for("a batch with lines on record", &ws, &mut run, forming);
+    let (code, out) = ws.run("cancel", &["cancel", &sid]);
+    assert_eq!(code, Some(0), "docket cancel:\n{out}");
+    let (code, out) = run.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "the run ends cancelled:\n{out}");
+    assert_eq!(
+        mock.stat("batches_created"),
+        0,
+        "a batch reached the provider:\n{out}"
+    );
+    let conn = ws.conn();
+    let (state, message, recorded): (String, String, i64) = conn
+        .query_row(
+            "SELECT state, error_message, request_count FROM provider_batch",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    // Ended (its lines answered as never run), then finished with.
+    assert_eq!(state, "ingested");
+    assert!(message.contains("never run, not billed"), "{message}");
+    assert!(
+        recorded > 0 && recorded < MANY as i64,
+        "{recorded} lines on record"
+    );
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'sent'",
+            []
+        ),
+        "a line still waits"
+    );
+    let session: String = conn
+        .query_row(
+            "SELECT state FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(session, "cancelled");
+    support::check_invariants(&conn, &sid);
+}
+
 /// OpenRouter has no Batch API: `mode = "batch"` runs synchronously, says
 /// so, and makes no batch.
 #[test]

@@ -324,10 +324,16 @@ async fn cut(b: &Arc<Batcher>, f: &mut Forming) -> bool {
 /// submits it; a cancel settles it as never run.
 fn abandon(b: &Arc<Batcher>, f: Forming) {
     let Some(r) = f.recorded else { return };
-    b.open.fetch_sub(1, Ordering::Relaxed);
-    drop(r.permit);
     if b.is_cancelling() {
+        // Still open until its lines are answered: the run waits for it.
         let me = b.clone();
-        b.spawn(async move { runner::never_submitted(&me, &r.tag).await });
+        b.spawn(async move {
+            runner::never_submitted(&me, &r.tag).await;
+            me.open.fetch_sub(1, Ordering::Relaxed);
+            drop(r.permit);
+        });
+    } else {
+        b.open.fetch_sub(1, Ordering::Relaxed);
+        drop(r.permit);
     }
 }
