@@ -451,6 +451,23 @@ fn kill_after_record_reattaches_the_batch() {
     check_no_key(&ws, &sid, format!("{first}{out}"));
 }
 
+/// Start a batch run and wait until a batch has lines on record and no
+/// provider id: it is forming (or being uploaded). The run, and its session.
+fn run_until_a_batch_forms(ws: &Ws) -> (Proc, String) {
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let forming = |_: &[BatchRow]| {
+        ws.ro()?
+            .query_row(
+                "SELECT session_id FROM provider_batch WHERE provider_batch_id IS NULL AND request_count > 0",
+                [],
+                |r| r.get::<_, String>(0),
+            )
+            .ok()
+    };
+    let sid = wait_for("a batch with lines on record", ws, &mut run, forming);
+    (run, sid)
+}
+
 /// kill -9 while a batch forms (fault-matrix row C1, killed after the
 /// intent is on disk and before the upload): lines are recorded a piece at
 /// a time as they come, so the ledger holds part of a batch that never
@@ -464,17 +481,7 @@ fn kill_while_a_batch_forms_submits_its_recorded_lines_on_resume() {
     const MANY: usize = 4_500;
     let mock = Mock::start(&QUICK);
     let ws = Ws::with_items("openai", &mock, MANY, 120.0);
-    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
-    let forming = |_: &[BatchRow]| {
-        let conn = ws.ro()?;
-        conn.query_row(
-            "SELECT session_id FROM provider_batch WHERE provider_batch_id IS NULL AND request_count > 0",
-            [],
-            |r| r.get::<_, String>(0),
-        )
-        .ok()
-    };
-    let sid = wait_for("a batch with lines on record", &ws, &mut run, forming);
+    let (mut run, sid) = run_until_a_batch_forms(&ws);
     let first = run.kill9();
     let conn = ws.conn();
     let recorded = count(&conn, "SELECT COUNT(*) FROM provider_batch_item", []);
@@ -648,17 +655,7 @@ fn cancel_while_a_batch_forms_ends_it_unsent() {
     const MANY: usize = 12_000;
     let mock = Mock::start(&QUICK);
     let ws = Ws::with_items("openai", &mock, MANY, 120.0);
-    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
-    let forming = |_: &[BatchRow]| {
-        let conn = ws.ro()?;
-        conn.query_row(
-            "SELECT session_id FROM provider_batch WHERE provider_batch_id IS NULL AND request_count > 0",
-            [],
-            |r| r.get::<_, String>(0),
-        )
-        .ok()
-    };
-    let sid = wait_for("a batch with lines on record", &ws, &mut run, forming);
+    let (mut run, sid) = run_until_a_batch_forms(&ws);
     let (code, out) = ws.run("cancel", &["cancel", &sid]);
     assert_eq!(code, Some(0), "docket cancel:\n{out}");
     let (code, out) = run.wait(Duration::from_secs(30));

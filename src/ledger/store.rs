@@ -207,20 +207,18 @@ pub(crate) fn stale_answers(
 /// transaction. Returns how many items it took: the planned items are
 /// checked again under the write lock, and any that a live session took or
 /// any session decided since the plan was read (two sessions started at the
-/// same instant) are left out, so choosing and claiming are one atomic step. With none left
-/// nothing is created.
+/// same instant) are left out, so choosing and claiming are one atomic
+/// step. With none left nothing is created.
 pub(crate) fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let kept = still_free(&tx, s.item_ids)?;
-    if kept.is_empty() {
+    let item_ids = still_free(&tx, s.item_ids)?;
+    // Every planned item taken meanwhile (a plan of none still makes its
+    // empty session).
+    if item_ids.is_empty() && !s.item_ids.is_empty() {
         tx.rollback()?;
         return Ok(0);
     }
-    let item_ids: Vec<&String> = match &kept {
-        Kept::All => s.item_ids.iter().collect(),
-        Kept::Some(ids) => ids.clone(),
-    };
     tx.execute(
         "INSERT INTO llm_batch_session (session_id, started_at, total_count, config_snapshot_json, state, desired_state,
              estimated_tokens, estimated_cost_usd, max_cost_usd, owner_pid, owner_host, heartbeat_at, updated_at)
@@ -281,23 +279,11 @@ pub(crate) fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusql
     Ok(item_ids.len())
 }
 
-/// Which planned items a new session may still take.
-enum Kept<'a> {
-    All,
-    Some(Vec<&'a String>),
-}
-
-impl Kept<'_> {
-    fn is_empty(&self) -> bool {
-        matches!(self, Kept::Some(v) if v.is_empty())
-    }
-}
-
 /// The planned items a new session may still take, checked again under
 /// the write lock: still undecided (a session that ran meanwhile may have
 /// decided some: asking again would pay twice), and held by no live
 /// session.
-fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> rusqlite::Result<Kept<'a>> {
+fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> rusqlite::Result<Vec<&'a String>> {
     let cutoff = live_cutoff(conn)?;
     let mut undecided = conn
         .prepare_cached("SELECT 1 FROM decision WHERE item_id = ?1 AND state = 'indeterminate'")?;
@@ -318,11 +304,7 @@ fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> rusqlite::Result
             kept.push(id);
         }
     }
-    Ok(if kept.len() == item_ids.len() {
-        Kept::All
-    } else {
-        Kept::Some(kept)
-    })
+    Ok(kept)
 }
 
 /// The request a new session uses for (item, stage): the newest version,

@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 
-use super::runner::{self, Formed, Held, Meta};
-use super::{Batcher, Delivered, Queued, Reply, SETTLE};
+use super::runner::{self, Formed, Held};
+use super::{Batcher, Delivered, Queued, Reply, SETTLE, Ticket};
 use crate::config::BatchMode;
 use crate::ledger::batches::{BatchOp, NewBatch, NewBatchLine};
 use crate::ledger::now_ts;
@@ -29,12 +29,20 @@ use crate::provider::batch::BatchLine;
 /// batch's prompts at most, besides what the feed has claimed ahead.
 pub(super) const RECORD_PIECE: usize = 2_000;
 
+/// A line of a forming batch besides its request: its ids, its item, its
+/// ticket.
+struct Meta {
+    request_id: i64,
+    attempt: i64,
+    item: (String, i64),
+    ticket: Ticket,
+}
+
 /// The batch being formed.
 #[derive(Default)]
 struct Forming {
-    /// Lines not yet recorded, and beside them their ids, items, tickets.
-    pending: Vec<BatchLine>,
-    meta: Vec<Meta>,
+    /// Lines not yet recorded, each with its ids, item and ticket.
+    pending: Vec<(BatchLine, Meta)>,
     pending_bytes: u64,
     /// Set once its first piece is recorded.
     recorded: Option<Recorded>,
@@ -71,8 +79,7 @@ impl Forming {
         let now = Instant::now();
         self.first_at.get_or_insert(now);
         self.last_at = Some(now);
-        self.pending.push(line);
-        self.meta.push(meta);
+        self.pending.push((line, meta));
         self.pending_bytes += bytes;
     }
 }
@@ -188,22 +195,25 @@ async fn record(b: &Arc<Batcher>, f: &mut Forming) -> bool {
     if f.pending.is_empty() {
         return true;
     }
+    // The batch's totals once these lines are in.
+    let (total, bytes) = (f.lines(), f.bytes());
+    let n = f.pending.len();
+    let mut tickets = Vec::with_capacity(n);
     let lines: Vec<NewBatchLine> = f
         .pending
         .drain(..)
-        .zip(&f.meta)
-        .map(|(l, m)| NewBatchLine {
-            custom_id: l.custom_id,
-            request_id: m.request_id,
-            attempt: m.attempt,
-            system_prompt: l.request.system,
-            user_prompt: l.request.user,
-            release: Some(m.item.clone()),
+        .map(|(l, m)| {
+            tickets.push(m.ticket);
+            NewBatchLine {
+                custom_id: l.custom_id,
+                request_id: m.request_id,
+                attempt: m.attempt,
+                system_prompt: l.request.system,
+                user_prompt: l.request.user,
+                release: Some(m.item),
+            }
         })
         .collect();
-    let n = lines.len();
-    let total = f.lines() + n;
-    let bytes = f.bytes();
     let written = match &f.recorded {
         Some(r) => {
             b.write(WriteOp::Batch(BatchOp::AddLines {
@@ -259,7 +269,8 @@ async fn record(b: &Arc<Batcher>, f: &mut Forming) -> bool {
     }
     // The lines' budget goes with the batch; their tickets no longer count
     // them against what the feed may claim ahead.
-    let reserved: f64 = f.meta.drain(..).map(|mut m| m.ticket.take_reserved()).sum();
+    let reserved: f64 = tickets.iter_mut().map(Ticket::take_reserved).sum();
+    drop(tickets);
     if let Some(r) = f.recorded.as_mut() {
         r.lines += n;
         r.bytes = bytes;
@@ -286,9 +297,9 @@ async fn cut(b: &Arc<Batcher>, f: &mut Forming) -> bool {
             min = s.min_batch_size,
             "too few for a batch: synchronous"
         );
-        let back: Vec<Delivered> = std::mem::take(&mut f.meta)
+        let back: Vec<Delivered> = std::mem::take(&mut f.pending)
             .into_iter()
-            .map(|m| Delivered {
+            .map(|(_, m)| Delivered {
                 request_id: m.request_id,
                 attempt: m.attempt,
                 reply: Reply::GoSync,

@@ -18,6 +18,9 @@ pub(super) struct LedgerLines {
     /// For each position a page has ended at, the last `custom_id` before
     /// it: the next page reads on from there by key, not by offset.
     ends: Mutex<HashMap<usize, String>>,
+    /// A read-only connection, opened by the first page and kept for the
+    /// rest (a batch of 50,000 is read twice, in 50 pages).
+    ledger: Arc<Mutex<Option<Ledger>>>,
 }
 
 impl LedgerLines {
@@ -27,6 +30,7 @@ impl LedgerLines {
             tag,
             len,
             ends: Mutex::new(HashMap::new()),
+            ledger: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -57,10 +61,17 @@ impl LineSource for LedgerLines {
         Box::pin(async move {
             let after = self.after(from)?;
             let (path, tag) = (self.b.p.ledger_path.clone(), self.tag.clone());
+            let ledger = self.ledger.clone();
             let max = max.min(self.len.saturating_sub(from));
             let rows = tokio::task::spawn_blocking(move || {
-                Ledger::open_read_only(&path)
-                    .and_then(|l| l.waiting_lines_after(&tag, &after, max))
+                let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
+                let ledger = match ledger.as_mut() {
+                    Some(l) => l,
+                    None => ledger
+                        .insert(Ledger::open_read_only(&path).map_err(|e| format!("ledger: {e}"))?),
+                };
+                ledger
+                    .waiting_lines_after(&tag, &after, max)
                     .map_err(|e| format!("ledger: {e}"))
             })
             .await

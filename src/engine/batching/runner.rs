@@ -11,7 +11,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::lines::LedgerLines;
-use super::{Batcher, Delivered, Reply, Ticket};
+use super::{Batcher, Delivered, Reply};
 use crate::ledger::batches::{BatchOp, LineId, OpenBatch};
 use crate::ledger::work::BatchLedger;
 use crate::ledger::writer::WriteOp;
@@ -86,15 +86,6 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.give_back(self.lines);
     }
-}
-
-/// A line of a forming batch besides its request: its ids, its item, its
-/// ticket.
-pub(super) struct Meta {
-    pub request_id: i64,
-    pub attempt: i64,
-    pub item: (String, i64),
-    pub ticket: Ticket,
 }
 
 /// A batch the former cut: every line recorded, nothing uploaded yet.
