@@ -66,6 +66,8 @@ async fn feed_group(
     let outstanding = ctx.outstanding.clone();
     let mut workers = JoinSet::new();
     let mut scope = ClaimScope::After(-1);
+    // The next page, claimed while this one is handed out.
+    let mut next_page: Option<Claiming> = None;
     'pages: loop {
         if ctx.soft_stop.is_cancelled() {
             break;
@@ -73,27 +75,33 @@ async fn feed_group(
         if !ctx.wait_unpaused().await {
             break;
         }
-        // Claim only what can start soon (a claimed item waiting here is
-        // one another worker cannot take): top the claims up once half of
-        // what this worker may hold ahead has been worked off.
-        let ahead = ctx.claim_ahead();
-        // Synchronously, top up once half is worked off (one claim per
-        // half, not per item); in batch mode keep the buffer full, or the
-        // COUNT trigger could never fire.
-        let low_water = if ctx.batchers().any(|b| b.takes_new()) {
-            ahead.saturating_sub(1)
-        } else {
-            ahead / 2
-        };
-        while ctx.held_ahead() > low_water {
-            tokio::select! {
-                _ = ctx.claim_room.notified() => {}
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                _ = ctx.soft_stop.cancelled() => break 'pages,
+        let page = match next_page.take() {
+            Some(claiming) => claimed(claiming).await?,
+            None => {
+                // Claim only what can start soon (a claimed item waiting
+                // here is one another worker cannot take): top the claims
+                // up once half of what this worker may hold ahead has been
+                // worked off.
+                let ahead = ctx.claim_ahead();
+                // Synchronously, top up once half is worked off (one claim
+                // per half, not per item); in batch mode keep the buffer
+                // full, or the COUNT trigger could never fire.
+                let low_water = if ctx.batchers().any(|b| b.takes_new()) {
+                    ahead.saturating_sub(1)
+                } else {
+                    ahead / 2
+                };
+                while ctx.held_ahead() > low_water {
+                    tokio::select! {
+                        _ = ctx.claim_room.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = ctx.soft_stop.cancelled() => break 'pages,
+                    }
+                }
+                let n = ahead.saturating_sub(ctx.held_ahead()).clamp(1, PAGE);
+                claimed(start_claim(ctx, read, scope, n)).await?
             }
-        }
-        let n = ahead.saturating_sub(ctx.held_ahead()).clamp(1, PAGE);
-        let page = claim(ctx, read, scope, n).await?;
+        };
         if page.is_empty() {
             match scope {
                 ClaimScope::After(_) => {
@@ -126,6 +134,7 @@ async fn feed_group(
             }
         }
         ctx.claims.fetch_add(page.len() as u64, Ordering::Relaxed);
+        let last_position = page.last().map_or(-1, |i| i.position);
         let mut page = page.into_iter();
         while let Some(item) = page.next() {
             if let ClaimScope::After(after) = &mut scope {
@@ -182,7 +191,20 @@ async fn feed_group(
             while let Some(done) = workers.try_join_next() {
                 note_crash(ctx, done);
             }
+            if next_page.is_none()
+                && matches!(scope, ClaimScope::After(_))
+                && let Some(n) = claim_next_now(ctx, page.len())
+            {
+                next_page = Some(start_claim(ctx, read, ClaimScope::After(last_position), n));
+            }
         }
+    }
+    // Stopped with the next page claimed: let its items go.
+    if let Some(claiming) = next_page.take()
+        && let Ok(items) = claimed(claiming).await
+    {
+        ctx.claims.fetch_add(items.len() as u64, Ordering::Relaxed);
+        release_unstarted(ctx, items.into_iter());
     }
     // Every item of the group is handed out: cut what waits without
     // waiting for the TIME trigger.
@@ -228,12 +250,11 @@ fn release_unstarted(ctx: &Ctx, items: impl Iterator<Item = WorkItem>) {
 }
 
 /// Claim the next page of `scope` for this worker.
-async fn claim(
-    ctx: &Arc<Ctx>,
-    read: &Arc<Mutex<Ledger>>,
-    scope: ClaimScope,
-    n: usize,
-) -> Result<Vec<WorkItem>, EngineError> {
+/// A claim under way on the ledger's blocking pool.
+type Claiming = tokio::task::JoinHandle<Result<Vec<WorkItem>, crate::ledger::LedgerError>>;
+
+/// Start claiming up to `n` items of `scope`.
+fn start_claim(ctx: &Arc<Ctx>, read: &Arc<Mutex<Ledger>>, scope: ClaimScope, n: usize) -> Claiming {
     let read = read.clone();
     let sid = ctx.session_id.clone();
     let worker = ctx.worker_id.clone();
@@ -248,9 +269,29 @@ async fn claim(
         }
         ledger.claim_page(&sid, &worker, scope, n, lease)
     })
-    .await
-    .map_err(|e| EngineError::Ledger(e.to_string()))?
-    .map_err(EngineError::from)
+}
+
+/// The items a claim took.
+async fn claimed(claiming: Claiming) -> Result<Vec<WorkItem>, EngineError> {
+    claiming
+        .await
+        .map_err(|e| EngineError::Ledger(e.to_string()))?
+        .map_err(EngineError::from)
+}
+
+/// While a page is handed out with `unstarted` of its items left: how many
+/// items to claim now for the next page, if it is time. A claim waits its
+/// turn for the ledger's write lock (milliseconds under load); claimed only
+/// once the page ran out, the slots stood idle that long on every page.
+/// Synchronously the next page is claimed once half of what this worker
+/// may hold ahead is left to start. Not while a batch forms: its buffer
+/// sets the pace (see `feed_group`).
+fn claim_next_now(ctx: &Ctx, unstarted: usize) -> Option<usize> {
+    if ctx.batchers().any(|b| b.takes_new()) {
+        return None;
+    }
+    let ahead = ctx.claim_ahead();
+    (unstarted <= ahead / 2).then(|| (ahead - unstarted).clamp(1, PAGE))
 }
 
 /// Whether this worker's provider batches still hold items of the session:

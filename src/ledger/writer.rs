@@ -3,6 +3,13 @@
 //! transaction (group commit); each still commits whole with the counters it
 //! changes, and its sender hears back only after the commit, so "recorded
 //! before the HTTP call" means on disk, not in a queue.
+//!
+//! Intents (`WriteOp::Send`) go first, in a transaction of their own, and
+//! never wait for more writes to join: a request waits for its intent while
+//! it holds one of the provider's concurrency slots, so every millisecond an
+//! intent waits is a slot standing idle. Everything else (results,
+//! heartbeats, events) holds no slot, and waits for the intents and for a
+//! fuller group.
 
 use std::path::Path;
 use std::thread::JoinHandle;
@@ -298,21 +305,24 @@ impl LedgerWriter {
 fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     let mut group: Vec<Queued> = Vec::with_capacity(GROUP_MAX);
     let mut search = search_index::Pacer::new();
+    let mut intents: Vec<Queued> = Vec::new();
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         collect(&mut rx, &mut group);
+        intents.extend(group.extract_if(.., |(op, _, _)| matches!(op, WriteOp::Send(_))));
+        if !intents.is_empty() {
+            commit_and_answer(&mut conn, &mut intents, &mut search);
+            if group.is_empty() {
+                continue;
+            }
+        }
         if group.len() < LINGER_BELOW {
             // Light load: a commit per two or three writes costs more than
             // the writes. Wait a moment for the next ones to join.
             std::thread::sleep(LINGER);
             collect(&mut rx, &mut group);
         }
-        let results = apply_group(&mut conn, &group, &mut search);
-        for ((_, _, reply), result) in group.drain(..).zip(results) {
-            if let Some(reply) = reply {
-                let _ = reply.send(result);
-            }
-        }
+        commit_and_answer(&mut conn, &mut group, &mut search);
     }
     // Leave the review search index whole for whoever reads next. If this
     // fails the rows stay noted and the next writer indexes them.
@@ -327,6 +337,21 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
         });
     }
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+}
+
+/// Apply `group` in one transaction and answer each sender; `group` is
+/// left empty.
+fn commit_and_answer(
+    conn: &mut Connection,
+    group: &mut Vec<Queued>,
+    search: &mut search_index::Pacer,
+) {
+    let results = apply_group(conn, group, search);
+    for ((_, _, reply), result) in group.drain(..).zip(results) {
+        if let Some(reply) = reply {
+            let _ = reply.send(result);
+        }
+    }
 }
 
 /// Take what is queued, up to a full group.
@@ -1113,6 +1138,66 @@ mod tests {
             .query_row("SELECT COUNT(*) FROM llm_messages", [], |r| r.get(0))
             .unwrap();
         assert_eq!(messages, 0);
+    }
+
+    /// A request holds a provider slot while its intent waits, so intents
+    /// queued behind other writes commit first, in a transaction of their
+    /// own, and every sender still hears back.
+    #[test]
+    fn intents_commit_before_the_other_writes_of_their_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docket.sqlite");
+        let conn = ledger_with_session(&path);
+        conn.execute_batch(
+            "INSERT INTO decision (item_id, evidence_json, imported_at, updated_at)
+                 VALUES ('i1', '{}', 0, 0);
+             INSERT INTO llm_requests (request_id, item_id, stage, provider, model, request_version,
+                 status, template_hash, params_hash, created_at, updated_at)
+                 VALUES (7, 'i1', 'adjudicate', 'main', 'm', 1, 'pending', 't', 'p', 0, 0);",
+        )
+        .unwrap();
+        // Triggers log each insert in the order the writer makes them.
+        conn.execute_batch(
+            "CREATE TABLE write_order (seq INTEGER PRIMARY KEY, what TEXT);
+             CREATE TRIGGER intent_written AFTER INSERT ON llm_messages
+                 BEGIN INSERT INTO write_order (what) VALUES ('intent ' || NEW.attempt); END;
+             CREATE TRIGGER event_written AFTER INSERT ON session_event
+                 BEGIN INSERT INTO write_order (what) VALUES ('event ' || NEW.message); END;",
+        )
+        .unwrap();
+        let intent = |attempt: i64| {
+            WriteOp::Send(SendIntent {
+                session_id: "s1".into(),
+                request_id: 7,
+                attempt,
+                client_request_id: format!("s1-7-{attempt}"),
+                system_prompt: None,
+                user_prompt: "hello".into(),
+            })
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut answers = Vec::new();
+        for op in [event("a").0, intent(1), event("b").0, intent(2)] {
+            let (reply, answer) = oneshot::channel();
+            tx.send((op, None, Some(reply))).unwrap();
+            answers.push(answer);
+        }
+        drop(tx);
+        // All four are queued before the writer starts, so they form one
+        // group; the writer returns once the channel is empty and closed.
+        run(crate::ledger::open(&path).unwrap(), rx);
+        for mut answer in answers {
+            assert!(matches!(answer.try_recv(), Ok(Ok(()))));
+        }
+        let mut stmt = conn
+            .prepare("SELECT what FROM write_order ORDER BY seq")
+            .unwrap();
+        let order: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(order, ["intent 1", "intent 2", "event a", "event b"]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
