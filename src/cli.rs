@@ -137,12 +137,40 @@ pub enum Command {
     Cancel { session: String },
     /// Ask a running session to finish its current stage, then stop.
     StopAtStage { session: String },
+    /// The workspace's ledger itself: `copy` moves it between the SQLite
+    /// file and a PostgreSQL database.
+    Ledger {
+        #[command(subcommand)]
+        action: LedgerAction,
+    },
     /// Serve the built-in mock provider on 127.0.0.1 (OpenAI wire format).
     MockProvider {
         #[arg(long, default_value_t = 8089)]
         port: u16,
         #[command(flatten)]
         config: docket::mock::MockConfig,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerAction {
+    /// Copy the workspace's SQLite ledger into an empty PostgreSQL database
+    /// (--to), or a PostgreSQL ledger into the workspace's empty SQLite file
+    /// (--from): every item, session, request, attempt, result, review and
+    /// event, in one transaction. The password comes from the URL or
+    /// PGPASSWORD and is never printed.
+    Copy {
+        /// postgres://user[:password]@host[:port]/database
+        #[arg(
+            long,
+            value_name = "URL",
+            conflicts_with = "from",
+            required_unless_present = "from"
+        )]
+        to: Option<String>,
+        /// postgres://user[:password]@host[:port]/database
+        #[arg(long, value_name = "URL")]
+        from: Option<String>,
     },
 }
 

@@ -16,7 +16,7 @@ use docket::tui::app::Pane;
 
 use crate::cli::{
     Cli, Command, ConsoleArgs, DemoArgs, ExportFormat, ExportWhat, FormatArg, ImportFormatArg,
-    RunArgs,
+    LedgerAction, RunArgs,
 };
 
 pub const EXIT_USAGE: i32 = 2;
@@ -89,6 +89,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Resume { session } => control(&ws, &session, Some(Desired::Running)),
         Command::Cancel { session } => cancel(&ws, &session).await,
         Command::StopAtStage { session } => control(&ws, &session, None),
+        Command::Ledger {
+            action: LedgerAction::Copy { to, from },
+        } => tokio::task::block_in_place(|| ledger_copy(&ws, to, from)),
         Command::MockProvider { port, config } => {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
             match docket::mock::serve_forever(config, addr).await {
@@ -122,6 +125,50 @@ fn with_ledger(ws: &Path, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 
     match f(&ledger) {
         Ok(()) => 0,
         Err(e) => fail(e),
+    }
+}
+
+/// `docket ledger copy --to URL | --from URL`.
+fn ledger_copy(ws: &Path, to: Option<String>, from: Option<String>) -> i32 {
+    use docket::ledger::copy;
+    use docket::ledger::postgres::PgUrl;
+    let file = ws.join(LEDGER_FILE);
+    let ((source, target), result) = match (to, from) {
+        (Some(to), None) => {
+            if !file.exists() {
+                return fail(format!("{}: no ledger here to copy", file.display()));
+            }
+            let url = match PgUrl::parse(&to) {
+                Ok(u) => u,
+                Err(e) => return fail(e),
+            };
+            let result = copy::sqlite_to_postgres(&file, &url);
+            let (source, target) = (file.display().to_string(), url.to_string());
+            ((source, target), result)
+        }
+        (None, Some(from)) => {
+            let url = match PgUrl::parse(&from) {
+                Ok(u) => u,
+                Err(e) => return fail(e),
+            };
+            let result = copy::postgres_to_sqlite(&url, &file);
+            let (source, target) = (url.to_string(), file.display().to_string());
+            ((source, target), result)
+        }
+        _ => return fail("give one of --to URL or --from URL"),
+    };
+    match result {
+        Ok(report) => {
+            println!("copied {} rows from {source} to {target}", report.rows());
+            for (table, rows) in &report.tables {
+                println!("  {table:<26} {rows:>10}");
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("docket: {e}");
+            1
+        }
     }
 }
 

@@ -8,9 +8,11 @@
 pub mod batches;
 pub mod console;
 pub mod controls;
+pub mod copy;
 mod handle;
 pub mod import;
 mod migrate;
+pub mod postgres;
 pub mod queue;
 pub mod reports;
 pub mod rerun;
@@ -55,6 +57,9 @@ pub enum LedgerError {
         found: i64,
         known: i64,
     },
+    /// A PostgreSQL ledger's failure; `url` has no password in it.
+    #[error("ledger {url}: {detail}")]
+    Postgres { url: String, detail: String },
     #[error(transparent)]
     Sql(#[from] rusqlite::Error),
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod batch;
+pub mod pg;
 pub mod procs;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,68 @@
+//! The PostgreSQL ledger's migrations: the same numbers as SQLite's, in
+//! PostgreSQL's dialect, applied in one transaction under an advisory lock,
+//! so workers that start together on a new database never race (the second
+//! waits, then finds the schema current). `docket_schema` holds the version.
+
+use super::super::LedgerError;
+use super::PgUrl;
+
+/// (version, sql) in order; version for version the same as
+/// `ledger::MIGRATIONS`.
+pub const PG_MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/0001_init.sql")),
+    (2, include_str!("migrations/0002_console.sql")),
+    (3, include_str!("migrations/0003_review_search.sql")),
+    (4, include_str!("migrations/0004_provider_batches.sql")),
+    (5, include_str!("migrations/0005_stages.sql")),
+    (6, include_str!("migrations/0006_work_queue.sql")),
+    (7, include_str!("migrations/0007_search_catch_up.sql")),
+];
+
+/// The advisory lock's key: "docket" in ASCII. Any process migrating a
+/// docket ledger takes it; nothing else in a shared database is likely to.
+const MIGRATION_LOCK: i64 = 0x646f_636b_6574;
+
+/// Bring the schema at `client` up to date (creating it on an empty
+/// database); refuse a ledger from a newer docket.
+pub fn migrate(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerError> {
+    let known = PG_MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+    let mut tx = client.transaction().map_err(|e| url.error(e))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(|e| url.error(e))?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS docket_schema (version BIGINT NOT NULL)")
+        .map_err(|e| url.error(e))?;
+    let current: i64 = match tx
+        .query_opt("SELECT version FROM docket_schema", &[])
+        .map_err(|e| url.error(e))?
+    {
+        Some(row) => row.get(0),
+        None => {
+            tx.execute("INSERT INTO docket_schema (version) VALUES (0)", &[])
+                .map_err(|e| url.error(e))?;
+            0
+        }
+    };
+    if current > known {
+        return Err(LedgerError::TooNew {
+            path: url.redacted().to_string(),
+            found: current,
+            known,
+        });
+    }
+    for (version, sql) in PG_MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+        tx.batch_execute(sql)
+            .map_err(|e| url.error(format!("migration {version}: {}", detail(&e))))?;
+        tx.execute("UPDATE docket_schema SET version = $1", &[version])
+            .map_err(|e| url.error(e))?;
+    }
+    tx.commit().map_err(|e| url.error(e))
+}
+
+/// The server's own message for a failed statement (the driver's Display
+/// says only "db error").
+pub(crate) fn detail(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}

@@ -1,0 +1,65 @@
+//! The PostgreSQL ledger: for jobs that span machines, the same schema as the
+//! SQLite file (numbered migrations in PostgreSQL's dialect) on a server that
+//! every worker and console reaches by URL.
+//!
+//! The driver is `postgres`, the synchronous client of rust-postgres: the
+//! ledger API is synchronous (the engine calls it on blocking threads and one
+//! writer thread), so an async driver would only add a runtime hop per call;
+//! it needs no OpenSSL and speaks the wire protocol itself. Like the SQLite
+//! calls, these run off the async threads (the client drives its own small
+//! runtime and panics inside another's): on `spawn_blocking`, the writer
+//! thread, or under `block_in_place`.
+
+mod migrate;
+mod url;
+
+pub use migrate::{PG_MIGRATIONS, migrate};
+pub use url::{PgUrl, is_postgres_url, redact};
+
+pub(crate) use migrate::detail;
+
+use std::time::Duration;
+
+use super::LedgerError;
+
+/// How long a connect may take before it is reported as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connect to the ledger at `url` and bring its schema up to date.
+pub fn open(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
+    let mut client = connect(url)?;
+    migrate(&mut client, url)?;
+    Ok(client)
+}
+
+/// Connect without touching the schema.
+pub fn connect(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
+    let mut config = url.config().clone();
+    if config.get_ssl_mode() == postgres::config::SslMode::Require {
+        return Err(url.error(
+            "sslmode=require asks for TLS, which this docket build cannot speak to PostgreSQL yet; \
+             use a TLS tunnel to the server, or sslmode=disable on a trusted network",
+        ));
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("docket");
+    }
+    config
+        .connect(postgres::NoTls)
+        .map_err(|e| url.error(format!("cannot connect: {}", connect_detail(&e))))
+}
+
+/// A connect error in words: the server's message when it answered (bad
+/// password, no such database), else the cause (refused, timed out).
+fn connect_detail(e: &postgres::Error) -> String {
+    if e.as_db_error().is_some() {
+        return detail(e);
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}

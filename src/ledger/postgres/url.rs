@@ -1,0 +1,173 @@
+//! A PostgreSQL ledger's address. The URL may carry a password (or the
+//! password comes from `PGPASSWORD`); it must never reach the ledger, logs,
+//! exports, the screen or an error message, so everything that shows a URL
+//! shows `redacted()`, and every error text from the driver is scrubbed of
+//! the password before it leaves this module.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::super::LedgerError;
+
+/// A parsed `postgres://` (or `postgresql://`) URL.
+#[derive(Clone)]
+pub struct PgUrl {
+    config: postgres::Config,
+    redacted: String,
+    password: Option<String>,
+}
+
+impl PgUrl {
+    /// Parse `url`; a password missing from it is taken from `PGPASSWORD`
+    /// (as libpq does).
+    pub fn parse(url: &str) -> Result<PgUrl, LedgerError> {
+        let redacted = redact(url);
+        if !is_postgres_url(url) {
+            return Err(LedgerError::Postgres {
+                url: redacted,
+                detail: "not a PostgreSQL URL (it must start with postgres:// or postgresql://)"
+                    .into(),
+            });
+        }
+        let mut config = postgres::Config::from_str(url).map_err(|e| LedgerError::Postgres {
+            url: redacted.clone(),
+            detail: format!(
+                "the URL does not parse: {}",
+                scrub(&e.to_string(), url_password(url).as_deref())
+            ),
+        })?;
+        if config.get_password().is_none()
+            && let Ok(p) = std::env::var("PGPASSWORD")
+            && !p.is_empty()
+        {
+            config.password(p);
+        }
+        let password = config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        Ok(PgUrl {
+            config,
+            redacted,
+            password,
+        })
+    }
+
+    /// The URL with its password replaced by `***`: the only form shown.
+    pub fn redacted(&self) -> &str {
+        &self.redacted
+    }
+
+    pub(crate) fn config(&self) -> &postgres::Config {
+        &self.config
+    }
+
+    /// A ledger error about this URL whose text cannot hold the password.
+    pub(crate) fn error(&self, detail: impl fmt::Display) -> LedgerError {
+        LedgerError::Postgres {
+            url: self.redacted.clone(),
+            detail: scrub(&detail.to_string(), self.password.as_deref()),
+        }
+    }
+}
+
+impl fmt::Display for PgUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+impl fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PgUrl({})", self.redacted)
+    }
+}
+
+/// Whether `s` names a PostgreSQL ledger rather than a SQLite file.
+pub fn is_postgres_url(s: &str) -> bool {
+    s.starts_with("postgres://") || s.starts_with("postgresql://")
+}
+
+/// The password part of a URL's user info, if any (percent-encoded as
+/// written: the redaction works on the text as given).
+fn url_password(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?']).next()?;
+    let userinfo = authority.rsplit_once('@')?.0;
+    let password = userinfo.split_once(':')?.1;
+    (!password.is_empty()).then(|| password.to_string())
+}
+
+/// `url` with the password in its user info replaced by `***`, and any
+/// `password=` query parameter too.
+pub fn redact(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(p) = url_password(url) {
+        let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
+        let user = userinfo.strip_suffix(&format!(":{p}")).unwrap_or(userinfo);
+        out = format!("{scheme}://{user}:***@{host}{tail}");
+    }
+    if let Some(q) = out.find('?') {
+        let (head, query) = out.split_at(q + 1);
+        let query: Vec<String> = query
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => kv.to_string(),
+            })
+            .collect();
+        out = format!("{head}{}", query.join("&"));
+    }
+    out
+}
+
+/// `text` with every occurrence of `password` replaced by `***`.
+fn scrub(text: &str, password: Option<&str>) -> String {
+    match password {
+        Some(p) if !p.is_empty() => text.replace(p, "***"),
+        _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_never_shows() {
+        assert_eq!(
+            redact("postgres://docket:s3cret@db.example:5432/ledger?sslmode=require"),
+            "postgres://docket:***@db.example:5432/ledger?sslmode=require"
+        );
+        assert_eq!(
+            redact("postgresql://docket@db/ledger?password=s3cret&sslmode=disable"),
+            "postgresql://docket@db/ledger?password=***&sslmode=disable"
+        );
+        assert_eq!(redact("postgres://db/ledger"), "postgres://db/ledger");
+        // A password holding '@' and ':' (percent-encoded, as URLs need).
+        assert_eq!(
+            redact("postgres://u:p%40ss%3Aw@h/d"),
+            "postgres://u:***@h/d"
+        );
+        let url = PgUrl::parse("postgres://docket:s3cret@127.0.0.1:1/ledger").unwrap();
+        assert_eq!(url.to_string(), "postgres://docket:***@127.0.0.1:1/ledger");
+        assert!(!format!("{url:?}").contains("s3cret"));
+        let e = url.error("auth failed for s3cret");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn a_file_path_or_garbage_is_no_postgres_url() {
+        assert!(!is_postgres_url("/tmp/docket.sqlite"));
+        let e = PgUrl::parse("mysql://u:s3cret@h/d")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("postgres://") && !e.contains("s3cret"), "{e}");
+        let e = PgUrl::parse("postgres://u:s3cret@h:notaport/d")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+}

@@ -1,0 +1,263 @@
+//! The PostgreSQL ledger against a real server the test starts itself
+//! (support::pg): migrations under an advisory lock, a newer ledger
+//! refused, the password never shown, and `docket ledger copy` from SQLite
+//! to PostgreSQL and back with every table equal.
+
+mod support;
+
+use std::process::{Command, Output};
+
+use docket::engine::RunEnd;
+use docket::ledger::copy::TABLES;
+use docket::ledger::postgres::{self, PG_MIGRATIONS, PgUrl};
+use docket::mock::MockConfig;
+use support::pg::PgServer;
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_docket");
+
+fn docket(ws: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--workspace")
+        .arg(ws)
+        .args(args)
+        .env("HOME", ws)
+        .output()
+        .expect("docket")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Workers starting together on an empty database migrate it once: the
+/// others wait on the advisory lock and find it current.
+#[test]
+fn workers_starting_together_migrate_once_and_a_newer_ledger_is_refused() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let url = PgUrl::parse(&url).unwrap();
+                postgres::open(&url).map(|_| ())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap().expect("every worker opens the ledger");
+    }
+    let known = PG_MIGRATIONS.last().unwrap().0;
+    assert_eq!(known, docket::ledger::MIGRATIONS.last().unwrap().0);
+    assert_eq!(
+        server.psql(&url, "SELECT COUNT(*), MAX(version) FROM docket_schema"),
+        format!("1|{known}")
+    );
+    // Opening again changes nothing.
+    postgres::open(&PgUrl::parse(&url).unwrap()).unwrap();
+
+    server.psql(&url, "UPDATE docket_schema SET version = 99");
+    let e = postgres::open(&PgUrl::parse(&url).unwrap())
+        .err()
+        .expect("a newer ledger is refused")
+        .to_string();
+    assert!(e.contains("newer docket") && e.contains("99"), "{e}");
+    assert!(!e.contains(PgServer::PASSWORD), "{e}");
+}
+
+/// The password (a canary) is in no error message: a wrong database, a
+/// wrong password, a server that is not there; nor in what `ledger copy`
+/// prints.
+#[test]
+fn the_password_never_reaches_an_error_or_the_screen() {
+    if std::env::var_os("DOCKET_TEST_PG_URL").is_some() {
+        // The canary is the password of a cluster the harness made itself.
+        eprintln!("skipped: needs the harness's own server (DOCKET_TEST_PG_URL is set)");
+        return;
+    }
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let canary = PgServer::PASSWORD;
+
+    let no_db = format!("{}_missing", url);
+    let e = postgres::open(&PgUrl::parse(&no_db).unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("does not exist") && !e.contains(canary), "{e}");
+
+    let wrong = url.replace(canary, "canary-wrong-password-11");
+    let e = postgres::open(&PgUrl::parse(&wrong).unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("password authentication failed"), "{e}");
+    assert!(!e.contains("canary-wrong-password-11"), "{e}");
+
+    let port = free_port();
+    let gone = format!("postgres://docket:{canary}@127.0.0.1:{port}/docket");
+    let e = postgres::open(&PgUrl::parse(&gone).unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("cannot connect") && !e.contains(canary), "{e}");
+
+    // The command line: a failed copy and a successful one.
+    let ws = workspace(&Job::new("http://127.0.0.1:9/v1"));
+    import_demo_items(&ws, 5);
+    let out = docket(ws.path(), &["ledger", "copy", "--to", &no_db]);
+    assert!(!out.status.success());
+    assert!(!text(&out).contains(canary), "{}", text(&out));
+    let out = docket(ws.path(), &["ledger", "copy", "--to", &url]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("docket:***@"), "{}", text(&out));
+    assert!(!text(&out).contains(canary), "{}", text(&out));
+
+    // The password may come from PGPASSWORD instead of the URL.
+    let bare = PgUrl::parse(&server.url_without_password()).unwrap();
+    assert!(postgres::open(&bare).is_err());
+    let other = server.fresh_database();
+    let out = Command::new(BIN)
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["ledger", "copy", "--to"])
+        .arg(other.replace(&format!(":{canary}@"), "@"))
+        .env("PGPASSWORD", canary)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains(canary), "{}", text(&out));
+}
+
+/// A ledger with a finished run (results in every band, review items, a
+/// review decision, events) goes to PostgreSQL and back to a new workspace
+/// with every table equal; a second copy into the same database is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_to_postgres_and_back_keeps_every_table() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let (_mock, ws) = mocked(MockConfig::default(), 120, |_| {}).await;
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    // A review decision, so review_log has a row; odd text in an answer
+    // (tabs, newlines, backslashes, quotes) must survive COPY's escaping.
+    {
+        let conn = ws.conn();
+        conn.execute(
+            "INSERT INTO review_log (review_id, item_id, action, actor, at, prev_decision_json)
+             SELECT review_id, item_id, 'accept', 'review:alice', 1.5, '{\"a\":\"x\\ty\"}'
+             FROM review_item LIMIT 1",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE llm_messages SET assistant_output = 'tab\there\nnew line \\ back\\slash \"q\" é'
+             WHERE message_id = (SELECT MIN(message_id) FROM llm_messages)",
+            [],
+        )
+        .unwrap();
+    }
+    let before = dump(&ws.conn());
+    for table in [
+        "decision",
+        "llm_batch_session",
+        "llm_requests",
+        "llm_messages",
+        "session_item",
+        "session_request",
+        "run_stages",
+        "llm_batch_result",
+        "review_item",
+        "review_log",
+        "session_event",
+        "session_worker",
+    ] {
+        assert!(!before[table].is_empty(), "the run left {table} empty");
+    }
+
+    let out = docket(ws.path(), &["ledger", "copy", "--to", &url]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        server.psql(&url, "SELECT COUNT(*) FROM decision"),
+        before["decision"].len().to_string()
+    );
+    // New rows in PostgreSQL take ids after the copied ones.
+    let max_event = server.psql(&url, "SELECT MAX(event_id) FROM session_event");
+    server.psql(
+        &url,
+        "INSERT INTO session_event (session_id, at, level, kind, message)
+         SELECT session_id, 0, 'info', 'note', 'after the copy' FROM llm_batch_session LIMIT 1",
+    );
+    let new_event = server.psql(
+        &url,
+        "SELECT event_id FROM session_event WHERE message = 'after the copy'",
+    );
+    assert!(new_event.parse::<i64>().unwrap() > max_event.parse::<i64>().unwrap());
+    server.psql(
+        &url,
+        "DELETE FROM session_event WHERE message = 'after the copy'",
+    );
+
+    // Into a database that already holds a ledger: refused, nothing changed.
+    let out = docket(ws.path(), &["ledger", "copy", "--to", &url]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("already holds"), "{}", text(&out));
+
+    let back = tempfile::tempdir().unwrap();
+    let out = docket(back.path(), &["ledger", "copy", "--from", &url]);
+    assert!(out.status.success(), "{}", text(&out));
+    let copy = docket::ledger::open(&back.path().join("docket.sqlite")).unwrap();
+    let after = dump(&copy);
+    for table in TABLES {
+        assert_eq!(before[table], after[table], "table {table} differs");
+    }
+    let ok: String = copy
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    let fk: i64 = copy
+        .query_row("SELECT COUNT(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(fk, 0);
+}
+
+/// Every data table's rows (generated columns aside), sorted, as text.
+fn dump(conn: &rusqlite::Connection) -> std::collections::HashMap<&'static str, Vec<String>> {
+    TABLES
+        .iter()
+        .map(|&table| {
+            let mut stmt = conn.prepare(&format!("SELECT * FROM {table}")).unwrap();
+            let n = stmt.column_count();
+            let mut rows: Vec<String> = stmt
+                .query_map([], |r| {
+                    (0..n)
+                        .map(|i| {
+                            r.get::<_, rusqlite::types::Value>(i)
+                                .map(|v| format!("{v:?}"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(|v| v.join("|"))
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            rows.sort();
+            (table, rows)
+        })
+        .collect()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

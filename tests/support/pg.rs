@@ -1,0 +1,691 @@
+//! A throwaway, real PostgreSQL server for the integration tests.
+//!
+//! `PgServer::start()` runs `initdb` into a temp dir and starts the cluster on
+//! a free loopback port with its unix socket in that dir, so tests in parallel
+//! threads and parallel test binaries never share a server, a port or a
+//! socket. The cluster trades durability for speed (`fsync`,
+//! `synchronous_commit` and `full_page_writes` off); a crash of the machine
+//! loses nothing a test cares about. Dropping the `PgServer` stops the cluster
+//! and deletes the dir; a watchdog does the same if the test process dies
+//! without unwinding (SIGKILL, a runner's timeout), so no server outlives it.
+//!
+//! With `DOCKET_TEST_PG_URL=postgres://user:password@host:port/db` set, the
+//! harness starts nothing: it creates a database with a random name on that
+//! server for each `PgServer` (and for each `fresh_database`) and drops them
+//! when the `PgServer` is dropped. `stop`/`start_again` need a cluster of
+//! their own and panic there.
+//!
+//! PostgreSQL refuses to run as root, so a root test process runs `initdb`
+//! and `pg_ctl` as the `postgres` OS user (`runuser`, else `su`) and hands it
+//! the temp dir with `chown`.
+
+use std::ffi::OsStr;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// A server that is already running, used instead of starting one.
+const EXTERNAL_ENV: &str = "DOCKET_TEST_PG_URL";
+/// The superuser of an owned cluster (also its first database's name).
+const USER: &str = "docket";
+/// How many free ports to try when another process takes ours between the
+/// probe and the server's bind.
+const PORT_ATTEMPTS: usize = 5;
+
+pub struct PgServer {
+    /// The data dir, the socket, the log and the password file; `None` for
+    /// an external server.
+    dir: Option<tempfile::TempDir>,
+    port: u16,
+    /// Where `initdb`, `pg_ctl` and `psql` live; `None` when not found (external only).
+    bin: Option<PathBuf>,
+    /// The password in `url()`, for psql's PGPASSWORD with
+    /// `url_without_password()`.
+    password: String,
+    external: bool,
+    /// The test database, with the password.
+    url: String,
+    /// Where CREATE/DROP DATABASE run: the cluster's `postgres` database, or
+    /// `DOCKET_TEST_PG_URL` itself.
+    admin_url: String,
+    /// Databases made on an external server, dropped with this value.
+    created: Mutex<Vec<String>>,
+    /// Whether an owned cluster may be up, so drop only stops what runs.
+    running: AtomicBool,
+    /// Stops the cluster if the test process dies without dropping this.
+    watchdog: Option<Child>,
+}
+
+impl PgServer {
+    /// The superuser's password: a canary. Tests grep logs, exports and
+    /// error messages for it to prove the password never leaks.
+    pub const PASSWORD: &'static str = "canary-pg-secret-7f3a";
+
+    /// Starts a fresh cluster (initdb with a superuser `docket` whose
+    /// password is `PgServer::PASSWORD`, scram-sha-256 auth for TCP from
+    /// 127.0.0.1, `listen_addresses=127.0.0.1`, its own port, unix socket in
+    /// the temp dir, `fsync=off`, `synchronous_commit=off`,
+    /// `full_page_writes=off` for speed) and creates a database `docket`; or,
+    /// when env `DOCKET_TEST_PG_URL` is set, uses that server and creates a
+    /// fresh database with a random name on it (so parallel tests never
+    /// share one).
+    pub fn start() -> PgServer {
+        match std::env::var(EXTERNAL_ENV) {
+            Ok(url) if !url.trim().is_empty() => Self::start_external(url.trim()),
+            _ => Self::start_owned(),
+        }
+    }
+
+    /// postgres://docket:PASSWORD@127.0.0.1:PORT/docket (or the fresh
+    /// database on the external server).
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// The same URL without the password (for tests that pass the password
+    /// through PGPASSWORD).
+    pub fn url_without_password(&self) -> String {
+        without_password(&self.url)
+    }
+
+    /// A new empty database on this server; its URL (with password). Each
+    /// call gives another, so a test can run two ledgers side by side.
+    pub fn fresh_database(&self) -> String {
+        let name = random_name();
+        self.psql(&self.admin_url, &format!("CREATE DATABASE {name}"));
+        lock(&self.created).push(name.clone());
+        with_database(&self.url, &name)
+    }
+
+    /// Stops the server (fast shutdown: clients are disconnected, the data is
+    /// kept) and waits until it is down. For tests of a ledger whose server
+    /// goes away mid-run; `start_again` brings it back.
+    pub fn stop(&self) {
+        self.owned_only("stop");
+        let out = self.pg_ctl(&["-m", "fast", "-w", "-t", "60", "stop"]);
+        assert!(
+            out.status.success(),
+            "pg_ctl stop failed ({}):\n{}\nServer log:\n{}",
+            out.status,
+            text(&out),
+            self.log_from(0)
+        );
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    /// Starts the stopped server again on the same port and data, and waits
+    /// until it accepts connections.
+    pub fn start_again(&self) {
+        self.owned_only("start_again");
+        if let Err(why) = self.launch() {
+            panic!(
+                "PostgreSQL did not start again on port {}: {why}",
+                self.port
+            );
+        }
+    }
+
+    /// Runs SQL through psql against `url` and returns stdout (psql -X -A -t
+    /// -q -v `ON_ERROR_STOP=1`, trailing newlines trimmed, so `SELECT 1` gives
+    /// "1"); panics with psql's stderr on failure. The SQL goes in on stdin,
+    /// so a script may mix statements that cannot share a transaction
+    /// (CREATE DATABASE).
+    pub fn psql(&self, url: &str, sql: &str) -> String {
+        let out = self.run_psql(url, sql);
+        assert!(
+            out.status.success(),
+            "psql against {} failed ({}):\n{}\nSQL:\n{sql}",
+            without_password(url),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim_end_matches('\n')
+            .to_string()
+    }
+
+    fn start_owned() -> PgServer {
+        let bin = bin_dir().unwrap_or_else(|| {
+            panic!(
+                "PostgreSQL server binaries (initdb, pg_ctl) are neither on PATH nor under \
+                 /usr/lib/postgresql/*/bin: install the Debian package `postgresql` (CI installs \
+                 it), or set {EXTERNAL_ENV}=postgres://user:password@host:port/db to use a \
+                 running server"
+            )
+        });
+        let dir = tempfile::Builder::new()
+            .prefix("docket-pg-")
+            .tempdir()
+            .expect("a temp dir for PostgreSQL");
+        let root = dir.path().to_path_buf();
+        let pwfile = root.join("pwfile");
+        std::fs::write(&pwfile, format!("{}\n", Self::PASSWORD)).expect("write the pwfile");
+        if !matches!(run_as(), RunAs::Me) {
+            // 0700 and ours until now; the server's user must own it.
+            let out = output(
+                Command::new("chown").arg("-R").arg("postgres").arg(&root),
+                "chown",
+            );
+            assert!(out.status.success(), "chown -R postgres: {}", text(&out));
+        }
+        let mut server = PgServer {
+            dir: Some(dir),
+            port: 0,
+            bin: Some(bin.clone()),
+            password: Self::PASSWORD.to_string(),
+            external: false,
+            url: String::new(),
+            admin_url: String::new(),
+            created: Mutex::new(Vec::new()),
+            running: AtomicBool::new(false),
+            watchdog: watchdog(&root),
+        };
+        let data = root.join("data");
+        let initdb: [&OsStr; 12] = [
+            "-D".as_ref(),
+            data.as_os_str(),
+            "-U".as_ref(),
+            USER.as_ref(),
+            "--pwfile".as_ref(),
+            pwfile.as_os_str(),
+            "--auth-host=scram-sha-256".as_ref(),
+            "--auth-local=scram-sha-256".as_ref(),
+            "-E".as_ref(),
+            "UTF8".as_ref(),
+            "--locale=C".as_ref(),
+            // No fsync of the new cluster: it is thrown away after the test.
+            "--no-sync".as_ref(),
+        ];
+        let out = output(
+            &mut as_postgres(&bin.join("initdb"), &initdb, &root),
+            "initdb",
+        );
+        assert!(
+            out.status.success(),
+            "initdb failed ({}); as root it runs as the `postgres` user, which must be \
+                 able to reach {}:\n{}",
+            out.status,
+            root.display(),
+            text(&out)
+        );
+        server.configure();
+        server.url = format!(
+            "postgres://{USER}:{}@127.0.0.1:{}/{USER}",
+            Self::PASSWORD,
+            server.port
+        );
+        server.admin_url = with_database(&server.url, "postgres");
+        server.psql(&server.admin_url, &format!("CREATE DATABASE {USER}"));
+        server
+    }
+
+    /// Appends the test settings to postgresql.conf and starts the cluster,
+    /// moving to another free port when someone else took the probed one.
+    fn configure(&mut self) {
+        let root = self.root().to_path_buf();
+        let socket_dir = root.to_string_lossy().replace('\'', "''");
+        append(
+            &root.join("data/postgresql.conf"),
+            &format!(
+                "\n# tests/support/pg.rs: a throwaway cluster, fast rather than durable.\n\
+                 listen_addresses = '127.0.0.1'\n\
+                 unix_socket_directories = '{socket_dir}'\n\
+                 fsync = off\n\
+                 synchronous_commit = off\n\
+                 full_page_writes = off\n\
+                 # Many clusters run at once; tests need little cache.\n\
+                 shared_buffers = 32MB\n"
+            ),
+        );
+        let mut last = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            self.port = free_port();
+            // A later `port` line wins over an earlier one.
+            append(
+                &root.join("data/postgresql.conf"),
+                &format!("port = {}\n", self.port),
+            );
+            match self.launch() {
+                Ok(()) => return,
+                Err(why) if why.contains("could not bind") => last = why,
+                Err(why) => panic!("PostgreSQL did not start on port {}: {why}", self.port),
+            }
+        }
+        panic!("PostgreSQL found no free port in {PORT_ATTEMPTS} tries; the last: {last}");
+    }
+
+    /// `pg_ctl start`, waiting until the server accepts connections; on
+    /// failure, pg_ctl's output and what the server logged this time.
+    fn launch(&self) -> Result<(), String> {
+        let log = self.root().join("server.log");
+        let from = std::fs::metadata(&log).map_or(0, |m| m.len());
+        // Before the start: a start that times out may still come up, and
+        // drop must then stop it.
+        self.running.store(true, Ordering::SeqCst);
+        let args: [&OsStr; 6] = [
+            "-w".as_ref(),
+            "-t".as_ref(),
+            "60".as_ref(),
+            "-l".as_ref(),
+            log.as_os_str(),
+            "start".as_ref(),
+        ];
+        let out = self.pg_ctl(&args);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl start failed ({}):\n{}\nServer log:\n{}",
+                out.status,
+                text(&out),
+                self.log_from(from)
+            ))
+        }
+    }
+
+    fn start_external(admin: &str) -> PgServer {
+        assert!(
+            admin.starts_with("postgres://") || admin.starts_with("postgresql://"),
+            "{EXTERNAL_ENV} must be a postgres:// URL, not {:?}",
+            without_password(admin)
+        );
+        let name = random_name();
+        let server = PgServer {
+            dir: None,
+            port: port_of(admin),
+            bin: bin_dir(),
+            password: password_of(admin),
+            external: true,
+            url: with_database(admin, &name),
+            admin_url: admin.to_string(),
+            created: Mutex::new(vec![name.clone()]),
+            running: AtomicBool::new(true),
+            watchdog: None,
+        };
+        server.psql(admin, &format!("CREATE DATABASE {name}"));
+        server
+    }
+
+    fn owned_only(&self, what: &str) {
+        assert!(
+            !self.external,
+            "PgServer::{what} needs a cluster of its own, but {EXTERNAL_ENV} points the tests \
+             at an external server; unset it to run this test"
+        );
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.as_ref().map_or(Path::new("."), |d| d.path())
+    }
+
+    /// `pg_ctl -D <data> <args>` as the cluster's user; never panics (drop
+    /// uses it), a failure to spawn is a failed Output.
+    fn pg_ctl<S: AsRef<OsStr>>(&self, args: &[S]) -> Output {
+        let Some(bin) = &self.bin else {
+            return failed("no pg_ctl");
+        };
+        let data = self.root().join("data");
+        let mut all: Vec<&OsStr> = vec!["-D".as_ref(), data.as_os_str()];
+        all.extend(args.iter().map(AsRef::as_ref));
+        as_postgres(&bin.join("pg_ctl"), &all, self.root())
+            .output()
+            .unwrap_or_else(|e| failed(&format!("spawn pg_ctl: {e}")))
+    }
+
+    fn run_psql(&self, url: &str, sql: &str) -> Output {
+        let psql = self
+            .bin
+            .as_ref()
+            .map(|b| b.join("psql"))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("psql"));
+        let mut cmd = Command::new(psql);
+        if !self.external {
+            // Nothing from the developer's libpq setup (PGSSLMODE, PGSERVICE,
+            // PGOPTIONS…) may change how a private cluster is reached.
+            strip_pg_env(&mut cmd);
+        }
+        cmd.args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-w",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            "-",
+            "-d",
+        ])
+        .arg(url)
+        // A password in `url` wins over this one.
+        .env("PGPASSWORD", &self.password)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return failed(&format!("spawn psql (is it on PATH?): {e}")),
+        };
+        // From a thread of its own: psql may fill its stdout pipe before
+        // it has read all of a long script.
+        let mut stdin = child.stdin.take().expect("psql's stdin");
+        let sql = sql.to_string();
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(sql.as_bytes());
+        });
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| failed(&format!("wait for psql: {e}")));
+        let _ = feeder.join();
+        out
+    }
+
+    /// The server log from byte `from` on.
+    fn log_from(&self, from: u64) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(self.root().join("server.log")) {
+            let _ = f.seek(SeekFrom::Start(from));
+            let mut bytes = Vec::new();
+            let _ = f.read_to_end(&mut bytes);
+            s = String::from_utf8_lossy(&bytes).into_owned();
+        }
+        s
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        if self.external {
+            let names = std::mem::take(&mut *lock(&self.created));
+            for name in names {
+                // FORCE: a test may leave a connection (a pool) open.
+                let _ = self.run_psql(
+                    &self.admin_url,
+                    &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                );
+            }
+        } else if self.running.swap(false, Ordering::SeqCst) {
+            let _ = self.pg_ctl(&["-m", "immediate", "-w", "-t", "30", "stop"]);
+        }
+        // The TempDir field then deletes the cluster.
+    }
+}
+
+/// How the cluster's commands run: PostgreSQL refuses to run as root, so a
+/// root test process runs them as the `postgres` OS user.
+enum RunAs {
+    Me,
+    Runuser(PathBuf),
+    Su(PathBuf),
+}
+
+fn run_as() -> &'static RunAs {
+    static RUN_AS: OnceLock<RunAs> = OnceLock::new();
+    RUN_AS.get_or_init(|| {
+        let uid = Command::new("id").arg("-u").output();
+        let root = uid.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        if !root {
+            return RunAs::Me;
+        }
+        let postgres = Command::new("id").args(["-u", "postgres"]).output();
+        assert!(
+            postgres.is_ok_and(|o| o.status.success()),
+            "the tests run as root and PostgreSQL refuses to: create a `postgres` OS user \
+             (the Debian package `postgresql` does), run as another user, or set {EXTERNAL_ENV}"
+        );
+        if let Some(p) = find_program("runuser", &["/usr/sbin", "/sbin"]) {
+            RunAs::Runuser(p)
+        } else if let Some(p) = find_program("su", &["/bin", "/usr/bin"]) {
+            RunAs::Su(p)
+        } else {
+            panic!("the tests run as root, and neither runuser nor su is there to run PostgreSQL as `postgres`")
+        }
+    })
+}
+
+/// `program args` as the cluster's user, in `cwd` (initdb fails when the
+/// user cannot read its working directory), without the caller's PG*
+/// settings.
+fn as_postgres(program: &Path, args: &[&OsStr], cwd: &Path) -> Command {
+    let mut cmd = match run_as() {
+        RunAs::Me => {
+            let mut c = Command::new(program);
+            c.args(args);
+            c
+        }
+        RunAs::Runuser(runuser) => {
+            let mut c = Command::new(runuser);
+            c.args(["-u", "postgres", "--"]).arg(program).args(args);
+            c
+        }
+        RunAs::Su(su) => {
+            let line = std::iter::once(program.as_os_str())
+                .chain(args.iter().copied())
+                .map(|a| sh_quote(&a.to_string_lossy()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let mut c = Command::new(su);
+            c.args(["postgres", "-s", "/bin/sh", "-c"]).arg(line);
+            c
+        }
+    };
+    strip_pg_env(&mut cmd);
+    cmd.current_dir(cwd).stdin(Stdio::null());
+    cmd
+}
+
+/// A process that outlives this one by a second: when the test process is
+/// gone without having dropped its `PgServer` (SIGKILL, a runner's timeout),
+/// it stops the cluster (SIGQUIT to the postmaster: immediate shutdown) and
+/// deletes the dir. In a session of its own, ignoring SIGTERM/SIGINT/SIGHUP,
+/// so a signal to the test's process group does not take it along.
+fn watchdog(dir: &Path) -> Option<Child> {
+    const SCRIPT: &str = r#"trap '' HUP INT TERM
+while kill -0 "$1" 2>/dev/null; do sleep 1; done
+pid=$(head -n 1 "$2/data/postmaster.pid" 2>/dev/null) && kill -QUIT "$pid" 2>/dev/null && sleep 1
+rm -rf "$2""#;
+    let mut cmd = match find_program("setsid", &["/usr/bin", "/bin"]) {
+        Some(setsid) => {
+            let mut c = Command::new(setsid);
+            c.arg("sh");
+            c
+        }
+        None => Command::new("sh"),
+    };
+    cmd.args(["-c", SCRIPT, "pg-watchdog"])
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+}
+
+/// The dir holding initdb and pg_ctl: PATH first (a symlinked initdb, as in
+/// /usr/local/bin, is followed to its real dir, which also has the matching
+/// psql), else the highest version under /usr/lib/postgresql (Debian keeps
+/// them off PATH).
+fn bin_dir() -> Option<PathBuf> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let has_both = |d: &Path| d.join("initdb").is_file() && d.join("pg_ctl").is_file();
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        if let Some(d) = std::env::split_paths(&path).find(|d| has_both(d)) {
+            let real = std::fs::canonicalize(d.join("initdb"))
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf));
+            return Some(real.filter(|r| has_both(r)).unwrap_or(d));
+        }
+        let mut found: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let version = e
+                    .file_name()
+                    .to_str()?
+                    .split('.')
+                    .map(|p| p.parse().ok())
+                    .collect::<Option<Vec<u32>>>()?;
+                let bin = e.path().join("bin");
+                has_both(&bin).then_some((version, bin))
+            })
+            .collect();
+        found.sort();
+        found.pop().map(|(_, bin)| bin)
+    })
+    .clone()
+}
+
+fn find_program(name: &str, also: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(also.iter().map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A port nothing listens on now. The server binds it a moment later, so
+/// another process may take it first; `configure` then tries another.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// A database name no other test (thread, process) picks: unquoted-safe.
+fn random_name() -> String {
+    use std::hash::BuildHasher;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let h = std::collections::hash_map::RandomState::new().hash_one((
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        nanos,
+    ));
+    format!("docket_test_{h:016x}")
+}
+
+fn strip_pg_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("PG") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+/// Where the authority of a postgres:// URL ends (its path or query begins).
+fn authority(url: &str) -> (usize, usize) {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| start + i);
+    (start, end)
+}
+
+/// `url` pointing at database `db`, its query (sslmode=…) kept.
+fn with_database(url: &str, db: &str) -> String {
+    let (_, end) = authority(url);
+    let query = url[end..].find('?').map_or("", |q| &url[end + q..]);
+    format!("{}/{db}{query}", &url[..end])
+}
+
+fn without_password(url: &str) -> String {
+    let (start, end) = authority(url);
+    match url[start..end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}@{host}{}", &url[..start], &url[end..])
+        }
+        None => url.to_string(),
+    }
+}
+
+/// The URL's password, percent-decoded (for PGPASSWORD).
+fn password_of(url: &str) -> String {
+    let (start, end) = authority(url);
+    let raw = url[start..end]
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map_or("", |(_, p)| p);
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn port_of(url: &str) -> u16 {
+    let (start, end) = authority(url);
+    let host = url[start..end]
+        .rsplit_once('@')
+        .map_or(&url[start..end], |(_, h)| h);
+    host.rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or(5432)
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn append(path: &Path, s: &str) {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(s.as_bytes()))
+        .unwrap_or_else(|e| panic!("append to {}: {e}", path.display()));
+}
+
+fn output(cmd: &mut Command, what: &str) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("spawn {what}: {e}"))
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A failed Output carrying `why` as its stderr (for spawn errors).
+fn failed(why: &str) -> Output {
+    use std::os::unix::process::ExitStatusExt;
+    Output {
+        status: std::process::ExitStatus::from_raw(1 << 8),
+        stdout: Vec::new(),
+        stderr: why.as_bytes().to_vec(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
