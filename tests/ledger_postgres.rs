@@ -261,3 +261,157 @@ fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// libpq's sslmodes over rustls: `require` encrypts, `verify-full` and
+/// `verify-ca` check the server's certificate against `sslrootcert`, a
+/// certificate from another CA is refused, `disable` stays plain, and a
+/// server without TLS refuses `require` in words.
+#[test]
+fn tls_follows_sslmode() {
+    if std::env::var_os("DOCKET_TEST_PG_URL").is_some() {
+        eprintln!("skipped: the test turns TLS on in the harness's own server");
+        return;
+    }
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let with = |params: &str| format!("{url}?{params}");
+    let uses_tls = |u: &str| -> Result<bool, String> {
+        let mut client = postgres::open(&PgUrl::parse(u).unwrap()).map_err(|e| e.to_string())?;
+        Ok(client
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0))
+    };
+
+    // No TLS on the server yet.
+    let e = uses_tls(&with("sslmode=require")).unwrap_err();
+    assert!(
+        e.contains("cannot connect") && e.to_lowercase().contains("tls"),
+        "{e}"
+    );
+    assert_eq!(uses_tls(&with("sslmode=prefer")), Ok(false));
+
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    make_certificates(dir);
+    if running_as_root() {
+        shell("chown", &["-R", "postgres", dir.to_str().unwrap()]);
+    }
+    for (key, value) in [
+        ("ssl_cert_file", dir.join("server.pem")),
+        ("ssl_key_file", dir.join("server.key")),
+    ] {
+        server.psql(
+            &url,
+            &format!("ALTER SYSTEM SET {key} = '{}'", value.display()),
+        );
+    }
+    server.psql(&url, "ALTER SYSTEM SET ssl = on");
+    server.psql(&url, "SELECT pg_reload_conf()");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.psql(&url, "SHOW ssl") != "on" {
+        assert!(std::time::Instant::now() < deadline, "ssl never came on");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    let ca = dir.join("ca.pem");
+    let other_ca = dir.join("other-ca.pem");
+    assert_eq!(uses_tls(&with("sslmode=require")), Ok(true));
+    assert_eq!(uses_tls(&with("sslmode=prefer")), Ok(true));
+    assert_eq!(uses_tls(&with("sslmode=disable")), Ok(false));
+    let root = |mode: &str, ca: &std::path::Path| {
+        with(&format!("sslmode={mode}&sslrootcert={}", ca.display()))
+    };
+    assert_eq!(uses_tls(&root("verify-full", &ca)), Ok(true));
+    assert_eq!(uses_tls(&root("verify-ca", &ca)), Ok(true));
+    // The name checked is the host connected to: the certificate names
+    // localhost and 127.0.0.1, not 127.0.0.2.
+    let renamed = root("verify-full", &ca).replace("127.0.0.1", "localhost");
+    assert_eq!(uses_tls(&renamed), Ok(true));
+    for mode in ["verify-full", "verify-ca", "require"] {
+        let e = uses_tls(&root(mode, &other_ca)).unwrap_err();
+        assert!(
+            e.contains("cannot connect") && e.contains("certificate"),
+            "{mode}: {e}"
+        );
+        assert!(!e.contains(PgServer::PASSWORD), "{e}");
+    }
+    let e = uses_tls(&root("verify-full", &dir.join("missing.pem"))).unwrap_err();
+    assert!(
+        e.contains("sslrootcert") && e.contains("missing.pem"),
+        "{e}"
+    );
+}
+
+/// A CA, a server certificate it signed for localhost and 127.0.0.1, and a
+/// second CA that signed nothing here.
+fn make_certificates(dir: &std::path::Path) {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    for ca in ["ca", "other-ca"] {
+        let mut args = vec!["req", "-x509"];
+        args.extend(ec);
+        let (key, pem, subject) = (
+            p(&format!("{ca}.key")),
+            p(&format!("{ca}.pem")),
+            format!("/CN=docket test {ca}"),
+        );
+        args.extend([
+            "-keyout", &key, "-out", &pem, "-days", "2", "-subj", &subject,
+        ]);
+        shell("openssl", &args);
+    }
+    let mut args = vec!["req"];
+    args.extend(ec);
+    let (key, csr) = (p("server.key"), p("server.csr"));
+    args.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"]);
+    shell("openssl", &args);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    shell(
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &p("ca.pem"),
+            "-CAkey",
+            &p("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &p("server.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &p("san.ext"),
+        ],
+    );
+    shell("chmod", &["600", &key]);
+}
+
+fn shell(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().expect(program);
+    assert!(out.status.success(), "{program} {args:?}: {}", text(&out));
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}

@@ -11,10 +11,11 @@
 //! thread, or under `block_in_place`.
 
 mod migrate;
+mod tls;
 mod url;
 
 pub use migrate::{PG_MIGRATIONS, migrate};
-pub use url::{PgUrl, is_postgres_url, redact};
+pub use url::{PgUrl, SslMode, is_postgres_url, redact};
 
 pub(crate) use migrate::detail;
 
@@ -35,21 +36,26 @@ pub fn open(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
 /// Connect without touching the schema.
 pub fn connect(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
     let mut config = url.config().clone();
-    if config.get_ssl_mode() == postgres::config::SslMode::Require {
-        return Err(url.error(
-            "sslmode=require asks for TLS, which this docket build cannot speak to PostgreSQL yet; \
-             use a TLS tunnel to the server, or sslmode=disable on a trusted network",
-        ));
-    }
+    config.ssl_mode(match url.ssl_mode() {
+        SslMode::Disable => postgres::config::SslMode::Disable,
+        SslMode::Prefer => postgres::config::SslMode::Prefer,
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+            postgres::config::SslMode::Require
+        }
+    });
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
     if config.get_application_name().is_none() {
         config.application_name("docket");
     }
-    config
-        .connect(postgres::NoTls)
-        .map_err(|e| url.error(format!("cannot connect: {}", connect_detail(&e))))
+    let connected = if url.ssl_mode() == SslMode::Disable {
+        config.connect(postgres::NoTls)
+    } else {
+        let tls = tls::connector(url.ssl_mode(), url.root_cert()).map_err(|e| url.error(e))?;
+        config.connect(tls)
+    };
+    connected.map_err(|e| url.error(format!("cannot connect: {}", connect_detail(&e))))
 }
 
 /// A connect error in words: the server's message when it answered (bad

@@ -5,9 +5,28 @@
 //! the password before it leaves this module.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use super::super::LedgerError;
+
+/// libpq's `sslmode`, all six (the driver knows only three): what the
+/// connection asks of TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    /// Never TLS.
+    Disable,
+    /// TLS when the server offers it, unverified (libpq's `allow` and
+    /// `prefer`, and the default).
+    Prefer,
+    /// TLS or no connection; the certificate is checked against
+    /// `sslrootcert` when one is given (as libpq does), else not at all.
+    Require,
+    /// TLS with a certificate signed by a trusted root; any host name.
+    VerifyCa,
+    /// TLS with a trusted certificate for the host connected to.
+    VerifyFull,
+}
 
 /// A parsed `postgres://` (or `postgresql://`) URL.
 #[derive(Clone)]
@@ -15,6 +34,9 @@ pub struct PgUrl {
     config: postgres::Config,
     redacted: String,
     password: Option<String>,
+    ssl_mode: SslMode,
+    /// `sslrootcert`: a PEM file of the roots to trust (else the system's).
+    root_cert: Option<PathBuf>,
 }
 
 impl PgUrl {
@@ -29,13 +51,19 @@ impl PgUrl {
                     .into(),
             });
         }
-        let mut config = postgres::Config::from_str(url).map_err(|e| LedgerError::Postgres {
-            url: redacted.clone(),
-            detail: format!(
-                "the URL does not parse: {}",
-                scrub(&e.to_string(), url_password(url).as_deref())
-            ),
-        })?;
+        let (driver_url, ssl_mode, root_cert) =
+            take_tls_params(url).map_err(|detail| LedgerError::Postgres {
+                url: redacted.clone(),
+                detail,
+            })?;
+        let mut config =
+            postgres::Config::from_str(&driver_url).map_err(|e| LedgerError::Postgres {
+                url: redacted.clone(),
+                detail: format!(
+                    "the URL does not parse: {}",
+                    scrub(&e.to_string(), url_password(url).as_deref())
+                ),
+            })?;
         if config.get_password().is_none()
             && let Ok(p) = std::env::var("PGPASSWORD")
             && !p.is_empty()
@@ -49,7 +77,17 @@ impl PgUrl {
             config,
             redacted,
             password,
+            ssl_mode,
+            root_cert,
         })
+    }
+
+    pub fn ssl_mode(&self) -> SslMode {
+        self.ssl_mode
+    }
+
+    pub fn root_cert(&self) -> Option<&std::path::Path> {
+        self.root_cert.as_deref()
     }
 
     /// The URL with its password replaced by `***`: the only form shown.
@@ -80,6 +118,65 @@ impl fmt::Debug for PgUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PgUrl({})", self.redacted)
     }
+}
+
+/// `url` without its `sslmode` and `sslrootcert` parameters (docket reads
+/// them itself: the driver knows three of libpq's six modes and no root
+/// file), and what they said.
+fn take_tls_params(url: &str) -> Result<(String, SslMode, Option<PathBuf>), String> {
+    let Some((head, query)) = url.split_once('?') else {
+        return Ok((url.to_string(), SslMode::Prefer, None));
+    };
+    let mut mode = SslMode::Prefer;
+    let mut root = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("sslmode", value)) => {
+                mode = match value {
+                    "disable" => SslMode::Disable,
+                    "allow" | "prefer" => SslMode::Prefer,
+                    "require" => SslMode::Require,
+                    "verify-ca" => SslMode::VerifyCa,
+                    "verify-full" => SslMode::VerifyFull,
+                    other => {
+                        return Err(format!(
+                            "sslmode={other} is not one of disable, allow, prefer, require, verify-ca, verify-full"
+                        ));
+                    }
+                }
+            }
+            Some(("sslrootcert", value)) => root = Some(PathBuf::from(percent_decode(value))),
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        head.to_string()
+    } else {
+        format!("{head}?{}", kept.join("&"))
+    };
+    Ok((url, mode, root))
+}
+
+/// `%XX` escapes decoded (a root file's path may hold any character).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether `s` names a PostgreSQL ledger rather than a SQLite file.
@@ -156,6 +253,27 @@ mod tests {
         assert!(!format!("{url:?}").contains("s3cret"));
         let e = url.error("auth failed for s3cret");
         assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn tls_parameters_are_read_by_docket_not_the_driver() {
+        let url =
+            PgUrl::parse("postgres://u@h/d?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca%20x.pem&connect_timeout=3")
+                .unwrap();
+        assert_eq!(url.ssl_mode(), SslMode::VerifyFull);
+        assert_eq!(url.root_cert(), Some(std::path::Path::new("/tmp/ca x.pem")));
+        assert_eq!(
+            url.config().get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(3))
+        );
+        assert_eq!(
+            PgUrl::parse("postgres://u@h/d").unwrap().ssl_mode(),
+            SslMode::Prefer
+        );
+        let e = PgUrl::parse("postgres://u@h/d?sslmode=maybe")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslmode=maybe"), "{e}");
     }
 
     #[test]
