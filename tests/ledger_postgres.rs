@@ -161,6 +161,14 @@ async fn copy_to_postgres_and_back_keeps_every_table() {
             [],
         )
         .unwrap();
+        // An answer jsonb cannot hold (\u0000 is valid JSON for SQLite):
+        // PostgreSQL still takes the row, its generated columns NULL.
+        conn.execute(
+            "UPDATE llm_batch_result SET answer_json = '{\"crg_mbid\":\"x\",\"note\":\"a\\u0000b\"}'
+             WHERE item_id = (SELECT MIN(item_id) FROM llm_batch_result)",
+            [],
+        )
+        .unwrap();
     }
     let before = dump(&ws.conn());
     for table in [
@@ -203,6 +211,14 @@ async fn copy_to_postgres_and_back_keeps_every_table() {
         "DELETE FROM session_event WHERE message = 'after the copy'",
     );
 
+    // Rows updated in PostgreSQL move within its table; the import order
+    // (the dispatch order) must not move with them.
+    server.psql(
+        &url,
+        "UPDATE decision SET updated_at = updated_at
+         WHERE item_id IN (SELECT item_id FROM decision ORDER BY import_seq LIMIT 3)",
+    );
+
     // Into a database that already holds a ledger: refused, nothing changed.
     let out = docket(ws.path(), &["ledger", "copy", "--to", &url]);
     assert!(!out.status.success());
@@ -216,6 +232,16 @@ async fn copy_to_postgres_and_back_keeps_every_table() {
     for table in TABLES {
         assert_eq!(before[table], after[table], "table {table} differs");
     }
+    let order = |conn: &rusqlite::Connection| -> Vec<String> {
+        let mut stmt = conn
+            .prepare("SELECT item_id FROM decision ORDER BY rowid")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(order(&ws.conn()), order(&copy), "the import order moved");
     let ok: String = copy
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
@@ -339,6 +365,10 @@ fn tls_follows_sslmode() {
         );
         assert!(!e.contains(PgServer::PASSWORD), "{e}");
     }
+    // verify-ca with the system's roots would take any public CA's
+    // certificate for any host: refused.
+    let e = uses_tls(&with("sslmode=verify-ca")).unwrap_err();
+    assert!(e.contains("sslrootcert"), "{e}");
     let e = uses_tls(&root("verify-full", &dir.join("missing.pem"))).unwrap_err();
     assert!(
         e.contains("sslrootcert") && e.contains("missing.pem"),

@@ -74,6 +74,9 @@ pub fn sqlite_to_postgres(sqlite: &Path, url: &PgUrl) -> Result<CopyReport, Ledg
     let pg = |e: postgres::Error| url.error(detail(&e));
     let read = source.transaction()?;
     let mut tx = target.transaction().map_err(pg)?;
+    // Nobody may add a ledger between the check and the copy.
+    tx.batch_execute("LOCK TABLE decision, llm_batch_session IN EXCLUSIVE MODE")
+        .map_err(pg)?;
     refuse_unless_empty_pg(&mut tx, url)?;
     tx.batch_execute("SET CONSTRAINTS ALL DEFERRED")
         .map_err(pg)?;
@@ -82,7 +85,10 @@ pub fn sqlite_to_postgres(sqlite: &Path, url: &PgUrl) -> Result<CopyReport, Ledg
         let columns = pg_columns(&mut tx, url, table)?;
         check_sqlite_columns(&read, sqlite, table, &columns)?;
         let names = column_list(&columns);
-        let mut stmt = read.prepare(&format!("SELECT {names} FROM {table}"))?;
+        let mut stmt = read.prepare(&format!(
+            "SELECT {names} FROM {table}{}",
+            sqlite_order(table)
+        ))?;
         let mut rows = stmt.query([])?;
         let mut sink = tx
             .copy_in(&format!("COPY {table} ({names}) FROM STDIN"))
@@ -95,7 +101,12 @@ pub fn sqlite_to_postgres(sqlite: &Path, url: &PgUrl) -> Result<CopyReport, Ledg
                 if i > 0 {
                     line.push('\t');
                 }
-                copy_text(&mut line, row.get_ref(i)?, table, column)?;
+                copy_text(&mut line, row.get_ref(i)?, table, column).map_err(|detail| {
+                    LedgerError::Refused {
+                        ledger: sqlite.display().to_string(),
+                        detail,
+                    }
+                })?;
             }
             line.push('\n');
             sink.write_all(line.as_bytes())
@@ -136,7 +147,7 @@ pub fn sqlite_to_postgres(sqlite: &Path, url: &PgUrl) -> Result<CopyReport, Ledg
 /// Copy the PostgreSQL ledger at `url` into the SQLite ledger at `sqlite`
 /// (created when missing; it must hold no items and no sessions).
 pub fn postgres_to_sqlite(url: &PgUrl, sqlite: &Path) -> Result<CopyReport, LedgerError> {
-    let mut source = super::postgres::open(url)?;
+    let mut source = super::postgres::open_existing(url)?;
     let mut target = super::open(sqlite)?;
     let pg = |e: postgres::Error| url.error(detail(&e));
     let mut read = source
@@ -151,9 +162,8 @@ pub fn postgres_to_sqlite(url: &PgUrl, sqlite: &Path) -> Result<CopyReport, Ledg
     // (requests by their result message), which made a 100,000-item copy
     // quadratic. The pragma only changes outside a transaction.
     target.pragma_update(None, "foreign_keys", "OFF")?;
-    let copied = sqlite_rows_from_postgres(&mut read, url, &mut target, sqlite);
-    target.pragma_update(None, "foreign_keys", "ON")?;
-    let report = copied?;
+    let report = sqlite_rows_from_postgres(&mut read, url, &mut target, sqlite)?;
+    // (The connection ends here; foreign keys are on in every other.)
     read.commit().map_err(pg)?;
     Ok(report)
 }
@@ -181,7 +191,10 @@ fn sqlite_rows_from_postgres(
         let mut insert = tx.prepare(&format!("INSERT INTO {table} ({names}) VALUES ({marks})"))?;
         let no_params: [&(dyn postgres::types::ToSql + Sync); 0] = [];
         let mut rows = read
-            .query_raw(&format!("SELECT {names} FROM {table}"), no_params)
+            .query_raw(
+                &format!("SELECT {names} FROM {table}{}", pg_order(table)),
+                no_params,
+            )
             .map_err(pg)?;
         let mut values: Vec<Value> = Vec::with_capacity(columns.len());
         let mut count = 0u64;
@@ -198,6 +211,19 @@ fn sqlite_rows_from_postgres(
                         .map(|v| v.map(Value::Text)),
                 }
                 .map_err(|e| url.error(format!("{table}.{}: {e}", column.name)))?;
+                // SQLite would store NaN as NULL (or refuse it in a NOT NULL
+                // column without saying where): refuse it by name.
+                if let Some(Value::Real(f)) = &value
+                    && f.is_nan()
+                {
+                    return Err(LedgerError::Refused {
+                        ledger: url.redacted().to_string(),
+                        detail: format!(
+                            "{table}.{} holds NaN, which SQLite cannot store",
+                            column.name
+                        ),
+                    });
+                }
                 values.push(value.unwrap_or(Value::Null));
             }
             insert.execute(rusqlite::params_from_iter(values.iter()))?;
@@ -231,6 +257,7 @@ fn pg_columns(
         .query(
             "SELECT column_name, data_type FROM information_schema.columns
              WHERE table_schema = current_schema() AND table_name = $1 AND is_generated = 'NEVER'
+               AND NOT (is_identity = 'YES' AND identity_generation = 'ALWAYS')
              ORDER BY ordinal_position",
             &[&table],
         )
@@ -242,7 +269,7 @@ fn pg_columns(
         .map(|row| {
             let name: String = row.get(0);
             let kind = match row.get::<_, String>(1).as_str() {
-                "bigint" | "integer" => Kind::Int,
+                "bigint" => Kind::Int,
                 "double precision" => Kind::Float,
                 "text" => Kind::Text,
                 other => return Err(url.error(format!("{table}.{name} has type {other}"))),
@@ -292,24 +319,23 @@ fn column_list(columns: &[Column]) -> String {
 }
 
 /// Append `value` to a line of COPY's text format: `\N` for NULL, and the
-/// four characters that would end a field or a line escaped.
+/// four characters that would end a field or a line escaped. `Err` says
+/// which value PostgreSQL could not take as it is.
 fn copy_text(
     line: &mut String,
     value: ValueRef<'_>,
     table: &str,
     column: &Column,
-) -> Result<(), LedgerError> {
+) -> Result<(), String> {
     use std::fmt::Write as _;
+    let at = || format!("{table}.{}", column.name);
     match value {
         ValueRef::Null => line.push_str("\\N"),
         ValueRef::Integer(i) => {
             let _ = write!(line, "{i}");
         }
         ValueRef::Real(f) if column.kind == Kind::Int => {
-            return Err(LedgerError::Corrupt {
-                path: table.into(),
-                detail: format!("{table}.{} holds {f}, not an integer", column.name),
-            });
+            return Err(format!("{} holds {f}, not an integer", at()));
         }
         ValueRef::Real(f) => {
             // Display prints the shortest text that reads back as the same
@@ -323,7 +349,16 @@ fn copy_text(
             }
         }
         ValueRef::Text(bytes) => {
-            let text = String::from_utf8_lossy(bytes);
+            let text = std::str::from_utf8(bytes).map_err(|_| {
+                format!("{} holds text that is not UTF-8: {}", at(), preview(bytes))
+            })?;
+            if text.contains('\0') {
+                return Err(format!(
+                    "{} holds a NUL character, which PostgreSQL text cannot: {}",
+                    at(),
+                    preview(bytes)
+                ));
+            }
             for c in text.chars() {
                 match c {
                     '\\' => line.push_str("\\\\"),
@@ -335,16 +370,38 @@ fn copy_text(
             }
         }
         ValueRef::Blob(_) => {
-            return Err(LedgerError::Corrupt {
-                path: table.into(),
-                detail: format!(
-                    "{table}.{} holds a blob, which no ledger column stores",
-                    column.name
-                ),
-            });
+            return Err(format!(
+                "{} holds a blob, which no ledger column stores",
+                at()
+            ));
         }
     }
     Ok(())
+}
+
+/// The start of a refused value, safe to print.
+fn preview(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(60)]);
+    format!("{:?}", text)
+}
+
+/// Rows in the order SQLite keeps them where docket reads that order: items
+/// are dispatched in import order (their rowid).
+fn sqlite_order(table: &str) -> &'static str {
+    if table == "decision" {
+        " ORDER BY rowid"
+    } else {
+        ""
+    }
+}
+
+/// The same order in PostgreSQL, which keeps it in `import_seq`.
+fn pg_order(table: &str) -> &'static str {
+    if table == "decision" {
+        " ORDER BY import_seq"
+    } else {
+        ""
+    }
 }
 
 fn refuse_unless_empty_pg(
@@ -373,8 +430,8 @@ fn refuse_unless_empty_sqlite(conn: &rusqlite::Connection, path: &Path) -> Resul
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
     if items + sessions > 0 {
-        return Err(LedgerError::Corrupt {
-            path: path.display().to_string(),
+        return Err(LedgerError::Refused {
+            ledger: path.display().to_string(),
             detail: format!(
                 "it already holds {items} items and {sessions} sessions; a copy goes only into an empty ledger"
             ),
@@ -429,5 +486,10 @@ mod tests {
         line.clear();
         copy_text(&mut line, ValueRef::Real(0.1 + 0.2), "t", &float).unwrap();
         assert_eq!(line.parse::<f64>().unwrap(), 0.1 + 0.2);
+        // What PostgreSQL text cannot hold is refused by name, not mangled.
+        let e = copy_text(&mut line, ValueRef::Text(b"ok \xff"), "t", &column).unwrap_err();
+        assert!(e.contains("t.c") && e.contains("not UTF-8"), "{e}");
+        let e = copy_text(&mut line, ValueRef::Text(b"a\0b"), "t", &column).unwrap_err();
+        assert!(e.contains("t.c") && e.contains("NUL"), "{e}");
     }
 }

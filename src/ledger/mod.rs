@@ -57,6 +57,10 @@ pub enum LedgerError {
         found: i64,
         known: i64,
     },
+    /// A ledger that cannot take what was asked of it (a copy into a
+    /// ledger that already holds one, a value it cannot store).
+    #[error("ledger {ledger}: {detail}")]
+    Refused { ledger: String, detail: String },
     /// A PostgreSQL ledger's failure; `url` has no password in it.
     #[error("ledger {url}: {detail}")]
     Postgres { url: String, detail: String },

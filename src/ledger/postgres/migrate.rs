@@ -26,19 +26,19 @@ const MIGRATION_LOCK: i64 = 0x646f_636b_6574;
 /// database); refuse a ledger from a newer docket.
 pub fn migrate(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerError> {
     let known = PG_MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    let mut tx = client.transaction().map_err(|e| url.error(e))?;
+    let mut tx = client.transaction().map_err(|e| url.error(detail(&e)))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .map_err(|e| url.error(e))?;
+        .map_err(|e| url.error(detail(&e)))?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS docket_schema (version BIGINT NOT NULL)")
-        .map_err(|e| url.error(e))?;
+        .map_err(|e| url.error(detail(&e)))?;
     let current: i64 = match tx
         .query_opt("SELECT version FROM docket_schema", &[])
-        .map_err(|e| url.error(e))?
+        .map_err(|e| url.error(detail(&e)))?
     {
         Some(row) => row.get(0),
         None => {
             tx.execute("INSERT INTO docket_schema (version) VALUES (0)", &[])
-                .map_err(|e| url.error(e))?;
+                .map_err(|e| url.error(detail(&e)))?;
             0
         }
     };
@@ -53,16 +53,51 @@ pub fn migrate(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerE
         tx.batch_execute(sql)
             .map_err(|e| url.error(format!("migration {version}: {}", detail(&e))))?;
         tx.execute("UPDATE docket_schema SET version = $1", &[version])
-            .map_err(|e| url.error(e))?;
+            .map_err(|e| url.error(detail(&e)))?;
     }
-    tx.commit().map_err(|e| url.error(e))
+    tx.commit().map_err(|e| url.error(detail(&e)))
 }
 
 /// The server's own message for a failed statement (the driver's Display
 /// says only "db error").
 pub(crate) fn detail(e: &postgres::Error) -> String {
     match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        Some(db) => {
+            let mut text = format!("{}: {}", db.code().code(), db.message());
+            // Where it happened ("COPY decision, line 12"): the row to look at.
+            if let Some(place) = db.where_() {
+                text.push_str(&format!(" ({place})"));
+            }
+            text
+        }
         None => e.to_string(),
+    }
+}
+
+/// For a ledger read from (the source of a copy): nothing is written when
+/// its schema is current, so a read-only role can read it; an older one is
+/// migrated (that needs write rights), a newer one refused, and a database
+/// without a docket ledger in it is named as such.
+pub fn check_existing(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerError> {
+    let known = PG_MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+    let has_schema: bool = client
+        .query_one("SELECT to_regclass('docket_schema') IS NOT NULL", &[])
+        .map_err(|e| url.error(detail(&e)))?
+        .get(0);
+    if !has_schema {
+        return Err(url.error("it holds no docket ledger (no docket_schema table)"));
+    }
+    let version: Option<i64> = client
+        .query_opt("SELECT version FROM docket_schema", &[])
+        .map_err(|e| url.error(detail(&e)))?
+        .map(|row| row.get(0));
+    match version {
+        Some(v) if v == known => Ok(()),
+        Some(v) if v > known => Err(LedgerError::TooNew {
+            path: url.redacted().to_string(),
+            found: v,
+            known,
+        }),
+        _ => migrate(client, url),
     }
 }

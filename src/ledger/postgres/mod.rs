@@ -14,7 +14,7 @@ mod migrate;
 mod tls;
 mod url;
 
-pub use migrate::{PG_MIGRATIONS, migrate};
+pub use migrate::{PG_MIGRATIONS, check_existing, migrate};
 pub use url::{PgUrl, SslMode, is_postgres_url, redact};
 
 pub(crate) use migrate::detail;
@@ -30,6 +30,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn open(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
     let mut client = connect(url)?;
     migrate(&mut client, url)?;
+    Ok(client)
+}
+
+/// Connect to an existing ledger to read it: its schema is changed only
+/// when it is older than this docket's (see `check_existing`).
+pub fn open_existing(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
+    let mut client = connect(url)?;
+    check_existing(&mut client, url)?;
     Ok(client)
 }
 

@@ -23,6 +23,15 @@ pub fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeRustlsCo
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS set-up: {e}"))?;
+    if mode == SslMode::VerifyCa && root_cert.is_none() {
+        // Any public CA's certificate for any host would pass: anyone who
+        // can get one could stand in for the server (libpq refuses this too).
+        return Err(
+            "sslmode=verify-ca needs sslrootcert=FILE (the CA that signed the server's certificate); \
+             with the system's roots use sslmode=verify-full"
+                .into(),
+        );
+    }
     let check = match (mode, root_cert) {
         (SslMode::Prefer | SslMode::Require, None) => Check::Nothing,
         (SslMode::Require | SslMode::VerifyCa, _) => Check::Chain,

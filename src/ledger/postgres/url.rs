@@ -43,14 +43,17 @@ impl PgUrl {
     /// Parse `url`; a password missing from it is taken from `PGPASSWORD`
     /// (as libpq does).
     pub fn parse(url: &str) -> Result<PgUrl, LedgerError> {
-        let redacted = redact(url);
         if !is_postgres_url(url) {
+            // Not echoed: a libpq keyword string ("host=... password=...")
+            // would show its password.
             return Err(LedgerError::Postgres {
-                url: redacted,
+                url: "(not shown)".into(),
                 detail: "not a PostgreSQL URL (it must start with postgres:// or postgresql://)"
                     .into(),
             });
         }
+        let redacted = redact(url);
+        let written_password = url_password(url);
         let (driver_url, ssl_mode, root_cert) =
             take_tls_params(url).map_err(|detail| LedgerError::Postgres {
                 url: redacted.clone(),
@@ -59,11 +62,21 @@ impl PgUrl {
         let mut config =
             postgres::Config::from_str(&driver_url).map_err(|e| LedgerError::Postgres {
                 url: redacted.clone(),
-                detail: format!(
-                    "the URL does not parse: {}",
-                    scrub(&e.to_string(), url_password(url).as_deref())
+                detail: scrub(
+                    &format!("the URL does not parse: {}", error_chain(&e)),
+                    written_password.as_deref(),
                 ),
             })?;
+        // docket took sslmode out of what the driver saw; if the driver still
+        // found one (a percent-encoded key, say), the two would disagree on
+        // TLS: refuse rather than guess.
+        if config.get_ssl_mode() != postgres::config::SslMode::Prefer {
+            return Err(LedgerError::Postgres {
+                url: redacted,
+                detail: "the URL's sslmode is written in a way docket cannot read; write it as sslmode=MODE"
+                    .into(),
+            });
+        }
         if config.get_password().is_none()
             && let Ok(p) = std::env::var("PGPASSWORD")
             && !p.is_empty()
@@ -73,6 +86,7 @@ impl PgUrl {
         let password = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned());
+        let redacted = scrub(&redacted, password.as_deref());
         Ok(PgUrl {
             config,
             redacted,
@@ -124,29 +138,24 @@ impl fmt::Debug for PgUrl {
 /// them itself: the driver knows three of libpq's six modes and no root
 /// file), and what they said.
 fn take_tls_params(url: &str) -> Result<(String, SslMode, Option<PathBuf>), String> {
-    let Some((head, query)) = url.split_once('?') else {
-        return Ok((url.to_string(), SslMode::Prefer, None));
+    let (head, query) = split_query(url);
+    // libpq's environment variables, when the URL does not say.
+    let mut mode = match std::env::var("PGSSLMODE") {
+        Ok(m) if !m.is_empty() => ssl_mode(&m)?,
+        _ => SslMode::Prefer,
     };
-    let mut mode = SslMode::Prefer;
-    let mut root = None;
+    let mut root = std::env::var_os("PGSSLROOTCERT")
+        .filter(|r| !r.is_empty())
+        .map(PathBuf::from);
     let mut kept = Vec::new();
-    for pair in query.split('&') {
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
         match pair.split_once('=') {
-            Some(("sslmode", value)) => {
-                mode = match value {
-                    "disable" => SslMode::Disable,
-                    "allow" | "prefer" => SslMode::Prefer,
-                    "require" => SslMode::Require,
-                    "verify-ca" => SslMode::VerifyCa,
-                    "verify-full" => SslMode::VerifyFull,
-                    other => {
-                        return Err(format!(
-                            "sslmode={other} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-                        ));
-                    }
-                }
+            Some((key, value)) if percent_decode(key) == "sslmode" => {
+                mode = ssl_mode(&percent_decode(value))?
             }
-            Some(("sslrootcert", value)) => root = Some(PathBuf::from(percent_decode(value))),
+            Some((key, value)) if percent_decode(key) == "sslrootcert" => {
+                root = Some(PathBuf::from(percent_decode(value)))
+            }
             _ => kept.push(pair),
         }
     }
@@ -156,6 +165,52 @@ fn take_tls_params(url: &str) -> Result<(String, SslMode, Option<PathBuf>), Stri
         format!("{head}?{}", kept.join("&"))
     };
     Ok((url, mode, root))
+}
+
+fn ssl_mode(value: &str) -> Result<SslMode, String> {
+    Ok(match value {
+        "disable" => SslMode::Disable,
+        "allow" | "prefer" => SslMode::Prefer,
+        "require" => SslMode::Require,
+        "verify-ca" => SslMode::VerifyCa,
+        "verify-full" => SslMode::VerifyFull,
+        other => {
+            return Err(format!(
+                "sslmode={other} is not one of disable, allow, prefer, require, verify-ca, verify-full"
+            ));
+        }
+    })
+}
+
+/// `url` split where the driver finds its query: the user info runs to the
+/// first '@' (the driver's rule, so a '/' or '?' in a password stays in
+/// it), and the query starts at the first '?' after that.
+fn split_query(url: &str) -> (&str, Option<&str>) {
+    let after_scheme = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let after_userinfo = url[after_scheme..]
+        .find('@')
+        .map(|i| after_scheme + i + 1)
+        .unwrap_or(after_scheme);
+    match url[after_userinfo..].find('?') {
+        Some(i) => (
+            &url[..after_userinfo + i],
+            Some(&url[after_userinfo + i + 1..]),
+        ),
+        None => (url, None),
+    }
+}
+
+/// An error with its causes (the driver's Display alone says only
+/// "invalid connection string").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// `%XX` escapes decoded (a root file's path may hold any character).
@@ -184,12 +239,11 @@ pub fn is_postgres_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
-/// The password part of a URL's user info, if any (percent-encoded as
-/// written: the redaction works on the text as given).
+/// The password part of a URL's user info, as written (percent-encoded):
+/// the user info runs to the first '@', as the driver reads it.
 fn url_password(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?']).next()?;
-    let userinfo = authority.rsplit_once('@')?.0;
+    let userinfo = rest.split_once('@')?.0;
     let password = userinfo.split_once(':')?.1;
     (!password.is_empty()).then(|| password.to_string())
 }
@@ -198,32 +252,36 @@ fn url_password(url: &str) -> Option<String> {
 /// `password=` query parameter too.
 pub fn redact(url: &str) -> String {
     let mut out = url.to_string();
-    if let Some(p) = url_password(url) {
-        let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
-        let user = userinfo.strip_suffix(&format!(":{p}")).unwrap_or(userinfo);
-        out = format!("{scheme}://{user}:***@{host}{tail}");
+    if url_password(url).is_some()
+        && let Some((scheme, rest)) = url.split_once("://")
+        && let Some((userinfo, tail)) = rest.split_once('@')
+    {
+        let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+        out = format!("{scheme}://{user}:***@{tail}");
     }
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
+    let (head, query) = split_query(&out);
+    if let Some(query) = query {
         let query: Vec<String> = query
             .split('&')
             .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                Some((k, _)) if percent_decode(k).eq_ignore_ascii_case("password") => {
+                    format!("{k}=***")
+                }
                 _ => kv.to_string(),
             })
             .collect();
-        out = format!("{head}{}", query.join("&"));
+        out = format!("{head}?{}", query.join("&"));
     }
     out
 }
 
-/// `text` with every occurrence of `password` replaced by `***`.
+/// `text` with every occurrence of `password` replaced by `***`. A very
+/// short password is left alone: it would mangle ordinary words ("db
+/// er***r") and the messages scrubbed here never hold it anyway; this is
+/// the belt to `redact`'s braces.
 fn scrub(text: &str, password: Option<&str>) -> String {
     match password {
-        Some(p) if !p.is_empty() => text.replace(p, "***"),
+        Some(p) if p.len() >= 6 => text.replace(p, "***"),
         _ => text.to_string(),
     }
 }
@@ -274,6 +332,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("sslmode=maybe"), "{e}");
+    }
+
+    /// Cases a review found: the user info runs to the first '@' (as the
+    /// driver reads it), so '/' and '?' in a password stay hidden and the
+    /// query is the one after it; a keyword string is never echoed; a
+    /// disguised sslmode is refused, not ignored.
+    #[test]
+    fn the_driver_and_docket_split_a_url_the_same_way() {
+        let url = PgUrl::parse("postgres://dk:pa/ss?wd@127.0.0.1:1/t1?sslmode=require").unwrap();
+        assert_eq!(
+            url.to_string(),
+            "postgres://dk:***@127.0.0.1:1/t1?sslmode=require"
+        );
+        assert_eq!(url.ssl_mode(), SslMode::Require);
+        let e = PgUrl::parse("host=h user=dk password=topsecret dbname=t1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("topsecret"), "{e}");
+        let e = PgUrl::parse("postgres://u:secret-pw@h/d?ssl%6Dode=require");
+        assert!(
+            matches!(&e, Ok(u) if u.ssl_mode() == SslMode::Require),
+            "a percent-encoded key is still sslmode"
+        );
+        assert_eq!(
+            redact("postgres://u@h/d?pass%77ord=topsecret"),
+            "postgres://u@h/d?pass%77ord=***"
+        );
+        let e = PgUrl::parse("postgres://u:secret-pw@h/d?sslcert=x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslcert") && !e.contains("secret-pw"), "{e}");
     }
 
     #[test]

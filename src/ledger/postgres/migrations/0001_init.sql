@@ -10,6 +10,8 @@
 -- or a human accepts a suggestion.
 CREATE TABLE decision (
     item_id              TEXT PRIMARY KEY,
+    -- the import order, which is the dispatch order (SQLite's rowid)
+    import_seq           BIGINT GENERATED ALWAYS AS IDENTITY,
     state                TEXT NOT NULL DEFAULT 'indeterminate'
                          CHECK (state IN ('indeterminate', 'decided')),
     evidence_json        TEXT NOT NULL,
@@ -134,6 +136,18 @@ CREATE INDEX idx_session_item_item ON session_item(item_id);
 ALTER TABLE llm_requests ADD FOREIGN KEY (result_message_id)
     REFERENCES llm_messages(message_id) DEFERRABLE;
 
+-- A top-level member of a JSON object as text, NULL when the text is not
+-- JSON PostgreSQL accepts (jsonb refuses \u0000 and lone surrogates, which
+-- SQLite's json_extract takes). IMMUTABLE, so a generated column may use it.
+CREATE FUNCTION docket_json_text(doc TEXT, member TEXT) RETURNS TEXT
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN doc::jsonb ->> member;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END
+$$;
+
 -- The outcome of each item in a session: at most one (the primary key).
 -- `file_id`, `crg_mbid` and `rr_mbid` keep the seed's column names: file_id is
 -- the item id, the mbids are read from the answer when it has them.
@@ -154,11 +168,13 @@ CREATE TABLE llm_batch_result (
     input_tokens     BIGINT NOT NULL DEFAULT 0,
     output_tokens    BIGINT NOT NULL DEFAULT 0,
     cost_usd         DOUBLE PRECISION NOT NULL DEFAULT 0,
-    -- STORED: PostgreSQL has no virtual generated columns (before 18). The
-    -- answer is the gate's output, always a JSON object.
+    -- STORED: PostgreSQL has no virtual generated columns (before 18), so
+    -- these are computed on every insert, through docket_json_text: an
+    -- answer jsonb cannot hold (a \u0000 in a model's text) must still be
+    -- recorded, with the column NULL.
     file_id          TEXT GENERATED ALWAYS AS (item_id) STORED,
-    crg_mbid         TEXT GENERATED ALWAYS AS (answer_json::jsonb ->> 'crg_mbid') STORED,
-    rr_mbid          TEXT GENERATED ALWAYS AS (answer_json::jsonb ->> 'rr_mbid') STORED,
+    crg_mbid         TEXT GENERATED ALWAYS AS (docket_json_text(answer_json, 'crg_mbid')) STORED,
+    rr_mbid          TEXT GENERATED ALWAYS AS (docket_json_text(answer_json, 'rr_mbid')) STORED,
     PRIMARY KEY (session_id, item_id)
 );
 CREATE INDEX idx_batch_result_session ON llm_batch_result(session_id);
