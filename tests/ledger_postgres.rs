@@ -319,6 +319,9 @@ fn tls_follows_sslmode() {
         "{e}"
     );
     assert_eq!(uses_tls(&with("sslmode=prefer")), Ok(false));
+    // A Unix socket never leaves the machine: no TLS there, as in libpq.
+    let socket = server.socket_url(&url).expect("the harness's own cluster");
+    assert_eq!(uses_tls(&format!("{socket}?sslmode=require")), Ok(false));
 
     let certs = tempfile::tempdir().unwrap();
     let dir = certs.path();

@@ -91,6 +91,22 @@ impl PgServer {
         without_password(&self.url)
     }
 
+    /// `database`'s URL through the cluster's Unix socket instead of TCP
+    /// (with the password); `None` for an external server.
+    pub fn socket_url(&self, database_url: &str) -> Option<String> {
+        let dir = self
+            .dir
+            .as_ref()?
+            .path()
+            .to_string_lossy()
+            .replace('/', "%2F");
+        let database = database_url.rsplit('/').next()?;
+        Some(format!(
+            "postgres://{USER}:{}@{dir}:{}/{database}",
+            self.password, self.port
+        ))
+    }
+
     /// A new empty database on this server; its URL (with password). Each
     /// call gives another, so a test can run two ledgers side by side.
     pub fn fresh_database(&self) -> String {

@@ -57,7 +57,17 @@ pub fn connect(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
     if config.get_application_name().is_none() {
         config.application_name("docket");
     }
-    let connected = if url.ssl_mode() == SslMode::Disable {
+    // libpq uses no TLS on a Unix socket (it never leaves the machine),
+    // whatever sslmode says; the driver would refuse `require` there.
+    let only_sockets = !config.get_hosts().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, postgres::config::Host::Unix(_)));
+    if only_sockets {
+        config.ssl_mode(postgres::config::SslMode::Disable);
+    }
+    let connected = if url.ssl_mode() == SslMode::Disable || only_sockets {
         config.connect(postgres::NoTls)
     } else {
         let tls = tls::connector(url.ssl_mode(), url.root_cert()).map_err(|e| url.error(e))?;

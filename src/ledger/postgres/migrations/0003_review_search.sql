@@ -9,7 +9,9 @@ BEGIN
     CREATE EXTENSION IF NOT EXISTS pg_trgm;
     CREATE INDEX idx_review_item_search ON review_item
         USING gin ((item_id || ' ' || llm_suggestion_json || ' ' || COALESCE(rationale, '')) gin_trgm_ops);
-EXCEPTION WHEN OTHERS THEN
+-- Only "not installed" and "not allowed" are expected; anything else is a
+-- real failure and stops the migration.
+EXCEPTION WHEN undefined_file OR insufficient_privilege OR feature_not_supported THEN
     RAISE NOTICE 'pg_trgm unavailable (%): the review search scans instead of using an index', SQLERRM;
 END
 $$;
