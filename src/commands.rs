@@ -133,29 +133,23 @@ fn ledger_copy(ws: &Path, to: Option<String>, from: Option<String>) -> i32 {
     use docket::ledger::copy;
     use docket::ledger::postgres::PgUrl;
     let file = ws.join(LEDGER_FILE);
-    let ((source, target), result) = match (to, from) {
-        (Some(to), None) => {
-            if !file.exists() {
-                return fail(format!("{}: no ledger here to copy", file.display()));
-            }
-            let url = match PgUrl::parse(&to) {
-                Ok(u) => u,
-                Err(e) => return fail(e),
-            };
-            let result = copy::sqlite_to_postgres(&file, &url);
-            let (source, target) = (file.display().to_string(), url.to_string());
-            ((source, target), result)
-        }
-        (None, Some(from)) => {
-            let url = match PgUrl::parse(&from) {
-                Ok(u) => u,
-                Err(e) => return fail(e),
-            };
-            let result = copy::postgres_to_sqlite(&url, &file);
-            let (source, target) = (url.to_string(), file.display().to_string());
-            ((source, target), result)
-        }
+    let (written, to_postgres) = match (to, from) {
+        (Some(to), None) => (to, true),
+        (None, Some(from)) => (from, false),
         _ => return fail("give one of --to URL or --from URL"),
+    };
+    if to_postgres && !file.exists() {
+        return fail(format!("{}: no ledger here to copy", file.display()));
+    }
+    let url = match PgUrl::parse(&written) {
+        Ok(u) => u,
+        Err(e) => return fail(e),
+    };
+    let (file_name, url_name) = (file.display().to_string(), url.to_string());
+    let (source, target, result) = if to_postgres {
+        (file_name, url_name, copy::sqlite_to_postgres(&file, &url))
+    } else {
+        (url_name, file_name, copy::postgres_to_sqlite(&url, &file))
     };
     match result {
         Ok(report) => {

@@ -71,7 +71,7 @@ struct Column {
 pub fn sqlite_to_postgres(sqlite: &Path, url: &PgUrl) -> Result<CopyReport, LedgerError> {
     let mut source = super::open(sqlite)?;
     let mut target = super::postgres::open(url)?;
-    let pg = |e: postgres::Error| url.error(detail(&e));
+    let pg = |e: postgres::Error| url.db_error(&e);
     let read = source.transaction()?;
     let mut tx = target.transaction().map_err(pg)?;
     // Nobody may add a ledger between the check and the copy.
@@ -149,7 +149,7 @@ pub fn sqlite_to_postgres(sqlite: &Path, url: &PgUrl) -> Result<CopyReport, Ledg
 pub fn postgres_to_sqlite(url: &PgUrl, sqlite: &Path) -> Result<CopyReport, LedgerError> {
     let mut source = super::postgres::open_existing(url)?;
     let mut target = super::open(sqlite)?;
-    let pg = |e: postgres::Error| url.error(detail(&e));
+    let pg = |e: postgres::Error| url.db_error(&e);
     let mut read = source
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -176,7 +176,7 @@ fn sqlite_rows_from_postgres(
     target: &mut rusqlite::Connection,
     sqlite: &Path,
 ) -> Result<CopyReport, LedgerError> {
-    let pg = |e: postgres::Error| url.error(detail(&e));
+    let pg = |e: postgres::Error| url.db_error(&e);
     let tx = target.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     refuse_unless_empty_sqlite(&tx, sqlite)?;
     let mut report = CopyReport::default();
@@ -261,7 +261,7 @@ fn pg_columns(
              ORDER BY ordinal_position",
             &[&table],
         )
-        .map_err(|e| url.error(detail(&e)))?;
+        .map_err(|e| url.db_error(&e))?;
     if rows.is_empty() {
         return Err(url.error(format!("it has no table {table}")));
     }
@@ -404,40 +404,42 @@ fn pg_order(table: &str) -> &'static str {
     }
 }
 
+/// Both counts a target ledger must have at zero.
+const ITEMS_AND_SESSIONS: &str =
+    "SELECT (SELECT COUNT(*) FROM decision), (SELECT COUNT(*) FROM llm_batch_session)";
+
+/// Why a target holding `items` and `sessions` is refused, if it is.
+fn not_empty(items: i64, sessions: i64) -> Option<String> {
+    (items + sessions > 0).then(|| {
+        format!(
+            "it already holds {items} items and {sessions} sessions; a copy goes only into an empty ledger"
+        )
+    })
+}
+
 fn refuse_unless_empty_pg(
     tx: &mut postgres::Transaction<'_>,
     url: &PgUrl,
 ) -> Result<(), LedgerError> {
     let row = tx
-        .query_one(
-            "SELECT (SELECT COUNT(*) FROM decision), (SELECT COUNT(*) FROM llm_batch_session)",
-            &[],
-        )
-        .map_err(|e| url.error(detail(&e)))?;
-    let (items, sessions): (i64, i64) = (row.get(0), row.get(1));
-    if items + sessions > 0 {
-        return Err(url.error(format!(
-            "it already holds {items} items and {sessions} sessions; a copy goes only into an empty ledger"
-        )));
+        .query_one(ITEMS_AND_SESSIONS, &[])
+        .map_err(|e| url.db_error(&e))?;
+    match not_empty(row.get(0), row.get(1)) {
+        Some(why) => Err(url.error(why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 fn refuse_unless_empty_sqlite(conn: &rusqlite::Connection, path: &Path) -> Result<(), LedgerError> {
-    let (items, sessions): (i64, i64) = conn.query_row(
-        "SELECT (SELECT COUNT(*) FROM decision), (SELECT COUNT(*) FROM llm_batch_session)",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    if items + sessions > 0 {
-        return Err(LedgerError::Refused {
+    let (items, sessions) =
+        conn.query_row(ITEMS_AND_SESSIONS, [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    match not_empty(items, sessions) {
+        Some(detail) => Err(LedgerError::Refused {
             ledger: path.display().to_string(),
-            detail: format!(
-                "it already holds {items} items and {sessions} sessions; a copy goes only into an empty ledger"
-            ),
-        });
+            detail,
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

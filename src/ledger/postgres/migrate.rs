@@ -18,6 +18,11 @@ pub const PG_MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("migrations/0007_search_catch_up.sql")),
 ];
 
+/// The schema version this docket writes.
+fn known_version() -> i64 {
+    PG_MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
 /// The advisory lock's key: "docket" in ASCII. Any process migrating a
 /// docket ledger takes it; nothing else in a shared database is likely to.
 const MIGRATION_LOCK: i64 = 0x646f_636b_6574;
@@ -25,20 +30,20 @@ const MIGRATION_LOCK: i64 = 0x646f_636b_6574;
 /// Bring the schema at `client` up to date (creating it on an empty
 /// database); refuse a ledger from a newer docket.
 pub fn migrate(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerError> {
-    let known = PG_MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    let mut tx = client.transaction().map_err(|e| url.error(detail(&e)))?;
+    let known = known_version();
+    let mut tx = client.transaction().map_err(|e| url.db_error(&e))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .map_err(|e| url.error(detail(&e)))?;
+        .map_err(|e| url.db_error(&e))?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS docket_schema (version BIGINT NOT NULL)")
-        .map_err(|e| url.error(detail(&e)))?;
+        .map_err(|e| url.db_error(&e))?;
     let current: i64 = match tx
         .query_opt("SELECT version FROM docket_schema", &[])
-        .map_err(|e| url.error(detail(&e)))?
+        .map_err(|e| url.db_error(&e))?
     {
         Some(row) => row.get(0),
         None => {
             tx.execute("INSERT INTO docket_schema (version) VALUES (0)", &[])
-                .map_err(|e| url.error(detail(&e)))?;
+                .map_err(|e| url.db_error(&e))?;
             0
         }
     };
@@ -53,9 +58,9 @@ pub fn migrate(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerE
         tx.batch_execute(sql)
             .map_err(|e| url.error(format!("migration {version}: {}", detail(&e))))?;
         tx.execute("UPDATE docket_schema SET version = $1", &[version])
-            .map_err(|e| url.error(detail(&e)))?;
+            .map_err(|e| url.db_error(&e))?;
     }
-    tx.commit().map_err(|e| url.error(detail(&e)))
+    tx.commit().map_err(|e| url.db_error(&e))
 }
 
 /// The server's own message for a failed statement (the driver's Display
@@ -79,17 +84,17 @@ pub(crate) fn detail(e: &postgres::Error) -> String {
 /// migrated (that needs write rights), a newer one refused, and a database
 /// without a docket ledger in it is named as such.
 pub fn check_existing(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerError> {
-    let known = PG_MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+    let known = known_version();
     let has_schema: bool = client
         .query_one("SELECT to_regclass('docket_schema') IS NOT NULL", &[])
-        .map_err(|e| url.error(detail(&e)))?
+        .map_err(|e| url.db_error(&e))?
         .get(0);
     if !has_schema {
         return Err(url.error("it holds no docket ledger (no docket_schema table)"));
     }
     let version: Option<i64> = client
         .query_opt("SELECT version FROM docket_schema", &[])
-        .map_err(|e| url.error(detail(&e)))?
+        .map_err(|e| url.db_error(&e))?
         .map(|row| row.get(0));
     match version {
         Some(v) if v == known => Ok(()),

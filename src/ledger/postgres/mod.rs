@@ -82,8 +82,5 @@ fn connect_detail(e: &postgres::Error) -> String {
     if e.as_db_error().is_some() {
         return detail(e);
     }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
-    }
+    url::error_chain(e)
 }

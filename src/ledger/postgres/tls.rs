@@ -39,27 +39,23 @@ pub fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeRustlsCo
         (SslMode::Prefer, Some(_)) => Check::Chain,
         (SslMode::Disable, _) => Check::Nothing,
     };
-    let config = match check {
-        Check::Nothing => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider)))
-            .with_no_client_auth(),
-        Check::Chain | Check::ChainAndName => {
-            let roots = Arc::new(roots(root_cert)?);
-            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
-                .build()
-                .map_err(|e| format!("TLS roots: {e}"))?;
-            if check == Check::ChainAndName {
-                builder.with_webpki_verifier(webpki).with_no_client_auth()
-            } else {
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(AnyHostName(webpki)))
-                    .with_no_client_auth()
-            }
-        }
+    let webpki = || -> Result<Arc<WebPkiServerVerifier>, String> {
+        WebPkiServerVerifier::builder_with_provider(Arc::new(roots(root_cert)?), provider.clone())
+            .build()
+            .map_err(|e| format!("TLS roots: {e}"))
     };
-    Ok(MakeRustlsConnect::new(config))
+    let builder = if check == Check::ChainAndName {
+        builder.with_webpki_verifier(webpki()?)
+    } else {
+        let chain = (check == Check::Chain).then(webpki).transpose()?;
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Lenient {
+                chain,
+                provider: provider.clone(),
+            }))
+    };
+    Ok(MakeRustlsConnect::new(builder.with_no_client_auth()))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -103,62 +99,17 @@ fn roots(root_cert: Option<&Path>) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// libpq's `require` without roots: encrypted, the certificate unchecked
-/// (signatures of the handshake still are).
+/// What `require` without roots and `verify-ca` check of the server's
+/// certificate: nothing (`chain` None: encrypted, unauthenticated, as libpq
+/// does), or the chain to a trusted root with any host name on it. The
+/// handshake's signatures are checked either way.
 #[derive(Debug)]
-struct EncryptOnly(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for EncryptOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; the name on the
-/// certificate may be any.
-#[derive(Debug)]
-struct AnyHostName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyHostName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -167,10 +118,10 @@ impl ServerCertVerifier for AnyHostName {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -184,7 +135,12 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -193,10 +149,17 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }

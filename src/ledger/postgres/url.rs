@@ -113,6 +113,12 @@ impl PgUrl {
         &self.config
     }
 
+    /// A failed statement or connection as a ledger error: the server's
+    /// own message (see `detail`).
+    pub(crate) fn db_error(&self, e: &postgres::Error) -> LedgerError {
+        self.error(super::detail(e))
+    }
+
     /// A ledger error about this URL whose text cannot hold the password.
     pub(crate) fn error(&self, detail: impl fmt::Display) -> LedgerError {
         LedgerError::Postgres {
@@ -202,7 +208,7 @@ fn split_query(url: &str) -> (&str, Option<&str>) {
 
 /// An error with its causes (the driver's Display alone says only
 /// "invalid connection string").
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
