@@ -434,6 +434,10 @@ fn kill_after_record_reattaches_the_batch() {
     );
     assert_eq!(code, Some(0), "resume:\n{out}");
     assert!(
+        !out.contains("other worker(s)"),
+        "the killed worker is taken for a live one:\n{out}"
+    );
+    assert!(
         out.contains("Re-attached provider batch"),
         "the resume does not say it re-attached the batch:\n{out}"
     );

@@ -120,7 +120,11 @@ async fn feed_group(
                     continue;
                 }
                 ClaimScope::Takeover => {
-                    if !mine_in_batches(ctx) && !others_hold_work(ctx, read).await? {
+                    // The ledger first: a batch adopted from another
+                    // worker is counted as this worker's (`adopting`)
+                    // before the ledger hands it over, so it is seen by
+                    // one check or the other, never missed by both.
+                    if !others_hold_work(ctx, read).await? && !mine_in_batches(ctx) {
                         break;
                     }
                     // Another worker still works on items: wait for it to
@@ -300,7 +304,9 @@ fn claim_next_now(ctx: &Ctx, unstarted: usize) -> Option<usize> {
 /// as the results come.
 fn mine_in_batches(ctx: &Ctx) -> bool {
     ctx.batchers()
-        .any(|b| b.buffered() > 0 || b.open_count() > 0)
+        // `adopting` first: an adoption ends only once its batch counts
+        // as open.
+        .any(|b| b.adopting() || b.buffered() > 0 || b.open_count() > 0)
 }
 
 /// Whether another worker still holds items of the session under a live

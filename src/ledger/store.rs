@@ -449,6 +449,9 @@ pub(crate) fn repair_interrupted(
 ) -> rusqlite::Result<Repair> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // A worker of this host killed since its last beat does not count as
+    // live (nor keep its leases): the resume works alone, as it says.
+    super::queue::expire_dead_local_workers(&tx, session_id)?;
     let live_workers = super::queue::live_workers(&tx, session_id)?;
     tx.execute(
         "UPDATE session_item SET claim_token = claim_token + 1, lease_until = NULL, claimed_by = NULL

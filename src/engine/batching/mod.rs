@@ -161,6 +161,10 @@ pub(super) struct Batcher {
     next_tag: Arc<AtomicU64>,
     /// Batches submitted (or re-attached) and not yet delivered.
     open: AtomicUsize,
+    /// Adoptions under way: counted from before the ledger hands this
+    /// worker other workers' batches until their runners count them open,
+    /// so the feed never sees them held by nobody and ends the run early.
+    adopting: AtomicUsize,
     held: AtomicUsize,
     feed_done: AtomicBool,
     feed_done_notify: Notify,
@@ -224,6 +228,7 @@ impl Batcher {
             tx: std::sync::Mutex::new(Some(tx)),
             next_tag,
             open: AtomicUsize::new(0),
+            adopting: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             feed_done: AtomicBool::new(false),
             feed_done_notify: Notify::new(),
@@ -344,6 +349,12 @@ impl Batcher {
         self.open.load(Ordering::Relaxed)
     }
 
+    /// Whether batches taken over from other workers are on their way to
+    /// being polled (claimed in the ledger, not yet counted open).
+    pub(super) fn adopting(&self) -> bool {
+        self.adopting.load(Ordering::Acquire) > 0
+    }
+
     /// Requests held because their batch could not be told apart.
     pub(super) fn held_count(&self) -> usize {
         self.held.load(Ordering::Relaxed)
@@ -456,6 +467,7 @@ impl Batcher {
         let sid = self.session_id.clone();
         let stage_name = self.stage().name.clone();
         let lease = self.lease.clone();
+        let _looking = Adoption::new(self);
         let found = tokio::task::spawn_blocking(move || -> Result<_, LedgerError> {
             let mut ledger = Ledger::open(&path)?;
             // Only the batches nobody holds: each is polled by one worker.
@@ -480,9 +492,26 @@ impl Batcher {
             }
             n += 1;
             let me = self.clone();
-            self.spawn(async move { runner::reattach(me, batch, waiting).await });
+            let adoption = Adoption::new(self);
+            self.spawn(async move { runner::reattach(me, batch, waiting, adoption).await });
         }
         Ok(n)
+    }
+}
+
+/// One adoption under way, counted in `Batcher::adopting` until dropped.
+pub(super) struct Adoption(Arc<Batcher>);
+
+impl Adoption {
+    fn new(b: &Arc<Batcher>) -> Self {
+        b.adopting.fetch_add(1, Ordering::AcqRel);
+        Self(b.clone())
+    }
+}
+
+impl Drop for Adoption {
+    fn drop(&mut self) {
+        self.0.adopting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::lines::LedgerLines;
-use super::{Batcher, Delivered, Reply};
+use super::{Adoption, Batcher, Delivered, Reply};
 use crate::ledger::batches::{BatchOp, LineId, OpenBatch};
 use crate::ledger::work::BatchLedger;
 use crate::ledger::writer::WriteOp;
@@ -189,12 +189,19 @@ async fn end_unrun(
 /// A batch found open in the ledger (a resume, or one whose worker died):
 /// collect it, never send its lines again unless the provider shows it was
 /// never made.
-pub(super) async fn reattach(b: Arc<Batcher>, batch: OpenBatch, waiting: usize) {
+pub(super) async fn reattach(
+    b: Arc<Batcher>,
+    batch: OpenBatch,
+    waiting: usize,
+    adoption: Adoption,
+) {
     let permit = tokio::select! {
         p = b.open_slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
         _ = b.detached.cancelled() => return,
     };
     b.open.fetch_add(1, Ordering::Relaxed);
+    // Counted open from here: the adoption is over.
+    drop(adoption);
     b.stats
         .in_flight
         .fetch_add(waiting as u64, Ordering::Relaxed);
