@@ -237,11 +237,11 @@ fn whole_job(n: usize) {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(f64::NAN);
     let conn = ws.conn();
-    let sid = docket::ledger::store::latest_session(&conn)
+    let sid = docket::ledger::store::latest_session(&support::db(&conn))
         .unwrap()
         .unwrap();
     support::check_complete(&conn, &sid);
-    let row = docket::ledger::store::load_session(&conn, &sid)
+    let row = docket::ledger::store::load_session(&support::db(&conn), &sid)
         .unwrap()
         .unwrap();
     let batches = support::count(
@@ -306,7 +306,7 @@ fn million_killed_and_resumed() {
     }
     let _ = run.kill();
     let _ = run.wait();
-    let sid = docket::ledger::store::latest_session(&conn)
+    let sid = docket::ledger::store::latest_session(&support::db(&conn))
         .unwrap()
         .unwrap();
     let done_at_kill = support::count(

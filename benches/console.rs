@@ -563,8 +563,12 @@ PRAGMA wal_checkpoint(TRUNCATE);
     );
     conn.execute_batch(&sql).expect("generate the ledger");
     // As the ledger writer does after a run: index the new review items.
-    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-    docket::ledger::search_index::catch_up(&conn).expect("index the review items");
+    let db = docket::ledger::db::Connection::Sqlite(conn);
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    docket::ledger::search_index::catch_up(&db).expect("index the review items");
+    let docket::ledger::db::Connection::Sqlite(conn) = db else {
+        unreachable!("made from a SQLite connection")
+    };
     conn.execute_batch("COMMIT; PRAGMA wal_checkpoint(TRUNCATE)")
         .unwrap();
     let review: i64 = conn
@@ -646,7 +650,7 @@ fn queries() {
     // What the console's ledger worker does first, cold in this process:
     // open (and migrate) the ledger, then one snapshot.
     let t = Instant::now();
-    let db = docket::ledger::Ledger::open(&ws.join(docket::ledger::LEDGER_FILE)).expect("ledger");
+    let db = docket::ledger::Ledger::open(ws.join(docket::ledger::LEDGER_FILE)).expect("ledger");
     let opened = t.elapsed().as_secs_f64() * 1000.0;
     let _ = db.sessions().unwrap();
     let _ = db.session_view(BIG_SESSION).unwrap();

@@ -193,10 +193,10 @@ fn process_run_with(
         .find_map(|l| l.strip_prefix("peak_rss_kb="))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(f64::NAN);
-    let sid = docket::ledger::store::latest_session(&ws.conn())
+    let sid = docket::ledger::store::latest_session(&support::db(&ws.conn()))
         .unwrap()
         .unwrap();
-    let row = docket::ledger::store::load_session(&ws.conn(), &sid)
+    let row = docket::ledger::store::load_session(&support::db(&ws.conn()), &sid)
         .unwrap()
         .unwrap();
     check_complete(&ws.conn(), &sid);

@@ -53,7 +53,7 @@ fn run(ws: &Workspace, workers: usize) -> (String, f64) {
     )];
     let deadline = Instant::now() + Duration::from_secs(30);
     let sid = loop {
-        if let Some(s) = docket::ledger::store::latest_session(&ws.conn())
+        if let Some(s) = docket::ledger::store::latest_session(&support::db(&ws.conn()))
             .ok()
             .flatten()
         {
@@ -71,7 +71,7 @@ fn run(ws: &Workspace, workers: usize) -> (String, f64) {
     }
     let conn = ws.conn();
     check_complete(&conn, &sid);
-    let row = docket::ledger::store::load_session(&conn, &sid)
+    let row = docket::ledger::store::load_session(&support::db(&conn), &sid)
         .unwrap()
         .unwrap();
     (sid, row.completed_at.unwrap_or(f64::NAN) - row.started_at)

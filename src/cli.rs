@@ -15,6 +15,18 @@ pub struct Cli {
     #[arg(long, global = true, env = "DOCKET_WORKSPACE", value_name = "DIR")]
     pub workspace: Option<PathBuf>,
 
+    /// The ledger on a PostgreSQL server (postgres://USER@HOST/DB), for a
+    /// job that spans machines; default: docket.toml's [ledger] url, else
+    /// the workspace's docket.sqlite. Put the password in PGPASSWORD.
+    #[arg(
+        long,
+        global = true,
+        env = "DOCKET_LEDGER_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub ledger: Option<String>,
+
     #[command(flatten)]
     pub console: ConsoleArgs,
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use docket::engine::{self, Interrupts, RunOptions, StdoutReporter};
 use docket::ledger::console::ConsoleReads;
 use docket::ledger::controls::RunControls;
-use docket::ledger::{LEDGER_FILE, Ledger};
+use docket::ledger::{LEDGER_FILE, Ledger, LedgerLocation};
 use docket::{items, report};
 
 use docket::control::Desired;
@@ -111,11 +111,13 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
 }
 
 fn with_ledger(ws: &Path, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 {
-    let path = ws.join(LEDGER_FILE);
+    let path = match LedgerLocation::for_workspace(ws) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
     if !path.exists() {
         return fail(format!(
-            "{}: no ledger here yet (import items with `docket import FILE`)",
-            path.display()
+            "{path}: no ledger here yet (import items with `docket import FILE`)"
         ));
     }
     let ledger = match Ledger::open(&path) {
@@ -198,8 +200,7 @@ fn import(
     strict: bool,
     format: Option<ImportFormatArg>,
 ) -> i32 {
-    let path = ws.join(LEDGER_FILE);
-    let mut ledger = match Ledger::open(&path) {
+    let mut ledger = match LedgerLocation::for_workspace(ws).and_then(Ledger::open) {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
@@ -304,7 +305,8 @@ async fn cancel(ws: &Path, session: &str) -> i32 {
     if code != 0 {
         return code;
     }
-    let idle = Ledger::open(&ws.join(LEDGER_FILE))
+    let idle = LedgerLocation::for_workspace(ws)
+        .and_then(Ledger::open)
         .ok()
         .and_then(|l| l.run_by_live_process(session).ok())
         .is_some_and(|live| !live);
@@ -400,7 +402,7 @@ fn spawn_signal_handler(interrupts: &Interrupts, batches: Option<BatchQuestion>)
 /// when Ctrl-C comes.
 #[derive(Clone)]
 struct BatchQuestion {
-    ledger: std::path::PathBuf,
+    ledger: LedgerLocation,
     session: Arc<std::sync::Mutex<Option<String>>>,
 }
 
@@ -468,7 +470,8 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     let listen = interrupts.clone();
     let session = Arc::new(std::sync::Mutex::new(None));
     let question = tty.then(|| BatchQuestion {
-        ledger: ws.join(docket::ledger::LEDGER_FILE),
+        ledger: LedgerLocation::for_workspace(ws)
+            .unwrap_or_else(|_| LedgerLocation::File(ws.join(LEDGER_FILE))),
         session: session.clone(),
     });
     if args.resume.is_some() {

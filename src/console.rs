@@ -62,7 +62,13 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
         return crate::commands::EXIT_USAGE;
     }
     let config = ws.join(docket::config::CONFIG_FILE);
-    let ledger = ws.join(docket::ledger::LEDGER_FILE);
+    let ledger = match docket::ledger::LedgerLocation::for_workspace(ws) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("docket: {e}");
+            return crate::commands::EXIT_USAGE;
+        }
+    };
     if !config.exists() && !ledger.exists() {
         eprintln!(
             "docket: {} is not a docket workspace (no docket.toml, no docket.sqlite). Try `docket demo`, or `docket init DIR`.",
@@ -198,7 +204,8 @@ pub async fn run_with_console(
 /// The quit dialog's choice, in the session's events with who made it.
 fn note(ws: &Path, session_id: &str, what: &str) {
     let actor = format!("review:{}", docket::review::Operator::current().user);
-    let written = docket::ledger::Ledger::open(&ws.join(docket::ledger::LEDGER_FILE))
+    let written = docket::ledger::LedgerLocation::for_workspace(ws)
+        .and_then(docket::ledger::Ledger::open)
         .map_err(|e| e.to_string())
         .and_then(|l| {
             use docket::ledger::controls::RunControls;

@@ -14,6 +14,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let cli = cli::Cli::parse();
+    if let Some(url) = cli.ledger.clone().filter(|u| !u.trim().is_empty()) {
+        docket::ledger::location::choose(url);
+    }
     let _log_guard = init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -728,7 +728,7 @@ fn openrouter_batch_mode_is_simulated() {
         "a request went elsewhere than the OpenRouter route"
     );
     let conn = ws.conn();
-    let sid = docket::ledger::store::latest_session(&conn)
+    let sid = docket::ledger::store::latest_session(&support::db(&conn))
         .unwrap()
         .expect("a session");
     assert!(batch_rows(&conn).is_empty(), "a provider_batch row");
@@ -768,7 +768,7 @@ fn batch_api_end_to_end(kind: &str) {
         "{kind}: the batch went to another API: {creates:?}"
     );
     let conn = ws.conn();
-    let sid = docket::ledger::store::latest_session(&conn)
+    let sid = docket::ledger::store::latest_session(&support::db(&conn))
         .unwrap()
         .expect("a session");
     let rows = batch_rows(&conn);

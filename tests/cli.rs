@@ -39,7 +39,7 @@ async fn wait_for_progress(ws: &Workspace, at_least: i64) {
 }
 
 fn latest_session(ws: &Workspace) -> String {
-    docket::ledger::store::latest_session(&ws.conn())
+    docket::ledger::store::latest_session(&support::db(&ws.conn()))
         .unwrap()
         .expect("a session")
 }

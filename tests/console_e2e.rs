@@ -164,7 +164,7 @@ impl Home {
         );
         assert!(out.contains("Results: docket batch-results"), "{out}");
         let conn = docket::ledger::open(&ws.join("docket.sqlite")).unwrap();
-        let session = docket::ledger::store::latest_session(&conn)
+        let session = docket::ledger::store::latest_session(&support::db(&conn))
             .unwrap()
             .expect("a session");
         let pending = count(
@@ -409,7 +409,7 @@ fn demo_console_review_pause_resume_cancel_quit() {
         },
     );
     let conn = ledger_ro(&ledger_path);
-    let sid = docket::ledger::store::latest_session(&conn)
+    let sid = docket::ledger::store::latest_session(&support::db(&conn))
         .unwrap()
         .expect("the demo's session");
     assert!(header(&first).contains(&sid), "{first}");
@@ -704,7 +704,7 @@ fn console_pauses_and_resumes_a_headless_run() {
 
     let conn = ledger_ro(&ledger_path);
     let sid = poll("the headless session", Duration::from_secs(30), || {
-        docket::ledger::store::latest_session(&conn)
+        docket::ledger::store::latest_session(&support::db(&conn))
             .map_err(|e| e.to_string())?
             .ok_or("no session yet".to_string())
     });

@@ -1256,9 +1256,12 @@ fn set_desired_writes_the_state_and_an_event() {
     assert_eq!(session_controls(&l.conn, "run").0, "paused");
     // The engine's own reader sees it.
     assert_eq!(
-        docket::ledger::store::desired_state(&l.reopen(), "run")
-            .expect("read")
-            .as_deref(),
+        docket::ledger::store::desired_state(
+            &docket::ledger::db::Connection::Sqlite(l.reopen()),
+            "run"
+        )
+        .expect("read")
+        .as_deref(),
         Some("paused")
     );
     l.db.set_desired("run", Desired::Running, "review:bob")
@@ -1566,7 +1569,11 @@ fn the_review_filter_finds_items_waiting_for_the_index_and_indexed_ones() {
     assert_eq!(counted("wembley"), ["alpha-1"], "found while it waits");
     assert_eq!(counted("EMBLE"), ["alpha-1"], "a substring, any case");
     index_matches_table();
-    assert_eq!(docket::ledger::search_index::catch_up(&l.conn).unwrap(), 1);
+    assert_eq!(
+        docket::ledger::search_index::catch_up(&docket::ledger::db::Connection::Sqlite(l.reopen()))
+            .unwrap(),
+        1
+    );
     assert_eq!(waiting(), 0);
     index_matches_table();
     assert_eq!(counted("wembley"), ["alpha-1"], "found in the index");
@@ -1601,14 +1608,22 @@ fn the_review_filter_finds_items_waiting_for_the_index_and_indexed_ones() {
     assert!(page("venue").is_empty());
     assert_eq!(waiting(), 0);
     index_matches_table();
-    assert_eq!(docket::ledger::search_index::catch_up(&l.conn).unwrap(), 0);
+    assert_eq!(
+        docket::ledger::search_index::catch_up(&docket::ledger::db::Connection::Sqlite(l.reopen()))
+            .unwrap(),
+        0
+    );
 
     // A reused id (the deleted row was the newest) waits again, as new.
     l.item("gamma-3");
     l.review("gamma-3", "s1", Some(0.5), "Venue was Wembley", None);
     assert_eq!(waiting(), 1);
     assert_eq!(page("wembley"), ["gamma-3"]);
-    assert_eq!(docket::ledger::search_index::catch_up(&l.conn).unwrap(), 1);
+    assert_eq!(
+        docket::ledger::search_index::catch_up(&docket::ledger::db::Connection::Sqlite(l.reopen()))
+            .unwrap(),
+        1
+    );
     assert_eq!(page("wembley"), ["gamma-3"]);
     index_matches_table();
 }

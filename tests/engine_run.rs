@@ -599,10 +599,10 @@ async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
     let sid = loop {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let conn = docket::ledger::open(&ledger).unwrap();
-        if let Ok(Some(id)) = docket::ledger::store::latest_session(&conn)
+        if let Ok(Some(id)) = docket::ledger::store::latest_session(&support::db(&conn))
             && count(&conn, "SELECT processed_count FROM llm_batch_session", []) >= 5
         {
-            docket::ledger::store::set_desired_state(&conn, &id, "paused").unwrap();
+            docket::ledger::store::set_desired_state(&support::db(&conn), &id, "paused").unwrap();
             break id;
         }
     };
@@ -619,7 +619,7 @@ async fn ledger_pause_then_resume_is_obeyed_by_the_running_engine() {
         .query_row("SELECT state FROM llm_batch_session", [], |r| r.get(0))
         .unwrap();
     assert_eq!(state, "paused");
-    docket::ledger::store::set_desired_state(&conn, &sid, "running").unwrap();
+    docket::ledger::store::set_desired_state(&support::db(&conn), &sid, "running").unwrap();
     let (report, _) = handle.await.unwrap();
     assert_eq!(report.end, RunEnd::Completed);
     check_complete(&ws.conn(), &sid);
@@ -746,7 +746,7 @@ async fn another_writer_during_a_run_never_sees_busy() {
     let run_handle = tokio::spawn(run(options(&ws)));
     // (Once the session exists: items imported before planning would be in
     // it, and these have no chart fields for the template.)
-    while docket::ledger::store::latest_session(&ws.conn())
+    while docket::ledger::store::latest_session(&support::db(&ws.conn()))
         .unwrap()
         .is_none()
     {
@@ -756,7 +756,7 @@ async fn another_writer_during_a_run_never_sees_busy() {
     // engine writes: every write must wait its turn, none may fail.
     let writer = std::thread::spawn(move || {
         let conn = docket::ledger::open(&dir.join("docket.sqlite")).unwrap();
-        let mut ledger = docket::ledger::Ledger::open(&dir.join("docket.sqlite")).unwrap();
+        let mut ledger = docket::ledger::Ledger::open(dir.join("docket.sqlite")).unwrap();
         for i in 0..30 {
             let path = dir.join(format!("items/extra{i}.jsonl"));
             let body: String = (0..20)
@@ -769,8 +769,8 @@ async fn another_writer_during_a_run_never_sees_busy() {
                 strict: true,
             };
             docket::items::import_file(&mut ledger, &path, &opts).expect("import during a run");
-            if let Ok(Some(id)) = docket::ledger::store::latest_session(&conn) {
-                docket::ledger::store::set_desired_state(&conn, &id, "running")
+            if let Ok(Some(id)) = docket::ledger::store::latest_session(&support::db(&conn)) {
+                docket::ledger::store::set_desired_state(&support::db(&conn), &id, "running")
                     .expect("control write during a run");
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -1056,7 +1056,7 @@ async fn a_ledger_pause_stops_sending_and_records_events() {
         (n >= 5).then_some(())
     })
     .await;
-    docket::ledger::store::set_desired_state(&conn, &sid, "paused").unwrap();
+    docket::ledger::store::set_desired_state(&support::db(&conn), &sid, "paused").unwrap();
     let ev = poll("the paused event", Duration::from_millis(1_500), || {
         events_of(&conn, &sid, "paused").into_iter().next()
     })
@@ -1095,7 +1095,7 @@ async fn a_ledger_pause_stops_sending_and_records_events() {
     assert_eq!(reason.as_deref(), Some("paused by operator"));
     // Still live while paused: the heartbeat goes on.
     assert!(heartbeat_age(&conn, &sid).unwrap() < 1.5);
-    docket::ledger::store::set_desired_state(&conn, &sid, "running").unwrap();
+    docket::ledger::store::set_desired_state(&support::db(&conn), &sid, "running").unwrap();
     poll("the resumed event", Duration::from_millis(1_500), || {
         events_of(&conn, &sid, "resumed").into_iter().next()
     })
@@ -1297,7 +1297,7 @@ async fn a_ledger_cancel_is_recorded_and_ends_cancelled() {
         live_gauges(&conn, &sid)
     })
     .await;
-    docket::ledger::store::set_desired_state(&conn, &sid, "cancelled").unwrap();
+    docket::ledger::store::set_desired_state(&support::db(&conn), &sid, "cancelled").unwrap();
     let (report, lines) = handle.await.unwrap();
     assert_eq!(report.end, RunEnd::Cancelled, "{}", lines.text());
     check_invariants(&conn, &sid);

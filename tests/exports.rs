@@ -112,7 +112,7 @@ impl Ws {
     }
     /// The handle the CLI exports through.
     fn handle(&self) -> Ledger {
-        Ledger::open(&self.dir.path().join("docket.sqlite")).unwrap()
+        Ledger::open(self.dir.path().join("docket.sqlite")).unwrap()
     }
 }
 

@@ -108,7 +108,7 @@ async fn run_against(kind: &str) {
     assert_eq!(out.status.code(), Some(0), "{kind}:\n{haystack}");
 
     let conn = ws.conn();
-    let sid = docket::ledger::store::latest_session(&conn)
+    let sid = docket::ledger::store::latest_session(&support::db(&conn))
         .unwrap()
         .expect("a session");
     check_complete(&conn, &sid);

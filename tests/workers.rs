@@ -108,7 +108,7 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 
 fn newest_session(ws: &Ws) -> String {
     wait_for("a session", || {
-        docket::ledger::store::latest_session(&ws.conn())
+        docket::ledger::store::latest_session(&support::db(&ws.conn()))
             .ok()
             .flatten()
     })

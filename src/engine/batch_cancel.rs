@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::control::RunControls;
 use crate::ledger::batches::BatchOp;
 use crate::ledger::work::BatchLedger;
-use crate::ledger::{LEDGER_FILE, Ledger};
+use crate::ledger::{Ledger, LedgerLocation};
 use crate::provider::batch::{BatchProvider, build_batch};
 
 /// What `cancel_open_batches` did.
@@ -31,7 +31,7 @@ pub async fn cancel_open_batches(
     session_id: &str,
     actor: &str,
 ) -> Result<BatchCancelReport, String> {
-    let path = workspace.join(LEDGER_FILE);
+    let path = LedgerLocation::for_workspace(workspace).map_err(|e| e.to_string())?;
     let open = {
         let ledger = Ledger::open(&path).map_err(|e| e.to_string())?;
         ledger

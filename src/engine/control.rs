@@ -146,7 +146,7 @@ pub(super) async fn control_loop(
     grace: Duration,
     reporter: Arc<dyn Reporter>,
 ) {
-    let ledger = match Ledger::open_read_only(&ctx.p.ledger_path) {
+    let ledger = match Ledger::open_read_only(&ctx.p.ledger) {
         Ok(l) => Arc::new(std::sync::Mutex::new(l)),
         Err(e) => {
             // Without it nothing obeys the ledger or writes a heartbeat:

@@ -83,7 +83,7 @@ async fn claim(ctx: &Arc<Ctx>, request_ids: Vec<i64>) -> Result<Vec<WorkItem>, S
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
-            *slot = Some(Ledger::open(&ctx.p.ledger_path).map_err(|e| e.to_string())?);
+            *slot = Some(Ledger::open(&ctx.p.ledger).map_err(|e| e.to_string())?);
         }
         let Some(ledger) = slot.as_mut() else {
             return Err("no ledger connection".to_string());

@@ -46,9 +46,8 @@ pub(super) async fn dispatch(
     grace: Duration,
     resumed: bool,
 ) -> Result<RunEnd, EngineError> {
-    let (writer, writer_handle) =
-        LedgerWriter::start(&p.ledger_path).map_err(EngineError::opening)?;
-    let read = super::open_ledger(&p.ledger_path)?;
+    let (writer, writer_handle) = LedgerWriter::start(&p.ledger).map_err(EngineError::opening)?;
+    let read = super::open_ledger(&p.ledger)?;
     let row = read.load_session(&session_id)?.ok_or_else(|| {
         EngineError::Ledger(format!("session {session_id} vanished from the ledger"))
     })?;

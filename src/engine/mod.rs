@@ -38,7 +38,7 @@ use crate::gate::GateBuildError;
 use crate::ledger::rerun::RerunError;
 use crate::ledger::store::{self, RESUME_WINDOW_SECS, SessionRow};
 use crate::ledger::work::{RunSessions, WorkQueue};
-use crate::ledger::{LEDGER_FILE, Ledger, LedgerError, now_ts};
+use crate::ledger::{Ledger, LedgerError, LedgerLocation, now_ts};
 use crate::mock::MockServer;
 use crate::routing::{ThresholdError, Thresholds};
 use crate::template::TemplateError;
@@ -82,8 +82,8 @@ impl EngineError {
 }
 
 /// Open (creating and migrating if needed) the ledger the engine works on.
-pub(crate) fn open_ledger(path: &Path) -> Result<Ledger, EngineError> {
-    Ledger::open(path).map_err(EngineError::opening)
+pub(crate) fn open_ledger(at: &LedgerLocation) -> Result<Ledger, EngineError> {
+    Ledger::open(at).map_err(EngineError::opening)
 }
 
 /// The flags of `batch-adjudicate`.
@@ -115,7 +115,7 @@ pub struct RunOptions {
 /// Everything checked and loaded before planning.
 pub struct Prepared {
     pub config: LoadedConfig,
-    pub ledger_path: PathBuf,
+    pub ledger: crate::ledger::LedgerLocation,
     pub thresholds: Thresholds,
     /// In job order.
     pub stages: Vec<stages::Stage>,
@@ -194,7 +194,7 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
         })?),
     };
     Ok(Prepared {
-        ledger_path: opts.workspace.join(LEDGER_FILE),
+        ledger: LedgerLocation::for_workspace(&opts.workspace).map_err(EngineError::opening)?,
         thresholds,
         critic: stages::critic_routing(&config),
         stages,
@@ -307,7 +307,7 @@ pub async fn run(
     }
     let end = result?;
     let (session, orphaned) = tokio::task::block_in_place(|| -> Result<_, EngineError> {
-        let ledger = open_ledger(&prepared.ledger_path)?;
+        let ledger = open_ledger(&prepared.ledger)?;
         Ok((
             ledger.load_session(&session_id)?,
             ledger.orphaned_spend(&session_id)?,
@@ -374,7 +374,7 @@ fn start_session(
     // Answers made with another template or parameters are neither reused
     // nor asked again behind the operator's back.
     let stale = tokio::task::block_in_place(|| -> Result<_, EngineError> {
-        let ledger = open_ledger(&prepared.ledger_path)?;
+        let ledger = open_ledger(&prepared.ledger)?;
         Ok(ledger.stale_answers(&new_stages(prepared), &plan.item_ids)?)
     })?;
     if !stale.is_empty() {
@@ -415,7 +415,7 @@ fn start_session(
     .to_string();
     let new_stages = new_stages(prepared);
     let taken = tokio::task::block_in_place(|| -> Result<usize, EngineError> {
-        let mut ledger = open_ledger(&prepared.ledger_path)?;
+        let mut ledger = open_ledger(&prepared.ledger)?;
         Ok(ledger.create_session(&store::NewSession {
             session_id: &id,
             config_snapshot_json: &snapshot,
@@ -529,7 +529,7 @@ fn resume_session(
 ) -> Result<String, EngineError> {
     let max_cost = opts.max_cost;
     tokio::task::block_in_place(|| {
-        let mut ledger = open_ledger(&p.ledger_path)?;
+        let mut ledger = open_ledger(&p.ledger)?;
         let Some(s) = ledger.load_session(id)? else {
             let hint = ledger
                 .latest_session()?
@@ -537,7 +537,7 @@ fn resume_session(
                 .unwrap_or_default();
             return Err(EngineError::Usage(format!(
                 "no session {id} in {}{hint}; list them with `docket sessions`",
-                p.ledger_path.display()
+                p.ledger
             )));
         };
         let age = now_ts() - s.started_at;
@@ -612,8 +612,9 @@ fn resume_session(
 /// A resumed session routes with the thresholds (and paces with the rate
 /// limit) it started with, unless the operator passes the flag again.
 fn keep_session_flags(opts: &mut RunOptions, id: &str) {
-    let path = opts.workspace.join(LEDGER_FILE);
-    let Ok(ledger) = Ledger::open_read_only(&path) else {
+    let Ok(ledger) =
+        LedgerLocation::for_workspace(&opts.workspace).and_then(Ledger::open_read_only)
+    else {
         return;
     };
     let Ok(Some(s)) = ledger.load_session(id) else {

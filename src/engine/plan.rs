@@ -67,7 +67,7 @@ pub struct Plan {
 /// Pick and render the candidates. Rendering errors name the template file,
 /// line and item.
 pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Plan, EngineError> {
-    let ledger = super::open_ledger(&p.ledger_path)?;
+    let ledger = super::open_ledger(&p.ledger)?;
     let first = p.first();
     let counter = TokenCounter::for_model(&first.model);
     let filter = CandidateFilter {

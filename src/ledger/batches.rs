@@ -5,7 +5,7 @@
 //! A batch is keyed by its `tag` (docket's own id, unique): the writer's
 //! answers carry no values, so the engine names its batches itself.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
 use crate::provider::batch::Quarantined;
 
@@ -114,15 +114,16 @@ impl BatchOp {
     }
 }
 
-pub(crate) fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Result<()> {
+pub(crate) fn apply(conn: &Connection, op: &BatchOp, now: f64) -> crate::ledger::db::Result<()> {
     match op {
         BatchOp::Create(b) => {
-            conn.prepare_cached(
+            let batch_id = conn.prepare_cached(
                 "INSERT INTO provider_batch (tag, session_id, stage, provider, provider_kind, model, state,
                      request_count, input_bytes, created_at, updated_at, claimed_by, lease_until)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'submitting', ?7, ?8, ?9, ?9, ?10, ?11)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'submitting', ?7, ?8, ?9, ?9, ?10, ?11)
+                 RETURNING batch_id",
             )?
-            .execute(params![
+            .query_row(params![
                 b.tag,
                 b.session_id,
                 b.stage,
@@ -134,8 +135,7 @@ pub(crate) fn apply(conn: &Connection, op: &BatchOp, now: f64) -> rusqlite::Resu
                 now,
                 b.claimed_by,
                 b.lease_until
-            ])?;
-            let batch_id = conn.last_insert_rowid();
+            ], |r| r.get::<_, i64>(0))?;
             // The stage's checkpoint names its last batch.
             conn.prepare_cached(
                 "UPDATE run_stages SET last_batch_id = ?3, updated_at = ?4 WHERE session_id = ?1 AND stage = ?2",
@@ -303,7 +303,7 @@ pub struct OpenBatch {
 pub(crate) fn open_batches(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<Vec<OpenBatch>> {
+) -> crate::ledger::db::Result<Vec<OpenBatch>> {
     let mut stmt = conn.prepare_cached(
         "SELECT batch_id, tag, state, provider, model, provider_batch_id, input_file_id, request_count,
                 created_at, submitted_at, cancel_requested_at IS NOT NULL, stage, claimed_by
@@ -323,9 +323,9 @@ pub(crate) fn adopt(
     stage: &str,
     worker: &str,
     lease_secs: f64,
-) -> rusqlite::Result<Vec<OpenBatch>> {
+) -> crate::ledger::db::Result<Vec<OpenBatch>> {
     let now = super::now_ts();
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let tx = conn.transaction_with_behavior(crate::ledger::db::TransactionBehavior::Immediate)?;
     let ids: Vec<i64> = tx
         .prepare_cached(
             "UPDATE provider_batch SET claimed_by = ?3, lease_until = ?4
@@ -338,7 +338,7 @@ pub(crate) fn adopt(
             params![session_id, stage, worker, now + lease_secs, now],
             |r| r.get(0),
         )?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<crate::ledger::db::Result<_>>()?;
     let mut out = Vec::with_capacity(ids.len());
     {
         let mut one = tx.prepare_cached(
@@ -355,7 +355,7 @@ pub(crate) fn adopt(
     Ok(out)
 }
 
-fn open_batch(r: &rusqlite::Row<'_>) -> rusqlite::Result<OpenBatch> {
+fn open_batch(r: &crate::ledger::db::Row<'_>) -> crate::ledger::db::Result<OpenBatch> {
     {
         Ok(OpenBatch {
             batch_id: r.get(0)?,
@@ -377,7 +377,10 @@ fn open_batch(r: &rusqlite::Row<'_>) -> rusqlite::Result<OpenBatch> {
 
 /// How many of a session's batches are not finished with (for the message
 /// at a stop: the provider keeps running them).
-pub(crate) fn open_batch_count(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
+pub(crate) fn open_batch_count(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<u64> {
     let n: i64 = conn
         .prepare_cached(
             "SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1 AND state != 'ingested'",
@@ -388,16 +391,16 @@ pub(crate) fn open_batch_count(conn: &Connection, session_id: &str) -> rusqlite:
 
 /// Every provider batch id docket knows (any session): `find` must never
 /// take one of them for the batch it looks for.
-pub(crate) fn known_provider_ids(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+pub(crate) fn known_provider_ids(conn: &Connection) -> crate::ledger::db::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
         "SELECT provider_batch_id FROM provider_batch WHERE provider_batch_id IS NOT NULL",
     )?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
+    let rows = stmt.query_map(params![], |r| r.get(0))?;
     rows.collect()
 }
 
 /// How many batches the session has had (the next tag's number).
-pub(crate) fn batch_count(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
+pub(crate) fn batch_count(conn: &Connection, session_id: &str) -> crate::ledger::db::Result<u64> {
     let n: i64 = conn
         .prepare_cached("SELECT COUNT(*) FROM provider_batch WHERE session_id = ?1")?
         .query_row(params![session_id], |r| r.get(0))?;
@@ -421,7 +424,7 @@ pub(crate) fn waiting_lines_after(
     tag: &str,
     after: &str,
     max: usize,
-) -> rusqlite::Result<Vec<WaitingLine>> {
+) -> crate::ledger::db::Result<Vec<WaitingLine>> {
     let mut stmt = conn.prepare_cached(
         "SELECT bi.custom_id, bi.request_id, bi.attempt, m.system_prompt, m.user_prompt
          FROM provider_batch pb
@@ -451,7 +454,7 @@ fn insert_lines(
     session_id: &str,
     lines: &[NewBatchLine],
     now: f64,
-) -> rusqlite::Result<()> {
+) -> crate::ledger::db::Result<()> {
     let mut item = conn.prepare_cached(
         "INSERT INTO provider_batch_item (batch_id, custom_id, request_id, attempt) VALUES (?1, ?2, ?3, ?4)",
     )?;
@@ -491,7 +494,7 @@ pub struct LineId {
 
 /// The lines of batch `tag` still waiting for their result, without their
 /// prompts (what collecting its results needs).
-pub(crate) fn waiting_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<LineId>> {
+pub(crate) fn waiting_ids(conn: &Connection, tag: &str) -> crate::ledger::db::Result<Vec<LineId>> {
     let mut stmt = conn.prepare_cached(
         "SELECT bi.custom_id, bi.request_id, bi.attempt
          FROM provider_batch b
@@ -512,7 +515,7 @@ pub(crate) fn waiting_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<
 
 /// Every line of batch `tag` (a re-fetch of its results must know the lines
 /// already applied from the ones that are not its own).
-pub(crate) fn line_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<String>> {
+pub(crate) fn line_ids(conn: &Connection, tag: &str) -> crate::ledger::db::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
         "SELECT bi.custom_id FROM provider_batch b
          JOIN provider_batch_item bi ON bi.batch_id = b.batch_id WHERE b.tag = ?1",
@@ -522,7 +525,7 @@ pub(crate) fn line_ids(conn: &Connection, tag: &str) -> rusqlite::Result<Vec<Str
 }
 
 /// Whether batch `tag` is finished with (`ingested`).
-pub(crate) fn is_settled(conn: &Connection, tag: &str) -> rusqlite::Result<bool> {
+pub(crate) fn is_settled(conn: &Connection, tag: &str) -> crate::ledger::db::Result<bool> {
     let state: Option<String> = conn
         .prepare_cached("SELECT state FROM provider_batch WHERE tag = ?1")?
         .query_row(params![tag], |r| r.get(0))
@@ -532,7 +535,10 @@ pub(crate) fn is_settled(conn: &Connection, tag: &str) -> rusqlite::Result<bool>
 
 /// Every line of batch `batch_id` (a re-fetch of its results must know the
 /// lines already applied from the ones that are not its own).
-pub fn batch_custom_ids(conn: &Connection, batch_id: i64) -> rusqlite::Result<Vec<String>> {
+pub fn batch_custom_ids(
+    conn: &Connection,
+    batch_id: i64,
+) -> crate::ledger::db::Result<Vec<String>> {
     let mut stmt =
         conn.prepare_cached("SELECT custom_id FROM provider_batch_item WHERE batch_id = ?1")?;
     let rows = stmt.query_map(params![batch_id], |r| r.get(0))?;

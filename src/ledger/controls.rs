@@ -3,7 +3,7 @@
 //! `session_event` naming who asked, in the same write transaction. The
 //! engine polls these columns; it never needs to be reachable otherwise.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
 use super::transaction::write_transaction;
 use super::{Ledger, LedgerError, batches, now_ts, store};
@@ -75,9 +75,9 @@ impl RunControls for Ledger {
     }
 }
 
-impl From<rusqlite::Error> for ControlError {
-    fn from(e: rusqlite::Error) -> Self {
-        ControlError::Ledger(LedgerError::Sql(e))
+impl From<crate::ledger::db::Error> for ControlError {
+    fn from(e: crate::ledger::db::Error) -> Self {
+        ControlError::Ledger(LedgerError::Db(e))
     }
 }
 

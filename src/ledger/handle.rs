@@ -6,51 +6,70 @@
 //! they never see the SQLite connection behind it, so a second backend
 //! (PostgreSQL) can implement the same traits without touching them.
 
-use std::path::{Path, PathBuf};
-
-use rusqlite::Connection;
+use crate::ledger::db::Connection;
 
 use super::LedgerError;
+use super::db::PgConnection;
+use super::location::LedgerLocation;
 
-/// An open ledger (today: a SQLite file).
+/// An open ledger: a SQLite file or a PostgreSQL database.
 pub struct Ledger {
     conn: Connection,
-    path: PathBuf,
+    location: LedgerLocation,
     /// The last "has anything changed" answer's marker.
     seen_version: Option<i64>,
 }
 
 impl Ledger {
-    /// Open (creating if needed) and migrate the ledger at `path`.
-    pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::wrap(super::open(path)?, path))
+    /// Open (creating if needed) and migrate the ledger at `at`.
+    pub fn open(at: impl Into<LedgerLocation>) -> Result<Ledger, LedgerError> {
+        let location = at.into();
+        let conn = match &location {
+            LedgerLocation::File(path) => Connection::Sqlite(super::open(path)?),
+            LedgerLocation::Postgres(url) => Connection::Postgres(Box::new(PgConnection::new(
+                super::postgres::open(url)?,
+                (**url).clone(),
+            ))),
+        };
+        Ok(Ledger::wrap(conn, location))
     }
 
     /// Open an existing ledger for reading only; fails when there is none.
-    pub fn open_read_only(path: &Path) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::wrap(super::open_read_only(path)?, path))
+    pub fn open_read_only(at: impl Into<LedgerLocation>) -> Result<Ledger, LedgerError> {
+        let location = at.into();
+        let conn = match &location {
+            LedgerLocation::File(path) => Connection::Sqlite(super::open_read_only(path)?),
+            LedgerLocation::Postgres(url) => Connection::Postgres(Box::new(PgConnection::new(
+                super::postgres::open_existing(url)?,
+                (**url).clone(),
+            ))),
+        };
+        Ok(Ledger::wrap(conn, location))
     }
 
-    fn wrap(conn: Connection, path: &Path) -> Ledger {
+    fn wrap(conn: Connection, location: LedgerLocation) -> Ledger {
         Ledger {
             conn,
-            path: path.to_path_buf(),
+            location,
             seen_version: None,
         }
     }
 
-    /// Where the ledger lives (for messages).
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Where the ledger lives (shown as a path, or a URL without its
+    /// password).
+    pub fn location(&self) -> &LedgerLocation {
+        &self.location
     }
 
     /// Whether another connection committed anything since the last call
     /// (true on the first call). Cheap: no table is read.
     pub fn has_changed(&mut self) -> Result<bool, LedgerError> {
         // SQLite's data_version moves when another connection commits.
-        let v: i64 = self
-            .conn
-            .pragma_query_value(None, "data_version", |r| r.get(0))?;
+        let Some(conn) = self.conn.sqlite() else {
+            // PostgreSQL has no such counter: a reader reads again.
+            return Ok(true);
+        };
+        let v: i64 = conn.pragma_query_value(None, "data_version", |r| r.get(0))?;
         let changed = self.seen_version != Some(v);
         self.seen_version = Some(v);
         Ok(changed)

@@ -3,7 +3,7 @@
 //! a few seconds with flat memory. Idempotent by item id: an id the ledger
 //! already has is left untouched.
 
-use rusqlite::{CachedStatement, Connection, params};
+use crate::ledger::db::{Connection, Statement, params};
 
 use super::{Ledger, LedgerError, now_ts};
 
@@ -46,7 +46,7 @@ impl Import for Ledger {
 /// An open `BEGIN IMMEDIATE` transaction with its insert statement.
 struct SqliteBatch<'c> {
     conn: &'c Connection,
-    insert: CachedStatement<'c>,
+    insert: Statement<'c>,
     /// False once the transaction ended.
     open: bool,
     source_file: String,
@@ -62,8 +62,14 @@ impl<'c> SqliteBatch<'c> {
         // index in memory (random ids would otherwise spill and re-read
         // pages). Bounded, so memory stays flat whatever the file size;
         // restored when the batch ends.
-        let cache_before: i64 = conn.pragma_query_value(None, "cache_size", |r| r.get(0))?;
-        conn.pragma_update(None, "cache_size", IMPORT_CACHE_KIB)?;
+        let cache_before: i64 = match conn.sqlite() {
+            Some(c) => {
+                let before = c.pragma_query_value(None, "cache_size", |r| r.get(0))?;
+                c.pragma_update(None, "cache_size", IMPORT_CACHE_KIB)?;
+                before
+            }
+            None => 0,
+        };
         let started = conn
             .execute_batch("BEGIN IMMEDIATE")
             .and_then(|()| conn.prepare_cached(INSERT_SQL));
@@ -73,7 +79,9 @@ impl<'c> SqliteBatch<'c> {
                 if !conn.is_autocommit() {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
-                let _ = conn.pragma_update(None, "cache_size", cache_before);
+                if let Some(c) = conn.sqlite() {
+                    let _ = c.pragma_update(None, "cache_size", cache_before);
+                }
                 return Err(e.into());
             }
         };
@@ -100,9 +108,10 @@ impl<'c> SqliteBatch<'c> {
         if ended.is_err() && !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
-        let restored = self
-            .conn
-            .pragma_update(None, "cache_size", self.cache_before);
+        let restored = match self.conn.sqlite() {
+            Some(c) => c.pragma_update(None, "cache_size", self.cache_before),
+            None => Ok(()),
+        };
         ended?;
         restored?;
         Ok(())

@@ -9,8 +9,10 @@ pub mod batches;
 pub mod console;
 pub mod controls;
 pub mod copy;
+pub mod db;
 mod handle;
 pub mod import;
+pub mod location;
 mod migrate;
 pub mod postgres;
 pub mod queue;
@@ -30,6 +32,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 
 pub use handle::Ledger;
+pub use location::LedgerLocation;
 pub use migrate::{MIGRATIONS, migrate};
 
 /// The ledger file name inside a workspace.
@@ -66,6 +69,8 @@ pub enum LedgerError {
     Postgres { url: String, detail: String },
     #[error(transparent)]
     Sql(#[from] rusqlite::Error),
+    #[error(transparent)]
+    Db(#[from] db::Error),
 }
 
 /// Open (creating if needed) the ledger at `path` and bring its schema up to date.

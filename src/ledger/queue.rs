@@ -15,7 +15,7 @@
 //! - Workers on this host whose process is gone lose their leases at once;
 //!   elsewhere a lease runs out on its own.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use crate::ledger::db::{Connection, Dialect, OptionalExtension, TransactionBehavior, params};
 
 use super::now_ts;
 use super::store::{WorkItem, hostname, process_alive};
@@ -59,14 +59,25 @@ pub(crate) fn claim_page(
     scope: ClaimScope,
     n: usize,
     lease_secs: f64,
-) -> rusqlite::Result<Vec<WorkItem>> {
+) -> crate::ledger::db::Result<Vec<WorkItem>> {
     let now = now_ts();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    // (rowid, position, previous holder, whether that holder had it leased)
+    let postgres = conn.dialect() == Dialect::Postgres;
+    // SQLite: the write lock first, so two claims never pick the same rows.
+    // PostgreSQL: no ledger-wide lock; the rows picked are locked and rows
+    // another claim holds are skipped (`FOR UPDATE SKIP LOCKED`), so
+    // workers claim side by side.
+    let tx = conn.transaction_with_behavior(if postgres {
+        TransactionBehavior::Deferred
+    } else {
+        TransactionBehavior::Immediate
+    })?;
+    // (row, position, previous holder, whether that holder had it leased);
+    // the row is SQLite's rowid, or the position on PostgreSQL.
+    let row_id = if postgres { "si.position" } else { "si.rowid" };
     let picked: Vec<(i64, i64, String, Option<String>, bool)> = {
         let sql = match scope {
             ClaimScope::After(_) => {
-                "SELECT si.rowid, si.position, si.item_id, si.claimed_by, si.lease_until IS NOT NULL
+                "SELECT {ROW}, si.position, si.item_id, si.claimed_by, si.lease_until IS NOT NULL
                  FROM session_item si
                  WHERE si.session_id = ?1 AND si.position > ?2
                    AND (si.lease_until IS NULL OR si.lease_until < ?3)
@@ -75,7 +86,7 @@ pub(crate) fn claim_page(
                  ORDER BY si.position LIMIT ?4"
             }
             ClaimScope::Takeover => {
-                "SELECT si.rowid, si.position, si.item_id, si.claimed_by, si.lease_until IS NOT NULL
+                "SELECT {ROW}, si.position, si.item_id, si.claimed_by, si.lease_until IS NOT NULL
                  FROM session_item si
                  WHERE si.session_id = ?1 AND si.position > ?2
                    AND ((si.lease_until IS NULL AND si.claimed_by IS NULL)
@@ -98,17 +109,20 @@ pub(crate) fn claim_page(
                 "SELECT EXISTS (SELECT 1 FROM provider_batch WHERE session_id = ?1 AND state != 'ingested')",
             )?
             .query_row(params![session_id], |r| r.get(0))?;
-        let sql = if open_batches {
-            std::borrow::Cow::Owned(sql.replace(
+        let mut sql = sql.replace("{ROW}", row_id);
+        if open_batches {
+            sql = sql.replace(
                 "ORDER BY si.position",
                 &format!("{IN_OPEN_BATCH} ORDER BY si.position"),
-            ))
-        } else {
-            std::borrow::Cow::Borrowed(sql)
-        };
+            );
+        }
+        if postgres {
+            sql.push_str(" FOR UPDATE OF si SKIP LOCKED");
+        }
         let mut stmt = tx.prepare_cached(&sql)?;
-        let pick =
-            |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?));
+        let pick = |r: &crate::ledger::db::Row<'_>| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        };
         let rows = match scope {
             ClaimScope::After(_) => {
                 stmt.query_map(params![session_id, after, now, n as i64], pick)?
@@ -117,7 +131,7 @@ pub(crate) fn claim_page(
                 stmt.query_map(params![session_id, after, now, n as i64, worker], pick)?
             }
         };
-        rows.collect::<rusqlite::Result<_>>()?
+        rows.collect::<crate::ledger::db::Result<_>>()?
     };
     if picked.is_empty() {
         tx.commit()?;
@@ -125,13 +139,21 @@ pub(crate) fn claim_page(
     }
     let mut tokens = std::collections::HashMap::with_capacity(picked.len());
     {
-        let mut claim = tx.prepare_cached(
+        let mut claim = tx.prepare_cached(if postgres {
             "UPDATE session_item SET claimed_by = ?2, lease_until = ?3, claim_token = claim_token + 1
-             WHERE rowid = ?1 RETURNING claim_token",
-        )?;
-        for (rowid, position, _, _, _) in &picked {
-            let token: i64 =
-                claim.query_row(params![rowid, worker, now + lease_secs], |r| r.get(0))?;
+             WHERE session_id = ?4 AND position = ?1 RETURNING claim_token"
+        } else {
+            "UPDATE session_item SET claimed_by = ?2, lease_until = ?3, claim_token = claim_token + 1
+             WHERE rowid = ?1 RETURNING claim_token"
+        })?;
+        for (row, position, _, _, _) in &picked {
+            let token: i64 = if postgres {
+                claim.query_row(params![row, worker, now + lease_secs, session_id], |r| {
+                    r.get(0)
+                })?
+            } else {
+                claim.query_row(params![row, worker, now + lease_secs], |r| r.get(0))?
+            };
             tokens.insert(*position, token);
         }
     }
@@ -161,7 +183,7 @@ fn load_claimed(
     conn: &Connection,
     session_id: &str,
     tokens: &std::collections::HashMap<i64, i64>,
-) -> rusqlite::Result<Vec<WorkItem>> {
+) -> crate::ledger::db::Result<Vec<WorkItem>> {
     let first = tokens.keys().copied().min().unwrap_or(0);
     let last = tokens.keys().copied().max().unwrap_or(0);
     // A page off the first pass (or a batch's lines, cut in order) is one
@@ -196,7 +218,7 @@ pub(crate) fn claim_requests(
     worker: &str,
     request_ids: &[i64],
     lease_secs: f64,
-) -> rusqlite::Result<Vec<WorkItem>> {
+) -> crate::ledger::db::Result<Vec<WorkItem>> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut tokens = std::collections::HashMap::with_capacity(request_ids.len());
@@ -248,7 +270,7 @@ fn mark_in_flight_ambiguous(
     session_id: &str,
     item_id: &str,
     now: f64,
-) -> rusqlite::Result<usize> {
+) -> crate::ledger::db::Result<usize> {
     conn.prepare_cached(
         "UPDATE llm_messages SET state = 'ambiguous', error_kind = 'ambiguous',
              error_message = 'in flight when its worker lost the item (it stopped or stalled past its lease); it may have been billed',
@@ -270,7 +292,7 @@ pub(crate) fn renew(
     session_id: &str,
     worker: &str,
     lease_secs: f64,
-) -> rusqlite::Result<usize> {
+) -> crate::ledger::db::Result<usize> {
     let until = now_ts() + lease_secs;
     conn.prepare_cached(
         "UPDATE provider_batch SET lease_until = ?3
@@ -290,7 +312,7 @@ pub(crate) fn release_all(
     conn: &Connection,
     session_id: &str,
     worker: &str,
-) -> rusqlite::Result<usize> {
+) -> crate::ledger::db::Result<usize> {
     // Its open provider batches too: another worker (or a resume) adopts
     // them and collects their results.
     conn.prepare_cached(
@@ -313,7 +335,7 @@ pub(crate) fn held_by_others(
     conn: &Connection,
     session_id: &str,
     worker: &str,
-) -> rusqlite::Result<u64> {
+) -> crate::ledger::db::Result<u64> {
     let items: i64 = conn
         .prepare_cached(
             "SELECT COUNT(*) FROM session_item
@@ -335,7 +357,7 @@ pub(crate) fn held_by_others(
 pub(crate) fn expire_dead_local_workers(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<Vec<String>> {
+) -> crate::ledger::db::Result<Vec<String>> {
     let host = hostname();
     let workers: Vec<(String, i64)> = conn
         .prepare_cached(
@@ -343,7 +365,7 @@ pub(crate) fn expire_dead_local_workers(
              WHERE session_id = ?1 AND host = ?2 AND ended_at IS NULL",
         )?
         .query_map(params![session_id, host], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<crate::ledger::db::Result<_>>()?;
     let mut gone = Vec::new();
     for (id, pid) in workers {
         if pid == i64::from(std::process::id()) || process_alive(pid) {
@@ -379,7 +401,11 @@ pub struct WorkerBeat {
 }
 
 /// Record a worker joining a session (or beating again).
-pub(crate) fn beat(conn: &Connection, session_id: &str, b: &WorkerBeat) -> rusqlite::Result<()> {
+pub(crate) fn beat(
+    conn: &Connection,
+    session_id: &str,
+    b: &WorkerBeat,
+) -> crate::ledger::db::Result<()> {
     let now = now_ts();
     let op = crate::review::Operator::current();
     conn.prepare_cached(
@@ -406,7 +432,7 @@ pub(crate) fn beat(conn: &Connection, session_id: &str, b: &WorkerBeat) -> rusql
 }
 
 /// A worker let go of the session.
-pub(crate) fn worker_ended(conn: &Connection, worker: &str) -> rusqlite::Result<()> {
+pub(crate) fn worker_ended(conn: &Connection, worker: &str) -> crate::ledger::db::Result<()> {
     conn.prepare_cached(
         "UPDATE session_worker SET ended_at = ?2, claims = 0 WHERE worker_id = ?1",
     )?
@@ -416,7 +442,7 @@ pub(crate) fn worker_ended(conn: &Connection, worker: &str) -> rusqlite::Result<
 
 /// How many workers run the session now (a fresh heartbeat, not ended),
 /// this one included if it beat.
-pub(crate) fn live_workers(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
+pub(crate) fn live_workers(conn: &Connection, session_id: &str) -> crate::ledger::db::Result<u64> {
     conn.prepare_cached(
         "SELECT COUNT(*) FROM session_worker
          WHERE session_id = ?1 AND ended_at IS NULL AND heartbeat_at >= ?2",
@@ -432,7 +458,7 @@ pub(crate) fn others_gauges(
     conn: &Connection,
     session_id: &str,
     worker: &str,
-) -> rusqlite::Result<Vec<String>> {
+) -> crate::ledger::db::Result<Vec<String>> {
     conn.prepare_cached(
         "SELECT live_json FROM session_worker
          WHERE session_id = ?1 AND worker_id != ?2 AND ended_at IS NULL AND heartbeat_at >= ?3
@@ -460,7 +486,10 @@ pub struct WorkerRow {
 }
 
 /// Every worker that worked on the session, newest first.
-pub(crate) fn workers(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<WorkerRow>> {
+pub(crate) fn workers(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<Vec<WorkerRow>> {
     let now = now_ts();
     conn.prepare_cached(
         "SELECT worker_id, host, pid, claims, sent, requests_per_sec, orphaned, heartbeat_at, ended_at
@@ -489,7 +518,7 @@ pub(crate) fn current_token(
     conn: &Connection,
     session_id: &str,
     item_id: &str,
-) -> rusqlite::Result<Option<i64>> {
+) -> crate::ledger::db::Result<Option<i64>> {
     conn.prepare_cached(
         "SELECT claim_token FROM session_item WHERE session_id = ?1 AND item_id = ?2",
     )?
@@ -509,7 +538,7 @@ mod tests {
     fn ledger(n: usize) -> (tempfile::TempDir, std::path::PathBuf, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("docket.sqlite");
-        let mut conn = crate::ledger::open(&path).unwrap();
+        let mut conn = Connection::Sqlite(crate::ledger::open(&path).unwrap());
         let ids: Vec<String> = (0..n).map(|i| format!("item-{i:03}")).collect();
         for id in &ids {
             conn.execute(
@@ -568,7 +597,7 @@ mod tests {
         // a's lease runs out: c takes its items over, each with a new token.
         conn.execute(
             "UPDATE session_item SET lease_until = 1 WHERE claimed_by = 'a'",
-            [],
+            params![],
         )
         .unwrap();
         let taken = claim_page(&mut conn, "s1", "c", ClaimScope::Takeover, 100, 30.0).unwrap();
@@ -596,7 +625,7 @@ mod tests {
         .unwrap();
         conn.execute(
             "UPDATE session_item SET lease_until = 1 WHERE claimed_by = 'a'",
-            [],
+            params![],
         )
         .unwrap();
         let b = claim_page(&mut conn, "s1", "b", ClaimScope::After(-1), 1, 30.0).unwrap();
@@ -605,7 +634,7 @@ mod tests {
         let (state, ambiguous): (String, i64) = conn
             .query_row(
                 "SELECT m.state, s.ambiguous_count FROM llm_messages m, llm_batch_session s WHERE s.session_id = 's1'",
-                [],
+                params![],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .unwrap();
@@ -634,7 +663,7 @@ mod tests {
         });
         writer.write_fenced(send, fence(1)).await.unwrap();
         // a stalls; b takes the item over.
-        conn.execute("UPDATE session_item SET lease_until = 1", [])
+        conn.execute("UPDATE session_item SET lease_until = 1", params![])
             .unwrap();
         let b = claim_page(&mut conn, "s1", "b", ClaimScope::Takeover, 1, 30.0).unwrap();
         assert_eq!(b[0].claim_token, 2);
@@ -678,13 +707,13 @@ mod tests {
         assert!((cost - 0.25).abs() < 1e-9, "what it paid is on record");
         assert_eq!(store::orphaned_spend(&conn, "s1").unwrap(), (1, 0.25));
         let attempts: i64 = conn
-            .query_row("SELECT COUNT(*) FROM llm_messages", [], |r| r.get(0))
+            .query_row("SELECT COUNT(*) FROM llm_messages", params![], |r| r.get(0))
             .unwrap();
         assert_eq!(attempts, 1, "the refused send wrote nothing");
         let events: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM session_event WHERE kind = 'lease_lost'",
-                [],
+                params![],
                 |r| r.get(0),
             )
             .unwrap();

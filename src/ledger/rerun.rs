@@ -4,7 +4,7 @@
 //! item's outcome is moved to `llm_batch_result_history` and its
 //! auto-accepted decision is undone, so the new answers decide it again.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use crate::ledger::db::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{LedgerError, now_ts};
 
@@ -39,9 +39,9 @@ pub enum RerunError {
     Ledger(#[from] LedgerError),
 }
 
-impl From<rusqlite::Error> for RerunError {
-    fn from(e: rusqlite::Error) -> Self {
-        RerunError::Ledger(LedgerError::Sql(e))
+impl From<crate::ledger::db::Error> for RerunError {
+    fn from(e: crate::ledger::db::Error) -> Self {
+        RerunError::Ledger(LedgerError::Db(e))
     }
 }
 
@@ -72,7 +72,7 @@ pub(crate) fn rerun_stages(
     let items: Vec<String> = tx
         .prepare("SELECT item_id FROM session_item WHERE session_id = ?1 ORDER BY position")?
         .query_map(params![session_id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<crate::ledger::db::Result<_>>()?;
     let why = format!("rerun-stage {} by {actor}", stages[from].name);
     let earlier: Vec<&str> = stages[..from].iter().map(|s| s.name.as_str()).collect();
     for item in &items {

@@ -4,7 +4,7 @@
 //! someone else, and logs itself in `review_log` with the decision row it
 //! replaced, so the newest one can be undone, even after a restart.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
 use super::transaction::write_transaction;
 use super::{Ledger, LedgerError, now_ts};
@@ -65,9 +65,9 @@ impl ReviewDecisions for Ledger {
     }
 }
 
-impl From<rusqlite::Error> for ReviewError {
-    fn from(e: rusqlite::Error) -> Self {
-        ReviewError::Ledger(LedgerError::Sql(e))
+impl From<crate::ledger::db::Error> for ReviewError {
+    fn from(e: crate::ledger::db::Error) -> Self {
+        ReviewError::Ledger(LedgerError::Db(e))
     }
 }
 
@@ -424,7 +424,7 @@ impl ItemRow {
     }
 }
 
-fn load_item(conn: &Connection, review_id: i64) -> rusqlite::Result<Option<ItemRow>> {
+fn load_item(conn: &Connection, review_id: i64) -> crate::ledger::db::Result<Option<ItemRow>> {
     conn.prepare_cached(
         "SELECT item_id, status, llm_suggestion_json, confidence, model_id, request_id, decided_by,
                 decided_at, claimed_by, claim_expires_at
@@ -471,7 +471,10 @@ impl DecisionState {
     }
 }
 
-fn load_decision(conn: &Connection, item_id: &str) -> rusqlite::Result<Option<DecisionState>> {
+fn load_decision(
+    conn: &Connection,
+    item_id: &str,
+) -> crate::ledger::db::Result<Option<DecisionState>> {
     conn.prepare_cached(
         "SELECT state, decided_answer_json, decided_by, decided_at, confidence, model_id, adjudication_id
          FROM decision WHERE item_id = ?1",

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OptionalExtension};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
 /// Index as soon as this many review items wait: big enough that a segment
 /// is worth writing, small enough that a search's direct read of them stays
@@ -41,7 +41,7 @@ impl Pacer {
     /// Inside a write transaction: index the waiting review items if there
     /// are enough of them or the last catch-up is old enough. Returns the
     /// rows indexed.
-    pub(crate) fn maybe_catch_up(&mut self, conn: &Connection) -> rusqlite::Result<u64> {
+    pub(crate) fn maybe_catch_up(&mut self, conn: &Connection) -> crate::ledger::db::Result<u64> {
         let batched = match self.batched {
             Some(b) => b,
             None => *self.batched.insert(is_batched(conn)?),
@@ -61,26 +61,26 @@ impl Pacer {
 }
 
 /// Whether this ledger indexes in batches (it has migration 0007's table).
-pub(crate) fn is_batched(conn: &Connection) -> rusqlite::Result<bool> {
+pub(crate) fn is_batched(conn: &Connection) -> crate::ledger::db::Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'review_search_pending'",
         )?
-        .query_row([], |_| Ok(()))
+        .query_row(params![], |_| Ok(()))
         .optional()?
         .is_some())
 }
 
 /// How many review items wait to be indexed.
-fn backlog(conn: &Connection) -> rusqlite::Result<i64> {
+fn backlog(conn: &Connection) -> crate::ledger::db::Result<i64> {
     conn.prepare_cached("SELECT COUNT(*) FROM review_search_pending")?
-        .query_row([], |r| r.get(0))
+        .query_row(params![], |r| r.get(0))
 }
 
 /// Index every waiting review item, in the caller's write transaction (so a
 /// search never sees a row twice or not at all). Returns the rows indexed;
 /// 0 on a ledger that indexes by trigger.
-pub fn catch_up(conn: &Connection) -> rusqlite::Result<u64> {
+pub fn catch_up(conn: &Connection) -> crate::ledger::db::Result<u64> {
     if !is_batched(conn)? {
         return Ok(0);
     }
@@ -91,8 +91,8 @@ pub fn catch_up(conn: &Connection) -> rusqlite::Result<u64> {
              FROM review_search_pending p JOIN review_item r ON r.review_id = p.review_id
              ORDER BY p.review_id",
         )?
-        .execute([])?;
+        .execute(params![])?;
     conn.prepare_cached("DELETE FROM review_search_pending")?
-        .execute([])?;
+        .execute(params![])?;
     Ok(added as u64)
 }

@@ -2,7 +2,9 @@
 //! through `writer`; these run before it starts (planning, resume repair) or
 //! read-only alongside it.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use crate::ledger::db::{
+    Connection, Dialect, OptionalExtension, TransactionBehavior, Value, params,
+};
 
 use super::now_ts;
 
@@ -31,7 +33,7 @@ pub struct CandidateFilter {
 impl CandidateFilter {
     /// Items that a live session (another process) still has to answer are
     /// never taken twice.
-    fn sql(&self, select: &str, live_sessions: bool) -> String {
+    fn sql(&self, select: &str, live_sessions: bool, dialect: Dialect) -> String {
         let mut sql = format!("{select} FROM decision d WHERE d.state = 'indeterminate'");
         if self.skip_reviewed {
             sql.push_str(
@@ -57,12 +59,25 @@ impl CandidateFilter {
         }
         // Import (rowid) order streams straight off the state index; ordering
         // by item_id would make SQLite sort every row, evidence included.
-        sql.push_str(" ORDER BY d.rowid LIMIT ?1");
+        // PostgreSQL keeps the import order in its own column.
+        sql.push_str(match dialect {
+            Dialect::Sqlite => " ORDER BY d.rowid LIMIT ?1",
+            Dialect::Postgres => " ORDER BY d.import_seq LIMIT ?1",
+        });
         sql
+    }
+
+    /// The LIMIT parameter: none is -1 to SQLite, NULL to PostgreSQL.
+    fn limit(&self, dialect: Dialect) -> Value {
+        match (self.limit, dialect) {
+            (Some(l), _) => Value::Integer(i64::try_from(l).unwrap_or(i64::MAX)),
+            (None, Dialect::Sqlite) => Value::Integer(-1),
+            (None, Dialect::Postgres) => Value::Null,
+        }
     }
 }
 
-fn live_cutoff(conn: &Connection) -> rusqlite::Result<Option<f64>> {
+fn live_cutoff(conn: &Connection) -> crate::ledger::db::Result<Option<f64>> {
     let cutoff = now_ts() - LIVE_HEARTBEAT_SECS;
     let live: i64 = conn.query_row(
         "SELECT COUNT(*) FROM llm_batch_session WHERE state IN ('running', 'paused') AND heartbeat_at >= ?1",
@@ -76,13 +91,13 @@ fn live_cutoff(conn: &Connection) -> rusqlite::Result<Option<f64>> {
 pub(crate) fn count_candidates(
     conn: &Connection,
     filter: CandidateFilter,
-) -> rusqlite::Result<u64> {
+) -> crate::ledger::db::Result<u64> {
     let cutoff = live_cutoff(conn)?;
     let sql = format!(
-        "SELECT COUNT(*) FROM ({})",
-        filter.sql("SELECT 1", cutoff.is_some())
+        "SELECT COUNT(*) FROM ({}) AS candidate",
+        filter.sql("SELECT 1", cutoff.is_some(), conn.dialect())
     );
-    let limit = filter.limit.map(|l| l as i64).unwrap_or(-1);
+    let limit = filter.limit(conn.dialect());
     let n: i64 = match cutoff {
         Some(c) => conn.query_row(&sql, params![limit, c], |r| r.get(0))?,
         None => conn.query_row(&sql, params![limit], |r| r.get(0))?,
@@ -101,9 +116,9 @@ pub enum CandidateError {
     Stopped(String),
 }
 
-impl From<rusqlite::Error> for CandidateError {
-    fn from(e: rusqlite::Error) -> Self {
-        CandidateError::Ledger(super::LedgerError::Sql(e))
+impl From<crate::ledger::db::Error> for CandidateError {
+    fn from(e: crate::ledger::db::Error) -> Self {
+        CandidateError::Ledger(super::LedgerError::Db(e))
     }
 }
 
@@ -114,8 +129,12 @@ pub(crate) fn for_each_candidate(
     mut visit: impl FnMut(Candidate) -> Result<(), String>,
 ) -> Result<u64, CandidateError> {
     let cutoff = live_cutoff(conn)?;
-    let sql = filter.sql("SELECT d.item_id, d.evidence_json", cutoff.is_some());
-    let limit = filter.limit.map(|l| l as i64).unwrap_or(-1);
+    let sql = filter.sql(
+        "SELECT d.item_id, d.evidence_json",
+        cutoff.is_some(),
+        conn.dialect(),
+    );
+    let limit = filter.limit(conn.dialect());
     let mut stmt = conn.prepare(&sql)?;
     let mut rows = match cutoff {
         Some(c) => stmt.query(params![limit, c]),
@@ -166,7 +185,7 @@ pub(crate) fn stale_answers(
     conn: &Connection,
     stages: &[NewStage<'_>],
     item_ids: &[String],
-) -> rusqlite::Result<Vec<(String, u64)>> {
+) -> crate::ledger::db::Result<Vec<(String, u64)>> {
     let wanted: std::collections::HashSet<&str> = item_ids.iter().map(String::as_str).collect();
     // One pass per stage over its answered requests (newest version per
     // item), checked against the planned items in memory.
@@ -209,7 +228,10 @@ pub(crate) fn stale_answers(
 /// any session decided since the plan was read (two sessions started at the
 /// same instant) are left out, so choosing and claiming are one atomic
 /// step. With none left nothing is created.
-pub(crate) fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusqlite::Result<usize> {
+pub(crate) fn create_session(
+    conn: &mut Connection,
+    s: &NewSession<'_>,
+) -> crate::ledger::db::Result<usize> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let item_ids = still_free(&tx, s.item_ids)?;
@@ -283,7 +305,10 @@ pub(crate) fn create_session(conn: &mut Connection, s: &NewSession<'_>) -> rusql
 /// the write lock: still undecided (a session that ran meanwhile may have
 /// decided some: asking again would pay twice), and held by no live
 /// session.
-fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> rusqlite::Result<Vec<&'a String>> {
+fn still_free<'a>(
+    conn: &Connection,
+    item_ids: &'a [String],
+) -> crate::ledger::db::Result<Vec<&'a String>> {
     let cutoff = live_cutoff(conn)?;
     let mut undecided = conn
         .prepare_cached("SELECT 1 FROM decision WHERE item_id = ?1 AND state = 'indeterminate'")?;
@@ -316,7 +341,7 @@ fn request_for(
     item_id: &str,
     st: &NewStage<'_>,
     now: f64,
-) -> rusqlite::Result<i64> {
+) -> crate::ledger::db::Result<i64> {
     let newest: Option<(i64, i64, String)> = conn
         .prepare_cached(
             "SELECT request_id, request_version, status FROM llm_requests
@@ -379,7 +404,10 @@ pub struct SessionRow {
     pub config_snapshot_json: String,
 }
 
-pub fn load_session(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<SessionRow>> {
+pub fn load_session(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<Option<SessionRow>> {
     conn.query_row(
         "SELECT session_id, started_at, completed_at, total_count, processed_count, accepted_count, reviewed_count,
                 rejected_count, error_count, state, desired_state, stop_reason, retry_count, rate_limited_count,
@@ -419,7 +447,10 @@ pub fn load_session(conn: &Connection, session_id: &str) -> rusqlite::Result<Opt
 
 /// Answers paid for but refused because their worker had lost the item
 /// (see `ledger::queue`): (count, USD).
-pub(crate) fn orphaned_spend(conn: &Connection, session_id: &str) -> rusqlite::Result<(u64, f64)> {
+pub(crate) fn orphaned_spend(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<(u64, f64)> {
     conn.query_row(
         "SELECT orphaned_count, orphaned_cost_usd FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
@@ -446,7 +477,7 @@ pub(crate) fn repair_interrupted(
     session_id: &str,
     max_cost_usd: Option<f64>,
     resume: bool,
-) -> rusqlite::Result<Repair> {
+) -> crate::ledger::db::Result<Repair> {
     let now = now_ts();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // A worker of this host killed since its last beat does not count as
@@ -494,7 +525,7 @@ pub(crate) fn repair_interrupted(
 /// Whether a live process runs the session now (its heartbeat is fresh and,
 /// on this machine, its process is alive): the rule `repair_interrupted`
 /// uses to refuse a second runner.
-pub fn run_by_live_process(conn: &Connection, session_id: &str) -> rusqlite::Result<bool> {
+pub fn run_by_live_process(conn: &Connection, session_id: &str) -> crate::ledger::db::Result<bool> {
     type Owner = (String, Option<f64>, Option<i64>, Option<String>);
     let row: Option<Owner> = conn
         .query_row(
@@ -580,7 +611,7 @@ pub(crate) fn next_work(
     session_id: &str,
     after_position: i64,
     n: usize,
-) -> rusqlite::Result<Vec<WorkItem>> {
+) -> crate::ledger::db::Result<Vec<WorkItem>> {
     let mut stmt = conn.prepare_cached(
         "SELECT si.position, si.item_id, d.evidence_json
          FROM session_item si
@@ -591,7 +622,7 @@ pub(crate) fn next_work(
     )?;
     let items = stmt
         .query_map(params![session_id, after_position, n as i64], work_item)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<crate::ledger::db::Result<Vec<_>>>()?;
     with_stages(conn, session_id, items)
 }
 
@@ -602,7 +633,7 @@ pub(crate) fn work_between(
     session_id: &str,
     first: i64,
     last: i64,
-) -> rusqlite::Result<Vec<WorkItem>> {
+) -> crate::ledger::db::Result<Vec<WorkItem>> {
     let mut stmt = conn.prepare_cached(
         "SELECT si.position, si.item_id, d.evidence_json
          FROM session_item si
@@ -613,11 +644,11 @@ pub(crate) fn work_between(
     )?;
     let items = stmt
         .query_map(params![session_id, first, last], work_item)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<crate::ledger::db::Result<Vec<_>>>()?;
     with_stages(conn, session_id, items)
 }
 
-fn work_item(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkItem> {
+fn work_item(r: &crate::ledger::db::Row<'_>) -> crate::ledger::db::Result<WorkItem> {
     Ok(WorkItem {
         position: r.get(0)?,
         item_id: r.get(1)?,
@@ -632,7 +663,7 @@ fn with_stages(
     conn: &Connection,
     session_id: &str,
     mut items: Vec<WorkItem>,
-) -> rusqlite::Result<Vec<WorkItem>> {
+) -> crate::ledger::db::Result<Vec<WorkItem>> {
     let (Some(first), Some(last)) = (items.first(), items.last()) else {
         return Ok(items);
     };
@@ -684,7 +715,10 @@ fn with_stages(
 }
 
 /// What an operator asked of the session (the ledger is the bus).
-pub fn desired_state(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<String>> {
+pub fn desired_state(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<Option<String>> {
     conn.query_row(
         "SELECT desired_state FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
@@ -707,7 +741,7 @@ pub struct Controls {
 pub(crate) fn session_controls(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<Option<Controls>> {
+) -> crate::ledger::db::Result<Option<Controls>> {
     let tune = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
     conn.prepare_cached(
         "SELECT desired_state, stop_after_stage, tune_rpm, tune_tpm, tune_concurrency
@@ -732,7 +766,7 @@ pub fn set_desired_state(
     conn: &Connection,
     session_id: &str,
     desired: &str,
-) -> rusqlite::Result<usize> {
+) -> crate::ledger::db::Result<usize> {
     conn.execute(
         "UPDATE llm_batch_session SET desired_state = ?2, updated_at = ?3 WHERE session_id = ?1",
         params![session_id, desired, now_ts()],
@@ -740,10 +774,10 @@ pub fn set_desired_state(
 }
 
 /// The newest session id, for messages that suggest one.
-pub fn latest_session(conn: &Connection) -> rusqlite::Result<Option<String>> {
+pub fn latest_session(conn: &Connection) -> crate::ledger::db::Result<Option<String>> {
     conn.query_row(
         "SELECT session_id FROM llm_batch_session ORDER BY started_at DESC LIMIT 1",
-        [],
+        params![],
         |r| r.get(0),
     )
     .optional()
@@ -757,7 +791,10 @@ pub(crate) fn hostname() -> String {
 }
 
 /// An item's evidence as stored (JSON text); None for an unknown item.
-pub(crate) fn evidence_of(conn: &Connection, item_id: &str) -> rusqlite::Result<Option<String>> {
+pub(crate) fn evidence_of(
+    conn: &Connection,
+    item_id: &str,
+) -> crate::ledger::db::Result<Option<String>> {
     conn.prepare_cached("SELECT evidence_json FROM decision WHERE item_id = ?1")?
         .query_row(params![item_id], |r| r.get(0))
         .optional()

@@ -5,7 +5,7 @@
 //! both pass the checks: the second waits for the first to commit and then
 //! sees its decision.
 
-use rusqlite::Connection;
+use crate::ledger::db::Connection;
 
 /// Run `f` inside one write transaction, committed when `f` returns `Ok`
 /// and rolled back otherwise.
@@ -17,7 +17,7 @@ pub(crate) fn write_transaction<T, E>(
     f: impl FnOnce() -> Result<T, E>,
 ) -> Result<T, E>
 where
-    E: From<rusqlite::Error>,
+    E: From<crate::ledger::db::Error>,
 {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     match f() {

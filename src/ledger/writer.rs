@@ -11,10 +11,9 @@
 //! heartbeats, events) holds no slot, and waits for the intents and for a
 //! fuller group.
 
-use std::path::Path;
 use std::thread::JoinHandle;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{now_ts, search_index};
@@ -255,18 +254,30 @@ impl WriterHandle {
 }
 
 impl LedgerWriter {
-    pub fn start(path: &Path) -> Result<(LedgerWriter, WriterHandle), super::LedgerError> {
-        let conn = super::open(path)?;
-        // The writer touches the same hot pages (session row, indexes) in
-        // every transaction: a larger cache keeps them out of the read path.
-        conn.pragma_update(None, "cache_size", -16_384)
-            .map_err(super::LedgerError::Sql)?;
+    pub fn start(
+        at: impl Into<super::LedgerLocation>,
+    ) -> Result<(LedgerWriter, WriterHandle), super::LedgerError> {
+        let location = at.into();
+        let conn = match &location {
+            super::LedgerLocation::File(path) => {
+                let conn = super::open(path)?;
+                // The writer touches the same hot pages (session row,
+                // indexes) in every transaction: a larger cache keeps them
+                // out of the read path.
+                conn.pragma_update(None, "cache_size", -16_384)
+                    .map_err(super::LedgerError::Sql)?;
+                Connection::Sqlite(conn)
+            }
+            super::LedgerLocation::Postgres(url) => Connection::Postgres(Box::new(
+                super::db::PgConnection::new(super::postgres::open(url)?, (**url).clone()),
+            )),
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || run(conn, rx))
             .map_err(|e| super::LedgerError::Corrupt {
-                path: path.display().to_string(),
+                path: location.to_string(),
                 detail: format!("cannot start writer thread: {e}"),
             })?;
         Ok((
@@ -336,7 +347,9 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
             "ROLLBACK"
         });
     }
-    let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+    if let Some(c) = conn.sqlite() {
+        let _ = c.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+    }
 }
 
 /// Apply `group` in one transaction and answer each sender; `group` is
@@ -394,7 +407,7 @@ fn apply_all_or_none(
     search: &mut search_index::Pacer,
 ) -> Option<Vec<Result<(), WriteError>>> {
     let tx = conn
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .transaction_with_behavior(crate::ledger::db::TransactionBehavior::Immediate)
         .ok()?;
     let mut results = Vec::with_capacity(group.len());
     for (op, fence, _) in group {
@@ -412,7 +425,7 @@ fn apply_all_or_none(
     })
 }
 
-fn commit_failed(group: &[Queued], e: &rusqlite::Error) -> Vec<Result<(), WriteError>> {
+fn commit_failed(group: &[Queued], e: &crate::ledger::db::Error) -> Vec<Result<(), WriteError>> {
     let msg = format!("ledger: commit failed: {e}");
     group
         .iter()
@@ -424,13 +437,14 @@ fn commit_failed(group: &[Queued], e: &rusqlite::Error) -> Vec<Result<(), WriteE
 /// own savepoint: a failure leaves them noted for a later try and costs the
 /// group's writes nothing.
 fn index_new_reviews(tx: &Connection, search: &mut search_index::Pacer) {
-    let _ = (|| -> rusqlite::Result<()> {
-        tx.prepare_cached("SAVEPOINT search")?.execute([])?;
+    let _ = (|| -> crate::ledger::db::Result<()> {
+        tx.prepare_cached("SAVEPOINT search")?.execute(params![])?;
         let indexed = search.maybe_catch_up(tx);
         if indexed.is_err() {
-            tx.prepare_cached("ROLLBACK TO search")?.execute([])?;
+            tx.prepare_cached("ROLLBACK TO search")?
+                .execute(params![])?;
         }
-        tx.prepare_cached("RELEASE search")?.execute([])?;
+        tx.prepare_cached("RELEASE search")?.execute(params![])?;
         indexed.map(|_| ())
     })();
 }
@@ -442,7 +456,8 @@ fn apply_each_isolated(
     group: &[Queued],
     search: &mut search_index::Pacer,
 ) -> Vec<Result<(), WriteError>> {
-    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+    let tx = match conn.transaction_with_behavior(crate::ledger::db::TransactionBehavior::Immediate)
+    {
         Ok(tx) => tx,
         Err(e) => {
             return group
@@ -458,19 +473,19 @@ fn apply_each_isolated(
         // A savepoint per operation: one bad operation never takes the
         // others' writes down with it. (Cached statements: execute_batch
         // would parse the SQL every time, thousands of times a second.)
-        let r = (|| -> rusqlite::Result<bool> {
+        let r = (|| -> crate::ledger::db::Result<bool> {
             if !isolate {
                 return apply_fenced(&tx, op, fence.as_ref());
             }
-            tx.prepare_cached("SAVEPOINT op")?.execute([])?;
+            tx.prepare_cached("SAVEPOINT op")?.execute(params![])?;
             match apply_fenced(&tx, op, fence.as_ref()) {
                 Ok(applied) => tx
                     .prepare_cached("RELEASE op")?
-                    .execute([])
+                    .execute(params![])
                     .map(|_| applied),
                 Err(e) => {
-                    tx.prepare_cached("ROLLBACK TO op")?.execute([])?;
-                    tx.prepare_cached("RELEASE op")?.execute([])?;
+                    tx.prepare_cached("ROLLBACK TO op")?.execute(params![])?;
+                    tx.prepare_cached("RELEASE op")?.execute(params![])?;
                     Err(e)
                 }
             }
@@ -497,7 +512,11 @@ fn apply_each_isolated(
 
 /// Apply `op` if its fence holds (true), or record what the refused write
 /// had paid for as orphaned spend (false).
-fn apply_fenced(conn: &Connection, op: &WriteOp, fence: Option<&Fence>) -> rusqlite::Result<bool> {
+fn apply_fenced(
+    conn: &Connection,
+    op: &WriteOp,
+    fence: Option<&Fence>,
+) -> crate::ledger::db::Result<bool> {
     let holds = match fence {
         None => true,
         Some(Fence::Batch { tag, worker_id }) => {
@@ -554,7 +573,7 @@ fn record_orphan(
     session_id: &str,
     item_id: &str,
     worker_id: &str,
-) -> rusqlite::Result<()> {
+) -> crate::ledger::db::Result<()> {
     let now = now_ts();
     let attempt = match op {
         WriteOp::Attempt(a) => Some(a),
@@ -600,7 +619,7 @@ fn record_orphan(
     Ok(())
 }
 
-fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
+fn apply(conn: &Connection, op: &WriteOp) -> crate::ledger::db::Result<()> {
     let now = now_ts();
     match op {
         // One insert: the attempt exists on disk before its request leaves.
@@ -717,7 +736,7 @@ fn apply(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
 }
 
 /// Record what came back for one attempt on its message row.
-fn close_attempt(conn: &Connection, a: &AttemptRecord, now: f64) -> rusqlite::Result<()> {
+fn close_attempt(conn: &Connection, a: &AttemptRecord, now: f64) -> crate::ledger::db::Result<()> {
     let total = match (a.input_tokens, a.output_tokens) {
         (None, None) => None,
         (i, o) => Some(i.unwrap_or(0) + o.unwrap_or(0)),
@@ -759,7 +778,7 @@ fn bump_session(
     a: Option<&AttemptRecord>,
     outcome: Option<Outcome>,
     now: f64,
-) -> rusqlite::Result<()> {
+) -> crate::ledger::db::Result<()> {
     let (acc, rev, rej, err) = match outcome {
         Some(Outcome::Accepted) => (1, 0, 0, 0),
         Some(Outcome::Review) => (0, 1, 0, 0),
@@ -808,7 +827,7 @@ fn apply_stage_done(
     attempt: Option<&AttemptRecord>,
     d: &StageDone,
     now: f64,
-) -> rusqlite::Result<()> {
+) -> crate::ledger::db::Result<()> {
     // The answer that passed is the attempt just closed (or, for a reused
     // answer, the one already linked).
     let passed_attempt = attempt.filter(|_| d.passed).map(|a| a.attempt);
@@ -875,7 +894,11 @@ fn apply_stage_done(
     Ok(())
 }
 
-fn apply_new_request(conn: &Connection, r: &NewRequest, now: f64) -> rusqlite::Result<MadeRequest> {
+fn apply_new_request(
+    conn: &Connection,
+    r: &NewRequest,
+    now: f64,
+) -> crate::ledger::db::Result<MadeRequest> {
     let newest: Option<(i64, i64, String, String, String, Option<String>)> = conn
         .prepare_cached(
             "SELECT request_id, request_version, status, template_hash, params_hash, parsed_output_json
@@ -943,7 +966,7 @@ fn bump_stage(
     failed: i64,
     skipped: i64,
     now: f64,
-) -> rusqlite::Result<()> {
+) -> crate::ledger::db::Result<()> {
     conn.prepare_cached(
         "UPDATE run_stages SET completed = completed + ?3, failed = failed + ?4, skipped = skipped + ?5,
              started_at = COALESCE(started_at, ?6),
@@ -961,7 +984,7 @@ fn apply_final(
     attempt: Option<&AttemptRecord>,
     f: &FinalResult,
     now: f64,
-) -> rusqlite::Result<()> {
+) -> crate::ledger::db::Result<()> {
     if let Some(a) = attempt {
         close_attempt(conn, a, now)?;
     }
@@ -1053,12 +1076,14 @@ fn apply_final(
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
     use crate::ledger::store;
 
     /// A new ledger at `path` with session "s1" (one stage, no items).
     fn ledger_with_session(path: &Path) -> Connection {
-        let mut conn = crate::ledger::open(path).unwrap();
+        let mut conn = Connection::Sqlite(crate::ledger::open(path).unwrap());
         store::create_session(
             &mut conn,
             &store::NewSession {
@@ -1106,7 +1131,7 @@ mod tests {
             let mut stmt = conn
                 .prepare("SELECT message FROM session_event ORDER BY event_id")
                 .unwrap();
-            stmt.query_map([], |r| r.get(0))
+            stmt.query_map(params![], |r| r.get(0))
                 .unwrap()
                 .map(Result::unwrap)
                 .collect()
@@ -1135,7 +1160,7 @@ mod tests {
         );
         assert_eq!(events(&conn), ["a", "b", "c", "d"]);
         let messages: i64 = conn
-            .query_row("SELECT COUNT(*) FROM llm_messages", [], |r| r.get(0))
+            .query_row("SELECT COUNT(*) FROM llm_messages", params![], |r| r.get(0))
             .unwrap();
         assert_eq!(messages, 0);
     }
@@ -1185,7 +1210,7 @@ mod tests {
         drop(tx);
         // All four are queued before the writer starts, so they form one
         // group; the writer returns once the channel is empty and closed.
-        run(crate::ledger::open(&path).unwrap(), rx);
+        run(Connection::Sqlite(crate::ledger::open(&path).unwrap()), rx);
         for mut answer in answers {
             assert!(matches!(answer.try_recv(), Ok(Ok(()))));
         }
@@ -1193,7 +1218,7 @@ mod tests {
             .prepare("SELECT what FROM write_order ORDER BY seq")
             .unwrap();
         let order: Vec<String> = stmt
-            .query_map([], |r| r.get(0))
+            .query_map(params![], |r| r.get(0))
             .unwrap()
             .map(Result::unwrap)
             .collect();
@@ -1228,7 +1253,7 @@ mod tests {
         let (live, hb_at): (Option<String>, Option<f64>) = conn
             .query_row(
                 "SELECT live_json, heartbeat_at FROM llm_batch_session WHERE session_id = 's1'",
-                [],
+                params![],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .unwrap();
@@ -1237,7 +1262,7 @@ mod tests {
         let ev: (String, String, String, Option<String>) = conn
             .query_row(
                 "SELECT level, kind, message, actor FROM session_event WHERE session_id = 's1'",
-                [],
+                params![],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .unwrap();
@@ -1259,7 +1284,7 @@ mod tests {
         conn.execute(
             "UPDATE llm_batch_session SET desired_state = 'paused', stop_after_stage = 'adjudicate',
                  tune_rpm = 1200, tune_tpm = -5, tune_concurrency = 3 WHERE session_id = 's1'",
-            [],
+            params![],
         )
         .unwrap();
         let c = store::session_controls(&conn, "s1").unwrap().unwrap();

@@ -199,8 +199,9 @@ impl Plan {
 /// The folder schema files are read from when none is given: the ledger's.
 fn ledger_folder(ledger: &Ledger) -> PathBuf {
     ledger
-        .path()
-        .parent()
+        .location()
+        .file()
+        .and_then(Path::parent)
         .filter(|p| !p.as_os_str().is_empty())
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::app::{Control, Effect, Snapshot};
 use crate::control::{self, Desired, RunControls};
 use crate::ledger::console::ConsoleReads;
-use crate::ledger::{Ledger, LedgerError};
+use crate::ledger::{Ledger, LedgerError, LedgerLocation};
 use crate::review::{Applied, Claim, Operator, ReviewDecisions};
 use crate::watch::{ProviderBatchRow, ProviderBatchSummary, ReviewPage, ReviewQuery};
 
@@ -44,7 +44,7 @@ const CLAIM_RENEW: Duration = Duration::from_secs(10);
 const IDLE_RELEASE: Duration = Duration::from_secs(300);
 
 pub struct DataWorker {
-    ledger_path: PathBuf,
+    ledger_path: LedgerLocation,
     workspace: PathBuf,
     operator: Operator,
     read_only: bool,
@@ -66,7 +66,11 @@ pub struct DataWorker {
 impl DataWorker {
     pub fn new(workspace: PathBuf, operator: Operator, read_only: bool) -> DataWorker {
         DataWorker {
-            ledger_path: workspace.join(crate::ledger::LEDGER_FILE),
+            // A location that cannot be read was refused before the console
+            // opened; the workspace's file is the fallback.
+            ledger_path: LedgerLocation::for_workspace(&workspace).unwrap_or_else(|_| {
+                LedgerLocation::File(workspace.join(crate::ledger::LEDGER_FILE))
+            }),
             workspace,
             operator,
             read_only,
@@ -127,7 +131,7 @@ impl DataWorker {
                         said_missing = true;
                         let msg = format!(
                             "{}: no ledger yet (import items with `docket import FILE`)",
-                            self.ledger_path.display()
+                            self.ledger_path
                         );
                         if !out(DataMsg::Toast(msg)) {
                             break;

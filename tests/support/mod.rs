@@ -30,7 +30,7 @@ impl Workspace {
     }
     /// The ledger handle the CLI and the console use.
     pub fn handle(&self) -> docket::ledger::Ledger {
-        docket::ledger::Ledger::open(&self.ledger()).expect("open ledger")
+        docket::ledger::Ledger::open(self.ledger()).expect("open ledger")
     }
 }
 
@@ -325,7 +325,11 @@ pub async fn session_created(ws: &Workspace) -> String {
     poll(
         "the session to be created",
         std::time::Duration::from_secs(20),
-        || docket::ledger::store::latest_session(&conn).ok().flatten(),
+        || {
+            docket::ledger::store::latest_session(&db(&conn))
+                .ok()
+                .flatten()
+        },
     )
     .await
 }
@@ -398,4 +402,11 @@ impl Reporter for Recorder {
             .unwrap()
             .push((session_id.to_string(), n));
     }
+}
+
+/// The same ledger file through docket's own connection type (for calling
+/// `docket::ledger::store` functions beside a test's rusqlite connection).
+pub fn db(conn: &Connection) -> docket::ledger::db::Connection {
+    let path = conn.path().expect("a ledger file");
+    docket::ledger::db::Connection::Sqlite(Connection::open(path).expect("reopen the ledger"))
 }

@@ -60,7 +60,7 @@ impl LineSource for LedgerLines {
     fn read(&self, from: usize, max: usize) -> LinePage<'_> {
         Box::pin(async move {
             let after = self.after(from)?;
-            let (path, tag) = (self.b.p.ledger_path.clone(), self.tag.clone());
+            let (path, tag) = (self.b.p.ledger.clone(), self.tag.clone());
             let ledger = self.ledger.clone();
             let max = max.min(self.len.saturating_sub(from));
             let rows = tokio::task::spawn_blocking(move || {

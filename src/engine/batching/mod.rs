@@ -463,7 +463,7 @@ impl Batcher {
     /// resume, a worker joining, or one whose worker died): their lines wait
     /// for results, never for a second submission.
     pub(super) async fn reattach(self: &Arc<Self>) -> Result<usize, String> {
-        let path = self.p.ledger_path.clone();
+        let path = self.p.ledger.clone();
         let sid = self.session_id.clone();
         let stage_name = self.stage().name.clone();
         let lease = self.lease.clone();

@@ -407,7 +407,7 @@ async fn find_ours(
     count: usize,
 ) -> Result<Found, ProviderError> {
     let found = b.adapter.find(tag, created_at, count).await?;
-    let path = b.p.ledger_path.clone();
+    let path = b.p.ledger.clone();
     let known: HashSet<String> = tokio::task::spawn_blocking(move || {
         Ledger::open_read_only(&path)
             .ok()
@@ -522,7 +522,7 @@ async fn read_batch<T: Send + 'static>(
     tag: &str,
     read: fn(&Ledger, &str) -> Result<T, LedgerError>,
 ) -> Option<T> {
-    let (path, tag) = (b.p.ledger_path.clone(), tag.to_string());
+    let (path, tag) = (b.p.ledger.clone(), tag.to_string());
     let r = tokio::task::spawn_blocking(move || {
         let l = Ledger::open_read_only(&path).map_err(|e| e.to_string())?;
         read(&l, &tag).map_err(|e| e.to_string())
@@ -885,7 +885,7 @@ fn failed_batch_error(why: &str) -> ProviderError {
 /// Mark the batch finished with once every line's outcome is recorded
 /// (the last writes of a chunk may still be on their way to the ledger).
 async fn settle(b: &Arc<Batcher>, tag: &str) {
-    let path = b.p.ledger_path.clone();
+    let path = b.p.ledger.clone();
     for _ in 0..400 {
         b.writer.post(WriteOp::Batch(BatchOp::Settle {
             tag: tag.to_string(),

@@ -5,7 +5,7 @@
 //! Provider ids and errors come from the provider: every text is made safe
 //! for a terminal here, and non-finite times read as None.
 
-use rusqlite::{Connection, Row, params};
+use crate::ledger::db::{Connection, Row, params};
 
 use super::columns::{count, real, signed, text};
 use super::schema::has_table;
@@ -22,7 +22,7 @@ pub(super) fn provider_batches(
     conn: &Connection,
     session_id: &str,
     limit: usize,
-) -> rusqlite::Result<Vec<ProviderBatchRow>> {
+) -> crate::ledger::db::Result<Vec<ProviderBatchRow>> {
     if limit == 0 || !has_table(conn, TABLE)? {
         return Ok(Vec::new());
     }
@@ -69,7 +69,7 @@ pub(super) fn provider_batches(
 pub(super) fn provider_batch_summary(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<ProviderBatchSummary> {
+) -> crate::ledger::db::Result<ProviderBatchSummary> {
     let mut summary = ProviderBatchSummary::default();
     if !has_table(conn, TABLE)? {
         return Ok(summary);
@@ -99,6 +99,6 @@ pub(super) fn provider_batch_summary(
 }
 
 /// A text column made safe for a terminal.
-fn safe(r: &Row, i: usize) -> rusqlite::Result<Option<String>> {
+fn safe(r: &Row, i: usize) -> crate::ledger::db::Result<Option<String>> {
     Ok(text(r, i)?.map(|t| for_terminal(&t)))
 }

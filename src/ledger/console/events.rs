@@ -5,7 +5,7 @@
 //! (`idx_batch_result_error`). Each source is read newest first with the
 //! same limit, then the three lists are merged here.
 
-use rusqlite::{Connection, params};
+use crate::ledger::db::{Connection, params};
 
 use crate::sanitize::for_terminal;
 use crate::watch::{Event, Level};
@@ -16,7 +16,7 @@ pub(super) fn events(
     conn: &Connection,
     session_id: &str,
     limit: usize,
-) -> rusqlite::Result<Vec<Event>> {
+) -> crate::ledger::db::Result<Vec<Event>> {
     if limit == 0 {
         return Ok(Vec::new());
     }

@@ -2,7 +2,7 @@
 //! answered and, in a staged job, the generator's answer beside its
 //! critic's verdict and why the routing sent it to review.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
 use super::columns::{real, text};
 use super::schema::{has_column, has_table};
@@ -15,7 +15,7 @@ use crate::watch::{ReviewDetail, StageOutput, StageVerdict};
 pub(super) fn review_detail(
     conn: &Connection,
     review_id: i64,
-) -> rusqlite::Result<Option<ReviewDetail>> {
+) -> crate::ledger::db::Result<Option<ReviewDetail>> {
     let now = now_ts();
     let detail = conn
         .prepare_cached(
@@ -74,7 +74,7 @@ pub(super) fn review_detail(
             cost_usd: r.get(10)?,
         })
     })?;
-    detail.stages = stages.collect::<rusqlite::Result<_>>()?;
+    detail.stages = stages.collect::<crate::ledger::db::Result<_>>()?;
     if let Some(session) = detail.session_id.clone() {
         routed(conn, &session, &mut detail)?;
     }
@@ -91,7 +91,7 @@ const RATIONALE_FIELDS: [&str; 4] = ["rationale", "reason", "reasoning", "explan
 /// result for the item (with the critic's own request when the result has
 /// none), and the routing note. Leaves the detail as it is on a ledger
 /// without staged columns, or an item with no result yet.
-fn routed(conn: &Connection, session: &str, d: &mut ReviewDetail) -> rusqlite::Result<()> {
+fn routed(conn: &Connection, session: &str, d: &mut ReviewDetail) -> crate::ledger::db::Result<()> {
     let staged =
         has_table(conn, "run_stages")? && has_column(conn, "llm_batch_result", "critic_json")?;
     if !staged {
@@ -174,7 +174,7 @@ fn stage_output(
     session: &str,
     item_id: &str,
     stage: &str,
-) -> rusqlite::Result<Option<String>> {
+) -> crate::ledger::db::Result<Option<String>> {
     Ok(conn
         .prepare_cached(
             "SELECT COALESCE(sr.output_json, q.parsed_output_json)

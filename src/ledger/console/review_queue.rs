@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
-use rusqlite::{Connection, OptionalExtension};
+use crate::ledger::db::{Connection, OptionalExtension, ToDb, params};
 
 use crate::ledger::{now_ts, search_index};
 use crate::watch::{DEFAULT_PAGE, ReviewPage, ReviewQuery, ReviewRow};
@@ -101,7 +101,10 @@ fn fts_phrase(filter: &str) -> String {
 /// (status, confidence DESC, review_id) in order, so an unfiltered page reads
 /// only its own rows. SQLite puts NULLs last in a DESC order, as the queue
 /// wants; spelling out `NULLS LAST` would stop it using the index.
-pub(super) fn review_page(conn: &Connection, q: &ReviewQuery) -> rusqlite::Result<ReviewPage> {
+pub(super) fn review_page(
+    conn: &Connection,
+    q: &ReviewQuery,
+) -> crate::ledger::db::Result<ReviewPage> {
     let filter = q.filter.as_deref().filter(|f| !f.is_empty());
     let session = q.session.as_deref();
     let limit = if q.limit == 0 { DEFAULT_PAGE } else { q.limit };
@@ -152,14 +155,13 @@ fn read_page(
     from: &str,
     cond: &str,
     binds: &Binds<'_>,
-) -> rusqlite::Result<ReviewPage> {
+) -> crate::ledger::db::Result<ReviewPage> {
     let total = pending_count(conn, from, cond, binds)?;
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {ROW_COLUMNS} FROM {from} WHERE {cond}
          ORDER BY r.status, r.confidence DESC, r.review_id LIMIT :limit OFFSET :offset"
     ))?;
-    binds.bind(&mut stmt)?;
-    let mut rows = stmt.raw_query();
+    let mut rows = stmt.query_named(&binds.named())?;
     let mut out = Vec::new();
     while let Some(r) = rows.next()? {
         let suggestion: String = r.get(4)?;
@@ -194,27 +196,26 @@ fn pending_count(
     from: &str,
     cond: &str,
     binds: &Binds<'_>,
-) -> rusqlite::Result<i64> {
-    let full = |conn: &Connection| -> rusqlite::Result<i64> {
+) -> crate::ledger::db::Result<i64> {
+    let full = |conn: &Connection| -> crate::ledger::db::Result<i64> {
         let mut stmt = conn.prepare_cached(&format!("SELECT COUNT(*) FROM {from} WHERE {cond}"))?;
-        binds.bind(&mut stmt)?;
-        count_row(&mut stmt)
+        count_row(stmt.query_named(&binds.named())?)
     };
-    let Some(path) = conn.path().filter(|p| !p.is_empty()) else {
+    let Some(path) = conn.location() else {
         return full(conn);
     };
     let max_review_id: i64 = conn
         .prepare_cached("SELECT COALESCE(MAX(review_id), 0) FROM review_item")?
-        .query_row([], |r| r.get(0))?;
+        .query_row(params![], |r| r.get(0))?;
     // Tells a ledger recreated at the same path from the one counted.
     let first_created_at: Option<f64> = conn
         .prepare_cached("SELECT created_at FROM review_item ORDER BY review_id LIMIT 1")?
-        .query_row([], |r| r.get(0))
+        .query_row(params![], |r| r.get(0))
         .optional()?;
     let first_created_bits = first_created_at.map(f64::to_bits);
     let max_log_id: i64 = conn
         .prepare_cached("SELECT COALESCE(MAX(log_id), 0) FROM review_log")?
-        .query_row([], |r| r.get(0))?;
+        .query_row(params![], |r| r.get(0))?;
     let key = CountKey {
         path: path.to_string(),
         session: binds.session.map(str::to_string),
@@ -245,14 +246,10 @@ fn pending_count(
                 sql.push_str(text_match(f, binds.batched_index));
             }
             let mut stmt = conn.prepare_cached(&sql)?;
-            binds.bind(&mut stmt)?;
-            if let Some(i) = stmt.parameter_index(":lo")? {
-                stmt.raw_bind_parameter(i, c.max_review_id)?;
-            }
-            if let Some(i) = stmt.parameter_index(":hi")? {
-                stmt.raw_bind_parameter(i, max_review_id)?;
-            }
-            c.count + count_row(&mut stmt)?
+            let mut named = binds.named().to_vec();
+            named.push((":lo", &c.max_review_id));
+            named.push((":hi", &max_review_id));
+            c.count + count_row(stmt.query_named(&named)?)?
         }
         None => full(conn)?,
     };
@@ -274,8 +271,7 @@ fn pending_count(
     Ok(count)
 }
 
-fn count_row(stmt: &mut rusqlite::Statement<'_>) -> rusqlite::Result<i64> {
-    let mut rows = stmt.raw_query();
+fn count_row(mut rows: crate::ledger::db::Rows<'_>) -> crate::ledger::db::Result<i64> {
     match rows.next()? {
         Some(r) => r.get(0),
         None => Ok(0),
@@ -331,29 +327,17 @@ struct Binds<'a> {
 }
 
 impl Binds<'_> {
-    fn bind(&self, stmt: &mut rusqlite::Statement<'_>) -> rusqlite::Result<()> {
-        if let Some(i) = stmt.parameter_index(":now")? {
-            stmt.raw_bind_parameter(i, self.now)?;
-        }
-        if let Some(i) = stmt.parameter_index(":session")? {
-            stmt.raw_bind_parameter(i, self.session)?;
-        }
-        if let Some(i) = stmt.parameter_index(":filter")? {
-            stmt.raw_bind_parameter(i, self.filter)?;
-        }
-        if let Some(i) = stmt.parameter_index(":pattern")? {
-            stmt.raw_bind_parameter(i, self.pattern.as_deref())?;
-        }
-        if let Some(i) = stmt.parameter_index(":phrase")? {
-            stmt.raw_bind_parameter(i, self.phrase.as_deref())?;
-        }
-        if let Some(i) = stmt.parameter_index(":limit")? {
-            stmt.raw_bind_parameter(i, self.limit)?;
-        }
-        if let Some(i) = stmt.parameter_index(":offset")? {
-            stmt.raw_bind_parameter(i, self.offset)?;
-        }
-        Ok(())
+    /// Every parameter by name; a statement takes the ones it uses.
+    fn named(&self) -> [(&'static str, &dyn ToDb); 7] {
+        [
+            (":now", &self.now),
+            (":session", &self.session),
+            (":filter", &self.filter),
+            (":pattern", &self.pattern),
+            (":phrase", &self.phrase),
+            (":limit", &self.limit),
+            (":offset", &self.offset),
+        ]
     }
 }
 

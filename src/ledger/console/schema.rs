@@ -3,9 +3,9 @@
 //! added since is then missing, and the reads that need it return nothing
 //! rather than an error.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
-pub(super) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+pub(super) fn has_table(conn: &Connection, name: &str) -> crate::ledger::db::Result<bool> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1")?
         .query_row(params![name], |_| Ok(()))
@@ -13,7 +13,11 @@ pub(super) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool>
         .is_some())
 }
 
-pub(super) fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
+pub(super) fn has_column(
+    conn: &Connection,
+    table: &str,
+    column: &str,
+) -> crate::ledger::db::Result<bool> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
         .query_row(params![table, column], |_| Ok(()))

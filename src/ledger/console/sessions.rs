@@ -2,7 +2,7 @@
 //! against a ledger that may hold a million items, so every query here reads
 //! one row by primary key or a partial index, never a whole table.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
 use super::columns::{clamp, count, text};
 use super::schema::has_table;
@@ -13,7 +13,7 @@ use crate::watch::{
 };
 
 /// Every session, newest first.
-pub(super) fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionSummary>> {
+pub(super) fn sessions(conn: &Connection) -> crate::ledger::db::Result<Vec<SessionSummary>> {
     let now = now_ts();
     let mut stmt = conn.prepare_cached(
         "SELECT session_id, state, desired_state, started_at, completed_at, total_count, processed_count,
@@ -21,7 +21,7 @@ pub(super) fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionSummary
                 stop_reason, heartbeat_at
          FROM llm_batch_session ORDER BY started_at DESC, session_id DESC",
     )?;
-    let rows = stmt.query_map([], |r| {
+    let rows = stmt.query_map(params![], |r| {
         Ok(SessionSummary {
             session_id: r.get(0)?,
             state: r.get(1)?,
@@ -48,7 +48,7 @@ pub(super) fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionSummary
 pub(super) fn session_view(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<Option<SessionView>> {
+) -> crate::ledger::db::Result<Option<SessionView>> {
     let Some(row) = load_session(conn, session_id)? else {
         return Ok(None);
     };
@@ -129,7 +129,7 @@ pub(super) fn session_view(
 pub(super) fn run_stages(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<Vec<StageProgress>> {
+) -> crate::ledger::db::Result<Vec<StageProgress>> {
     if !has_table(conn, "run_stages")? {
         return Ok(Vec::new());
     }
@@ -159,7 +159,10 @@ pub(super) fn run_stages(
 
 /// Open attempts by stage. A criterion asked on its own is a request of
 /// stage `STAGE:CRITERION`: it counts for STAGE.
-fn in_flight_by_stage(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<(String, u64)>> {
+fn in_flight_by_stage(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<Vec<(String, u64)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT q.stage, COUNT(*) FROM llm_messages m JOIN llm_requests q ON q.request_id = m.request_id
          WHERE m.session_id = ?1 AND m.state = 'sent' GROUP BY q.stage",
@@ -178,7 +181,7 @@ fn in_flight_by_stage(conn: &Connection, session_id: &str) -> rusqlite::Result<V
 /// Attempts of the session sent and not answered yet. The partial index
 /// `idx_llm_messages_open` holds only open attempts, so this is cheap
 /// however many messages the session has.
-fn in_flight(conn: &Connection, session_id: &str) -> rusqlite::Result<u64> {
+fn in_flight(conn: &Connection, session_id: &str) -> crate::ledger::db::Result<u64> {
     let n: i64 = conn
         .prepare_cached(
             "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'sent'",

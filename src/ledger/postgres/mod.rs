@@ -15,7 +15,7 @@ mod tls;
 mod url;
 
 pub use migrate::{PG_MIGRATIONS, check_existing, migrate};
-pub use url::{PgUrl, SslMode, is_postgres_url, redact};
+pub use url::{PgUrl, SslMode, has_written_password, is_postgres_url, redact};
 
 pub(crate) use migrate::detail;
 
@@ -26,23 +26,46 @@ use super::LedgerError;
 /// How long a connect may take before it is reported as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Run `f`, which blocks on the synchronous client, where that is allowed:
+/// the client drives a small runtime of its own, which tokio refuses to
+/// start on one of its worker threads, so there the thread is first handed
+/// over to blocking work (`block_in_place`). Every PostgreSQL call of the
+/// ledger goes through here, so callers need not know which backend they
+/// hold.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 /// Connect to the ledger at `url` and bring its schema up to date.
 pub fn open(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
-    let mut client = connect(url)?;
-    migrate(&mut client, url)?;
-    Ok(client)
+    blocking(|| {
+        let mut client = connect_here(url)?;
+        migrate(&mut client, url)?;
+        Ok(client)
+    })
 }
 
 /// Connect to an existing ledger to read it: its schema is changed only
 /// when it is older than this docket's (see `check_existing`).
 pub fn open_existing(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
-    let mut client = connect(url)?;
-    check_existing(&mut client, url)?;
-    Ok(client)
+    blocking(|| {
+        let mut client = connect_here(url)?;
+        check_existing(&mut client, url)?;
+        Ok(client)
+    })
 }
 
 /// Connect without touching the schema.
 pub fn connect(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
+    blocking(|| connect_here(url))
+}
+
+fn connect_here(url: &PgUrl) -> Result<postgres::Client, LedgerError> {
     let mut config = url.config().clone();
     config.ssl_mode(match url.ssl_mode() {
         SslMode::Disable => postgres::config::SslMode::Disable,

@@ -241,6 +241,11 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// Whether `s` names a PostgreSQL ledger rather than a SQLite file.
+/// Whether `url` has a password written in it (not one from PGPASSWORD).
+pub fn has_written_password(url: &str) -> bool {
+    url_password(url).is_some()
+}
+
 pub fn is_postgres_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }

@@ -1,7 +1,7 @@
 //! `docket export --what decisions|requests`: every decision with its
 //! newest result and review, and every request with its per-attempt sums.
 
-use rusqlite::{Connection, OptionalExtension};
+use crate::ledger::db::{Connection, Dialect, OptionalExtension, params};
 
 use super::EachRow;
 use super::rows::stream_rows;
@@ -18,6 +18,24 @@ const DECISIONS_SQL: &str = "SELECT d.item_id, d.state, d.evidence_json, d.decid
      FROM decision d \
      LEFT JOIN (SELECT item_id, outcome, session_id, MAX(processed_at) AS newest \
                 FROM llm_batch_result GROUP BY item_id) lr ON lr.item_id = d.item_id";
+
+/// PostgreSQL has no bare columns beside an aggregate: the newest result
+/// per item is its `DISTINCT ON` row.
+const DECISIONS_SQL_POSTGRES: &str = "SELECT d.item_id, d.state, d.evidence_json, d.decided_answer_json, \
+     d.decided_by, d.decided_at, d.confidence, d.model_id, d.adjudication_id, \
+     lr.outcome, lr.session_id, \
+     (SELECT rv.status FROM review_item rv WHERE rv.item_id = d.item_id \
+      ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1) \
+     FROM decision d \
+     LEFT JOIN (SELECT DISTINCT ON (item_id) item_id, outcome, session_id \
+                FROM llm_batch_result ORDER BY item_id, processed_at DESC) lr ON lr.item_id = d.item_id";
+
+fn decisions_sql(conn: &Connection) -> &'static str {
+    match conn.dialect() {
+        Dialect::Sqlite => DECISIONS_SQL,
+        Dialect::Postgres => DECISIONS_SQL_POSTGRES,
+    }
+}
 
 const DECISIONS_SESSION_FILTER: &str = " WHERE d.item_id IN \
      (SELECT item_id FROM session_item WHERE session_id = ?1 \
@@ -57,11 +75,14 @@ const REQUESTS_SESSION_FROM: &str = " FROM (SELECT request_id FROM session_reque
      LEFT JOIN session_item si ON si.session_id = ?1 AND si.item_id = q.item_id \
      ORDER BY si.position IS NULL, si.position, q.item_id, sr.position, q.request_id";
 
-pub(super) fn session_exists(conn: &Connection, session_id: &str) -> rusqlite::Result<bool> {
+pub(super) fn session_exists(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<bool> {
     let known: Option<i64> = conn
         .query_row(
             "SELECT 1 FROM llm_batch_session WHERE session_id = ?1",
-            [session_id],
+            params![session_id],
             |r| r.get(0),
         )
         .optional()?;
@@ -78,15 +99,18 @@ pub(super) fn for_each_decision(
     match session_id {
         Some(s) => stream_rows(
             conn,
-            &format!("{DECISIONS_SQL}{DECISIONS_SESSION_FILTER} ORDER BY d.item_id"),
-            [s],
+            &format!(
+                "{}{DECISIONS_SESSION_FILTER} ORDER BY d.item_id",
+                decisions_sql(conn)
+            ),
+            params![s],
             kinds,
             each,
         ),
         None => stream_rows(
             conn,
-            &format!("{DECISIONS_SQL} ORDER BY d.item_id"),
-            [],
+            &format!("{} ORDER BY d.item_id", decisions_sql(conn)),
+            params![],
             kinds,
             each,
         ),
@@ -104,12 +128,12 @@ pub(super) fn for_each_request(
         Some(s) => {
             let fields = REQUEST_FIELDS.replace("{session}", "?1");
             let sql = format!("SELECT {fields}{REQUESTS_SESSION_FROM}");
-            stream_rows(conn, &sql, [s], kinds, each)
+            stream_rows(conn, &sql, params![s], kinds, each)
         }
         None => {
             let fields = REQUEST_FIELDS.replace("{session}", "sr.session_id");
             let sql = format!("SELECT {fields}{REQUESTS_ALL_FROM}");
-            stream_rows(conn, &sql, [], kinds, each)
+            stream_rows(conn, &sql, params![], kinds, each)
         }
     }
 }

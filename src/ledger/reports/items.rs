@@ -2,8 +2,7 @@
 //! the stages the ledger knows), each stage's outputs, and one row per item
 //! with the rows of its stage requests.
 
-use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, OptionalExtension, Value, params};
 
 use super::EachItem;
 use super::rows::{read_cell, read_cells};
@@ -31,10 +30,10 @@ pub struct StageRow {
 pub(super) fn session_config(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<Option<String>> {
+) -> crate::ledger::db::Result<Option<String>> {
     conn.query_row(
         "SELECT config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
-        [session_id],
+        params![session_id],
         |r| r.get(0),
     )
     .optional()
@@ -42,14 +41,17 @@ pub(super) fn session_config(
 
 /// Every stage name the ledger recorded for the session, in the order of
 /// their first position (then by name).
-pub(super) fn session_stages(conn: &Connection, session_id: &str) -> rusqlite::Result<Vec<String>> {
+pub(super) fn session_stages(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::ledger::db::Result<Vec<String>> {
     let mut stmt = conn.prepare(
         "SELECT stage, MIN(position) AS p FROM ( \
            SELECT stage, position FROM run_stages WHERE session_id = ?1 \
-           UNION ALL SELECT stage, position FROM session_request WHERE session_id = ?1) \
+           UNION ALL SELECT stage, position FROM session_request WHERE session_id = ?1) AS s \
          GROUP BY stage ORDER BY p, stage",
     )?;
-    stmt.query_map([session_id], |r| r.get::<_, String>(0))?
+    stmt.query_map(params![session_id], |r| r.get::<_, String>(0))?
         .collect()
 }
 
@@ -59,14 +61,14 @@ pub(super) fn for_each_stage_output(
     session_id: &str,
     stage: &str,
     each: &mut dyn FnMut(&str),
-) -> rusqlite::Result<()> {
+) -> crate::ledger::db::Result<()> {
     let output = output_expr(conn)?;
     let mut stmt = conn.prepare(&format!(
         "SELECT {output} FROM session_request sr \
          JOIN llm_requests q ON q.request_id = sr.request_id \
          WHERE sr.session_id = ?1 AND sr.stage = ?2 AND {output} IS NOT NULL"
     ))?;
-    let mut rows = stmt.query([session_id, stage])?;
+    let mut rows = stmt.query(params![session_id, stage])?;
     while let Some(r) = rows.next()? {
         let text: String = r.get(0)?;
         each(&text);
@@ -115,27 +117,27 @@ pub(super) fn for_each_item(
     // Buffers reused from item to item, so memory stays flat.
     let mut cells: Vec<Cell> = Vec::with_capacity(item_kinds.len());
     let mut stages: Vec<StageRow> = Vec::new();
-    let mut rows = item_stmt.query([session_id])?;
+    let mut rows = item_stmt.query(params![session_id])?;
     let mut count = 0u64;
     while let Some(row) = rows.next()? {
-        read_cells(row, item_kinds, &mut cells)?;
+        read_cells(&row, item_kinds, &mut cells)?;
         let item_id = match cells.first() {
             Some(Cell::Text(s)) => s.clone(),
             Some(other) => other.csv_text(),
-            None => read_cell(row, 0, Kind::Text)?.csv_text(),
+            None => read_cell(&row, 0, Kind::Text)?.csv_text(),
         };
         stages.clear();
         let mut stage_rows = stage_stmt.query(params![session_id, item_id])?;
         while let Some(sr) = stage_rows.next()? {
             let mut fixed = Vec::with_capacity(stage_kinds.len());
             for (j, kind) in stage_kinds.iter().enumerate() {
-                fixed.push(read_cell(sr, j + 1, *kind)?);
+                fixed.push(read_cell(&sr, j + 1, *kind)?);
             }
             stages.push(StageRow {
                 stage: sr.get(0)?,
                 cells: fixed,
                 attempts: sr.get(3)?,
-                output_json: text(sr.get_ref(5)?),
+                output_json: text(sr.get_value(5)?),
                 input_tokens: sr.get(6)?,
                 output_tokens: sr.get(7)?,
                 cost_usd: sr.get(8)?,
@@ -149,9 +151,9 @@ pub(super) fn for_each_item(
 
 /// A stored text; anything else is no text at all (an output that is not
 /// JSON text has no fields to show).
-fn text(v: ValueRef<'_>) -> Option<String> {
+fn text(v: Value) -> Option<String> {
     match v {
-        ValueRef::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
+        Value::Text(t) => Some(t),
         _ => None,
     }
 }
@@ -160,10 +162,10 @@ fn text(v: ValueRef<'_>) -> Option<String> {
 /// again merged in) when the ledger has one, else the request's parsed
 /// answer. Ledgers from before `session_request.output_json` have only the
 /// latter.
-fn output_expr(conn: &Connection) -> rusqlite::Result<&'static str> {
+fn output_expr(conn: &Connection) -> crate::ledger::db::Result<&'static str> {
     let has_output: bool = conn.query_row(
         "SELECT COUNT(*) > 0 FROM pragma_table_info('session_request') WHERE name = 'output_json'",
-        [],
+        params![],
         |r| r.get(0),
     )?;
     Ok(if has_output {

@@ -190,8 +190,8 @@ impl Reports for Ledger {
     }
 }
 
-impl From<rusqlite::Error> for ReportError {
-    fn from(e: rusqlite::Error) -> Self {
-        ReportError::Ledger(LedgerError::Sql(e))
+impl From<crate::ledger::db::Error> for ReportError {
+    fn from(e: crate::ledger::db::Error) -> Self {
+        ReportError::Ledger(LedgerError::Db(e))
     }
 }

@@ -1,7 +1,7 @@
 //! `docket batch-results` and `export --what results`: a session's header
 //! numbers and its results.
 
-use rusqlite::{Connection, OptionalExtension};
+use crate::ledger::db::{Connection, OptionalExtension, params};
 
 use super::EachRow;
 use super::rows::stream_rows;
@@ -16,14 +16,14 @@ const RESULT_SELECT: &str = "SELECT r.session_id, r.item_id, r.outcome, r.confid
 pub(super) fn session_head(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<Option<SessionHead>> {
+) -> crate::ledger::db::Result<Option<SessionHead>> {
     conn.query_row(
         "SELECT session_id, state, desired_state, started_at, completed_at, total_count, \
          processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
          retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, \
          cost_usd, estimated_cost_usd, max_cost_usd, stop_reason \
          FROM llm_batch_session WHERE session_id = ?1",
-        [session_id],
+        params![session_id],
         |r| {
             Ok(SessionHead {
                 session_id: r.get(0)?,
@@ -57,10 +57,10 @@ pub(super) fn session_head(
 pub(super) fn result_id_widths(
     conn: &Connection,
     session_id: &str,
-) -> rusqlite::Result<(Option<i64>, Option<i64>)> {
+) -> crate::ledger::db::Result<(Option<i64>, Option<i64>)> {
     conn.query_row(
         "SELECT MAX(LENGTH(item_id)), MAX(LENGTH(model_id)) FROM llm_batch_result WHERE session_id = ?1",
-        [session_id],
+        params![session_id],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )
 }
@@ -75,14 +75,14 @@ pub(super) fn for_each_result(
         Some(s) => stream_rows(
             conn,
             &format!("{RESULT_SELECT} WHERE r.session_id = ?1 ORDER BY r.processed_at, r.item_id"),
-            [s],
+            params![s],
             kinds,
             each,
         ),
         None => stream_rows(
             conn,
             &format!("{RESULT_SELECT} ORDER BY r.session_id, r.processed_at, r.item_id"),
-            [],
+            params![],
             kinds,
             each,
         ),

@@ -1,6 +1,6 @@
 //! `docket sessions`: every session's numbers, newest first.
 
-use rusqlite::{Connection, params};
+use crate::ledger::db::{Connection, params};
 
 use super::EachRow;
 use super::rows::stream_rows;

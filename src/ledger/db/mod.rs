@@ -1,0 +1,261 @@
+//! One SQL surface over the ledger's two backends: a SQLite file or a
+//! PostgreSQL server.
+//!
+//! The ledger's modules write their SQL once, in the dialect both engines
+//! share (SQLite's `?N` parameters; `ON CONFLICT`, `RETURNING`, `COALESCE`),
+//! and run it through a [`Connection`] whose surface is the part of
+//! rusqlite's they use: `prepare_cached`, `execute`, `query_row`,
+//! `query_map`, transactions. On SQLite each call goes straight to rusqlite;
+//! on PostgreSQL the statement is translated once (`translate`), prepared
+//! and cached, and values cross with SQLite's loose typing (an integer where
+//! a float is expected, a boolean read as 0/1), so one module's code serves
+//! both. What only one engine has (full-text search, `rowid`, pragmas) is a
+//! [`Dialect`] branch at its call site.
+
+mod pg;
+mod stmt;
+mod translate;
+mod value;
+
+pub use pg::PgConnection;
+pub use stmt::{MappedRows, Row, Rows, Statement};
+pub use value::{FromDb, ToDb, Value};
+
+use std::cell::Cell;
+
+/// Which engine a connection talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A statement's failure, from either engine.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL's error in words (the server's message and where); the
+    /// URL is not in it, so no password can be.
+    #[error("{0}")]
+    Postgres(String),
+    #[error("query returned no rows")]
+    NoRows,
+    /// A value that does not fit the type asked for (column or parameter).
+    #[error("{0}")]
+    Type(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether the statement broke a uniqueness rule.
+    pub fn is_unique_violation(&self) -> bool {
+        match self {
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                    || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            }
+            Error::Postgres(m) => m.starts_with("23505"),
+            _ => false,
+        }
+    }
+}
+
+/// `.optional()` on a single-row answer: no row is `None`, not an error.
+pub trait OptionalExtension<T> {
+    fn optional(self) -> Result<Option<T>>;
+}
+
+impl<T> OptionalExtension<T> for Result<T> {
+    fn optional(self) -> Result<Option<T>> {
+        match self {
+            Ok(v) => Ok(Some(v)),
+            Err(Error::NoRows | Error::Sqlite(rusqlite::Error::QueryReturnedNoRows)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Parameters for a statement: `params![a, b, c]`, any mix of the types
+/// that implement [`ToDb`].
+macro_rules! db_params {
+    () => {
+        &[] as &[&dyn $crate::ledger::db::ToDb]
+    };
+    ($($p:expr),+ $(,)?) => {
+        &[$(&$p as &dyn $crate::ledger::db::ToDb),+] as &[&dyn $crate::ledger::db::ToDb]
+    };
+}
+pub(crate) use db_params as params;
+
+/// Parameters from an iterator (a list of ids of any length).
+pub fn params_from_iter<'a, T: ToDb + 'a>(
+    values: impl IntoIterator<Item = &'a T>,
+) -> Vec<&'a dyn ToDb> {
+    values.into_iter().map(|v| v as &dyn ToDb).collect()
+}
+
+/// An open connection to the ledger's database.
+pub enum Connection {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<PgConnection>),
+}
+
+/// How a transaction starts. Both write: `Immediate` takes the ledger's
+/// write lock first (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL one advisory
+/// lock every docket writer takes), so check-then-write code sees no other
+/// writer between its check and its write, on either engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionBehavior {
+    Deferred,
+    Immediate,
+}
+
+impl Connection {
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Connection::Sqlite(_) => Dialect::Sqlite,
+            Connection::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// The SQLite connection, for what only SQLite has (pragmas, its
+    /// full-text index); `None` on PostgreSQL.
+    pub fn sqlite(&self) -> Option<&rusqlite::Connection> {
+        match self {
+            Connection::Sqlite(c) => Some(c),
+            Connection::Postgres(_) => None,
+        }
+    }
+
+    pub fn prepare_cached(&self, sql: &str) -> Result<Statement<'_>> {
+        match self {
+            Connection::Sqlite(c) => Ok(Statement::SqliteCached(c.prepare_cached(sql)?)),
+            Connection::Postgres(c) => Ok(Statement::Postgres(c, c.prepare(sql)?)),
+        }
+    }
+
+    /// Like `prepare_cached` (on PostgreSQL every statement is cached).
+    pub fn prepare(&self, sql: &str) -> Result<Statement<'_>> {
+        match self {
+            Connection::Sqlite(c) => Ok(Statement::Sqlite(c.prepare(sql)?)),
+            Connection::Postgres(c) => Ok(Statement::Postgres(c, c.prepare(sql)?)),
+        }
+    }
+
+    pub fn execute(&self, sql: &str, params: &[&dyn ToDb]) -> Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    pub fn query_row<T>(
+        &self,
+        sql: &str,
+        params: &[&dyn ToDb],
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    /// Statements without parameters, `;`-separated. A transaction begun
+    /// or ended by hand (`BEGIN IMMEDIATE`, `COMMIT`, `ROLLBACK`) is one on
+    /// either engine.
+    pub fn execute_batch(&self, sql: &str) -> Result<()> {
+        match self {
+            Connection::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            Connection::Postgres(c) => match sql.trim().to_ascii_uppercase().as_str() {
+                "BEGIN IMMEDIATE" => c.begin(true),
+                "BEGIN" | "BEGIN DEFERRED" => c.begin(false),
+                "COMMIT" => c.end(true),
+                "ROLLBACK" => c.end(false),
+                _ => c.batch_execute(&translate::to_postgres(sql)),
+            },
+        }
+    }
+
+    /// Where the database is, for messages and cache keys: the file's
+    /// path, or the URL without its password. `None` for an in-memory one.
+    pub fn location(&self) -> Option<String> {
+        match self {
+            Connection::Sqlite(c) => c.path().filter(|p| !p.is_empty()).map(String::from),
+            Connection::Postgres(c) => Some(c.url().redacted().to_string()),
+        }
+    }
+
+    /// Whether no transaction is open.
+    pub fn is_autocommit(&self) -> bool {
+        match self {
+            Connection::Sqlite(c) => c.is_autocommit(),
+            Connection::Postgres(c) => !c.in_transaction(),
+        }
+    }
+
+    /// Begin a transaction (see [`TransactionBehavior`]); rolled back when
+    /// dropped uncommitted.
+    pub fn transaction_with_behavior(
+        &self,
+        behavior: TransactionBehavior,
+    ) -> Result<Transaction<'_>> {
+        match self {
+            Connection::Sqlite(c) => c.execute_batch(match behavior {
+                TransactionBehavior::Deferred => "BEGIN DEFERRED",
+                TransactionBehavior::Immediate => "BEGIN IMMEDIATE",
+            })?,
+            Connection::Postgres(c) => c.begin(behavior == TransactionBehavior::Immediate)?,
+        }
+        Ok(Transaction {
+            conn: self,
+            open: Cell::new(true),
+        })
+    }
+
+    pub fn transaction(&self) -> Result<Transaction<'_>> {
+        self.transaction_with_behavior(TransactionBehavior::Deferred)
+    }
+
+    fn end(&self, commit: bool) -> Result<()> {
+        match self {
+            Connection::Sqlite(c) => {
+                Ok(c.execute_batch(if commit { "COMMIT" } else { "ROLLBACK" })?)
+            }
+            Connection::Postgres(c) => c.end(commit),
+        }
+    }
+}
+
+/// An open transaction; it derefs to its connection, as rusqlite's does.
+pub struct Transaction<'c> {
+    conn: &'c Connection,
+    open: Cell<bool>,
+}
+
+impl Transaction<'_> {
+    pub fn commit(self) -> Result<()> {
+        self.open.set(false);
+        if let Err(e) = self.conn.end(true) {
+            let _ = self.conn.end(false);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    pub fn rollback(self) -> Result<()> {
+        self.open.set(false);
+        self.conn.end(false)
+    }
+}
+
+impl std::ops::Deref for Transaction<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if self.open.get() {
+            let _ = self.conn.end(false);
+        }
+    }
+}
