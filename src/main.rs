@@ -68,6 +68,12 @@ fn init_logging() -> Option<tracing_appender::non_blocking::WorkerGuard> {
     let (writer, guard) = tracing_appender::non_blocking(appender);
     let filter = tracing_subscriber::EnvFilter::try_from_env("DOCKET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // The PostgreSQL driver logs every statement's parameters at debug
+    // (items' evidence, answers): never into docket's log.
+    let filter = ["tokio_postgres=info", "postgres=info"]
+        .into_iter()
+        .filter_map(|d| d.parse().ok())
+        .fold(filter, |f, d| f.add_directive(d));
     tracing_subscriber::fmt()
         .with_writer(writer)
         .with_ansi(false)

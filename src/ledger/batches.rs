@@ -197,7 +197,7 @@ pub(crate) fn apply(conn: &Connection, op: &BatchOp, now: f64) -> crate::ledger:
                      output_ref = COALESCE(?5, output_ref), error_ref = COALESCE(?6, error_ref),
                      error_message = COALESCE(?7, error_message), next_poll_at = ?8,
                      last_polled_at = CASE WHEN ?9 THEN ?11 ELSE last_polled_at END,
-                     poll_count = poll_count + ?9,
+                     poll_count = poll_count + CASE WHEN ?9 THEN 1 ELSE 0 END,
                      ended_at = CASE WHEN ?10 THEN COALESCE(ended_at, ?11) ELSE ended_at END,
                      updated_at = ?11
                  WHERE tag = ?1 AND state != 'ingested'",

@@ -414,7 +414,7 @@ pub(crate) fn beat(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10)
          ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, claims = excluded.claims,
              sent = excluded.sent, requests_per_sec = excluded.requests_per_sec,
-             live_json = COALESCE(excluded.live_json, live_json), ended_at = NULL",
+             live_json = COALESCE(excluded.live_json, session_worker.live_json), ended_at = NULL",
     )?
     .execute(params![
         b.worker_id,

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::ledger::db::{Connection, OptionalExtension, params};
+use crate::ledger::db::{Connection, params};
 
 /// Index as soon as this many review items wait: big enough that a segment
 /// is worth writing, small enough that a search's direct read of them stays
@@ -62,13 +62,7 @@ impl Pacer {
 
 /// Whether this ledger indexes in batches (it has migration 0007's table).
 pub(crate) fn is_batched(conn: &Connection) -> crate::ledger::db::Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'review_search_pending'",
-        )?
-        .query_row(params![], |_| Ok(()))
-        .optional()?
-        .is_some())
+    conn.has_table("review_search_pending")
 }
 
 /// How many review items wait to be indexed.

@@ -361,8 +361,17 @@ fn commit_and_answer(
 ) {
     let results = apply_group(conn, group, search);
     for ((_, _, reply), result) in group.drain(..).zip(results) {
-        if let Some(reply) = reply {
-            let _ = reply.send(result);
+        match reply {
+            Some(reply) => {
+                let _ = reply.send(result);
+            }
+            // Nobody waits on a posted write (a heartbeat): its failure is
+            // logged, not lost.
+            None => {
+                if let Err(e) = result {
+                    tracing::warn!("ledger: a posted write failed: {e}");
+                }
+            }
         }
     }
 }

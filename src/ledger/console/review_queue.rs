@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
-use crate::ledger::db::{Connection, OptionalExtension, ToDb, params};
+use crate::ledger::db::{Connection, Dialect, OptionalExtension, ToDb, params};
 
 use crate::ledger::{now_ts, search_index};
 use crate::watch::{DEFAULT_PAGE, ReviewPage, ReviewQuery, ReviewRow};
@@ -52,8 +52,10 @@ enum Lookup {
     IndexAndWaiting,
 }
 
-fn lookup(filter: &str, batched_index: bool) -> Lookup {
-    if filter.chars().count() < 3 {
+fn lookup(filter: &str, batched_index: bool, postgres: bool) -> Lookup {
+    // PostgreSQL has no FTS5 table: its trigram index (pg_trgm, migration
+    // 0003) serves the LIKE (ILIKE there) directly.
+    if filter.chars().count() < 3 || postgres {
         Lookup::Scan
     } else if batched_index {
         Lookup::IndexAndWaiting
@@ -63,8 +65,8 @@ fn lookup(filter: &str, batched_index: bool) -> Lookup {
 }
 
 /// The filter clause for `filter` on the rows of `review_item r`.
-fn text_match(filter: &str, batched_index: bool) -> &'static str {
-    match lookup(filter, batched_index) {
+fn text_match(filter: &str, batched_index: bool, postgres: bool) -> &'static str {
+    match lookup(filter, batched_index, postgres) {
         Lookup::Scan => MATCHES,
         Lookup::Index => SEARCHED,
         Lookup::IndexAndWaiting => SEARCHED_OR_WAITING,
@@ -113,9 +115,10 @@ pub(super) fn review_page(
         cond.push_str(IN_SESSION);
     }
     let batched_index = search_index::is_batched(conn)?;
+    let postgres = conn.dialect() == Dialect::Postgres;
     let mut from = PLAIN_FROM;
     if let Some(f) = filter {
-        match lookup(f, batched_index) {
+        match lookup(f, batched_index, postgres) {
             Lookup::Scan => cond.push_str(MATCHES),
             Lookup::Index => {
                 from = SEARCH_FROM;
@@ -126,6 +129,7 @@ pub(super) fn review_page(
     }
     let binds = Binds {
         batched_index,
+        postgres,
         now: now_ts(),
         session,
         filter,
@@ -243,7 +247,7 @@ fn pending_count(
                 sql.push_str(" AND +r.session_id = :session");
             }
             if let Some(f) = binds.filter {
-                sql.push_str(text_match(f, binds.batched_index));
+                sql.push_str(text_match(f, binds.batched_index, binds.postgres));
             }
             let mut stmt = conn.prepare_cached(&sql)?;
             let mut named = binds.named().to_vec();
@@ -317,6 +321,8 @@ struct Binds<'a> {
     /// Not a parameter: whether the ledger indexes review items in batches
     /// (see `search_index`), which decides the filter's SQL.
     batched_index: bool,
+    /// Not a parameter: a PostgreSQL ledger (no FTS5 table).
+    postgres: bool,
     now: f64,
     session: Option<&'a str>,
     filter: Option<&'a str>,

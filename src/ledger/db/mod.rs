@@ -182,6 +182,31 @@ impl Connection {
         }
     }
 
+    /// Whether the ledger has table `name` (a ledger from an older docket
+    /// opened read-only may lack one).
+    pub fn has_table(&self, name: &str) -> Result<bool> {
+        let sql = match self.dialect() {
+            Dialect::Sqlite => "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            Dialect::Postgres => {
+                "SELECT 1 FROM information_schema.tables
+                 WHERE table_schema = current_schema() AND table_name = ?1"
+            }
+        };
+        self.prepare_cached(sql)?.exists(params![name])
+    }
+
+    /// Whether table `table` has column `column`.
+    pub fn has_column(&self, table: &str, column: &str) -> Result<bool> {
+        let sql = match self.dialect() {
+            Dialect::Sqlite => "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2",
+            Dialect::Postgres => {
+                "SELECT 1 FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = ?1 AND column_name = ?2"
+            }
+        };
+        self.prepare_cached(sql)?.exists(params![table, column])
+    }
+
     /// Whether no transaction is open.
     pub fn is_autocommit(&self) -> bool {
         match self {

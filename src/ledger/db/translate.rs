@@ -5,6 +5,8 @@
 //! - `?1`, `?` parameters become `$1`, `$k`;
 //! - `+col` (SQLite's way to keep an index out of a plan) becomes `col`;
 //! - `LIKE` becomes `ILIKE` (SQLite's LIKE ignores ASCII case);
+//! - `DESC` becomes `DESC NULLS LAST` (SQLite's NULL is the lowest value);
+//! - `TOTAL(x)` becomes `COALESCE(SUM(x), 0)`;
 //! - `MAX(a, b)` / `MIN(a, b)` with two or more arguments (SQLite's scalar
 //!   forms) become `GREATEST` / `LEAST`.
 //!
@@ -76,6 +78,12 @@ pub fn translate(sql: &str) -> (String, Vec<String>) {
                 let upper = word.to_ascii_uppercase();
                 match upper.as_str() {
                     "LIKE" => out.push_str("ILIKE"),
+                    // SQLite sorts NULL lowest, so last in a DESC order;
+                    // PostgreSQL sorts it highest.
+                    "DESC" if !next_word_is(&chars, end, "NULLS") => {
+                        out.push_str(&word);
+                        out.push_str(" NULLS LAST");
+                    }
                     // SQLite's `CROSS JOIN ... ON` is an inner join whose
                     // order the planner keeps; PostgreSQL has no ON there.
                     "CROSS" if next_word_is(&chars, end, "JOIN") => {
@@ -83,6 +91,16 @@ pub fn translate(sql: &str) -> (String, Vec<String>) {
                         while chars.get(i).is_some_and(|c| c.is_whitespace()) {
                             i += 1;
                         }
+                        continue;
+                    }
+                    // SQLite's TOTAL is a SUM that is 0.0 over no rows.
+                    "TOTAL" if chars.get(end) == Some(&'(') => {
+                        let close = matching_paren(&chars, end);
+                        let inner: String = chars[end..close].iter().collect();
+                        out.push_str("COALESCE(SUM");
+                        out.push_str(&to_postgres(&inner));
+                        out.push_str(", 0)");
+                        i = close;
                         continue;
                     }
                     "MAX" | "MIN" if has_two_arguments(&chars, end) => {
@@ -99,6 +117,30 @@ pub fn translate(sql: &str) -> (String, Vec<String>) {
         }
     }
     (out, names)
+}
+
+/// The index just after the `)` that closes the `(` at `open`.
+fn matching_paren(chars: &[char], open: usize) -> usize {
+    let mut depth = 0;
+    let mut i = open;
+    while i < chars.len() {
+        match chars[i] {
+            '\'' | '"' => {
+                i = quoted_end(chars, i);
+                continue;
+            }
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    chars.len()
 }
 
 fn next_word_is(chars: &[char], mut i: usize, word: &str) -> bool {
@@ -236,6 +278,18 @@ mod tests {
         assert_eq!(
             to_postgres("SELECT MAX(a), max(b, COALESCE(c, 0)), MIN(x, y) FROM t"),
             "SELECT MAX(a), GREATEST(b, COALESCE(c, 0)), LEAST(x, y) FROM t"
+        );
+        assert_eq!(
+            to_postgres("SELECT TOTAL(MAX(a - b, 0)), total FROM t"),
+            "SELECT COALESCE(SUM(GREATEST(a - b, 0)), 0), total FROM t"
+        );
+        assert_eq!(
+            to_postgres("ORDER BY a DESC, b desc NULLS FIRST, c"),
+            "ORDER BY a DESC NULLS LAST, b desc NULLS FIRST, c"
+        );
+        assert_eq!(
+            to_postgres("FROM a CROSS JOIN b ON b.x = a.x"),
+            "FROM a JOIN b ON b.x = a.x"
         );
         assert_eq!(
             to_postgres("SELECT max_cost FROM t -- ?x\nWHERE a = ?"),

@@ -55,7 +55,12 @@ const REQUEST_FIELDS: &str = "q.request_id, {session}, q.item_id, q.stage, sr.po
      (SELECT m.provider_request_id FROM llm_messages m WHERE m.request_id = q.request_id \
       ORDER BY m.attempt DESC LIMIT 1)";
 
-// Every request of every session, each with the newest session that ran it.
+// Every request of every session, each with the newest session that ran it
+// (PostgreSQL has no rowid: the newest row comes from a lateral subquery).
+const REQUESTS_ALL_FROM_POSTGRES: &str = " FROM llm_requests q \
+     LEFT JOIN LATERAL (SELECT x.* FROM session_request x WHERE x.request_id = q.request_id \
+        ORDER BY x.updated_at DESC LIMIT 1) sr ON TRUE \
+     ORDER BY q.request_id";
 const REQUESTS_ALL_FROM: &str = " FROM llm_requests q \
      LEFT JOIN session_request sr ON sr.rowid = \
        (SELECT x.rowid FROM session_request x WHERE x.request_id = q.request_id \
@@ -132,7 +137,11 @@ pub(super) fn for_each_request(
         }
         None => {
             let fields = REQUEST_FIELDS.replace("{session}", "sr.session_id");
-            let sql = format!("SELECT {fields}{REQUESTS_ALL_FROM}");
+            let from = match conn.dialect() {
+                Dialect::Sqlite => REQUESTS_ALL_FROM,
+                Dialect::Postgres => REQUESTS_ALL_FROM_POSTGRES,
+            };
+            let sql = format!("SELECT {fields}{from}");
             stream_rows(conn, &sql, params![], kinds, each)
         }
     }

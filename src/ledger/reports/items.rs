@@ -163,11 +163,7 @@ fn text(v: Value) -> Option<String> {
 /// answer. Ledgers from before `session_request.output_json` have only the
 /// latter.
 fn output_expr(conn: &Connection) -> crate::ledger::db::Result<&'static str> {
-    let has_output: bool = conn.query_row(
-        "SELECT COUNT(*) > 0 FROM pragma_table_info('session_request') WHERE name = 'output_json'",
-        params![],
-        |r| r.get(0),
-    )?;
+    let has_output = conn.has_column("session_request", "output_json")?;
     Ok(if has_output {
         "COALESCE(sr.output_json, q.parsed_output_json)"
     } else {
