@@ -31,10 +31,13 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(90);
 const STATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A workspace whose provider is the mock process, with `items` demo items
-/// and a private HOME for the logs.
+/// and a private HOME for the logs; its ledger the SQLite file, or a
+/// PostgreSQL database (`pg_url`).
 struct Ws {
     ws: Workspace,
     home: tempfile::TempDir,
+    pg_url: Option<String>,
+    snapshots: std::cell::Cell<usize>,
 }
 
 impl Ws {
@@ -46,7 +49,22 @@ impl Ws {
         Ws {
             ws,
             home: tempfile::tempdir().expect("home"),
+            pg_url: None,
+            snapshots: std::cell::Cell::new(0),
         }
+    }
+
+    /// The same on the PostgreSQL database at `url`: the items are copied
+    /// there (`docket ledger copy --to`) and the SQLite file moved away, so
+    /// every command works on the server.
+    fn on_postgres(mock: &Mock, items: usize, tweak: impl FnOnce(&mut Job), url: &str) -> Ws {
+        let mut ws = Ws::new(mock, items, tweak);
+        let (code, out) = ws.run("copy-to", &["ledger", "copy", "--to", url]);
+        assert_eq!(code, Some(0), "{out}");
+        let file = ws.ws.ledger();
+        std::fs::rename(&file, file.with_extension("imported")).expect("move the file away");
+        ws.pg_url = Some(url.to_string());
+        ws
     }
 
     fn command(&self, args: &[&str], lease_secs: Option<f64>) -> Command {
@@ -59,7 +77,11 @@ impl Ws {
             .env("NO_COLOR", "1")
             .env_remove("DOCKET_WORKSPACE")
             .env_remove("DOCKET_LEASE_SECS")
+            .env_remove("DOCKET_LEDGER_URL")
             .stdin(Stdio::null());
+        if let Some(url) = &self.pg_url {
+            c.env("DOCKET_LEDGER_URL", url);
+        }
         if let Some(l) = lease_secs {
             c.env("DOCKET_LEASE_SECS", l.to_string());
         }
@@ -79,8 +101,32 @@ impl Ws {
         self.spawn(name, args, None).wait(RUN_TIMEOUT)
     }
 
+    /// The ledger to check: the SQLite file, or a consistent copy of the
+    /// PostgreSQL ledger made now (`docket ledger copy --from`, one
+    /// snapshot), so the same checks read both backends.
     fn conn(&self) -> Connection {
-        self.ws.conn()
+        let Some(url) = &self.pg_url else {
+            return self.ws.conn();
+        };
+        let n = self.snapshots.get() + 1;
+        self.snapshots.set(n);
+        let dir = self.home.path().join(format!("snapshot{n}"));
+        std::fs::create_dir_all(&dir).expect("snapshot dir");
+        let out = Command::new(BIN)
+            .arg("--workspace")
+            .arg(&dir)
+            .args(["ledger", "copy", "--from", url])
+            .env("HOME", self.home.path())
+            .env_remove("DOCKET_LEDGER_URL")
+            .stdin(Stdio::null())
+            .output()
+            .expect("docket ledger copy");
+        assert!(
+            out.status.success(),
+            "snapshot of the PostgreSQL ledger: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Connection::open(dir.join("docket.sqlite")).expect("open the snapshot")
     }
 }
 
@@ -440,6 +486,127 @@ fn a_killed_worker_is_taken_over_by_the_other() {
         "{listed}"
     );
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
+/// Three workers as separate processes on one session on a PostgreSQL
+/// ledger (rows C1, C2, P3, P5): one killed with kill -9, one stopped with
+/// SIGSTOP past its lease and then continued. Every item gets one result,
+/// the mock's log against the ledger shows no unexplained second payment,
+/// and the stopped worker's late answers are refused by the fencing token
+/// and counted as orphaned, one `lease_lost` event each. Tried until one
+/// stop caught answers in flight.
+#[test]
+fn three_workers_on_postgres_one_killed_one_stopped() {
+    const TRIES: usize = 4;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "250", "--latency-p99-ms", "350"]);
+    let mut orphaned = 0;
+    for t in 0..TRIES {
+        orphaned += three_workers_once(&mock, &pg.fresh_database(), t);
+        if orphaned > 0 {
+            break;
+        }
+    }
+    assert!(
+        orphaned >= 1,
+        "in {TRIES} tries no late answer of the stopped worker was refused"
+    );
+}
+
+fn three_workers_once(mock: &Mock, url: &str, t: usize) -> i64 {
+    const ITEMS: usize = 400;
+    const LEASE: f64 = 1.5;
+    let ws = Ws::on_postgres(mock, ITEMS, |j| j.concurrency = 4, url);
+    let mut first = ws.spawn(&format!("first{t}"), &RUN, Some(LEASE));
+    let sid = newest_session(&ws);
+    let join = ["worker", "--session", sid.as_str()];
+    let mut killed = ws.spawn(&format!("killed{t}"), &join, Some(LEASE));
+    let mut stopped = ws.spawn(&format!("stopped{t}"), &join, Some(LEASE));
+    wait_for("three workers holding items", || {
+        (count(
+            &ws.conn(),
+            "SELECT COUNT(DISTINCT claimed_by) FROM session_item WHERE session_id = ?1 AND lease_until IS NOT NULL",
+            [&sid],
+        ) >= 3)
+            .then_some(())
+    });
+    let out_killed = killed.kill9();
+    let stopped_pid = stopped.pid();
+    signal(stopped_pid, "-STOP");
+    // Its requests are answered while it is stopped; its lease runs out and
+    // the others take its items (once their own first pass is over).
+    let holder = format!("%:{stopped_pid}#%");
+    let held: Vec<String> = {
+        let conn = ws.conn();
+        let mut stmt = conn
+            .prepare(
+                "SELECT item_id FROM session_item WHERE session_id = ?1 AND claimed_by LIKE ?2
+                   AND lease_until IS NOT NULL",
+            )
+            .unwrap();
+        stmt.query_map([&sid, &holder], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    assert!(!held.is_empty(), "try {t}: the stopped worker held no item");
+    let held_sql = held
+        .iter()
+        .map(|id| format!("'{id}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    wait_for("another worker to take the stopped worker's items", || {
+        (count(
+            &ws.conn(),
+            &format!(
+                "SELECT COUNT(*) FROM session_item si WHERE si.session_id = ?1 AND si.item_id IN ({held_sql})
+                   AND ((si.claimed_by IS NOT NULL AND si.claimed_by NOT LIKE ?2)
+                        OR EXISTS (SELECT 1 FROM llm_batch_result b
+                                   WHERE b.session_id = si.session_id AND b.item_id = si.item_id))"
+            ),
+            [&sid, &holder],
+        ) > 0)
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    signal(stopped_pid, "-CONT");
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c3, o3) = stopped.wait(RUN_TIMEOUT);
+    assert_eq!(c1, Some(0), "try {t}, first:\n{o1}\nkilled:\n{out_killed}");
+    assert_eq!(c3, Some(0), "try {t}, stopped and continued:\n{o3}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(
+        results(&conn, &sid),
+        ITEMS as i64,
+        "try {t}: one result per item"
+    );
+    let (orphaned, ambiguous): (i64, i64) = conn
+        .query_row(
+            "SELECT orphaned_count, ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(
+        orphaned <= ambiguous,
+        "try {t}: {orphaned} orphaned, {ambiguous} ambiguous"
+    );
+    assert_eq!(
+        orphaned,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_event WHERE session_id = ?1 AND kind = 'lease_lost'",
+            [&sid]
+        ),
+        "try {t}: one lease_lost event per orphaned answer"
+    );
+    check_billing(mock, &conn, std::slice::from_ref(&sid));
+    assert!(
+        !ws.ws.ledger().exists(),
+        "try {t}: a SQLite ledger was made beside the PostgreSQL one"
+    );
+    orphaned
 }
 
 /// `docket pause` stops every worker of a session within a second (nothing
