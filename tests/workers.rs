@@ -609,6 +609,76 @@ fn three_workers_once(mock: &Mock, url: &str, t: usize) -> i64 {
     orphaned
 }
 
+/// Two workers on a PostgreSQL ledger against a mock whose own limit equals
+/// the configured requests/min (row C3): together they stay within 1.05x
+/// of it, and at most 1% of their requests meet a 429.
+#[test]
+fn two_workers_on_postgres_share_the_limit() {
+    const ITEMS: usize = 300;
+    const RPM: u64 = 1_200;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&[
+        "--latency-median-ms",
+        "100",
+        "--latency-p99-ms",
+        "150",
+        "--rpm-limit",
+        &RPM.to_string(),
+    ]);
+    let ws = Ws::on_postgres(
+        &mock,
+        ITEMS,
+        |j| {
+            j.concurrency = 16;
+            j.rpm = RPM;
+        },
+        &pg.fresh_database(),
+    );
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    assert_eq!(c1, Some(0), "{o1}");
+    assert_eq!(c2, Some(0), "{o2}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
+            [&sid],
+        ),
+        2,
+        "both workers sent requests"
+    );
+    let log = mock.log();
+    let mut oks: Vec<u64> = log
+        .iter()
+        .filter(|e| e["status"].as_u64() == Some(200))
+        .filter_map(|e| e["at_ms"].as_u64())
+        .collect();
+    oks.sort_unstable();
+    let refused = log
+        .iter()
+        .filter(|e| e["status"].as_u64() == Some(429))
+        .count();
+    // The rate over any minute-long stretch is bounded by the limit; over
+    // the run, the answers per minute from the first to the last.
+    let span_secs = (oks[oks.len() - 1] - oks[0]) as f64 / 1000.0;
+    let per_min = (oks.len() as f64 - 1.0) / span_secs * 60.0;
+    assert!(
+        per_min <= RPM as f64 * 1.05,
+        "together {per_min:.0}/min against a limit of {RPM}/min"
+    );
+    assert!(
+        refused as f64 <= log.len() as f64 * 0.01,
+        "{refused} of {} requests met a 429",
+        log.len()
+    );
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
 /// `docket pause` stops every worker of a session within a second (nothing
 /// new leaves any of them); `docket resume` starts them all again.
 #[test]
