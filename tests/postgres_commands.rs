@@ -1,0 +1,315 @@
+//! The commands on a PostgreSQL ledger (issue 11), against a server the
+//! test starts itself (support::pg): the same job run on SQLite and on
+//! PostgreSQL gives every item the same outcome and the reports agree; the
+//! password in the URL reaches no output, log or ledger row; a password in
+//! docket.toml is refused; two reviewers deciding one queue at once never
+//! decide an item twice.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use docket::ledger::console::ConsoleReads;
+use docket::ledger::review::ReviewDecisions;
+use docket::ledger::{Ledger, LedgerLocation};
+use docket::review::Operator;
+use docket::watch::ReviewQuery;
+use support::pg::PgServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_docket");
+const ITEMS: usize = 40;
+
+/// A scaffolded workspace (built-in mock provider) with `ITEMS` demo items
+/// in a file, its mock made deterministic (no injected failures).
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    docket::workspace::init(dir.path(), false).expect("init");
+    let toml = dir.path().join("docket.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    let mut quiet = String::new();
+    for line in text.lines() {
+        let key = line.split('=').next().unwrap_or("").trim();
+        if ["fail_500", "malformed", "truncated", "wrong_schema"].contains(&key) {
+            quiet.push_str(&format!("{key} = 0.0\n"));
+        } else {
+            quiet.push_str(line);
+            quiet.push('\n');
+        }
+    }
+    std::fs::write(&toml, quiet).unwrap();
+    let mut f = std::fs::File::create(dir.path().join("items/test.jsonl")).unwrap();
+    docket::demo::write_chart_items(&mut f, ITEMS, 99).unwrap();
+    dir
+}
+
+/// `docket ARGS` in `ws`, on the PostgreSQL ledger at `url` when given.
+fn docket(ws: &Path, url: Option<&str>, args: &[&str]) -> Output {
+    let mut c = Command::new(BIN);
+    c.current_dir(ws)
+        .arg("--workspace")
+        .arg(ws)
+        .args(args)
+        .env("HOME", ws)
+        .env("XDG_DATA_HOME", ws.join("data"))
+        .env("DOCKET_LOG", "debug")
+        .env("NO_COLOR", "1")
+        .env_remove("DOCKET_WORKSPACE")
+        .env_remove("DOCKET_LEDGER_URL")
+        .env_remove("PGPASSWORD")
+        .stdin(Stdio::null());
+    if let Some(u) = url {
+        c.env("DOCKET_LEDGER_URL", u);
+    }
+    c.output().expect("run docket")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn ok(ws: &Path, url: Option<&str>, args: &[&str]) -> String {
+    let out = docket(ws, url, args);
+    assert!(
+        out.status.success(),
+        "docket {} ({}):\n{}",
+        args.join(" "),
+        if url.is_some() {
+            "PostgreSQL"
+        } else {
+            "SQLite"
+        },
+        text(&out)
+    );
+    text(&out)
+}
+
+/// Import and run the job; the session's id and every command's output.
+fn run_job(ws: &Path, url: Option<&str>) -> (String, String) {
+    let mut said = ok(ws, url, &["import", "items/test.jsonl"]);
+    said.push_str(&ok(ws, url, &["batch-adjudicate", "--yes", "--headless"]));
+    let sessions = ok(ws, url, &["sessions"]);
+    let sid = sessions
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .expect("a session listed")
+        .to_string();
+    said.push_str(&sessions);
+    (sid, said)
+}
+
+/// Each item's outcome and answer, from `batch-results --format json`.
+fn outcomes(ws: &Path, url: Option<&str>, sid: &str) -> BTreeMap<String, (String, String)> {
+    let out = ok(ws, url, &["batch-results", sid, "--format", "json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect(&out);
+    rows.iter()
+        .map(|r| {
+            (
+                r["item_id"].as_str().unwrap().to_string(),
+                (r["outcome"].to_string(), r["answer"].to_string()),
+            )
+        })
+        .collect()
+}
+
+/// Row count of an export (CSV: lines after the header).
+fn exported(ws: &Path, url: Option<&str>, args: &[&str]) -> usize {
+    let mut all = vec!["export"];
+    all.extend_from_slice(args);
+    ok(ws, url, &all).lines().count().saturating_sub(1)
+}
+
+/// The same job on both backends: every item the same outcome and answer,
+/// the exports the same size, nothing written beside the PostgreSQL ledger,
+/// and the password of its URL nowhere: not in any output, the log, or the
+/// ledger's rows.
+#[test]
+fn a_job_on_postgres_matches_the_same_job_on_sqlite() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let lite = workspace();
+    let pg = workspace();
+    let (lite_sid, _) = run_job(lite.path(), None);
+    let (pg_sid, mut said) = run_job(pg.path(), Some(&url));
+    let on_sqlite = outcomes(lite.path(), None, &lite_sid);
+    let on_postgres = outcomes(pg.path(), Some(&url), &pg_sid);
+    assert_eq!(on_sqlite.len(), ITEMS);
+    assert_eq!(on_sqlite, on_postgres, "the same job, other outcomes");
+    for what in [
+        vec!["--what", "decisions"],
+        vec!["--what", "results"],
+        vec!["--what", "requests"],
+    ] {
+        assert_eq!(
+            exported(lite.path(), None, &what),
+            exported(pg.path(), Some(&url), &what),
+            "export {what:?}"
+        );
+    }
+    let items = ["--what", "items", "--session"];
+    assert_eq!(
+        exported(
+            lite.path(),
+            None,
+            &[&items[..], &[lite_sid.as_str()]].concat()
+        ),
+        exported(
+            pg.path(),
+            Some(&url),
+            &[&items[..], &[pg_sid.as_str()]].concat()
+        ),
+        "export items"
+    );
+    said.push_str(&ok(pg.path(), Some(&url), &["batch-results", &pg_sid]));
+    said.push_str(&ok(pg.path(), Some(&url), &["workers", &pg_sid]));
+    assert!(
+        !pg.path().join("docket.sqlite").exists(),
+        "a SQLite ledger was made beside the PostgreSQL one"
+    );
+
+    // The password: in no output, not in the log, not in any row.
+    if std::env::var_os("DOCKET_TEST_PG_URL").is_none() {
+        let canary = PgServer::PASSWORD;
+        assert!(url.contains(canary), "the URL carries the canary");
+        assert!(!said.contains(canary), "{said}");
+        let log = std::fs::read_to_string(pg.path().join("data/docket/logs/docket.log"))
+            .or_else(|_| {
+                std::fs::read_to_string(pg.path().join(".local/share/docket/logs/docket.log"))
+            })
+            .unwrap_or_default();
+        assert!(!log.is_empty(), "no log found to check");
+        assert!(!log.contains(canary), "the password is in the log");
+        let copy = tempfile::tempdir().unwrap();
+        ok(copy.path(), None, &["ledger", "copy", "--from", &url]);
+        let bytes = std::fs::read(copy.path().join("docket.sqlite")).unwrap();
+        assert!(
+            !bytes.windows(canary.len()).any(|w| w == canary.as_bytes()),
+            "the password is in the ledger"
+        );
+    }
+}
+
+/// `[ledger] url` with a password in it is refused, naming the file and
+/// never showing the password; without one (PGPASSWORD) it is used.
+#[test]
+fn docket_toml_names_the_ledger_but_never_its_password() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let ws = workspace();
+    let toml = ws.path().join("docket.toml");
+    let text_before = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(&toml, format!("{text_before}\n[ledger]\nurl = \"{url}\"\n")).unwrap();
+    let out = docket(ws.path(), None, &["import", "items/test.jsonl"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    assert!(
+        said.contains("docket.toml") && said.contains("PGPASSWORD"),
+        "{said}"
+    );
+    assert!(!said.contains(PgServer::PASSWORD), "{said}");
+    assert!(!ws.path().join("docket.sqlite").exists());
+
+    let bare = url.replace(&format!(":{}@", PgServer::PASSWORD), "@");
+    std::fs::write(
+        &toml,
+        format!("{text_before}\n[ledger]\nurl = \"{bare}\"\n"),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .current_dir(ws.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["import", "items/test.jsonl"])
+        .env("HOME", ws.path())
+        .env_remove("DOCKET_LEDGER_URL")
+        .env("PGPASSWORD", PgServer::PASSWORD)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("{ITEMS} new items")),
+        "{}",
+        text(&out)
+    );
+    assert!(!ws.path().join("docket.sqlite").exists());
+    let handle = Ledger::open(LedgerLocation::parse(&url).unwrap()).unwrap();
+    assert_eq!(
+        handle
+            .review_page(&ReviewQuery::default())
+            .map(|p| p.total)
+            .unwrap(),
+        0
+    );
+}
+
+/// Two reviewers, each with a connection of its own (as two consoles on two
+/// hosts), accept and reject the same pending queue at once, in opposite
+/// orders: every item is decided once, by one of them, and the other is
+/// told it was already decided.
+#[test]
+fn two_reviewers_on_postgres_never_decide_an_item_twice() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let ws = workspace();
+    run_job(ws.path(), Some(&url));
+    let location = LedgerLocation::parse(&url).unwrap();
+    let pending: Vec<i64> = Ledger::open(location.clone())
+        .unwrap()
+        .review_page(&ReviewQuery {
+            limit: 1_000,
+            ..ReviewQuery::default()
+        })
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.review_id)
+        .collect();
+    assert!(
+        pending.len() >= 5,
+        "too few review items: {}",
+        pending.len()
+    );
+    let reviewer = |name: &str, ids: Vec<i64>, accept: bool| {
+        let location = location.clone();
+        let op = Operator {
+            user: name.to_string(),
+            claimant: format!("{name}@host-{name}:1"),
+        };
+        std::thread::spawn(move || {
+            let ledger = Ledger::open(location).unwrap();
+            let mut done = Vec::new();
+            for id in ids {
+                let applied = if accept {
+                    ledger.accept(&[id], &op)
+                } else {
+                    ledger.reject(&[id], &op)
+                }
+                .unwrap();
+                done.extend(applied.done);
+            }
+            done
+        })
+    };
+    let mut reversed = pending.clone();
+    reversed.reverse();
+    let a = reviewer("ann", pending.clone(), true);
+    let b = reviewer("bob", reversed, false);
+    let mut decided = a.join().unwrap();
+    let by_bob = b.join().unwrap();
+    decided.extend(by_bob.iter().copied());
+    decided.sort_unstable();
+    let mut expected = pending.clone();
+    expected.sort_unstable();
+    assert_eq!(decided, expected, "each item decided exactly once");
+    let after = Ledger::open(location)
+        .unwrap()
+        .review_page(&ReviewQuery::default())
+        .unwrap();
+    assert_eq!(after.total, 0, "nothing left pending");
+}
