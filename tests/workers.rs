@@ -679,6 +679,39 @@ fn two_workers_on_postgres_share_the_limit() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// PostgreSQL stopped for five seconds mid-run and started again: the run
+/// says the ledger is unreachable, reconnects, and completes with nothing
+/// lost and nothing paid twice (issue 11, connection loss).
+#[test]
+fn a_run_outlives_postgres_stopping_for_five_seconds() {
+    if std::env::var_os("DOCKET_TEST_PG_URL").is_some() {
+        eprintln!("skipped: needs the harness's own server to stop it");
+        return;
+    }
+    const ITEMS: usize = 300;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::on_postgres(&mock, ITEMS, |j| j.concurrency = 4, &pg.fresh_database());
+    let mut run = ws.spawn("run", &RUN, None);
+    let sid = newest_session(&ws);
+    wait_for("some results", || {
+        (results(&ws.conn(), &sid) >= 20).then_some(())
+    });
+    pg.stop();
+    std::thread::sleep(Duration::from_secs(5));
+    pg.start_again();
+    let (code, out) = run.wait(RUN_TIMEOUT);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("unreachable") && out.contains("retrying"),
+        "the run never said the ledger was unreachable:\n{out}"
+    );
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64, "one result per item");
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
 /// `docket pause` stops every worker of a session within a second (nothing
 /// new leaves any of them); `docket resume` starts them all again.
 #[test]

@@ -139,6 +139,10 @@ fn progress_line(
     if !why.is_empty() {
         line.push_str(&format!(" | {why}"));
     }
+    // A PostgreSQL ledger down (restarting): the run waits for it.
+    if let Some(down) = crate::ledger::db::unreachable() {
+        line.push_str(&format!(" | {}", crate::sanitize::for_terminal(&down)));
+    }
     line
 }
 

@@ -352,14 +352,27 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     }
 }
 
+/// How often a group whose transaction lost its connection is applied
+/// again (each try first reconnects, for up to two minutes).
+const LOST_GROUP_TRIES: usize = 5;
+
 /// Apply `group` in one transaction and answer each sender; `group` is
-/// left empty.
+/// left empty. A transaction lost with its connection (PostgreSQL
+/// restarted) applied nothing: the group is applied again on the new one.
 fn commit_and_answer(
     conn: &mut Connection,
     group: &mut Vec<Queued>,
     search: &mut search_index::Pacer,
 ) {
-    let results = apply_group(conn, group, search);
+    let mut tries = 1;
+    let results = loop {
+        let results = apply_group(conn, group, search);
+        if !conn.take_lost() || tries >= LOST_GROUP_TRIES {
+            break results;
+        }
+        tracing::warn!("ledger: a write group lost its connection; applying it again");
+        tries += 1;
+    };
     for ((_, _, reply), result) in group.drain(..).zip(results) {
         match reply {
             Some(reply) => {

@@ -17,7 +17,7 @@ mod stmt;
 mod translate;
 mod value;
 
-pub use pg::PgConnection;
+pub use pg::{PgConnection, unreachable};
 pub use stmt::{MappedRows, Row, Rows, Statement};
 pub use value::{FromDb, ToDb, Value};
 
@@ -41,6 +41,10 @@ pub enum Error {
     Postgres(String),
     #[error("query returned no rows")]
     NoRows,
+    /// The connection to the server was lost inside a transaction: the
+    /// server rolled it back; nothing of it was applied.
+    #[error("the connection to the ledger was lost ({0}); the transaction was rolled back")]
+    ConnectionLost(String),
     /// A value that does not fit the type asked for (column or parameter).
     #[error("{0}")]
     Type(String),
@@ -205,6 +209,16 @@ impl Connection {
             }
         };
         self.prepare_cached(sql)?.exists(params![table, column])
+    }
+
+    /// Whether the last transaction was lost with its connection (so
+    /// nothing of it was applied, and it may be run again); cleared by the
+    /// reading. Never on SQLite.
+    pub fn take_lost(&self) -> bool {
+        match self {
+            Connection::Sqlite(_) => false,
+            Connection::Postgres(c) => c.take_lost(),
+        }
     }
 
     /// Whether no transaction is open.

@@ -1,8 +1,21 @@
 //! The PostgreSQL side of the SQL surface: one client, its statements
-//! translated and prepared once, transactions that take docket's write lock.
+//! translated and prepared once, transactions that take docket's write lock,
+//! and a connection that survives the server going away.
+//!
+//! When the connection is lost (the server restarted, the link cut), the
+//! next statement reconnects, with backoff, for up to [`RECONNECT_WINDOW`],
+//! and says so (`unreachable`, shown by the console and the progress line).
+//! A statement outside a transaction is then sent again; a transaction open
+//! at the loss is gone (the server rolled it back) and its caller is told
+//! ([`Error::ConnectionLost`], [`PgConnection::take_lost`]) so it can run
+//! it again. A COMMIT whose answer was lost is settled by asking the server
+//! what became of its transaction id (`txid_status`), so a transaction is
+//! never applied twice.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
 
@@ -10,11 +23,37 @@ use super::value::{ToDb, Value};
 use super::{Error, Result, translate};
 use crate::ledger::postgres::{PgUrl, blocking};
 
-/// A prepared statement and the names of its `:name` parameters.
+/// How long a lost connection is tried again before the statement fails.
+const RECONNECT_WINDOW: Duration = Duration::from_secs(120);
+/// The first wait between reconnects; doubled up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Set while some connection of this process cannot reach its ledger: the
+/// reason, for the screen.
+static UNREACHABLE: Mutex<Option<String>> = Mutex::new(None);
+
+/// Why the ledger cannot be reached now, if it cannot ("ledger ...
+/// unreachable, retrying").
+pub fn unreachable() -> Option<String> {
+    UNREACHABLE.lock().ok().and_then(|u| u.clone())
+}
+
+fn set_unreachable(why: Option<String>) {
+    if let Ok(mut u) = UNREACHABLE.lock() {
+        *u = why;
+    }
+}
+
+/// A prepared statement, the names of its `:name` parameters, and what it
+/// was prepared from (to prepare it again on a new connection).
 #[derive(Clone)]
 pub struct PgStatement {
     statement: postgres::Statement,
     names: std::sync::Arc<[String]>,
+    sql: std::sync::Arc<str>,
+    /// The connection it was prepared on.
+    generation: u64,
 }
 
 impl PgStatement {
@@ -51,6 +90,11 @@ pub struct PgConnection {
     /// Prepared statements by their SQLite-dialect text.
     statements: RefCell<HashMap<String, PgStatement>>,
     in_transaction: Cell<bool>,
+    /// Counts connections: statements prepared on an earlier one are
+    /// prepared again.
+    generation: Cell<u64>,
+    /// The last transaction lost its connection before it committed.
+    lost: Cell<bool>,
     url: PgUrl,
 }
 
@@ -63,12 +107,31 @@ fn pg_error(e: postgres::Error) -> Error {
     Error::Postgres(describe(&e))
 }
 
+/// Whether `e` means the connection is gone (not that the statement was
+/// wrong): closed, a connection exception (08), or the server shutting
+/// down (57P01-57P03).
+fn is_lost(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+        }
+        // No answer from the server at all: the socket failed.
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
+    }
+}
+
 impl PgConnection {
     pub fn new(client: postgres::Client, url: PgUrl) -> PgConnection {
         PgConnection {
             client: RefCell::new(Some(client)),
             statements: RefCell::new(HashMap::new()),
             in_transaction: Cell::new(false),
+            generation: Cell::new(0),
+            lost: Cell::new(false),
             url,
         }
     }
@@ -78,10 +141,10 @@ impl PgConnection {
         &self.url
     }
 
-    /// Whether the connection to the server is gone (the server stopped or
-    /// the link was cut): a new connection is needed.
-    pub fn is_closed(&self) -> bool {
-        self.client().is_closed()
+    /// Whether the last transaction was lost with its connection (nothing
+    /// of it was applied); cleared by the reading.
+    pub fn take_lost(&self) -> bool {
+        self.lost.replace(false)
     }
 
     fn client(&self) -> std::cell::RefMut<'_, postgres::Client> {
@@ -91,17 +154,101 @@ impl PgConnection {
         })
     }
 
+    fn broken(&self) -> bool {
+        self.client.borrow().as_ref().is_none_or(|c| c.is_closed())
+    }
+
+    /// Connect again, with backoff, for up to `RECONNECT_WINDOW`.
+    fn reconnect(&self, why: &str) -> Result<()> {
+        let started = Instant::now();
+        let mut wait = FIRST_BACKOFF;
+        set_unreachable(Some(format!(
+            "ledger {} unreachable ({why}), retrying",
+            self.url.redacted()
+        )));
+        tracing::warn!(
+            "ledger {} unreachable ({why}); reconnecting",
+            self.url.redacted()
+        );
+        loop {
+            match crate::ledger::postgres::connect(&self.url) {
+                Ok(client) => {
+                    let old = self.client.borrow_mut().replace(client);
+                    blocking(move || drop(old));
+                    self.statements.borrow_mut().clear();
+                    self.generation.set(self.generation.get() + 1);
+                    set_unreachable(None);
+                    tracing::warn!("ledger {} reachable again", self.url.redacted());
+                    return Ok(());
+                }
+                Err(e) if started.elapsed() < RECONNECT_WINDOW => {
+                    tracing::debug!("reconnecting: {e}");
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(MAX_BACKOFF);
+                }
+                Err(e) => {
+                    set_unreachable(None);
+                    return Err(Error::Postgres(format!(
+                        "the ledger stayed unreachable for {} s: {e}",
+                        RECONNECT_WINDOW.as_secs()
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Run `f` on the client once. A lost connection is reconnected:
+    /// outside a transaction the answer is `None` (run it again, on the new
+    /// connection); inside one the transaction is reported lost.
+    fn attempt<T>(
+        &self,
+        f: impl FnOnce(&mut postgres::Client) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<Option<T>> {
+        if self.broken() && !self.in_transaction.get() {
+            self.reconnect("the connection was closed")?;
+        }
+        match blocking(|| f(&mut self.client())) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_lost(&e) => {
+                let why = describe(&e);
+                if self.in_transaction.get() {
+                    self.in_transaction.set(false);
+                    self.lost.set(true);
+                    return Err(Error::ConnectionLost(why));
+                }
+                self.reconnect(&why)?;
+                Ok(None)
+            }
+            Err(e) => Err(pg_error(e)),
+        }
+    }
+
+    /// `f` until it runs on a live connection (see `attempt`).
+    fn run<T>(
+        &self,
+        mut f: impl FnMut(&mut postgres::Client) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<T> {
+        loop {
+            if let Some(v) = self.attempt(&mut f)? {
+                return Ok(v);
+            }
+        }
+    }
+
     pub(super) fn prepare(&self, sql: &str) -> Result<PgStatement> {
         if let Some(s) = self.statements.borrow().get(sql) {
             return Ok(s.clone());
         }
         let (translated, names) = translate::translate(sql);
-        let statement = blocking(|| self.client().prepare(&translated)).map_err(|e| {
-            Error::Postgres(format!("{} in: {}", describe(&e), one_line(&translated)))
+        let statement = self.run(|c| c.prepare(&translated)).map_err(|e| match e {
+            Error::Postgres(m) => Error::Postgres(format!("{m} in: {}", one_line(&translated))),
+            e => e,
         })?;
         let prepared = PgStatement {
             statement,
             names: names.into(),
+            sql: sql.into(),
+            generation: self.generation.get(),
         };
         self.statements
             .borrow_mut()
@@ -109,11 +256,24 @@ impl PgConnection {
         Ok(prepared)
     }
 
+    /// `s`, prepared again if the connection it was prepared on is gone.
+    fn current(&self, s: &PgStatement) -> Result<postgres::Statement> {
+        if s.generation == self.generation.get() {
+            Ok(s.statement.clone())
+        } else {
+            Ok(self.prepare(&s.sql)?.statement)
+        }
+    }
+
     pub(super) fn execute(&self, s: &PgStatement, params: &[&dyn ToDb]) -> Result<usize> {
         let values = values(params);
         let refs = refs(&values);
-        let n = blocking(|| self.client().execute(&s.statement, &refs)).map_err(pg_error)?;
-        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        loop {
+            let statement = self.current(s)?;
+            if let Some(n) = self.attempt(|c| c.execute(&statement, &refs))? {
+                return Ok(usize::try_from(n).unwrap_or(usize::MAX));
+            }
+        }
     }
 
     pub(super) fn query(
@@ -123,11 +283,16 @@ impl PgConnection {
     ) -> Result<Vec<postgres::Row>> {
         let values = values(params);
         let refs = refs(&values);
-        blocking(|| self.client().query(&s.statement, &refs)).map_err(pg_error)
+        loop {
+            let statement = self.current(s)?;
+            if let Some(rows) = self.attempt(|c| c.query(&statement, &refs))? {
+                return Ok(rows);
+            }
+        }
     }
 
     pub(super) fn batch_execute(&self, sql: &str) -> Result<()> {
-        blocking(|| self.client().batch_execute(sql)).map_err(pg_error)
+        self.run(|c| c.batch_execute(sql))
     }
 
     pub(super) fn in_transaction(&self) -> bool {
@@ -146,8 +311,36 @@ impl PgConnection {
     }
 
     pub(super) fn end(&self, commit: bool) -> Result<()> {
+        if !commit {
+            self.in_transaction.set(false);
+            return self.batch_execute("ROLLBACK");
+        }
+        // The transaction's id first: if the COMMIT's answer is lost, the
+        // server still knows whether it committed.
+        let txid: i64 = self
+            .run(|c| c.query_one("SELECT txid_current()", &[]))?
+            .get(0);
         self.in_transaction.set(false);
-        self.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" })
+        match blocking(|| self.client().batch_execute("COMMIT")) {
+            Ok(()) => {
+                self.lost.set(false);
+                Ok(())
+            }
+            Err(e) if is_lost(&e) => {
+                self.reconnect(&describe(&e))?;
+                let status: Option<String> = self
+                    .run(|c| c.query_one("SELECT txid_status($1)", &[&txid]))?
+                    .get(0);
+                if status.as_deref() == Some("committed") {
+                    self.lost.set(false);
+                    Ok(())
+                } else {
+                    self.lost.set(true);
+                    Err(Error::ConnectionLost(describe(&e)))
+                }
+            }
+            Err(e) => Err(pg_error(e)),
+        }
     }
 }
 

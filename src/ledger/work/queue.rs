@@ -54,6 +54,26 @@ pub trait WorkQueue {
     fn others_gauges(&self, session_id: &str, worker: &str) -> Result<Vec<String>, LedgerError>;
 }
 
+/// A claim is one transaction: lost with its connection (PostgreSQL
+/// restarted), it claimed nothing, and is made again on the new one.
+fn again_if_lost<T>(
+    ledger: &mut Ledger,
+    mut claim: impl FnMut(&mut crate::ledger::db::Connection) -> crate::ledger::db::Result<T>,
+) -> Result<T, LedgerError> {
+    const TRIES: usize = 5;
+    let mut tries = 1;
+    loop {
+        match claim(ledger.conn_mut()) {
+            Err(crate::ledger::db::Error::ConnectionLost(_)) if tries < TRIES => tries += 1,
+            Err(e) if ledger.conn().take_lost() && tries < TRIES => {
+                tracing::debug!("claim lost with its connection: {e}");
+                tries += 1;
+            }
+            r => return Ok(r?),
+        }
+    }
+}
+
 impl WorkQueue for Ledger {
     fn claim_page(
         &mut self,
@@ -63,14 +83,9 @@ impl WorkQueue for Ledger {
         n: usize,
         lease_secs: f64,
     ) -> Result<Vec<WorkItem>, LedgerError> {
-        Ok(queue::claim_page(
-            self.conn_mut(),
-            session_id,
-            worker,
-            scope,
-            n,
-            lease_secs,
-        )?)
+        again_if_lost(self, |conn| {
+            queue::claim_page(conn, session_id, worker, scope, n, lease_secs)
+        })
     }
 
     fn claim_requests(
@@ -80,13 +95,9 @@ impl WorkQueue for Ledger {
         request_ids: &[i64],
         lease_secs: f64,
     ) -> Result<Vec<WorkItem>, LedgerError> {
-        Ok(queue::claim_requests(
-            self.conn_mut(),
-            session_id,
-            worker,
-            request_ids,
-            lease_secs,
-        )?)
+        again_if_lost(self, |conn| {
+            queue::claim_requests(conn, session_id, worker, request_ids, lease_secs)
+        })
     }
 
     fn expire_dead_local_workers(&self, session_id: &str) -> Result<Vec<String>, LedgerError> {

@@ -42,6 +42,14 @@ pub(super) fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             spans.push(styled("▏", theme.key()));
         }
         _ => {
+            // A PostgreSQL ledger down comes before all: what is shown is
+            // as of its last answer until it is back.
+            if let Some(down) = crate::ledger::db::unreachable() {
+                spans.push(styled(
+                    format!("{} │ ", crate::sanitize::for_terminal(&down)),
+                    theme.warn(),
+                ));
+            }
             // The latest message comes first: it answers the last key, so it
             // must not be cut; the hints fill what is left, whole or not at all.
             if let Some(t) = &app.toast {
