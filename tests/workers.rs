@@ -54,6 +54,19 @@ impl Ws {
         }
     }
 
+    /// On SQLite, or on a fresh database of `pg`.
+    fn on(
+        pg: Option<&support::pg::PgServer>,
+        mock: &Mock,
+        items: usize,
+        tweak: impl FnOnce(&mut Job),
+    ) -> Ws {
+        match pg {
+            None => Ws::new(mock, items, tweak),
+            Some(pg) => Ws::on_postgres(mock, items, tweak, &pg.fresh_database()),
+        }
+    }
+
     /// The same on the PostgreSQL database at `url`: the items are copied
     /// there (`docket ledger copy --to`) and the SQLite file moved away, so
     /// every command works on the server.
@@ -716,9 +729,19 @@ fn a_run_outlives_postgres_stopping_for_five_seconds() {
 /// new leaves any of them); `docket resume` starts them all again.
 #[test]
 fn pause_and_resume_reach_every_worker() {
+    pause_and_resume_on(None);
+}
+
+/// The same on a PostgreSQL ledger.
+#[test]
+fn pause_and_resume_reach_every_worker_on_postgres() {
+    pause_and_resume_on(Some(&support::pg::PgServer::start()));
+}
+
+fn pause_and_resume_on(pg: Option<&support::pg::PgServer>) {
     const ITEMS: usize = 200;
     let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
-    let ws = Ws::new(&mock, ITEMS, |j| j.concurrency = 4);
+    let ws = Ws::on(pg, &mock, ITEMS, |j| j.concurrency = 4);
     let mut first = ws.spawn("first", &RUN, None);
     let sid = newest_session(&ws);
     let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
@@ -775,6 +798,16 @@ fn pause_and_resume_reach_every_worker() {
 /// provider, nothing submitted or sent twice.
 #[test]
 fn a_dead_workers_provider_batch_is_adopted_not_sent_again() {
+    dead_workers_batch_on(None);
+}
+
+/// The same on a PostgreSQL ledger.
+#[test]
+fn a_dead_workers_provider_batch_is_adopted_not_sent_again_on_postgres() {
+    dead_workers_batch_on(Some(&support::pg::PgServer::start()));
+}
+
+fn dead_workers_batch_on(pg: Option<&support::pg::PgServer>) {
     const ITEMS: usize = 40;
     let mock = Mock::start(&[
         "--batch-validating-ms",
@@ -784,7 +817,7 @@ fn a_dead_workers_provider_batch_is_adopted_not_sent_again() {
         "--batch-finalizing-ms",
         "100",
     ]);
-    let ws = Ws::new(&mock, ITEMS, |_| {});
+    let ws = Ws::on(pg, &mock, ITEMS, |_| {});
     let toml = ws.ws.path().join("docket.toml");
     let text = std::fs::read_to_string(&toml).unwrap().replace(
         "[stages.gate]",
