@@ -313,3 +313,100 @@ fn two_reviewers_on_postgres_never_decide_an_item_twice() {
         .unwrap();
     assert_eq!(after.total, 0, "nothing left pending");
 }
+
+/// Live updates by LISTEN/NOTIFY: a run control reaches a listener, and a
+/// ledger writer's commit reaches a reader's `has_changed`, each within
+/// 200 ms; between them `has_changed` says nothing changed (no re-read
+/// every tick).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controls_and_results_are_heard_within_200_ms() {
+    use docket::ledger::controls::RunControls;
+    use docket::ledger::writer::{LedgerWriter, WriteOp};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let ws = workspace();
+    // A session that is still open: a run stopped by its own budget.
+    ok(ws.path(), Some(&url), &["import", "items/test.jsonl"]);
+    let out = docket(
+        ws.path(),
+        Some(&url),
+        &[
+            "batch-adjudicate",
+            "--yes",
+            "--headless",
+            "--limit",
+            "5",
+            "--max-cost",
+            "0.0000001",
+        ],
+    );
+    let said = text(&out);
+    let sid = said
+        .split_whitespace()
+        .find(|w| w.starts_with("batch_"))
+        .map(|w| w.trim_end_matches([':', '.', ',']).to_string())
+        .unwrap_or_else(|| panic!("no session in:\n{said}"));
+    let location = LedgerLocation::parse(&url).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let watcher = Ledger::open(location.clone()).unwrap();
+    let _listening = watcher
+        .listen(move |n| {
+            let _ = tx.send((n, Instant::now()));
+        })
+        .expect("a PostgreSQL ledger listens");
+    // The listener connects on its own thread: give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let controller = Ledger::open(location.clone()).unwrap();
+    let asked = Instant::now();
+    controller
+        .set_desired(&sid, docket::control::Desired::Paused, "test")
+        .unwrap_or_else(|e| panic!("pause {sid}: {e}\n{said}"));
+    let (notice, heard) = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("no notification");
+    assert_eq!(notice.channel, "docket_control");
+    assert_eq!(notice.payload, sid);
+    let took = heard - asked;
+    assert!(
+        took < Duration::from_millis(200),
+        "the control took {took:?}"
+    );
+
+    let mut reader = Ledger::open(location.clone()).unwrap();
+    assert!(reader.has_changed().unwrap(), "the first answer is yes");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!reader.has_changed().unwrap(), "nothing changed since");
+    let (writer, handle) = LedgerWriter::start(location).unwrap();
+    let wrote = Instant::now();
+    writer
+        .write(WriteOp::Event {
+            session_id: sid.clone(),
+            level: "info",
+            kind: "test",
+            message: "a change".into(),
+        })
+        .await
+        .unwrap();
+    let seen = loop {
+        if reader.has_changed().unwrap() {
+            break Instant::now();
+        }
+        assert!(
+            wrote.elapsed() < Duration::from_secs(5),
+            "never heard of the write"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let took = seen - wrote;
+    assert!(
+        took < Duration::from_millis(200),
+        "the result took {took:?}"
+    );
+    drop(writer);
+    tokio::task::spawn_blocking(move || handle.join())
+        .await
+        .unwrap();
+}

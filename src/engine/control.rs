@@ -161,6 +161,19 @@ pub(super) async fn control_loop(
         }
     };
     let mut tick = tokio::time::interval(CONTROL_POLL);
+    // On PostgreSQL a control reaches this loop when it commits (LISTEN);
+    // the poll above stays as the fallback.
+    let woken = Arc::new(tokio::sync::Notify::new());
+    let _listening = {
+        let woken = woken.clone();
+        let sid = ctx.session_id.clone();
+        let l = ledger.lock().unwrap_or_else(|p| p.into_inner());
+        l.listen(move |n| {
+            if n.channel == crate::ledger::postgres::CONTROL_CHANNEL && n.payload == sid {
+                woken.notify_one();
+            }
+        })
+    };
     let mut hard_deadline: Option<Instant> = None;
     let mut seen = Seen {
         workers: ctx.workers.load(Ordering::Relaxed),
@@ -172,6 +185,7 @@ pub(super) async fn control_loop(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = woken.notified() => {}
             _ = interrupts.stop.cancelled(), if !ctx.soft_stop.is_cancelled() => {
                 reporter.line("Stopping gracefully... (in-flight requests may finish; Ctrl-C again to abandon them)");
                 cancel(&ctx, &mut seen, "cancelled by a signal: in-flight requests may finish within the grace");

@@ -213,5 +213,8 @@ fn event(
          VALUES (?1, ?2, 'info', 'control', ?3, ?4)",
     )?
     .execute(params![session_id, now_ts(), message, actor])?;
+    // Every control writes this event: on PostgreSQL the session's workers
+    // hear of it when this transaction commits, not at their next poll.
+    conn.notify(crate::ledger::postgres::CONTROL_CHANNEL, session_id)?;
     Ok(())
 }

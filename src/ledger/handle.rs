@@ -18,7 +18,20 @@ pub struct Ledger {
     location: LedgerLocation,
     /// The last "has anything changed" answer's marker.
     seen_version: Option<i64>,
+    /// PostgreSQL: what the listener heard since `has_changed` last asked.
+    changes: Option<Changes>,
 }
+
+/// A PostgreSQL ledger's change notifications, for `has_changed`.
+struct Changes {
+    _listener: super::postgres::Listener,
+    notified: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    last_poll: std::time::Instant,
+}
+
+/// With notifications, a reader still reads this often (a notification
+/// lost while the listener reconnects).
+const POLL_FALLBACK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Ledger {
     /// Open (creating if needed) and migrate the ledger at `at`.
@@ -52,6 +65,20 @@ impl Ledger {
             conn,
             location,
             seen_version: None,
+            changes: None,
+        }
+    }
+
+    /// Call `on` for each change notified on this ledger (PostgreSQL's
+    /// LISTEN, on a thread and a connection of its own) until the listener
+    /// is dropped. `None` on SQLite, whose readers poll.
+    pub fn listen(
+        &self,
+        on: impl Fn(super::postgres::Notice) + Send + 'static,
+    ) -> Option<super::postgres::Listener> {
+        match &self.location {
+            LedgerLocation::Postgres(url) => Some(super::postgres::listen((**url).clone(), on)),
+            LedgerLocation::File(_) => None,
         }
     }
 
@@ -66,8 +93,33 @@ impl Ledger {
     pub fn has_changed(&mut self) -> Result<bool, LedgerError> {
         // SQLite's data_version moves when another connection commits.
         let Some(conn) = self.conn.sqlite() else {
-            // PostgreSQL has no such counter: a reader reads again.
-            return Ok(true);
+            // PostgreSQL: a change notified (LISTEN), or the fallback poll.
+            if self.changes.is_none() {
+                let notified = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+                let heard = notified.clone();
+                if let Some(listener) = self.listen(move |n| {
+                    if n.channel == super::postgres::CHANGE_CHANNEL
+                        || n.channel == super::postgres::CONTROL_CHANNEL
+                    {
+                        heard.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }) {
+                    self.changes = Some(Changes {
+                        _listener: listener,
+                        notified,
+                        last_poll: std::time::Instant::now(),
+                    });
+                }
+            }
+            let Some(c) = self.changes.as_mut() else {
+                return Ok(true);
+            };
+            let heard = c.notified.swap(false, std::sync::atomic::Ordering::Relaxed);
+            if heard || c.last_poll.elapsed() >= POLL_FALLBACK {
+                c.last_poll = std::time::Instant::now();
+                return Ok(true);
+            }
+            return Ok(false);
         };
         let v: i64 = conn.pragma_query_value(None, "data_version", |r| r.get(0))?;
         let changed = self.seen_version != Some(v);

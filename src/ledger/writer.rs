@@ -459,6 +459,8 @@ fn commit_failed(group: &[Queued], e: &crate::ledger::db::Error) -> Vec<Result<(
 /// own savepoint: a failure leaves them noted for a later try and costs the
 /// group's writes nothing.
 fn index_new_reviews(tx: &Connection, search: &mut search_index::Pacer) {
+    // Consoles on a PostgreSQL ledger re-read when the group commits.
+    let _ = tx.notify(crate::ledger::postgres::CHANGE_CHANNEL, "");
     let _ = (|| -> crate::ledger::db::Result<()> {
         tx.prepare_cached("SAVEPOINT search")?.execute(params![])?;
         let indexed = search.maybe_catch_up(tx);

@@ -27,6 +27,10 @@ const EVENTS: usize = 200;
 const BATCHES: usize = 500;
 /// A fresh read at least this often, so a dead engine's stale heartbeat shows.
 const REFRESH: Duration = Duration::from_secs(1);
+/// How often the loop asks whether the ledger changed: SQLite's answer is a
+/// counter read, PostgreSQL's a flag its listener set (LISTEN), so a change
+/// shows within this.
+const TICK: Duration = Duration::from_millis(50);
 /// An unchanged read is still sent this often, so ages move on screen; in
 /// between, nothing is sent and the console does not redraw.
 const RESEND: Duration = Duration::from_secs(30);
@@ -98,7 +102,7 @@ impl DataWorker {
         let mut last_sent: Option<(Snapshot, Instant)> = None;
         loop {
             let mut dirty = false;
-            match rx.recv_timeout(Duration::from_millis(200)) {
+            match rx.recv_timeout(TICK) {
                 Ok(fx) => {
                     // A bare key press changes nothing to read.
                     dirty = !matches!(fx, Effect::Activity);

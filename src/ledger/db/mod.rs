@@ -211,6 +211,19 @@ impl Connection {
         self.prepare_cached(sql)?.exists(params![table, column])
     }
 
+    /// Tell the listeners on `channel` (PostgreSQL's NOTIFY, delivered when
+    /// the transaction commits); nothing on SQLite, whose readers poll.
+    pub fn notify(&self, channel: &str, payload: &str) -> Result<()> {
+        match self {
+            Connection::Sqlite(_) => Ok(()),
+            Connection::Postgres(_) => {
+                self.prepare_cached("SELECT pg_notify(?1, ?2)")?
+                    .execute(params![channel, payload])?;
+                Ok(())
+            }
+        }
+    }
+
     /// Whether the last transaction was lost with its connection (so
     /// nothing of it was applied, and it may be run again); cleared by the
     /// reading. Never on SQLite.

@@ -10,10 +10,12 @@
 //! runtime and panics inside another's): on `spawn_blocking`, the writer
 //! thread, or under `block_in_place`.
 
+mod listen;
 mod migrate;
 mod tls;
 mod url;
 
+pub use listen::{CHANGE_CHANNEL, CONTROL_CHANNEL, Listener, Notice, listen};
 pub use migrate::{PG_MIGRATIONS, check_existing, migrate};
 pub use url::{PgUrl, SslMode, has_written_password, is_postgres_url, redact};
 
