@@ -1,9 +1,12 @@
 //! Several workers on one session, printed as figures (run:
-//! `cargo bench --bench workers`; one scenario: `-- scale` or `-- limit`).
+//! `cargo bench --bench workers`; one scenario: `-- scale`, `-- limit`,
+//! `-- pg-scale` or `-- pg-throughput`).
 //!
-//! The real binary against `docket mock-provider` as its own process. Every
-//! figure is a ratio inside this run: one worker against two on the same
-//! machine, or the rate held against the limit the mock itself enforces.
+//! The real binary against `docket mock-provider` as its own process; the
+//! `pg-` scenarios on a PostgreSQL ledger the bench starts itself. Every
+//! figure is a ratio inside this run: one worker against several on the
+//! same machine, or the rate held against the limit the mock itself
+//! enforces, or PostgreSQL's throughput beside SQLite's.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -11,6 +14,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use docket::ledger::work::RunSessions;
 use support::procs::{BIN, Mock, Proc};
 use support::{Job, Workspace, check_complete, count};
 
@@ -28,13 +32,22 @@ fn workspace(mock: &Mock, items: usize, tweak: impl FnOnce(&mut Job)) -> Workspa
 }
 
 fn spawn(ws: &Workspace, name: &str, args: &[&str]) -> Proc {
+    spawn_on(ws, None, name, args)
+}
+
+/// `docket ARGS` in `ws`, on the PostgreSQL ledger at `pg` when given.
+fn spawn_on(ws: &Workspace, pg: Option<&str>, name: &str, args: &[&str]) -> Proc {
     let mut command = Command::new(BIN);
     command
         .arg("--workspace")
         .arg(ws.path())
         .args(args)
         .env("NO_COLOR", "1")
-        .env_remove("DOCKET_WORKSPACE");
+        .env_remove("DOCKET_WORKSPACE")
+        .env_remove("DOCKET_LEDGER_URL");
+    if let Some(url) = pg {
+        command.env("DOCKET_LEDGER_URL", url);
+    }
     Proc::start(
         command,
         format!("docket {}", args.join(" ")),
@@ -46,35 +59,137 @@ fn spawn(ws: &Workspace, name: &str, args: &[&str]) -> Proc {
 /// others join with `docket worker` as soon as it exists. Returns the
 /// session's id and its seconds from start to completion.
 fn run(ws: &Workspace, workers: usize) -> (String, f64) {
-    let mut procs = vec![spawn(
+    run_on(ws, None, workers)
+}
+
+/// The same on the PostgreSQL ledger at `pg` when given.
+fn run_on(ws: &Workspace, pg: Option<&str>, workers: usize) -> (String, f64) {
+    let mut procs = vec![spawn_on(
         ws,
+        pg,
         "w0",
         &["batch-adjudicate", "--yes", "--headless"],
     )];
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let sid = loop {
-        if let Some(s) = docket::ledger::store::latest_session(&support::db(&ws.conn()))
+        let newest: Option<String> = match pg {
+            None => docket::ledger::store::latest_session(&support::db(&ws.conn()))
+                .ok()
+                .flatten(),
+            Some(url) => docket::ledger::Ledger::open_read_only(
+                docket::ledger::LedgerLocation::parse(url).unwrap(),
+            )
             .ok()
-            .flatten()
-        {
+            .and_then(|l| l.latest_session().ok().flatten()),
+        };
+        if let Some(s) = newest {
             break s;
         }
         assert!(Instant::now() < deadline, "no session");
         std::thread::sleep(Duration::from_millis(20));
     };
     for k in 1..workers {
-        procs.push(spawn(ws, &format!("w{k}"), &["worker", "--session", &sid]));
+        procs.push(spawn_on(
+            ws,
+            pg,
+            &format!("w{k}"),
+            &["worker", "--session", &sid],
+        ));
     }
     for mut p in procs {
-        let (code, out) = p.wait(Duration::from_secs(600));
+        let (code, out) = p.wait(Duration::from_secs(900));
         assert_eq!(code, Some(0), "{out}");
     }
-    let conn = ws.conn();
+    let conn = match pg {
+        None => ws.conn(),
+        Some(url) => snapshot(ws, url),
+    };
     check_complete(&conn, &sid);
     let row = docket::ledger::store::load_session(&support::db(&conn), &sid)
         .unwrap()
         .unwrap();
     (sid, row.completed_at.unwrap_or(f64::NAN) - row.started_at)
+}
+
+/// A workspace whose items were imported, then copied to a fresh database
+/// of `pg`; the SQLite file moved away. Its URL.
+fn on_postgres(ws: &Workspace, pg: &support::pg::PgServer) -> String {
+    let url = pg.fresh_database();
+    let mut copy = spawn(ws, "copy", &["ledger", "copy", "--to", &url]);
+    let (code, out) = copy.wait(Duration::from_secs(600));
+    assert_eq!(code, Some(0), "{out}");
+    std::fs::rename(ws.ledger(), ws.ledger().with_extension("imported")).unwrap();
+    url
+}
+
+/// A consistent copy of the PostgreSQL ledger, to check as SQLite.
+fn snapshot(ws: &Workspace, url: &str) -> rusqlite::Connection {
+    let dir = ws.path().join(format!("snapshot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(BIN)
+        .arg("--workspace")
+        .arg(&dir)
+        .args(["ledger", "copy", "--from", url])
+        .env_remove("DOCKET_LEDGER_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rusqlite::Connection::open(dir.join("docket.sqlite")).unwrap()
+}
+
+/// Throughput of 1, 2 and 4 workers on one PostgreSQL ledger, latency-bound
+/// (300 ms, concurrency 16 per worker, no server limit).
+fn pg_scale() {
+    const ITEMS: usize = 2_000;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "300", "--latency-p99-ms", "330"]);
+    let mut secs = Vec::new();
+    for workers in [1usize, 2, 4] {
+        let ws = workspace(&mock, ITEMS, |j| j.concurrency = 16 * workers as u64);
+        let url = on_postgres(&ws, &pg);
+        let (sid, t) = run_on(&ws, Some(&url), workers);
+        let sent = count(
+            &snapshot(&ws, &url),
+            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
+            [&sid],
+        );
+        println!(
+            "P{workers} PostgreSQL ledger, latency-bound (300 ms), {ITEMS} items, concurrency 16 per worker: \
+             {workers} worker(s) ({sent} sent) {:.1} req/s ({t:.1} s)",
+            ITEMS as f64 / t
+        );
+        secs.push(t);
+    }
+    let (two, four) = (secs[0] / secs[1], secs[0] / secs[2]);
+    println!(
+        "P  scaling on PostgreSQL: 2 workers {two:.2}x, 4 workers {four:.2}x one worker  [{}: >= 1.9x and >= 3.5x]",
+        verdict(two >= 1.9 && four >= 3.5)
+    );
+}
+
+/// Ledger throughput on PostgreSQL: 4 workers against a no-latency mock,
+/// each item a claim, an intent, an attempt and a result committed; beside
+/// one process on SQLite on the same job.
+fn pg_throughput() {
+    const ITEMS: usize = 20_000;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "0", "--latency-p99-ms", "0"]);
+    let lite = workspace(&mock, ITEMS, |j| j.concurrency = 64);
+    let (_, t_lite) = run(&lite, 1);
+    let ws = workspace(&mock, ITEMS, |j| j.concurrency = 64 * 4);
+    let url = on_postgres(&ws, &pg);
+    let (_, t_pg) = run_on(&ws, Some(&url), 4);
+    println!(
+        "T  no latency, {ITEMS} items, every claim, intent, attempt and result committed: \
+         PostgreSQL with 4 workers {:.0} items/s ({t_pg:.1} s); SQLite with one process {:.0} items/s ({t_lite:.1} s)",
+        ITEMS as f64 / t_pg,
+        ITEMS as f64 / t_lite
+    );
 }
 
 /// Throughput of two workers against one on a latency-bound provider: each
@@ -161,5 +276,11 @@ fn main() {
     }
     if want("limit") {
         limit();
+    }
+    if want("pg-scale") {
+        pg_scale();
+    }
+    if want("pg-throughput") {
+        pg_throughput();
     }
 }

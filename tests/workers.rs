@@ -725,6 +725,56 @@ fn a_run_outlives_postgres_stopping_for_five_seconds() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// Row C2 on PostgreSQL: a worker whose clock is two hours ahead joins a
+/// session. Its leases and its checks of the others' leases use the
+/// database's clock, so it takes over nothing that is still held: no
+/// attempt made ambiguous, no answer orphaned, one result per item.
+#[test]
+fn a_worker_with_a_wrong_clock_steals_nothing_on_postgres() {
+    const ITEMS: usize = 300;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::on_postgres(&mock, ITEMS, |j| j.concurrency = 4, &pg.fresh_database());
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    let mut ahead = ws.command(&["worker", "--session", &sid], None);
+    ahead.env("DOCKET_CLOCK_SKEW_SECS", "7200");
+    let mut ahead = Proc::start(
+        ahead,
+        "docket worker (clock +2 h)".into(),
+        ws.home.path().join("ahead.out"),
+    );
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c2, o2) = ahead.wait(RUN_TIMEOUT);
+    assert_eq!(c1, Some(0), "{o1}");
+    assert_eq!(c2, Some(0), "{o2}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64);
+    let (orphaned, ambiguous): (i64, i64) = conn
+        .query_row(
+            "SELECT orphaned_count, ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (orphaned, ambiguous),
+        (0, 0),
+        "the worker with the clock ahead took over held items"
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
+            [&sid],
+        ),
+        2,
+        "both workers worked"
+    );
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
 /// `docket pause` stops every worker of a session within a second (nothing
 /// new leaves any of them); `docket resume` starts them all again.
 #[test]

@@ -324,7 +324,7 @@ pub(crate) fn adopt(
     worker: &str,
     lease_secs: f64,
 ) -> crate::ledger::db::Result<Vec<OpenBatch>> {
-    let now = super::now_ts();
+    let now = conn.now()?;
     let tx = conn.transaction_with_behavior(crate::ledger::db::TransactionBehavior::Immediate)?;
     let ids: Vec<i64> = tx
         .prepare_cached(

@@ -142,10 +142,23 @@ fn classify_open_error(path: &Path, e: rusqlite::Error) -> LedgerError {
     }
 }
 
-/// Seconds since the Unix epoch, as stored in every `*_at` column.
+/// Seconds since the Unix epoch, as stored in every `*_at` column: this
+/// machine's clock, moved by `DOCKET_CLOCK_SKEW_SECS` when set (fault
+/// injection: a host whose clock is off, fault-matrix row C2). On a
+/// PostgreSQL ledger, leases use the server's clock instead
+/// (`db::Connection::now`).
 pub fn now_ts() -> f64 {
+    static SKEW: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let skew = *SKEW.get_or_init(|| {
+        std::env::var("DOCKET_CLOCK_SKEW_SECS")
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite())
+            .unwrap_or(0.0)
+    });
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+        + skew
 }

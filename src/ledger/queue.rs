@@ -17,7 +17,6 @@
 
 use crate::ledger::db::{Connection, Dialect, OptionalExtension, TransactionBehavior, params};
 
-use super::now_ts;
 use super::store::{WorkItem, hostname, process_alive};
 
 /// Seconds a worker's heartbeat may be old and the worker still count as
@@ -60,7 +59,7 @@ pub(crate) fn claim_page(
     n: usize,
     lease_secs: f64,
 ) -> crate::ledger::db::Result<Vec<WorkItem>> {
-    let now = now_ts();
+    let now = conn.now()?;
     let postgres = conn.dialect() == Dialect::Postgres;
     // SQLite: the write lock first, so two claims never pick the same rows.
     // PostgreSQL: no ledger-wide lock; the rows picked are locked and rows
@@ -219,7 +218,7 @@ pub(crate) fn claim_requests(
     request_ids: &[i64],
     lease_secs: f64,
 ) -> crate::ledger::db::Result<Vec<WorkItem>> {
-    let now = now_ts();
+    let now = conn.now()?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut tokens = std::collections::HashMap::with_capacity(request_ids.len());
     {
@@ -293,7 +292,7 @@ pub(crate) fn renew(
     worker: &str,
     lease_secs: f64,
 ) -> crate::ledger::db::Result<usize> {
-    let until = now_ts() + lease_secs;
+    let until = conn.now()? + lease_secs;
     conn.prepare_cached(
         "UPDATE provider_batch SET lease_until = ?3
          WHERE session_id = ?1 AND claimed_by = ?2 AND state != 'ingested'",
@@ -341,7 +340,7 @@ pub(crate) fn held_by_others(
             "SELECT COUNT(*) FROM session_item
              WHERE session_id = ?1 AND lease_until IS NOT NULL AND lease_until >= ?2 AND claimed_by != ?3",
         )?
-        .query_row(params![session_id, now_ts(), worker], |r| r.get(0))?;
+        .query_row(params![session_id, conn.now()?, worker], |r| r.get(0))?;
     let batches: i64 = conn
         .prepare_cached(
             "SELECT COUNT(*) FROM provider_batch
@@ -371,7 +370,7 @@ pub(crate) fn expire_dead_local_workers(
         if pid == i64::from(std::process::id()) || process_alive(pid) {
             continue;
         }
-        let now = now_ts();
+        let now = conn.now()?;
         conn.prepare_cached(
             "UPDATE session_item SET lease_until = 0
              WHERE session_id = ?1 AND lease_until IS NOT NULL AND claimed_by = ?2",
@@ -406,7 +405,7 @@ pub(crate) fn beat(
     session_id: &str,
     b: &WorkerBeat,
 ) -> crate::ledger::db::Result<()> {
-    let now = now_ts();
+    let now = conn.now()?;
     let op = crate::review::Operator::current();
     conn.prepare_cached(
         "INSERT INTO session_worker (worker_id, session_id, user_name, host, pid, started_at, heartbeat_at,
@@ -436,7 +435,7 @@ pub(crate) fn worker_ended(conn: &Connection, worker: &str) -> crate::ledger::db
     conn.prepare_cached(
         "UPDATE session_worker SET ended_at = ?2, claims = 0 WHERE worker_id = ?1",
     )?
-    .execute(params![worker, now_ts()])?;
+    .execute(params![worker, conn.now()?])?;
     Ok(())
 }
 
@@ -447,7 +446,7 @@ pub(crate) fn live_workers(conn: &Connection, session_id: &str) -> crate::ledger
         "SELECT COUNT(*) FROM session_worker
          WHERE session_id = ?1 AND ended_at IS NULL AND heartbeat_at >= ?2",
     )?
-    .query_row(params![session_id, now_ts() - WORKER_LIVE_SECS], |r| {
+    .query_row(params![session_id, conn.now()? - WORKER_LIVE_SECS], |r| {
         r.get::<_, i64>(0)
     })
     .map(|n| n as u64)
@@ -465,7 +464,7 @@ pub(crate) fn others_gauges(
            AND live_json IS NOT NULL",
     )?
     .query_map(
-        params![session_id, worker, now_ts() - WORKER_LIVE_SECS],
+        params![session_id, worker, conn.now()? - WORKER_LIVE_SECS],
         |r| r.get(0),
     )?
     .collect()
@@ -490,7 +489,7 @@ pub(crate) fn workers(
     conn: &Connection,
     session_id: &str,
 ) -> crate::ledger::db::Result<Vec<WorkerRow>> {
-    let now = now_ts();
+    let now = conn.now()?;
     conn.prepare_cached(
         "SELECT worker_id, host, pid, claims, sent, requests_per_sec, orphaned, heartbeat_at, ended_at
          FROM session_worker WHERE session_id = ?1 ORDER BY started_at DESC",

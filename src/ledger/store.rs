@@ -6,8 +6,6 @@ use crate::ledger::db::{
     Connection, Dialect, OptionalExtension, TransactionBehavior, Value, params,
 };
 
-use super::now_ts;
-
 /// The maximum age of a resumable session.
 pub const RESUME_WINDOW_SECS: f64 = 7.0 * 24.0 * 3600.0;
 
@@ -78,7 +76,7 @@ impl CandidateFilter {
 }
 
 fn live_cutoff(conn: &Connection) -> crate::ledger::db::Result<Option<f64>> {
-    let cutoff = now_ts() - LIVE_HEARTBEAT_SECS;
+    let cutoff = conn.now()? - LIVE_HEARTBEAT_SECS;
     let live: i64 = conn.query_row(
         "SELECT COUNT(*) FROM llm_batch_session WHERE state IN ('running', 'paused') AND heartbeat_at >= ?1",
         params![cutoff],
@@ -232,7 +230,7 @@ pub(crate) fn create_session(
     conn: &mut Connection,
     s: &NewSession<'_>,
 ) -> crate::ledger::db::Result<usize> {
-    let now = now_ts();
+    let now = conn.now()?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let item_ids = still_free(&tx, s.item_ids)?;
     // Every planned item taken meanwhile (a plan of none still makes its
@@ -478,7 +476,7 @@ pub(crate) fn repair_interrupted(
     max_cost_usd: Option<f64>,
     resume: bool,
 ) -> crate::ledger::db::Result<Repair> {
-    let now = now_ts();
+    let now = conn.now()?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // A worker of this host killed since its last beat does not count as
     // live (nor keep its leases): the resume works alone, as it says.
@@ -537,7 +535,8 @@ pub fn run_by_live_process(conn: &Connection, session_id: &str) -> crate::ledger
     let Some((state, heartbeat, pid, host)) = row else {
         return Ok(false);
     };
-    let fresh = heartbeat.is_some_and(|h| now_ts() - h < LIVE_HEARTBEAT_SECS);
+    let now = conn.now()?;
+    let fresh = heartbeat.is_some_and(|h| now - h < LIVE_HEARTBEAT_SECS);
     let gone =
         host.as_deref() == Some(hostname().as_str()) && pid.is_some_and(|p| !process_alive(p));
     Ok(matches!(state.as_str(), "running" | "paused") && fresh && !gone)
@@ -769,7 +768,7 @@ pub fn set_desired_state(
 ) -> crate::ledger::db::Result<usize> {
     conn.execute(
         "UPDATE llm_batch_session SET desired_state = ?2, updated_at = ?3 WHERE session_id = ?1",
-        params![session_id, desired, now_ts()],
+        params![session_id, desired, conn.now()?],
     )
 }
 

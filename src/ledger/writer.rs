@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use crate::ledger::db::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{now_ts, search_index};
+use super::search_index;
 use crate::routing::Outcome;
 
 /// The most operations one transaction takes.
@@ -598,7 +598,7 @@ fn record_orphan(
     item_id: &str,
     worker_id: &str,
 ) -> crate::ledger::db::Result<()> {
-    let now = now_ts();
+    let now = conn.now()?;
     let attempt = match op {
         WriteOp::Attempt(a) => Some(a),
         WriteOp::Final(a, _) | WriteOp::Stage(a, _) => a.as_ref(),
@@ -644,7 +644,7 @@ fn record_orphan(
 }
 
 fn apply(conn: &Connection, op: &WriteOp) -> crate::ledger::db::Result<()> {
-    let now = now_ts();
+    let now = conn.now()?;
     match op {
         // One insert: the attempt exists on disk before its request leaves.
         // The request's `attempt` and the session's counters are settled when
@@ -1282,7 +1282,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(live.as_deref(), Some("{\"in_flight\":3}"));
-        assert!(now_ts() - hb_at.unwrap() < 5.0);
+        assert!(crate::ledger::now_ts() - hb_at.unwrap() < 5.0);
         let ev: (String, String, String, Option<String>) = conn
             .query_row(
                 "SELECT level, kind, message, actor FROM session_event WHERE session_id = 's1'",

@@ -211,6 +211,16 @@ impl Connection {
         self.prepare_cached(sql)?.exists(params![table, column])
     }
 
+    /// The time now, in unix seconds, by the database's clock: a lease
+    /// written by one host and checked by another is measured on one clock
+    /// (fault-matrix row C2). SQLite's is this machine's.
+    pub fn now(&self) -> Result<f64> {
+        match self {
+            Connection::Sqlite(_) => Ok(crate::ledger::now_ts()),
+            Connection::Postgres(c) => c.now(),
+        }
+    }
+
     /// Tell the listeners on `channel` (PostgreSQL's NOTIFY, delivered when
     /// the transaction commits); nothing on SQLite, whose readers poll.
     pub fn notify(&self, channel: &str, payload: &str) -> Result<()> {

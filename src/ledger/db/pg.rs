@@ -28,6 +28,8 @@ const RECONNECT_WINDOW: Duration = Duration::from_secs(120);
 /// The first wait between reconnects; doubled up to `MAX_BACKOFF`.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How often the server's clock is read again (see `now`).
+const CLOCK_CHECK: Duration = Duration::from_secs(60);
 
 /// Set while some connection of this process cannot reach its ledger: the
 /// reason, for the screen.
@@ -95,6 +97,8 @@ pub struct PgConnection {
     generation: Cell<u64>,
     /// The last transaction lost its connection before it committed.
     lost: Cell<bool>,
+    /// The server's clock minus this machine's, and when it was measured.
+    clock_offset: Cell<Option<(f64, Instant)>>,
     url: PgUrl,
 }
 
@@ -132,6 +136,7 @@ impl PgConnection {
             in_transaction: Cell::new(false),
             generation: Cell::new(0),
             lost: Cell::new(false),
+            clock_offset: Cell::new(None),
             url,
         }
     }
@@ -139,6 +144,32 @@ impl PgConnection {
     /// The ledger's URL, its password hidden.
     pub fn url(&self) -> &PgUrl {
         &self.url
+    }
+
+    /// The time now by the server's clock, in unix seconds: this machine's
+    /// clock plus the offset measured once a minute (half the round trip
+    /// is the error), so asking costs no round trip.
+    pub(super) fn now(&self) -> Result<f64> {
+        let fresh = self
+            .clock_offset
+            .get()
+            .filter(|(_, at)| at.elapsed() < CLOCK_CHECK);
+        let offset = match fresh {
+            Some((offset, _)) => offset,
+            None => {
+                let before = crate::ledger::now_ts();
+                let server: f64 = self
+                    .run(|c| {
+                        c.query_one("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8", &[])
+                    })?
+                    .get(0);
+                let after = crate::ledger::now_ts();
+                let offset = server - (before + after) / 2.0;
+                self.clock_offset.set(Some((offset, Instant::now())));
+                offset
+            }
+        };
+        Ok(crate::ledger::now_ts() + offset)
     }
 
     /// Whether the last transaction was lost with its connection (nothing
