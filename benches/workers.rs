@@ -145,7 +145,9 @@ fn snapshot(ws: &Workspace, url: &str) -> rusqlite::Connection {
 /// Throughput of 1, 2 and 4 workers on one PostgreSQL ledger, latency-bound
 /// (300 ms, concurrency 16 per worker, no server limit).
 fn pg_scale() {
-    const ITEMS: usize = 2_000;
+    // Long enough that a joining worker's start and the last items' tail
+    // (a second or two) do not decide the ratio.
+    const ITEMS: usize = 6_000;
     let pg = support::pg::PgServer::start();
     let mock = Mock::start(&["--latency-median-ms", "300", "--latency-p99-ms", "330"]);
     let mut secs = Vec::new();

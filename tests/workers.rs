@@ -288,6 +288,33 @@ fn check_counters(conn: &Connection, sid: &str) {
     );
 }
 
+/// The session's orphaned answers and ambiguous attempts, checked: every
+/// orphaned answer is also an ambiguous attempt, with one `lease_lost`
+/// event each.
+fn check_orphans(conn: &Connection, sid: &str, t: usize) -> (i64, i64) {
+    let (orphaned, ambiguous): (i64, i64) = conn
+        .query_row(
+            "SELECT orphaned_count, ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
+            [sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(
+        orphaned <= ambiguous,
+        "try {t}: {orphaned} orphaned, {ambiguous} ambiguous"
+    );
+    assert_eq!(
+        orphaned,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM session_event WHERE session_id = ?1 AND kind = 'lease_lost'",
+            [sid]
+        ),
+        "try {t}: one lease_lost event per orphaned answer"
+    );
+    (orphaned, ambiguous)
+}
+
 // ---------------------------------------------------------------- tests
 
 /// Two `batch-adjudicate` processes started at the same instant on one
@@ -424,26 +451,7 @@ fn stall_and_take_over(mock: &Mock, t: usize, via_resume: bool) -> i64 {
     assert_eq!(c1, Some(0), "try {t}, first process:\n{o1}");
     let conn = ws.conn();
     check_counters(&conn, &sid);
-    let (orphaned, ambiguous): (i64, i64) = conn
-        .query_row(
-            "SELECT orphaned_count, ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
-            [&sid],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    assert!(
-        orphaned <= ambiguous,
-        "try {t}: {orphaned} orphaned, {ambiguous} ambiguous"
-    );
-    assert_eq!(
-        orphaned,
-        count(
-            &conn,
-            "SELECT COUNT(*) FROM session_event WHERE session_id = ?1 AND kind = 'lease_lost'",
-            [&sid]
-        ),
-        "try {t}: one lease_lost event per orphaned answer"
-    );
+    let orphaned = check_orphans(&conn, &sid, t).0;
     check_billing(mock, &conn, std::slice::from_ref(&sid));
     orphaned
 }
@@ -594,26 +602,7 @@ fn three_workers_once(mock: &Mock, url: &str, t: usize) -> i64 {
         ITEMS as i64,
         "try {t}: one result per item"
     );
-    let (orphaned, ambiguous): (i64, i64) = conn
-        .query_row(
-            "SELECT orphaned_count, ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
-            [&sid],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    assert!(
-        orphaned <= ambiguous,
-        "try {t}: {orphaned} orphaned, {ambiguous} ambiguous"
-    );
-    assert_eq!(
-        orphaned,
-        count(
-            &conn,
-            "SELECT COUNT(*) FROM session_event WHERE session_id = ?1 AND kind = 'lease_lost'",
-            [&sid]
-        ),
-        "try {t}: one lease_lost event per orphaned answer"
-    );
+    let orphaned = check_orphans(&conn, &sid, t).0;
     check_billing(mock, &conn, std::slice::from_ref(&sid));
     assert!(
         !ws.ws.ledger().exists(),
@@ -725,6 +714,32 @@ fn a_run_outlives_postgres_stopping_for_five_seconds() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// Four workers at full speed (no latency) on one PostgreSQL ledger: claims
+/// race results committed by other workers all the time. Every item gets
+/// one result, no lease is left behind (an item finished while a claim
+/// locked it is not claimed again: that lease was never let go, and the
+/// workers waited on each other forever), nothing is paid twice.
+#[test]
+fn four_workers_at_full_speed_on_postgres_leave_no_lease() {
+    const ITEMS: usize = 3_000;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "0", "--latency-p99-ms", "0"]);
+    let ws = Ws::on_postgres(&mock, ITEMS, |j| j.concurrency = 64, &pg.fresh_database());
+    let mut procs = vec![ws.spawn("w0", &RUN, None)];
+    let sid = newest_session(&ws);
+    for k in 1..4 {
+        procs.push(ws.spawn(&format!("w{k}"), &["worker", "--session", &sid], None));
+    }
+    for (k, mut p) in procs.into_iter().enumerate() {
+        let (code, out) = p.wait(RUN_TIMEOUT);
+        assert_eq!(code, Some(0), "worker {k}:\n{out}");
+    }
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64);
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
 /// Row C2 on PostgreSQL: a worker whose clock is two hours ahead joins a
 /// session. Its leases and its checks of the others' leases use the
 /// database's clock, so it takes over nothing that is still held: no
@@ -751,15 +766,8 @@ fn a_worker_with_a_wrong_clock_steals_nothing_on_postgres() {
     let conn = ws.conn();
     check_counters(&conn, &sid);
     assert_eq!(results(&conn, &sid), ITEMS as i64);
-    let (orphaned, ambiguous): (i64, i64) = conn
-        .query_row(
-            "SELECT orphaned_count, ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
-            [&sid],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
     assert_eq!(
-        (orphaned, ambiguous),
+        check_orphans(&conn, &sid, 0),
         (0, 0),
         "the worker with the clock ahead took over held items"
     );

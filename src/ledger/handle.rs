@@ -9,7 +9,6 @@
 use crate::ledger::db::Connection;
 
 use super::LedgerError;
-use super::db::PgConnection;
 use super::location::LedgerLocation;
 
 /// An open ledger: a SQLite file or a PostgreSQL database.
@@ -37,27 +36,13 @@ impl Ledger {
     /// Open (creating if needed) and migrate the ledger at `at`.
     pub fn open(at: impl Into<LedgerLocation>) -> Result<Ledger, LedgerError> {
         let location = at.into();
-        let conn = match &location {
-            LedgerLocation::File(path) => Connection::Sqlite(super::open(path)?),
-            LedgerLocation::Postgres(url) => Connection::Postgres(Box::new(PgConnection::new(
-                super::postgres::open(url)?,
-                (**url).clone(),
-            ))),
-        };
-        Ok(Ledger::wrap(conn, location))
+        Ok(Ledger::wrap(location.connect(false)?, location))
     }
 
     /// Open an existing ledger for reading only; fails when there is none.
     pub fn open_read_only(at: impl Into<LedgerLocation>) -> Result<Ledger, LedgerError> {
         let location = at.into();
-        let conn = match &location {
-            LedgerLocation::File(path) => Connection::Sqlite(super::open_read_only(path)?),
-            LedgerLocation::Postgres(url) => Connection::Postgres(Box::new(PgConnection::new(
-                super::postgres::open_existing(url)?,
-                (**url).clone(),
-            ))),
-        };
-        Ok(Ledger::wrap(conn, location))
+        Ok(Ledger::wrap(location.connect(true)?, location))
     }
 
     fn wrap(conn: Connection, location: LedgerLocation) -> Ledger {

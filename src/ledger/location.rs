@@ -9,6 +9,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::db::{Connection, PgConnection};
 use super::postgres::{PgUrl, has_written_password, is_postgres_url};
 use super::{LEDGER_FILE, LedgerError};
 
@@ -64,6 +65,25 @@ impl LedgerLocation {
             LedgerLocation::File(p) => p.exists(),
             LedgerLocation::Postgres(_) => true,
         }
+    }
+
+    /// A connection to the ledger: created and migrated if needed, or,
+    /// `existing`, only opened (it must be there; changed only when older).
+    pub(crate) fn connect(&self, existing: bool) -> Result<Connection, LedgerError> {
+        Ok(match self {
+            LedgerLocation::File(path) if existing => {
+                Connection::Sqlite(super::open_read_only(path)?)
+            }
+            LedgerLocation::File(path) => Connection::Sqlite(super::open(path)?),
+            LedgerLocation::Postgres(url) => {
+                let client = if existing {
+                    super::postgres::open_existing(url)?
+                } else {
+                    super::postgres::open(url)?
+                };
+                Connection::Postgres(Box::new(PgConnection::new(client, (**url).clone())))
+            }
+        })
     }
 
     pub fn is_postgres(&self) -> bool {

@@ -138,29 +138,52 @@ pub(crate) fn claim_page(
     }
     let mut tokens = std::collections::HashMap::with_capacity(picked.len());
     {
+        // PostgreSQL: the pick above saw the results of its own snapshot;
+        // a row whose holder committed its result meanwhile was locked in
+        // its newest version, lease already cleared. This statement sees
+        // that commit, and leaves such an item alone.
         let mut claim = tx.prepare_cached(if postgres {
             "UPDATE session_item SET claimed_by = ?2, lease_until = ?3, claim_token = claim_token + 1
-             WHERE session_id = ?4 AND position = ?1 RETURNING claim_token"
+             WHERE session_id = ?4 AND position = ?1
+               AND NOT EXISTS (SELECT 1 FROM llm_batch_result b
+                               WHERE b.session_id = session_item.session_id AND b.item_id = session_item.item_id)
+             RETURNING claim_token"
         } else {
             "UPDATE session_item SET claimed_by = ?2, lease_until = ?3, claim_token = claim_token + 1
              WHERE rowid = ?1 RETURNING claim_token"
         })?;
         for (row, position, _, _, _) in &picked {
-            let token: i64 = if postgres {
-                claim.query_row(params![row, worker, now + lease_secs, session_id], |r| {
-                    r.get(0)
-                })?
+            let token: Option<i64> = if postgres {
+                claim
+                    .query_row(params![row, worker, now + lease_secs, session_id], |r| {
+                        r.get(0)
+                    })
+                    .optional()?
             } else {
-                claim.query_row(params![row, worker, now + lease_secs], |r| r.get(0))?
+                Some(claim.query_row(params![row, worker, now + lease_secs], |r| r.get(0))?)
             };
-            tokens.insert(*position, token);
+            if let Some(token) = token {
+                tokens.insert(*position, token);
+            }
         }
+    }
+    if tokens.is_empty() {
+        // Every item picked was finished meanwhile (PostgreSQL, above): an
+        // empty page would end the first pass early; pick the next ones.
+        tx.commit()?;
+        let scope = match scope {
+            ClaimScope::After(_) => {
+                ClaimScope::After(picked.iter().map(|p| p.1).max().unwrap_or(-1))
+            }
+            ClaimScope::Takeover => ClaimScope::Takeover,
+        };
+        return claim_page(conn, session_id, worker, scope, n, lease_secs);
     }
     // Taken from another worker that held it: what it left in flight may
     // have been billed. (Items let go cleanly have nothing in flight.)
     let mut ambiguous = 0;
-    for (_, _, item_id, holder, leased) in &picked {
-        if *leased && holder.as_deref() != Some(worker) {
+    for (_, position, item_id, holder, leased) in &picked {
+        if *leased && holder.as_deref() != Some(worker) && tokens.contains_key(position) {
             ambiguous += mark_in_flight_ambiguous(&tx, session_id, item_id, now)?;
         }
     }
@@ -347,7 +370,23 @@ pub(crate) fn held_by_others(
              WHERE session_id = ?1 AND state != 'ingested' AND (claimed_by IS NULL OR claimed_by != ?2)",
         )?
         .query_row(params![session_id, worker], |r| r.get(0))?;
-    Ok((items + batches).max(0) as u64)
+    // PostgreSQL: another worker's claim may be under way, its rows locked
+    // and not yet leased as far as this reader sees; `FOR UPDATE SKIP
+    // LOCKED` passed them over. Such an item has no holder and no result
+    // yet: it is someone's until it has one, so this worker waits rather
+    // than leave the session with the others' work counted as left.
+    let claiming: i64 = if conn.dialect() == Dialect::Postgres {
+        conn.prepare_cached(
+            "SELECT COUNT(*) FROM session_item si
+             WHERE si.session_id = ?1 AND si.lease_until IS NULL AND si.claimed_by IS NULL
+               AND NOT EXISTS (SELECT 1 FROM llm_batch_result b
+                               WHERE b.session_id = si.session_id AND b.item_id = si.item_id)",
+        )?
+        .query_row(params![session_id], |r| r.get(0))?
+    } else {
+        0
+    };
+    Ok((items + batches + claiming).max(0) as u64)
 }
 
 /// Workers of this host that hold claims in the session but whose process

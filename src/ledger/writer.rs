@@ -258,20 +258,14 @@ impl LedgerWriter {
         at: impl Into<super::LedgerLocation>,
     ) -> Result<(LedgerWriter, WriterHandle), super::LedgerError> {
         let location = at.into();
-        let conn = match &location {
-            super::LedgerLocation::File(path) => {
-                let conn = super::open(path)?;
-                // The writer touches the same hot pages (session row,
-                // indexes) in every transaction: a larger cache keeps them
-                // out of the read path.
-                conn.pragma_update(None, "cache_size", -16_384)
-                    .map_err(super::LedgerError::Sql)?;
-                Connection::Sqlite(conn)
-            }
-            super::LedgerLocation::Postgres(url) => Connection::Postgres(Box::new(
-                super::db::PgConnection::new(super::postgres::open(url)?, (**url).clone()),
-            )),
-        };
+        let conn = location.connect(false)?;
+        if let Some(c) = conn.sqlite() {
+            // The writer touches the same hot pages (session row, indexes)
+            // in every transaction: a larger cache keeps them out of the
+            // read path.
+            c.pragma_update(None, "cache_size", -16_384)
+                .map_err(super::LedgerError::Sql)?;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())

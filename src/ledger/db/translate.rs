@@ -95,7 +95,7 @@ pub fn translate(sql: &str) -> (String, Vec<String>) {
                     }
                     // SQLite's TOTAL is a SUM that is 0.0 over no rows.
                     "TOTAL" if chars.get(end) == Some(&'(') => {
-                        let close = matching_paren(&chars, end);
+                        let close = call_extent(&chars, end).0;
                         let inner: String = chars[end..close].iter().collect();
                         out.push_str("COALESCE(SUM");
                         out.push_str(&to_postgres(&inner));
@@ -119,9 +119,11 @@ pub fn translate(sql: &str) -> (String, Vec<String>) {
     (out, names)
 }
 
-/// The index just after the `)` that closes the `(` at `open`.
-fn matching_paren(chars: &[char], open: usize) -> usize {
+/// The call whose `(` is at `open`: the index just after its `)`, and
+/// whether it has a comma at its own depth (two or more arguments).
+fn call_extent(chars: &[char], open: usize) -> (usize, bool) {
     let mut depth = 0;
+    let mut comma = false;
     let mut i = open;
     while i < chars.len() {
         match chars[i] {
@@ -133,14 +135,15 @@ fn matching_paren(chars: &[char], open: usize) -> usize {
             ')' => {
                 depth -= 1;
                 if depth == 0 {
-                    return i + 1;
+                    return (i + 1, comma);
                 }
             }
+            ',' if depth == 1 => comma = true,
             _ => {}
         }
         i += 1;
     }
-    chars.len()
+    (chars.len(), comma)
 }
 
 fn next_word_is(chars: &[char], mut i: usize, word: &str) -> bool {
@@ -203,29 +206,7 @@ fn has_two_arguments(chars: &[char], end: usize) -> bool {
     while chars.get(i).is_some_and(|c| c.is_whitespace()) {
         i += 1;
     }
-    if chars.get(i) != Some(&'(') {
-        return false;
-    }
-    let mut depth = 0;
-    while i < chars.len() {
-        match chars[i] {
-            '\'' | '"' => {
-                i = quoted_end(chars, i);
-                continue;
-            }
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                if depth == 0 {
-                    return false;
-                }
-            }
-            ',' if depth == 1 => return true,
-            _ => {}
-        }
-        i += 1;
-    }
-    false
+    chars.get(i) == Some(&'(') && call_extent(chars, i).1
 }
 
 #[cfg(test)]

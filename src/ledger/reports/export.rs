@@ -10,25 +10,32 @@ use crate::report::{Kind, ReportError};
 // The newest result per item comes from a grouped subquery (SQLite's bare
 // columns take the values of the MAX row); it is materialised once and joined
 // through an automatic index, since llm_batch_result has no index on item_id.
-const DECISIONS_SQL: &str = "SELECT d.item_id, d.state, d.evidence_json, d.decided_answer_json, \
-     d.decided_by, d.decided_at, d.confidence, d.model_id, d.adjudication_id, \
-     lr.outcome, lr.session_id, \
-     (SELECT rv.status FROM review_item rv WHERE rv.item_id = d.item_id \
-      ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1) \
-     FROM decision d \
-     LEFT JOIN (SELECT item_id, outcome, session_id, MAX(processed_at) AS newest \
-                FROM llm_batch_result GROUP BY item_id) lr ON lr.item_id = d.item_id";
+/// Each item's columns and newest review status; the newest result is
+/// joined after it, in each engine's way.
+macro_rules! decisions_select {
+    () => {
+        "SELECT d.item_id, d.state, d.evidence_json, d.decided_answer_json, \
+         d.decided_by, d.decided_at, d.confidence, d.model_id, d.adjudication_id, \
+         lr.outcome, lr.session_id, \
+         (SELECT rv.status FROM review_item rv WHERE rv.item_id = d.item_id \
+          ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1) \
+         FROM decision d "
+    };
+}
+
+const DECISIONS_SQL: &str = concat!(
+    decisions_select!(),
+    "LEFT JOIN (SELECT item_id, outcome, session_id, MAX(processed_at) AS newest \
+     FROM llm_batch_result GROUP BY item_id) lr ON lr.item_id = d.item_id"
+);
 
 /// PostgreSQL has no bare columns beside an aggregate: the newest result
 /// per item is its `DISTINCT ON` row.
-const DECISIONS_SQL_POSTGRES: &str = "SELECT d.item_id, d.state, d.evidence_json, d.decided_answer_json, \
-     d.decided_by, d.decided_at, d.confidence, d.model_id, d.adjudication_id, \
-     lr.outcome, lr.session_id, \
-     (SELECT rv.status FROM review_item rv WHERE rv.item_id = d.item_id \
-      ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1) \
-     FROM decision d \
-     LEFT JOIN (SELECT DISTINCT ON (item_id) item_id, outcome, session_id \
-                FROM llm_batch_result ORDER BY item_id, processed_at DESC) lr ON lr.item_id = d.item_id";
+const DECISIONS_SQL_POSTGRES: &str = concat!(
+    decisions_select!(),
+    "LEFT JOIN (SELECT DISTINCT ON (item_id) item_id, outcome, session_id \
+     FROM llm_batch_result ORDER BY item_id, processed_at DESC) lr ON lr.item_id = d.item_id"
+);
 
 fn decisions_sql(conn: &Connection) -> &'static str {
     match conn.dialect() {
