@@ -126,20 +126,7 @@ fn on_postgres(ws: &Workspace, pg: &support::pg::PgServer) -> String {
 fn snapshot(ws: &Workspace, url: &str) -> rusqlite::Connection {
     let dir = ws.path().join(format!("snapshot-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(BIN)
-        .arg("--workspace")
-        .arg(&dir)
-        .args(["ledger", "copy", "--from", url])
-        .env_remove("DOCKET_LEDGER_URL")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    rusqlite::Connection::open(dir.join("docket.sqlite")).unwrap()
+    support::pg::snapshot(url, &dir)
 }
 
 /// Throughput of 1, 2 and 4 workers on one PostgreSQL ledger, latency-bound

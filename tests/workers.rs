@@ -123,23 +123,7 @@ impl Ws {
         };
         let n = self.snapshots.get() + 1;
         self.snapshots.set(n);
-        let dir = self.home.path().join(format!("snapshot{n}"));
-        std::fs::create_dir_all(&dir).expect("snapshot dir");
-        let out = Command::new(BIN)
-            .arg("--workspace")
-            .arg(&dir)
-            .args(["ledger", "copy", "--from", url])
-            .env("HOME", self.home.path())
-            .env_remove("DOCKET_LEDGER_URL")
-            .stdin(Stdio::null())
-            .output()
-            .expect("docket ledger copy");
-        assert!(
-            out.status.success(),
-            "snapshot of the PostgreSQL ledger: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Connection::open(dir.join("docket.sqlite")).expect("open the snapshot")
+        support::pg::snapshot(url, &self.home.path().join(format!("snapshot{n}")))
     }
 }
 
@@ -154,8 +138,13 @@ fn signal(pid: u32, sig: &str) {
 }
 
 /// Poll `f` every 25 ms until it gives a value; panic naming `what`.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + STATE_TIMEOUT;
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_within(what, STATE_TIMEOUT, f)
+}
+
+/// `wait_for` with a deadline of its own.
+fn wait_within<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
             return v;
@@ -576,8 +565,13 @@ fn three_workers_once(mock: &Mock, url: &str, t: usize) -> i64 {
         .map(|id| format!("'{id}'"))
         .collect::<Vec<_>>()
         .join(", ");
-    wait_for("another worker to take the stopped worker's items", || {
-        (count(
+    // The one worker left takes them once its own first pass is over: the
+    // session's remaining items at its pace, so longer than a state wait.
+    wait_within(
+        "another worker to take the stopped worker's items",
+        RUN_TIMEOUT,
+        || {
+            (count(
             &ws.conn(),
             &format!(
                 "SELECT COUNT(*) FROM session_item si WHERE si.session_id = ?1 AND si.item_id IN ({held_sql})
@@ -588,7 +582,8 @@ fn three_workers_once(mock: &Mock, url: &str, t: usize) -> i64 {
             [&sid, &holder],
         ) > 0)
             .then_some(())
-    });
+        },
+    );
     std::thread::sleep(Duration::from_millis(300));
     signal(stopped_pid, "-CONT");
     let (c1, o1) = first.wait(RUN_TIMEOUT);

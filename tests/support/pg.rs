@@ -705,3 +705,25 @@ fn failed(why: &str) -> Output {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// A consistent copy of the PostgreSQL ledger at `url` (one snapshot, by
+/// `docket ledger copy --from`) as a SQLite file in `dir`, opened: the
+/// checks written for SQLite read a PostgreSQL ledger through it.
+pub fn snapshot(url: &str, dir: &Path) -> rusqlite::Connection {
+    std::fs::create_dir_all(dir).expect("snapshot dir");
+    let out = Command::new(super::procs::BIN)
+        .arg("--workspace")
+        .arg(dir)
+        .args(["ledger", "copy", "--from", url])
+        .env("HOME", dir)
+        .env_remove("DOCKET_LEDGER_URL")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("docket ledger copy");
+    assert!(
+        out.status.success(),
+        "snapshot of the PostgreSQL ledger: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rusqlite::Connection::open(dir.join("docket.sqlite")).expect("open the snapshot")
+}
