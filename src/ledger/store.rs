@@ -127,6 +127,9 @@ pub(crate) fn for_each_candidate(
     mut visit: impl FnMut(Candidate) -> Result<(), String>,
 ) -> Result<u64, CandidateError> {
     let cutoff = live_cutoff(conn)?;
+    if conn.dialect() == Dialect::Postgres {
+        return for_each_candidate_paged(conn, filter, cutoff, visit);
+    }
     let sql = filter.sql(
         "SELECT d.item_id, d.evidence_json",
         cutoff.is_some(),
@@ -148,6 +151,62 @@ pub(crate) fn for_each_candidate(
         n += 1;
     }
     Ok(n)
+}
+
+/// Candidates read from PostgreSQL a page at a time, in import order
+/// (PostgreSQL's answers come whole: one query for a million candidates
+/// would hold every evidence in memory at once).
+fn for_each_candidate_paged(
+    conn: &Connection,
+    filter: CandidateFilter,
+    cutoff: Option<f64>,
+    mut visit: impl FnMut(Candidate) -> Result<(), String>,
+) -> Result<u64, CandidateError> {
+    const PAGE: u64 = 2_000;
+    let base = filter.sql(
+        "SELECT d.item_id, d.evidence_json, d.import_seq",
+        cutoff.is_some(),
+        Dialect::Postgres,
+    );
+    // The page's start goes before the order: `... AND d.import_seq > ?N
+    // ORDER BY d.import_seq LIMIT ?1`.
+    let after_param = if cutoff.is_some() { "?3" } else { "?2" };
+    let sql = base.replacen(
+        " ORDER BY d.import_seq",
+        &format!(" AND d.import_seq > {after_param} ORDER BY d.import_seq"),
+        1,
+    );
+    let mut stmt = conn.prepare(&sql)?;
+    let mut after: i64 = -1;
+    let mut n: u64 = 0;
+    loop {
+        let page = match filter.limit {
+            Some(l) => PAGE.min(l.saturating_sub(n)),
+            None => PAGE,
+        };
+        if page == 0 {
+            return Ok(n);
+        }
+        let page_param = i64::try_from(page).unwrap_or(i64::MAX);
+        let mut rows = match cutoff {
+            Some(c) => stmt.query(params![page_param, c, after]),
+            None => stmt.query(params![page_param, after]),
+        }?;
+        let mut got = 0;
+        while let Some(row) = rows.next()? {
+            after = row.get(2)?;
+            visit(Candidate {
+                item_id: row.get(0)?,
+                evidence_json: row.get(1)?,
+            })
+            .map_err(CandidateError::Stopped)?;
+            got += 1;
+        }
+        n += got;
+        if got < page {
+            return Ok(n);
+        }
+    }
 }
 
 /// A stage of a new session's job.
