@@ -86,10 +86,6 @@ impl LedgerLocation {
         })
     }
 
-    pub fn is_postgres(&self) -> bool {
-        matches!(self, LedgerLocation::Postgres(_))
-    }
-
     /// The SQLite file, when it is one.
     pub fn file(&self) -> Option<&Path> {
         match self {

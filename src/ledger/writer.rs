@@ -435,6 +435,7 @@ fn apply_all_or_none(
         });
     }
     index_new_reviews(&tx, search);
+    notify_readers(&tx);
     Some(match tx.commit() {
         Ok(()) => results,
         Err(e) => commit_failed(group, &e),
@@ -453,8 +454,6 @@ fn commit_failed(group: &[Queued], e: &crate::ledger::db::Error) -> Vec<Result<(
 /// own savepoint: a failure leaves them noted for a later try and costs the
 /// group's writes nothing.
 fn index_new_reviews(tx: &Connection, search: &mut search_index::Pacer) {
-    // Consoles on a PostgreSQL ledger re-read when the group commits.
-    let _ = tx.notify(crate::ledger::postgres::CHANGE_CHANNEL, "");
     let _ = (|| -> crate::ledger::db::Result<()> {
         tx.prepare_cached("SAVEPOINT search")?.execute(params![])?;
         let indexed = search.maybe_catch_up(tx);
@@ -465,6 +464,12 @@ fn index_new_reviews(tx: &Connection, search: &mut search_index::Pacer) {
         tx.prepare_cached("RELEASE search")?.execute(params![])?;
         indexed.map(|_| ())
     })();
+}
+
+/// Consoles on a PostgreSQL ledger re-read when the group commits (a
+/// notification; nothing on SQLite, whose readers poll a counter).
+fn notify_readers(tx: &Connection) {
+    let _ = tx.notify(crate::ledger::postgres::CHANGE_CHANNEL, "");
 }
 
 /// `group` with a savepoint per operation (none for a group of one: the
@@ -522,6 +527,7 @@ fn apply_each_isolated(
         return results;
     }
     index_new_reviews(&tx, search);
+    notify_readers(&tx);
     if let Err(e) = tx.commit() {
         return commit_failed(group, &e);
     }

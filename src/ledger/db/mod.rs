@@ -52,20 +52,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
-    /// Whether the statement broke a uniqueness rule.
-    pub fn is_unique_violation(&self) -> bool {
-        match self {
-            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
-                e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
-                    || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
-            }
-            Error::Postgres(m) => m.starts_with("23505"),
-            _ => false,
-        }
-    }
-}
-
 /// `.optional()` on a single-row answer: no row is `None`, not an error.
 pub trait OptionalExtension<T> {
     fn optional(self) -> Result<Option<T>>;
@@ -92,13 +78,6 @@ macro_rules! db_params {
     };
 }
 pub(crate) use db_params as params;
-
-/// Parameters from an iterator (a list of ids of any length).
-pub fn params_from_iter<'a, T: ToDb + 'a>(
-    values: impl IntoIterator<Item = &'a T>,
-) -> Vec<&'a dyn ToDb> {
-    values.into_iter().map(|v| v as &dyn ToDb).collect()
-}
 
 /// An open connection to the ledger's database.
 pub enum Connection {

@@ -59,10 +59,6 @@ pub struct PgStatement {
 }
 
 impl PgStatement {
-    pub(super) fn columns(&self) -> usize {
-        self.statement.columns().len()
-    }
-
     /// Named parameters in the order the statement numbers them; a name
     /// not given is NULL.
     pub(super) fn order<'p>(&self, named: &[(&str, &'p dyn ToDb)]) -> Vec<&'p dyn ToDb> {
@@ -346,14 +342,21 @@ impl PgConnection {
             self.in_transaction.set(false);
             return self.batch_execute("ROLLBACK");
         }
-        // The transaction's id first: if the COMMIT's answer is lost, the
+        // The transaction's id first, if it wrote (a read-only one has
+        // none and nothing to lose): if the COMMIT's answer is lost, the
         // server still knows whether it committed.
-        let txid: i64 = self
-            .run(|c| c.query_one("SELECT txid_current()", &[]))?
+        let txid: Option<i64> = self
+            .run(|c| c.query_one("SELECT txid_current_if_assigned()", &[]))?
             .get(0);
         self.in_transaction.set(false);
         match blocking(|| self.client().batch_execute("COMMIT")) {
             Ok(()) => {
+                self.lost.set(false);
+                Ok(())
+            }
+            Err(e) if is_lost(&e) && txid.is_none() => {
+                // It wrote nothing: there is nothing to settle.
+                self.reconnect(&describe(&e))?;
                 self.lost.set(false);
                 Ok(())
             }

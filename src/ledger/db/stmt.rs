@@ -101,15 +101,6 @@ impl<'c> Statement<'c> {
             f,
         })
     }
-
-    /// How many columns its rows have.
-    pub fn column_count(&self) -> usize {
-        match self {
-            Statement::SqliteCached(s) => s.column_count(),
-            Statement::Sqlite(s) => s.column_count(),
-            Statement::Postgres(_, s) => s.columns(),
-        }
-    }
 }
 
 /// Rows of a query.
@@ -178,20 +169,6 @@ impl Row<'_> {
     /// Column `idx` as whatever it holds.
     pub fn get_value(&self, idx: usize) -> Result<Value> {
         self.get(idx)
-    }
-
-    pub fn column_count(&self) -> usize {
-        match self {
-            Row::Sqlite(r) => r.as_ref().column_count(),
-            Row::Postgres(r) => r.len(),
-        }
-    }
-
-    pub fn column_name(&self, idx: usize) -> Option<String> {
-        match self {
-            Row::Sqlite(r) => r.as_ref().column_name(idx).ok().map(String::from),
-            Row::Postgres(r) => r.columns().get(idx).map(|c| c.name().to_string()),
-        }
     }
 }
 
