@@ -9,6 +9,8 @@
 //! Every test has its own tmux server (`tmux -L`), its own mock, workspace
 //! and home; guards kill only those, whatever happens.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

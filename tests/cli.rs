@@ -803,3 +803,38 @@ fn the_console_without_a_terminal_says_what_to_use_instead() {
     assert!(err.contains("needs a terminal"), "{err}");
     assert!(err.contains("--headless"), "{err}");
 }
+
+/// A developer's exported `DOCKET_LEDGER_URL` (or `PGPASSWORD`) never reaches
+/// the tests: this test binary, started again with both set, finds them
+/// cleared before any test runs.
+#[test]
+fn tests_never_see_the_developers_ledger_settings() {
+    const PROBE: &str = "DOCKET_ISOLATION_PROBE";
+    if std::env::var_os(PROBE).is_some() {
+        assert!(
+            support::isolation::ledger_env_cleared(),
+            "DOCKET_LEDGER_URL or PGPASSWORD reached a test"
+        );
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests_never_see_the_developers_ledger_settings",
+            "--nocapture",
+        ])
+        .env(PROBE, "1")
+        .env(
+            "DOCKET_LEDGER_URL",
+            "postgres://someone:secret@127.0.0.1:1/elsewhere",
+        )
+        .env("PGPASSWORD", "secret")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "the probe run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -3,6 +3,8 @@
 //! (`ledger::controls::RunControls`) against a real ledger file, with
 //! fixtures written as plain SQL the way the engine writes them.
 
+mod support;
+
 use std::path::PathBuf;
 
 use docket::control::{ControlError, Desired};

@@ -1,6 +1,8 @@
 //! `docket export --what items|requests` over staged sessions, as CSV, JSONL
 //! and Parquet: schema-driven columns and types, one row per item or request.
 
+mod support;
+
 use std::path::Path;
 use std::process::Command;
 

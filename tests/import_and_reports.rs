@@ -1,6 +1,8 @@
 //! `docket import`, `batch-results`, `sessions` and `export` against a real
 //! ledger in a temporary directory.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use docket::items::{ImportError, ImportFormat, ImportOptions, import_file, render_import_report};

@@ -2,6 +2,8 @@
 //! loopback HTTP (raw reqwest, multipart built by hand): exact object shapes,
 //! the compressed lifecycle, and every fault switch.
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 

@@ -2,6 +2,8 @@
 //! the client), checking OpenAI wire compatibility, determinism, rate limits,
 //! faults and the admin endpoints.
 
+mod support;
+
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 

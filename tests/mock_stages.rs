@@ -3,6 +3,8 @@
 //! `omit_optional_first`, the `partial_answers` counter, determinism, config
 //! validation, and the OpenAI Files + Batches path honouring the same switches.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use clap::Parser;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod batch;
+pub mod isolation;
 pub mod pg;
 pub mod procs;
 
