@@ -1,6 +1,6 @@
 //! Several workers on one session, printed as figures (run:
 //! `cargo bench --bench workers`; one scenario: `-- scale`, `-- limit`,
-//! `-- pg-scale` or `-- pg-throughput`).
+//! `-- pg-scale`, `-- pg-throughput` or `-- pg-export`).
 //!
 //! The real binary against `docket mock-provider` as its own process; the
 //! `pg-` scenarios on a PostgreSQL ledger the bench starts itself. Every
@@ -181,6 +181,66 @@ fn pg_throughput() {
     );
 }
 
+/// `docket export`'s peak memory on a PostgreSQL ledger beside SQLite's,
+/// for the same finished session: the large answers come from a
+/// server-side cursor a page at a time, so the PostgreSQL export holds
+/// about what the SQLite one does, not every row.
+fn pg_export() {
+    const ITEMS: usize = 50_000;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "0", "--latency-p99-ms", "0"]);
+    let ws = workspace(&mock, ITEMS, |j| j.concurrency = 64);
+    let (sid, _) = run(&ws, 1);
+    let export = |pg: Option<&str>, what: &str| -> (f64, u64) {
+        let out = ws
+            .path()
+            .join(format!("export-{what}-{}.jsonl", pg.is_some()));
+        let mut command = Command::new(BIN);
+        command
+            .arg("--workspace")
+            .arg(ws.path())
+            .args([
+                "export",
+                "--what",
+                what,
+                "--format",
+                "jsonl",
+                "--session",
+                &sid,
+                "--output",
+            ])
+            .arg(&out)
+            .env("DOCKET_REPORT_PEAK_RSS", "1")
+            .env_remove("DOCKET_LEDGER_URL");
+        if let Some(url) = pg {
+            command.env("DOCKET_LEDGER_URL", url);
+        }
+        let done = command.output().expect("docket export");
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert!(done.status.success(), "{stderr}");
+        let kb: f64 = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("peak_rss_kb="))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("peak_rss_kb");
+        let lines = std::fs::read_to_string(&out).unwrap().lines().count() as u64;
+        (kb / 1024.0, lines)
+    };
+    let lite: Vec<_> = ["items", "requests"]
+        .iter()
+        .map(|w| export(None, w))
+        .collect();
+    let url = on_postgres(&ws, &pg);
+    for (what, (lite_mb, lite_rows)) in ["items", "requests"].iter().zip(lite) {
+        let (pg_mb, pg_rows) = export(Some(&url), what);
+        println!(
+            "X  docket export --what {what}, {ITEMS} items: PostgreSQL {pg_rows} rows at a peak of {pg_mb:.1} MB; \
+             SQLite {lite_rows} rows at {lite_mb:.1} MB  [{}: same rows, <= 1.5x SQLite's memory]",
+            verdict(pg_rows == lite_rows && pg_mb <= 1.5 * lite_mb)
+        );
+    }
+}
+
 /// Throughput of two workers against one on a latency-bound provider: each
 /// worker runs at concurrency 16 (the session's limit is 16 for one worker
 /// and 32 for two, split equally between them).
@@ -268,6 +328,9 @@ fn main() {
     }
     if want("pg-scale") {
         pg_scale();
+    }
+    if want("pg-export") {
+        pg_export();
     }
     if want("pg-throughput") {
         pg_throughput();

@@ -448,3 +448,79 @@ fn running_as_root() -> bool {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
         .unwrap_or(false)
 }
+
+/// A large answer (an export) is read from a server-side cursor a page at a
+/// time: every row comes, in order, across page boundaries; other
+/// statements run on the connection between pages (the items export asks
+/// for each item's stages while it reads the items); the cursor is closed
+/// when the rows are dropped; and the same holds inside a transaction.
+#[test]
+fn large_answers_come_a_page_at_a_time_from_a_cursor() {
+    use docket::ledger::db::{Connection, PgConnection, ToDb};
+    let server = PgServer::start();
+    let url = PgUrl::parse(&server.fresh_database()).unwrap();
+    let client = postgres::open(&url).unwrap();
+    let conn = Connection::Postgres(Box::new(PgConnection::new(client, url)));
+    conn.execute_batch(
+        "CREATE TABLE numbers (n BIGINT PRIMARY KEY, word TEXT);
+         INSERT INTO numbers SELECT g, 'n' || g FROM generate_series(1, 2500) g;",
+    )
+    .unwrap();
+    let open_cursors = |conn: &Connection| -> i64 {
+        conn.query_row(
+            "SELECT COUNT(*) FROM pg_cursors WHERE name LIKE 'docket_rows_%'",
+            &[],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+
+    let read_all = |conn: &Connection| -> Vec<i64> {
+        let mut stmt = conn
+            .prepare("SELECT n, word FROM numbers WHERE n > ?1 ORDER BY n")
+            .unwrap();
+        let mut rows = stmt.query_large(&[&0i64 as &dyn ToDb]).unwrap();
+        let mut seen = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            let n: i64 = row.get(0).unwrap();
+            assert_eq!(row.get::<_, String>(1).unwrap(), format!("n{n}"));
+            seen.push(n);
+            if n % 700 == 0 {
+                // A statement of its own between the cursor's pages.
+                let doubled: i64 = conn
+                    .query_row(
+                        "SELECT n * 2 FROM numbers WHERE n = ?1",
+                        &[&n as &dyn ToDb],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                assert_eq!(doubled, 2 * n);
+                assert_eq!(
+                    open_cursors(conn),
+                    1,
+                    "the cursor is open while rows are read"
+                );
+            }
+        }
+        seen
+    };
+
+    let all: Vec<i64> = (1..=2500).collect();
+    assert_eq!(read_all(&conn), all);
+    assert_eq!(open_cursors(&conn), 0, "closed when the rows are dropped");
+
+    let tx = conn.transaction().unwrap();
+    assert_eq!(read_all(&tx), all);
+    assert_eq!(open_cursors(&tx), 0);
+    tx.commit().unwrap();
+
+    // Rows dropped halfway close their cursor too.
+    {
+        let mut stmt = conn.prepare("SELECT n FROM numbers ORDER BY n").unwrap();
+        let mut rows = stmt.query_large(&[]).unwrap();
+        for _ in 0..1500 {
+            rows.next().unwrap().unwrap();
+        }
+    }
+    assert_eq!(open_cursors(&conn), 0);
+}

@@ -93,6 +93,8 @@ pub struct PgConnection {
     generation: Cell<u64>,
     /// The last transaction lost its connection before it committed.
     lost: Cell<bool>,
+    /// Names the next cursor (see `open_cursor`).
+    cursors: Cell<u64>,
     /// The server's clock minus this machine's, and when it was measured.
     clock_offset: Cell<Option<(f64, Instant)>>,
     url: PgUrl,
@@ -129,6 +131,7 @@ impl PgConnection {
         PgConnection {
             client: RefCell::new(Some(client)),
             statements: RefCell::new(HashMap::new()),
+            cursors: Cell::new(0),
             in_transaction: Cell::new(false),
             generation: Cell::new(0),
             lost: Cell::new(false),
@@ -318,6 +321,42 @@ impl PgConnection {
         }
     }
 
+    /// Open a server-side cursor over `s` (see [`Cursor`]). Inside a
+    /// transaction it lives until the transaction ends; outside one it is
+    /// declared `WITH HOLD`, so the server keeps the answer (spilling to
+    /// its own temporary files) and hands it out a page at a time.
+    pub(super) fn open_cursor<'c>(
+        &'c self,
+        s: &PgStatement,
+        params: &[&dyn ToDb],
+    ) -> Result<Cursor<'c>> {
+        let name = format!("docket_rows_{}", self.cursors.get());
+        self.cursors.set(self.cursors.get() + 1);
+        let hold = if self.in_transaction.get() {
+            ""
+        } else {
+            " WITH HOLD"
+        };
+        let (translated, _) = translate::translate(&s.sql);
+        let declare = format!("DECLARE {name} NO SCROLL CURSOR{hold} FOR {translated}");
+        let values = values(params);
+        let refs = refs(&values);
+        self.run(|c| c.execute(declare.as_str(), &refs))
+            .map_err(|e| match e {
+                Error::Postgres(m) => Error::Postgres(format!("{m} in: {}", one_line(&translated))),
+                e => e,
+            })?;
+        Ok(Cursor {
+            conn: self,
+            fetch: format!("FETCH FORWARD {CURSOR_PAGE} FROM {name}"),
+            close: format!("CLOSE {name}"),
+            generation: self.generation.get(),
+            page: Vec::new().into_iter(),
+            current: None,
+            done: false,
+        })
+    }
+
     pub(super) fn batch_execute(&self, sql: &str) -> Result<()> {
         self.run(|c| c.batch_execute(sql))
     }
@@ -374,6 +413,63 @@ impl PgConnection {
                 }
             }
             Err(e) => Err(pg_error(e)),
+        }
+    }
+}
+
+/// Rows a cursor fetches per round trip: a page's rows are all the client
+/// holds of a large answer.
+const CURSOR_PAGE: usize = 1_000;
+
+/// A large answer read a page at a time from a server-side cursor, so an
+/// export of a million rows holds a thousand. (A plain query's answer comes
+/// whole.) Other statements may run on the connection between pages, as
+/// SQLite allows while a statement steps. Closed when dropped.
+pub struct Cursor<'c> {
+    conn: &'c PgConnection,
+    fetch: String,
+    close: String,
+    /// The connection it was declared on: a cursor does not survive a
+    /// reconnect.
+    generation: u64,
+    page: std::vec::IntoIter<postgres::Row>,
+    pub(super) current: Option<postgres::Row>,
+    done: bool,
+}
+
+impl Cursor<'_> {
+    /// Move to the next row (`current`); false at the end.
+    pub(super) fn advance(&mut self) -> Result<bool> {
+        self.current = self.page.next();
+        if self.current.is_none() && !self.done {
+            if self.conn.generation.get() != self.generation || self.conn.broken() {
+                return Err(Error::ConnectionLost(
+                    "the connection was lost while rows were being read".into(),
+                ));
+            }
+            let rows = match self.conn.attempt(|c| c.query(self.fetch.as_str(), &[]))? {
+                Some(rows) => rows,
+                None => {
+                    return Err(Error::ConnectionLost(
+                        "the connection was lost while rows were being read".into(),
+                    ));
+                }
+            };
+            self.done = rows.len() < CURSOR_PAGE;
+            self.page = rows.into_iter();
+            self.current = self.page.next();
+        }
+        Ok(self.current.is_some())
+    }
+}
+
+impl Drop for Cursor<'_> {
+    fn drop(&mut self) {
+        // A cursor of a lost connection went with it; inside a transaction
+        // that failed, the transaction's end closes it.
+        if self.conn.generation.get() == self.generation && !self.conn.broken() {
+            let close = &self.close;
+            let _ = blocking(|| self.conn.client().batch_execute(close));
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Prepared statements, their rows and row iterators, on either engine.
 
-use super::pg::{PgConnection, PgStatement};
+use super::pg::{Cursor, PgConnection, PgStatement};
 use super::value::{FromDb, PgAny, ToDb, Value};
 use super::{Error, Result};
 
@@ -67,6 +67,17 @@ impl<'c> Statement<'c> {
         Ok(Rows::Sqlite(s.query(sqlite_params(params))?))
     }
 
+    /// Its rows for a large answer (an export): as `query` on SQLite; on
+    /// PostgreSQL read a page at a time from a server-side cursor instead
+    /// of arriving whole. A round trip more than `query`: for answers that
+    /// may be large, not for the hot paths.
+    pub fn query_large<'s>(&'s mut self, params: &[&dyn ToDb]) -> Result<Rows<'s>> {
+        if let Statement::Postgres(c, s) = self {
+            return Ok(Rows::PostgresCursor(c.open_cursor(s, params)?));
+        }
+        self.query(params)
+    }
+
     /// Its rows, with parameters given by name (`:name`); a name the
     /// statement does not use is skipped, one it uses and is not given is
     /// NULL.
@@ -110,6 +121,7 @@ pub enum Rows<'s> {
         rows: std::vec::IntoIter<postgres::Row>,
         current: Option<postgres::Row>,
     },
+    PostgresCursor(Cursor<'s>),
 }
 
 impl Rows<'_> {
@@ -121,6 +133,10 @@ impl Rows<'_> {
             Rows::Postgres { rows, current } => {
                 *current = rows.next();
                 Ok(current.as_ref().map(Row::Postgres))
+            }
+            Rows::PostgresCursor(c) => {
+                c.advance()?;
+                Ok(c.current.as_ref().map(Row::Postgres))
             }
         }
     }

@@ -68,7 +68,7 @@ pub(super) fn for_each_stage_output(
          JOIN llm_requests q ON q.request_id = sr.request_id \
          WHERE sr.session_id = ?1 AND sr.stage = ?2 AND {output} IS NOT NULL"
     ))?;
-    let mut rows = stmt.query(params![session_id, stage])?;
+    let mut rows = stmt.query_large(params![session_id, stage])?;
     while let Some(r) = rows.next()? {
         let text: String = r.get(0)?;
         each(&text);
@@ -117,7 +117,7 @@ pub(super) fn for_each_item(
     // Buffers reused from item to item, so memory stays flat.
     let mut cells: Vec<Cell> = Vec::with_capacity(item_kinds.len());
     let mut stages: Vec<StageRow> = Vec::new();
-    let mut rows = item_stmt.query(params![session_id])?;
+    let mut rows = item_stmt.query_large(params![session_id])?;
     let mut count = 0u64;
     while let Some(row) = rows.next()? {
         read_cells(&row, item_kinds, &mut cells)?;

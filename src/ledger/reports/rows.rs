@@ -54,7 +54,7 @@ pub(super) fn stream_rows(
     each: EachRow<'_>,
 ) -> Result<u64, ReportError> {
     let mut stmt = conn.prepare(sql)?;
-    let mut rows = stmt.query(params)?;
+    let mut rows = stmt.query_large(params)?;
     let mut cells: Vec<Cell> = Vec::with_capacity(kinds.len());
     let mut count = 0u64;
     while let Some(row) = rows.next()? {
