@@ -84,7 +84,9 @@ impl Home {
     /// `env -u ... VAR=... ` for a command run by tmux (whose server may
     /// carry someone else's environment).
     fn env_prefix(&self, user: &str, extra: &[(&str, &str)]) -> String {
-        let mut s = String::from("env -u NO_COLOR -u DOCKET_WORKSPACE -u DOCKET_LOG");
+        let mut s = String::from(
+            "env -u NO_COLOR -u DOCKET_WORKSPACE -u DOCKET_LOG -u DOCKET_LEDGER_URL -u PGPASSWORD",
+        );
         for (k, v) in self.vars(user) {
             s.push_str(&format!(" {k}={}", sh_quote(&v)));
         }
@@ -1004,6 +1006,196 @@ fn two_operators_share_the_review_queue() {
             "SELECT COUNT(*) FROM review_log WHERE actor = 'review:bob'"
         ),
         0
+    );
+}
+
+/// The same two operators on a PostgreSQL ledger, each console its own
+/// process and connection as on two laptops: the job imported and run on
+/// the server (no docket.sqlite is ever written), alice's hold seen by bob,
+/// bob's accept refused, alice's accept recorded on the server and gone
+/// from bob's list within a second or two (LISTEN/NOTIFY), and the
+/// password, given only in PGPASSWORD, never on either screen.
+#[test]
+fn two_operators_on_postgres_share_the_review_queue() {
+    let server = support::pg::PgServer::start();
+    let full_url = server.fresh_database();
+    let url = support::pg::without_password(&full_url);
+    let sql = |q: &str| server.psql(&full_url, q);
+    let home = Home::new();
+    let ws = home.init_workspace();
+    let ws_s = ws.display().to_string();
+    let on_pg = |args: &[&str]| {
+        let out = home
+            .docket("alice")
+            .args(["--workspace", &ws_s, "--ledger", &url])
+            .args(args)
+            .env("PGPASSWORD", server.password())
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "docket {args:?}:\n{said}");
+        assert!(!said.contains(server.password()), "{said}");
+        said
+    };
+    let items = ws.join("items/e2e.jsonl");
+    let mut f = std::fs::File::create(&items).unwrap();
+    docket::demo::write_chart_items(&mut f, 60, 7).unwrap();
+    drop(f);
+    on_pg(&["import", &items.display().to_string()]);
+    let out = on_pg(&["batch-adjudicate", "--headless", "--yes"]);
+    assert!(out.contains("Results: docket batch-results"), "{out}");
+    let pending0: u64 = sql("SELECT COUNT(*) FROM review_item WHERE status = 'pending'")
+        .parse()
+        .unwrap();
+    assert!(pending0 >= 3, "only {pending0} pending review items");
+    let top = sql(
+        "SELECT review_id || ' ' || item_id FROM review_item WHERE status = 'pending'
+         ORDER BY confidence DESC, review_id LIMIT 1",
+    );
+    let (top_rid, top_item) = top.split_once(' ').unwrap();
+    let (top_rid, top_item) = (top_rid.to_string(), top_item.to_string());
+    let of_top = |what: &str| {
+        sql(&format!(
+            "SELECT {what} FROM review_item WHERE review_id = {top_rid}"
+        ))
+    };
+
+    let console = |user: &str| {
+        let cmd = format!(
+            "{} {} --workspace {} --ledger {}",
+            home.env_prefix(user, &[("PGPASSWORD", server.password())]),
+            sh_quote(BIN),
+            sh_quote(&ws_s),
+            sh_quote(&url)
+        );
+        let pane = Pane::start_sized(&format!("pg-{user}"), &cmd, 200, 40);
+        pane.wait("the console loaded", WAIT, |s| {
+            header(s).contains("✓ COMPLETED")
+        });
+        pane
+    };
+    let alice = console("alice");
+    let bob = console("bob");
+
+    alice.keys("5");
+    alice.wait("alice's queue", WAIT, |s| {
+        review_title(s) == Some((1, pending0))
+    });
+    let claimant = poll("alice's claim", WAIT, || {
+        let by = of_top("COALESCE(claimed_by, '')");
+        if by.starts_with("alice@") {
+            Ok(by)
+        } else {
+            Err(by)
+        }
+    });
+
+    bob.keys("5");
+    bob.wait("bob told the item is held", WAIT, |s| {
+        review_title(s) == Some((1, pending0))
+            && s.lines()
+                .any(|l| l.contains('›') && l.contains(&top_item) && l.contains("[held: alice@"))
+    });
+    bob.keys("a");
+    bob.wait("bob's accept refused", WAIT, |s| {
+        footer(s).contains(&format!("held by {claimant}"))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        sql("SELECT COUNT(*) FROM review_log WHERE actor = 'review:bob'"),
+        "0"
+    );
+    assert_eq!(of_top("status"), "pending");
+    assert_eq!(
+        of_top("claimed_by"),
+        claimant,
+        "bob did not take alice's claim"
+    );
+
+    alice.keys("a");
+    poll("alice's accept on the server", WAIT, || {
+        let by = of_top("status || ' ' || COALESCE(decided_by, '')");
+        if by == "accepted review:alice" {
+            Ok(())
+        } else {
+            Err(by)
+        }
+    });
+    let accepted_at = Instant::now();
+    bob.wait(
+        "the item to leave bob's list",
+        Duration::from_secs(3),
+        |s| review_title(s).is_some_and(|(_, t)| t == pending0 - 1),
+    );
+    let lag = accepted_at.elapsed();
+    assert!(lag < Duration::from_millis(2500), "took {lag:?}");
+    assert_eq!(
+        sql(&format!(
+            "SELECT state || ' ' || decided_by FROM decision WHERE item_id = '{top_item}'"
+        )),
+        "decided review:alice"
+    );
+
+    // u: alice undoes it, on the server too.
+    alice.keys("u");
+    alice.wait_for(&format!("Undid accept of {top_item}"));
+    poll("the undo on the server", WAIT, || {
+        let status = of_top("status");
+        if status == "pending" {
+            Ok(())
+        } else {
+            Err(status)
+        }
+    });
+    assert_eq!(
+        sql(&format!(
+            "SELECT state FROM decision WHERE item_id = '{top_item}'"
+        )),
+        "indeterminate"
+    );
+    assert_eq!(
+        sql("SELECT COUNT(*) FROM review_log WHERE action = 'undo' AND actor = 'review:alice'"),
+        "1"
+    );
+
+    // The search (pg_trgm or a scan) finds the item by its id.
+    alice.keys("/");
+    alice.keys(&top_item);
+    alice.wait("the queue filtered to the item", WAIT, |s| {
+        review_title(s).is_some_and(|(_, t)| t >= 1 && t < pending0)
+            && s.lines().any(|l| l.contains('›') && l.contains(&top_item))
+    });
+    alice.keys("Escape");
+    alice.wait("the filter cleared", WAIT, |s| {
+        review_title(s).is_some_and(|(_, t)| t == pending0)
+    });
+    // The workers and provider batches overlays read the server too.
+    for (key, title) in [("w", " Workers · "), ("b", " Provider batches · ")] {
+        alice.keys(key);
+        alice.wait(&format!("the {key} overlay"), WAIT, |s| s.contains(title));
+        alice.keys("Escape");
+    }
+    for (who, pane) in [("alice", &alice), ("bob", &bob)] {
+        let screen = pane.screen();
+        assert!(
+            !footer(&screen).contains("failed"),
+            "{who}'s console failed a read:\n{screen}"
+        );
+    }
+
+    for (who, pane) in [("alice", &alice), ("bob", &bob)] {
+        assert!(
+            !pane.screen().contains(server.password()),
+            "{who}'s screen shows the password"
+        );
+    }
+    assert!(
+        !ws.join("docket.sqlite").exists(),
+        "a PostgreSQL ledger writes no docket.sqlite"
     );
 }
 

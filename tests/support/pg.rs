@@ -85,6 +85,12 @@ impl PgServer {
         self.url.clone()
     }
 
+    /// The password of `url()` (and of every `fresh_database`), for
+    /// PGPASSWORD.
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
     /// The same URL without the password (for tests that pass the password
     /// through PGPASSWORD).
     pub fn url_without_password(&self) -> String {
@@ -618,7 +624,7 @@ fn with_database(url: &str, db: &str) -> String {
     format!("{}/{db}{query}", &url[..end])
 }
 
-fn without_password(url: &str) -> String {
+pub fn without_password(url: &str) -> String {
     let (start, end) = authority(url);
     match url[start..end].rsplit_once('@') {
         Some((userinfo, host)) => {

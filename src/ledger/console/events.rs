@@ -100,9 +100,9 @@ pub(super) fn events(
     }
 
     let mut stmt = conn.prepare_cached(
-        "SELECT rowid, processed_at, item_id, error_message FROM llm_batch_result
+        "SELECT COALESCE(request_id, 0), processed_at, item_id, error_message FROM llm_batch_result
          WHERE session_id = ?1 AND outcome = 'error'
-         ORDER BY processed_at DESC, rowid DESC LIMIT ?2",
+         ORDER BY processed_at DESC, request_id DESC LIMIT ?2",
     )?;
     let rows = stmt.query_map(params![session_id, lim], |r| {
         let item_id: String = r.get(2)?;
