@@ -498,6 +498,49 @@ fn a_killed_worker_is_taken_over_by_the_other() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// The only worker of a session on a PostgreSQL ledger killed with kill -9
+/// mid-run, then `--resume` on the same host (rows P1, P3): the resume
+/// knows the killed worker is dead (its pid is gone), so it neither joins
+/// it nor waits out its lease; the requests in flight at the kill are
+/// ambiguous, not lost or sent again unseen; every item ends with one
+/// result and the mock's log shows nothing paid twice.
+#[test]
+fn kill_9_then_resume_on_postgres_pays_nothing_twice() {
+    const ITEMS: usize = 300;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&["--latency-median-ms", "40", "--latency-p99-ms", "80"]);
+    let ws = Ws::on_postgres(&mock, ITEMS, |j| j.concurrency = 8, &pg.fresh_database());
+    let mut run = ws.spawn("run", &RUN, None);
+    let sid = newest_session(&ws);
+    wait_for("some results", || {
+        (results(&ws.conn(), &sid) >= 40).then_some(())
+    });
+    let killed = run.kill9();
+    let before = results(&ws.conn(), &sid);
+    assert!(before < ITEMS as i64, "killed too late:\n{killed}");
+    let started = Instant::now();
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out}\nkilled run:\n{killed}");
+    assert!(
+        !out.contains("other worker(s)"),
+        "the killed worker is taken for a live one:\n{out}"
+    );
+    // Its lease (longer than the 10 s request timeout) was not waited out.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the resume took {:?}",
+        started.elapsed()
+    );
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64, "one result per item");
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+    assert!(!ws.ws.ledger().exists(), "a SQLite ledger was made");
+}
+
 /// Three workers as separate processes on one session on a PostgreSQL
 /// ledger (rows C1, C2, P3, P5): one killed with kill -9, one stopped with
 /// SIGSTOP past its lease and then continued. Every item gets one result,
