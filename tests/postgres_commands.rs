@@ -410,3 +410,46 @@ async fn controls_and_results_are_heard_within_200_ms() {
         .await
         .unwrap();
 }
+
+/// PostgreSQL text cannot hold a NUL character, which SQLite stores as
+/// any other. An item with one (here in its title, so it reaches the
+/// rendered prompt the ledger records) must not stop a run on PostgreSQL:
+/// the job completes with every item one result, and the recorded prompt
+/// holds U+2400 (␀) where the item had the NUL. On SQLite the NUL stays.
+#[test]
+fn a_nul_in_an_item_does_not_stop_a_run_on_postgres() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    for on in [None, Some(url.as_str())] {
+        let ws = workspace();
+        let items = ws.path().join("items/test.jsonl");
+        let text = std::fs::read_to_string(&items).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let mut first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let title = format!("Nul\u{0}Title {}", first["title"].as_str().unwrap());
+        first["title"] = serde_json::Value::String(title);
+        lines[0] = first.to_string();
+        let item_id = first["id"].as_str().unwrap().to_string();
+        std::fs::write(&items, lines.join("\n") + "\n").unwrap();
+        let (sid, _) = run_job(ws.path(), on);
+        let results = outcomes(ws.path(), on, &sid);
+        assert_eq!(results.len(), ITEMS, "one result per item");
+        let sql = format!(
+            "SELECT m.user_prompt FROM llm_messages m JOIN session_request sr ON sr.request_id = m.request_id
+             WHERE sr.item_id = '{item_id}' ORDER BY m.attempt LIMIT 1"
+        );
+        let prompt = match on {
+            Some(url) => server.psql(url, &sql),
+            None => rusqlite::Connection::open(ws.path().join("docket.sqlite"))
+                .unwrap()
+                .query_row(&sql, [], |r| r.get::<_, String>(0))
+                .unwrap(),
+        };
+        let expected = if on.is_some() {
+            "Nul\u{2400}Title"
+        } else {
+            "Nul\u{0}Title"
+        };
+        assert!(prompt.contains(expected), "{prompt:?}");
+    }
+}

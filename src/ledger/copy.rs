@@ -352,15 +352,11 @@ fn copy_text(
             let text = std::str::from_utf8(bytes).map_err(|_| {
                 format!("{} holds text that is not UTF-8: {}", at(), preview(bytes))
             })?;
-            if text.contains('\0') {
-                return Err(format!(
-                    "{} holds a NUL character, which PostgreSQL text cannot: {}",
-                    at(),
-                    preview(bytes)
-                ));
-            }
             for c in text.chars() {
                 match c {
+                    // PostgreSQL text cannot hold a NUL: the same stand-in as
+                    // every write to a PostgreSQL ledger (db::NUL_STAND_IN).
+                    '\0' => line.push_str(crate::ledger::db::NUL_STAND_IN),
                     '\\' => line.push_str("\\\\"),
                     '\n' => line.push_str("\\n"),
                     '\r' => line.push_str("\\r"),
@@ -488,10 +484,13 @@ mod tests {
         line.clear();
         copy_text(&mut line, ValueRef::Real(0.1 + 0.2), "t", &float).unwrap();
         assert_eq!(line.parse::<f64>().unwrap(), 0.1 + 0.2);
-        // What PostgreSQL text cannot hold is refused by name, not mangled.
+        // Text that is not UTF-8 is refused by name, not mangled.
         let e = copy_text(&mut line, ValueRef::Text(b"ok \xff"), "t", &column).unwrap_err();
         assert!(e.contains("t.c") && e.contains("not UTF-8"), "{e}");
-        let e = copy_text(&mut line, ValueRef::Text(b"a\0b"), "t", &column).unwrap_err();
-        assert!(e.contains("t.c") && e.contains("NUL"), "{e}");
+        // A NUL, which PostgreSQL text cannot hold, becomes U+2400 as in
+        // every write to a PostgreSQL ledger.
+        line.clear();
+        copy_text(&mut line, ValueRef::Text(b"a\0b"), "t", &column).unwrap();
+        assert_eq!(line, "a\u{2400}b");
     }
 }

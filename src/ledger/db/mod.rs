@@ -19,7 +19,7 @@ mod value;
 
 pub use pg::{PgConnection, unreachable};
 pub use stmt::{MappedRows, Row, Rows, Statement};
-pub use value::{FromDb, ToDb, Value};
+pub use value::{FromDb, NUL_STAND_IN, ToDb, Value};
 
 use std::cell::Cell;
 

@@ -118,6 +118,12 @@ fn refuse(v: &Value, ty: &Type) -> BoxError {
     format!("cannot store {v:?} as PostgreSQL {ty}").into()
 }
 
+/// What a NUL character in text becomes on PostgreSQL, whose text cannot
+/// hold one (SQLite's can): U+2400 SYMBOL FOR NULL, visible and never
+/// confused with a character an item meant. Without it, one item with a NUL
+/// in a field stopped the whole run at the write of its prompt.
+pub const NUL_STAND_IN: &str = "\u{2400}";
+
 impl ToSql for Value {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
         if *self == Value::Null {
@@ -157,7 +163,12 @@ impl ToSql for Value {
             Type::NUMERIC => Err(refuse(self, ty)),
             // TEXT, VARCHAR, NAME, UNKNOWN, JSON: their binary form is the text.
             _ => {
-                out.extend_from_slice(self.as_text(ty)?.as_bytes());
+                let text = self.as_text(ty)?;
+                if text.contains('\0') {
+                    out.extend_from_slice(text.replace('\0', NUL_STAND_IN).as_bytes());
+                } else {
+                    out.extend_from_slice(text.as_bytes());
+                }
                 Ok(IsNull::No)
             }
         }
