@@ -498,6 +498,99 @@ fn a_killed_worker_is_taken_over_by_the_other() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// Answers per second the mock gave in `[from, to)` (its own clock, ms).
+fn answered_per_sec(log: &[serde_json::Value], from: u64, to: u64) -> f64 {
+    let n = log
+        .iter()
+        .filter(|e| e["status"].as_u64() == Some(200))
+        .filter_map(|e| e["at_ms"].as_u64())
+        .filter(|at| (from..to).contains(at))
+        .count();
+    n as f64 * 1000.0 / (to - from) as f64
+}
+
+/// Row C3 on a PostgreSQL ledger: a worker that joins or dies changes every
+/// worker's share of the provider's limits within seconds. One worker runs
+/// alone at the limit; a second joins and together they stay at it (no
+/// 429 storm: each took half); the first is killed with kill -9 and the
+/// survivor, once the dead one's heartbeat is 5 s old, takes the whole
+/// limit again: its rate 7 to 11 s after the kill is back near the limit.
+#[test]
+fn a_worker_joining_or_dying_changes_the_shares_within_seconds_on_postgres() {
+    const ITEMS: usize = 1_200;
+    const RPM: u64 = 2_400;
+    let limit = RPM as f64 / 60.0;
+    let pg = support::pg::PgServer::start();
+    let mock = Mock::start(&[
+        "--latency-median-ms",
+        "100",
+        "--latency-p99-ms",
+        "150",
+        "--rpm-limit",
+        &RPM.to_string(),
+    ]);
+    let ws = Ws::on_postgres(
+        &mock,
+        ITEMS,
+        |j| {
+            j.concurrency = 16;
+            j.rpm = RPM;
+        },
+        &pg.fresh_database(),
+    );
+    let now_ms = |log: &[serde_json::Value]| {
+        log.iter()
+            .filter_map(|e| e["at_ms"].as_u64())
+            .max()
+            .unwrap_or(0)
+    };
+    let mut first = ws.spawn("first", &RUN, Some(3.0));
+    let sid = newest_session(&ws);
+    wait_for("the first worker at work", || {
+        (mock.log().len() >= 80).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let joined_at = now_ms(&mock.log());
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], Some(3.0));
+    std::thread::sleep(Duration::from_secs(6));
+    let log = mock.log();
+    let killed_at = now_ms(&log);
+    let out_first = first.kill9();
+    let alone = answered_per_sec(&log, joined_at - 2_000, joined_at);
+    let together = answered_per_sec(&log, joined_at + 3_000, killed_at);
+    std::thread::sleep(Duration::from_secs(12));
+    let log = mock.log();
+    let just_after = answered_per_sec(&log, killed_at + 500, killed_at + 4_000);
+    let after = answered_per_sec(&log, killed_at + 7_000, killed_at + 11_000);
+    let (code, out) = second.wait(RUN_TIMEOUT);
+    assert_eq!(code, Some(0), "{out}\nfirst (killed):\n{out_first}");
+    let refused = log
+        .iter()
+        .filter(|e| e["status"].as_u64() == Some(429))
+        .count();
+    let figures = format!(
+        "limit {limit:.0}/s: alone {alone:.1}/s, two workers {together:.1}/s, \
+         the survivor 0.5-4 s after the kill {just_after:.1}/s (its half share), \
+         7-11 s after {after:.1}/s; 429s {refused} of {}",
+        log.len()
+    );
+    eprintln!("{figures}");
+    assert!(alone >= 0.8 * limit, "{figures}");
+    assert!(
+        together <= 1.05 * limit && together >= 0.8 * limit,
+        "{figures}"
+    );
+    assert!(
+        after >= 0.8 * limit,
+        "the survivor did not take the whole limit: {figures}"
+    );
+    assert!(refused as f64 <= 0.01 * log.len() as f64, "{figures}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64, "one result per item");
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
 /// The only worker of a session on a PostgreSQL ledger killed with kill -9
 /// mid-run, then `--resume` on the same host (rows P1, P3): the resume
 /// knows the killed worker is dead (its pid is gone), so it neither joins
