@@ -24,8 +24,14 @@ const ITEMS: usize = 40;
 /// A scaffolded workspace (built-in mock provider) with `ITEMS` demo items
 /// in a file, its mock made deterministic (no injected failures).
 fn workspace() -> tempfile::TempDir {
+    workspace_of(None)
+}
+
+/// `docket init` (or `init --example`) with the mock's faults off and the
+/// demo items written to items/test.jsonl.
+fn workspace_of(example: Option<docket::workspace::Example>) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    docket::workspace::init(dir.path(), false).expect("init");
+    docket::workspace::init_example(dir.path(), false, example).expect("init");
     let toml = dir.path().join("docket.toml");
     let text = std::fs::read_to_string(&toml).unwrap();
     let mut quiet = String::new();
@@ -192,6 +198,42 @@ fn a_job_on_postgres_matches_the_same_job_on_sqlite() {
             !bytes.windows(canary.len()).any(|w| w == canary.as_bytes()),
             "the password is in the ledger"
         );
+    }
+}
+
+/// The staged-pipeline examples (adjudicate then a critic; the four
+/// stages of judge-gym, one waiting for the whole stage before it) on
+/// both backends: every item the same outcome and answer, and the same
+/// exports, items and requests.
+#[test]
+fn the_staged_examples_on_postgres_match_sqlite() {
+    use docket::workspace::Example;
+    let server = PgServer::start();
+    for example in [Example::Critic, Example::JudgeGym] {
+        let url = server.fresh_database();
+        let lite = workspace_of(Some(example));
+        let pg = workspace_of(Some(example));
+        let (lite_sid, _) = run_job(lite.path(), None);
+        let (pg_sid, _) = run_job(pg.path(), Some(&url));
+        let on_sqlite = outcomes(lite.path(), None, &lite_sid);
+        assert_eq!(on_sqlite.len(), ITEMS, "{example:?}");
+        assert_eq!(
+            on_sqlite,
+            outcomes(pg.path(), Some(&url), &pg_sid),
+            "{example:?}: the same job, other outcomes"
+        );
+        for what in ["items", "requests"] {
+            let rows = |ws: &Path, url: Option<&str>, sid: &str| {
+                exported(ws, url, &["--what", what, "--session", sid])
+            };
+            let lite_rows = rows(lite.path(), None, &lite_sid);
+            assert!(lite_rows >= ITEMS, "{example:?}: {lite_rows} {what}");
+            assert_eq!(
+                lite_rows,
+                rows(pg.path(), Some(&url), &pg_sid),
+                "{example:?}: export {what}"
+            );
+        }
     }
 }
 
