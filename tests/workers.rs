@@ -591,6 +591,68 @@ fn a_worker_joining_or_dying_changes_the_shares_within_seconds_on_postgres() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// `docket cancel` from another process reaches every worker of the
+/// session: both stop sending within a second or two and exit as cancelled,
+/// the session is `cancelled` with its counters equal to its rows, and it
+/// stays resumable: `--resume` finishes it, nothing paid twice.
+fn cancel_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
+    const ITEMS: usize = 300;
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::on(pg, &mock, ITEMS, |j| j.concurrency = 4);
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+    wait_for("both workers to send", || {
+        (count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
+            [&sid],
+        ) >= 2)
+            .then_some(())
+    });
+    let (code, out) = ws.run("cancel", &["cancel", &sid]);
+    assert_eq!(code, Some(0), "{out}");
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    assert_eq!(c1, Some(130), "the run ends cancelled:\n{o1}");
+    assert_eq!(c2, Some(130), "the worker ends cancelled:\n{o2}");
+    let sent = mock.log().len();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(mock.log().len(), sent, "a request after both exited");
+    let conn = ws.conn();
+    let state: String = conn
+        .query_row(
+            "SELECT state FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(state, "cancelled");
+    let done = results(&conn, &sid);
+    assert!(done < ITEMS as i64, "cancelled before the end ({done})");
+    support::check_invariants(&conn, &sid);
+    drop(conn);
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64);
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
+#[test]
+fn cancel_reaches_every_worker() {
+    cancel_reaches_every_worker_on(None);
+}
+
+#[test]
+fn cancel_reaches_every_worker_on_postgres() {
+    cancel_reaches_every_worker_on(Some(&support::pg::PgServer::start()));
+}
+
 /// The only worker of a session on a PostgreSQL ledger killed with kill -9
 /// mid-run, then `--resume` on the same host (rows P1, P3): the resume
 /// knows the killed worker is dead (its pid is gone), so it neither joins
