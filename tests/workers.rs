@@ -71,13 +71,18 @@ impl Ws {
     /// there (`docket ledger copy --to`) and the SQLite file moved away, so
     /// every command works on the server.
     fn on_postgres(mock: &Mock, items: usize, tweak: impl FnOnce(&mut Job), url: &str) -> Ws {
-        let mut ws = Ws::new(mock, items, tweak);
-        let (code, out) = ws.run("copy-to", &["ledger", "copy", "--to", url]);
+        Ws::new(mock, items, tweak).moved_to(url)
+    }
+
+    /// This workspace with its ledger moved to the PostgreSQL database at
+    /// `url`.
+    fn moved_to(mut self, url: &str) -> Ws {
+        let (code, out) = self.run("copy-to", &["ledger", "copy", "--to", url]);
         assert_eq!(code, Some(0), "{out}");
-        let file = ws.ws.ledger();
+        let file = self.ws.ledger();
         std::fs::rename(&file, file.with_extension("imported")).expect("move the file away");
-        ws.pg_url = Some(url.to_string());
-        ws
+        self.pg_url = Some(url.to_string());
+        self
     }
 
     fn command(&self, args: &[&str], lease_secs: Option<f64>) -> Command {
@@ -651,6 +656,126 @@ fn cancel_reaches_every_worker() {
 #[test]
 fn cancel_reaches_every_worker_on_postgres() {
     cancel_reaches_every_worker_on(Some(&support::pg::PgServer::start()));
+}
+
+/// A second stage, a critic that starts once every item is through the
+/// first (`wait_for_previous`), added to `ws`'s one-stage job.
+fn add_critic_stage(ws: &Ws) {
+    let dir = ws.ws.path();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/examples/critic");
+    for file in ["prompts/critic.j2", "schemas/critic.schema.json"] {
+        std::fs::copy(examples.join(file), dir.join(file)).unwrap();
+    }
+    let toml_path = dir.join("docket.toml");
+    let toml = std::fs::read_to_string(&toml_path).unwrap();
+    let routing = "[routing]\n";
+    assert!(toml.contains(routing), "{toml}");
+    let critic = r#"[[stages]]
+name = "critic"
+critic_of = "adjudicate"
+wait_for_previous = true
+provider = "main"
+template = "prompts/critic.j2"
+max_tokens = 200
+max_attempts = 3
+
+[stages.gate]
+kind = "json_schema"
+schema = "schemas/critic.schema.json"
+
+[routing]
+answer_stage = "adjudicate"
+"#;
+    let toml = toml.replace(routing, critic)
+        + "\n[routing.critic]\nstage = \"critic\"\nverdict_field = \"verdict\"\nagree = [\"agree\"]\non_disagree = \"review\"\n";
+    std::fs::write(&toml_path, toml).unwrap();
+}
+
+/// Messages of the session's requests for `stage`.
+fn stage_messages(conn: &Connection, sid: &str, stage: &str) -> i64 {
+    count(
+        conn,
+        "SELECT COUNT(*) FROM llm_messages m JOIN session_request sr ON sr.request_id = m.request_id
+         WHERE sr.session_id = ?1 AND sr.stage = ?2",
+        [sid, stage],
+    )
+}
+
+/// `docket stop-at-stage` from another process, with two workers on a
+/// two-stage job: both finish the stage under way for every item and stop
+/// before the next (the session paused, saying so); `--resume` runs the
+/// second stage only, nothing paid twice.
+fn stop_at_stage_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
+    const ITEMS: usize = 200;
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::new(&mock, ITEMS, |j| j.concurrency = 4);
+    add_critic_stage(&ws);
+    let ws = match pg {
+        None => ws,
+        Some(pg) => ws.moved_to(&pg.fresh_database()),
+    };
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+    wait_for("both workers to send", || {
+        (count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
+            [&sid],
+        ) >= 2)
+            .then_some(())
+    });
+    let (code, out) = ws.run("stop", &["stop-at-stage", &sid]);
+    assert_eq!(code, Some(0), "{out}");
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    let conn = ws.conn();
+    let (state, reason): (String, Option<String>) = conn
+        .query_row(
+            "SELECT state, stop_reason FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let said = format!("first ({c1:?}):\n{o1}\nsecond ({c2:?}):\n{o2}");
+
+    assert_eq!((c1, c2), (Some(4), Some(4)), "{said}");
+    assert_eq!(state, "paused", "{said}");
+    let reason = reason.unwrap_or_default();
+    assert!(
+        reason.contains("adjudicate") && reason.contains("critic"),
+        "{reason}\n{said}"
+    );
+    assert_eq!(
+        stage_messages(&conn, &sid, "adjudicate"),
+        ITEMS as i64,
+        "{said}"
+    );
+    assert_eq!(stage_messages(&conn, &sid, "critic"), 0, "{said}");
+    assert_eq!(results(&conn, &sid), 0, "no outcome before the critic");
+    support::check_invariants(&conn, &sid);
+    drop(conn);
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64);
+    assert_eq!(stage_messages(&conn, &sid, "adjudicate"), ITEMS as i64);
+    assert_eq!(stage_messages(&conn, &sid, "critic"), ITEMS as i64);
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
+#[test]
+fn stop_at_stage_reaches_every_worker() {
+    stop_at_stage_reaches_every_worker_on(None);
+}
+
+#[test]
+fn stop_at_stage_reaches_every_worker_on_postgres() {
+    stop_at_stage_reaches_every_worker_on(Some(&support::pg::PgServer::start()));
 }
 
 /// The only worker of a session on a PostgreSQL ledger killed with kill -9
