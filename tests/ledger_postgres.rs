@@ -524,3 +524,30 @@ fn large_answers_come_a_page_at_a_time_from_a_cursor() {
     }
     assert_eq!(open_cursors(&conn), 0);
 }
+
+/// A ledger made where pg_trgm could not be installed has no trigram index
+/// for the review search (it scans). Once the extension is there, the next
+/// docket that opens the ledger builds the index: nothing to run by hand.
+#[test]
+fn the_search_index_is_built_once_pg_trgm_can_be() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    postgres::open(&PgUrl::parse(&url).unwrap()).unwrap();
+    let index = "SELECT COUNT(*) FROM pg_indexes WHERE indexname = 'idx_review_item_search'";
+    assert_eq!(server.psql(&url, index), "1");
+    // As if the extension had been missing when the ledger was made.
+    server.psql(
+        &url,
+        "DROP INDEX idx_review_item_search; DROP EXTENSION pg_trgm;",
+    );
+    assert_eq!(server.psql(&url, index), "0");
+    postgres::open(&PgUrl::parse(&url).unwrap()).unwrap();
+    assert_eq!(server.psql(&url, index), "1", "built again on open");
+    assert_eq!(
+        server.psql(
+            &url,
+            "SELECT COUNT(*) FROM pg_extension WHERE extname = 'pg_trgm'"
+        ),
+        "1"
+    );
+}

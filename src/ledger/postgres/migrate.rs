@@ -60,7 +60,28 @@ pub fn migrate(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerE
         tx.execute("UPDATE docket_schema SET version = $1", &[version])
             .map_err(|e| url.db_error(&e))?;
     }
+    retry_search_index(&mut tx, url)?;
     tx.commit().map_err(|e| url.db_error(&e))
+}
+
+/// The review search's trigram index, when migration 3 could not make it
+/// (pg_trgm missing, or not allowed, when the ledger was created): tried
+/// again on every open, so installing the extension later is enough. The
+/// migration's own block, which tolerates the extension still missing.
+fn retry_search_index(tx: &mut postgres::Transaction<'_>, url: &PgUrl) -> Result<(), LedgerError> {
+    const SEARCH_MIGRATION: i64 = 3;
+    let missing: bool = tx
+        .query_one("SELECT to_regclass('idx_review_item_search') IS NULL", &[])
+        .map_err(|e| url.db_error(&e))?
+        .get(0);
+    if !missing {
+        return Ok(());
+    }
+    let Some((_, sql)) = PG_MIGRATIONS.iter().find(|(v, _)| *v == SEARCH_MIGRATION) else {
+        return Ok(());
+    };
+    tx.batch_execute(sql)
+        .map_err(|e| url.error(format!("the review search index: {}", detail(&e))))
 }
 
 /// The server's own message for a failed statement (the driver's Display
