@@ -194,6 +194,11 @@ pub struct WorkerArgs {
     /// Seconds in-flight requests may take to finish after Ctrl-C.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub grace: f64,
+    /// Do not ask the providers for their models list before joining (by
+    /// default one that cannot be reached, or refuses its key, stops the
+    /// worker before it claims anything).
+    #[arg(long)]
+    pub no_preflight: bool,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -212,6 +217,11 @@ pub struct RunArgs {
     /// Show what would be done (counts, estimate, first prompt); send nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Do not ask the providers for their models list first (by default a
+    /// provider that cannot be reached, or refuses its key, stops the run
+    /// before a session is created or an item touched).
+    #[arg(long)]
+    pub no_preflight: bool,
     /// Resume a session (within 7 days of its start).
     #[arg(long, value_name = "SESSION_ID")]
     pub resume: Option<String>,

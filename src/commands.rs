@@ -463,6 +463,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
         grace: Some(Duration::from_secs_f64(args.grace)),
         rerun_stage: args.rerun_stage.clone(),
         join: false,
+        preflight: !args.no_preflight,
     };
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let ask = !args.yes && tty;
@@ -504,7 +505,10 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     .await;
     match result {
         Ok(report) => report.end.exit_code(),
-        Err(e) => fail(e),
+        Err(e) => {
+            eprintln!("docket: {e}");
+            e.exit_code()
+        }
     }
 }
 
@@ -563,6 +567,7 @@ async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
         resume: Some(args.session.clone()),
         join: true,
         grace: Some(Duration::from_secs_f64(args.grace)),
+        preflight: !args.no_preflight,
         ..RunOptions::default()
     };
     let interrupts = Interrupts::default();
@@ -579,7 +584,10 @@ async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
     .await
     {
         Ok(report) => report.end.exit_code(),
-        Err(e) => fail(e),
+        Err(e) => {
+            eprintln!("docket: {e}");
+            e.exit_code()
+        }
     }
 }
 
@@ -630,6 +638,7 @@ async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         min_confidence: None,
         rate_limit: None,
         dry_run: false,
+        no_preflight: false,
         resume: None,
         force: false,
         skip_reviewed: false,

@@ -232,7 +232,7 @@ fn finish(
         }
         Ok(Err(e)) => {
             eprintln!("docket: {e}");
-            crate::commands::EXIT_USAGE
+            e.exit_code()
         }
         Err(e) => {
             eprintln!("docket: the run stopped: {e}");

@@ -594,7 +594,10 @@ fn mock_provider_command_serves_openai_routes() {
     });
     let _ = child.kill();
     let _ = child.wait();
-    assert!(models.contains("gpt-4o-mini"), "{models}");
+    assert!(
+        models.contains("invalid_api_key"),
+        "the models list refuses the key too: {models}"
+    );
     assert_eq!(chat, 401, "the --mode switch reached the server");
 }
 
@@ -837,4 +840,88 @@ fn tests_never_see_the_developers_ledger_settings() {
         "the probe run failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The preflight (fault-matrix rows S3 and S5, before a run): a provider that cannot be
+/// reached, or that refuses the key, stops `batch-adjudicate` before a
+/// session is created or anything sent, with exit 3 and a message that
+/// names the provider, what went wrong and `--no-preflight`; the key itself
+/// is never shown. `--no-preflight` goes ahead as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_unreachable_or_refusing_the_key_stops_before_a_session() {
+    let sessions = |ws: &Workspace| count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
+    let home = tempfile::tempdir().unwrap();
+
+    // Nothing listens at the provider's address.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut job = Job::new(&format!("http://127.0.0.1:{port}/v1"));
+    job.api_key_env = Some("DOCKET_TEST_KEY");
+    let ws = workspace(&job);
+    import_demo_items(&ws, 5);
+    let started = Instant::now();
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .env("DOCKET_TEST_KEY", "canaryKEYpreflight0042")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{text}");
+    for said in [
+        "provider main",
+        "could not be reached",
+        &format!("127.0.0.1:{port}"),
+        "--no-preflight",
+    ] {
+        assert!(text.contains(said), "{said:?} missing from:\n{text}");
+    }
+    assert_eq!(
+        sessions(&ws),
+        0,
+        "no session for a provider that is not there"
+    );
+
+    // The key refused (the mock answers 401 to everything).
+    let (_m, ws) = mocked(mode("unauthorized"), 5, |job| {
+        job.api_key_env = Some("DOCKET_TEST_KEY");
+    })
+    .await;
+    let run = |extra: &[&str]| {
+        let out = docket(&ws, home.path())
+            .args(["batch-adjudicate", "--yes", "--headless"])
+            .args(extra)
+            .env("DOCKET_TEST_KEY", "canaryKEYpreflight0042")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(
+        text.contains("refused its key") && text.contains("401"),
+        "{text}"
+    );
+    assert!(!text.contains("canaryKEYpreflight0042"), "{text}");
+    assert_eq!(sessions(&ws), 0);
+    assert_eq!(
+        count(&ws.conn(), "SELECT COUNT(*) FROM llm_messages", []),
+        0
+    );
+
+    // Skipped: the session is made and the run stops on the first refusal,
+    // as it did before the preflight.
+    let (code, text) = run(&["--no-preflight"]);
+    assert_eq!(code, Some(3), "{text}");
+    assert_eq!(sessions(&ws), 1, "{text}");
 }

@@ -130,6 +130,9 @@ async fn run_against(kind: &str) {
 
     // The errors really happened, and were retried to success.
     let stats = m.stats();
+    // The preflight asked this wire's models list (a route the mock
+    // serves, not a 404) once.
+    assert_eq!(stats.models_requests, 1, "{kind}: preflight requests");
     assert!(
         stats.server_errors + stats.rate_limited > 0,
         "{kind}: no 500 or 429 was served: {stats:?}"

@@ -59,6 +59,10 @@ pub enum EngineError {
     Usage(String),
     #[error(transparent)]
     Provider(#[from] crate::provider::ProviderSetupError),
+    /// The preflight found a provider unreachable or refusing its key:
+    /// nothing was created or sent.
+    #[error("{0}")]
+    Preflight(String),
 }
 
 /// A read or write on an open ledger that failed: "ledger: <what failed>".
@@ -74,6 +78,16 @@ impl From<LedgerError> for EngineError {
 }
 
 impl EngineError {
+    /// The exit code: 3 for a provider that cannot be used (as for a
+    /// credentials error in a run), 2 for everything else (usage, config,
+    /// input, the ledger).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            EngineError::Preflight(_) => 3,
+            _ => 2,
+        }
+    }
+
     /// The ledger could not be opened (or its writer started): the error
     /// names the ledger file, and reads as it is.
     pub(crate) fn opening(e: LedgerError) -> Self {
@@ -110,6 +124,9 @@ pub struct RunOptions {
     /// `docket worker`: join the session in `resume` as one more worker,
     /// leaving its run controls (a pause, a stop after a stage) as they are.
     pub join: bool,
+    /// Ask every provider of the job for its models list before a session
+    /// is created or resumed (the CLI's default; `--no-preflight` skips it).
+    pub preflight: bool,
 }
 
 /// Everything checked and loaded before planning.
@@ -274,6 +291,15 @@ pub async fn run(
         tokio::task::block_in_place(|| keep_session_flags(&mut opts, &id));
     }
     let prepared = Arc::new(tokio::task::block_in_place(|| prepare(&opts))?);
+    // The providers first: one that cannot be reached, or refuses its key,
+    // stops the run before a session exists or an item is touched.
+    let early = if opts.preflight && !opts.dry_run {
+        let connections = connect(&prepared, &opts).await?;
+        preflight(&prepared, &connections).await?;
+        Some(connections)
+    } else {
+        None
+    };
     let resumed = opts.resume.is_some();
     let session_id = match &opts.resume {
         Some(id) => resume_session(&prepared, id, &opts, &*reporter)?,
@@ -289,7 +315,10 @@ pub async fn run(
         },
     };
     reporter.session_started(&session_id);
-    let connections = connect(&prepared, &opts).await?;
+    let connections = match early {
+        Some(c) => c,
+        None => connect(&prepared, &opts).await?,
+    };
     let grace = opts.grace.unwrap_or(Duration::from_secs(10));
     let result = dispatch::dispatch(
         prepared.clone(),
@@ -519,6 +548,37 @@ async fn connect(prepared: &Prepared, opts: &RunOptions) -> Result<Connections, 
         }
     }
     Ok(out)
+}
+
+/// Ask each of the job's providers for its models list (see
+/// `ChatProvider::preflight`), all at once.
+async fn preflight(prepared: &Prepared, connections: &Connections) -> Result<(), EngineError> {
+    let checks = connections
+        .chat
+        .iter()
+        .map(|(name, chat)| async move { (name, chat.preflight().await) });
+    for (name, result) in futures::future::join_all(checks).await {
+        let Err(e) = result else { continue };
+        let cfg = &prepared.config.config.providers[name];
+        let place = cfg
+            .base_url
+            .as_deref()
+            .or(cfg.kind.default_base_url())
+            .map(|u| format!(" at {}", crate::sanitize::for_terminal(u)))
+            .unwrap_or_default();
+        let what = if e.class == crate::provider::ErrorClass::Auth {
+            "refused its key"
+        } else {
+            "could not be reached"
+        };
+        return Err(EngineError::Preflight(format!(
+            "provider {name} (kind = \"{}\"){place} {what}: {e}. Nothing was created or sent. \
+             Check providers.{name} in docket.toml (base_url, api_key_env) and the network, \
+             or skip this check with --no-preflight",
+            cfg.kind.as_str()
+        )));
+    }
+    Ok(())
 }
 
 fn resume_session(

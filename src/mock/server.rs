@@ -245,7 +245,15 @@ fn router(shared: Arc<Shared>) -> Router {
         .merge(super::anthropic_batches::router())
         .merge(super::gemini_batches::routes())
         .route("/api/chat", post(ollama::handle))
+        // The models lists docket's preflight asks for: OpenAI's and
+        // Anthropic's, Gemini's, Ollama's tags, OpenRouter's key and models,
+        // Azure's.
         .route("/v1/models", get(models))
+        .route("/v1beta/models", get(models))
+        .route("/api/tags", get(models))
+        .route("/api/v1/models", get(models))
+        .route("/api/v1/key", get(models))
+        .route("/openai/models", get(models))
         .route("/v1/files", post(files::upload).layer(upload_limit()))
         .route("/openai/files", post(files::upload).layer(upload_limit()))
         .route("/v1/files/{id}", get(files::get).delete(files::delete))
@@ -287,6 +295,17 @@ fn to_json<T: serde::Serialize>(value: &T) -> Response {
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
     shared.stats.models_request();
+    // A key refused everywhere is refused here too, as by the real APIs.
+    if shared.live().config.mode == "unauthorized" {
+        return json_response(
+            StatusCode::UNAUTHORIZED,
+            error_body(
+                "Incorrect API key provided.",
+                Some("invalid_request_error"),
+                Some("invalid_api_key"),
+            ),
+        );
+    }
     json_response(StatusCode::OK, wire::models_body())
 }
 

@@ -85,6 +85,19 @@ impl ChatProvider for AnthropicChat {
                 .map_err(|e| super::scrub(e, Some(&self.key)))
         })
     }
+
+    /// `GET /v1/models`.
+    fn preflight(&self) -> super::PreflightFuture<'_> {
+        Box::pin(async move {
+            let url = self.url.replace("/v1/messages", "/v1/models");
+            let builder = self
+                .client
+                .get(url)
+                .header("x-api-key", super::secret_header(self.key.expose())?)
+                .header("anthropic-version", ANTHROPIC_VERSION);
+            super::probe(builder, Some(&self.key)).await
+        })
+    }
 }
 
 /// The instruction that stands in for a schema parameter.

@@ -76,6 +76,22 @@ impl ChatProvider for AzureChat {
                 .map_err(|e| super::scrub(e, Some(&self.key)))
         })
     }
+
+    /// `GET /openai/models?api-version=...` (the resource's models).
+    fn preflight(&self) -> super::PreflightFuture<'_> {
+        Box::pin(async move {
+            let url = format!(
+                "{}/openai/models?api-version={}",
+                self.base,
+                super::path_segment(&self.api_version)
+            );
+            let builder = self
+                .client
+                .get(url)
+                .header("api-key", super::secret_header(self.key.expose())?);
+            super::probe(builder, Some(&self.key)).await
+        })
+    }
 }
 
 #[cfg(test)]

@@ -93,6 +93,17 @@ impl ChatProvider for GeminiChat {
                 .map_err(|e| super::scrub(e, Some(&self.key)))
         })
     }
+
+    /// `GET /v1beta/models`.
+    fn preflight(&self) -> super::PreflightFuture<'_> {
+        Box::pin(async move {
+            let builder = self
+                .client
+                .get(format!("{}/v1beta/models", self.base))
+                .header("x-goog-api-key", super::secret_header(self.key.expose())?);
+            super::probe(builder, Some(&self.key)).await
+        })
+    }
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {

@@ -156,11 +156,53 @@ impl std::error::Error for ProviderError {}
 pub type ChatFuture<'a> =
     Pin<Box<dyn Future<Output = Result<ChatAnswer, ProviderError>> + Send + 'a>>;
 
+pub type PreflightFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ProviderError>> + Send + 'a>>;
+
 /// A synchronous chat endpoint.
 pub trait ChatProvider: Send + Sync {
     /// Short provider name for the ledger ("openai", "mock", ...).
     fn name(&self) -> &str;
     fn send<'a>(&'a self, request: &'a ChatRequest) -> ChatFuture<'a>;
+    /// One cheap request (the provider's models list or its nearest
+    /// equivalent) before a session is created: `Err` when the provider
+    /// cannot be reached or refuses the key (see [`probe`]).
+    fn preflight(&self) -> PreflightFuture<'_>;
+}
+
+/// How long a preflight waits for its answer.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Send a preflight request. The provider is there unless it cannot be
+/// reached (connection refused, DNS, TLS, no answer in 15 s) or refuses
+/// the key (401, 403). Any other answer counts as there: a compatible
+/// server without a models list answers 404, a busy one 429 or 503, and
+/// each of those will still take requests.
+pub(crate) async fn probe(
+    builder: reqwest::RequestBuilder,
+    key: Option<&ApiKey>,
+) -> Result<(), ProviderError> {
+    let raw = exchange(builder.timeout(PREFLIGHT_TIMEOUT))
+        .await
+        .map_err(|e| scrub(e, key))?;
+    if !matches!(raw.status, 401 | 403) {
+        return Ok(());
+    }
+    let body: String = String::from_utf8_lossy(&raw.bytes)
+        .chars()
+        .take(300)
+        .collect();
+    Err(scrub(
+        ProviderError {
+            class: ErrorClass::Auth,
+            http_status: Some(raw.status),
+            message: format!(
+                "the key was refused: {}",
+                crate::sanitize::for_terminal(&body)
+            ),
+            headers: RateHeaders::default(),
+        },
+        key,
+    ))
 }
 
 /// An API key held in memory only; never printed, logged or serialized.
@@ -379,6 +421,60 @@ mod tests {
 
     fn cfg(text: &str) -> ProviderConfig {
         toml::from_str(text).unwrap()
+    }
+
+    /// What a preflight answer means: a 404 (a compatible server without a
+    /// models list) is a provider that is there; a 401 is a key refused,
+    /// and the key is never shown; a closed port is no answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_preflight_fails_only_for_a_refused_key_or_no_answer() {
+        use crate::mock::{MockConfig, MockServer};
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let normal = MockServer::start(MockConfig::default(), addr)
+            .await
+            .unwrap();
+        let openai = |base: &str| {
+            build_with_key(
+                "main",
+                &cfg("kind = \"openai\"\nmodel = \"gpt-4o-mini\""),
+                Some(base),
+                Some(ApiKey::new("canaryKEY0451preflight")),
+            )
+            .unwrap()
+        };
+        openai(&normal.base_url())
+            .preflight()
+            .await
+            .expect("a models list");
+        // No models route under this prefix: 404, and still there.
+        let root = normal.base_url().trim_end_matches("/v1").to_string();
+        openai(&format!("{root}/elsewhere"))
+            .preflight()
+            .await
+            .expect("404 is there");
+        let refusing = MockServer::start(
+            MockConfig {
+                mode: "unauthorized".into(),
+                ..Default::default()
+            },
+            addr,
+        )
+        .await
+        .unwrap();
+        let e = openai(&refusing.base_url()).preflight().await.unwrap_err();
+        assert_eq!(
+            (e.class, e.http_status),
+            (ErrorClass::Auth, Some(401)),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("canaryKEY0451preflight"), "{e}");
+        let closed = std::net::TcpListener::bind(addr).unwrap();
+        let gone = format!("http://{}/v1", closed.local_addr().unwrap());
+        drop(closed);
+        let e = openai(&gone).preflight().await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::Transient, "{e}");
+        normal.shutdown().await;
+        refusing.shutdown().await;
     }
 
     #[test]

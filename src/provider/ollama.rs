@@ -72,6 +72,18 @@ impl ChatProvider for OllamaChat {
                 .map_err(|e| super::scrub(e, self.key.as_ref()))
         })
     }
+
+    /// `GET /api/tags` (the local models).
+    fn preflight(&self) -> super::PreflightFuture<'_> {
+        Box::pin(async move {
+            let url = self.url.replace("/api/chat", "/api/tags");
+            let mut builder = self.client.get(url);
+            if let Some(key) = &self.key {
+                builder = builder.bearer_auth(key.expose());
+            }
+            super::probe(builder, self.key.as_ref()).await
+        })
+    }
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {

@@ -91,6 +91,21 @@ impl ChatProvider for OpenAiChat {
                 .map_err(|e| super::scrub(e, self.key.as_ref()))
         })
     }
+
+    /// `GET {base}/models`.
+    fn preflight(&self) -> super::PreflightFuture<'_> {
+        Box::pin(async move {
+            let base = self
+                .url
+                .strip_suffix("/chat/completions")
+                .unwrap_or(&self.url);
+            let mut builder = self.client.get(format!("{base}/models"));
+            if let Some(key) = &self.key {
+                builder = builder.bearer_auth(key.expose());
+            }
+            super::probe(builder, self.key.as_ref()).await
+        })
+    }
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {

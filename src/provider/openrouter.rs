@@ -89,6 +89,21 @@ impl ChatProvider for OpenRouterChat {
                 .map_err(|e| super::scrub(e, Some(&self.key)))
         })
     }
+
+    /// `GET {base}/key` (the key's own limits: it checks the key, where the models list does not).
+    fn preflight(&self) -> super::PreflightFuture<'_> {
+        Box::pin(async move {
+            let base = self
+                .url
+                .strip_suffix("/chat/completions")
+                .unwrap_or(&self.url);
+            let builder = self
+                .client
+                .get(format!("{base}/key"))
+                .bearer_auth(self.key.expose());
+            super::probe(builder, Some(&self.key)).await
+        })
+    }
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {
