@@ -632,6 +632,25 @@ impl LoadedConfig {
                 }
                 _ => {}
             }
+            // A setting that would have no effect is a mistake to name, not
+            // to ignore: someone who moved from the mock to a real provider
+            // (or back) believes it applies.
+            if p.mock.is_some() && p.kind != ProviderKind::Mock {
+                return Err(self.invalid_at_text(
+                    &format!("[providers.{name}.mock]"),
+                    &format!("providers.{name}.mock"),
+                    format!(
+                        "the built-in mock's settings are only for kind = \"mock\" (this provider is kind = \"{kind}\"): remove the section"
+                    ),
+                ));
+            }
+            if p.kind == ProviderKind::Mock && p.base_url.is_some() {
+                return Err(self.invalid_at_text(
+                    "base_url",
+                    &key("base_url"),
+                    "has no effect for kind = \"mock\" (the built-in mock listens on a free loopback port of its own): remove it, or use kind = \"openai_compatible\" for a server of your own",
+                ));
+            }
             if p.base_url.is_none()
                 && matches!(p.kind, ProviderKind::OpenaiCompatible | ProviderKind::Azure)
             {
@@ -1224,6 +1243,35 @@ pattern = "(?P<confidence>[0-9.]+)"
             let e = parse(&first_waits).err().unwrap().to_string();
             assert!(e.contains("no previous stage"), "{e}");
         }
+    }
+
+    /// Settings that would do nothing are named, with their line: the
+    /// mock's section under a real provider (left behind after switching
+    /// `kind`), and a base_url for the built-in mock.
+    #[test]
+    fn settings_with_no_effect_are_named() {
+        let text = BASE.to_string() + "\n[providers.p.mock]\nlatency_median_ms = 5.0\n";
+        let e = parse(&text).unwrap_err().to_string();
+        let line = text
+            .lines()
+            .position(|l| l == "[providers.p.mock]")
+            .unwrap()
+            + 1;
+        assert!(
+            e.contains("providers.p.mock")
+                && e.contains("kind = \"openai\"")
+                && e.contains(&format!(":{line}")),
+            "{e}"
+        );
+        let text = BASE.replace(
+            "kind = \"openai\"",
+            "kind = \"mock\"\nbase_url = \"http://x\"",
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("providers.p.base_url") && e.contains("no effect"),
+            "{e}"
+        );
     }
 
     #[test]
