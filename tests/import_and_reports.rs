@@ -172,9 +172,24 @@ fn reimport_is_idempotent() {
         b"{\"id\": \"a\", \"v\": 1}\n{\"id\": \"b\", \"v\": 2}\n{\"id\": \"a\", \"v\": 3}\n",
     );
     let first = import_file(&mut handle(&conn), &path, &opts()).unwrap();
+    // Line 3 repeats line 1's id with other evidence: a duplicate named
+    // with both lines, not an item "already present".
     assert_eq!(
-        (first.rows_read, first.imported, first.already_present),
-        (3, 2, 1)
+        (
+            first.rows_read,
+            first.imported,
+            first.already_present,
+            first.bad_count
+        ),
+        (3, 2, 0, 1)
+    );
+    assert_eq!(first.bad_rows[0].line, 3);
+    assert!(
+        first.bad_rows[0]
+            .reason
+            .contains("duplicate id \"a\": line 1 has the same id with other evidence"),
+        "{:?}",
+        first.bad_rows
     );
     assert_eq!(
         evidence(&conn, "a"),
@@ -208,6 +223,29 @@ fn reimport_is_idempotent() {
         text.starts_with("Imported 0 new items from ")
             && text.contains("(3 rows read; 3 already present; 0 bad rows skipped)"),
         "{text}"
+    );
+}
+
+/// A line that repeats an earlier line exactly is the same item said
+/// twice: counted as already present, not a bad row.
+#[test]
+fn a_repeated_identical_line_is_not_a_duplicate_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = ledger(dir.path());
+    let path = write_file(
+        dir.path(),
+        "items.jsonl",
+        b"{\"id\": \"a\", \"v\": 1}\n{\"id\": \"a\", \"v\": 1}\n",
+    );
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
+    assert_eq!(
+        (
+            report.rows_read,
+            report.imported,
+            report.already_present,
+            report.bad_count
+        ),
+        (2, 1, 1, 0)
     );
 }
 

@@ -20,7 +20,7 @@ use std::rc::Rc;
 use serde_json::{Map, Value};
 
 use crate::ledger::LedgerError;
-use crate::ledger::import::{Import, ItemBatch};
+use crate::ledger::import::{Added, Import, ItemBatch};
 
 /// At most this many bad rows are kept with their details; all are counted.
 pub const MAX_BAD_ROW_DETAILS: usize = 1000;
@@ -276,10 +276,28 @@ impl Sink<'_, '_> {
         line: u64,
         report: &mut ImportReport,
     ) -> Result<(), LedgerError> {
-        if self.batch.add(item_id, evidence_json, line)? {
-            report.imported += 1;
-        } else {
-            report.already_present += 1;
+        match self.batch.add(item_id, evidence_json, line)? {
+            Added::New => report.imported += 1,
+            Added::AlreadyPresent => report.already_present += 1,
+            // The first line's item stands; this one is a mistake in the
+            // file unless it says exactly the same.
+            Added::EarlierLine {
+                line: first,
+                same_evidence: true,
+            } => {
+                report.already_present += 1;
+                tracing::debug!(item_id, line, first, "a repeated line of the same item");
+            }
+            Added::EarlierLine {
+                line: first,
+                same_evidence: false,
+            } => report.bad(
+                line,
+                format!(
+                    "duplicate id {:?}: line {first} has the same id with other evidence (line {first} was imported; this line was not)",
+                    crate::sanitize::for_terminal(item_id)
+                ),
+            ),
         }
         Ok(())
     }

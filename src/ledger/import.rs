@@ -26,9 +26,10 @@ pub trait Import {
 /// The items of one import, not yet committed.
 pub trait ItemBatch {
     /// Add one undecided item with its evidence (a JSON object) and the
-    /// line of the source file it came from. Returns false, changing
-    /// nothing, when the ledger (or this batch) already has the id.
-    fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<bool, LedgerError>;
+    /// line of the source file it came from. Changes nothing when the
+    /// ledger (or this batch) already has the id, and says where it came
+    /// from.
+    fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<Added, LedgerError>;
 
     /// Keep every item added.
     fn commit(self: Box<Self>) -> Result<(), LedgerError>;
@@ -41,6 +42,19 @@ impl Import for Ledger {
     fn begin_import(&mut self, source_file: &str) -> Result<Box<dyn ItemBatch + '_>, LedgerError> {
         Ok(Box::new(SqliteBatch::begin(self.conn(), source_file)?))
     }
+}
+
+/// What became of one item added to an import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    New,
+    /// The ledger had the id before this import.
+    AlreadyPresent,
+    /// An earlier line of this same import had the id.
+    EarlierLine {
+        line: u64,
+        same_evidence: bool,
+    },
 }
 
 /// An open `BEGIN IMMEDIATE` transaction with its insert statement.
@@ -119,7 +133,7 @@ impl<'c> SqliteBatch<'c> {
 }
 
 impl ItemBatch for SqliteBatch<'_> {
-    fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<bool, LedgerError> {
+    fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<Added, LedgerError> {
         let line = i64::try_from(line).unwrap_or(i64::MAX);
         let changed = self.insert.execute(params![
             item_id,
@@ -128,7 +142,28 @@ impl ItemBatch for SqliteBatch<'_> {
             line,
             self.now
         ])?;
-        Ok(changed > 0)
+        if changed > 0 {
+            return Ok(Added::New);
+        }
+        // Already there: from this import (the same file and import time),
+        // or from before it.
+        let (file, first_line, at, evidence): (Option<String>, Option<i64>, Option<f64>, Option<String>) =
+            self.conn
+                .prepare_cached(
+                    "SELECT source_file, source_line, imported_at, evidence_json FROM decision WHERE item_id = ?1",
+                )?
+                .query_row(params![item_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })?;
+        Ok(match (file, first_line, at) {
+            (Some(f), Some(l), Some(at)) if f == self.source_file && at == self.now => {
+                Added::EarlierLine {
+                    line: u64::try_from(l).unwrap_or(0),
+                    same_evidence: evidence.as_deref() == Some(evidence_json),
+                }
+            }
+            _ => Added::AlreadyPresent,
+        })
     }
 
     fn commit(mut self: Box<Self>) -> Result<(), LedgerError> {
