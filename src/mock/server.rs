@@ -293,20 +293,42 @@ fn to_json<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
-async fn models(State(shared): State<Arc<Shared>>) -> Response {
+async fn models(State(shared): State<Arc<Shared>>, headers: header::HeaderMap) -> Response {
     shared.stats.models_request();
-    // A key refused everywhere is refused here too, as by the real APIs.
+    // A key refused everywhere is refused here too, as by the real APIs,
+    // which echo the key's start and end (OpenAI: "Incorrect API key
+    // provided: sk-abc***...xyz"): a client must not store or show them.
     if shared.live().config.mode == "unauthorized" {
+        let message = match presented_key(&headers) {
+            Some(k) if k.chars().count() > 18 => {
+                let chars: Vec<char> = k.chars().collect();
+                let start: String = chars[..12].iter().collect();
+                let end: String = chars[chars.len() - 6..].iter().collect();
+                format!("Incorrect API key provided: {start}*****{end}.")
+            }
+            _ => "Incorrect API key provided.".to_string(),
+        };
         return json_response(
             StatusCode::UNAUTHORIZED,
             error_body(
-                "Incorrect API key provided.",
+                &message,
                 Some("invalid_request_error"),
                 Some("invalid_api_key"),
             ),
         );
     }
     json_response(StatusCode::OK, wire::models_body())
+}
+
+/// The key a request carries, in whichever header its wire uses.
+fn presented_key(headers: &header::HeaderMap) -> Option<String> {
+    let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    value("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| value("x-api-key"))
+        .or_else(|| value("x-goog-api-key"))
+        .or_else(|| value("api-key"))
+        .map(str::to_string)
 }
 
 async fn stats(State(shared): State<Arc<Shared>>) -> Response {

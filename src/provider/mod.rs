@@ -410,9 +410,43 @@ pub(crate) fn scrub(mut err: ProviderError, key: Option<&ApiKey>) -> ProviderErr
         && k.expose().len() >= 4
     {
         err.message = err.message.replace(k.expose(), "[redacted]");
+        err.message = without_key_fragments(&err.message, k.expose());
     }
     err.message = openai::redact(&err.message);
     err
+}
+
+/// The shortest piece of a key that is taken out of a message.
+const KEY_FRAGMENT: usize = 6;
+
+/// `text` with every run of at least [`KEY_FRAGMENT`] characters that is
+/// also a piece of `key` replaced: providers echo a key's start and end
+/// ("Incorrect API key provided: plainCANARYs*****887766"), and a key
+/// without a known prefix is not caught by its shape (fault-matrix row X1).
+fn without_key_fragments(text: &str, key: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        // The longest run from `i` that the key contains.
+        let mut end = i;
+        let mut piece = String::new();
+        while end < chars.len() {
+            piece.push(chars[end]);
+            if !key.contains(piece.as_str()) {
+                break;
+            }
+            end += 1;
+        }
+        if end - i >= KEY_FRAGMENT {
+            out.push_str("[redacted]");
+            i = end;
+        } else {
+            out.push(chars[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -530,6 +564,28 @@ mod tests {
         let e = secret_header("AIzaCanary123\n").unwrap_err();
         assert_eq!(e.class, ErrorClass::Auth);
         assert!(!format!("{e} {e:?}").contains("Canary"));
+    }
+
+    #[test]
+    fn scrub_removes_pieces_of_the_key_whatever_its_shape() {
+        let key = ApiKey::new("plainCANARYsecret0123887766");
+        let e = ProviderError {
+            class: ErrorClass::Auth,
+            http_status: Some(401),
+            message: "Incorrect API key provided: plainCANARYs*************887766. See docs."
+                .into(),
+            headers: RateHeaders::default(),
+        };
+        let e = scrub(e, Some(&key));
+        assert_eq!(
+            e.message,
+            "Incorrect API key provided: [redacted]*************[redacted]. See docs."
+        );
+        // Fewer than six characters in a row from the key stay ("plain").
+        assert_eq!(
+            without_key_fragments("plain text, 0123 and CANAR", key.expose()),
+            "plain text, 0123 and CANAR"
+        );
     }
 
     #[test]
