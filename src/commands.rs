@@ -69,15 +69,14 @@ pub async fn run(cli: Cli) -> i32 {
                 FormatArg::Csv => report::OutputFormat::Csv,
                 FormatArg::Json => report::OutputFormat::Json,
             };
-            report::write_results(l, &session, f, &mut std::io::stdout().lock())
-                .map_err(|e| e.to_string())
+            report::write_results(l, &session, f, &mut data_out()).map_err(|e| e.to_string())
         }),
         Command::Sessions { format } => with_ledger(&ws, |l| {
             let f = match format {
                 FormatArg::Table | FormatArg::Csv => report::OutputFormat::Table,
                 FormatArg::Json => report::OutputFormat::Json,
             };
-            report::write_sessions(l, f, &mut std::io::stdout().lock()).map_err(|e| e.to_string())
+            report::write_sessions(l, f, &mut data_out()).map_err(|e| e.to_string())
         }),
         Command::Export {
             session,
@@ -106,8 +105,27 @@ pub async fn run(cli: Cli) -> i32 {
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("docket: {msg}");
+    say_error(msg);
     EXIT_USAGE
+}
+
+/// `docket: MESSAGE` on stderr, each line made safe for a terminal: a
+/// message can quote an argument, a file's line or a provider's answer.
+pub(crate) fn say_error(msg: impl std::fmt::Display) {
+    let text = msg.to_string();
+    let safe: Vec<String> = text.lines().map(docket::sanitize::for_terminal).collect();
+    eprintln!("docket: {}", safe.join("\n"));
+}
+
+/// Standard output for data (CSV, JSON): on a terminal, a line at a time
+/// through the terminal sanitizer; to a file or a pipe, exact.
+fn data_out() -> Box<dyn Write> {
+    let out = std::io::stdout();
+    if out.is_terminal() {
+        Box::new(docket::sanitize::TerminalLines::new(out.lock()))
+    } else {
+        Box::new(out.lock())
+    }
 }
 
 fn with_ledger(ws: &Path, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 {
@@ -162,7 +180,7 @@ fn ledger_copy(ws: &Path, to: Option<String>, from: Option<String>) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("docket: {e}");
+            say_error(&e);
             1
         }
     }
@@ -256,7 +274,7 @@ fn export(
             println!("Exported {n} rows to {}", p.display());
             Ok(())
         }
-        None => match report::export_in(l, &opts, ws, &mut std::io::stdout().lock()) {
+        None => match report::export_in(l, &opts, ws, &mut data_out()) {
             Ok(_) => Ok(()),
             Err(e) if e.is_broken_pipe() => Ok(()),
             Err(e) => Err(e.to_string()),
@@ -506,7 +524,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     match result {
         Ok(report) => report.end.exit_code(),
         Err(e) => {
-            eprintln!("docket: {e}");
+            say_error(&e);
             e.exit_code()
         }
     }
@@ -585,7 +603,7 @@ async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
     {
         Ok(report) => report.end.exit_code(),
         Err(e) => {
-            eprintln!("docket: {e}");
+            say_error(&e);
             e.exit_code()
         }
     }

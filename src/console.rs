@@ -65,7 +65,7 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
     let ledger = match docket::ledger::LedgerLocation::for_workspace(ws) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("docket: {e}");
+            crate::commands::say_error(&e);
             return crate::commands::EXIT_USAGE;
         }
     };
@@ -79,7 +79,7 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
     match run_console(options(ws, args, focus, session)).await {
         Ok(_) => 0,
         Err(e) => {
-            eprintln!("docket: {e}");
+            crate::commands::say_error(&e);
             1
         }
     }
@@ -194,7 +194,7 @@ pub async fn run_with_console(
         Ok(QuitChoice::Close) => {}
         Err(e) => {
             // The console failed: stop the run safely rather than run blind.
-            eprintln!("docket: {e}");
+            crate::commands::say_error(&e);
             interrupts.stop.cancel();
         }
     }
@@ -231,7 +231,7 @@ fn finish(
             report.end.exit_code()
         }
         Ok(Err(e)) => {
-            eprintln!("docket: {e}");
+            crate::commands::say_error(&e);
             e.exit_code()
         }
         Err(e) => {

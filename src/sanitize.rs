@@ -112,3 +112,85 @@ mod tests {
         assert_eq!(truncate("ééééé", 3), "éé…");
     }
 }
+
+/// Line output bound for a terminal (`export`, `batch-results` and
+/// `sessions` writing CSV or JSON to one), each line through
+/// [`for_terminal`] on its way: a model's answer holding an OSC 52
+/// clipboard write, a clear-screen or a right-to-left override reaches the
+/// screen as text, not as a command. Output to a file or a pipe is not
+/// wrapped: the data stays exact there.
+pub struct TerminalLines<W: std::io::Write> {
+    inner: W,
+    pending: Vec<u8>,
+}
+
+impl<W: std::io::Write> TerminalLines<W> {
+    pub fn new(inner: W) -> Self {
+        TerminalLines {
+            inner,
+            pending: Vec::new(),
+        }
+    }
+
+    fn emit(&mut self, line: &[u8]) -> std::io::Result<()> {
+        let text = String::from_utf8_lossy(line);
+        self.inner.write_all(for_terminal(&text).as_bytes())
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for TerminalLines<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            self.emit(&line[..line.len() - 1])?;
+            self.inner.write_all(b"\n")?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.pending.is_empty() {
+            let rest = std::mem::take(&mut self.pending);
+            self.emit(&rest)?;
+        }
+        self.inner.flush()
+    }
+}
+
+impl<W: std::io::Write> Drop for TerminalLines<W> {
+    fn drop(&mut self) {
+        let _ = std::io::Write::flush(self);
+    }
+}
+
+#[cfg(test)]
+mod terminal_lines_tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn escapes_and_overrides_leave_as_text_a_line_at_a_time() {
+        let mut out = Vec::new();
+        {
+            let mut w = TerminalLines::new(&mut out);
+            // An answer with an OSC 52 clipboard write, a clear-screen, a
+            // one-byte CSI and a right-to-left override, split across writes.
+            w.write_all(b"id,answer\r\na,\"x\x1b]52;c;ZXZpbA==\x07y")
+                .unwrap();
+            w.write_all("\x1b[2Jz\u{9b}31m\u{202e}w\"\n".as_bytes())
+                .unwrap();
+            w.write_all(b"b,last").unwrap();
+        }
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            !text.contains('\x1b') && !text.contains('\u{9b}') && !text.contains('\u{202e}'),
+            "{text:?}"
+        );
+        assert_eq!(text.lines().count(), 3, "{text:?}");
+        assert!(
+            text.starts_with("id,answer") && text.ends_with("b,last"),
+            "{text:?}"
+        );
+    }
+}

@@ -930,3 +930,119 @@ async fn a_provider_unreachable_or_refusing_the_key_stops_before_a_session() {
     assert_eq!(code, Some(3), "{text}");
     assert_eq!(sessions(&ws), 1, "{text}");
 }
+
+/// Model text in data output (fault-matrix row I2): to a terminal, CSV and
+/// JSON from `batch-results` and `export` carry no escape sequence, one-byte
+/// CSI or bidi override (an OSC 52 clipboard write and a clear-screen are
+/// planted in an answer's rationale); to a pipe or a file the data stays
+/// exact, except that a CSV cell a spreadsheet would run as a formula gets
+/// a leading `'`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_text_reaches_a_terminal_as_text_and_csv_formulas_are_neutralised() {
+    let (_m, ws) = mocked(MockConfig::default(), 4, |_| {}).await;
+    let (report, _) = run(options(&ws)).await;
+    let sid = report.session_id.expect("a session");
+    let hostile = "x\u{1b}]52;c;ZXZpbA==\u{7}y\u{1b}[2J\u{9b}31m\u{202e}z";
+    {
+        let conn = ws.conn();
+        let ids: Vec<String> = conn
+            .prepare("SELECT item_id FROM llm_batch_result WHERE session_id = ?1 ORDER BY item_id")
+            .unwrap()
+            .query_map([&sid], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        conn.execute(
+            "UPDATE llm_batch_result SET rationale = ?1 WHERE item_id = ?2",
+            [hostile, &ids[0]],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE llm_batch_result SET rationale = '=HYPERLINK(\"http://evil\")' WHERE item_id = ?1",
+            [&ids[1]],
+        )
+        .unwrap();
+    }
+    let home = tempfile::tempdir().unwrap();
+    let ws_s = ws.path().display().to_string();
+    let raw_bytes = |bytes: &[u8]| {
+        let text = String::from_utf8_lossy(bytes);
+        text.contains('\u{1b}') || text.contains('\u{9b}') || text.contains('\u{202e}')
+    };
+    for args in [
+        format!("batch-results {sid} --format csv"),
+        format!("batch-results {sid} --format json"),
+        format!("export --what results --format csv --session {sid}"),
+        format!("export --what results --format jsonl --session {sid}"),
+    ] {
+        // On a terminal: `script` gives docket a pseudo-terminal as stdout.
+        let line = format!("{BIN} --workspace {ws_s} {args}");
+        let on_tty = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env("HOME", home.path())
+            .env_remove("DOCKET_WORKSPACE")
+            .output()
+            .expect("script (util-linux) runs docket on a pseudo-terminal");
+        assert!(
+            on_tty.status.success(),
+            "{args}: {}",
+            String::from_utf8_lossy(&on_tty.stderr)
+        );
+        assert!(
+            !raw_bytes(&on_tty.stdout),
+            "{args} on a terminal: {:?}",
+            String::from_utf8_lossy(&on_tty.stdout)
+        );
+        assert!(
+            String::from_utf8_lossy(&on_tty.stdout).contains("HYPERLINK"),
+            "{args}"
+        );
+        // To a pipe: exact.
+        let piped = docket(&ws, home.path())
+            .args(args.split(' '))
+            .output()
+            .unwrap();
+        assert!(piped.status.success(), "{args}");
+        let text = String::from_utf8_lossy(&piped.stdout);
+        assert!(
+            text.contains('\u{202e}'),
+            "{args} to a pipe keeps the data exact: {text:?}"
+        );
+        if args.contains("csv") {
+            assert!(text.contains("'=HYPERLINK"), "{args}: {text}");
+        }
+    }
+    // To a file: exact, the formula neutralised.
+    let file = ws.path().join("results.csv");
+    let out = docket(&ws, home.path())
+        .args([
+            "export",
+            "--what",
+            "results",
+            "--format",
+            "csv",
+            "--session",
+            &sid,
+            "-o",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains(hostile), "the file keeps the data exact");
+    assert!(
+        text.contains("'=HYPERLINK") && !text.contains(",=HYPERLINK"),
+        "{text}"
+    );
+    // An argument with control characters comes back in an error as text.
+    let out = docket(&ws, home.path())
+        .args(["batch-results", "no-such\u{1b}[2Jsession"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && !err.contains('\u{1b}') && err.contains("no-such"),
+        "{err:?}"
+    );
+}

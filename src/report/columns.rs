@@ -74,6 +74,19 @@ impl Cell {
         }
     }
 
+    /// The CSV field text, made safe for a spreadsheet (fault-matrix row
+    /// I2): text that a spreadsheet would run as a formula (starting with
+    /// `=`, `+`, `-`, `@`, a tab or a carriage return) gets a leading `'`,
+    /// as OWASP advises; numbers, and text that reads as one ("-0.5"), stay
+    /// as they are.
+    pub(crate) fn csv_field(&self) -> String {
+        let text = self.csv_text();
+        match self {
+            Cell::Text(s) | Cell::Json(s) if formula_like(s) => format!("'{text}"),
+            _ => text,
+        }
+    }
+
     /// The JSON value.
     pub(crate) fn json_value(&self) -> Value {
         match self {
@@ -194,7 +207,7 @@ impl<'a> RecordWriter<'a> {
         match self {
             RecordWriter::Csv { w, buf } => {
                 buf.clear();
-                buf.extend(cells.iter().map(Cell::csv_text));
+                buf.extend(cells.iter().map(Cell::csv_field));
                 w.write_record(buf.iter())?;
             }
             RecordWriter::Jsonl { out, keys } => {
@@ -248,5 +261,38 @@ mod tests {
             String::from_utf8(out).unwrap(),
             r#"{"zz":"b","aa":{"x":1},"mm":null}"#
         );
+    }
+}
+
+/// Whether a spreadsheet opening the CSV would take `s` for a formula.
+fn formula_like(s: &str) -> bool {
+    s.starts_with(['=', '+', '-', '@', '\t', '\r']) && s.trim().parse::<f64>().is_err()
+}
+
+#[cfg(test)]
+mod csv_safety_tests {
+    use super::*;
+
+    #[test]
+    fn formula_cells_are_neutralised_and_numbers_kept() {
+        for (cell, field) in [
+            (
+                Cell::Text("=HYPERLINK(\"http://x\")".into()),
+                "'=HYPERLINK(\"http://x\")",
+            ),
+            (
+                Cell::Text("+cmd|' /C calc'!A0".into()),
+                "'+cmd|' /C calc'!A0",
+            ),
+            (Cell::Text("-2+3".into()), "'-2+3"),
+            (Cell::Text("@SUM(A1)".into()), "'@SUM(A1)"),
+            (Cell::Text("\t=1".into()), "'\t=1"),
+            (Cell::Text("-0.5".into()), "-0.5"),
+            (Cell::Float(-0.5), "-0.5"),
+            (Cell::Int(-3), "-3"),
+            (Cell::Text("plain".into()), "plain"),
+        ] {
+            assert_eq!(cell.csv_field(), field, "{cell:?}");
+        }
     }
 }
