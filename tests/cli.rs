@@ -1046,3 +1046,79 @@ async fn model_text_reaches_a_terminal_as_text_and_csv_formulas_are_neutralised(
         "{err:?}"
     );
 }
+
+/// An item whose request needs more tokens than the provider's
+/// tokens/min allows can never be sent: the dry run names it with the limit,
+/// and the run ends it in error at once, with no request and without
+/// holding up the others (it used to wait for tokens/min with the ETA
+/// climbing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_larger_than_tokens_per_minute_fails_alone_and_at_once() {
+    let (m, ws) = mocked(MockConfig::default(), 3, |_| {}).await;
+    let toml_path = ws.path().join("docket.toml");
+    let toml = std::fs::read_to_string(&toml_path).unwrap();
+    std::fs::write(
+        &toml_path,
+        toml.replace("tokens_per_minute = 0", "tokens_per_minute = 60000"),
+    )
+    .unwrap();
+    let big = ws.path().join("items/big.jsonl");
+    let huge_title = "lorem ipsum dolor ".repeat(20_000);
+    std::fs::write(
+        &big,
+        serde_json::json!({"id": "huge-one", "artist": "A", "title": huge_title, "chart": "C",
+                           "week": "2020-01-01", "position": 1, "candidates": []})
+        .to_string()
+            + "\n",
+    )
+    .unwrap();
+    import(&ws, &big);
+    let home = tempfile::tempdir().unwrap();
+    let (code, text) = run_err(&ws, home.path(), &["batch-adjudicate", "--dry-run"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("1 item(s) can never be sent")
+            && text.contains("item huge-one")
+            && text.contains("tokens_per_minute = 60000"),
+        "{text}"
+    );
+    let started = Instant::now();
+    let (code, text) = run_err(
+        &ws,
+        home.path(),
+        &["batch-adjudicate", "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{text}");
+    let conn = ws.conn();
+    let error: String = conn
+        .query_row(
+            "SELECT error_message FROM llm_batch_result WHERE item_id = 'huge-one' AND outcome = 'error'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        error.contains("tokens_per_minute = 60000") && error.contains("can never be sent"),
+        "{error}"
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_batch_result WHERE outcome != 'error'",
+            []
+        ),
+        3,
+        "the others are answered"
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages m JOIN llm_requests q ON q.request_id = m.request_id WHERE q.item_id = 'huge-one'",
+            []
+        ),
+        0,
+        "no request for it"
+    );
+    assert_eq!(m.stats().requests, 3, "the mock saw only the three others");
+}

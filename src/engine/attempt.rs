@@ -210,16 +210,7 @@ impl<'a> Job<'a> {
             schema: None,
         };
         let prompt = job.render()?;
-        // With a budget the worst case must not be underestimated, so the real
-        // tokenizer counts (token-dense text beats characters/4); otherwise a
-        // cheap estimate, corrected from the reported usage afterwards.
-        job.est_prompt = match &stage.budget_counter {
-            Some(counter) => counter.count_prompt(&prompt),
-            None => {
-                let chars = prompt.user.len() + prompt.system.as_deref().map_or(0, str::len);
-                (chars as u64).div_ceil(4) + 12
-            }
-        };
+        job.est_prompt = prompt_tokens(stage, &prompt);
         job.worst_cost = stage.price.cost(job.est_prompt, 0, stage.max_tokens);
         job.prompt = Some(prompt);
         Ok(job)
@@ -352,6 +343,34 @@ fn reserve(ctx: &Ctx, worst: f64) -> bool {
     false
 }
 
+/// The prompt's tokens as the limiter counts them. With a budget the worst
+/// case must not be underestimated, so the real tokenizer counts
+/// (token-dense text beats characters/4); otherwise a cheap estimate,
+/// corrected from the reported usage afterwards.
+pub(super) fn prompt_tokens(stage: &super::stages::Stage, prompt: &crate::template::Prompt) -> u64 {
+    match &stage.budget_counter {
+        Some(counter) => counter.count_prompt(prompt),
+        None => {
+            let chars = prompt.user.len() + prompt.system.as_deref().map_or(0, str::len);
+            (chars as u64).div_ceil(4) + 12
+        }
+    }
+}
+
+/// Why a request of `prompt_tokens` can never be sent under the stage's
+/// tokens/min limit: it needs more than a whole minute's tokens (the
+/// provider would refuse it as too large, and the limiter would hold it
+/// for ever). None when it fits, or there is no limit.
+pub(super) fn over_token_limit(stage: &super::stages::Stage, prompt_tokens: u64) -> Option<String> {
+    let need = prompt_tokens + stage.max_tokens;
+    (stage.tpm > 0 && need > stage.tpm).then(|| {
+        format!(
+            "needs about {need} tokens (a prompt of about {prompt_tokens} + max_tokens {}), more than the provider's tokens_per_minute = {}: it can never be sent (shorten the item, or raise tokens_per_minute)",
+            stage.max_tokens, stage.tpm
+        )
+    })
+}
+
 /// Render the prompt again when a batch took it (or the repair prompt is
 /// due). The message when it cannot be rendered: the item's error.
 fn ensure_prompt(job: &mut Job<'_>) -> Result<(), String> {
@@ -369,6 +388,9 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         return Sent::RenderFailed(message);
     }
     job.via = Via::Sync;
+    if let Some(why) = over_token_limit(job.stage, job.est_prompt) {
+        return Sent::RenderFailed(why);
+    }
     job.reserved = job.worst_cost;
     if !reserve(ctx, job.worst_cost) {
         return Sent::Stopped;

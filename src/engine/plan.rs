@@ -42,6 +42,11 @@ pub struct Estimate {
     pub batch_mode: Option<crate::config::BatchMode>,
     /// Per stage, for a job of several (empty for one).
     pub stages: Vec<StageEstimate>,
+    /// Items whose first request needs more tokens than the provider's
+    /// tokens/min allows: they can never be sent and end in error at once
+    /// (the first few, with why), and how many there are.
+    pub unsendable: Vec<(String, String)>,
+    pub unsendable_count: u64,
     pub first_prompt: Option<Prompt>,
 }
 
@@ -58,6 +63,9 @@ pub struct StageEstimate {
     pub cost_usd: f64,
     pub batch_price_factor: Option<f64>,
 }
+
+/// How many unsendable items the estimate names.
+const UNSENDABLE_SHOWN: usize = 5;
 
 pub struct Plan {
     pub item_ids: Vec<String>,
@@ -81,12 +89,30 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     let mut counted_tokens = 0u64;
     let mut counted = 0u64;
     let mut first_prompt = None;
+    let mut unsendable = Vec::new();
+    let mut unsendable_count = 0u64;
     let mut render_error: Option<EngineError> = None;
     let mut each = |c: Candidate| {
         let evidence: Value = serde_json::from_str(&c.evidence_json)
             .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
         match first.template.render(&c.item_id, &evidence) {
             Ok(prompt) => {
+                // Tokens never outnumber bytes: only a prompt whose bytes
+                // pass the limit is counted to see whether it can be sent.
+                let bytes =
+                    (prompt.user.len() + prompt.system.as_deref().map_or(0, str::len)) as u64;
+                if first.tpm > 0
+                    && bytes + 12 + first.max_tokens > first.tpm
+                    && let Some(why) = super::attempt::over_token_limit(
+                        first,
+                        super::attempt::prompt_tokens(first, &prompt),
+                    )
+                {
+                    unsendable_count += 1;
+                    if unsendable.len() < UNSENDABLE_SHOWN {
+                        unsendable.push((c.item_id.clone(), why));
+                    }
+                }
                 if (item_ids.len() as u64).is_multiple_of(stride) {
                     counted_tokens += counter.count_prompt(&prompt);
                     counted += 1;
@@ -182,6 +208,8 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
             } else {
                 Vec::new()
             },
+            unsendable,
+            unsendable_count,
             first_prompt,
         },
     })
@@ -274,6 +302,18 @@ impl Estimate {
                     ""
                 }
             ));
+        }
+        if self.unsendable_count > 0 {
+            lines.push(format!(
+                "  warning: {} item(s) can never be sent under tokens_per_minute; they will end in error without a request:",
+                self.unsendable_count
+            ));
+            for (item, why) in &self.unsendable {
+                lines.push(format!(
+                    "    item {}: {why}",
+                    crate::sanitize::for_terminal(item)
+                ));
+            }
         }
         let mut notes = Vec::new();
         if !self.exact_tokenizer {
