@@ -485,10 +485,11 @@ pub struct LoadedConfig {
 
 impl LoadedConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let source = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let source =
+            crate::workspace::read_text_file(path).map_err(|source| ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
         Self::parse(path, source)
     }
 

@@ -105,7 +105,7 @@ impl Gate {
                     root.join(schema)
                 };
                 let shown = path.display().to_string();
-                let text = std::fs::read_to_string(&path).map_err(|source| {
+                let text = crate::workspace::read_text_file(&path).map_err(|source| {
                     GateBuildError::SchemaRead {
                         path: shown.clone(),
                         source,

@@ -61,7 +61,7 @@ pub struct Prompt {
 impl PromptTemplate {
     pub fn load(user_path: &Path, system_path: Option<&Path>) -> Result<Self, TemplateError> {
         let read = |p: &Path| {
-            std::fs::read_to_string(p).map_err(|source| TemplateError::Missing {
+            crate::workspace::read_text_file(p).map_err(|source| TemplateError::Missing {
                 path: p.display().to_string(),
                 source,
             })

@@ -1122,3 +1122,48 @@ async fn an_item_larger_than_tokens_per_minute_fails_alone_and_at_once() {
     );
     assert_eq!(m.stats().requests, 3, "the mock saw only the three others");
 }
+
+/// Workspace files that are not files: a FIFO where docket.toml should be
+/// (it hung docket, waiting for a writer), and a ledger that is a link to
+/// /dev/null (SQLite's bare "disk I/O error" named nothing). Each is an
+/// error at once that names the file and what it is.
+#[test]
+fn a_fifo_config_or_a_device_ledger_is_named_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let run = |ws: &std::path::Path, args: &[&str], name: &str| {
+        let mut c = Command::new(BIN);
+        c.arg("--workspace")
+            .arg(ws)
+            .args(args)
+            .env("HOME", home.path());
+        support::procs::Proc::start(c, format!("docket {args:?}"), home.path().join(name))
+            .wait(Duration::from_secs(10))
+    };
+
+    let fifo_ws = dir.path().join("fifo");
+    std::fs::create_dir_all(&fifo_ws).unwrap();
+    let made = Command::new("mkfifo")
+        .arg(fifo_ws.join("docket.toml"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (code, out) = run(&fifo_ws, &["batch-adjudicate", "--dry-run"], "fifo.out");
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("docket.toml") && out.contains("FIFO"), "{out}");
+    // A command that needs no config does not wait on it either.
+    let (code, out) = run(&fifo_ws, &["sessions"], "fifo2.out");
+    assert_ne!(code, Some(0), "{out}");
+
+    let ws = dir.path().join("devnull");
+    docket::workspace::init(&ws, false).unwrap();
+    std::os::unix::fs::symlink("/dev/null", ws.join("docket.sqlite")).unwrap();
+    for args in [&["sessions"][..], &["import", "items/sample.jsonl"][..]] {
+        let (code, out) = run(&ws, args, "devnull.out");
+        assert_ne!(code, Some(0), "{out}");
+        assert!(
+            out.contains("docket.sqlite") && out.contains("a device"),
+            "{args:?}: {out}"
+        );
+    }
+}

@@ -100,7 +100,7 @@ impl LedgerLocation {
 /// password written there is refused: secrets come from the environment.
 fn configured_url(ws: &Path) -> Result<Option<String>, LedgerError> {
     let path = ws.join("docket.toml");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    let Ok(text) = crate::workspace::read_text_file(&path) else {
         return Ok(None);
     };
     let Ok(doc) = text.parse::<toml::Table>() else {

@@ -75,6 +75,7 @@ pub enum LedgerError {
 
 /// Open (creating if needed) the ledger at `path` and bring its schema up to date.
 pub fn open(path: &Path) -> Result<Connection, LedgerError> {
+    refuse_non_file(path)?;
     sqlite_memory::configure();
     let conn = Connection::open_with_flags(
         path,
@@ -93,6 +94,7 @@ pub fn open(path: &Path) -> Result<Connection, LedgerError> {
 
 /// Open an existing ledger read-only (reports, the console). Fails if missing.
 pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
+    refuse_non_file(path)?;
     sqlite_memory::configure();
     let conn = Connection::open_with_flags(
         path,
@@ -114,6 +116,23 @@ pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
         });
     }
     Ok(conn)
+}
+
+/// A ledger path that exists must be a regular file (or a link to one): a
+/// link to /dev/null gave SQLite's bare "disk I/O error", naming nothing.
+fn refuse_non_file(path: &Path) -> Result<(), LedgerError> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => {
+            let why = crate::workspace::read_text_file(path)
+                .err()
+                .map_or_else(|| "not a regular file".to_string(), |e| e.to_string());
+            Err(LedgerError::Corrupt {
+                path: path.display().to_string(),
+                detail: why,
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {

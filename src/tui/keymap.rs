@@ -354,7 +354,7 @@ impl Keymap {
             None => (default_path(), false),
         };
         if let Some(path) = path {
-            match std::fs::read_to_string(&path) {
+            match crate::workspace::read_text_file(&path) {
                 Ok(text) => warnings.extend(map.merge_str(&text, &path.display().to_string())),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {}
                 Err(e) => warnings.push(format!(
