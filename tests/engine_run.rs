@@ -462,43 +462,74 @@ async fn malformed_and_wrong_schema_answers_are_retried_then_recorded() {
             .unwrap();
         assert!(err.contains("gave up after 5"), "{err}");
     }
+}
 
-    // Every answer misses a required field: a parse error after the budget.
+/// A gate that can never pass (every answer misses a required field, as
+/// when a custom prompt does not ask for what the default schema needs):
+/// the session pauses once the stage's first twelve answers, from four
+/// items or more, all failed, naming the fields and the schema, instead
+/// of every item paying for its three attempts and the session ending
+/// "completed" with 100% errors. Fixed (here: the mock answers right
+/// again), the resume finishes the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_that_never_passes_pauses_the_session_early() {
+    const ITEMS: usize = 20;
     let (m, ws) = mocked(
         MockConfig {
             wrong_schema: 1.0,
             ..Default::default()
         },
-        4,
-        |_| {},
+        ITEMS,
+        |job| job.concurrency = 4,
     )
     .await;
     let (report, _) = run(options(&ws)).await;
-    let s = report.session.unwrap();
-    let conn = ws.conn();
-    check_complete(&conn, &s.session_id);
-    assert_eq!(s.error_count, 4);
-    assert_eq!(
-        m.stats().requests,
-        12,
-        "three attempts each (max_attempts = 3)"
+    let RunEnd::Paused(why) = &report.end else {
+        let conn = ws.conn();
+        let mut stmt = conn
+            .prepare("SELECT DISTINCT error_message FROM llm_messages WHERE error_kind = 'gate'")
+            .unwrap();
+        let seen: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        panic!("not paused: {:?}; gate failures: {seen:#?}", report.end);
+    };
+    assert!(
+        why.contains("stage adjudicate")
+            && why.contains("all failed the gate")
+            && why.contains("required property")
+            && why.contains("adjudicate.schema.json"),
+        "{why}"
     );
-    let err: String = conn
-        .query_row(
-            "SELECT error_message FROM llm_batch_result LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert!(err.starts_with("parse error"), "{err}");
-    assert_eq!(
-        12,
+    let s = report.session.unwrap();
+    assert_eq!(s.state, "paused");
+    assert_eq!(s.error_count, 0, "no item was failed for it");
+    let sent = m.stats().requests;
+    assert!(
+        sent < (ITEMS * 3) as u64 / 3,
+        "{sent} requests: the pause came before every item paid"
+    );
+    let conn = ws.conn();
+    support::check_invariants(&conn, &s.session_id);
+    assert!(
         count(
             &conn,
             "SELECT COUNT(*) FROM llm_messages WHERE error_kind = 'gate' AND assistant_output IS NOT NULL",
             []
-        )
+        ) >= 12,
+        "every failed answer is kept"
     );
+
+    let mut fixed = m.config();
+    fixed.wrong_schema = 0.0;
+    m.set_config(fixed);
+    let mut opts = options(&ws);
+    opts.resume = Some(s.session_id.clone());
+    let (report, _) = run(opts).await;
+    assert!(matches!(report.end, RunEnd::Completed), "{:?}", report.end);
+    check_complete(&conn, &s.session_id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -591,8 +591,14 @@ async fn on_answer(
         .add_usage(usage.input_tokens, usage.output_tokens, cost);
     let rec = answered_record(base, answer, cost);
     match judge(job.stage, answer) {
-        Ok(out) => Next::Done(StageEnd::Passed(out, rec)),
+        Ok(out) => {
+            ctx.gate_watch.passed(job.stage.index);
+            Next::Done(StageEnd::Passed(out, rec))
+        }
         Err(reason) => {
+            if let Judged::Gate(_) = &reason {
+                watch_gate(ctx, job, &reason.to_string());
+            }
             job.gate_failures += 1;
             let retry = job.gate_failures < job.stage.max_attempts;
             // What the repair prompt shows: the answer and why it failed.
@@ -626,6 +632,26 @@ async fn on_answer(
             }
         }
     }
+}
+
+/// A gate failure for the early watch: when the stage's first answers all
+/// failed alike, the session pauses before every item pays for them.
+fn watch_gate(ctx: &Ctx, job: &Job<'_>, reason: &str) {
+    let stage = job.stage.index;
+    let Some(why) = ctx.gate_watch.failed(stage, &job.item.item_id, reason) else {
+        return;
+    };
+    let gate = match ctx.p.config.config.stages.get(stage).map(|s| &s.gate) {
+        Some(crate::config::GateConfig::JsonSchema { schema, .. }) => {
+            format!("the JSON schema {}", schema.display())
+        }
+        Some(crate::config::GateConfig::Regex { .. }) => "the regex gate".to_string(),
+        None => "its gate".to_string(),
+    };
+    ctx.stop(StopCause::Paused(format!(
+        "stage {}: {why} (checked against {gate}). Nothing more is sent: make the prompt ask for what the gate requires, then resume the session",
+        job.stage.name
+    )));
 }
 
 /// No answer: throttle, stop the session, fail the item, or back off.

@@ -57,6 +57,8 @@ pub(super) struct Ctx {
     pub(super) limiters: Vec<(String, Arc<Limiter>)>,
     /// Stop after this stage (index): later stages start for no item.
     pub(super) stop_after: std::sync::Mutex<Option<usize>>,
+    /// Each stage's first answers, watched for a gate that never passes.
+    pub(super) gate_watch: super::gate_watch::GateWatch,
     /// Requests under way per stage, and the stage last started.
     pub(super) busy: Vec<AtomicUsize>,
     pub(super) last_frontier: AtomicUsize,

@@ -14,6 +14,7 @@ mod ctx;
 mod delivery;
 mod dispatch;
 mod feed;
+mod gate_watch;
 mod plan;
 pub use plan::EXACT_COUNT_MAX;
 mod progress;
