@@ -74,7 +74,7 @@ impl GateWatch {
         }
         e.done = true;
         let mut reasons = e.reasons.clone();
-        reasons.sort_by(|a, b| b.1.cmp(&a.1));
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
         let shown: Vec<String> = reasons
             .iter()
             .take(REASONS_SHOWN)
