@@ -1339,3 +1339,53 @@ async fn a_ledger_cancel_is_recorded_and_ends_cancelled() {
     assert_eq!(ended[0].level, "warn");
     assert!(ended[0].message.contains("ended cancelled"), "{ended:?}");
 }
+
+/// Row S5 mid-run: the provider goes away (the mock shuts down: every
+/// connect is refused). The run pauses once ten sends in a row, for three
+/// items or more, reached nothing, saying the provider is unreachable; no
+/// item is failed for it and no attempt that never left counts as
+/// ambiguous. With the provider back (another mock), the resume finishes
+/// every item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_provider_pauses_the_run_instead_of_failing_items() {
+    const ITEMS: usize = 120;
+    let (m, ws) = mocked(latency(30.0, 60.0), ITEMS, |job| job.concurrency = 4).await;
+    let run_task = tokio::spawn(run(options(&ws)));
+    let conn = ws.conn();
+    poll("some results", Duration::from_secs(20), || {
+        (count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []) >= 20).then_some(())
+    })
+    .await;
+    m.shutdown().await;
+    let (report, lines) = tokio::time::timeout(Duration::from_secs(60), run_task)
+        .await
+        .expect("the run ended in time")
+        .unwrap();
+    let RunEnd::Paused(why) = &report.end else {
+        panic!("not paused: {:?}\n{}", report.end, lines.text());
+    };
+    assert!(
+        why.contains("provider main unreachable") && why.contains("did not reach"),
+        "{why}"
+    );
+    let s = report.session.unwrap();
+    assert_eq!(s.error_count, 0, "no item failed for it");
+    assert!(s.processed_count < ITEMS as u64);
+    support::check_invariants(&conn, &s.session_id);
+    assert!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'failed' AND http_status IS NULL",
+            []
+        ) >= 10,
+        "the refused sends are recorded as failed"
+    );
+
+    let back = mock(latency(30.0, 60.0)).await;
+    let mut opts = options(&ws);
+    opts.resume = Some(s.session_id.clone());
+    opts.base_url_override = Some(back.base_url());
+    let (report, _) = run(opts).await;
+    assert!(matches!(report.end, RunEnd::Completed), "{:?}", report.end);
+    check_complete(&conn, &s.session_id);
+}

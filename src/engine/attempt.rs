@@ -579,6 +579,7 @@ async fn on_answer(
         None => job.worst_cost * factor,
     };
     ctx.budget.settle(job.reserved, cost);
+    ctx.reach_watch.answered(job.stage.index);
     if let Some(reservation) = reservation {
         job.rt(ctx).limiter.on_success(
             reservation,
@@ -687,6 +688,21 @@ async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &Provi
         attempt = job.attempt,
         "attempt failed: {err}"
     );
+    // Nothing reached the provider (no status came back, and the request
+    // is not ambiguous): a streak of these pauses the run (row S5).
+    if err.class == ErrorClass::Transient && err.http_status.is_none() && job.via == Via::Sync {
+        if let Some(why) =
+            ctx.reach_watch
+                .unreached(job.stage.index, &job.item.item_id, &err.message)
+        {
+            ctx.stop(StopCause::Paused(format!(
+                "provider {} unreachable: {why}. Nothing more is sent and no item is failed for it; resume the session once the provider is back",
+                job.stage.provider_name
+            )));
+        }
+    } else if err.http_status.is_some() {
+        ctx.reach_watch.answered(job.stage.index);
+    }
     if err.class.stops_session() {
         tracing::warn!(session = %ctx.session_id, "stopping: {err}");
         ctx.stop(StopCause::Fatal(fatal_message(

@@ -59,6 +59,8 @@ pub(super) struct Ctx {
     pub(super) stop_after: std::sync::Mutex<Option<usize>>,
     /// Each stage's first answers, watched for a gate that never passes.
     pub(super) gate_watch: super::gate_watch::GateWatch,
+    /// Each stage's sends that did not reach its provider, in a row.
+    pub(super) reach_watch: super::reach_watch::ReachWatch,
     /// Requests under way per stage, and the stage last started.
     pub(super) busy: Vec<AtomicUsize>,
     pub(super) last_frontier: AtomicUsize,

@@ -16,6 +16,7 @@ mod dispatch;
 mod feed;
 mod gate_watch;
 mod plan;
+mod reach_watch;
 pub use plan::EXACT_COUNT_MAX;
 mod progress;
 pub mod stages;
