@@ -428,7 +428,10 @@ fn stall_and_take_over(mock: &Mock, t: usize, via_resume: bool) -> i64 {
     };
     let mut second = ws.spawn(&format!("second{t}"), &takeover, Some(LEASE));
     let first_pid = first.pid();
-    wait_for("the second process to take items over", || {
+    // The second process starts, finds the stopped worker's leases run out
+    // and claims: seconds, but the whole suite runs beside it on two cores
+    // (CI once took more than the 30 s of a state wait).
+    wait_within("the second process to take items over", RUN_TIMEOUT, || {
         (count(
             &ws.conn(),
             "SELECT COUNT(*) FROM session_item WHERE session_id = ?1 AND claimed_by IS NOT NULL
