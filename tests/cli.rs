@@ -851,6 +851,22 @@ fn tests_never_see_the_developers_ledger_settings() {
 async fn a_provider_unreachable_or_refusing_the_key_stops_before_a_session() {
     let sessions = |ws: &Workspace| count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
     let home = tempfile::tempdir().unwrap();
+    // `batch-adjudicate --yes --headless EXTRA` with the key set: exit code
+    // and everything it said.
+    let run_keyed = |ws: &Workspace, extra: &[&str]| {
+        let out = docket(ws, home.path())
+            .args(["batch-adjudicate", "--yes", "--headless"])
+            .args(extra)
+            .env("DOCKET_TEST_KEY", "canaryKEYpreflight0042")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
 
     // Nothing listens at the provider's address.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -861,17 +877,8 @@ async fn a_provider_unreachable_or_refusing_the_key_stops_before_a_session() {
     let ws = workspace(&job);
     import_demo_items(&ws, 5);
     let started = Instant::now();
-    let out = docket(&ws, home.path())
-        .args(["batch-adjudicate", "--yes", "--headless"])
-        .env("DOCKET_TEST_KEY", "canaryKEYpreflight0042")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(3), "{text}");
+    let (code, text) = run_keyed(&ws, &[]);
+    assert_eq!(code, Some(3), "{text}");
     assert!(started.elapsed() < Duration::from_secs(15), "{text}");
     for said in [
         "provider main",
@@ -892,20 +899,7 @@ async fn a_provider_unreachable_or_refusing_the_key_stops_before_a_session() {
         job.api_key_env = Some("DOCKET_TEST_KEY");
     })
     .await;
-    let run = |extra: &[&str]| {
-        let out = docket(&ws, home.path())
-            .args(["batch-adjudicate", "--yes", "--headless"])
-            .args(extra)
-            .env("DOCKET_TEST_KEY", "canaryKEYpreflight0042")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), text)
-    };
+    let run = |extra: &[&str]| run_keyed(&ws, extra);
     let (code, text) = run(&[]);
     assert_eq!(code, Some(3), "{text}");
     assert!(

@@ -506,6 +506,29 @@ fn a_killed_worker_is_taken_over_by_the_other() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// A mock at 100 ms that enforces `rpm` itself, and a workspace on a fresh
+/// database of `pg` configured with the same limit (row C3's set-up).
+fn limited_on_postgres(pg: &support::pg::PgServer, items: usize, rpm: u64) -> (Mock, Ws) {
+    let mock = Mock::start(&[
+        "--latency-median-ms",
+        "100",
+        "--latency-p99-ms",
+        "150",
+        "--rpm-limit",
+        &rpm.to_string(),
+    ]);
+    let ws = Ws::on_postgres(
+        &mock,
+        items,
+        |j| {
+            j.concurrency = 16;
+            j.rpm = rpm;
+        },
+        &pg.fresh_database(),
+    );
+    (mock, ws)
+}
+
 /// Answers per second the mock gave in `[from, to)` (its own clock, ms).
 fn answered_per_sec(log: &[serde_json::Value], from: u64, to: u64) -> f64 {
     let n = log
@@ -529,23 +552,7 @@ fn a_worker_joining_or_dying_changes_the_shares_within_seconds_on_postgres() {
     const RPM: u64 = 2_400;
     let limit = RPM as f64 / 60.0;
     let pg = support::pg::PgServer::start();
-    let mock = Mock::start(&[
-        "--latency-median-ms",
-        "100",
-        "--latency-p99-ms",
-        "150",
-        "--rpm-limit",
-        &RPM.to_string(),
-    ]);
-    let ws = Ws::on_postgres(
-        &mock,
-        ITEMS,
-        |j| {
-            j.concurrency = 16;
-            j.rpm = RPM;
-        },
-        &pg.fresh_database(),
-    );
+    let (mock, ws) = limited_on_postgres(&pg, ITEMS, RPM);
     let now_ms = |log: &[serde_json::Value]| {
         log.iter()
             .filter_map(|e| e["at_ms"].as_u64())
@@ -940,23 +947,7 @@ fn two_workers_on_postgres_share_the_limit() {
     const ITEMS: usize = 300;
     const RPM: u64 = 1_200;
     let pg = support::pg::PgServer::start();
-    let mock = Mock::start(&[
-        "--latency-median-ms",
-        "100",
-        "--latency-p99-ms",
-        "150",
-        "--rpm-limit",
-        &RPM.to_string(),
-    ]);
-    let ws = Ws::on_postgres(
-        &mock,
-        ITEMS,
-        |j| {
-            j.concurrency = 16;
-            j.rpm = RPM;
-        },
-        &pg.fresh_database(),
-    );
+    let (mock, ws) = limited_on_postgres(&pg, ITEMS, RPM);
     let mut first = ws.spawn("first", &RUN, None);
     let sid = newest_session(&ws);
     let mut second = ws.spawn("second", &["worker", "--session", &sid], None);

@@ -169,6 +169,14 @@ pub trait ChatProvider: Send + Sync {
     fn preflight(&self) -> PreflightFuture<'_>;
 }
 
+/// The base URL of an OpenAI-shaped chat URL (`{base}/chat/completions`),
+/// where the preflight's `{base}/models` or `{base}/key` lives.
+pub(crate) fn chat_base(chat_url: &str) -> &str {
+    chat_url
+        .strip_suffix("/chat/completions")
+        .unwrap_or(chat_url)
+}
+
 /// How long a preflight waits for its answer.
 const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(15);
 

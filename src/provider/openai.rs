@@ -95,10 +95,7 @@ impl ChatProvider for OpenAiChat {
     /// `GET {base}/models`.
     fn preflight(&self) -> super::PreflightFuture<'_> {
         Box::pin(async move {
-            let base = self
-                .url
-                .strip_suffix("/chat/completions")
-                .unwrap_or(&self.url);
+            let base = super::chat_base(&self.url);
             let mut builder = self.client.get(format!("{base}/models"));
             if let Some(key) = &self.key {
                 builder = builder.bearer_auth(key.expose());

@@ -93,10 +93,7 @@ impl ChatProvider for OpenRouterChat {
     /// `GET {base}/key` (the key's own limits: it checks the key, where the models list does not).
     fn preflight(&self) -> super::PreflightFuture<'_> {
         Box::pin(async move {
-            let base = self
-                .url
-                .strip_suffix("/chat/completions")
-                .unwrap_or(&self.url);
+            let base = super::chat_base(&self.url);
             let builder = self
                 .client
                 .get(format!("{base}/key"))
