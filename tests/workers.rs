@@ -606,17 +606,12 @@ fn a_worker_joining_or_dying_changes_the_shares_within_seconds_on_postgres() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
-/// `docket cancel` from another process reaches every worker of the
-/// session: both stop sending within a second or two and exit as cancelled,
-/// the session is `cancelled` with its counters equal to its rows, and it
-/// stays resumable: `--resume` finishes it, nothing paid twice.
-fn cancel_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
-    const ITEMS: usize = 300;
-    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
-    let ws = Ws::on(pg, &mock, ITEMS, |j| j.concurrency = 4);
-    let mut first = ws.spawn("first", &RUN, None);
-    let sid = newest_session(&ws);
-    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+/// The session started by `batch-adjudicate` and joined by a `worker`,
+/// once both have sent requests: the two processes and the session's id.
+fn two_workers_sending(ws: &Ws) -> (Proc, Proc, String) {
+    let first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(ws);
+    let second = ws.spawn("second", &["worker", "--session", &sid], None);
     wait_for("both workers to send", || {
         (count(
             &ws.conn(),
@@ -625,6 +620,18 @@ fn cancel_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
         ) >= 2)
             .then_some(())
     });
+    (first, second, sid)
+}
+
+/// `docket cancel` from another process reaches every worker of the
+/// session: both stop sending within a second or two and exit as cancelled,
+/// the session is `cancelled` with its counters equal to its rows, and it
+/// stays resumable: `--resume` finishes it, nothing paid twice.
+fn cancel_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
+    const ITEMS: usize = 300;
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::on(pg, &mock, ITEMS, |j| j.concurrency = 4);
+    let (mut first, mut second, sid) = two_workers_sending(&ws);
     let (code, out) = ws.run("cancel", &["cancel", &sid]);
     assert_eq!(code, Some(0), "{out}");
     let (c1, o1) = first.wait(RUN_TIMEOUT);
@@ -724,17 +731,7 @@ fn stop_at_stage_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
         None => ws,
         Some(pg) => ws.moved_to(&pg.fresh_database()),
     };
-    let mut first = ws.spawn("first", &RUN, None);
-    let sid = newest_session(&ws);
-    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
-    wait_for("both workers to send", || {
-        (count(
-            &ws.conn(),
-            "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
-            [&sid],
-        ) >= 2)
-            .then_some(())
-    });
+    let (mut first, mut second, sid) = two_workers_sending(&ws);
     let (code, out) = ws.run("stop", &["stop-at-stage", &sid]);
     assert_eq!(code, Some(0), "{out}");
     let (c1, o1) = first.wait(RUN_TIMEOUT);
