@@ -6,7 +6,8 @@
 //! failures are the job's ordinary noise, retried and recorded as always.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+
+use super::per_stage::PerStage;
 
 /// How many failed answers, with no pass among them, stop the run: enough
 /// that a job whose answers fail half the time (0.5^12, about 1 in 4,000)
@@ -32,20 +33,18 @@ struct Early {
 
 /// One watch per stage, in job order.
 pub(super) struct GateWatch {
-    stages: Vec<Mutex<Early>>,
+    stages: PerStage<Early>,
 }
 
 impl GateWatch {
     pub(super) fn new(stages: usize) -> GateWatch {
         GateWatch {
-            stages: (0..stages).map(|_| Mutex::new(Early::default())).collect(),
+            stages: PerStage::new(stages),
         }
     }
 
     fn early(&self, stage: usize) -> Option<std::sync::MutexGuard<'_, Early>> {
-        self.stages
-            .get(stage)
-            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+        self.stages.get(stage)
     }
 
     /// An answer of `stage` passed its gate.

@@ -15,6 +15,7 @@ mod delivery;
 mod dispatch;
 mod feed;
 mod gate_watch;
+mod per_stage;
 mod plan;
 mod reach_watch;
 pub use plan::EXACT_COUNT_MAX;

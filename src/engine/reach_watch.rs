@@ -7,7 +7,8 @@
 //! streak. Resume once the provider is back.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+
+use super::per_stage::PerStage;
 
 /// Sends in a row that reached nothing.
 const STREAK: usize = 10;
@@ -25,20 +26,18 @@ struct Streak {
 
 /// One streak per stage, in job order.
 pub(super) struct ReachWatch {
-    stages: Vec<Mutex<Streak>>,
+    stages: PerStage<Streak>,
 }
 
 impl ReachWatch {
     pub(super) fn new(stages: usize) -> ReachWatch {
         ReachWatch {
-            stages: (0..stages).map(|_| Mutex::new(Streak::default())).collect(),
+            stages: PerStage::new(stages),
         }
     }
 
     fn streak(&self, stage: usize) -> Option<std::sync::MutexGuard<'_, Streak>> {
-        self.stages
-            .get(stage)
-            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+        self.stages.get(stage)
     }
 
     /// The provider of `stage` answered (whatever it said).
