@@ -1178,6 +1178,11 @@ fn two_operators_on_postgres_share_the_review_queue() {
         alice.keys(key);
         alice.wait(&format!("the {key} overlay"), WAIT, |s| s.contains(title));
         alice.keys("Escape");
+        // Closed before the next key: an Escape followed at once by a
+        // letter reads as Alt and that letter.
+        alice.wait(&format!("the {key} overlay closed"), WAIT, |s| {
+            !s.contains(title)
+        });
     }
     for (who, pane) in [("alice", &alice), ("bob", &bob)] {
         let screen = pane.screen();
@@ -1197,6 +1202,17 @@ fn two_operators_on_postgres_share_the_review_queue() {
         !ws.join("docket.sqlite").exists(),
         "a PostgreSQL ledger writes no docket.sqlite"
     );
+
+    // The server goes away: the console says so and keeps trying; once it
+    // is back, the console reads again and the queue is whole.
+    server.stop();
+    alice.wait("the console to say the ledger is unreachable", WAIT, |s| {
+        footer(s).contains("unreachable") && footer(s).contains("retrying")
+    });
+    server.start_again();
+    alice.wait("the console to read again", Duration::from_secs(30), |s| {
+        !s.contains("unreachable") && review_title(s).is_some_and(|(_, t)| t == pending0)
+    });
 }
 
 // ---------------------------------------------------------- 4. read-only

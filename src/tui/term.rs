@@ -247,7 +247,15 @@ fn event_loop<W: Write>(
     let mut key_at: Option<Instant> = None;
     // Draw without waiting for the next frame slot (a key, the first data).
     let mut urgent = false;
+    // A PostgreSQL ledger going away (or coming back) is news for the
+    // footer even when no data arrives: the reader is busy reconnecting.
+    let mut shown_unreachable = crate::ledger::db::unreachable();
     loop {
+        let unreachable = crate::ledger::db::unreachable();
+        if unreachable != shown_unreachable {
+            shown_unreachable = unreachable;
+            dirty = true;
+        }
         if opts.terminate.load(Ordering::Relaxed) {
             return Ok(if app.in_process_live {
                 QuitChoice::Cancel
