@@ -314,20 +314,20 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         collect(&mut rx, &mut group);
-        intents.extend(group.extract_if(.., |(op, _, _)| matches!(op, WriteOp::Send(_))));
-        if !intents.is_empty() {
-            commit_and_answer(&mut conn, &mut intents, &mut search);
-            if group.is_empty() {
-                continue;
-            }
+        commit_intents(&mut conn, &mut group, &mut intents, &mut search);
+        if group.is_empty() {
+            continue;
         }
         if group.len() < LINGER_BELOW {
             // Light load: a commit per two or three writes costs more than
             // the writes. Wait a moment for the next ones to join.
             std::thread::sleep(LINGER);
             collect(&mut rx, &mut group);
+            commit_intents(&mut conn, &mut group, &mut intents, &mut search);
         }
-        commit_and_answer(&mut conn, &mut group, &mut search);
+        if !group.is_empty() {
+            commit_and_answer(&mut conn, &mut group, &mut search);
+        }
     }
     // Leave the review search index whole for whoever reads next. If this
     // fails the rows stay noted and the next writer indexes them.
@@ -343,6 +343,33 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     }
     if let Some(c) = conn.sqlite() {
         let _ = c.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+    }
+}
+
+/// Commit the intents (`WriteOp::Send`) waiting in `group` first, in a
+/// transaction of their own that is durable: an intent is what tells a
+/// resume that a request may have been paid for, so it must survive a power
+/// loss, not only a process crash (fault-matrix row P7). SQLite's
+/// `synchronous = NORMAL` (the ledger's setting, kept for every other
+/// commit) can lose the last commits to an OS crash; for this one commit
+/// the WAL is synced (`FULL`). PostgreSQL commits are durable as they are.
+fn commit_intents(
+    conn: &mut Connection,
+    group: &mut Vec<Queued>,
+    intents: &mut Vec<Queued>,
+    search: &mut search_index::Pacer,
+) {
+    intents.extend(group.extract_if(.., |(op, _, _)| matches!(op, WriteOp::Send(_))));
+    if intents.is_empty() {
+        return;
+    }
+    let sqlite = conn.sqlite().is_some();
+    if sqlite {
+        let _ = conn.execute_batch("PRAGMA synchronous = FULL");
+    }
+    commit_and_answer(conn, intents, search);
+    if sqlite {
+        let _ = conn.execute_batch("PRAGMA synchronous = NORMAL");
     }
 }
 
