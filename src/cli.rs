@@ -4,11 +4,23 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The exit codes, for `--help` (the README's list).
+const EXIT_CODES: &str = "Exit codes:
+  0    done (a session completed with every item accepted, in review or rejected)
+  2    bad usage, config or input (a bad import row included)
+  3    stopped by a provider error that retrying cannot fix (credentials, quota),
+       or a provider that failed the preflight
+  4    paused, resumable (the --max-cost budget, a stop at a stage, a gate that
+       never passes, an unreachable provider, the console's \"quit, pause it\")
+  5    completed, with items in error (see docket batch-results SESSION)
+  130  interrupted or cancelled, resumable";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "docket",
     version,
-    about = "A terminal operations console for batch LLM adjudication"
+    about = "A terminal operations console for batch LLM adjudication",
+    after_help = EXIT_CODES
 )]
 pub struct Cli {
     /// The workspace folder (docket.toml + docket.sqlite). Default: the current folder.

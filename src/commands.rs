@@ -522,7 +522,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     )
     .await;
     match result {
-        Ok(report) => report.end.exit_code(),
+        Ok(report) => report.exit_code(),
         Err(e) => {
             say_error(&e);
             e.exit_code()
@@ -601,7 +601,7 @@ async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
     )
     .await
     {
-        Ok(report) => report.end.exit_code(),
+        Ok(report) => report.exit_code(),
         Err(e) => {
             say_error(&e);
             e.exit_code()

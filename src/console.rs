@@ -228,7 +228,7 @@ fn finish(
                     println!("{l}");
                 }
             }
-            report.end.exit_code()
+            report.exit_code()
         }
         Ok(Err(e)) => {
             crate::commands::say_error(&e);

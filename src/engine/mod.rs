@@ -262,6 +262,22 @@ pub struct RunReport {
     pub session: Option<SessionRow>,
 }
 
+/// A session that completed with items in `error`: a script must not take
+/// it for a clean run.
+pub const EXIT_COMPLETED_WITH_ERRORS: i32 = 5;
+
+impl RunReport {
+    /// The process's exit code: the end's, except that a completed
+    /// session with items in error exits with its own code.
+    pub fn exit_code(&self) -> i32 {
+        let errors = self.session.as_ref().map_or(0, |s| s.error_count);
+        match self.end {
+            RunEnd::Completed if errors > 0 => EXIT_COMPLETED_WITH_ERRORS,
+            _ => self.end.exit_code(),
+        }
+    }
+}
+
 /// Signals from outside the engine.
 #[derive(Clone, Default)]
 pub struct Interrupts {
