@@ -669,7 +669,7 @@ async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         rerun_stage: None,
     };
     let code = batch_adjudicate(&dir, args, console).await;
-    if code == 0 {
+    if code == 0 || code == docket::engine::EXIT_COMPLETED_WITH_ERRORS {
         println!();
         println!("Explore it: docket --workspace {} sessions", dir.display());
     }
