@@ -13,6 +13,7 @@ const EXIT_CODES: &str = "Exit codes:
   4    paused, resumable (the --max-cost budget, a stop at a stage, a gate that
        never passes, an unreachable provider, the console's \"quit, pause it\")
   5    completed, with items in error (see docket batch-results SESSION)
+  6    the ledger could not be written (disk full, an I/O error); resumable
   130  interrupted or cancelled, resumable";
 
 #[derive(Debug, Parser)]

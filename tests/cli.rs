@@ -1162,3 +1162,56 @@ fn a_fifo_config_or_a_device_ledger_is_named_not_waited_on() {
         );
     }
 }
+
+/// The ledger cannot be written any more mid-run (a disk that fills up:
+/// here the file-size limit, `ulimit -f`, with SIGXFSZ ignored, so the
+/// writes fail as on a full disk). The run stops with exit 6, not 3 (the
+/// provider's code), naming the ledger and the likely cause; nothing of the
+/// failed write is kept, and once it can be written the resume finishes
+/// every item once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_cannot_be_written_stops_with_its_own_code_and_resumes() {
+    const ITEMS: usize = 600;
+    let (_m, ws) = mocked(latency(5.0, 20.0), ITEMS, |job| job.concurrency = 16).await;
+    let home = tempfile::tempdir().unwrap();
+    let ledger_kb = std::fs::metadata(ws.ledger()).unwrap().len() / 1024;
+    let line = format!(
+        "ulimit -f {}; trap '' XFSZ; exec '{BIN}' --workspace '{}' batch-adjudicate --yes --headless",
+        ledger_kb + 1_000,
+        ws.path().display()
+    );
+    let out = Command::new("bash")
+        .args(["-c", &line])
+        .env("HOME", home.path())
+        .env_remove("DOCKET_WORKSPACE")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(6), "{text}");
+    assert!(
+        text.contains(&ws.ledger().display().to_string())
+            && text.contains("Free space, then resume"),
+        "{text}"
+    );
+    let sid = latest_session(&ws);
+    let (code, text) = run_err(
+        &ws,
+        home.path(),
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let conn = ws.conn();
+    check_complete(&conn, &sid);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1",
+            [&sid]
+        ),
+        ITEMS as i64
+    );
+}

@@ -250,7 +250,7 @@ pub(super) async fn dispatch(
         Some(StopCause::Paused(m)) => ("paused", Some(m.clone()), RunEnd::Paused(m)),
         Some(StopCause::Fatal(m)) => ("error", Some(m.clone()), RunEnd::Stopped(m)),
         Some(StopCause::Budget(m)) => ("paused", Some(m.clone()), RunEnd::Paused(m)),
-        Some(StopCause::LedgerFailed(m)) => ("error", Some(m.clone()), RunEnd::Stopped(m)),
+        Some(StopCause::LedgerFailed(m)) => ("error", Some(m.clone()), RunEnd::LedgerFailed(m)),
     };
     // This worker stopped on its own (a signal, its budget, a failure) while
     // others still work the session: it leaves, and the session runs on.

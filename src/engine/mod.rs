@@ -233,6 +233,9 @@ pub enum RunEnd {
     Cancelled,
     /// A non-retryable provider error (credentials, quota); resumable.
     Stopped(String),
+    /// The ledger could not be written (disk full, an I/O error): nothing
+    /// of the failed write was kept; resumable once it can be written.
+    LedgerFailed(String),
     /// Paused with the process exiting (the budget); resumable.
     Paused(String),
     /// `--dry-run`: nothing sent.
@@ -249,6 +252,7 @@ impl RunEnd {
         match self {
             RunEnd::Completed | RunEnd::DryRun | RunEnd::NothingToDo | RunEnd::Declined => 0,
             RunEnd::Stopped(_) => 3,
+            RunEnd::LedgerFailed(_) => 6,
             RunEnd::Paused(_) => 4,
             RunEnd::Cancelled => 130,
         }
@@ -865,6 +869,7 @@ mod tests {
     fn exit_codes() {
         assert_eq!(RunEnd::Completed.exit_code(), 0);
         assert_eq!(RunEnd::Stopped("x".into()).exit_code(), 3);
+        assert_eq!(RunEnd::LedgerFailed("x".into()).exit_code(), 6);
         assert_eq!(RunEnd::Paused("x".into()).exit_code(), 4);
         assert_eq!(RunEnd::Cancelled.exit_code(), 130);
     }

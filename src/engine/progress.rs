@@ -220,7 +220,7 @@ pub fn format_summary(s: &SessionRow, end: &RunEnd) -> Vec<String> {
             lines.push("Session saved. Resume with:".into());
             lines.push(resume);
         }
-        RunEnd::Stopped(why) => {
+        RunEnd::Stopped(why) | RunEnd::LedgerFailed(why) => {
             lines.push(String::new());
             lines.push(format!("Stopped: {}", crate::sanitize::for_terminal(why)));
             lines.push("Session saved. Resume with:".into());

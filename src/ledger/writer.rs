@@ -465,12 +465,32 @@ fn apply_all_or_none(
     notify_readers(&tx);
     Some(match tx.commit() {
         Ok(()) => results,
-        Err(e) => commit_failed(group, &e),
+        Err(e) => commit_failed(conn, group, &e),
     })
 }
 
-fn commit_failed(group: &[Queued], e: &crate::ledger::db::Error) -> Vec<Result<(), WriteError>> {
-    let msg = format!("ledger: commit failed: {e}");
+/// What a failed write says: the ledger, the step, the error, and for a
+/// disk error what is most likely behind it. The session stops with it,
+/// resumable: nothing of a failed transaction was kept.
+fn failure(conn: &Connection, step: &str, e: &dyn std::fmt::Display) -> String {
+    let text = e.to_string();
+    let hint = if text.contains("disk") {
+        " (is the disk full, or the file at a size limit? Free space, then resume)"
+    } else {
+        ""
+    };
+    match conn.location() {
+        Some(at) => format!("ledger {at}: {step}: {text}{hint}"),
+        None => format!("ledger: {step}: {text}{hint}"),
+    }
+}
+
+fn commit_failed(
+    conn: &Connection,
+    group: &[Queued],
+    e: &crate::ledger::db::Error,
+) -> Vec<Result<(), WriteError>> {
+    let msg = failure(conn, "commit failed", e);
     group
         .iter()
         .map(|_| Err(WriteError::Failed(msg.clone())))
@@ -512,7 +532,7 @@ fn apply_each_isolated(
         Err(e) => {
             return group
                 .iter()
-                .map(|_| Err(WriteError::Failed(format!("ledger: cannot begin: {e}"))))
+                .map(|_| Err(WriteError::Failed(failure(conn, "cannot begin", &e))))
                 .collect();
         }
     };
@@ -544,7 +564,7 @@ fn apply_each_isolated(
             Ok(true) => Ok(()),
             // Refused, with the orphaned spend recorded: that commits.
             Ok(false) => Err(WriteError::LeaseLost),
-            Err(e) => Err(WriteError::Failed(format!("ledger write failed: {e}"))),
+            Err(e) => Err(WriteError::Failed(failure(conn, "write failed", &e))),
         });
     }
     let failed = |r: &Result<(), WriteError>| matches!(r, Err(WriteError::Failed(_)));
@@ -556,7 +576,7 @@ fn apply_each_isolated(
     index_new_reviews(&tx, search);
     notify_readers(&tx);
     if let Err(e) = tx.commit() {
-        return commit_failed(group, &e);
+        return commit_failed(conn, group, &e);
     }
     results
 }
