@@ -338,6 +338,7 @@ fn session_of(rows: &[BatchRow]) -> String {
 /// twice.
 #[test]
 fn kill_between_create_and_record_adopts_the_batch() {
+    let _serial = support::serial();
     let mut flags = vec!["--batch-create-delay-ms", "4000"];
     flags.extend(QUICK);
     let mock = Mock::start(&flags);
@@ -408,6 +409,7 @@ fn kill_between_create_and_record_adopts_the_batch() {
 /// polls the batch.
 #[test]
 fn kill_after_record_reattaches_the_batch() {
+    let _serial = support::serial();
     let mock = Mock::start(&[
         "--batch-validating-ms",
         "100",
@@ -480,6 +482,7 @@ fn run_until_a_batch_forms(ws: &Ws) -> (Proc, String) {
 /// new batch: every item one result, no line run twice.
 #[test]
 fn kill_while_a_batch_forms_submits_its_recorded_lines_on_resume() {
+    let _serial = support::serial();
     // More than one piece of lines (2,000) before the cut: the batch is cut
     // only once the feed has handed out every item.
     const MANY: usize = 4_500;
@@ -526,6 +529,7 @@ fn kill_while_a_batch_forms_submits_its_recorded_lines_on_resume() {
 /// to the provider, says so with the resume command; a resume collects it.
 #[test]
 fn sigint_off_terminal_leaves_the_batch_for_a_resume() {
+    let _serial = support::serial();
     let mock = Mock::start(&[
         "--batch-validating-ms",
         "100",
@@ -590,6 +594,7 @@ fn sigint_off_terminal_leaves_the_batch_for_a_resume() {
 /// provider batch and the run ends cancelled.
 #[test]
 fn cancel_from_another_process_cancels_the_provider_batch() {
+    let _serial = support::serial();
     let mock = Mock::start(&[
         "--batch-validating-ms",
         "100",
@@ -654,6 +659,7 @@ fn cancel_from_another_process_cancels_the_provider_batch() {
 /// as never run (not billed) and the session ends cancelled.
 #[test]
 fn cancel_while_a_batch_forms_ends_it_unsent() {
+    let _serial = support::serial();
     // Enough items that the batch is still forming when the cancel lands
     // (the run reads controls every 400 ms).
     const MANY: usize = 12_000;
@@ -708,6 +714,7 @@ fn cancel_while_a_batch_forms_ends_it_unsent() {
 /// so, and makes no batch.
 #[test]
 fn openrouter_batch_mode_is_simulated() {
+    let _serial = support::serial();
     let mock = Mock::start(&QUICK);
     let ws = Ws::new("openrouter", &mock);
     let (code, out) = ws.run("run", &["batch-adjudicate", "--yes", "--headless"]);
@@ -782,11 +789,13 @@ fn batch_api_end_to_end(kind: &str) {
 
 #[test]
 fn anthropic_batch_api_end_to_end() {
+    let _serial = support::serial();
     batch_api_end_to_end("anthropic");
 }
 
 #[test]
 fn gemini_batch_api_end_to_end() {
+    let _serial = support::serial();
     batch_api_end_to_end("gemini");
 }
 
@@ -796,6 +805,7 @@ fn gemini_batch_api_end_to_end() {
 /// rest again.
 #[test]
 fn cancel_of_an_idle_session_cancels_its_provider_batch() {
+    let _serial = support::serial();
     // Long enough that the batch is still running when the cancel comes,
     // even on a loaded machine (else nothing is left to send again).
     let mock = Mock::start(&[

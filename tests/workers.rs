@@ -317,6 +317,7 @@ fn check_orphans(conn: &Connection, sid: &str, t: usize) -> (i64, i64) {
 /// would have shown.
 #[test]
 fn two_sessions_started_at_once_never_share_an_item() {
+    let _serial = support::serial();
     const TRIES: usize = 20;
     const ITEMS: usize = 40;
     let mock = Mock::start(&["--latency-median-ms", "20", "--latency-p99-ms", "40"]);
@@ -395,6 +396,7 @@ fn two_sessions_started_at_once_never_share_an_item() {
 /// Repeated: the old engine doubled answers in 4 of 4 tries.
 #[test]
 fn a_stalled_worker_is_fenced_out_when_it_runs_again() {
+    let _serial = support::serial();
     const TRIES: usize = 20;
     let mock = Mock::start(&["--latency-median-ms", "250", "--latency-p99-ms", "350"]);
     let mut orphaned = 0;
@@ -458,6 +460,7 @@ fn stall_and_take_over(mock: &Mock, t: usize, via_resume: bool) -> i64 {
 /// session; nothing answered is sent again.
 #[test]
 fn a_killed_worker_is_taken_over_by_the_other() {
+    let _serial = support::serial();
     const ITEMS: usize = 150;
     let mock = Mock::start(&["--latency-median-ms", "150", "--latency-p99-ms", "250"]);
     let ws = Ws::new(&mock, ITEMS, |j| j.concurrency = 8);
@@ -548,6 +551,7 @@ fn answered_per_sec(log: &[serde_json::Value], from: u64, to: u64) -> f64 {
 /// limit again: its rate 7 to 11 s after the kill is back near the limit.
 #[test]
 fn a_worker_joining_or_dying_changes_the_shares_within_seconds_on_postgres() {
+    let _serial = support::serial();
     const ITEMS: usize = 1_200;
     const RPM: u64 = 2_400;
     let limit = RPM as f64 / 60.0;
@@ -667,11 +671,13 @@ fn cancel_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
 
 #[test]
 fn cancel_reaches_every_worker() {
+    let _serial = support::serial();
     cancel_reaches_every_worker_on(None);
 }
 
 #[test]
 fn cancel_reaches_every_worker_on_postgres() {
+    let _serial = support::serial();
     cancel_reaches_every_worker_on(Some(&support::pg::PgServer::start()));
 }
 
@@ -777,11 +783,13 @@ fn stop_at_stage_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
 
 #[test]
 fn stop_at_stage_reaches_every_worker() {
+    let _serial = support::serial();
     stop_at_stage_reaches_every_worker_on(None);
 }
 
 #[test]
 fn stop_at_stage_reaches_every_worker_on_postgres() {
+    let _serial = support::serial();
     stop_at_stage_reaches_every_worker_on(Some(&support::pg::PgServer::start()));
 }
 
@@ -793,6 +801,7 @@ fn stop_at_stage_reaches_every_worker_on_postgres() {
 /// result and the mock's log shows nothing paid twice.
 #[test]
 fn kill_9_then_resume_on_postgres_pays_nothing_twice() {
+    let _serial = support::serial();
     const ITEMS: usize = 300;
     let pg = support::pg::PgServer::start();
     let mock = Mock::start(&["--latency-median-ms", "40", "--latency-p99-ms", "80"]);
@@ -837,6 +846,7 @@ fn kill_9_then_resume_on_postgres_pays_nothing_twice() {
 /// stop caught answers in flight.
 #[test]
 fn three_workers_on_postgres_one_killed_one_stopped() {
+    let _serial = support::serial();
     const TRIES: usize = 4;
     let pg = support::pg::PgServer::start();
     let mock = Mock::start(&["--latency-median-ms", "250", "--latency-p99-ms", "350"]);
@@ -941,6 +951,7 @@ fn three_workers_once(mock: &Mock, url: &str, t: usize) -> i64 {
 /// of it, and at most 1% of their requests meet a 429.
 #[test]
 fn two_workers_on_postgres_share_the_limit() {
+    let _serial = support::serial();
     const ITEMS: usize = 300;
     const RPM: u64 = 1_200;
     let pg = support::pg::PgServer::start();
@@ -995,6 +1006,7 @@ fn two_workers_on_postgres_share_the_limit() {
 /// lost and nothing paid twice (issue 11, connection loss).
 #[test]
 fn a_run_outlives_postgres_stopping_for_five_seconds() {
+    let _serial = support::serial();
     if std::env::var_os("DOCKET_TEST_PG_URL").is_some() {
         eprintln!("skipped: needs the harness's own server to stop it");
         return;
@@ -1030,6 +1042,7 @@ fn a_run_outlives_postgres_stopping_for_five_seconds() {
 /// workers waited on each other forever), nothing is paid twice.
 #[test]
 fn four_workers_at_full_speed_on_postgres_leave_no_lease() {
+    let _serial = support::serial();
     const ITEMS: usize = 3_000;
     let pg = support::pg::PgServer::start();
     let mock = Mock::start(&["--latency-median-ms", "0", "--latency-p99-ms", "0"]);
@@ -1055,6 +1068,7 @@ fn four_workers_at_full_speed_on_postgres_leave_no_lease() {
 /// attempt made ambiguous, no answer orphaned, one result per item.
 #[test]
 fn a_worker_with_a_wrong_clock_steals_nothing_on_postgres() {
+    let _serial = support::serial();
     const ITEMS: usize = 300;
     let pg = support::pg::PgServer::start();
     let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
@@ -1096,12 +1110,14 @@ fn a_worker_with_a_wrong_clock_steals_nothing_on_postgres() {
 /// new leaves any of them); `docket resume` starts them all again.
 #[test]
 fn pause_and_resume_reach_every_worker() {
+    let _serial = support::serial();
     pause_and_resume_on(None);
 }
 
 /// The same on a PostgreSQL ledger.
 #[test]
 fn pause_and_resume_reach_every_worker_on_postgres() {
+    let _serial = support::serial();
     pause_and_resume_on(Some(&support::pg::PgServer::start()));
 }
 
@@ -1165,12 +1181,14 @@ fn pause_and_resume_on(pg: Option<&support::pg::PgServer>) {
 /// provider, nothing submitted or sent twice.
 #[test]
 fn a_dead_workers_provider_batch_is_adopted_not_sent_again() {
+    let _serial = support::serial();
     dead_workers_batch_on(None);
 }
 
 /// The same on a PostgreSQL ledger.
 #[test]
 fn a_dead_workers_provider_batch_is_adopted_not_sent_again_on_postgres() {
+    let _serial = support::serial();
     dead_workers_batch_on(Some(&support::pg::PgServer::start()));
 }
 

@@ -15,6 +15,15 @@ use std::sync::{Arc, Mutex};
 use docket::engine::Reporter;
 use rusqlite::Connection;
 
+/// Held by each test of a file whose tests start several processes (the
+/// workers, batch crashes): they run one at a time, as alone. Side by side
+/// on two cores their waits for a takeover or a state ran out now and
+/// then, though each passes alone every time.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub struct Workspace {
     pub dir: tempfile::TempDir,
 }
