@@ -584,8 +584,23 @@ fn console_batches_overlay_then_cancel_cancels_the_batch() {
         s.lines().next().is_some_and(|h| h.contains("■ CANCELLED"))
     });
 
-    // The run is over: q closes the console and docket exits as cancelled.
+    // The ledger says cancelled before this process's engine has finished
+    // (it waits for the provider to close the batch and ingests what
+    // finished). A q in that window asks how to quit a live run; the
+    // question goes away with a hint once the run ends (a capture can miss
+    // the question, never the hint), and q then quits.
     pane.keys(&["q"]);
+    let seen = pane.wait_text("docket to exit or ask how to quit", |s| {
+        exit_code(s).is_some()
+            || s.contains("Quit while the run is live?")
+            || s.contains("The run has ended; q quits.")
+    });
+    if exit_code(&seen).is_none() {
+        pane.wait("the question gone once the run ended", |s| {
+            s.contains("The run has ended; q quits.") && !s.contains("Quit while the run is live?")
+        });
+        pane.keys(&["q"]);
+    }
     let (code, text) = pane.wait_exit();
     assert_eq!(code, 130, "{text}");
 }
