@@ -137,6 +137,37 @@ async fn limits() {
     );
 }
 
+/// Issue 12's hang figure: 3,000 requests at 6,000/min with 300 ms median
+/// latency, once clean and once with 0.5% of requests never answered, both
+/// at the default 120 s `request_timeout_secs`. The learned deadline must
+/// keep the hanging run within 1.1× the clean one, with every extra send
+/// on record as ambiguous.
+async fn hangs() {
+    let clean = scenario(latency_limited(), 6000, 3000, 120.0, 256).await;
+    let hung = scenario(
+        MockConfig {
+            hang: 0.005,
+            ..latency_limited()
+        },
+        6000,
+        3000,
+        120.0,
+        256,
+    )
+    .await;
+    let ratio = hung.wall_s / clean.wall_s;
+    let extra = hung.requests.saturating_sub(clean.requests);
+    println!(
+        "H  0.5% of 3000 requests hang, timeout 120 s: wall {:.1} s vs {:.1} s clean = {ratio:.2}x; failed items {}; hangs {}; extra sends {extra}, on record as ambiguous {}  [{}: <= 1.1x, 0 failed, every hang on record]",
+        hung.wall_s,
+        clean.wall_s,
+        hung.errors,
+        hung.hangs,
+        hung.ambiguous,
+        verdict(ratio <= 1.1 && hung.errors == 0 && hung.ambiguous >= hung.hangs && hung.hangs > 0)
+    );
+}
+
 /// The real binary against the mock provider in its own process, as against
 /// a real provider: returns (session row, wall seconds, peak RSS in MB).
 fn process_run(n: usize, concurrency: u64) -> (docket::ledger::store::SessionRow, f64, f64) {
@@ -316,6 +347,9 @@ fn main() {
     println!("docket benchmarks (release build, 2-core machine)");
     if want("limits") {
         rt.block_on(limits());
+    }
+    if want("hangs") {
+        rt.block_on(hangs());
     }
     if want("speed") {
         raw_speed();

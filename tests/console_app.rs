@@ -68,6 +68,7 @@ fn view(state: &str, desired: &str) -> SessionView {
             stage: "triage".into(),
             elapsed_secs: 200.0,
             eta_secs: Some(300.0),
+            ..LiveGauges::default()
         }),
         stages: vec![
             StageProgress {

@@ -71,6 +71,9 @@ fn view(state: &str, desired: &str) -> SessionView {
             stage: "triage".into(),
             elapsed_secs: 754.0,
             eta_secs: Some(1131.0),
+            deadline_secs: 2.4,
+            latency_p99_secs: Some(1.2),
+            deadline_cuts: 3,
         }),
         stages: vec![
             StageProgress {

@@ -558,6 +558,61 @@ async fn hangs_are_cut_by_the_timeout_and_counted_ambiguous() {
     assert_eq!(s.error_count, 0);
 }
 
+/// Issue 12: with the default 120 s timeout, a request the provider never
+/// answers is cut at the deadline learned from the answers coming back
+/// (here: 2 s, the floor, for 20 ms answers), counted ambiguous and sent
+/// again at once. The speed figure is `cargo bench --bench engine -- hangs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hangs_are_cut_at_the_learned_deadline_not_the_timeout() {
+    let (m, ws) = mocked(
+        MockConfig {
+            hang: 0.02,
+            latency_median_ms: 20.0,
+            latency_p99_ms: 60.0,
+            seed: 5,
+            ..Default::default()
+        },
+        300,
+        |job| {
+            job.timeout_secs = 120.0;
+            job.concurrency = 16;
+        },
+    )
+    .await;
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    assert_eq!(s.error_count, 0);
+    let hangs = m.stats().hangs;
+    assert!(hangs > 0, "the seed makes some requests hang");
+    assert_eq!(s.ambiguous_count, hangs, "every cut send is on record");
+    let conn = ws.conn();
+    let mut q = conn
+        .prepare("SELECT error_message, latency_ms FROM llm_messages WHERE state = 'ambiguous'")
+        .unwrap();
+    let cut: Vec<(String, f64)> = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(cut.len() as u64, hangs);
+    for (message, latency_ms) in &cut {
+        assert!(
+            message.contains("the deadline learned from the provider's latency"),
+            "{message}"
+        );
+        // Cut at the learned deadline, far from the 120 s timeout (a loaded
+        // machine may wake the timer late, never by a minute).
+        assert!(
+            (1_900.0..60_000.0).contains(latency_ms),
+            "{latency_ms} ms: {message}"
+        );
+    }
+    // Every item has its answer: the resend of each cut one was answered.
+    assert_eq!(m.stats().ok, 300);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_cost_pauses_before_the_budget_and_resume_finishes() {
     let (m, ws) = mocked(MockConfig::default(), 30, |job| {

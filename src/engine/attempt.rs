@@ -111,7 +111,8 @@ async fn handle(ctx: &Ctx, job: &mut Job<'_>, sent: Sent) -> Next {
         Sent::Answer(base, answer, reservation) => {
             on_answer(ctx, job, base, &answer, reservation).await
         }
-        Sent::Failed(base, err) => on_error(ctx, job, base, &err).await,
+        Sent::Failed(base, err) => on_error(ctx, job, base, &err, Resend::AfterBackoff).await,
+        Sent::Cut(base, err) => on_error(ctx, job, base, &err, Resend::AtOnce).await,
         Sent::NotRun(base, why) => on_not_run(ctx, job, base, why).await,
         Sent::RenderFailed(message) => Next::Done(StageEnd::Failed(message, None)),
     }
@@ -288,6 +289,8 @@ enum Sent {
     /// The limiter's reservation for a synchronous send (None: a batch line).
     Answer(AttemptRecord, ChatAnswer, Option<Reservation>),
     Failed(AttemptRecord, ProviderError),
+    /// No answer within the learned deadline: cut (see `deadline`).
+    Cut(AttemptRecord, ProviderError),
     /// A batch line never run (its batch expired or was cancelled first).
     NotRun(AttemptRecord, String),
     /// The prompt could not be rendered: the item's error.
@@ -444,13 +447,31 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
     ctx.stats.in_flight.fetch_add(1, Relaxed);
     ctx.stats.sent.fetch_add(1, Relaxed);
     let started = std::time::Instant::now();
+    let deadline = &job.rt(ctx).deadline;
+    let mut cut = false;
     let result = tokio::select! {
+        // An answer that is there wins over a deadline that is also due.
+        biased;
         r = job.rt(ctx).provider.send(&request) => Some(r),
         _ = ctx.hard_stop.cancelled() => None,
+        missed = deadline.passed(started) => {
+            // Dropping the send closes its connection.
+            deadline.cut();
+            cut = true;
+            Some(Err(ProviderError {
+                class: ErrorClass::Ambiguous,
+                http_status: None,
+                message: deadline.cut_message(missed),
+                headers: Default::default(),
+            }))
+        }
     };
     ctx.stats.in_flight.fetch_sub(1, Relaxed);
     drop(slot);
     let base = job.record(ctx, started);
+    if let Some(Ok(_)) = &result {
+        deadline.answered(started.elapsed());
+    }
     match result {
         None => {
             // The bytes left, the answer never came: it may have been billed.
@@ -465,6 +486,10 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
             })
         }
         Some(Ok(answer)) => Sent::Answer(base, answer, Some(reservation)),
+        Some(Err(err)) if cut => {
+            ctx.budget.settle(job.worst_cost, 0.0);
+            Sent::Cut(base, err)
+        }
         Some(Err(err)) => {
             ctx.budget.settle(job.worst_cost, 0.0);
             Sent::Failed(base, err)
@@ -655,8 +680,23 @@ fn watch_gate(ctx: &Ctx, job: &Job<'_>, reason: &str) {
     )));
 }
 
+/// When a failed attempt goes again.
+#[derive(Clone, Copy, PartialEq)]
+enum Resend {
+    AfterBackoff,
+    /// A request cut at its deadline: the provider is answering others,
+    /// this one was lost; waiting would only stretch the run.
+    AtOnce,
+}
+
 /// No answer: throttle, stop the session, fail the item, or back off.
-async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &ProviderError) -> Next {
+async fn on_error(
+    ctx: &Ctx,
+    job: &mut Job<'_>,
+    base: AttemptRecord,
+    err: &ProviderError,
+    resend: Resend,
+) -> Next {
     // A batch line's error says nothing about the synchronous limits.
     if job.via == Via::Sync {
         match err.class {
@@ -741,6 +781,9 @@ async fn on_error(ctx: &Ctx, job: &mut Job<'_>, base: AttemptRecord, err: &Provi
         .await
     {
         return Next::Done(StageEnd::Stopped);
+    }
+    if resend == Resend::AtOnce {
+        return Next::Retry;
     }
     let delay = ctx
         .backoff

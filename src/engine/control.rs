@@ -121,7 +121,11 @@ fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
     } else {
         lim.slow_reason.describe().to_string()
     };
+    let deadline = ctx.rt(frontier).deadline.gauge();
     LiveGauges {
+        deadline_secs: deadline.deadline_secs,
+        latency_p99_secs: deadline.p99_secs,
+        deadline_cuts: deadline.cuts,
         in_flight: lim.in_flight as u64,
         concurrency_limit: lim.concurrency_limit as u64,
         max_concurrency: lim.max_concurrency as u64,
@@ -301,6 +305,13 @@ fn combine(mine: &LiveGauges, others: &[LiveGauges]) -> LiveGauges {
         all.tpm_used += g.tpm_used;
         all.paused |= g.paused;
         all.elapsed_secs = all.elapsed_secs.max(g.elapsed_secs);
+        // The longest deadline of any worker: none of them cuts sooner.
+        all.deadline_secs = all.deadline_secs.max(g.deadline_secs);
+        all.latency_p99_secs = match (all.latency_p99_secs, g.latency_p99_secs) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        all.deadline_cuts += g.deadline_cuts;
     }
     // Each worker's ETA is for the whole session at its own pace; together
     // they go faster than any one of them.
@@ -559,6 +570,9 @@ mod tests {
             stage: "adjudicate".into(),
             elapsed_secs: 10.0,
             eta_secs: Some(30.0),
+            deadline_secs: 2.0,
+            latency_p99_secs: None,
+            deadline_cuts: 1,
             ..LiveGauges::default()
         };
         let other = LiveGauges {
@@ -569,9 +583,17 @@ mod tests {
             rpm_used: 550.0,
             stage: "critic".into(),
             elapsed_secs: 40.0,
+            deadline_secs: 3.0,
+            latency_p99_secs: Some(1.5),
+            deadline_cuts: 2,
             ..LiveGauges::default()
         };
         let all = combine(&mine, &[other]);
+        assert_eq!(
+            (all.deadline_secs, all.latency_p99_secs, all.deadline_cuts),
+            (3.0, Some(1.5), 3),
+            "the longest deadline, the p99 it came from, every cut"
+        );
         assert_eq!(
             (all.in_flight, all.max_concurrency, all.rpm_limit),
             (8, 16, 1_200)

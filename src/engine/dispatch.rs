@@ -18,6 +18,7 @@ use super::ctx::{
     Ctx, StageRt, StopCause, lease_secs, outstanding_for, per_minute, share, tuned_settings,
     worker_beat,
 };
+use super::deadline::Deadline;
 use super::feed::feed;
 use super::progress::{Reporter, spawn_progress};
 use super::stats::Stats;
@@ -59,7 +60,18 @@ pub(super) async fn dispatch(
     // One limiter per provider: stages on the same provider share its limits.
     let mut limiters: Vec<(String, Arc<Limiter>)> = Vec::new();
     let mut stages = Vec::with_capacity(p.stages.len());
+    // One learned deadline per provider and model: latency is the model's.
+    let mut deadlines: Vec<((&str, &str), Arc<Deadline>)> = Vec::new();
     for st in &p.stages {
+        let key = (st.provider_name.as_str(), st.model.as_str());
+        let deadline = match deadlines.iter().find(|(k, _)| *k == key) {
+            Some((_, d)) => d.clone(),
+            None => {
+                let d = Arc::new(Deadline::new(st.request_timeout));
+                deadlines.push((key, d.clone()));
+                d
+            }
+        };
         let limiter = match limiters.iter().find(|(n, _)| *n == st.provider_name) {
             Some((_, l)) => l.clone(),
             None => {
@@ -81,6 +93,7 @@ pub(super) async fn dispatch(
         stages.push(StageRt {
             provider,
             limiter,
+            deadline,
             batcher: std::sync::OnceLock::new(),
         });
     }

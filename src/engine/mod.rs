@@ -11,6 +11,7 @@ mod batching;
 mod budget;
 mod control;
 mod ctx;
+mod deadline;
 mod delivery;
 mod dispatch;
 mod feed;

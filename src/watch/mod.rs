@@ -58,6 +58,14 @@ pub struct LiveGauges {
     pub elapsed_secs: f64,
     /// Its estimate of the time left, when it has one.
     pub eta_secs: Option<f64>,
+    /// How long a request of the stage being dispatched may go unanswered
+    /// before it is cut and sent again (0: an engine that did not say).
+    pub deadline_secs: f64,
+    /// The answer latency p99 the deadline was learned from; None while
+    /// it is learning (the configured timeout applies).
+    pub latency_p99_secs: Option<f64>,
+    /// Requests cut at their deadline so far (each sent again).
+    pub deadline_cuts: u64,
 }
 
 impl LiveGauges {

@@ -484,5 +484,37 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         };
         lines.push(Line::from(styled(text, style)));
     }
+    if live && g.deadline_secs > 0.0 {
+        lines.push(Line::from(deadline_text(&g)));
+    }
     frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+/// How long a request may go unanswered before it is cut and sent again
+/// (last in the pane: the first line a short pane drops).
+fn deadline_text(g: &crate::watch::LiveGauges) -> String {
+    let cuts = if g.deadline_cuts > 0 {
+        format!(" · {} cut", g.deadline_cuts)
+    } else {
+        String::new()
+    };
+    match g.latency_p99_secs {
+        Some(p99) => format!(
+            "deadline {} (p99 {}){cuts}",
+            seconds(g.deadline_secs),
+            seconds(p99)
+        ),
+        None => format!(
+            "deadline {} (timeout; learning){cuts}",
+            seconds(g.deadline_secs)
+        ),
+    }
+}
+
+fn seconds(s: f64) -> String {
+    if s < 10.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{s:.0} s")
+    }
 }
