@@ -1396,15 +1396,17 @@ async fn a_ledger_cancel_is_recorded_and_ends_cancelled() {
 }
 
 /// Row S5 mid-run: the provider goes away (the mock shuts down: every
-/// connect is refused). The run pauses once ten sends in a row, for three
-/// items or more, reached nothing, saying the provider is unreachable; no
-/// item is failed for it and no attempt that never left counts as
-/// ambiguous. With the provider back (another mock), the resume finishes
-/// every item.
+/// connect is refused). Once ten sends in a row, for three items or more,
+/// reached nothing, the breaker opens: nothing more is sent, the session
+/// shows paused with the reason, no item is failed for it, and no send that
+/// never left counts as ambiguous or as one of the item's transport
+/// attempts. Probes find the provider when it is back (a new mock on the
+/// same port) and the run goes on by itself to the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_provider_pauses_the_run_instead_of_failing_items() {
+async fn an_unreachable_provider_holds_the_run_and_probes_resume_it() {
     const ITEMS: usize = 120;
     let (m, ws) = mocked(latency(30.0, 60.0), ITEMS, |job| job.concurrency = 4).await;
+    let addr = m.addr();
     let run_task = tokio::spawn(run(options(&ws)));
     let conn = ws.conn();
     poll("some results", Duration::from_secs(20), || {
@@ -1412,35 +1414,80 @@ async fn an_unreachable_provider_pauses_the_run_instead_of_failing_items() {
     })
     .await;
     m.shutdown().await;
-    let (report, lines) = tokio::time::timeout(Duration::from_secs(60), run_task)
-        .await
-        .expect("the run ended in time")
-        .unwrap();
-    let RunEnd::Paused(why) = &report.end else {
-        panic!("not paused: {:?}\n{}", report.end, lines.text());
-    };
+    let why: String = poll(
+        "the session paused as unreachable",
+        Duration::from_secs(30),
+        || {
+            conn.query_row(
+                "SELECT stop_reason FROM llm_batch_session WHERE state = 'paused'",
+                [],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .ok()
+            .flatten()
+        },
+    )
+    .await;
     assert!(
         why.contains("provider main unreachable") && why.contains("did not reach"),
         "{why}"
     );
-    let s = report.session.unwrap();
-    assert_eq!(s.error_count, 0, "no item failed for it");
-    assert!(s.processed_count < ITEMS as u64);
-    support::check_invariants(&conn, &s.session_id);
-    assert!(
+    assert!(why.contains("goes on by itself"), "{why}");
+    // The breaker holds: no more refused sends pile up while it is open.
+    let refused = || {
         count(
             &conn,
             "SELECT COUNT(*) FROM llm_messages WHERE state = 'failed' AND http_status IS NULL",
-            []
-        ) >= 10,
-        "the refused sends are recorded as failed"
+            [],
+        )
+    };
+    let at_open = refused();
+    assert!(at_open >= 10, "the refused sends are recorded as failed");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        refused(),
+        at_open,
+        "nothing is sent while the breaker is open"
     );
+    assert!(!run_task.is_finished(), "the run waits for the provider");
 
-    let back = mock(latency(30.0, 60.0)).await;
-    let mut opts = options(&ws);
-    opts.resume = Some(s.session_id.clone());
-    opts.base_url_override = Some(back.base_url());
-    let (report, _) = run(opts).await;
-    assert!(matches!(report.end, RunEnd::Completed), "{:?}", report.end);
+    let back = docket::mock::MockServer::start(latency(30.0, 60.0), addr)
+        .await
+        .expect("the mock again, on the same port");
+    let (report, lines) = tokio::time::timeout(Duration::from_secs(90), run_task)
+        .await
+        .expect("the run went on by itself once the provider was back")
+        .unwrap();
+    assert!(
+        matches!(report.end, RunEnd::Completed),
+        "{:?}\n{}",
+        report.end,
+        lines.text()
+    );
+    let s = report.session.unwrap();
+    assert_eq!(s.error_count, 0, "no item failed for it");
+    assert_eq!(s.ambiguous_count, 0, "a refused connect sent nothing");
     check_complete(&conn, &s.session_id);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COALESCE(MAX(transport_retries), 0) FROM llm_requests",
+            []
+        ),
+        0,
+        "refused sends spend none of an item's transport attempts"
+    );
+    assert!(back.stats().ok > 0);
+    let events: Vec<String> = conn
+        .prepare("SELECT kind || ': ' || message FROM session_event WHERE kind IN ('unreachable', 'reachable') ORDER BY event_id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(
+        events[1].starts_with("reachable: provider main answers again"),
+        "{events:?}"
+    );
 }

@@ -22,6 +22,9 @@ use crate::template::Prompt;
 /// Rate-limit refusals mean "not now", not "broken": they get their own,
 /// larger budget instead of using up the transport attempts.
 const MAX_RATE_LIMIT_RETRIES: u32 = 30;
+/// Sends of one item that reached nothing (they spend none of its transport
+/// attempts; a provider that is gone opens the breaker long before this).
+const MAX_UNREACHED_RETRIES: u32 = 30;
 
 /// How a stage's request ended.
 pub(super) enum StageEnd {
@@ -141,6 +144,8 @@ pub(super) struct Job<'a> {
     gate_failures: u32,
     transport_failures: u32,
     rate_limited: u32,
+    /// Sends that reached nothing (connection refused, DNS, TLS).
+    unreached: u32,
     /// How the current attempt went out.
     via: Via,
     /// What the budget holds for the current attempt.
@@ -203,6 +208,7 @@ impl<'a> Job<'a> {
             gate_failures: counters.gate_failures.max(0) as u32,
             transport_failures: counters.transport_retries.max(0) as u32,
             rate_limited: 0,
+            unreached: 0,
             via: Via::Sync,
             reserved: 0.0,
             delivered: None,
@@ -410,8 +416,13 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         _ = ctx.soft_stop.cancelled() => { ctx.budget.settle(job.worst_cost, 0.0); return Sent::Stopped; }
     };
     // A pause that came while this send waited for the rate limits holds it
-    // too: nothing leaves while paused.
-    if !ctx.wait_unpaused().await {
+    // too: nothing leaves while paused, or while the provider is unreachable.
+    if !ctx.wait_unpaused().await
+        || !ctx
+            .reach_watch
+            .wait_closed(job.stage.index, &ctx.soft_stop)
+            .await
+    {
         ctx.budget.settle(job.worst_cost, 0.0);
         return Sent::Stopped;
     }
@@ -714,13 +725,19 @@ async fn on_error(
     if ambiguous {
         ctx.stats.ambiguous.fetch_add(1, Relaxed);
     }
+    // Nothing reached the provider (no status came back, and the request
+    // is not ambiguous): not one of the item's transport attempts, and a
+    // streak of these opens the stage's breaker, which holds its sends
+    // until a probe gets an answer (row S5).
+    let unreached =
+        err.class == ErrorClass::Transient && err.http_status.is_none() && job.via == Via::Sync;
     let rec = AttemptRecord {
         state: if ambiguous { "ambiguous" } else { "failed" },
         http_status: err.http_status,
         error_kind: Some(err.class.as_str().into()),
         error_message: Some(err.message.clone()),
         rate_limited: is_rl,
-        transport_failure: !is_rl && err.class.is_retryable(),
+        transport_failure: !is_rl && !unreached && err.class.is_retryable(),
         ..base
     };
     tracing::debug!(
@@ -728,17 +745,12 @@ async fn on_error(
         attempt = job.attempt,
         "attempt failed: {err}"
     );
-    // Nothing reached the provider (no status came back, and the request
-    // is not ambiguous): a streak of these pauses the run (row S5).
-    if err.class == ErrorClass::Transient && err.http_status.is_none() && job.via == Via::Sync {
+    if unreached {
         if let Some(why) =
             ctx.reach_watch
                 .unreached(job.stage.index, &job.item.item_id, &err.message)
         {
-            ctx.stop(StopCause::Paused(format!(
-                "provider {} unreachable: {why}. Nothing more is sent and no item is failed for it; resume the session once the provider is back",
-                job.stage.provider_name
-            )));
+            tracing::warn!(stage = %job.stage.name, "breaker open: {why}");
         }
     } else if err.http_status.is_some() {
         ctx.reach_watch.answered(job.stage.index);
@@ -758,6 +770,11 @@ async fn on_error(
     let (exhausted, retry_no) = if is_rl {
         job.rate_limited += 1;
         (job.rate_limited > MAX_RATE_LIMIT_RETRIES, job.rate_limited)
+    } else if unreached {
+        // Nothing was sent: not one of the item's transport attempts. A
+        // provider that is gone opens the breaker long before this cap.
+        job.unreached += 1;
+        (job.unreached > MAX_UNREACHED_RETRIES, job.unreached)
     } else {
         job.transport_failures += 1;
         (

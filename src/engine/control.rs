@@ -18,6 +18,7 @@ use super::ctx::{
     Ctx, PAUSED_BY_OPERATOR, StopCause, per_minute, share, tuned_settings, worker_beat,
 };
 use super::progress::Reporter;
+use super::reach_probe::ReachProbes;
 use crate::ledger::store;
 use crate::ledger::work::{RunSessions, WorkQueue};
 use crate::ledger::writer::WriteOp;
@@ -186,6 +187,7 @@ pub(super) async fn control_loop(
     let mut window = Window::new(&ctx.stats.snapshot());
     let mut last_renewal = Instant::now();
     let mut last_adoption = Instant::now();
+    let mut probes = ReachProbes::new(ctx.p.stages.len());
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -271,7 +273,11 @@ pub(super) async fn control_loop(
             });
         }
         let paused = *pause_tx.borrow();
-        let live = gauges(&ctx, &mut window, paused);
+        probes.tick(&ctx, paused).await;
+        let mut live = gauges(&ctx, &mut window, paused);
+        if let Some(why) = probes.slow_reason(&ctx).filter(|_| !paused) {
+            live.slow_reason = why;
+        }
         let mine = serde_json::to_string(&live).ok();
         // The session's gauges are every live worker's together, so a
         // console shows the session, whichever worker wrote last.

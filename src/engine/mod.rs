@@ -18,6 +18,7 @@ mod feed;
 mod gate_watch;
 mod per_stage;
 mod plan;
+mod reach_probe;
 mod reach_watch;
 pub use plan::EXACT_COUNT_MAX;
 mod progress;

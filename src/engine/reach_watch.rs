@@ -1,12 +1,16 @@
-//! A provider that stops answering pauses the run instead of failing every
-//! item (fault-matrix row S5): when a stage's sends fail one after another
-//! without reaching the provider (connection refused, DNS, TLS: nothing
-//! was sent, so nothing is ambiguous), from several items and with no
-//! answer in between, the session pauses with the reason and nothing more
-//! is sent. Any answer from the provider, even an error status, resets the
-//! streak. Resume once the provider is back.
+//! A provider that stops answering holds the run instead of failing every
+//! item (fault-matrix row S5): when a stage's sends fail one after
+//! another without reaching the provider (connection refused, DNS, TLS:
+//! nothing was sent, so nothing is ambiguous), from several items and with
+//! no answer in between, the stage's breaker opens. Its sends wait; the
+//! control loop probes the provider (`reach_probe`) and closes the breaker
+//! when it answers, and the run goes on by itself. Any answer from the
+//! provider, even an error status, resets the streak.
 
 use std::collections::HashSet;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::per_stage::PerStage;
 
@@ -20,19 +24,60 @@ const ITEMS: usize = 3;
 struct Streak {
     failures: usize,
     items: HashSet<String>,
-    /// The run was stopped for this stage already.
-    done: bool,
+    /// The breaker is open, for this reason.
+    open: Option<String>,
 }
 
-/// One streak per stage, in job order.
+/// One streak and breaker per stage, in job order.
 pub(super) struct ReachWatch {
     stages: PerStage<Streak>,
+    /// Each stage's breaker, for the sends that wait on it.
+    open: Vec<watch::Sender<bool>>,
 }
 
 impl ReachWatch {
     pub(super) fn new(stages: usize) -> ReachWatch {
         ReachWatch {
             stages: PerStage::new(stages),
+            open: (0..stages).map(|_| watch::Sender::new(false)).collect(),
+        }
+    }
+
+    /// Why `stage`'s breaker is open; None while its sends go.
+    pub(super) fn open_because(&self, stage: usize) -> Option<String> {
+        self.streak(stage)?.open.clone()
+    }
+
+    /// The provider of `stage` answered a probe: its sends go again, and
+    /// the streak starts over.
+    pub(super) fn close(&self, stage: usize) {
+        if let Some(mut s) = self.streak(stage) {
+            s.failures = 0;
+            s.items.clear();
+            s.open = None;
+        }
+        if let Some(tx) = self.open.get(stage) {
+            tx.send_replace(false);
+        }
+    }
+
+    /// Wait while `stage`'s breaker is open; false when the run stops first.
+    pub(super) async fn wait_closed(&self, stage: usize, stop: &CancellationToken) -> bool {
+        let Some(tx) = self.open.get(stage) else {
+            return true;
+        };
+        let mut rx = tx.subscribe();
+        loop {
+            if stop.is_cancelled() {
+                return false;
+            }
+            if !*rx.borrow_and_update() {
+                return true;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return !stop.is_cancelled() },
+                _ = stop.cancelled() => return false,
+            }
         }
     }
 
@@ -48,12 +93,12 @@ impl ReachWatch {
         }
     }
 
-    /// A send of `stage` for `item` did not reach the provider. The reason
-    /// to stop the run, once: `STREAK` such sends in a row, from `ITEMS`
-    /// items or more.
+    /// A send of `stage` for `item` did not reach the provider. Opens the
+    /// breaker after `STREAK` such sends in a row, from `ITEMS` items or
+    /// more, and returns why (once per opening).
     pub(super) fn unreached(&self, stage: usize, item: &str, error: &str) -> Option<String> {
         let mut s = self.streak(stage)?;
-        if s.done {
+        if s.open.is_some() {
             return None;
         }
         s.failures += 1;
@@ -61,12 +106,17 @@ impl ReachWatch {
         if s.failures < STREAK || s.items.len() < ITEMS {
             return None;
         }
-        s.done = true;
-        Some(format!(
+        let why = format!(
             "its last {} sends, for {} items, did not reach the provider (the last: {error})",
             s.failures,
             s.items.len()
-        ))
+        );
+        s.open = Some(why.clone());
+        drop(s);
+        if let Some(tx) = self.open.get(stage) {
+            tx.send_replace(true);
+        }
+        Some(why)
     }
 }
 
@@ -102,9 +152,40 @@ mod tests {
             None,
             "only once"
         );
+        assert!(w.open_because(0).is_some_and(|why| why == stop));
+        w.close(0);
+        assert_eq!(w.open_because(0), None);
+        for i in 0..9 {
+            assert_eq!(w.unreached(0, &format!("i{}", i % 3), "refused"), None);
+        }
+        assert!(w.unreached(0, "i0", "refused").is_some(), "opens again");
         let one_item = ReachWatch::new(1);
         for _ in 0..30 {
             assert_eq!(one_item.unreached(0, "same", "refused"), None);
         }
+    }
+
+    #[tokio::test]
+    async fn sends_wait_while_the_breaker_is_open() {
+        let w = std::sync::Arc::new(ReachWatch::new(1));
+        let stop = CancellationToken::new();
+        assert!(w.wait_closed(0, &stop).await, "closed: no wait");
+        for i in 0..10 {
+            w.unreached(0, &format!("i{}", i % 3), "refused");
+        }
+        let waiter = {
+            let (w, stop) = (w.clone(), stop.clone());
+            tokio::spawn(async move { w.wait_closed(0, &stop).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "held while open");
+        w.close(0);
+        assert!(waiter.await.unwrap(), "goes once closed");
+        w.unreached(0, "x", "refused");
+        for i in 0..10 {
+            w.unreached(0, &format!("i{}", i % 3), "refused");
+        }
+        stop.cancel();
+        assert!(!w.wait_closed(0, &stop).await, "a stop ends the wait");
     }
 }
