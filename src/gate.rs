@@ -116,19 +116,11 @@ impl Gate {
                         path: shown.clone(),
                         detail: e.to_string(),
                     })?;
-                let validator = jsonschema::validator_for(&schema).map_err(|e| {
-                    GateBuildError::SchemaInvalid {
+                Self::json_schema(schema, confidence_field, rationale_field, needs_confidence)
+                    .map_err(|detail| GateBuildError::SchemaInvalid {
                         path: shown,
-                        detail: e.to_string(),
-                    }
-                })?;
-                Ok(Gate::JsonSchema {
-                    schema,
-                    validator: Box::new(validator),
-                    confidence_field: confidence_field.clone(),
-                    rationale_field: rationale_field.clone(),
-                    needs_confidence,
-                })
+                        detail,
+                    })
             }
             GateConfig::Regex {
                 pattern,
@@ -159,6 +151,24 @@ impl Gate {
                 })
             }
         }
+    }
+
+    /// A JSON-schema gate from a schema already read (Err: why the schema
+    /// is not one).
+    pub(crate) fn json_schema(
+        schema: Value,
+        confidence_field: &str,
+        rationale_field: &str,
+        needs_confidence: bool,
+    ) -> Result<Self, String> {
+        let validator = jsonschema::validator_for(&schema).map_err(|e| e.to_string())?;
+        Ok(Gate::JsonSchema {
+            schema,
+            validator: Box::new(validator),
+            confidence_field: confidence_field.to_string(),
+            rationale_field: rationale_field.to_string(),
+            needs_confidence,
+        })
     }
 
     /// The names of the confidence and rationale fields in a parsed answer.

@@ -8,6 +8,8 @@ pub mod control;
 pub mod cost;
 pub mod demo;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gate;
 pub mod ids;
 pub mod items;

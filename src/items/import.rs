@@ -264,6 +264,24 @@ fn format_from_extension(path: &Path) -> Option<ImportFormat> {
 }
 
 /// Where good rows go: the ledger's open import, counted in the report.
+/// Read items from `reader` into `batch` as `import_file` does, without a
+/// file or a ledger (the fuzz targets use it: `crate::fuzzing`).
+pub(crate) fn import_from<R: Read>(
+    reader: R,
+    format: ImportFormat,
+    batch: &mut dyn ItemBatch,
+) -> Result<ImportReport, ImportError> {
+    let path = Path::new("input");
+    let reader = BufReader::new(reader);
+    let mut report = ImportReport::new(path);
+    let mut sink = Sink { batch };
+    match format {
+        ImportFormat::Jsonl => import_jsonl(reader, path, "id", &mut sink, &mut report)?,
+        ImportFormat::Csv => import_csv(reader, path, "id", &mut sink, &mut report)?,
+    }
+    Ok(report)
+}
+
 struct Sink<'a, 'b> {
     batch: &'a mut (dyn ItemBatch + 'b),
 }

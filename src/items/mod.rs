@@ -3,6 +3,7 @@
 
 mod import;
 
+pub(crate) use import::import_from;
 pub use import::{
     BadRow, ImportError, ImportFormat, ImportOptions, ImportReport, MAX_BAD_ROW_DETAILS,
     MAX_ID_CHARS, import_file, render_import_report,

@@ -2,13 +2,13 @@
 //! builds a `ChatRequest`, sends it through `dyn ChatProvider`, and reads a
 //! `ChatAnswer` or a classified `ProviderError`.
 
-mod anthropic;
+pub(crate) mod anthropic;
 mod azure;
 pub mod batch;
-mod gemini;
-mod ollama;
-mod openai;
-mod openrouter;
+pub(crate) mod gemini;
+pub(crate) mod ollama;
+pub(crate) mod openai;
+pub(crate) mod openrouter;
 
 use std::fmt;
 use std::future::Future;

@@ -287,7 +287,7 @@ impl AnthropicBatch {
     }
 
     /// One line of the results JSONL.
-    fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
+    pub(crate) fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
         let Some(parsed) = parse_line::<ResultEntry>(m, raw, at, Some(&self.key)) else {
             return;
         };

@@ -559,7 +559,7 @@ impl GeminiBatch {
     }
 
     /// A line of the responses file.
-    fn raw_line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
+    pub(crate) fn raw_line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
         if let Some(item) = parse_line::<ResultItem>(m, raw, at, Some(&self.key)) {
             self.apply(m, item, at);
         }

@@ -431,7 +431,7 @@ impl OpenAiBatch {
     }
 
     /// One line of an output or error file.
-    fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
+    pub(crate) fn line(&self, m: &mut Matcher<'_>, raw: &[u8], at: &str) {
         let Some(parsed) = parse_line::<OutputLine>(m, raw, at, self.key.as_ref()) else {
             return;
         };
