@@ -13,6 +13,9 @@ if [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 cargo +nightly fuzz build -s none -O >/dev/null 2>&1 || { echo "fuzz build failed: cargo +nightly fuzz build -s none -O"; exit 1; }
+# The binaries run directly: no rebuild (or build lock) between targets.
+bin_dir=$(dirname "$(find target -path '*/release/keymap_toml' -type f | head -1)")
+export bin_dir
 mkdir -p logs
 run_one() {
     local t=$1 runs=$2
@@ -21,12 +24,13 @@ run_one() {
     cp corpus/"$t"/* "scratch/$t/"
     local start end code
     start=$(date +%s.%N)
-    cargo +nightly fuzz run -s none -O "$t" "scratch/$t" -- -runs="$runs" \
-        -max_len=65536 -print_final_stats=1 >"logs/$t.log" 2>&1
+    mkdir -p "artifacts/$t"
+    "$bin_dir/$t" "scratch/$t" -runs="$runs" -max_len=65536 -print_final_stats=1 \
+        -artifact_prefix="artifacts/$t/" >"logs/$t.log" 2>&1
     code=$?
     end=$(date +%s.%N)
     local done
-    done=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "logs/$t.log" | grep -o '[0-9]*$')
+    done=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "logs/$t.log" | grep -o '[0-9]*$')
     awk -v t="$t" -v n="${done:-0}" -v s="$(echo "$end - $start" | bc)" -v c="$code" \
         'BEGIN { printf "%-22s %12d execs %8.1f s %10.0f/s  %s\n", t, n, s, n / s, (c == 0 ? "no crash" : "CRASH (exit " c "): see fuzz/logs/" t ".log") }'
 }

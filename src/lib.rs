@@ -8,6 +8,7 @@ pub mod control;
 pub mod cost;
 pub mod demo;
 pub mod engine;
+pub mod failpoint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gate;

@@ -445,6 +445,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         ctx.budget.settle(job.worst_cost, 0.0);
         return Sent::LedgerFailed;
     }
+    crate::failpoint::hit("after_intent");
     let request = ChatRequest {
         model: job.stage.model.clone(),
         system: prompt.system.clone(),
@@ -482,6 +483,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
     let base = job.record(ctx, started);
     if let Some(Ok(_)) = &result {
         deadline.answered(started.elapsed());
+        crate::failpoint::hit("after_answer");
     }
     match result {
         None => {

@@ -138,6 +138,7 @@ async fn feed_group(
             }
         }
         ctx.claims.fetch_add(page.len() as u64, Ordering::Relaxed);
+        crate::failpoint::hit("after_claim");
         let last_position = page.last().map_or(-1, |i| i.position);
         let mut page = page.into_iter();
         while let Some(item) = page.next() {

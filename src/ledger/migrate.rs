@@ -40,6 +40,7 @@ pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
         let current = user_version(conn, path)?;
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
             conn.execute_batch(sql)?;
+            crate::failpoint::hit("mid_migration");
             conn.pragma_update(None, "user_version", version)?;
         }
         Ok(())

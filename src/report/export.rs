@@ -235,7 +235,10 @@ pub fn export_in(
         ExportFormat::Jsonl => RecordWriter::jsonl(out, &keys),
         _ => RecordWriter::csv(out, &keys)?,
     };
-    let rows = plan.stream(ledger, opts.session.as_deref(), &mut |c| w.write(c))?;
+    let rows = plan.stream(ledger, opts.session.as_deref(), &mut |c| {
+        crate::failpoint::hit("mid_export");
+        w.write(c)
+    })?;
     w.finish()?;
     Ok(rows)
 }
@@ -250,7 +253,10 @@ pub fn export_parquet<W: Write + Send>(
     let plan = plan(ledger, opts, workspace)?;
     let keys: Vec<&str> = plan.columns.iter().map(String::as_str).collect();
     let mut w = ParquetWriter::new(out, &keys, &plan.kinds)?;
-    let rows = plan.stream(ledger, opts.session.as_deref(), &mut |c| w.write(c))?;
+    let rows = plan.stream(ledger, opts.session.as_deref(), &mut |c| {
+        crate::failpoint::hit("mid_export");
+        w.write(c)
+    })?;
     w.finish()?;
     Ok(rows)
 }
@@ -265,6 +271,41 @@ pub fn export_file(
 ) -> Result<u64, ReportError> {
     // Plan first, so an unknown session leaves no empty file behind.
     plan(ledger, opts, workspace)?;
+    // Written beside the target and renamed over it once whole: a crash or
+    // an error mid-export never leaves a file that looks complete (nor
+    // spoils an earlier export of the same name). Not for a FIFO, a device
+    // or a symlink (`--out /dev/stdout`): those are written in place.
+    let in_place = std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file());
+    if in_place {
+        return write_file(ledger, opts, workspace, path);
+    }
+    let partial = partial_path(path);
+    let written = write_file(ledger, opts, workspace, &partial).and_then(|n| {
+        std::fs::rename(&partial, path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        Ok(n)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written
+}
+
+/// `.NAME.partial-PID` beside `path`.
+fn partial_path(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+}
+
+fn write_file(
+    ledger: &dyn Reports,
+    opts: &ExportOptions,
+    workspace: &Path,
+    path: &Path,
+) -> Result<u64, ReportError> {
     let file = std::fs::File::create(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     if opts.format == ExportFormat::Parquet {
@@ -272,6 +313,10 @@ pub fn export_file(
     }
     let mut w = io::BufWriter::new(file);
     let n = export_in(ledger, opts, workspace, &mut w)?;
-    w.flush()?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    // A FIFO or a terminal cannot be synced; a file can.
+    if file.metadata().is_ok_and(|m| m.is_file()) {
+        file.sync_all()?;
+    }
     Ok(n)
 }

@@ -8,6 +8,7 @@ pub mod batch;
 pub mod isolation;
 pub mod pg;
 pub mod procs;
+pub mod soak;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

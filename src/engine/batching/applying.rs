@@ -105,6 +105,7 @@ struct Matching {
 
 impl ResultSink for Matching {
     fn accept(&mut self, line: ResultLine) {
+        crate::failpoint::hit("mid_ingest");
         // A line applied before a cut is read again: not twice.
         let Some((request_id, attempt)) = self.waiting.remove(&line.custom_id) else {
             return;

@@ -116,6 +116,7 @@ pub(super) async fn run_formed(b: Arc<Batcher>, formed: Formed) {
         drop(source);
         match submitted {
             Submitting::Done(s) => {
+                crate::failpoint::hit("after_create");
                 if record_submitted(&b, &tag, &s, lines).await {
                     let tracked = Tracked {
                         tag,

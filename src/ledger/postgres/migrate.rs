@@ -57,6 +57,7 @@ pub fn migrate(client: &mut postgres::Client, url: &PgUrl) -> Result<(), LedgerE
     for (version, sql) in PG_MIGRATIONS.iter().filter(|(v, _)| *v > current) {
         tx.batch_execute(sql)
             .map_err(|e| url.error(format!("migration {version}: {}", detail(&e))))?;
+        crate::failpoint::hit("mid_migration");
         tx.execute("UPDATE docket_schema SET version = $1", &[version])
             .map_err(|e| url.db_error(&e))?;
     }

@@ -278,6 +278,7 @@ impl OpenAiBatch {
         )
         .await?;
         let file_id = self.upload(spec.tag, spec.lines, measured.bytes).await?;
+        crate::failpoint::hit("after_upload");
         let body = json!({
             "input_file_id": file_id,
             "endpoint": self.endpoint(),

@@ -1,0 +1,89 @@
+//! Named failpoints at each durable step (issue 12, fault-matrix row P4),
+//! compiled in only with the `failpoints` feature (the tests and the soak
+//! turn it on; a release build has none: `hit` is an empty inline function).
+//!
+//! `DOCKET_FAILPOINT=NAME:N` makes the process SIGKILL itself the Nth time it
+//! passes `NAME` (N defaults to 1), exactly like `kill -9` at that step: no
+//! destructor, no flush, no commit. The names:
+//!
+//! | name | the step just done, the next not yet |
+//! |---|---|
+//! | `after_claim` | a page of items claimed and committed, no work started |
+//! | `after_intent` | an attempt's row committed, its request not sent |
+//! | `after_answer` | an answer received, not yet committed |
+//! | `mid_ingest` | a batch's result lines read in part (each line is one pass) |
+//! | `after_upload` | a batch's input file uploaded, the batch not created |
+//! | `after_create` | a batch created at the provider, not yet recorded |
+//! | `mid_migration` | one ledger migration applied in its transaction, not committed |
+//! | `mid_export` | an export written in part (each row is one pass) |
+
+/// Every failpoint, for the soak's plans.
+pub const NAMES: &[&str] = &[
+    "after_claim",
+    "after_intent",
+    "after_answer",
+    "mid_ingest",
+    "after_upload",
+    "after_create",
+    "mid_migration",
+    "mid_export",
+];
+
+/// The environment variable that arms one failpoint.
+pub const ENV: &str = "DOCKET_FAILPOINT";
+
+#[cfg(feature = "failpoints")]
+mod armed {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static ARMED: OnceLock<Option<(String, AtomicU64)>> = OnceLock::new();
+
+    fn parse(spec: &str) -> Option<(String, AtomicU64)> {
+        let (name, n) = match spec.split_once(':') {
+            Some((name, n)) => (name, n.trim().parse().ok()?),
+            None => (spec, 1),
+        };
+        Some((name.trim().to_string(), AtomicU64::new(n)))
+    }
+
+    pub fn hit(name: &str) {
+        let armed = ARMED.get_or_init(|| std::env::var(super::ENV).ok().and_then(|s| parse(&s)));
+        if let Some((armed_name, left)) = armed
+            && armed_name == name
+            && left.fetch_sub(1, Ordering::SeqCst) == 1
+        {
+            // SAFETY: kill(2) on our own pid with SIGKILL; nothing after it runs.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            // SIGKILL is delivered before kill returns to a single target
+            // that is the caller; never reached.
+            std::process::abort();
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn a_spec_names_the_step_and_the_pass() {
+            let (name, n) = super::parse("after_intent:37").unwrap();
+            assert_eq!((name.as_str(), n.into_inner()), ("after_intent", 37));
+            let (name, n) = super::parse("mid_export").unwrap();
+            assert_eq!((name.as_str(), n.into_inner()), ("mid_export", 1));
+            assert!(super::parse("after_claim:x").is_none());
+        }
+    }
+}
+
+/// Passing the step `name` (one of `NAMES`).
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    debug_assert!(NAMES.contains(&name), "unknown failpoint {name}");
+    armed::hit(name);
+}
+
+/// Passing the step `name`: nothing, without the `failpoints` feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}

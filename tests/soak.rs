@@ -1,0 +1,150 @@
+//! The crash soak's short version (the long one: `cargo bench --bench
+//! soak`): per mode, trials with fixed seeds, each interrupted by SIGKILL at
+//! a random moment or at a named failpoint one to three times, resumed to
+//! the end, with the ledger and the mock's billing log checked after every
+//! run (fault-matrix rows P3, P4; invariants I1–I6).
+
+mod support;
+
+use support::soak::{Cut, Mode, plan, trial};
+
+const ITEMS: usize = 40;
+
+fn soak(mode: Mode, seeds: &[u64]) {
+    let _serial = support::serial();
+    for &seed in seeds {
+        if let Err(e) = trial(mode, seed, ITEMS) {
+            panic!(
+                "{} trial with seed {seed} failed (replay: cargo bench --bench soak -- --mode {} --seed {seed}): {e}",
+                mode.name(),
+                mode.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn soak_sync() {
+    soak(Mode::Sync, &[1, 2, 3]);
+}
+
+#[test]
+fn soak_batch_openai() {
+    soak(Mode::BatchOpenai, &[1, 4]);
+}
+
+#[test]
+fn soak_batch_anthropic() {
+    soak(Mode::BatchAnthropic, &[1, 4]);
+}
+
+#[test]
+fn soak_batch_gemini() {
+    soak(Mode::BatchGemini, &[1, 4]);
+}
+
+/// Row P4 in each mode: every failpoint the mode passes is armed at least
+/// once by the seeds of `cargo test` and the bench's first seeds.
+#[test]
+fn the_short_soak_reaches_failpoints_in_every_mode() {
+    for mode in Mode::ALL {
+        let armed = (1..=20u64)
+            .flat_map(|seed| plan(mode, seed))
+            .filter(|c| matches!(c, Cut::Failpoint(..)))
+            .count();
+        assert!(armed > 0, "{}: no failpoint in 20 seeds", mode.name());
+    }
+}
+
+fn docket(ws: &support::Workspace, home: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(support::procs::BIN);
+    c.arg("--workspace")
+        .arg(ws.path())
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env_remove("DOCKET_WORKSPACE")
+        .env_remove(docket::failpoint::ENV);
+    c
+}
+
+/// Row P4, `mid_migration`: killed inside the migration's transaction (a
+/// fresh ledger: every migration in one), the ledger is left as it was and
+/// the next command migrates it cleanly.
+#[test]
+fn p4_mid_migration_leaves_the_ledger_as_it_was_and_re_runs_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = support::Workspace {
+        dir: tempfile::tempdir_in(dir.path()).unwrap(),
+    };
+    docket::workspace::init(ws.path(), false).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let items = ws.path().join("items/few.jsonl");
+    std::fs::write(&items, "{\"id\":\"a\",\"x\":1}\n{\"id\":\"b\",\"x\":2}\n").unwrap();
+    for pass in 1..=3 {
+        let out = docket(&ws, home.path())
+            .arg("import")
+            .arg(&items)
+            .env(docket::failpoint::ENV, format!("mid_migration:{pass}"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            None,
+            "killed at migration {pass}: {out:?}"
+        );
+        let conn = rusqlite::Connection::open(ws.ledger()).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 0, "nothing of the migration stayed");
+        let ok: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
+    }
+    let out = docket(&ws, home.path())
+        .arg("import")
+        .arg(&items)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        support::count(&ws.conn(), "SELECT COUNT(*) FROM decision", []),
+        2
+    );
+}
+
+/// Row P4, `mid_export`: killed halfway through writing an export, no
+/// file that looks complete is left under the name asked for, and an
+/// earlier export of that name is untouched; the next export is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_mid_export_never_leaves_a_partial_file_under_its_name() {
+    let (_m, ws) = support::mocked(docket::mock::MockConfig::default(), 30, |_| {}).await;
+    let (report, _) = support::run(support::options(&ws)).await;
+    let sid = report.session.unwrap().session_id;
+    let home = tempfile::tempdir().unwrap();
+    let out = ws.path().join("items.csv");
+    let export = |failpoint: Option<&str>| {
+        let mut c = docket(&ws, home.path());
+        c.args(["export", "--session", &sid, "--what", "items", "-o"])
+            .arg(&out);
+        if let Some(f) = failpoint {
+            c.env(docket::failpoint::ENV, f);
+        }
+        c.output().unwrap()
+    };
+    let killed = export(Some("mid_export:10"));
+    assert_eq!(killed.status.code(), None, "killed mid-export: {killed:?}");
+    assert!(!out.exists(), "a partial export under the name asked for");
+    let whole = export(None);
+    assert!(whole.status.success(), "{whole:?}");
+    let first = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(first.lines().count(), 31, "a header and 30 items");
+    let killed = export(Some("mid_export:10"));
+    assert_eq!(killed.status.code(), None);
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        first,
+        "the earlier export is untouched"
+    );
+}
