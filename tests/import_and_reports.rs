@@ -249,6 +249,50 @@ fn a_repeated_identical_line_is_not_a_duplicate_error() {
     );
 }
 
+/// A row over the one-item limit (8 MiB) is a bad row naming its size and
+/// the limit, read past without stopping the import; the rows around it go
+/// in. JSONL and CSV alike.
+#[test]
+fn a_row_over_the_size_limit_is_a_bad_row_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = ledger(dir.path());
+    let big = "x".repeat(docket::items::MAX_ITEM_BYTES + 1024);
+    // Just under the limit still goes in.
+    let under = "y".repeat(docket::items::MAX_ITEM_BYTES - 64);
+    let jsonl = format!(
+        "{{\"id\":\"a\",\"t\":1}}\n{{\"id\":\"big\",\"t\":\"{big}\"}}\n{{\"id\":\"under\",\"t\":\"{under}\"}}\n{{\"id\":\"b\",\"t\":2}}\n"
+    );
+    let path = write_file(dir.path(), "items.jsonl", jsonl.as_bytes());
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
+    assert_eq!(
+        (report.rows_read, report.imported, report.bad_count),
+        (4, 3, 1)
+    );
+    let bad = &report.bad_rows[0];
+    assert_eq!(bad.line, 2);
+    assert!(
+        bad.reason
+            .contains("8.0 MB, over the 8 MB limit for one item"),
+        "{}",
+        bad.reason
+    );
+
+    let csv = format!("id,t\nc,1\nhuge,\"{big}\"\nd,2\n");
+    let path = write_file(dir.path(), "items.csv", csv.as_bytes());
+    let report = import_file(&mut handle(&conn), &path, &opts()).unwrap();
+    assert_eq!(
+        (report.rows_read, report.imported, report.bad_count),
+        (3, 2, 1)
+    );
+    assert_eq!(report.bad_rows[0].line, 3);
+    assert!(
+        report.bad_rows[0].reason.contains("over the 8 MB limit"),
+        "{}",
+        report.bad_rows[0].reason
+    );
+    assert_eq!(count(&conn, "SELECT COUNT(*) FROM decision"), 5);
+}
+
 fn messy_jsonl() -> Vec<u8> {
     let long_id = "x".repeat(257);
     let mut s = Vec::new();

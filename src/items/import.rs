@@ -358,6 +358,53 @@ fn strip_line_end(buf: &[u8]) -> &[u8] {
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
+/// The most one item (a JSONL line, a CSV record) may hold: 8 MiB, about
+/// two million tokens, past the largest context window. A larger one is a
+/// bad row, read past without being held: a 50 MB field once took the
+/// whole process to 3 GB (parsing, the ledger's search index, tokenizing).
+pub const MAX_ITEM_BYTES: usize = 8 << 20;
+
+fn too_large(bytes: u64) -> String {
+    format!(
+        "the row is {:.1} MB, over the {} MB limit for one item",
+        bytes as f64 / (1 << 20) as f64,
+        MAX_ITEM_BYTES >> 20
+    )
+}
+
+/// `read_until(b'\n')` that keeps at most `cap` bytes of the line in `buf`
+/// and reads the rest of it past. Returns the line's whole length (0 at the
+/// end of the input).
+fn read_line_capped<R: BufRead>(reader: &mut R, buf: &mut Vec<u8>, cap: usize) -> io::Result<u64> {
+    let mut total: u64 = 0;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok(total);
+        }
+        let (piece, done) = match memchr_newline(available) {
+            Some(i) => (&available[..=i], true),
+            None => (available, false),
+        };
+        let room = cap.saturating_sub(buf.len());
+        buf.extend_from_slice(&piece[..piece.len().min(room)]);
+        let used = piece.len();
+        total += used as u64;
+        reader.consume(used);
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
+fn memchr_newline(b: &[u8]) -> Option<usize> {
+    b.iter().position(|c| *c == b'\n')
+}
+
 fn import_jsonl<R: Read>(
     mut reader: BufReader<R>,
     path: &Path,
@@ -370,17 +417,24 @@ fn import_jsonl<R: Read>(
     let mut evidence = String::with_capacity(4096);
     loop {
         buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| ImportError::Read {
+        // One byte over the limit, and its line end, tell a line too large.
+        let n = read_line_capped(&mut reader, &mut buf, MAX_ITEM_BYTES + 2).map_err(|source| {
+            ImportError::Read {
                 file: path.to_path_buf(),
                 line: line_no + 1,
                 source,
-            })?;
+            }
+        })?;
         if n == 0 {
             break;
         }
         line_no += 1;
+        if strip_line_end(&buf).len() > MAX_ITEM_BYTES {
+            report.rows_read += 1;
+            report.bad(line_no, too_large(n));
+            buf = Vec::with_capacity(4096);
+            continue;
+        }
         let mut line = strip_line_end(&buf);
         if line_no == 1 && line.starts_with(UTF8_BOM) {
             line = &line[UTF8_BOM.len()..];
@@ -588,6 +642,12 @@ fn import_csv<R: Read>(
             continue;
         }
         report.rows_read += 1;
+        if record.as_slice().len() > MAX_ITEM_BYTES {
+            report.bad(line, too_large(record.as_slice().len() as u64));
+            // Do not keep a huge buffer around after one huge record.
+            record = csv::ByteRecord::new();
+            continue;
+        }
         match csv_row(&record, &header, id_index, id_field, &mut evidence) {
             Ok(id) => {
                 sink.insert(id, &evidence, line, report)

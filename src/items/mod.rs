@@ -6,5 +6,5 @@ mod import;
 pub(crate) use import::import_from;
 pub use import::{
     BadRow, ImportError, ImportFormat, ImportOptions, ImportReport, MAX_BAD_ROW_DETAILS,
-    MAX_ID_CHARS, import_file, render_import_report,
+    MAX_ID_CHARS, MAX_ITEM_BYTES, import_file, render_import_report,
 };
