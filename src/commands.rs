@@ -54,7 +54,7 @@ pub async fn run(cli: Cli) -> i32 {
         } => import(&ws, &file, id_field, strict, format),
         Command::BatchAdjudicate(args) => batch_adjudicate(&ws, args, &console_args).await,
         Command::Worker(args) => worker(&ws, args).await,
-        Command::Workers { session, format } => with_ledger(&ws, |l| {
+        Command::Workers { session, format } => with_ledger_reading(&ws, |l| {
             let rows = l.workers(&session).map_err(|e| e.to_string())?;
             let out = match format {
                 FormatArg::Json => workers_json(&rows),
@@ -63,7 +63,7 @@ pub async fn run(cli: Cli) -> i32 {
             print!("{out}");
             Ok(())
         }),
-        Command::BatchResults { session, format } => with_ledger(&ws, |l| {
+        Command::BatchResults { session, format } => with_ledger_reading(&ws, |l| {
             let f = match format {
                 FormatArg::Table => report::OutputFormat::Table,
                 FormatArg::Csv => report::OutputFormat::Csv,
@@ -71,7 +71,7 @@ pub async fn run(cli: Cli) -> i32 {
             };
             report::write_results(l, &session, f, &mut data_out()).map_err(|e| e.to_string())
         }),
-        Command::Sessions { format } => with_ledger(&ws, |l| {
+        Command::Sessions { format } => with_ledger_reading(&ws, |l| {
             let f = match format {
                 FormatArg::Table | FormatArg::Csv => report::OutputFormat::Table,
                 FormatArg::Json => report::OutputFormat::Json,
@@ -129,6 +129,21 @@ fn data_out() -> Box<dyn Write> {
 }
 
 fn with_ledger(ws: &Path, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 {
+    with_ledger_as(ws, Access::Write, f)
+}
+
+/// A command that only reads the ledger: it works in a read-only folder.
+fn with_ledger_reading(ws: &Path, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 {
+    with_ledger_as(ws, Access::Read, f)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Access {
+    Read,
+    Write,
+}
+
+fn with_ledger_as(ws: &Path, access: Access, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 {
     let path = match LedgerLocation::for_workspace(ws) {
         Ok(l) => l,
         Err(e) => return fail(e),
@@ -140,12 +155,66 @@ fn with_ledger(ws: &Path, f: impl FnOnce(&Ledger) -> Result<(), String>) -> i32 
     }
     let ledger = match Ledger::open(&path) {
         Ok(l) => l,
-        Err(e) => return fail(e),
+        Err(e) => match path.file().filter(|f| !writable_place(f)) {
+            // Reading needs no write: open it as it is.
+            Some(file) if access == Access::Read => match open_unwritable(file) {
+                Ok(l) => l,
+                Err(e) => return fail(e),
+            },
+            Some(file) => {
+                return fail(format!(
+                    "{e}: {} or its folder is read-only, and this command writes to the ledger \
+                     (read-only commands such as `sessions`, `export` and `batch-results` still work)",
+                    file.display()
+                ));
+            }
+            None => return fail(e),
+        },
     };
     match f(&ledger) {
         Ok(()) => 0,
         Err(e) => fail(e),
     }
+}
+
+/// A ledger in a place docket cannot write, for reading. With every
+/// change in the file itself (no `-wal` left, or an empty one) it is read
+/// as immutable; changes still in a `-wal` file need SQLite's own
+/// read-only WAL access, which needs its `-shm` file there too.
+fn open_unwritable(file: &Path) -> Result<Ledger, String> {
+    let mut wal = file.as_os_str().to_owned();
+    wal.push("-wal");
+    let pending = std::fs::metadata(Path::new(&wal)).is_ok_and(|m| m.len() > 0);
+    if !pending {
+        return Ledger::open_immutable(file).map_err(|e| e.to_string());
+    }
+    Ledger::open_read_only(file)
+        .and_then(|l| docket::ledger::work::RunSessions::latest_session(&l).map(|_| l))
+        .map_err(|e| {
+            format!(
+                "{e}: {} is in a read-only place and has changes not yet written into it (its -wal file); \
+                 open it once where it can be written (any docket command there merges them), or copy the folder",
+                file.display()
+            )
+        })
+}
+
+/// Whether docket may write the ledger file `file` and its folder (SQLite
+/// writes `-wal` and `-shm` files beside it).
+fn writable_place(file: &Path) -> bool {
+    let file_ok = std::fs::OpenOptions::new().append(true).open(file).is_ok();
+    let dir = file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let probe = dir.join(format!(".docket-write-probe-{}", std::process::id()));
+    let dir_ok = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map(|_| std::fs::remove_file(&probe))
+        .is_ok();
+    file_ok && dir_ok
 }
 
 /// `docket ledger copy --to URL | --from URL`.
@@ -268,7 +337,7 @@ fn export(
     if opts.what == report::ExportWhat::Items && opts.session.is_none() {
         return fail(report::ReportError::ItemsNeedSession);
     }
-    with_ledger(ws, |l| match &output {
+    with_ledger_reading(ws, |l| match &output {
         Some(p) => {
             let n = report::export_file(l, &opts, ws, p).map_err(|e| e.to_string())?;
             println!("Exported {n} rows to {}", p.display());

@@ -1215,3 +1215,72 @@ async fn a_ledger_that_cannot_be_written_stops_with_its_own_code_and_resumes() {
         ITEMS as i64
     );
 }
+
+/// Issue 12: a workspace docket cannot write (a read-only folder and
+/// ledger, run as an unprivileged user: root ignores permissions) still
+/// answers the commands that only read; one that writes says the place is
+/// read-only and which commands still work. Needs root to drop to `nobody`
+/// with setpriv; says so and does nothing otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_workspace_still_answers_read_commands() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::process::Command::new("id").arg("-u").output().unwrap();
+    let setpriv = std::path::Path::new("/usr/bin/setpriv");
+    if String::from_utf8_lossy(&root.stdout).trim() != "0" || !setpriv.exists() {
+        eprintln!("skipped: needs root and /usr/bin/setpriv to run docket as nobody");
+        return;
+    }
+    let (_m, ws) = mocked(MockConfig::default(), 10, |_| {}).await;
+    let (report, _) = run(options(&ws)).await;
+    let sid = report.session.unwrap().session_id;
+    {
+        let conn = ws.conn();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+    }
+    let home = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    mode(home.path(), 0o777);
+    for entry in std::fs::read_dir(ws.path()).unwrap() {
+        let p = entry.unwrap().path();
+        mode(&p, if p.is_dir() { 0o555 } else { 0o444 });
+    }
+    mode(ws.path(), 0o555);
+    let as_nobody = |args: &[&str]| {
+        let out = Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(support::procs::BIN)
+            .arg("--workspace")
+            .arg(ws.path())
+            .args(args)
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .env_remove("DOCKET_WORKSPACE")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, text) = as_nobody(&["sessions"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&sid), "{text}");
+    let (code, text) = as_nobody(&["export", "--session", &sid, "--what", "items"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(text.lines().count(), 11, "a header and 10 items:\n{text}");
+    let (code, text) = as_nobody(&["batch-results", &sid]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = as_nobody(&["pause", &sid]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("is read-only") && text.contains("still work"),
+        "{text}"
+    );
+    // Writable again, for the temporary directory's removal.
+    mode(ws.path(), 0o755);
+}

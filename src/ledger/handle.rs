@@ -45,6 +45,13 @@ impl Ledger {
         Ok(Ledger::wrap(location.connect(true)?, location))
     }
 
+    /// Open a SQLite ledger in a folder docket cannot write, for reading
+    /// (see [`super::open_immutable`]).
+    pub fn open_immutable(file: &std::path::Path) -> Result<Ledger, LedgerError> {
+        let conn = Connection::Sqlite(super::open_immutable(file)?);
+        Ok(Ledger::wrap(conn, LedgerLocation::File(file.to_path_buf())))
+    }
+
     fn wrap(conn: Connection, location: LedgerLocation) -> Ledger {
         Ledger {
             conn,

@@ -118,6 +118,43 @@ pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
     Ok(conn)
 }
 
+/// Open a ledger in a place docket cannot write (a read-only folder or
+/// mount) for reading: SQLite's WAL mode would need to create its `-shm`
+/// file beside it, so the file is opened as immutable (no locks, no shared
+/// memory), which is what it is while nobody can write there.
+pub fn open_immutable(path: &Path) -> Result<Connection, LedgerError> {
+    refuse_non_file(path)?;
+    sqlite_memory::configure();
+    let mut uri = String::from("file:");
+    for b in path.display().to_string().bytes() {
+        match b {
+            b'?' | b'#' | b'%' => uri.push_str(&format!("%{b:02X}")),
+            _ => uri.push(b as char),
+        }
+    }
+    uri.push_str("?immutable=1");
+    let conn = Connection::open_with_flags(
+        &uri,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| LedgerError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| classify_open_error(path, e))?;
+    if version == 0 {
+        return Err(LedgerError::Corrupt {
+            path: path.display().to_string(),
+            detail: "no docket schema in it (run `docket init` or `docket import` first)".into(),
+        });
+    }
+    Ok(conn)
+}
+
 /// A ledger path that exists must be a regular file (or a link to one): a
 /// link to /dev/null gave SQLite's bare "disk I/O error", naming nothing.
 fn refuse_non_file(path: &Path) -> Result<(), LedgerError> {
