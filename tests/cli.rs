@@ -1284,3 +1284,68 @@ async fn a_read_only_workspace_still_answers_read_commands() {
     // Writable again, for the temporary directory's removal.
     mode(ws.path(), 0o755);
 }
+
+/// Row D3: a damaged ledger (a page overwritten, the header garbled, the
+/// file cut short) is refused before a run writes to it or sends anything,
+/// with how to recover; the file is left byte for byte as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_ledger_is_refused_with_recovery_hints_and_left_as_it_is() {
+    let (m, ws) = mocked(MockConfig::default(), 20, |_| {}).await;
+    let (report, _) = run(options(&ws)).await;
+    assert!(report.session.is_some());
+    {
+        let conn = ws.conn();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+    }
+    let good = std::fs::read(ws.ledger()).unwrap();
+    assert!(good.len() > 8 * 4096, "a ledger of several pages");
+    let home = tempfile::tempdir().unwrap();
+    let sent_before = m.stats().requests;
+    let damages: [(&str, Box<dyn Fn(&mut Vec<u8>)>); 3] = [
+        (
+            "a page overwritten",
+            Box::new(|b: &mut Vec<u8>| {
+                for (i, x) in b[5 * 4096..6 * 4096].iter_mut().enumerate() {
+                    *x = (i as u8).wrapping_mul(31).wrapping_add(7);
+                }
+            }),
+        ),
+        (
+            "the header garbled",
+            Box::new(|b: &mut Vec<u8>| b[..16].copy_from_slice(b"garbage garbage!")),
+        ),
+        (
+            "the file cut short",
+            Box::new(|b: &mut Vec<u8>| b.truncate(3 * 4096 + 100)),
+        ),
+    ];
+    for (what, damage) in &damages {
+        let mut bytes = good.clone();
+        damage(&mut bytes);
+        std::fs::write(ws.ledger(), &bytes).unwrap();
+        for f in ["docket.sqlite-wal", "docket.sqlite-shm"] {
+            let _ = std::fs::remove_file(ws.path().join(f));
+        }
+        let out = docket(&ws, home.path())
+            .args(["batch-adjudicate", "--yes", "--headless", "--no-preflight"])
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_ne!(out.status.code(), Some(0), "{what}: {text}");
+        assert!(
+            text.contains("is damaged") && text.contains(".recover") && text.contains("backup"),
+            "{what}: {text}"
+        );
+        assert_eq!(
+            std::fs::read(ws.ledger()).unwrap(),
+            bytes,
+            "{what}: the damaged ledger was changed"
+        );
+    }
+    assert_eq!(m.stats().requests, sent_before, "nothing was sent");
+}

@@ -316,6 +316,15 @@ pub async fn run(
         tokio::task::block_in_place(|| keep_session_flags(&mut opts, &id));
     }
     let prepared = Arc::new(tokio::task::block_in_place(|| prepare(&opts))?);
+    // A damaged ledger stops the run before anything is written to it or
+    // paid for (row D3): docket never writes over damage.
+    if !opts.dry_run {
+        tokio::task::block_in_place(|| {
+            open_ledger(&prepared.ledger)?
+                .quick_check()
+                .map_err(EngineError::opening)
+        })?;
+    }
     // The providers first: one that cannot be reached, or refuses its key,
     // stops the run before a session exists or an item is touched.
     let early = if opts.preflight && !opts.dry_run {

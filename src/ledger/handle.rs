@@ -123,6 +123,15 @@ impl Ledger {
         &self.conn
     }
 
+    /// Check the whole ledger file before a run writes to it (a SQLite
+    /// ledger: `PRAGMA quick_check`; PostgreSQL checks its own pages).
+    pub fn quick_check(&self) -> Result<(), LedgerError> {
+        match (self.conn.sqlite(), self.location.file()) {
+            (Some(conn), Some(path)) => super::quick_check(conn, path),
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn conn_mut(&mut self) -> &mut Connection {
         &mut self.conn
     }

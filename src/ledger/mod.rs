@@ -52,6 +52,14 @@ pub enum LedgerError {
     },
     #[error("ledger {path} is not a docket ledger or is damaged: {detail}")]
     Corrupt { path: String, detail: String },
+    /// SQLite found the file damaged (fault-matrix row D3). docket never
+    /// repairs a ledger itself: the hints say how.
+    #[error(
+        "ledger {path} is damaged: {detail}. docket does not repair it and changes nothing in it: \
+         restore it from a backup, or salvage what SQLite can still read into a new file with \
+         `sqlite3 {path} .recover | sqlite3 recovered.sqlite` and put that in its place"
+    )]
+    Damaged { path: String, detail: String },
     #[error(
         "ledger {path} was written by a newer docket (schema version {found}, this build knows {known})"
     )]
@@ -155,6 +163,25 @@ pub fn open_immutable(path: &Path) -> Result<Connection, LedgerError> {
     Ok(conn)
 }
 
+/// SQLite's `quick_check` of a whole ledger file (every page's structure,
+/// not the indexes' contents): Damaged with the first problems it names.
+pub fn quick_check(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
+    let mut st = conn
+        .prepare("PRAGMA quick_check(5)")
+        .map_err(|e| classify_open_error(path, e))?;
+    let found: Vec<String> = st
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| classify_open_error(path, e))?;
+    if found.len() == 1 && found[0] == "ok" {
+        return Ok(());
+    }
+    Err(LedgerError::Damaged {
+        path: path.display().to_string(),
+        detail: found.join("; ").replace('\n', " "),
+    })
+}
+
 /// A ledger path that exists must be a regular file (or a link to one): a
 /// link to /dev/null gave SQLite's bare "disk I/O error", naming nothing.
 fn refuse_non_file(path: &Path) -> Result<(), LedgerError> {
@@ -186,7 +213,7 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 fn classify_open_error(path: &Path, e: rusqlite::Error) -> LedgerError {
     let detail = e.to_string();
     if detail.contains("not a database") || detail.contains("malformed") {
-        LedgerError::Corrupt {
+        LedgerError::Damaged {
             path: path.display().to_string(),
             detail,
         }
