@@ -1302,7 +1302,8 @@ async fn a_damaged_ledger_is_refused_with_recovery_hints_and_left_as_it_is() {
     assert!(good.len() > 8 * 4096, "a ledger of several pages");
     let home = tempfile::tempdir().unwrap();
     let sent_before = m.stats().requests;
-    let damages: [(&str, Box<dyn Fn(&mut Vec<u8>)>); 3] = [
+    type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+    let damages: [(&str, Damage); 3] = [
         (
             "a page overwritten",
             Box::new(|b: &mut Vec<u8>| {
