@@ -101,11 +101,26 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total.min(86_400.0)))
 }
 
-/// `retry-after` is seconds (possibly fractional); an HTTP date is not used by
-/// the providers docket speaks to and is ignored.
+/// `retry-after`: seconds (possibly fractional), or an HTTP date (RFC 9110:
+/// `Wed, 21 Oct 2015 07:28:00 GMT`), read as the time left until it (none
+/// for a date past). Capped at an hour either way.
 pub fn parse_retry_after(s: &str) -> Option<Duration> {
-    let v: f64 = s.trim().parse().ok()?;
-    (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v.min(3600.0)))
+    parse_retry_after_at(s, chrono::Utc::now())
+}
+
+fn parse_retry_after_at(s: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let s = s.trim();
+    let secs = match s.parse::<f64>() {
+        Ok(v) => v,
+        Err(_) => {
+            let at = chrono::DateTime::parse_from_rfc2822(s).ok()?;
+            (at.with_timezone(&chrono::Utc) - now)
+                .num_milliseconds()
+                .max(0) as f64
+                / 1000.0
+        }
+    };
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(3600.0)))
 }
 
 #[cfg(test)]
@@ -113,6 +128,33 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
+
+    #[test]
+    fn retry_after_as_seconds_or_as_an_http_date() {
+        let now = chrono::DateTime::parse_from_rfc2822("Wed, 21 Oct 2015 07:28:00 GMT")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let at = |s: &str| parse_retry_after_at(s, now);
+        assert_eq!(at("3"), Some(Duration::from_secs(3)));
+        assert_eq!(at(" 1.5 "), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            at("Wed, 21 Oct 2015 07:28:42 GMT"),
+            Some(Duration::from_secs(42)),
+            "an HTTP date: the time left until it"
+        );
+        assert_eq!(
+            at("Wed, 21 Oct 2015 07:27:00 GMT"),
+            Some(Duration::ZERO),
+            "a date past"
+        );
+        assert_eq!(
+            at("Thu, 22 Oct 2015 07:28:00 GMT"),
+            Some(Duration::from_secs(3600)),
+            "capped"
+        );
+        assert_eq!(at("soon"), None);
+        assert_eq!(at("-4"), None);
+    }
 
     #[test]
     fn ceiling_doubles_from_one_second_to_sixty() {

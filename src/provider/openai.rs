@@ -544,6 +544,14 @@ mod tests {
             Some(std::time::Duration::from_millis(90_500))
         );
         assert_eq!(r.retry_after, Some(std::time::Duration::from_secs(2)));
+        // Row S1: an HTTP date, 30 s from now.
+        let date = (chrono::Utc::now() + chrono::Duration::seconds(30))
+            .format("%a, %d %b %Y %H:%M:%S GMT")
+            .to_string();
+        h.insert("retry-after", HeaderValue::from_str(&date).unwrap());
+        let wait = rate_headers(&h).retry_after.expect("a date is a hint");
+        assert!((28..=30).contains(&wait.as_secs()), "{wait:?} for {date}");
+        h.insert("retry-after", HeaderValue::from_static("2"));
         h.insert("retry-after-ms", HeaderValue::from_static("250"));
         assert_eq!(
             rate_headers(&h).retry_after,
