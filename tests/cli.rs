@@ -1350,3 +1350,86 @@ async fn a_damaged_ledger_is_refused_with_recovery_hints_and_left_as_it_is() {
     }
     assert_eq!(m.stats().requests, sent_before, "nothing was sent");
 }
+
+/// Row P2: a second signal during the grace (here 100 ms after the first,
+/// with every request in flight for 20 s, longer than the 10 s grace) ends
+/// docket at once: exit 130, the ledger consistent, the abandoned requests
+/// on record as ambiguous, and a resume finishes every item once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_in_the_grace_exits_at_once_and_loses_nothing() {
+    let (m, ws) = mocked(latency(20_000.0, 20_000.0), 30, |job| {
+        job.concurrency = 4;
+    })
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let child = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count(
+        &ws.conn(),
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'sent'",
+        [],
+    ) < 4
+    {
+        assert!(Instant::now() < deadline, "no request went out");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let second = Instant::now();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let took = second.elapsed();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(130), "{text}");
+    // The grace (10 s) and the answers (20 s) were not waited for.
+    assert!(
+        took < Duration::from_secs(8),
+        "{took:?} after the second signal\n{text}"
+    );
+    let sid = latest_session(&ws);
+    let conn = ws.conn();
+    check_invariants(&conn, &sid);
+    let abandoned = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous'",
+        [],
+    );
+    assert!(
+        abandoned >= 4,
+        "the requests in flight are on record as ambiguous"
+    );
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'sent'",
+            []
+        )
+    );
+    drop(conn);
+    m.set_config(MockConfig::default());
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless", "--resume", &sid])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    check_complete(&ws.conn(), &sid);
+}
