@@ -4,7 +4,8 @@
 //!
 //! `DOCKET_FAILPOINT=NAME:N` makes the process SIGKILL itself the Nth time it
 //! passes `NAME` (N defaults to 1), exactly like `kill -9` at that step: no
-//! destructor, no flush, no commit. The names:
+//! destructor, no flush, no commit. `NAME:N:panic` panics there instead
+//! (row P6: a bug in one request's handling). The names:
 //!
 //! | name | the step just done, the next not yet |
 //! |---|---|
@@ -37,22 +38,35 @@ mod armed {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    static ARMED: OnceLock<Option<(String, AtomicU64)>> = OnceLock::new();
+    /// The armed step, the passes left, and whether it panics.
+    type Armed = (String, AtomicU64, bool);
 
-    fn parse(spec: &str) -> Option<(String, AtomicU64)> {
-        let (name, n) = match spec.split_once(':') {
-            Some((name, n)) => (name, n.trim().parse().ok()?),
-            None => (spec, 1),
+    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+
+    fn parse(spec: &str) -> Option<Armed> {
+        let mut parts = spec.split(':').map(str::trim);
+        let name = parts.next().filter(|n| !n.is_empty())?;
+        let n = match parts.next() {
+            Some(n) => n.parse().ok()?,
+            None => 1,
         };
-        Some((name.trim().to_string(), AtomicU64::new(n)))
+        let panics = match parts.next() {
+            None => false,
+            Some("panic") => true,
+            Some(_) => return None,
+        };
+        Some((name.to_string(), AtomicU64::new(n), panics))
     }
 
     pub fn hit(name: &str) {
         let armed = ARMED.get_or_init(|| std::env::var(super::ENV).ok().and_then(|s| parse(&s)));
-        if let Some((armed_name, left)) = armed
+        if let Some((armed_name, left, panics)) = armed
             && armed_name == name
             && left.fetch_sub(1, Ordering::SeqCst) == 1
         {
+            if *panics {
+                panic!("failpoint {name}");
+            }
             // SAFETY: kill(2) on our own pid with SIGKILL; nothing after it runs.
             unsafe {
                 libc::kill(libc::getpid(), libc::SIGKILL);
@@ -66,12 +80,21 @@ mod armed {
     #[cfg(test)]
     mod tests {
         #[test]
-        fn a_spec_names_the_step_and_the_pass() {
-            let (name, n) = super::parse("after_intent:37").unwrap();
-            assert_eq!((name.as_str(), n.into_inner()), ("after_intent", 37));
-            let (name, n) = super::parse("mid_export").unwrap();
-            assert_eq!((name.as_str(), n.into_inner()), ("mid_export", 1));
+        fn a_spec_names_the_step_the_pass_and_the_action() {
+            let (name, n, panics) = super::parse("after_intent:37").unwrap();
+            assert_eq!(
+                (name.as_str(), n.into_inner(), panics),
+                ("after_intent", 37, false)
+            );
+            let (name, n, panics) = super::parse("mid_export").unwrap();
+            assert_eq!(
+                (name.as_str(), n.into_inner(), panics),
+                ("mid_export", 1, false)
+            );
+            let (_, n, panics) = super::parse("after_answer:5:panic").unwrap();
+            assert_eq!((n.into_inner(), panics), (5, true));
             assert!(super::parse("after_claim:x").is_none());
+            assert!(super::parse("after_claim:2:explode").is_none());
         }
     }
 }

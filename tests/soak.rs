@@ -148,3 +148,48 @@ async fn p4_mid_export_never_leaves_a_partial_file_under_its_name() {
         "the earlier export is untouched"
     );
 }
+
+/// Row P6: a panic in one request's handling (armed at its answer, as a
+/// bug in a parser would) fails that item alone with the panic's message;
+/// the process goes on, every other item gets its result, and the run
+/// exits 5 (completed with items in error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p6_a_panic_in_one_request_fails_that_item_alone() {
+    let (_m, ws) = support::mocked(docket::mock::MockConfig::default(), 20, |job| {
+        job.concurrency = 4;
+    })
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .env(docket::failpoint::ENV, "after_answer:5:panic")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(5), "{text}");
+    let conn = ws.conn();
+    let sid: String = conn
+        .query_row("SELECT session_id FROM llm_batch_session", [], |r| r.get(0))
+        .unwrap();
+    support::check_invariants(&conn, &sid);
+    let errors: Vec<String> = conn
+        .prepare("SELECT error_message FROM llm_batch_result WHERE outcome = 'error'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("internal error") && errors[0].contains("failpoint after_answer"),
+        "{errors:?}"
+    );
+    assert_eq!(
+        support::count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []),
+        20
+    );
+}

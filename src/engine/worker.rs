@@ -39,6 +39,33 @@ pub(super) enum Ended {
 /// (a batch line's result) to the request it answers. Returns when the item
 /// has its outcome, waits at a stop-after-stage, the session stops, or it
 /// waits as a line for a provider batch.
+/// A request's handling with a panic in it (a bug: in a parser, a gate)
+/// confined to its item (fault-matrix row P6): the item fails with the
+/// panic's message and every other item goes on.
+async fn confined(run: impl std::future::Future<Output = StageEnd>) -> StageEnd {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(Box::pin(run))
+        .catch_unwind()
+        .await
+    {
+        Ok(end) => end,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            tracing::error!("a request's handling panicked: {what}");
+            StageEnd::Failed(
+                format!(
+                    "internal error while handling this item (a docket bug; please report it): {what}"
+                ),
+                None,
+            )
+        }
+    }
+}
+
 pub(super) async fn process(
     ctx: &Ctx,
     item: WorkItem,
@@ -111,7 +138,7 @@ pub(super) async fn process(
                     return fail(ctx, &item, k, sw, message, None).await;
                 }
             };
-            Box::pin(run_request(ctx, job, slot.take())).await
+            confined(run_request(ctx, job, slot.take())).await
         };
         let reused = sw.status == "completed";
         match end {
