@@ -52,8 +52,14 @@ pub async fn run(cli: Cli) -> i32 {
             strict,
             format,
         } => import(&ws, &file, id_field, strict, format),
-        Command::BatchAdjudicate(args) => batch_adjudicate(&ws, args, &console_args).await,
-        Command::Worker(args) => worker(&ws, args).await,
+        Command::BatchAdjudicate(args) => {
+            warn_if_others_can_write(&ws);
+            batch_adjudicate(&ws, args, &console_args).await
+        }
+        Command::Worker(args) => {
+            warn_if_others_can_write(&ws);
+            worker(&ws, args).await
+        }
         Command::Workers { session, format } => with_ledger_reading(&ws, |l| {
             let rows = l.workers(&session).map_err(|e| e.to_string())?;
             let out = match format {
@@ -197,6 +203,30 @@ fn open_unwritable(file: &Path) -> Result<Ledger, String> {
                 file.display()
             )
         })
+}
+
+/// A workspace others may write to can have its prompts, schemas or
+/// ledger changed under a run (fault-matrix row X2): say so before a run.
+fn warn_if_others_can_write(ws: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut shared = Vec::new();
+    for p in [ws.to_path_buf(), ws.join(LEDGER_FILE)] {
+        if let Ok(m) = std::fs::metadata(&p)
+            && m.permissions().mode() & 0o022 != 0
+        {
+            shared.push(format!(
+                "{} (mode {:04o})",
+                p.display(),
+                m.permissions().mode() & 0o7777
+            ));
+        }
+    }
+    if !shared.is_empty() {
+        eprintln!(
+            "docket: warning: others can write to {}: they could change the prompts, schemas or ledger under this run (chmod go-w to stop it)",
+            shared.join(" and ")
+        );
+    }
 }
 
 /// Whether docket may write the ledger file `file` and its folder (SQLite

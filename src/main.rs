@@ -1,7 +1,6 @@
 //! docket's entry point: parse the command line, set up logging and the
-//! runtime, and call the library. Exit codes: 0 done; 2 bad usage, config or
-//! input; 3 stopped by a non-retryable provider error; 4 paused (budget);
-//! 130 interrupted (the session is saved and resumable).
+//! runtime, and call the library. The exit codes are listed by `--help`
+//! (`cli::EXIT_CODES`) and the README.
 
 mod cli;
 mod commands;
@@ -13,6 +12,7 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    private_files();
     let cli = cli::Cli::parse();
     if let Some(url) = cli.ledger.clone().filter(|u| !u.trim().is_empty()) {
         docket::ledger::location::choose(url);
@@ -35,6 +35,17 @@ fn main() {
         report_peak_rss();
     }
     std::process::exit(code);
+}
+
+/// Everything docket creates (a ledger, its logs, an export, a new
+/// workspace) is the user's alone whatever the umask (fault-matrix row X2):
+/// files 0600, folders 0700. What exists keeps its mode, so a ledger shared
+/// on purpose (`chmod g+rw`) stays shared.
+fn private_files() {
+    // SAFETY: umask(2) cannot fail; it only sets this process's mask.
+    unsafe {
+        libc::umask(0o077);
+    }
 }
 
 /// For the benchmarks: the process's peak resident set and the CPU time it

@@ -1433,3 +1433,74 @@ async fn a_second_signal_in_the_grace_exits_at_once_and_loses_nothing() {
     );
     check_complete(&ws.conn(), &sid);
 }
+
+/// Row X2: whatever the umask (here 000), what docket creates is the
+/// user's alone: a new workspace's folders 0700 and files 0600, the ledger,
+/// the log and an export 0600. A run in a workspace others may write to
+/// starts with a warning saying so.
+#[test]
+fn files_docket_creates_are_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let sh = |args: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask 000; exec \"$0\" {args}"))
+            .arg(support::procs::BIN)
+            .env("HOME", &home)
+            .env("XDG_DATA_HOME", home.join("data"))
+            .env_remove("DOCKET_WORKSPACE")
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    let (code, text) = sh("init ws");
+    assert_eq!(code, Some(0), "{text}");
+    std::fs::write(ws.join("items/few.jsonl"), "{\"id\":\"a\",\"x\":1}\n").unwrap();
+    let (code, text) = sh("--workspace ws import ws/items/few.jsonl");
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = sh("--workspace ws export --what decisions -o out.csv");
+    assert_eq!(code, Some(0), "{text}");
+    let log_dir = home.join("data/docket/logs");
+    let log = std::fs::read_dir(&log_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", log_dir.display()))
+        .next()
+        .expect("a log file")
+        .unwrap()
+        .path();
+    for (path, want) in [
+        (ws.clone(), 0o700),
+        (ws.join("prompts"), 0o700),
+        (ws.join("docket.toml"), 0o600),
+        (ws.join("docket.sqlite"), 0o600),
+        (tmp.path().join("out.csv"), 0o600),
+        (log_dir.clone(), 0o700),
+        (log, 0o600),
+    ] {
+        assert_eq!(mode(&path), want, "{}: {:o}", path.display(), mode(&path));
+    }
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (_, text) = sh("--workspace ws batch-adjudicate --dry-run --headless");
+    assert!(
+        text.contains("warning: others can write to") && text.contains("(mode 0777)"),
+        "{text}"
+    );
+}
