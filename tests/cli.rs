@@ -894,6 +894,33 @@ async fn a_provider_unreachable_or_refusing_the_key_stops_before_a_session() {
         "no session for a provider that is not there"
     );
 
+    // Row S5's other two: a name that does not resolve (`.invalid` never
+    // does), and TLS to a server that speaks plain HTTP (the mock).
+    let plain = support::mock(MockConfig::default()).await;
+    for (url, what) in [
+        (
+            "http://docket-test.invalid/v1".to_string(),
+            "docket-test.invalid".to_string(),
+        ),
+        (
+            plain.base_url().replace("http://", "https://"),
+            plain.addr().to_string(),
+        ),
+    ] {
+        let mut job = Job::new(&url);
+        job.api_key_env = Some("DOCKET_TEST_KEY");
+        let ws = workspace(&job);
+        import_demo_items(&ws, 5);
+        let (code, text) = run_keyed(&ws, &[]);
+        assert_eq!(code, Some(3), "{url}: {text}");
+        assert!(
+            text.contains("could not be reached") && text.contains(&what),
+            "{url}: {text}"
+        );
+        assert_eq!(sessions(&ws), 0, "{url}");
+    }
+    assert_eq!(plain.stats().ok, 0, "nothing was answered over TLS");
+
     // The key refused (the mock answers 401 to everything).
     let (_m, ws) = mocked(mode("unauthorized"), 5, |job| {
         job.api_key_env = Some("DOCKET_TEST_KEY");
@@ -1503,4 +1530,36 @@ fn files_docket_creates_are_private_whatever_the_umask() {
         text.contains("warning: others can write to") && text.contains("(mode 0777)"),
         "{text}"
     );
+}
+
+/// Row D5 on SQLite: a ledger written by a newer docket (a schema version
+/// this build does not know) is refused by reads and runs alike, naming
+/// both versions, and left as it is.
+#[test]
+fn a_ledger_from_a_newer_docket_is_refused_and_left_as_it_is() {
+    let ws = support::Workspace {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    docket::workspace::init(ws.path(), false).unwrap();
+    import_demo_items(&ws, 3);
+    ws.conn().pragma_update(None, "user_version", 999).unwrap();
+    let before = std::fs::read(ws.ledger()).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["sessions"],
+        vec!["batch-adjudicate", "--yes", "--headless"],
+    ] {
+        let out = docket(&ws, home.path()).args(&args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {text}");
+        assert!(
+            text.contains("written by a newer docket") && text.contains("999"),
+            "{args:?}: {text}"
+        );
+    }
+    assert_eq!(std::fs::read(ws.ledger()).unwrap(), before);
 }

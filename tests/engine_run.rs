@@ -1491,3 +1491,36 @@ async fn an_unreachable_provider_holds_the_run_and_probes_resume_it() {
         "{events:?}"
     );
 }
+
+/// Row I3: evidence is data. An item whose fields hold template syntax
+/// (`{{ ... }}`, `{% ... %}`) is rendered with that text as it is, never
+/// evaluated: the prompt sent holds the braces, not what they would make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_syntax_in_evidence_is_text_not_template() {
+    let (_m, ws) = mocked(MockConfig::default(), 0, |_| {}).await;
+    let path = ws.path().join("items/hostile.jsonl");
+    std::fs::write(
+        &path,
+        r#"{"id":"h1","chart":"UK","week":"2020-01-01","position":1,"artist":"{{ 7 * 7 }}","title":"{% for x in range(3) %}boom{% endfor %}","candidates":[]}
+"#,
+    )
+    .unwrap();
+    support::import(&ws, &path);
+    let (report, lines) = run(options(&ws)).await;
+    assert!(report.session.is_some(), "{}", lines.text());
+    let prompt: String = ws
+        .conn()
+        .query_row("SELECT user_prompt FROM llm_messages LIMIT 1", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert!(prompt.contains("artist: {{ 7 * 7 }}"), "{prompt}");
+    assert!(
+        prompt.contains("title: {% for x in range(3) %}boom{% endfor %}"),
+        "{prompt}"
+    );
+    assert!(
+        !prompt.contains("49") && !prompt.contains("boomboom"),
+        "{prompt}"
+    );
+}
