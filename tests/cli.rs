@@ -860,11 +860,7 @@ async fn a_provider_unreachable_or_refusing_the_key_stops_before_a_session() {
             .env("DOCKET_TEST_KEY", "canaryKEYpreflight0042")
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = said(&out);
         (out.status.code(), text)
     };
 
@@ -1213,11 +1209,7 @@ async fn a_ledger_that_cannot_be_written_stops_with_its_own_code_and_resumes() {
         .env_remove("DOCKET_WORKSPACE")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = said(&out);
     assert_eq!(out.status.code(), Some(6), "{text}");
     assert!(
         text.contains(&ws.ledger().display().to_string())
@@ -1287,11 +1279,7 @@ async fn a_read_only_workspace_still_answers_read_commands() {
             .env_remove("DOCKET_WORKSPACE")
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = said(&out);
         (out.status.code(), text)
     };
     let (code, text) = as_nobody(&["sessions"]);
@@ -1359,11 +1347,7 @@ async fn a_damaged_ledger_is_refused_with_recovery_hints_and_left_as_it_is() {
             .args(["batch-adjudicate", "--yes", "--headless", "--no-preflight"])
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = said(&out);
         assert_ne!(out.status.code(), Some(0), "{what}: {text}");
         assert!(
             text.contains("is damaged") && text.contains(".recover") && text.contains("backup"),
@@ -1415,11 +1399,7 @@ async fn a_second_signal_in_the_grace_exits_at_once_and_loses_nothing() {
         .unwrap()
         .unwrap();
     let took = second.elapsed();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = said(&out);
     assert_eq!(out.status.code(), Some(130), "{text}");
     // The grace (10 s) and the answers (20 s) were not waited for.
     assert!(
@@ -1550,11 +1530,7 @@ fn a_ledger_from_a_newer_docket_is_refused_and_left_as_it_is() {
         vec!["batch-adjudicate", "--yes", "--headless"],
     ] {
         let out = docket(&ws, home.path()).args(&args).output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = said(&out);
         assert_ne!(out.status.code(), Some(0), "{args:?}: {text}");
         assert!(
             text.contains("written by a newer docket") && text.contains("999"),

@@ -165,11 +165,7 @@ async fn p6_a_panic_in_one_request_fails_that_item_alone() {
         .env(docket::failpoint::ENV, "after_answer:5:panic")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = support::said(&out);
     assert_eq!(out.status.code(), Some(5), "{text}");
     let conn = ws.conn();
     let sid: String = conn

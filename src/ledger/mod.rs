@@ -114,15 +114,7 @@ pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
     })?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    let version: i64 = conn
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(|e| classify_open_error(path, e))?;
-    if version == 0 {
-        return Err(LedgerError::Corrupt {
-            path: path.display().to_string(),
-            detail: "no docket schema in it (run `docket init` or `docket import` first)".into(),
-        });
-    }
+    has_schema(&conn, path)?;
     Ok(conn)
 }
 
@@ -151,6 +143,12 @@ pub fn open_immutable(path: &Path) -> Result<Connection, LedgerError> {
         path: path.display().to_string(),
         source,
     })?;
+    has_schema(&conn, path)?;
+    Ok(conn)
+}
+
+/// A ledger opened without migrating it must already hold docket's schema.
+fn has_schema(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(|e| classify_open_error(path, e))?;
@@ -160,7 +158,7 @@ pub fn open_immutable(path: &Path) -> Result<Connection, LedgerError> {
             detail: "no docket schema in it (run `docket init` or `docket import` first)".into(),
         });
     }
-    Ok(conn)
+    Ok(())
 }
 
 /// SQLite's `quick_check` of a whole ledger file (every page's structure,

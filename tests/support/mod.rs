@@ -421,3 +421,12 @@ pub fn db(conn: &Connection) -> docket::ledger::db::Connection {
     let path = conn.path().expect("a ledger file");
     docket::ledger::db::Connection::Sqlite(Connection::open(path).expect("reopen the ledger"))
 }
+
+/// Everything a finished command printed, standard output then error.
+pub fn said(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
