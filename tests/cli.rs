@@ -103,6 +103,16 @@ async fn interrupt_then_resume(signal: &str) {
         .unwrap();
     assert_eq!(state, "cancelled");
     check_invariants(&conn, &sid);
+    // Row P1: every item it held is let go at once, not left to its lease.
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM session_item WHERE lease_until IS NOT NULL",
+            []
+        ),
+        "items still leased after the signal"
+    );
     let before = processed(&ws);
     assert!(before < 150);
 
