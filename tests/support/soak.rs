@@ -569,10 +569,12 @@ fn check_complete(ws: &Workspace, sid: &str, items: usize) -> Result<(), String>
     Ok(())
 }
 
-/// I5: the key is in no byte of the ledger (WAL included) or the logs.
+/// I5: the key is in no byte of the ledger (its -wal and -shm included),
+/// the logs or anything else under HOME.
 fn check_no_canary(ws: &Workspace, home: &std::path::Path, key: &str) -> Result<(), String> {
     let mut files = vec![ws.ledger()];
     files.push(ws.ledger().with_extension("sqlite-wal"));
+    files.push(ws.ledger().with_extension("sqlite-shm"));
     let mut stack = vec![home.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
