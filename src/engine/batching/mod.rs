@@ -332,8 +332,12 @@ impl Batcher {
 
     /// Cancel every open batch and collect what it finished.
     pub(super) fn cancel_all(&self) {
-        self.stop_forming();
+        // Cancelling first: a batch that wakes on the stop of forming must
+        // already see that the stop is a cancel, or it is left recorded
+        // and unsent instead of ended as never run (a race seen in CI when
+        // the two were the other way round, on another thread).
         self.cancel.cancel();
+        self.stop_forming();
     }
 
     pub(super) fn is_cancelling(&self) -> bool {
