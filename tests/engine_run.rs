@@ -418,6 +418,28 @@ async fn truncated_answers_are_retried_then_recorded_as_truncation() {
         .unwrap();
     assert!(err.starts_with("truncated"), "{err}");
     assert!(!err.contains("parse error"), "{err}");
+    // Row S8: never the same request again: the second send of each item
+    // had twice the max_tokens of the first.
+    let per_attempt: Vec<(i64, String)> = conn
+        .prepare("SELECT attempt, error_message FROM llm_messages WHERE request_id = (SELECT MIN(request_id) FROM llm_messages) ORDER BY attempt")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let max_tokens = |m: &str| -> u64 {
+        m.split("max_tokens (")
+            .nth(1)
+            .and_then(|r| r.split(')').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no max_tokens in {m}"))
+    };
+    assert_eq!(per_attempt.len(), 2, "{per_attempt:?}");
+    assert_eq!(
+        max_tokens(&per_attempt[1].1),
+        2 * max_tokens(&per_attempt[0].1),
+        "{per_attempt:?}"
+    );
     // Raw output is always kept.
     assert_eq!(
         10,

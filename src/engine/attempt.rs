@@ -22,6 +22,9 @@ use crate::template::Prompt;
 /// Rate-limit refusals mean "not now", not "broken": they get their own,
 /// larger budget instead of using up the transport attempts.
 const MAX_RATE_LIMIT_RETRIES: u32 = 30;
+/// A truncated answer's retries grow max_tokens up to this many times the
+/// stage's.
+const TRUNCATION_GROWTH: u64 = 4;
 /// Sends of one item that reached nothing (they spend none of its transport
 /// attempts; a provider that is gone opens the breaker long before this).
 const MAX_UNREACHED_RETRIES: u32 = 30;
@@ -138,6 +141,9 @@ pub(super) struct Job<'a> {
     last_failure: Option<(String, String)>,
     /// Prompt tokens as reserved with the limiter.
     est_prompt: u64,
+    /// The max_tokens of the next send: the stage's, grown after a
+    /// truncated answer (see `grow_max_tokens`).
+    max_tokens: u64,
     /// What one send could cost at most (prompt + max_tokens of output).
     worst_cost: f64,
     attempt: i64,
@@ -203,6 +209,7 @@ impl<'a> Job<'a> {
             repairing: false,
             last_failure: None,
             est_prompt: 0,
+            max_tokens: stage.max_tokens,
             worst_cost: 0.0,
             attempt: counters.attempt,
             gate_failures: counters.gate_failures.max(0) as u32,
@@ -218,7 +225,7 @@ impl<'a> Job<'a> {
         };
         let prompt = job.render()?;
         job.est_prompt = prompt_tokens(stage, &prompt);
-        job.worst_cost = stage.price.cost(job.est_prompt, 0, stage.max_tokens);
+        job.worst_cost = stage.price.cost(job.est_prompt, 0, job.max_tokens);
         job.prompt = Some(prompt);
         Ok(job)
     }
@@ -257,6 +264,22 @@ impl<'a> Job<'a> {
             latency_ms: started.elapsed().as_secs_f64() * 1000.0,
             ..Default::default()
         }
+    }
+
+    /// A truncated answer is never asked again as it was (fault-matrix
+    /// row S8): the next send has twice the max_tokens, up to
+    /// `TRUNCATION_GROWTH` times the stage's, and within tokens/min.
+    fn grow_max_tokens(&mut self) {
+        let mut cap = self.stage.max_tokens.saturating_mul(TRUNCATION_GROWTH);
+        if self.stage.tpm > 0 {
+            cap = cap.min(self.stage.tpm.saturating_sub(self.est_prompt));
+        }
+        self.max_tokens = self
+            .max_tokens
+            .saturating_mul(2)
+            .min(cap)
+            .max(self.max_tokens);
+        self.worst_cost = self.stage.price.cost(self.est_prompt, 0, self.max_tokens);
     }
 
     fn rt<'c>(&self, ctx: &'c Ctx) -> &'c StageRt {
@@ -412,7 +435,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         },
     };
     let reservation = tokio::select! {
-        r = job.rt(ctx).limiter.reserve(job.est_prompt + job.stage.max_tokens) => r,
+        r = job.rt(ctx).limiter.reserve(job.est_prompt + job.max_tokens) => r,
         _ = ctx.soft_stop.cancelled() => { ctx.budget.settle(job.worst_cost, 0.0); return Sent::Stopped; }
     };
     // A pause that came while this send waited for the rate limits holds it
@@ -450,7 +473,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         model: job.stage.model.clone(),
         system: prompt.system.clone(),
         user: prompt.user.clone(),
-        max_tokens: job.stage.max_tokens,
+        max_tokens: job.max_tokens,
         temperature: job.stage.temperature,
         response_schema: job.response_schema(),
         client_request_id,
@@ -533,7 +556,7 @@ fn via_batch(ctx: &Ctx, b: &std::sync::Arc<super::batching::Batcher>, job: &mut 
         model: job.stage.model.clone(),
         system: prompt.system,
         user: prompt.user,
-        max_tokens: job.stage.max_tokens,
+        max_tokens: job.max_tokens,
         temperature: job.stage.temperature,
         response_schema: job.response_schema(),
         client_request_id: id,
@@ -629,7 +652,7 @@ async fn on_answer(
     ctx.stats
         .add_usage(usage.input_tokens, usage.output_tokens, cost);
     let rec = answered_record(base, answer, cost);
-    match judge(job.stage, answer) {
+    match judge(job.stage, answer, job.max_tokens) {
         Ok(out) => {
             ctx.gate_watch.passed(job.stage.index);
             Next::Done(StageEnd::Passed(out, rec))
@@ -637,6 +660,9 @@ async fn on_answer(
         Err(reason) => {
             if let Judged::Gate(_) = &reason {
                 watch_gate(ctx, job, &reason.to_string());
+            }
+            if let Judged::Truncated(_) = &reason {
+                job.grow_max_tokens();
             }
             job.gate_failures += 1;
             let retry = job.gate_failures < job.stage.max_attempts;
@@ -821,9 +847,9 @@ pub(super) fn schema_name(stage: &str) -> String {
 }
 
 /// Gate the answer. A cut-off answer is truncation, not a parse error.
-fn judge(stage: &Stage, answer: &ChatAnswer) -> Result<GateOutput, Judged> {
+fn judge(stage: &Stage, answer: &ChatAnswer, max_tokens: u64) -> Result<GateOutput, Judged> {
     if answer.finish_reason == FinishReason::Length {
-        return Err(Judged::Truncated(stage.max_tokens));
+        return Err(Judged::Truncated(max_tokens));
     }
     match (&answer.content, &answer.refusal) {
         (_, Some(r)) if !r.is_empty() => Err(Judged::Refused(r.clone())),
