@@ -140,6 +140,12 @@ async fn p4_mid_export_never_leaves_a_partial_file_under_its_name() {
     assert!(whole.status.success(), "{whole:?}");
     let first = std::fs::read_to_string(&out).unwrap();
     assert_eq!(first.lines().count(), 31, "a header and 30 items");
+    // Written over, an export keeps the mode it had (shared stays shared).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(export(None).status.success());
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644);
     let killed = export(Some("mid_export:10"));
     assert_eq!(killed.status.code(), None);
     assert_eq!(

@@ -25,6 +25,8 @@ const MAX_RATE_LIMIT_RETRIES: u32 = 30;
 /// A truncated answer's retries grow max_tokens up to this many times the
 /// stage's.
 const TRUNCATION_GROWTH: u64 = 4;
+/// ... and never past this many output tokens.
+const TRUNCATION_CEILING: u64 = 8_192;
 /// Sends of one item that reached nothing (they spend none of its transport
 /// attempts; a provider that is gone opens the breaker long before this).
 const MAX_UNREACHED_RETRIES: u32 = 30;
@@ -152,6 +154,8 @@ pub(super) struct Job<'a> {
     rate_limited: u32,
     /// Sends that reached nothing (connection refused, DNS, TLS).
     unreached: u32,
+    /// Sends of this item cut at the learned deadline (see `deadline`).
+    cuts: u32,
     /// How the current attempt went out.
     via: Via,
     /// What the budget holds for the current attempt.
@@ -216,6 +220,7 @@ impl<'a> Job<'a> {
             transport_failures: counters.transport_retries.max(0) as u32,
             rate_limited: 0,
             unreached: 0,
+            cuts: 0,
             via: Via::Sync,
             reserved: 0.0,
             delivered: None,
@@ -268,9 +273,16 @@ impl<'a> Job<'a> {
 
     /// A truncated answer is never asked again as it was (fault-matrix
     /// row S8): the next send has twice the max_tokens, up to
-    /// `TRUNCATION_GROWTH` times the stage's, and within tokens/min.
+    /// `TRUNCATION_GROWTH` times the stage's, within tokens/min, and not
+    /// past `TRUNCATION_CEILING` (what current models all allow, so the
+    /// larger request is not refused as over the model's output limit; a
+    /// stage already at or past it is asked again as it was).
     fn grow_max_tokens(&mut self) {
-        let mut cap = self.stage.max_tokens.saturating_mul(TRUNCATION_GROWTH);
+        let mut cap = self
+            .stage
+            .max_tokens
+            .saturating_mul(TRUNCATION_GROWTH)
+            .min(self.stage.max_tokens.max(TRUNCATION_CEILING));
         if self.stage.tpm > 0 {
             cap = cap.min(self.stage.tpm.saturating_sub(self.est_prompt));
         }
@@ -483,13 +495,14 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
     ctx.stats.sent.fetch_add(1, Relaxed);
     let started = std::time::Instant::now();
     let deadline = &job.rt(ctx).deadline;
+    let in_flight = deadline.begin();
     let mut cut = false;
     let result = tokio::select! {
         // An answer that is there wins over a deadline that is also due.
         biased;
         r = job.rt(ctx).provider.send(&request) => Some(r),
         _ = ctx.hard_stop.cancelled() => None,
-        missed = deadline.passed(started) => {
+        missed = deadline.passed(started, job.cuts) => {
             // Dropping the send closes its connection.
             deadline.cut();
             cut = true;
@@ -502,7 +515,9 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         }
     };
     ctx.stats.in_flight.fetch_sub(1, Relaxed);
+    drop(in_flight);
     drop(slot);
+    job.cuts += u32::from(cut);
     let base = job.record(ctx, started);
     if let Some(Ok(_)) = &result {
         deadline.answered(started.elapsed());

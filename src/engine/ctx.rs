@@ -45,8 +45,7 @@ pub(super) enum StopCause {
 pub(super) struct StageRt {
     pub(super) provider: Arc<dyn ChatProvider>,
     pub(super) limiter: Arc<Limiter>,
-    /// How long a synchronous request may go unanswered (shared by the
-    /// stages on one provider and model).
+    /// How long a synchronous request of the stage may go unanswered.
     pub(super) deadline: Arc<super::deadline::Deadline>,
     pub(super) batcher: std::sync::OnceLock<Arc<Batcher>>,
 }

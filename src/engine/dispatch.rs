@@ -60,18 +60,10 @@ pub(super) async fn dispatch(
     // One limiter per provider: stages on the same provider share its limits.
     let mut limiters: Vec<(String, Arc<Limiter>)> = Vec::new();
     let mut stages = Vec::with_capacity(p.stages.len());
-    // One learned deadline per provider and model: latency is the model's.
-    let mut deadlines: Vec<((&str, &str), Arc<Deadline>)> = Vec::new();
     for st in &p.stages {
-        let key = (st.provider_name.as_str(), st.model.as_str());
-        let deadline = match deadlines.iter().find(|(k, _)| *k == key) {
-            Some((_, d)) => d.clone(),
-            None => {
-                let d = Arc::new(Deadline::new(st.request_timeout));
-                deadlines.push((key, d.clone()));
-                d
-            }
-        };
+        // One learned deadline per stage: its prompts and answers set its
+        // latency (a critic's answers take longer than a triage's).
+        let deadline = Arc::new(Deadline::new(st.request_timeout));
         let limiter = match limiters.iter().find(|(n, _)| *n == st.provider_name) {
             Some((_, l)) => l.clone(),
             None => {

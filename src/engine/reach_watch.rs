@@ -14,11 +14,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::per_stage::PerStage;
 
-/// Sends in a row that reached nothing.
+/// Sends in a row that reached nothing. From any items: a connection
+/// that could not be made (refused, DNS, TLS) says nothing about the item
+/// it was for, and at concurrency 1 one item's retries are all there is.
 const STREAK: usize = 10;
-/// From at least this many items: one item's retries alone are not a
-/// provider that is gone.
-const ITEMS: usize = 3;
 
 #[derive(Default)]
 struct Streak {
@@ -94,8 +93,8 @@ impl ReachWatch {
     }
 
     /// A send of `stage` for `item` did not reach the provider. Opens the
-    /// breaker after `STREAK` such sends in a row, from `ITEMS` items or
-    /// more, and returns why (once per opening).
+    /// breaker after `STREAK` such sends in a row (from any items), and
+    /// returns why (once per opening).
     pub(super) fn unreached(&self, stage: usize, item: &str, error: &str) -> Option<String> {
         let mut s = self.streak(stage)?;
         if s.open.is_some() {
@@ -103,7 +102,7 @@ impl ReachWatch {
         }
         s.failures += 1;
         s.items.insert(item.to_string());
-        if s.failures < STREAK || s.items.len() < ITEMS {
+        if s.failures < STREAK {
             return None;
         }
         let why = format!(
@@ -159,10 +158,12 @@ mod tests {
             assert_eq!(w.unreached(0, &format!("i{}", i % 3), "refused"), None);
         }
         assert!(w.unreached(0, "i0", "refused").is_some(), "opens again");
+        // At concurrency 1, one item's retries are the streak.
         let one_item = ReachWatch::new(1);
-        for _ in 0..30 {
+        for _ in 0..9 {
             assert_eq!(one_item.unreached(0, "same", "refused"), None);
         }
+        assert!(one_item.unreached(0, "same", "refused").is_some());
     }
 
     #[tokio::test]

@@ -126,9 +126,13 @@ pub fn open_immutable(path: &Path) -> Result<Connection, LedgerError> {
     refuse_non_file(path)?;
     sqlite_memory::configure();
     let mut uri = String::from("file:");
-    for b in path.display().to_string().bytes() {
+    // Every byte SQLite's URI parser could misread, and every non-ASCII
+    // one (the path's own bytes, not a re-encoding of them), as %XX.
+    use std::os::unix::ffi::OsStrExt;
+    for &b in path.as_os_str().as_bytes() {
         match b {
             b'?' | b'#' | b'%' => uri.push_str(&format!("%{b:02X}")),
+            _ if !b.is_ascii() || b.is_ascii_control() => uri.push_str(&format!("%{b:02X}")),
             _ => uri.push(b as char),
         }
     }
@@ -242,4 +246,30 @@ pub fn now_ts() -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
         + skew
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ledger under a path with non-ASCII and URI-special characters is
+    /// read as immutable from exactly that path.
+    #[test]
+    fn an_immutable_open_reads_the_very_path_it_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("josé ?#%20 ünï");
+        std::fs::create_dir(&folder).unwrap();
+        let path = folder.join("docket.sqlite");
+        {
+            let conn = open(&path).unwrap();
+            conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+                .unwrap();
+        }
+        let conn = open_immutable(&path).unwrap();
+        let tables: i64 = conn
+            .query_row("SELECT COUNT(*) FROM sqlite_master", [], |r| r.get(0))
+            .unwrap();
+        assert!(tables > 0);
+        assert!(open_immutable(&folder.join("none.sqlite")).is_err());
+    }
 }

@@ -277,10 +277,16 @@ pub fn export_file(
     // or a symlink (`--out /dev/stdout`): those are written in place.
     let in_place = std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file());
     if in_place {
-        return write_file(ledger, opts, workspace, path);
+        return write_file(ledger, opts, workspace, path, false);
     }
     let partial = partial_path(path);
-    let written = write_file(ledger, opts, workspace, &partial).and_then(|n| {
+    let kept_mode = std::fs::metadata(path).ok().map(|m| m.permissions());
+    let written = write_file(ledger, opts, workspace, &partial, true).and_then(|n| {
+        // An export written over keeps the mode it had (a shared report
+        // stays readable to those it was shared with).
+        if let Some(mode) = &kept_mode {
+            std::fs::set_permissions(&partial, mode.clone())?;
+        }
         std::fs::rename(&partial, path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         Ok(n)
@@ -300,21 +306,32 @@ fn partial_path(path: &Path) -> std::path::PathBuf {
     path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
+/// Write the export to `path`; `fresh`: a new file only (a partial file's
+/// name is never one a link planted there could redirect).
 fn write_file(
     ledger: &dyn Reports,
     opts: &ExportOptions,
     workspace: &Path,
     path: &Path,
+    fresh: bool,
 ) -> Result<u64, ReportError> {
-    let file = std::fs::File::create(path)
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(!fresh)
+        .create_new(fresh)
+        .open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    if opts.format == ExportFormat::Parquet {
-        return export_parquet(ledger, opts, workspace, file);
-    }
-    let mut w = io::BufWriter::new(file);
-    let n = export_in(ledger, opts, workspace, &mut w)?;
-    let file = w.into_inner().map_err(|e| e.into_error())?;
-    // A FIFO or a terminal cannot be synced; a file can.
+    let n = if opts.format == ExportFormat::Parquet {
+        export_parquet(ledger, opts, workspace, &file)?
+    } else {
+        let mut w = io::BufWriter::new(&file);
+        let n = export_in(ledger, opts, workspace, &mut w)?;
+        w.flush()?;
+        n
+    };
+    // On disk before it is renamed into place. A FIFO or a terminal cannot
+    // be synced; a file can.
     if file.metadata().is_ok_and(|m| m.is_file()) {
         file.sync_all()?;
     }
