@@ -346,7 +346,7 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
     }
 }
 
-/// Commit the intents (`WriteOp::Send`) waiting in `group` first, in a
+/// Commit the intents (`is_intent`) waiting in `group` first, in a
 /// transaction of their own that is durable: an intent is what tells a
 /// resume that a request may have been paid for, so it must survive a power
 /// loss, not only a process crash (fault-matrix row P7). SQLite's
@@ -359,7 +359,7 @@ fn commit_intents(
     intents: &mut Vec<Queued>,
     search: &mut search_index::Pacer,
 ) {
-    intents.extend(group.extract_if(.., |(op, _, _)| matches!(op, WriteOp::Send(_))));
+    intents.extend(group.extract_if(.., |(op, _, _)| is_intent(op)));
     if intents.is_empty() {
         return;
     }
@@ -371,6 +371,20 @@ fn commit_intents(
     if sqlite {
         let _ = conn.execute_batch("PRAGMA synchronous = NORMAL");
     }
+}
+
+/// A write that must be on disk before a paid side effect: a request's
+/// intent, and a provider batch's record with its lines (written before
+/// the upload and the create; a batch whose record a power loss took would
+/// be created again on resume, its lines paid twice). Every later write of
+/// a batch can be lost safely: the batch is found again by its tag.
+fn is_intent(op: &WriteOp) -> bool {
+    matches!(
+        op,
+        WriteOp::Send(_)
+            | WriteOp::Batch(super::batches::BatchOp::Create(_))
+            | WriteOp::Batch(super::batches::BatchOp::AddLines { .. })
+    )
 }
 
 /// How often a group whose transaction lost its connection is applied

@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod isolation;
 pub mod pg;
+pub mod power_loss;
 pub mod procs;
 pub mod soak;
 

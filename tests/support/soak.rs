@@ -154,6 +154,12 @@ pub struct TrialReport {
     pub billed_unrecorded: u64,
     pub ambiguous: i64,
     pub batches_created: u64,
+    /// Power-loss trials (row P7): kills followed by a simulated power
+    /// loss, the unsynced WAL bytes those lost, and the losses whose run
+    /// had checkpointed (where the simulation may keep unsynced frames).
+    pub power_losses: usize,
+    pub wal_bytes_lost: u64,
+    pub checkpointed_losses: usize,
 }
 
 /// The plan a seed makes: one to three cuts, then a run left to finish.
@@ -239,6 +245,22 @@ fn canary(seed: u64) -> String {
 
 /// Run one trial; Err says what broke (the caller adds the seed).
 pub fn trial(mode: Mode, seed: u64, items: usize) -> Result<TrialReport, String> {
+    trial_with(mode, seed, items, false)
+}
+
+/// A trial where every kill is also a power loss (row P7): the writes the
+/// killed run never synced are lost before anything reads the ledger
+/// (`super::power_loss`).
+pub fn power_loss_trial(mode: Mode, seed: u64, items: usize) -> Result<TrialReport, String> {
+    trial_with(mode, seed, items, true)
+}
+
+fn trial_with(
+    mode: Mode,
+    seed: u64,
+    items: usize,
+    power_loss: bool,
+) -> Result<TrialReport, String> {
     let mock = Mock::start(&mode.mock_flags());
     let (ws, home) = workspace(mode, &mock, items);
     let key = canary(seed);
@@ -270,6 +292,10 @@ pub fn trial(mode: Mode, seed: u64, items: usize) -> Result<TrialReport, String>
         if let Cut::Failpoint(name, n) = &cut {
             cmd.env(docket::failpoint::ENV, format!("{name}:{n}"));
         }
+        let sync_log = home.path().join("sync.log");
+        if power_loss {
+            super::power_loss::arm(&mut cmd, &sync_log, &ws.ledger());
+        }
         let mut proc = Proc::start(
             cmd,
             format!("round {round}: docket batch-adjudicate ({cut:?})"),
@@ -294,6 +320,14 @@ pub fn trial(mode: Mode, seed: u64, items: usize) -> Result<TrialReport, String>
         let output = proc.output();
         if code.is_none() {
             report.kills += 1;
+            if power_loss {
+                let loss = super::power_loss::lose_unsynced(&sync_log, &ws.ledger());
+                report.power_losses += 1;
+                report.wal_bytes_lost += loss.wal_bytes_lost;
+                report.checkpointed_losses += usize::from(loss.checkpointed);
+            }
+        } else {
+            let _ = std::fs::remove_file(&sync_log);
         }
         if sid.is_none() {
             sid = latest_session(&ws);
