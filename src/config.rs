@@ -340,6 +340,10 @@ pub struct RoutingConfig {
     /// How a critic of the answer stage bears on the routing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub critic: Option<CriticRule>,
+    /// Send an item whose evidence reads like a prompt injection to review
+    /// instead of accepting or rejecting it (`crate::injection`).
+    #[serde(default = "default_true")]
+    pub flag_injection: bool,
 }
 
 impl Default for RoutingConfig {
@@ -349,6 +353,7 @@ impl Default for RoutingConfig {
             review_threshold: default_review(),
             answer_stage: None,
             critic: None,
+            flag_injection: true,
         }
     }
 }
@@ -472,6 +477,10 @@ fn default_auto_accept() -> Spanned<f64> {
 }
 fn default_review() -> Spanned<f64> {
     unspanned(0.60)
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// A parsed, validated config with the file it came from.

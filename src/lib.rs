@@ -13,6 +13,7 @@ pub mod failpoint;
 pub mod fuzzing;
 pub mod gate;
 pub mod ids;
+pub mod injection;
 pub mod items;
 pub mod ledger;
 pub mod limiter;

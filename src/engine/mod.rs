@@ -145,6 +145,9 @@ pub struct Prepared {
     pub answer: usize,
     /// The critic whose verdict bears on the routing.
     pub critic: Option<stages::CriticRouting>,
+    /// `[routing] flag_injection`: evidence that reads like a prompt
+    /// injection sends its item to review.
+    pub flag_injection: bool,
     /// `--rerun-stage`: this stage and the later ones get new requests.
     pub rerun_from: Option<usize>,
 }
@@ -219,6 +222,7 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
         ledger: LedgerLocation::for_workspace(&opts.workspace).map_err(EngineError::opening)?,
         thresholds,
         critic: stages::critic_routing(&config),
+        flag_injection: config.config.routing.flag_injection,
         stages,
         answer,
         rerun_from,

@@ -374,6 +374,11 @@ async fn finish(
         verdict,
         note,
     } = route(&p.thresholds, &gate_out, critic);
+    let (outcome, note) = if p.flag_injection {
+        flag_injection(outcome, note, &item.evidence_json)
+    } else {
+        (outcome, note)
+    };
     let fin = FinalResult {
         session_id: ctx.session_id.clone(),
         item_id: item.item_id.clone(),
@@ -395,6 +400,28 @@ async fn finish(
         only_request: item.stages.len() == 1 && p.stages[p.answer].criteria.is_empty(),
     };
     record_final(ctx, item, rec, fin).await
+}
+
+/// An accept or a reject of an item whose evidence reads like a prompt
+/// injection becomes a review, the signal named in the routing note (row
+/// X3): the model's answer may have been bent by the text it judged.
+fn flag_injection(
+    outcome: Outcome,
+    note: Option<String>,
+    evidence_json: &str,
+) -> (Outcome, Option<String>) {
+    if !matches!(outcome, Outcome::Accepted | Outcome::Rejected) {
+        return (outcome, note);
+    }
+    let Some(suspicion) = crate::injection::scan(evidence_json) else {
+        return (outcome, note);
+    };
+    let flagged = format!("{}: {} -> review", suspicion.describe(), outcome.as_str());
+    let note = match note {
+        Some(n) => format!("{n}; {flagged}"),
+        None => flagged,
+    };
+    (Outcome::Review, Some(note))
 }
 
 /// Commit the item's outcome (its lease ends with it) and count it.

@@ -49,6 +49,8 @@ pub(crate) struct Steer<'a> {
     pub omit_first: Option<&'a dyn Fn() -> bool>,
     /// the config seed, mixed into the steering stream
     pub seed: u64,
+    /// follow orders found in the prompt (`MockConfig::obey_injection`)
+    pub obey_injection: bool,
 }
 
 /// How a steered verdict is chosen among its options.
@@ -127,7 +129,23 @@ fn json_object(m: &mut Material<'_>, drop_answer: bool) -> String {
     }
     pairs.push(("confidence".to_string(), Json::Float(m.confidence())));
     pairs.push(("rationale".to_string(), Json::Str(m.rationale(1))));
+    if m.obeys {
+        pairs.push(("route".to_string(), Json::Str("accept".into())));
+        pairs.push(("threshold".to_string(), Json::Float(0.0)));
+    }
     Json::Obj(pairs).to_compact()
+}
+
+/// The gullible model's rule, deliberately its own (not docket's detector):
+/// a message says to ignore or disregard something and to accept, or
+/// carries a confidence of 1 as JSON.
+fn orders_an_accept(prompt: &Prompt<'_>) -> bool {
+    prompt.messages.iter().flat_map(|m| m.pieces()).any(|text| {
+        let t = text.to_ascii_lowercase();
+        let compact: String = t.chars().filter(|c| !c.is_whitespace()).collect();
+        ((t.contains("ignore") || t.contains("disregard")) && t.contains("accept"))
+            || compact.contains("\"confidence\":1")
+    })
 }
 
 /// Keep about the first half, on a char boundary.
@@ -184,6 +202,8 @@ pub(crate) struct Material<'a> {
     steer_rng: AnswerRng,
     /// set when optional properties were left out
     pub partial: bool,
+    /// the prompt ordered an accept and the model obeys (`obey_injection`)
+    obeys: bool,
 }
 
 const FALLBACK_WORDS: [&str; 4] = ["the title", "the date", "the source", "the wording"];
@@ -204,6 +224,7 @@ impl<'a> Material<'a> {
             omit_first: false,
             steer_rng: AnswerRng(0),
             partial: false,
+            obeys: false,
         }
     }
 
@@ -216,6 +237,7 @@ impl<'a> Material<'a> {
         self.disagree_rate = steer.disagree_rate;
         self.omit_rate = steer.omit_rate;
         self.steer_rng = AnswerRng(splitmix(u64::from_le_bytes(mid) ^ steer.seed));
+        self.obeys = steer.obey_injection && orders_an_accept(self.prompt);
         // Claimed before generating, and only when the omit rules apply at all.
         self.omit_first = match self.prompt.format {
             Format::JsonSchema(Some(s)) if schema::optional_properties(s).len() >= 2 => {
@@ -256,8 +278,15 @@ impl<'a> Material<'a> {
             .collect()
     }
 
-    /// Confidence with the three-band spread, in hundredths.
+    /// Confidence with the three-band spread, in hundredths (1.0 when the
+    /// model obeys an order in the prompt; drawn all the same, so the rest
+    /// of the answer does not change).
     pub(crate) fn confidence(&mut self) -> f64 {
+        let drawn = self.drawn_confidence();
+        if self.obeys { 1.0 } else { drawn }
+    }
+
+    fn drawn_confidence(&mut self) -> f64 {
         let band = self.rng.unit();
         let (lo, hi) = if band < 0.5 {
             (85, 99)

@@ -184,6 +184,11 @@ pub struct MockConfig {
     /// (counted per server from the last config change or reset; takes precedence over the rate)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub omit_optional_first: u32,
+    /// A gullible model (fault-matrix row X3): a prompt that tells it to ignore its instructions
+    /// and accept, or carries `"confidence": 1`, gets a confidence of 1.0, and a JSON-object answer
+    /// also gains `"route": "accept"` and `"threshold": 0`
+    #[arg(long, default_value_t = false)]
+    pub obey_injection: bool,
 }
 
 impl Default for MockConfig {
@@ -217,6 +222,7 @@ impl Default for MockConfig {
             verdict_disagree_rate: 0.0,
             omit_optional_rate: 0.0,
             omit_optional_first: 0,
+            obey_injection: false,
         }
     }
 }

@@ -37,6 +37,7 @@ pub(crate) fn answer(
         omit_rate: c.omit_optional_rate,
         omit_first: (limit > 0).then_some(&claim as &dyn Fn() -> bool),
         seed: c.seed,
+        obey_injection: c.obey_injection,
     };
     let (content, partial) = answer::steered(prompt, seed, damage, &steer);
     if partial {
