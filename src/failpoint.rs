@@ -5,7 +5,8 @@
 //! `DOCKET_FAILPOINT=NAME:N` makes the process SIGKILL itself the Nth time it
 //! passes `NAME` (N defaults to 1), exactly like `kill -9` at that step: no
 //! destructor, no flush, no commit. `NAME:N:panic` panics there instead
-//! (row P6: a bug in one request's handling). The names:
+//! (row P6: a bug in one request's handling); `NAME:N+:panic` panics at
+//! the Nth pass and every pass after it. The names:
 //!
 //! | name | the step just done, the next not yet |
 //! |---|---|
@@ -38,62 +39,84 @@ mod armed {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// The armed step, the passes left, and whether it panics.
-    type Armed = (String, AtomicU64, bool);
+    /// One armed step: its name, the pass it fires at, whether it fires
+    /// at every pass from then on (`N+`), whether it panics, and the
+    /// passes so far.
+    pub(super) struct Armed {
+        name: String,
+        at: u64,
+        onward: bool,
+        panics: bool,
+        passes: AtomicU64,
+    }
 
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
 
-    fn parse(spec: &str) -> Option<Armed> {
+    pub(super) fn parse(spec: &str) -> Option<Armed> {
         let mut parts = spec.split(':').map(str::trim);
         let name = parts.next().filter(|n| !n.is_empty())?;
-        let n = match parts.next() {
-            Some(n) => n.parse().ok()?,
-            None => 1,
+        let (at, onward) = match parts.next() {
+            Some(n) => match n.strip_suffix('+') {
+                Some(n) => (n.parse().ok()?, true),
+                None => (n.parse().ok()?, false),
+            },
+            None => (1, false),
         };
         let panics = match parts.next() {
             None => false,
             Some("panic") => true,
             Some(_) => return None,
         };
-        Some((name.to_string(), AtomicU64::new(n), panics))
+        Some(Armed {
+            name: name.to_string(),
+            at,
+            onward,
+            panics,
+            passes: AtomicU64::new(0),
+        })
     }
 
     pub fn hit(name: &str) {
         let armed = ARMED.get_or_init(|| std::env::var(super::ENV).ok().and_then(|s| parse(&s)));
-        if let Some((armed_name, left, panics)) = armed
-            && armed_name == name
-            && left.fetch_sub(1, Ordering::SeqCst) == 1
-        {
-            if *panics {
-                panic!("failpoint {name}");
-            }
-            // SAFETY: kill(2) on our own pid with SIGKILL; nothing after it runs.
-            unsafe {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-            // SIGKILL is delivered before kill returns to a single target
-            // that is the caller; never reached.
-            std::process::abort();
+        let Some(a) = armed else {
+            return;
+        };
+        if a.name != name {
+            return;
         }
+        let pass = a.passes.fetch_add(1, Ordering::SeqCst) + 1;
+        if pass != a.at && !(a.onward && pass > a.at) {
+            return;
+        }
+        if a.panics {
+            panic!("failpoint {name}");
+        }
+        // SAFETY: kill(2) on our own pid with SIGKILL; nothing after it runs.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        // SIGKILL is delivered before kill returns to a single target
+        // that is the caller; never reached.
+        std::process::abort();
     }
 
     #[cfg(test)]
     mod tests {
         #[test]
         fn a_spec_names_the_step_the_pass_and_the_action() {
-            let (name, n, panics) = super::parse("after_intent:37").unwrap();
+            let a = super::parse("after_intent:37").unwrap();
             assert_eq!(
-                (name.as_str(), n.into_inner(), panics),
-                ("after_intent", 37, false)
+                (a.name.as_str(), a.at, a.onward, a.panics),
+                ("after_intent", 37, false, false)
             );
-            let (name, n, panics) = super::parse("mid_export").unwrap();
-            assert_eq!(
-                (name.as_str(), n.into_inner(), panics),
-                ("mid_export", 1, false)
-            );
-            let (_, n, panics) = super::parse("after_answer:5:panic").unwrap();
-            assert_eq!((n.into_inner(), panics), (5, true));
+            let a = super::parse("mid_export").unwrap();
+            assert_eq!((a.name.as_str(), a.at, a.onward), ("mid_export", 1, false));
+            let a = super::parse("after_answer:5:panic").unwrap();
+            assert_eq!((a.at, a.onward, a.panics), (5, false, true));
+            let a = super::parse("after_answer:5+:panic").unwrap();
+            assert_eq!((a.at, a.onward, a.panics), (5, true, true));
             assert!(super::parse("after_claim:x").is_none());
+            assert!(super::parse("after_claim:+").is_none());
             assert!(super::parse("after_claim:2:explode").is_none());
         }
     }

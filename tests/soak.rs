@@ -190,11 +190,12 @@ async fn p4_mid_export_never_leaves_a_partial_file_under_its_name() {
 }
 
 /// Row P6: a panic in one request's handling (armed at its answer, as a
-/// bug in a parser would) fails that item alone with the panic's message;
-/// the process goes on, every other item gets its result, and the run
-/// exits 5 (completed with items in error).
+/// bug in a parser would) is confined to it: its attempt, answered but
+/// never recorded, is closed as ambiguous (it was billed), the request goes
+/// again and the item gets its result like every other; the process goes
+/// on and the run exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn p6_a_panic_in_one_request_fails_that_item_alone() {
+async fn p6_a_panic_in_one_request_is_retried_with_its_attempt_ambiguous() {
     let (_m, ws) = support::mocked(docket::mock::MockConfig::default(), 20, |job| {
         job.concurrency = 4;
     })
@@ -206,26 +207,104 @@ async fn p6_a_panic_in_one_request_fails_that_item_alone() {
         .output()
         .unwrap();
     let text = support::said(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let conn = ws.conn();
+    let sid: String = conn
+        .query_row("SELECT session_id FROM llm_batch_session", [], |r| r.get(0))
+        .unwrap();
+    support::check_invariants(&conn, &sid);
+    assert_eq!(
+        support::count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_batch_result WHERE outcome != 'error'",
+            []
+        ),
+        20
+    );
+    let ambiguous: Vec<(i64, String)> = conn
+        .prepare("SELECT request_id, error_message FROM llm_messages WHERE state = 'ambiguous'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(ambiguous.len(), 1, "{ambiguous:?}");
+    let (request, message) = &ambiguous[0];
+    assert!(
+        message.contains("internal error")
+            && message.contains("failpoint after_answer")
+            && message.contains("may have been billed"),
+        "{message}"
+    );
+    // Sent again under the next attempt number, and answered.
+    assert_eq!(
+        support::count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE request_id = ?1 AND state = 'answered'",
+            [request]
+        ),
+        1
+    );
+    assert_eq!(
+        support::count(
+            &conn,
+            "SELECT ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid]
+        ),
+        1
+    );
+}
+
+/// Row P6, a bug that never goes away: from the 15th answer on, every
+/// answer's handling panics. Each item hit is tried `max_attempts` (3)
+/// times, each attempt closed as ambiguous, then fails with the panic's
+/// message; the process lives on, every item has its one result, and the
+/// run exits 5 (completed with items in error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p6_a_panic_every_time_fails_the_item_after_its_attempts() {
+    let (_m, ws) = support::mocked(docket::mock::MockConfig::default(), 20, |job| {
+        job.concurrency = 4;
+    })
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .env(docket::failpoint::ENV, "after_answer:15+:panic")
+        .output()
+        .unwrap();
+    let text = support::said(&out);
     assert_eq!(out.status.code(), Some(5), "{text}");
     let conn = ws.conn();
     let sid: String = conn
         .query_row("SELECT session_id FROM llm_batch_session", [], |r| r.get(0))
         .unwrap();
     support::check_invariants(&conn, &sid);
-    let errors: Vec<String> = conn
-        .prepare("SELECT error_message FROM llm_batch_result WHERE outcome = 'error'")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(
-        errors[0].contains("internal error") && errors[0].contains("failpoint after_answer"),
-        "{errors:?}"
-    );
     assert_eq!(
         support::count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []),
         20
     );
+    let failed: Vec<(i64, String)> = conn
+        .prepare("SELECT request_id, error_message FROM llm_batch_result WHERE outcome = 'error'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    // Answers 1-14 pass; every item whose answer came after fails.
+    assert!(failed.len() >= 6, "{failed:?}");
+    for (request, message) in &failed {
+        assert!(
+            message.contains("failpoint after_answer") && message.contains("(3 times)"),
+            "{message}"
+        );
+        assert_eq!(
+            support::count(
+                &conn,
+                "SELECT COUNT(*) FROM llm_messages WHERE request_id = ?1 AND state = 'ambiguous'",
+                [request]
+            ),
+            3,
+            "request {request}"
+        );
+    }
 }

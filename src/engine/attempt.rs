@@ -170,6 +170,27 @@ pub(super) struct Job<'a> {
     /// A narrower structured-output schema than the stage's (a criterion
     /// asked on its own must be answered).
     schema: Option<std::sync::Arc<(String, Value)>>,
+    /// Where the job stands, readable after a panic dropped it.
+    seen: Option<std::sync::Arc<Seen>>,
+}
+
+/// The latest attempt number of a job, kept where a panic in its handling
+/// does not take it (row P6): the worker closes that attempt and sends the
+/// request again under the next number.
+pub(super) struct Seen {
+    attempt: std::sync::atomic::AtomicI64,
+}
+
+impl Seen {
+    pub(super) fn starting_at(attempt: i64) -> Self {
+        Seen {
+            attempt: std::sync::atomic::AtomicI64::new(attempt),
+        }
+    }
+
+    pub(super) fn attempt(&self) -> i64 {
+        self.attempt.load(Relaxed)
+    }
 }
 
 /// How an attempt goes out.
@@ -227,6 +248,7 @@ impl<'a> Job<'a> {
             reattached: None,
             sync_only: false,
             schema: None,
+            seen: None,
         };
         let prompt = job.render()?;
         job.est_prompt = prompt_tokens(stage, &prompt);
@@ -239,6 +261,18 @@ impl<'a> Job<'a> {
     pub(super) fn with_delivered(mut self, d: Option<Delivered>) -> Self {
         self.delivered = d;
         self
+    }
+
+    /// Keep the job's attempt number in `seen` as it changes.
+    pub(super) fn seen_in(mut self, seen: std::sync::Arc<Seen>) -> Self {
+        self.seen = Some(seen);
+        self
+    }
+
+    fn note_seen(&self) {
+        if let Some(s) = &self.seen {
+            s.attempt.store(self.attempt, Relaxed);
+        }
     }
 
     /// Never through a batch (a criterion's follow-up waits on its stage's
@@ -462,6 +496,7 @@ async fn send_sync(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent {
         return Sent::Stopped;
     }
     job.attempt += 1;
+    job.note_seen();
     let client_request_id = custom_id(ctx, job.request_id, job.attempt);
     let Some(prompt) = job.prompt.as_ref() else {
         ctx.budget.settle(job.worst_cost, 0.0);

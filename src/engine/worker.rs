@@ -40,29 +40,82 @@ pub(super) enum Ended {
 /// has its outcome, waits at a stop-after-stage, the session stops, or it
 /// waits as a line for a provider batch.
 /// A request's handling with a panic in it (a bug: in a parser, a gate)
-/// confined to its item (fault-matrix row P6): the item fails with the
-/// panic's message and every other item goes on.
-async fn confined(run: impl std::future::Future<Output = StageEnd>) -> StageEnd {
+/// confined to its item (fault-matrix row P6): Err is the panic's message,
+/// and every other item goes on.
+async fn confined(run: impl std::future::Future<Output = StageEnd>) -> Result<StageEnd, String> {
     use futures::FutureExt;
-    match std::panic::AssertUnwindSafe(Box::pin(run))
+    std::panic::AssertUnwindSafe(Box::pin(run))
         .catch_unwind()
         .await
-    {
-        Ok(end) => end,
-        Err(panic) => {
+        .map_err(|panic| {
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "no message".into());
             tracing::error!("a request's handling panicked: {what}");
-            StageEnd::Failed(
-                format!(
-                    "internal error while handling this item (a docket bug; please report it): {what}"
-                ),
-                None,
-            )
+            what
+        })
+}
+
+/// Run a stage's request, again after a panic in its handling (row P6):
+/// the attempt the panic left open is closed as ambiguous (it may have been
+/// sent and billed) and the request goes again under the next attempt
+/// number, up to the stage's `max_attempts` panics; then the item fails
+/// with the panic's message.
+async fn run_confined(
+    ctx: &Ctx,
+    item: &WorkItem,
+    stage: &super::stages::Stage,
+    sw: &StageWork,
+    extra: &Map<String, Value>,
+    mut delivered: Option<Delivered>,
+    mut slot: Option<Slot>,
+) -> StageEnd {
+    let mut counters = counters(sw);
+    let mut panics = 0u32;
+    loop {
+        let seen = std::sync::Arc::new(super::attempt::Seen::starting_at(counters.attempt));
+        let job = match Job::new(item, stage, sw.request_id, counters, extra.clone()) {
+            Ok(job) => job.with_delivered(delivered.take()).seen_in(seen.clone()),
+            Err(message) => return StageEnd::Failed(message, None),
+        };
+        let what = match confined(run_request(ctx, job, slot.take())).await {
+            Ok(end) => return end,
+            Err(what) => what,
+        };
+        panics += 1;
+        let attempt = seen.attempt();
+        let message = format!(
+            "internal error while handling this item (a docket bug; please report it): {what}"
+        );
+        if attempt > sw.attempt {
+            let abandon = WriteOp::Abandon {
+                session_id: ctx.session_id.clone(),
+                request_id: sw.request_id,
+                attempt,
+                message: format!("{message}; it may have been billed"),
+            };
+            if !ctx.write(item, abandon).await {
+                return StageEnd::Stopped;
+            }
         }
+        if panics >= stage.max_attempts.max(1) {
+            return StageEnd::Failed(format!("{message} ({panics} times)"), None);
+        }
+        ctx.event(
+            "warn",
+            "internal_error",
+            format!(
+                "item {}: {message}; sending it again",
+                crate::sanitize::truncate(&item.item_id, 60)
+            ),
+        );
+        counters = Counters {
+            attempt,
+            gate_failures: sw.gate_failures,
+            transport_retries: sw.transport_retries,
+        };
     }
 }
 
@@ -132,13 +185,7 @@ pub(super) async fn process(
         } else {
             // A batch line's result is for the request it answered.
             let d = delivered.take_if(|d| d.request_id == sw.request_id);
-            let job = match Job::new(&item, stage, sw.request_id, counters(sw), extra.clone()) {
-                Ok(job) => job.with_delivered(d),
-                Err(message) => {
-                    return fail(ctx, &item, k, sw, message, None).await;
-                }
-            };
-            confined(run_request(ctx, job, slot.take())).await
+            run_confined(ctx, &item, stage, sw, &extra, d, slot.take()).await
         };
         let reused = sw.status == "completed";
         match end {

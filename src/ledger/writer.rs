@@ -183,6 +183,16 @@ pub enum WriteError {
 pub enum WriteOp {
     Send(SendIntent),
     Attempt(AttemptRecord),
+    /// An attempt whose handling panicked (fault-matrix row P6): if it
+    /// is still 'sent' (its request may have left and been billed), it
+    /// becomes ambiguous with `message`; an attempt already closed stays
+    /// as it is.
+    Abandon {
+        session_id: String,
+        request_id: i64,
+        attempt: i64,
+        message: String,
+    },
     /// The attempt record (if any) and the final result, in one transaction.
     Final(Option<AttemptRecord>, FinalResult),
     /// The attempt record (if any) and a stage's end for an item.
@@ -716,6 +726,35 @@ fn apply(conn: &Connection, op: &WriteOp) -> crate::ledger::db::Result<()> {
                  VALUES (?1, ?2, ?3, ?4, 'sent', ?5, ?6, ?7)",
             )?
             .execute(params![s.request_id, s.attempt, s.session_id, s.client_request_id, s.system_prompt.as_deref(), s.user_prompt, now])?;
+            Ok(())
+        }
+        WriteOp::Abandon {
+            session_id,
+            request_id,
+            attempt,
+            message,
+        } => {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE llm_messages SET state = 'ambiguous', error_kind = 'ambiguous', error_message = ?3,
+                         finished_at = ?4
+                     WHERE request_id = ?1 AND attempt = ?2 AND state = 'sent'",
+                )?
+                .execute(params![request_id, attempt, message, now])?;
+            if n == 0 {
+                return Ok(());
+            }
+            conn.prepare_cached(
+                "UPDATE llm_requests SET attempt = MAX(attempt, ?2), last_error = ?3, updated_at = ?4
+                 WHERE request_id = ?1",
+            )?
+            .execute(params![request_id, attempt, message, now])?;
+            conn.prepare_cached(
+                "UPDATE llm_batch_session SET attempt_count = attempt_count + 1,
+                     ambiguous_count = ambiguous_count + 1, updated_at = ?2
+                 WHERE session_id = ?1",
+            )?
+            .execute(params![session_id, now])?;
             Ok(())
         }
         WriteOp::Attempt(a) => {
