@@ -484,6 +484,63 @@ async fn malformed_and_wrong_schema_answers_are_retried_then_recorded() {
             .unwrap();
         assert!(err.contains("gave up after 5"), "{err}");
     }
+    // Row S7: a 200 that is not an answer was most likely billed: every one
+    // is on record as an ambiguous attempt, none as a success.
+    assert_eq!(s.ambiguous_count, malformed);
+    assert_eq!(
+        count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous' AND http_status = 200",
+            []
+        ),
+        malformed as i64
+    );
+}
+
+/// Row S7, transport: the connection is reset halfway through a 200's
+/// body (its Content-Length promised all of it). Nothing of the half body
+/// is stored as a success; each such attempt is ambiguous (the answer was
+/// generated and billed), sent again, and every item gets its one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_a_body_cut_by_a_reset_is_ambiguous_and_sent_again() {
+    let (m, ws) = mocked(
+        MockConfig {
+            reset_mid_body: 0.3,
+            seed: 5,
+            ..Default::default()
+        },
+        40,
+        |_| {},
+    )
+    .await;
+    let (report, _) = run(options(&ws)).await;
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    let resets = m.stats().resets;
+    assert!(resets > 0);
+    assert_eq!(s.ambiguous_count, resets);
+    let conn = ws.conn();
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous' AND assistant_output IS NULL",
+            []
+        ),
+        resets as i64
+    );
+    // Every answered attempt holds a whole answer, and only whole answers
+    // became results.
+    let answered: Vec<String> = conn
+        .prepare("SELECT assistant_output FROM llm_messages WHERE state = 'answered'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(answered.len() as u64, 40 - s.error_count);
+    for a in &answered {
+        serde_json::from_str::<serde_json::Value>(a).unwrap_or_else(|e| panic!("{e}: {a}"));
+    }
 }
 
 /// A gate that can never pass (every answer misses a required field, as

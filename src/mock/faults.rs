@@ -3,7 +3,7 @@
 //! Contract: faults depend on the draw sequence, never on the prompt, so a
 //! retried request can succeed. Each fault is drawn independently with its own
 //! rate; when several hit, the first in pipeline order wins: 500, 503, hang
-//! (decided before the latency sleep), then malformed, truncated, wrong_schema
+//! (decided before the latency sleep), then malformed, reset mid-body, truncated, wrong_schema
 //! (applied after it). Latency is log-normal with the configured median and p99
 //! (sigma = (ln p99 - ln median) / 2.326); p99 <= median means a constant median.
 
@@ -26,6 +26,7 @@ pub(crate) enum EarlyFault {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LateFault {
     Malformed,
+    ResetMidBody,
     Truncated,
     WrongSchema,
 }
@@ -42,7 +43,7 @@ pub(crate) struct Draw {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct FaultPlan {
     early: [(f64, EarlyFault); 3],
-    late: [(f64, LateFault); 3],
+    late: [(f64, LateFault); 4],
     latency: Latency,
 }
 
@@ -86,6 +87,7 @@ impl FaultPlan {
             ],
             late: [
                 (rate(c.malformed), LateFault::Malformed),
+                (rate(c.reset_mid_body), LateFault::ResetMidBody),
                 (rate(c.truncated), LateFault::Truncated),
                 (rate(c.wrong_schema), LateFault::WrongSchema),
             ],

@@ -111,6 +111,10 @@ pub struct MockConfig {
     /// rate of 200 responses whose body is not JSON
     #[arg(long, default_value_t = 0.0)]
     pub malformed: f64,
+    /// rate of 200 responses whose connection is reset halfway through the body (its
+    /// Content-Length promised all of it); billed like an answer
+    #[arg(long, default_value_t = 0.0)]
+    pub reset_mid_body: f64,
     /// rate of 200 responses with finish_reason "length" and content cut mid-way
     #[arg(long, default_value_t = 0.0)]
     pub truncated: f64,
@@ -202,6 +206,7 @@ impl Default for MockConfig {
             fail_503: 0.0,
             hang: 0.0,
             malformed: 0.0,
+            reset_mid_body: 0.0,
             truncated: 0.0,
             wrong_schema: 0.0,
             mode: "normal".to_string(),
@@ -243,6 +248,7 @@ impl MockConfig {
             ("fail_503", self.fail_503),
             ("hang", self.hang),
             ("malformed", self.malformed),
+            ("reset_mid_body", self.reset_mid_body),
             ("truncated", self.truncated),
             ("wrong_schema", self.wrong_schema),
             ("batch_fail_rate", self.batch_fail_rate),
@@ -294,6 +300,8 @@ pub struct MockStats {
     pub overloaded: u64,
     pub hangs: u64,
     pub malformed: u64,
+    /// 200s whose connection was reset mid-body
+    pub resets: u64,
     pub truncated: u64,
     pub wrong_schema: u64,
     /// 400
@@ -356,7 +364,7 @@ pub struct MockLogEntry {
     /// HTTP status sent; 0 for a hang (nothing is ever sent)
     pub status: u16,
     /// "ok","rate_limited","unauthorized","quota","server_error","overloaded","hang",
-    /// "malformed","truncated","wrong_schema","bad_request"; Files/Batches events:
+    /// "malformed","reset_mid_body","truncated","wrong_schema","bad_request"; Files/Batches events:
     /// "file_uploaded", "batch_created" (status 500 when its answer was lost),
     /// "batch_cancelling" (the cancel request), and the transitions (status 0) "batch_in_progress",
     /// "batch_finalizing", "batch_completed", "batch_output_ready" (late files),

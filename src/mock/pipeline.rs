@@ -312,7 +312,7 @@ pub(crate) async fn run(
     }
 
     let damage = match draw.late {
-        Some(LateFault::Malformed) => Damage::None,
+        Some(LateFault::Malformed | LateFault::ResetMidBody) => Damage::None,
         Some(LateFault::Truncated) => Damage::Truncated,
         Some(LateFault::WrongSchema) => Damage::WrongSchema,
         None => Damage::None,
@@ -343,8 +343,43 @@ pub(crate) async fn run(
         reply.record(Outcome::Malformed, 200, None);
         return reply.build(rendered);
     }
+    if draw.late == Some(LateFault::ResetMidBody) {
+        // Generated, so billed; the client gets half the bytes it was promised.
+        reply.record(
+            Outcome::ResetMidBody,
+            200,
+            Some((prompt_tokens, completion_tokens)),
+        );
+        return reset_mid_body(reply.build(rendered)).await;
+    }
     reply.record(outcome, 200, Some((prompt_tokens, completion_tokens)));
     reply.build(rendered)
+}
+
+/// The same response, its Content-Length kept, but its body stream ends in
+/// an error halfway: the server drops the connection mid-body.
+async fn reset_mid_body(resp: Response) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let half = bytes.slice(..bytes.len() / 2);
+    put(
+        &mut parts.headers,
+        "content-length",
+        bytes.len().to_string(),
+    );
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
+        Ok(half),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "mock: reset mid-body",
+        )),
+    ];
+    Response::from_parts(
+        parts,
+        axum::body::Body::from_stream(futures::stream::iter(chunks)),
+    )
 }
 
 /// A 200 body that is not JSON: OpenAI's route keeps its historical fixed

@@ -27,13 +27,14 @@ pub(crate) enum Outcome {
     Overloaded,
     Hang,
     Malformed,
+    ResetMidBody,
     Truncated,
     WrongSchema,
     BadRequest,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 11] = [
+    const ALL: [Outcome; 12] = [
         Outcome::Ok,
         Outcome::RateLimited,
         Outcome::Unauthorized,
@@ -42,6 +43,7 @@ impl Outcome {
         Outcome::Overloaded,
         Outcome::Hang,
         Outcome::Malformed,
+        Outcome::ResetMidBody,
         Outcome::Truncated,
         Outcome::WrongSchema,
         Outcome::BadRequest,
@@ -57,6 +59,7 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::Hang => "hang",
             Outcome::Malformed => "malformed",
+            Outcome::ResetMidBody => "reset_mid_body",
             Outcome::Truncated => "truncated",
             Outcome::WrongSchema => "wrong_schema",
             Outcome::BadRequest => "bad_request",
@@ -229,6 +232,7 @@ impl Recorder {
             overloaded: n(Outcome::Overloaded),
             hangs: n(Outcome::Hang),
             malformed: n(Outcome::Malformed),
+            resets: n(Outcome::ResetMidBody),
             truncated: n(Outcome::Truncated),
             wrong_schema: n(Outcome::WrongSchema),
             bad_requests: n(Outcome::BadRequest),

@@ -171,8 +171,9 @@ pub(crate) fn parse_success(
     provider_request_id: Option<String>,
     status: u16,
 ) -> Result<ChatAnswer, ProviderError> {
+    // A 2xx that is not an answer: most likely billed (row S7).
     let body: MessageBody = serde_json::from_slice(bytes).map_err(|e| ProviderError {
-        class: ErrorClass::Transient,
+        class: ErrorClass::Ambiguous,
         http_status: Some(status),
         message: format!(
             "answer body is not an Anthropic message: {e}; body starts {}",
@@ -397,7 +398,7 @@ mod tests {
         assert!(a.refusal.unwrap().contains("refusal"));
         assert_eq!(a.content, None);
         let e = parse_success(b"{\"id\":\"msg", RateHeaders::default(), None, 200).unwrap_err();
-        assert_eq!(e.class, ErrorClass::Transient);
+        assert_eq!(e.class, ErrorClass::Ambiguous);
     }
 
     #[test]
@@ -521,13 +522,13 @@ mod tests {
             .unwrap();
         assert_eq!(u.input_tokens, MAX_TOKENS_REPORTED);
         assert_eq!(u.cached_input_tokens, MAX_TOKENS_REPORTED);
-        // Out of u64 range or negative: a garbage body, transient.
+        // Out of u64 range or negative: a garbage 2xx body, ambiguous.
         for n in ["1e30", "-1", "18446744073709551616"] {
             let body = format!(
                 r#"{{"id":"m","type":"message","content":[],"usage":{{"input_tokens":{n},"output_tokens":1}}}}"#
             );
             let e = parse_success(body.as_bytes(), RateHeaders::default(), None, 200).unwrap_err();
-            assert_eq!(e.class, ErrorClass::Transient, "{n}");
+            assert_eq!(e.class, ErrorClass::Ambiguous, "{n}");
         }
         // Resets at the ends of time, and retry-after nonsense.
         let now = DateTime::parse_from_rfc3339("2025-08-21T12:40:29Z")

@@ -208,14 +208,16 @@ pub(crate) fn parse_success(
     headers: RateHeaders,
     status: u16,
 ) -> Result<ChatAnswer, ProviderError> {
-    let transient = |message: String| ProviderError {
-        class: ErrorClass::Transient,
+    // A 2xx that is not an answer: most likely billed, and nothing of it
+    // can be used. Retried, and counted ambiguous (row S7).
+    let unusable = |message: String| ProviderError {
+        class: ErrorClass::Ambiguous,
         http_status: Some(status),
         message,
         headers,
     };
     let body: ResponseBody = serde_json::from_slice(bytes).map_err(|e| {
-        transient(format!(
+        unusable(format!(
             "answer body is not a Gemini response: {e}; body starts {}",
             preview(bytes)
         ))
@@ -245,7 +247,7 @@ pub(crate) fn parse_success(
                 http_status: status,
             });
         }
-        return Err(transient("answer has no candidates".into()));
+        return Err(unusable("answer has no candidates".into()));
     };
     let mut text: Option<String> = None;
     for part in candidate.content.into_iter().flat_map(|c| c.parts) {
@@ -515,7 +517,7 @@ mod tests {
         assert_eq!(a.finish_reason, FinishReason::ContentFilter);
         assert!(a.refusal.unwrap().contains("blockReason SAFETY"));
         let e = parse_success(b"{}", RateHeaders::default(), 200).unwrap_err();
-        assert_eq!(e.class, ErrorClass::Transient);
+        assert_eq!(e.class, ErrorClass::Ambiguous);
     }
 
     fn body_429(quota_id: &str, delay: &str) -> String {

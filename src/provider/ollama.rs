@@ -135,24 +135,26 @@ pub(crate) fn parse_success(
     headers: RateHeaders,
     status: u16,
 ) -> Result<ChatAnswer, ProviderError> {
-    let transient = |message: String| ProviderError {
-        class: ErrorClass::Transient,
+    // A 2xx that is not an answer: most likely billed, and nothing of it
+    // can be used. Retried, and counted ambiguous (row S7).
+    let unusable = |message: String| ProviderError {
+        class: ErrorClass::Ambiguous,
         http_status: Some(status),
         message,
         headers,
     };
     let body: ChatBody = serde_json::from_slice(bytes).map_err(|e| {
-        transient(format!(
+        unusable(format!(
             "answer body is not an Ollama chat answer: {e}; body starts {}",
             preview(bytes)
         ))
     })?;
     if let Some(error) = body.error {
         // An error after generation started comes back with a 200.
-        return Err(transient(error));
+        return Err(unusable(error));
     }
     let Some(message) = body.message else {
-        return Err(transient("answer has no message".into()));
+        return Err(unusable("answer has no message".into()));
     };
     let finish_reason = match body.done_reason.as_deref() {
         Some("stop") | None => FinishReason::Stop,
@@ -269,7 +271,7 @@ mod tests {
             200,
         )
         .unwrap_err();
-        assert_eq!(e.class, ErrorClass::Transient);
+        assert_eq!(e.class, ErrorClass::Ambiguous);
     }
 
     #[test]

@@ -195,9 +195,9 @@ pub(crate) fn parse_success(
     status: u16,
 ) -> Result<ChatAnswer, ProviderError> {
     let body: CompletionBody = serde_json::from_slice(bytes).map_err(|e| ProviderError {
-        // The server answered, so this is not ambiguous; it is garbage, and a
-        // retry may well get a good answer.
-        class: ErrorClass::Transient,
+        // A 2xx that is not an answer: most likely billed, and nothing of it
+        // can be used. Retried, and counted ambiguous (row S7).
+        class: ErrorClass::Ambiguous,
         http_status: Some(status),
         message: format!(
             "answer body is not a chat completion: {e}; body starts {}",
@@ -207,7 +207,7 @@ pub(crate) fn parse_success(
     })?;
     let Some(choice) = body.choices.into_iter().next() else {
         return Err(ProviderError {
-            class: ErrorClass::Transient,
+            class: ErrorClass::Ambiguous,
             http_status: Some(status),
             message: "answer has no choices".into(),
             headers,
@@ -460,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn garbage_is_transient_not_a_panic() {
+    fn a_garbage_2xx_is_ambiguous_not_a_panic() {
         let e = parse_success(
             b"{\"id\":\"chatcmpl-x\",\"object\":\"chat.compl",
             RateHeaders::default(),
@@ -468,9 +468,9 @@ mod tests {
             200,
         )
         .unwrap_err();
-        assert_eq!(e.class, ErrorClass::Transient);
+        assert_eq!(e.class, ErrorClass::Ambiguous);
         let e = parse_success(b"{\"choices\":[]}", RateHeaders::default(), None, 200).unwrap_err();
-        assert_eq!(e.class, ErrorClass::Transient);
+        assert_eq!(e.class, ErrorClass::Ambiguous);
     }
 
     #[test]
@@ -613,7 +613,7 @@ mod tests {
                 r#"{{"choices":[{{"message":{{"content":"hi"}}}}],"usage":{{"prompt_tokens":{n}}}}}"#
             );
             let e = parse_success(body.as_bytes(), RateHeaders::default(), None, 200).unwrap_err();
-            assert_eq!(e.class, ErrorClass::Transient, "{n}");
+            assert_eq!(e.class, ErrorClass::Ambiguous, "{n}");
         }
         let hour = std::time::Duration::from_secs(3600);
         for (ms, after, want) in [
