@@ -877,3 +877,85 @@ fn cancel_of_an_idle_session_cancels_its_provider_batch() {
     check_each_once(&conn, &sid);
     check_no_key(&ws, &sid, format!("{out}{out2}{out3}"));
 }
+
+/// Rows B8 and X1: the session's snapshot keeps the key's fingerprint,
+/// never the key. A resume under another key while a provider batch is
+/// open is refused, naming the variable and both fingerprints (another key
+/// may not see the batch, which would look failed); the batch is left as it
+/// is, and the resume with the first key collects it.
+#[test]
+fn b8_a_resume_with_another_key_while_a_batch_is_open_is_refused() {
+    let _serial = support::serial();
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "3000",
+        "--batch-finalizing-ms",
+        "100",
+    ]);
+    let ws = Ws::new("openai", &mock);
+    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let batch = wait_for(
+        "a batch running at the provider",
+        &ws,
+        &mut run,
+        running_batch,
+    );
+    let sid = batch.session_id.clone();
+    run.kill9();
+    let snapshot: String = ws
+        .conn()
+        .query_row(
+            "SELECT config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let snap: serde_json::Value = serde_json::from_str(&snapshot).unwrap();
+    let fingerprint = format!(
+        "sha256:{}",
+        &docket::cost::sha256_hex(CANARY.as_bytes())[..8]
+    );
+    assert_eq!(snap["keys"]["main"]["env"], KEY_ENV, "{snap}");
+    assert_eq!(
+        snap["keys"]["main"]["fingerprint"],
+        fingerprint.as_str(),
+        "{snap}"
+    );
+    assert!(!snapshot.contains(CANARY));
+
+    let other = "sk-another-key-0000";
+    let mut cmd = ws.command(&["batch-adjudicate", "--resume", &sid, "--yes", "--headless"]);
+    cmd.env(KEY_ENV, other);
+    let (code, out) = Proc::start(
+        cmd,
+        "resume with another key".into(),
+        ws.home.path().join("other-key.out"),
+    )
+    .wait(RUN_TIMEOUT);
+    let other_fp = format!(
+        "sha256:{}",
+        &docket::cost::sha256_hex(other.as_bytes())[..8]
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains(KEY_ENV) && out.contains(&fingerprint) && out.contains(&other_fp),
+        "{out}"
+    );
+    assert!(!out.contains(other) && !out.contains(CANARY), "{out}");
+    assert_eq!(mock.stat("batches_created"), 1);
+    let rows = batch_rows(&ws.conn());
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_ne!(rows[0].state, "ingested", "{rows:?}");
+
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out}");
+    assert_eq!(mock.stat("batches_created"), 1, "{out}");
+    let conn = ws.conn();
+    assert_eq!(batch_rows(&conn)[0].state, "ingested");
+    check_each_once(&conn, &sid);
+}

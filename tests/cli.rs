@@ -419,7 +419,11 @@ async fn the_api_key_reaches_no_ledger_log_or_export() {
     haystack.push_str(&String::from_utf8_lossy(&o.stdout));
     assert!(!haystack.contains(canary));
     // The ledger file (and its WAL) byte for byte, and every log file.
-    let mut files = vec![ws.ledger(), ws.path().join("docket.sqlite-wal")];
+    let mut files = vec![
+        ws.ledger(),
+        ws.path().join("docket.sqlite-wal"),
+        ws.path().join("docket.sqlite-shm"),
+    ];
     for entry in walk(home.path()) {
         files.push(entry);
     }

@@ -40,6 +40,7 @@ pub use stats::{Stats, StatsSnapshot};
 
 use crate::config::{ConfigError, LoadedConfig, ProviderKind};
 use crate::gate::GateBuildError;
+use crate::ledger::controls::RunControls;
 use crate::ledger::rerun::RerunError;
 use crate::ledger::store::{self, RESUME_WINDOW_SECS, SessionRow};
 use crate::ledger::work::{RunSessions, WorkQueue};
@@ -478,6 +479,7 @@ fn start_session(
             "template_hash": s.template.hash, "params_hash": s.params_hash,
         })).collect::<Vec<_>>(),
         "rerun_stage": prepared.rerun_from.map(|i| prepared.stages[i].name.clone()),
+        "keys": key_fingerprints(prepared),
     })
     .to_string();
     let new_stages = new_stages(prepared);
@@ -661,6 +663,7 @@ fn resume_session(
             )));
         }
         check_same_job(p, &s)?;
+        check_same_keys(p, &s, ledger.open_provider_batches(id)?, reporter)?;
         if p.rerun_from.is_some() && ledger.live_workers(id)? > 0 {
             return Err(EngineError::Usage(format!(
                 "session {id} is being worked on right now; --rerun-stage rewrites its requests and needs it to itself. \
@@ -729,6 +732,69 @@ fn keep_session_flags(opts: &mut RunOptions, id: &str) {
     opts.review_threshold = opts.review_threshold.or(flag("review_threshold"));
     opts.min_confidence = opts.min_confidence.or(flag("min_confidence"));
     opts.rate_limit = opts.rate_limit.or(flag("rate_limit").map(|r| r as u64));
+}
+
+/// Each provider of the job that takes a key: its variable's name and the
+/// key's fingerprint (`provider::key_fingerprint`), never the key.
+fn key_fingerprints(p: &Prepared) -> serde_json::Value {
+    let mut keys = serde_json::Map::new();
+    for s in &p.stages {
+        let Some(cfg) = p.config.config.providers.get(&s.provider_name) else {
+            continue;
+        };
+        if let Some(var) = &cfg.api_key_env {
+            keys.insert(
+                s.provider_name.clone(),
+                serde_json::json!({
+                    "env": var,
+                    "fingerprint": crate::provider::key_fingerprint(cfg),
+                }),
+            );
+        }
+    }
+    serde_json::Value::Object(keys)
+}
+
+/// A resumed session with provider batches still open must poll them with
+/// the key that created them: another key (another project or account)
+/// would see a 404 and the batches look failed when they are not (row B8).
+/// With no batch open, another key is only said.
+fn check_same_keys(
+    p: &Prepared,
+    s: &SessionRow,
+    open_batches: u64,
+    reporter: &dyn Reporter,
+) -> Result<(), EngineError> {
+    let snap: serde_json::Value = serde_json::from_str(&s.config_snapshot_json).unwrap_or_default();
+    let Some(was) = snap.get("keys").and_then(|k| k.as_object()) else {
+        // A session from before fingerprints were kept.
+        return Ok(());
+    };
+    let now = key_fingerprints(p);
+    for (provider, then) in was {
+        let (Some(then_fp), Some(now_fp)) = (
+            then.get("fingerprint").and_then(|f| f.as_str()),
+            now.pointer(&format!("/{provider}/fingerprint"))
+                .and_then(|f| f.as_str()),
+        ) else {
+            continue;
+        };
+        if then_fp == now_fp {
+            continue;
+        }
+        let var = then.get("env").and_then(|v| v.as_str()).unwrap_or("?");
+        let what = format!(
+            "session {} was started with another key for provider {provider}: {var} was {then_fp}, it is {now_fp} now",
+            s.session_id
+        );
+        if open_batches > 0 {
+            return Err(EngineError::Usage(format!(
+                "{what}. Its {open_batches} provider batch(es) still open were created with the first key and                  another key may not see them (they would look failed). Set {var} back to that key to resume."
+            )));
+        }
+        reporter.line(&format!("Note: {what}."));
+    }
+    Ok(())
 }
 
 /// A resumed session must send what it started with: the same stage,

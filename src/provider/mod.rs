@@ -244,6 +244,20 @@ pub enum ProviderSetupError {
     Other { provider: String, message: String },
 }
 
+/// A short fingerprint of the key the config names, if it is set: the
+/// first 8 hex digits of its SHA-256 (32 bits: enough to tell two keys
+/// apart, nothing to guess one from). A session's config snapshot keeps it
+/// beside the variable's name (row X1), so a resume with another key is
+/// told, never mistaken for a provider failure (row B8).
+pub fn key_fingerprint(cfg: &ProviderConfig) -> Option<String> {
+    let var = cfg.api_key_env.as_ref()?;
+    let key = std::env::var(var).ok().filter(|k| !k.is_empty())?;
+    Some(format!(
+        "sha256:{}",
+        &crate::cost::sha256_hex(key.as_bytes())[..8]
+    ))
+}
+
 /// Check that the key the config names is in the environment (without
 /// keeping it): run before anything is planned or created.
 pub fn check_key(name: &str, cfg: &ProviderConfig) -> Result<(), ProviderSetupError> {
