@@ -53,11 +53,11 @@ pub async fn run(cli: Cli) -> i32 {
             format,
         } => import(&ws, &file, id_field, strict, format),
         Command::BatchAdjudicate(args) => {
-            warn_if_others_can_write(&ws);
+            warn_about_the_place(&ws);
             batch_adjudicate(&ws, args, &console_args).await
         }
         Command::Worker(args) => {
-            warn_if_others_can_write(&ws);
+            warn_about_the_place(&ws);
             worker(&ws, args).await
         }
         Command::Workers { session, format } => with_ledger_reading(&ws, |l| {
@@ -205,6 +205,23 @@ fn open_unwritable(file: &Path) -> Result<Ledger, String> {
         })
 }
 
+/// Before a run: a workspace others may write to (row X2), and a SQLite
+/// ledger on a network filesystem (row D4).
+fn warn_about_the_place(ws: &Path) {
+    warn_if_others_can_write(ws);
+    if let Ok(docket::ledger::location::LedgerLocation::File(file)) =
+        docket::ledger::location::LedgerLocation::for_workspace(ws)
+    {
+        let dir = file
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if let Some(w) = docket::ledger::place::network_warning(dir) {
+            eprintln!("docket: warning: {}", docket::sanitize::for_terminal(&w));
+        }
+    }
+}
+
 /// A workspace others may write to can have its prompts, schemas or
 /// ledger changed under a run (fault-matrix row X2): say so before a run.
 fn warn_if_others_can_write(ws: &Path) {
@@ -230,14 +247,16 @@ fn warn_if_others_can_write(ws: &Path) {
 }
 
 /// Whether docket may write the ledger file `file` and its folder (SQLite
-/// writes `-wal` and `-shm` files beside it).
+/// writes `-wal` and `-shm` files beside it). The file itself is never
+/// opened here: closing a second descriptor would drop SQLite's locks.
 fn writable_place(file: &Path) -> bool {
-    let file_ok = std::fs::OpenOptions::new().append(true).open(file).is_ok();
+    let file_ok = docket::ledger::place::writable(file);
     let dir = file
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let probe = dir.join(format!(".docket-write-probe-{}", std::process::id()));
+    // not a ledger file: a probe of its own, removed at once.
     let dir_ok = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -734,6 +753,7 @@ async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
     }
     let items_path = dir.join("items/demo.jsonl");
     let written = (|| -> std::io::Result<()> {
+        // not a ledger file: the demo's items.
         let mut f = std::io::BufWriter::new(std::fs::File::create(&items_path)?);
         docket::demo::write_chart_items(&mut f, args.items, 2026)?;
         f.flush()

@@ -1553,3 +1553,48 @@ fn a_ledger_from_a_newer_docket_is_refused_and_left_as_it_is() {
     }
     assert_eq!(std::fs::read(ws.ledger()).unwrap(), before);
 }
+
+/// Row D4: an export pointed at the ledger itself (or its -wal, -shm; by
+/// any path that leads there) is refused before a byte is written, and the
+/// ledger stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_over_the_ledger_is_refused_and_the_ledger_kept() {
+    let (_m, ws) = mocked(MockConfig::default(), 10, |_| {}).await;
+    let home = tempfile::tempdir().unwrap();
+    let out = docket(&ws, home.path())
+        .args(["run", "--yes"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let before = std::fs::read(ws.ledger()).unwrap();
+    let link = home.path().join("looks-harmless.csv");
+    std::os::unix::fs::symlink(ws.ledger(), &link).unwrap();
+    let via_dots = ws.path().join("items/../docket.sqlite");
+    for target in [
+        ws.ledger(),
+        ws.path().join("docket.sqlite-wal"),
+        via_dots,
+        link,
+    ] {
+        let t = target.to_string_lossy().to_string();
+        let (code, text) = run_err(
+            &ws,
+            home.path(),
+            &[
+                "export", "--what", "results", "--format", "csv", "--output", &t,
+            ],
+        );
+        assert_ne!(code, Some(0), "{t}: {text}");
+        assert!(
+            text.contains("is the ledger") && text.contains(&t),
+            "{t}: {text}"
+        );
+    }
+    assert_eq!(std::fs::read(ws.ledger()).unwrap(), before);
+    let ok: String = ws
+        .conn()
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    assert_eq!(processed(&ws), 10);
+}

@@ -14,6 +14,7 @@ mod handle;
 pub mod import;
 pub mod location;
 mod migrate;
+pub mod place;
 pub mod postgres;
 pub mod queue;
 pub mod reports;

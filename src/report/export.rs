@@ -269,6 +269,7 @@ pub fn export_file(
     workspace: &Path,
     path: &Path,
 ) -> Result<u64, ReportError> {
+    refuse_the_ledger(workspace, path)?;
     // Plan first, so an unknown session leaves no empty file behind.
     plan(ledger, opts, workspace)?;
     // Written beside the target and renamed over it once whole: a crash or
@@ -297,6 +298,38 @@ pub fn export_file(
     written
 }
 
+/// An export over the workspace's SQLite ledger (or its `-wal`, `-shm`)
+/// would destroy it (fault-matrix row D4): refused before anything is
+/// written. Paths are compared as they resolve (a symlink, `./`).
+fn refuse_the_ledger(workspace: &Path, path: &Path) -> Result<(), ReportError> {
+    let Ok(crate::ledger::location::LedgerLocation::File(ledger)) =
+        crate::ledger::location::LedgerLocation::for_workspace(workspace)
+    else {
+        return Ok(());
+    };
+    let resolved = |p: &Path| -> Option<std::path::PathBuf> {
+        if let Ok(c) = p.canonicalize() {
+            return Some(c);
+        }
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.canonicalize().ok()?,
+            _ => std::env::current_dir().ok()?,
+        };
+        Some(dir.join(p.file_name()?))
+    };
+    let Some(out) = resolved(path) else {
+        return Ok(());
+    };
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = ledger.as_os_str().to_owned();
+        name.push(suffix);
+        if resolved(Path::new(&name)).is_some_and(|l| l == out) {
+            return Err(ReportError::OutputIsTheLedger(path.display().to_string()));
+        }
+    }
+    Ok(())
+}
+
 /// `.NAME.partial-PID` beside `path`.
 fn partial_path(path: &Path) -> std::path::PathBuf {
     let name = path
@@ -315,6 +348,7 @@ fn write_file(
     path: &Path,
     fresh: bool,
 ) -> Result<u64, ReportError> {
+    // not a ledger file: `export_file` refused the ledger's paths first.
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -67,6 +67,10 @@ pub enum ReportError {
     ParquetNeedsFile,
     #[error("--what items is one session's items: name it with --session ID")]
     ItemsNeedSession,
+    #[error(
+        "{0} is the ledger (or one of its -wal, -shm files): an export never writes over it; choose another --output"
+    )]
+    OutputIsTheLedger(String),
 }
 
 impl ReportError {
