@@ -1571,6 +1571,104 @@ async fn an_unreachable_provider_holds_the_run_and_probes_resume_it() {
     );
 }
 
+/// Row S4, persistent: the provider answers every request with a 500 (an
+/// outage). Once twenty answers in a row, for three items or more, were
+/// server errors, the breaker opens: the session shows paused with the
+/// reason, no item is failed for it, and sends stop but for one now and
+/// then (half-open). When the provider heals, that probe's answer closes
+/// the breaker and the run goes on by itself to the end; the 500s while
+/// it was open spent none of the items' transport attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_failing_every_request_holds_the_run_until_it_heals() {
+    const ITEMS: usize = 60;
+    let (m, ws) = mocked(latency(20.0, 40.0), ITEMS, |job| job.concurrency = 4).await;
+    let conn = ws.conn();
+    let run_task = tokio::spawn(run(options(&ws)));
+    poll("some results", Duration::from_secs(20), || {
+        (count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []) >= 10).then_some(())
+    })
+    .await;
+    m.set_config(MockConfig {
+        fail_500: 1.0,
+        ..latency(20.0, 40.0)
+    });
+    let why: String = poll(
+        "the session paused as failing",
+        Duration::from_secs(60),
+        || {
+            conn.query_row(
+                "SELECT stop_reason FROM llm_batch_session WHERE state = 'paused'",
+                [],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .ok()
+            .flatten()
+        },
+    )
+    .await;
+    assert!(
+        why.contains("provider main failing") && why.contains("were server errors"),
+        "{why}"
+    );
+    // Half-open: a probe goes now and then, not a flood (at most one per
+    // second at first, then fewer).
+    let server_errors = || m.stats().server_errors;
+    let at_open = server_errors();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let probes = server_errors() - at_open;
+    assert!(
+        probes <= 6,
+        "{probes} sends in 4 s while the breaker was open"
+    );
+    assert!(!run_task.is_finished(), "the run waits for the provider");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_batch_result WHERE outcome = 'error'",
+            []
+        ),
+        0,
+        "no item failed for the outage"
+    );
+
+    m.set_config(latency(20.0, 40.0));
+    let (report, lines) = tokio::time::timeout(Duration::from_secs(90), run_task)
+        .await
+        .expect("the run went on by itself once the provider healed")
+        .unwrap();
+    assert!(
+        matches!(report.end, RunEnd::Completed),
+        "{:?}\n{}",
+        report.end,
+        lines.text()
+    );
+    let s = report.session.unwrap();
+    assert_eq!(s.error_count, 0, "no item failed for it");
+    check_complete(&conn, &s.session_id);
+    // Only the failures before the breaker opened count against items
+    // (at most a few each; the item's cap is 5).
+    assert!(
+        count(
+            &conn,
+            "SELECT COALESCE(MAX(transport_retries), 0) FROM llm_requests",
+            []
+        ) < 5
+    );
+    let events: Vec<String> = conn
+        .prepare("SELECT kind || ': ' || message FROM session_event WHERE kind IN ('unreachable', 'reachable') ORDER BY event_id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events[0].contains("failing"), "{events:?}");
+    assert!(
+        events[1].starts_with("reachable: provider main answers again"),
+        "{events:?}"
+    );
+}
+
 /// Row I3: evidence is data. An item whose fields hold template syntax
 /// (`{{ ... }}`, `{% ... %}`) is rendered with that text as it is, never
 /// evaluated: the prompt sent holds the braces, not what they would make.

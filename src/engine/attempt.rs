@@ -690,7 +690,9 @@ async fn on_answer(
         None => job.worst_cost * factor,
     };
     ctx.budget.settle(job.reserved, cost);
-    ctx.reach_watch.answered(job.stage.index);
+    if let Some(open_for) = ctx.reach_watch.answered(job.stage.index) {
+        super::reach_probe::healed(ctx, job.stage.index, open_for);
+    }
     if let Some(reservation) = reservation {
         job.rt(ctx).limiter.on_success(
             reservation,
@@ -809,13 +811,24 @@ async fn on_error(
     // until a probe gets an answer (row S5).
     let unreached =
         err.class == ErrorClass::Transient && err.http_status.is_none() && job.via == Via::Sync;
+    // A server error while the stage's breaker is open for server errors
+    // (this send was its half-open probe, or was under way when it opened):
+    // the outage's, not the item's (row S4).
+    let server_error = job.via == Via::Sync
+        && err.http_status.is_some_and(|s| s >= 500)
+        && matches!(err.class, ErrorClass::Transient | ErrorClass::Overloaded);
+    let held = server_error
+        && ctx
+            .reach_watch
+            .opened(job.stage.index)
+            .is_some_and(|(_, cause)| cause == super::reach_watch::Cause::Failing);
     let rec = AttemptRecord {
         state: if ambiguous { "ambiguous" } else { "failed" },
         http_status: err.http_status,
         error_kind: Some(err.class.as_str().into()),
         error_message: Some(err.message.clone()),
         rate_limited: is_rl,
-        transport_failure: !is_rl && !unreached && err.class.is_retryable(),
+        transport_failure: !is_rl && !unreached && !held && err.class.is_retryable(),
         ..base
     };
     tracing::debug!(
@@ -830,8 +843,17 @@ async fn on_error(
         {
             tracing::warn!(stage = %job.stage.name, "breaker open: {why}");
         }
-    } else if err.http_status.is_some() {
-        ctx.reach_watch.answered(job.stage.index);
+    } else if server_error {
+        if let Some(why) =
+            ctx.reach_watch
+                .server_failed(job.stage.index, &job.item.item_id, &err.message)
+        {
+            tracing::warn!(stage = %job.stage.name, "breaker open: {why}");
+        }
+    } else if err.http_status.is_some()
+        && let Some(open_for) = ctx.reach_watch.answered(job.stage.index)
+    {
+        super::reach_probe::healed(ctx, job.stage.index, open_for);
     }
     if err.class.stops_session() {
         tracing::warn!(session = %ctx.session_id, "stopping: {err}");
@@ -848,9 +870,10 @@ async fn on_error(
     let (exhausted, retry_no) = if is_rl {
         job.rate_limited += 1;
         (job.rate_limited > MAX_RATE_LIMIT_RETRIES, job.rate_limited)
-    } else if unreached {
-        // Nothing was sent: not one of the item's transport attempts. A
-        // provider that is gone opens the breaker long before this cap.
+    } else if unreached || held {
+        // Nothing was sent, or the provider is down for everyone: not one
+        // of the item's transport attempts. The breaker holds the sends
+        // long before this cap.
         job.unreached += 1;
         (job.unreached > MAX_UNREACHED_RETRIES, job.unreached)
     } else {

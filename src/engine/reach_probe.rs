@@ -4,13 +4,16 @@
 //! twice as long after each probe that reached nothing, up to 30 s. The
 //! first probe that gets any HTTP answer closes the breaker and the run
 //! goes on by itself; the session shows `paused` with the reason meanwhile.
-//! After `GIVE_UP` the run stops paused (exit 4), as an operator's pause:
-//! `--resume` goes on.
+//! A breaker opened for server errors is probed on the same schedule with
+//! one real send instead (`ReachWatch::allow_probe`): the first answer that
+//! is not a server error closes it. After `GIVE_UP` the run stops paused
+//! (exit 4), as an operator's pause: `--resume` goes on.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ctx::{Ctx, StopCause};
+use super::reach_watch::Cause;
 use crate::ledger::writer::WriteOp;
 use crate::provider::ProviderError;
 
@@ -45,19 +48,28 @@ impl ReachProbes {
     /// are due, close the breakers whose provider answered.
     pub(super) async fn tick(&mut self, ctx: &Arc<Ctx>, operator_paused: bool) {
         for (stage, o) in self.stages.iter_mut().enumerate() {
-            let Some(why) = ctx.reach_watch.open_because(stage) else {
+            let provider = ctx.p.stages[stage].provider_name.clone();
+            let Some((why, cause)) = ctx.reach_watch.opened(stage) else {
+                // Closed by an answer (a server-error breaker's probe,
+                // announced by `healed`).
+                *o = Opened::default();
                 continue;
             };
-            let provider = ctx.p.stages[stage].provider_name.clone();
             let now = Instant::now();
             let Some(since) = o.since else {
                 o.since = Some(now);
                 o.gap = FIRST_PROBE;
                 o.next = Some(now + FIRST_PROBE);
-                let reason = format!(
-                    "provider {provider} unreachable: {why}. Nothing is sent and no item is failed for it; \
-                     probing it every few seconds, the run goes on by itself when it answers"
-                );
+                let reason = match cause {
+                    Cause::Unreached => format!(
+                        "provider {provider} unreachable: {why}. Nothing is sent and no item is failed for it; \
+                         probing it every few seconds, the run goes on by itself when it answers"
+                    ),
+                    Cause::Failing => format!(
+                        "provider {provider} failing: {why}. Nothing more is sent and no item is failed for it; \
+                         one request goes now and then as a probe, the run goes on by itself when it is answered"
+                    ),
+                };
                 tracing::warn!(session = %ctx.session_id, "{reason}");
                 set_state(ctx, "paused", Some(reason.clone()));
                 ctx.event("warn", "unreachable", reason);
@@ -74,14 +86,7 @@ impl ReachProbes {
                     })) => {
                         ctx.reach_watch.close(stage);
                         *o = Opened::default();
-                        let message = format!(
-                            "provider {provider} answers again after {:.0} s: sending resumes",
-                            since.elapsed().as_secs_f64()
-                        );
-                        if !operator_paused && !ctx.soft_stop.is_cancelled() {
-                            set_state(ctx, "running", None);
-                        }
-                        ctx.event("info", "reachable", message);
+                        resumed(ctx, &provider, since.elapsed(), operator_paused);
                         continue;
                     }
                     _ => {
@@ -91,10 +96,23 @@ impl ReachProbes {
                 }
             }
             if since.elapsed() >= GIVE_UP {
+                let state = match cause {
+                    Cause::Unreached => "unreachable",
+                    Cause::Failing => "failing",
+                };
                 ctx.stop(StopCause::Paused(format!(
-                    "provider {provider} unreachable for {} min: {why}. Nothing more is sent and no item is failed for it; resume the session once the provider is back",
+                    "provider {provider} {state} for {} min: {why}. Nothing more is sent and no item is failed for it; resume the session once the provider is back",
                     GIVE_UP.as_secs() / 60
                 )));
+                continue;
+            }
+            if cause == Cause::Failing {
+                // Half-open: one real send, on the probes' schedule.
+                if o.next.is_some_and(|t| now >= t) && !ctx.soft_stop.is_cancelled() {
+                    ctx.reach_watch.allow_probe(stage);
+                    o.gap = (o.gap * 2).min(MAX_PROBE_GAP);
+                    o.next = Some(now + o.gap);
+                }
                 continue;
             }
             if o.probe.is_none()
@@ -111,13 +129,38 @@ impl ReachProbes {
     pub(super) fn slow_reason(&self, ctx: &Ctx) -> Option<String> {
         self.stages.iter().enumerate().find_map(|(stage, o)| {
             o.since?;
+            let state = match ctx.reach_watch.opened(stage)?.1 {
+                Cause::Unreached => "unreachable",
+                Cause::Failing => "failing",
+            };
             Some(format!(
-                "provider {} unreachable: probing every {} s",
+                "provider {} {state}: probing every {} s",
                 ctx.p.stages[stage].provider_name,
                 o.gap.as_secs()
             ))
         })
     }
+}
+
+/// A breaker opened for server errors was closed by an answer (its probe,
+/// or a send under way), `open_for` after it opened: said at once, from
+/// the send that saw it.
+pub(super) fn healed(ctx: &Ctx, stage: usize, open_for: Duration) {
+    let provider = &ctx.p.stages[stage].provider_name;
+    resumed(ctx, provider, open_for, *ctx.paused.borrow());
+}
+
+/// The breaker of `provider` closed: the session runs again (unless the
+/// operator paused it meanwhile).
+fn resumed(ctx: &Ctx, provider: &str, open_for: Duration, operator_paused: bool) {
+    let message = format!(
+        "provider {provider} answers again after {:.0} s: sending resumes",
+        open_for.as_secs_f64()
+    );
+    if !operator_paused && !ctx.soft_stop.is_cancelled() {
+        set_state(ctx, "running", None);
+    }
+    ctx.event("info", "reachable", message);
 }
 
 fn set_state(ctx: &Ctx, state: &'static str, reason: Option<String>) {
