@@ -262,6 +262,12 @@ pub struct RunArgs {
     /// Seconds in-flight requests may take to finish after Ctrl-C.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub grace: f64,
+    /// A stop by Ctrl-C or SIGTERM also cancels this session's provider
+    /// batches still open, collecting what they finished, without asking
+    /// (by default they keep running at the provider, and billing, for a
+    /// resume to collect; on a terminal Ctrl-C asks).
+    #[arg(long)]
+    pub cancel_remote: bool,
     /// Ask this stage, and every stage after it, again: new requests (a new
     /// request_version) instead of the answered ones. With --resume, for
     /// every item of that session (its outcomes are kept as history).

@@ -604,9 +604,14 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let ask = !args.yes && tty;
     let interrupts = Interrupts::default();
+    if args.cancel_remote {
+        // Decided before any stop comes: a cancel takes the provider
+        // batches with it, and nothing is asked.
+        interrupts.cancel_batches.cancel();
+    }
     let listen = interrupts.clone();
     let session = Arc::new(std::sync::Mutex::new(None));
-    let question = tty.then(|| BatchQuestion {
+    let question = (tty && !args.cancel_remote).then(|| BatchQuestion {
         ledger: LedgerLocation::for_workspace(ws)
             .unwrap_or_else(|_| LedgerLocation::File(ws.join(LEDGER_FILE))),
         session: session.clone(),
@@ -782,6 +787,7 @@ async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         auto_accept_threshold: None,
         review_threshold: None,
         yes: true,
+        cancel_remote: false,
         headless: args.headless,
         max_cost: None,
         grace: 5.0,

@@ -959,3 +959,52 @@ fn b8_a_resume_with_another_key_while_a_batch_is_open_is_refused() {
     assert_eq!(batch_rows(&conn)[0].state, "ingested");
     check_each_once(&conn, &sid);
 }
+
+/// Row B5: with `--cancel-remote`, a stop (here SIGINT off a terminal, so
+/// nothing could be asked) cancels the session's open provider batch,
+/// collecting what it finished; without the flag the same stop leaves it
+/// running (`sigint_off_terminal_leaves_the_batch_for_a_resume`). A resume
+/// then sends the rest and every item ends with one result.
+#[test]
+fn b5_cancel_remote_cancels_the_provider_batch_on_a_stop() {
+    let _serial = support::serial();
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "3000",
+        "--batch-finalizing-ms",
+        "100",
+    ]);
+    let ws = Ws::new("openai", &mock);
+    let mut run = ws.spawn(
+        "run",
+        &["batch-adjudicate", "--yes", "--headless", "--cancel-remote"],
+    );
+    let batch = wait_for(
+        "a batch running at the provider",
+        &ws,
+        &mut run,
+        running_batch,
+    );
+    let sid = batch.session_id.clone();
+    let st = Command::new("kill")
+        .args(["-INT", &run.pid().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(st.success());
+    let (code, out) = run.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "{out}");
+    assert!(out.contains("Cancelling 1 provider batch"), "{out}");
+    assert_eq!(mock.stat("batches_cancelled"), 1, "{out}");
+    let rows = batch_rows(&ws.conn());
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].cancel_requested_at.is_some(), "{rows:?}");
+
+    let (code, out2) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "resume:\n{out2}");
+    check_each_once(&ws.conn(), &sid);
+}
