@@ -922,3 +922,45 @@ fn config_errors_name_the_file_line_and_key() {
         "{err}"
     );
 }
+
+/// Row B2: a batch create the provider refuses (a 400, after the input
+/// file was uploaded) makes no batch and costs nothing: its lines go back
+/// and are sent in a new batch, every item ends with one result, and the
+/// uploaded file no batch uses is deleted at the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_create_loses_no_line_and_deletes_its_upload() {
+    let cfg = MockConfig {
+        batch_refuse_create: 1,
+        batch_validating_ms: 100,
+        batch_running_ms: 400,
+        batch_finalizing_ms: 100,
+        ..Default::default()
+    };
+    let (m, ws) = batch_ws(cfg, 30, "mode = \"batch\"").await;
+    let (report, lines) = run_in_time(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let sid = report.session_id.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &sid);
+    each_item_once(&conn, &sid, 30);
+    no_double_answers(&conn);
+    let st = m.stats();
+    assert_eq!(st.files_uploaded, st.batches_created + 1, "{st:?}");
+    assert_eq!(st.files_deleted, 1, "the refused create's upload: {st:?}");
+    assert_eq!(st.batch_lines_ok, 30, "each line ran once: {st:?}");
+    let refused: i64 = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'failed' AND error_message LIKE '%refused%'",
+        [],
+    );
+    assert!(refused >= 1, "the refusal is on record");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'failed' AND cost_usd > 0",
+            []
+        ),
+        0,
+        "a refused create costs nothing"
+    );
+}

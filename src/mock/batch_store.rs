@@ -317,6 +317,7 @@ pub(crate) struct Store {
     pub next_seq: u64,
     /// creates whose answer was lost since the last config change or reset
     pub lost_creates: u32,
+    pub refused_creates: u32,
 }
 
 impl Store {

@@ -121,6 +121,17 @@ pub(crate) async fn create(
 
     let live = &g.live;
     let cfg = &live.config;
+    {
+        let mut store = lock(&shared.store);
+        if store.refused_creates < cfg.batch_refuse_create {
+            store.refused_creates += 1;
+            drop(store);
+            return bad(
+                "mock: this batch create is refused (batch_refuse_create)",
+                None,
+            );
+        }
+    }
     let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
     let id = format!("batch_{hex}");
     let (object, seq, cancel, lost) = {

@@ -151,6 +151,8 @@ pub(crate) async fn delete(
         return g.not_found("File", &id);
     }
     store.files.remove(&id);
+    drop(store);
+    shared.stats.count(super::stats::BatchCount::FileDeleted);
     g.ok(&json!({"id": id, "object": "file", "deleted": true}))
 }
 

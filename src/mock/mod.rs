@@ -159,6 +159,10 @@ pub struct MockConfig {
     /// (counted from the last config change or reset)
     #[arg(long, default_value_t = 0)]
     pub batch_lose_create: u32,
+    /// Batch API (OpenAI/Azure): the next N creates are refused with a 400 and make no batch
+    /// (counted from the last config change or reset); the uploaded input file stays
+    #[arg(long, default_value_t = 0)]
+    pub batch_refuse_create: u32,
     /// Batch API: queued prompt tokens per model across open batches; a batch that would pass it
     /// fails validation with `token_limit_exceeded`; 0 = none
     #[arg(long, default_value_t = 0)]
@@ -221,6 +225,7 @@ impl Default for MockConfig {
             batch_output_late_ms: 0,
             batch_cut_results: 0,
             batch_lose_create: 0,
+            batch_refuse_create: 0,
             batch_enqueued_token_limit: 0,
             batch_create_delay_ms: 0,
             verdict: None,
@@ -313,6 +318,9 @@ pub struct MockStats {
     /// Files API uploads (`POST /v1/files`, `/openai/files`)
     #[serde(default)]
     pub files_uploaded: u64,
+    /// Files API deletes (`DELETE /v1/files/{id}`, `/openai/files/{id}`)
+    #[serde(default)]
+    pub files_deleted: u64,
     /// batches made (a create whose answer was lost counts too)
     #[serde(default)]
     pub batches_created: u64,

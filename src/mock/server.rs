@@ -125,7 +125,11 @@ impl Shared {
             *lock(&self.rng) = FaultRng::new(config.seed);
         }
         self.stats.trim_log(config.log_capacity);
-        lock(&self.store).lost_creates = 0;
+        {
+            let mut store = lock(&self.store);
+            store.lost_creates = 0;
+            store.refused_creates = 0;
+        }
         self.omit_first_used.store(0, Relaxed);
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Live::new(config));
     }
@@ -363,7 +367,11 @@ async fn post_config(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
 
 async fn reset(State(shared): State<Arc<Shared>>) -> Response {
     shared.stats.reset();
-    lock(&shared.store).lost_creates = 0;
+    {
+        let mut store = lock(&shared.store);
+        store.lost_creates = 0;
+        store.refused_creates = 0;
+    }
     shared.omit_first_used.store(0, Relaxed);
     to_json(&shared.stats.snapshot())
 }

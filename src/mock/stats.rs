@@ -75,6 +75,7 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BatchCount {
     FileUploaded,
+    FileDeleted,
     Created,
     Completed,
     Failed,
@@ -86,7 +87,7 @@ pub(crate) enum BatchCount {
     RateLimited,
 }
 
-const BATCH_COUNTS: usize = 10;
+const BATCH_COUNTS: usize = 11;
 
 /// A Files/Batches event for the log (an upload, a create, a lifecycle transition).
 pub(crate) struct BatchEvent<'a> {
@@ -240,6 +241,7 @@ impl Recorder {
             completion_tokens: self.completion_tokens.load(Relaxed),
             models_requests: self.models_requests.load(Relaxed),
             files_uploaded: b(BatchCount::FileUploaded),
+            files_deleted: b(BatchCount::FileDeleted),
             batches_created: b(BatchCount::Created),
             batches_completed: b(BatchCount::Completed),
             batches_failed: b(BatchCount::Failed),

@@ -467,7 +467,24 @@ async fn not_submitted(b: &Arc<Batcher>, tag: &str, how: Submitting) {
         Submitting::Failed(e) => {
             let msg = format!("not submitted: {e}");
             let event = ("warn", "batch_failed", format!("batch {tag} {msg}"));
-            end_unrun(b, tag, "failed", msg, event, || Reply::Error(e.clone())).await;
+            // A create the provider refused made no batch and cost nothing
+            // (row B2): its lines go back, each spending one transport
+            // attempt, rather than fail their items at once. A refusal that
+            // never changes ends them after `max_transport_attempts`. What
+            // docket's own checks refused (no HTTP status) fails at once.
+            let lines_get = if e.class == ErrorClass::Request && e.http_status.is_some() {
+                ProviderError {
+                    class: ErrorClass::Transient,
+                    message: format!("batch create refused: {}", e.message),
+                    ..e.clone()
+                }
+            } else {
+                e.clone()
+            };
+            end_unrun(b, tag, "failed", msg, event, || {
+                Reply::Error(lines_get.clone())
+            })
+            .await;
         }
         Submitting::Held(why) => {
             b.write(WriteOp::Batch(BatchOp::Status {

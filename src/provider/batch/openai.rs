@@ -285,19 +285,52 @@ impl OpenAiBatch {
             "completion_window": "24h",
             "metadata": {TAG_KEY: spec.tag, REQUESTS_KEY: spec.lines.len().to_string()},
         });
-        let raw = self
+        let created = self
             .call(
                 self.client
                     .post(self.url("batches", &[]))
                     .timeout(CALL_TIMEOUT)
                     .json(&body),
             )
-            .await?;
+            .await;
+        let raw = match created {
+            Ok(raw) => raw,
+            Err(e) => {
+                // A create the provider refused (a 4xx) made no batch: the
+                // file would sit in the account's storage for good (row
+                // B2). After a 5xx or no answer a batch may exist that
+                // reads it: kept.
+                if e.http_status.is_some_and(|s| (400..500).contains(&s)) {
+                    self.delete_file(&file_id).await;
+                }
+                return Err(e);
+            }
+        };
         let batch: BatchObject = parse_json(&raw, "batch create")?;
         Ok(Submitted {
             provider_batch_id: batch.id,
             input_file_id: Some(file_id),
         })
+    }
+
+    /// Delete an input file no batch uses; a failure is logged, not raised
+    /// (the create's own error is what the caller needs).
+    async fn delete_file(&self, file_id: &str) {
+        let url = self.url(
+            &format!("files/{}", crate::provider::path_segment(file_id)),
+            &[],
+        );
+        let deleted = match self.authed(self.client.delete(url).timeout(CALL_TIMEOUT)) {
+            Ok(b) => WIRE.call(b).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = deleted {
+            tracing::warn!(
+                "could not delete the unused batch input file {}: {}",
+                self.clean(file_id),
+                self.scrub(e)
+            );
+        }
     }
 
     /// Upload `lines` (`bytes` long) as a JSONL file; the bytes are encoded
