@@ -926,3 +926,74 @@ fn export_of_an_empty_ledger_is_just_a_header() {
     let (n, text) = export_text(&conn, ExportWhat::Requests, ExportFormat::Jsonl, None);
     assert_eq!((n, text.as_str()), (0, ""));
 }
+
+/// Row I2: a header naming a column twice, and a file delimited by
+/// something other than commas, are refused before anything is imported,
+/// naming the file, the line and what is wrong.
+#[test]
+fn i2_a_duplicate_header_or_another_delimiter_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = ledger(dir.path());
+    let dup = write_file(dir.path(), "dup.csv", b"id,title,title\na1,x,y\n");
+    let e = import_file(&mut handle(&conn), &dup, &opts())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("dup.csv:1") && e.contains("\"title\" twice"),
+        "{e}"
+    );
+    for (name, bytes, word) in [
+        ("semi.csv", &b"id;title;artist\na2;x;y\n"[..], "semicolons"),
+        ("tabs.csv", &b"id\ttitle\na3\tx\n"[..], "tabs"),
+    ] {
+        let path = write_file(dir.path(), name, bytes);
+        let e = import_file(&mut handle(&conn), &path, &opts())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("{name}:1")) && e.contains(word) && e.contains("comma-separated"),
+            "{e}"
+        );
+    }
+    // A comma file without the id column gets no delimiter hint.
+    let plain = write_file(dir.path(), "plain.csv", b"key,title\nk,x\n");
+    let e = import_file(&mut handle(&conn), &plain, &opts())
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("delimited by"), "{e}");
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM decision", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0, "nothing imported");
+}
+
+/// Row I2: importing the same CSV file again changes nothing: every row is
+/// already present (same id, same evidence), no row is bad, and the
+/// items' evidence is byte for byte what it was.
+#[test]
+fn i2_re_importing_a_csv_is_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = ledger(dir.path());
+    let path = write_file(
+        dir.path(),
+        "items.csv",
+        "id,title,artist\nb1,\"Hey, Jude\",The Beatles\nb2,=SUM(A1),\"x \"\"quoted\"\"\"\nb3,héllo,ünï\n".as_bytes(),
+    );
+    let first = import_file(&mut handle(&conn), &path, &opts()).unwrap();
+    assert_eq!((first.imported, first.bad_count), (3, 0));
+    let evidence = |conn: &Connection| -> Vec<(String, String)> {
+        conn.prepare("SELECT item_id, evidence_json FROM decision ORDER BY item_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let before = evidence(&conn);
+    let again = import_file(&mut handle(&conn), &path, &opts()).unwrap();
+    assert_eq!(
+        (again.rows_read, again.imported, again.bad_count),
+        (3, 0, 0)
+    );
+    assert_eq!(evidence(&conn), before);
+}

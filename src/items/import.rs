@@ -137,7 +137,7 @@ pub enum ImportError {
     #[error("{}:{line}: CSV header is not valid UTF-8", file.display())]
     HeaderNotUtf8 { file: PathBuf, line: u64 },
     #[error(
-        "{}:{line}: CSV header has no id column {column:?} (columns: {header}); pass --id-field to name the id column",
+        "{}:{line}: CSV header has no id column {column:?} (columns: {header}); pass --id-field to name the id column{hint}",
         file.display()
     )]
     MissingIdColumn {
@@ -145,6 +145,8 @@ pub enum ImportError {
         line: u64,
         column: String,
         header: String,
+        /// A word on the delimiter when the header looks like another one's.
+        hint: String,
     },
     #[error("{}:{line}: CSV header names column {column:?} twice", file.display())]
     DuplicateColumn {
@@ -615,6 +617,7 @@ fn import_csv<R: Read>(
             file: path.to_path_buf(),
             line: header_line,
             column: id_field.to_string(),
+            hint: delimiter_hint(&header),
             header: header.join(", "),
         });
     };
@@ -872,6 +875,23 @@ fn printable(s: &str) -> String {
             c => Some(c),
         })
         .collect()
+}
+
+/// A one-column header holding `;`, a tab or `|`: the file is most likely
+/// delimited by that, where docket reads commas (row I2).
+fn delimiter_hint(header: &[String]) -> String {
+    let [only] = header else {
+        return String::new();
+    };
+    [(';', "semicolons"), ('\t', "tabs"), ('|', "'|'")]
+        .iter()
+        .find(|(c, _)| only.contains(*c))
+        .map(|(_, name)| {
+            format!(
+                ". The header looks delimited by {name}: docket reads comma-separated CSV (convert the file, or export it as JSONL)"
+            )
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
