@@ -1669,6 +1669,79 @@ async fn a_provider_failing_every_request_holds_the_run_until_it_heals() {
     );
 }
 
+/// Row S6, timed out but landed: the provider takes some requests, bills
+/// them, and answers only after the client's timeout (`late`). Each such
+/// attempt is ambiguous and sent again; the billing log then holds two
+/// executions for it against one ambiguous attempt, and every billed
+/// execution is on record as answered or ambiguous. The summary reports
+/// them as possible duplicate charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6_timed_out_but_billed_is_ambiguous_and_reported() {
+    const ITEMS: i64 = 40;
+    let (m, ws) = mocked(
+        MockConfig {
+            late: 0.15,
+            late_ms: 2_500,
+            seed: 11,
+            ..Default::default()
+        },
+        ITEMS as usize,
+        |job| {
+            job.timeout_secs = 1.0;
+            job.concurrency = 8;
+        },
+    )
+    .await;
+    let (report, lines) = run(options(&ws)).await;
+    assert!(matches!(report.end, RunEnd::Completed), "{}", lines.text());
+    let s = report.session.clone().unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &s.session_id);
+    assert_eq!(s.error_count, 0);
+    // A late request's bill is logged as it arrives, before its wait.
+    let billed: Vec<String> = m
+        .log()
+        .into_iter()
+        .filter(|e| e.status == 200)
+        .filter_map(|e| e.client_request_id)
+        .collect();
+    let answered = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'answered'",
+        [],
+    );
+    let ambiguous = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous'",
+        [],
+    );
+    assert_eq!(answered, ITEMS);
+    assert!(ambiguous > 0, "no request was late");
+    assert_eq!(s.ambiguous_count as i64, ambiguous);
+    // Two executions for each late request: the late one and its resend.
+    assert_eq!(billed.len() as i64, answered + ambiguous);
+    for id in &billed {
+        let state: String = conn
+            .query_row(
+                "SELECT state FROM llm_messages WHERE client_request_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap_or_else(|e| panic!("{id} billed, not on record: {e}"));
+        assert!(
+            state == "answered" || state == "ambiguous",
+            "{id} billed, recorded {state}"
+        );
+    }
+    let summary = docket::engine::format_summary(&s, &report.end).join("\n");
+    assert!(
+        summary.contains(&format!(
+            "possible duplicate charges: {ambiguous} attempt(s)"
+        )),
+        "{summary}"
+    );
+}
+
 /// Row I3: evidence is data. An item whose fields hold template syntax
 /// (`{{ ... }}`, `{% ... %}`) is rendered with that text as it is, never
 /// evaluated: the prompt sent holds the braces, not what they would make.

@@ -163,6 +163,23 @@ fn share(n: u64, total: u64) -> String {
     }
 }
 
+/// Attempts whose request left but whose answer never came (a timeout, a
+/// cut connection, a stop) may have been billed as well as the request
+/// sent again (row S6): their count, and what they would cost at the
+/// session's average cost per item so far (the ledger counts none of it).
+fn possible_duplicate_charges(s: &SessionRow) -> String {
+    let per_item = if s.processed_count > 0 {
+        s.cost_usd / s.processed_count as f64
+    } else {
+        0.0
+    };
+    format!(
+        "  possible duplicate charges: {} attempt(s) got no answer after their request left; the provider may have billed each (about ${:.4} at this session's cost per item; not in the cost above)",
+        s.ambiguous_count,
+        per_item * s.ambiguous_count as f64
+    )
+}
+
 /// The seed's final summary, from the ledger's counters.
 pub fn format_summary(s: &SessionRow, end: &RunEnd) -> Vec<String> {
     let p = s.processed_count;
@@ -209,6 +226,9 @@ pub fn format_summary(s: &SessionRow, end: &RunEnd) -> Vec<String> {
             s.input_tokens, s.output_tokens, s.cost_usd, s.estimated_cost_usd
         ),
     ];
+    if s.ambiguous_count > 0 {
+        lines.push(possible_duplicate_charges(s));
+    }
     let resume = format!("  docket batch-adjudicate --resume {}", s.session_id);
     match end {
         RunEnd::Completed => {

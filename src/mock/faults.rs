@@ -2,7 +2,7 @@
 //!
 //! Contract: faults depend on the draw sequence, never on the prompt, so a
 //! retried request can succeed. Each fault is drawn independently with its own
-//! rate; when several hit, the first in pipeline order wins: 500, 503, hang
+//! rate; when several hit, the first in pipeline order wins: 500, 503, hang, late
 //! (decided before the latency sleep), then malformed, reset mid-body, truncated, wrong_schema
 //! (applied after it). Latency is log-normal with the configured median and p99
 //! (sigma = (ln p99 - ln median) / 2.326); p99 <= median means a constant median.
@@ -20,6 +20,8 @@ pub(crate) enum EarlyFault {
     ServerError,
     Overloaded,
     Hang,
+    /// Billed now, answered after `late_ms`.
+    Late,
 }
 
 /// Fault that damages the answer after the latency sleep.
@@ -42,7 +44,7 @@ pub(crate) struct Draw {
 /// The parts of a config this module needs, precomputed once per config change.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct FaultPlan {
-    early: [(f64, EarlyFault); 3],
+    early: [(f64, EarlyFault); 4],
     late: [(f64, LateFault); 4],
     latency: Latency,
 }
@@ -84,6 +86,7 @@ impl FaultPlan {
                 (rate(c.fail_500), EarlyFault::ServerError),
                 (rate(c.fail_503), EarlyFault::Overloaded),
                 (rate(c.hang), EarlyFault::Hang),
+                (rate(c.late), EarlyFault::Late),
             ],
             late: [
                 (rate(c.malformed), LateFault::Malformed),

@@ -108,6 +108,13 @@ pub struct MockConfig {
     /// rate of requests that never get an answer (held ~1 hour, until the client gives up)
     #[arg(long, default_value_t = 0.0)]
     pub hang: f64,
+    /// rate of requests answered only after `late_ms` (past a client's timeout), and billed
+    /// (logged 200) as they arrive, whether or not the client is still there
+    #[arg(long, default_value_t = 0.0)]
+    pub late: f64,
+    /// how long a `late` request is held before its answer, in ms
+    #[arg(long, default_value_t = 5000)]
+    pub late_ms: u64,
     /// rate of 200 responses whose body is not JSON
     #[arg(long, default_value_t = 0.0)]
     pub malformed: f64,
@@ -209,6 +216,8 @@ impl Default for MockConfig {
             fail_500: 0.0,
             fail_503: 0.0,
             hang: 0.0,
+            late: 0.0,
+            late_ms: 5000,
             malformed: 0.0,
             reset_mid_body: 0.0,
             truncated: 0.0,
@@ -252,6 +261,7 @@ impl MockConfig {
             ("fail_500", self.fail_500),
             ("fail_503", self.fail_503),
             ("hang", self.hang),
+            ("late", self.late),
             ("malformed", self.malformed),
             ("reset_mid_body", self.reset_mid_body),
             ("truncated", self.truncated),

@@ -285,8 +285,9 @@ pub(crate) async fn run(
     } else {
         lock(&shared.rng).draw(&live.plan)
     };
+    let late = draw.early == Some(EarlyFault::Late);
     match draw.early {
-        None => {}
+        None | Some(EarlyFault::Late) => {}
         Some(EarlyFault::ServerError) => return reply.fail(&Event::ServerError),
         Some(EarlyFault::Overloaded) => return reply.fail(&Event::Overloaded),
         Some(EarlyFault::Hang) => {
@@ -353,6 +354,14 @@ pub(crate) async fn run(
         return reset_mid_body(reply.build(rendered)).await;
     }
     reply.record(outcome, 200, Some((prompt_tokens, completion_tokens)));
+    if late {
+        // Billed above, whether or not the client waits for it (row S6).
+        let hold = Duration::from_millis(live.config.late_ms);
+        tokio::select! {
+            _ = tokio::time::sleep(hold) => {}
+            _ = shared.stopping() => {}
+        }
+    }
     reply.build(rendered)
 }
 
