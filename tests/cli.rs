@@ -1598,3 +1598,55 @@ async fn an_export_over_the_ledger_is_refused_and_the_ledger_kept() {
     assert_eq!(ok, "ok");
     assert_eq!(processed(&ws), 10);
 }
+
+/// Row D5 on SQLite: four processes open a ledger that does not exist yet
+/// at the same moment (each importing its own file). Migrations serialise
+/// under `BEGIN IMMEDIATE`: one applies them, the others wait and find
+/// them done. Every process succeeds and every item is there once.
+#[test]
+fn d5_processes_starting_together_migrate_a_new_ledger_once() {
+    let ws = support::Workspace {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    docket::workspace::init(ws.path(), false).unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", ws.ledger().display()));
+    }
+    let home = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for n in 0..4 {
+        let path = ws.path().join(format!("items/part{n}.jsonl"));
+        let mut text = String::new();
+        for i in 0..50 {
+            text.push_str(&format!("{{\"id\":\"p{n}-{i}\",\"title\":\"t{i}\"}}\n"));
+        }
+        std::fs::write(&path, text).unwrap();
+        files.push(path);
+    }
+    let children: Vec<_> = files
+        .iter()
+        .map(|f| {
+            docket(&ws, home.path())
+                .arg("import")
+                .arg(f)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", support::said(&out));
+    }
+    let conn = ws.conn();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, docket::ledger::MIGRATIONS.last().unwrap().0);
+    assert_eq!(count(&conn, "SELECT COUNT(*) FROM decision", []), 200);
+    let ok: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+}
