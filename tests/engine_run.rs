@@ -1742,6 +1742,134 @@ async fn s6_timed_out_but_billed_is_ambiguous_and_reported() {
     );
 }
 
+/// Row S3, 403: a key that may not use the model stops the session at
+/// once like a rejected key (no retries, no item failed), and a resume
+/// once access is granted finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_forbidden_model_stops_at_once_and_resumes_once_granted() {
+    let (m, ws) = mocked(mode("forbidden"), 60, |job| job.concurrency = 4).await;
+    let (report, lines) = run(options(&ws)).await;
+    let RunEnd::Stopped(msg) = &report.end else {
+        panic!("{:?}\n{}", report.end, lines.text())
+    };
+    assert!(msg.contains("403") || msg.contains("credentials"), "{msg}");
+    assert!(m.stats().requests <= 8, "{:?}", m.stats());
+    let s = report.session.unwrap();
+    assert_eq!(s.processed_count, 0, "no item failed for it");
+    m.set_config(MockConfig::default());
+    let mut o = options(&ws);
+    o.resume = Some(s.session_id.clone());
+    let (report, lines) = run(o).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    check_complete(&ws.conn(), &s.session_id);
+}
+
+/// Row S3, 404 model: a model the provider does not know (a typo in
+/// docket.toml) is refused for every request. Before the stage's first
+/// answer a refusal is not held against the item: once twelve requests,
+/// from four items or more, were all refused, the session pauses naming
+/// the model and the provider's words, with no item failed. When the
+/// provider serves the model, the resume finishes every item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_an_unknown_model_pauses_the_session_before_items_fail() {
+    let (m, ws) = mocked(
+        MockConfig {
+            models: "some-other-model".into(),
+            ..Default::default()
+        },
+        60,
+        |job| job.concurrency = 4,
+    )
+    .await;
+    let (report, lines) = run(options(&ws)).await;
+    let RunEnd::Paused(why) = &report.end else {
+        panic!("{:?}\n{}", report.end, lines.text())
+    };
+    assert!(
+        why.contains("were all refused by the provider")
+            && why.contains("HTTP 404")
+            && why.contains("gpt-4o-mini")
+            && why.contains("does not exist"),
+        "{why}"
+    );
+    assert_eq!(report.end.exit_code(), 4);
+    let s = report.session.unwrap();
+    let errors: Vec<String> = ws
+        .conn()
+        .prepare("SELECT error_message FROM llm_batch_result")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(s.error_count, 0, "no item failed for it: {errors:?}");
+    assert!(m.stats().requests < 40, "stopped early: {:?}", m.stats());
+    m.set_config(MockConfig::default());
+    let mut o = options(&ws);
+    o.resume = Some(s.session_id.clone());
+    let (report, lines) = run(o).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let s = report.session.unwrap();
+    assert_eq!(s.error_count, 0);
+    check_complete(&ws.conn(), &s.session_id);
+}
+
+/// Row S3, 400 context length: once the provider takes the stage's
+/// requests, an item whose prompt is too long for the model fails alone,
+/// at its first refusal (no retry), with the provider's words; every other
+/// item is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_prompt_past_the_context_length_fails_that_item_alone() {
+    let (m, ws) = mocked(MockConfig::default(), 0, |job| job.concurrency = 2).await;
+    let mut raw = Vec::new();
+    docket::demo::write_chart_items(&mut raw, 20, 3).unwrap();
+    let mut text = String::from_utf8(raw).unwrap();
+    // One item far longer than the others, last in the file.
+    let long = format!(
+        "{{\"id\":\"long-one\",\"chart\":\"UK\",\"week\":\"2020-01-01\",\"position\":1,\"artist\":\"{}\",\"title\":\"t\",\"candidates\":[]}}\n",
+        "word ".repeat(3000)
+    );
+    text.push_str(&long);
+    let path = ws.path().join("items/ctx.jsonl");
+    std::fs::write(&path, text).unwrap();
+    support::import(&ws, &path);
+    m.set_config(MockConfig {
+        context_tokens: 1500,
+        ..Default::default()
+    });
+    let mut o = options(&ws);
+    o.rate_limit = None;
+    let (report, lines) = run(o).await;
+    assert!(
+        matches!(report.end, RunEnd::Completed),
+        "{:?}\n{}",
+        report.end,
+        lines.text()
+    );
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    assert_eq!(s.error_count, 1, "{}", lines.text());
+    let conn = ws.conn();
+    let (item, message): (String, String) = conn
+        .query_row(
+            "SELECT item_id, error_message FROM llm_batch_result WHERE outcome = 'error'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(item, "long-one");
+    assert!(message.contains("maximum context length"), "{message}");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages m JOIN session_request sr ON sr.request_id = m.request_id WHERE sr.item_id = 'long-one'",
+            []
+        ),
+        1,
+        "refused once, not retried"
+    );
+}
+
 /// Row I3: evidence is data. An item whose fields hold template syntax
 /// (`{{ ... }}`, `{% ... %}`) is rendered with that text as it is, never
 /// evaluated: the prompt sent holds the braces, not what they would make.

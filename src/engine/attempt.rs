@@ -703,6 +703,9 @@ async fn on_answer(
     let usage = answer.usage.unwrap_or_default();
     ctx.stats
         .add_usage(usage.input_tokens, usage.output_tokens, cost);
+    // The provider takes this stage's requests: a refusal from now on is
+    // the item's own.
+    ctx.refusal_watch.passed(job.stage.index);
     let rec = answered_record(base, answer, cost);
     match judge(job.stage, answer, job.max_tokens) {
         Ok(out) => {
@@ -771,6 +774,32 @@ fn watch_gate(ctx: &Ctx, job: &Job<'_>, reason: &str) {
     )));
 }
 
+/// A refused request for the early watch: true when the stage's first
+/// requests were all refused alike and the session pauses (row S3).
+fn watch_refusals(ctx: &Ctx, job: &Job<'_>, err: &ProviderError) -> bool {
+    let reason = match err.http_status {
+        Some(status) => format!(
+            "HTTP {status}: {}",
+            crate::sanitize::truncate(&err.message, 160)
+        ),
+        None => err.message.clone(),
+    };
+    let Some(why) = ctx
+        .refusal_watch
+        .failed(job.stage.index, &job.item.item_id, &reason)
+    else {
+        return false;
+    };
+    ctx.stop(StopCause::Paused(format!(
+        "stage {} (provider {}, model {}): {why}. Nothing more is sent and no item is failed for it. \
+         If docket.toml is wrong (the model's name, a parameter), fix it and start the job again \
+         (`docket cancel {}` first: none of its requests was answered); if the provider's side \
+         (access to the model) is fixed instead, resume the session",
+        job.stage.name, job.stage.provider_name, job.stage.model, ctx.session_id
+    )));
+    true
+}
+
 /// When a failed attempt goes again.
 #[derive(Clone, Copy, PartialEq)]
 enum Resend {
@@ -822,13 +851,21 @@ async fn on_error(
             .reach_watch
             .opened(job.stage.index)
             .is_some_and(|(_, cause)| cause == super::reach_watch::Cause::Failing);
+    // A request the provider refused before it ever answered this stage:
+    // the job may be at fault (a model it does not know), not the item.
+    // Retried like a transport failure while the refusal watch decides.
+    let probation = err.class == ErrorClass::Request
+        && err.http_status.is_some()
+        && job.via == Via::Sync
+        && ctx.refusal_watch.undecided(job.stage.index);
+    let retryable = err.class.is_retryable() || probation;
     let rec = AttemptRecord {
         state: if ambiguous { "ambiguous" } else { "failed" },
         http_status: err.http_status,
         error_kind: Some(err.class.as_str().into()),
         error_message: Some(err.message.clone()),
         rate_limited: is_rl,
-        transport_failure: !is_rl && !unreached && !held && err.class.is_retryable(),
+        transport_failure: !is_rl && !unreached && !held && retryable,
         ..base
     };
     tracing::debug!(
@@ -864,7 +901,11 @@ async fn on_error(
         ctx.write(job.item, WriteOp::Attempt(rec)).await;
         return Next::Done(StageEnd::Stopped);
     }
-    if !err.class.is_retryable() {
+    if probation && watch_refusals(ctx, job, err) {
+        ctx.write(job.item, WriteOp::Attempt(rec)).await;
+        return Next::Done(StageEnd::Stopped);
+    }
+    if !retryable {
         return Next::Done(StageEnd::Failed(err.to_string(), Some(rec)));
     }
     let (exhausted, retry_no) = if is_rl {

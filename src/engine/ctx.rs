@@ -61,6 +61,9 @@ pub(super) struct Ctx {
     pub(super) stop_after: std::sync::Mutex<Option<usize>>,
     /// Each stage's first answers, watched for a gate that never passes.
     pub(super) gate_watch: super::gate_watch::GateWatch,
+    /// Each stage's first refused requests, watched for a job the
+    /// provider will never take (a model it does not know).
+    pub(super) refusal_watch: super::gate_watch::GateWatch,
     /// Each stage's sends that did not reach its provider, in a row.
     pub(super) reach_watch: super::reach_watch::ReachWatch,
     /// Requests under way per stage, and the stage last started.

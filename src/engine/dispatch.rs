@@ -109,6 +109,7 @@ pub(super) async fn dispatch(
         limiters,
         stop_after: std::sync::Mutex::new(stop_after),
         gate_watch: super::gate_watch::GateWatch::new(p.stages.len()),
+        refusal_watch: super::gate_watch::GateWatch::on_refusals(p.stages.len()),
         reach_watch: super::reach_watch::ReachWatch::new(p.stages.len()),
         busy: (0..p.stages.len()).map(|_| AtomicUsize::new(0)).collect(),
         last_frontier: AtomicUsize::new(0),

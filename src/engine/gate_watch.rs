@@ -4,6 +4,12 @@
 //! schema requires), the session pauses saying why, and nothing more is
 //! sent. Once one answer of the stage has passed, the watch is over: later
 //! failures are the job's ordinary noise, retried and recorded as always.
+//!
+//! The same watch, on requests the provider refuses (a 4xx such as a model
+//! name it does not know, row S3), keeps one typo in docket.toml from
+//! failing every item: until the stage's first answer, a refusal is retried
+//! like a transport failure, and when the first refusals from several items
+//! all come before any answer, the session pauses.
 
 use std::collections::HashSet;
 
@@ -34,13 +40,33 @@ struct Early {
 /// One watch per stage, in job order.
 pub(super) struct GateWatch {
     stages: PerStage<Early>,
+    /// What failed, and how, for the stop message: ("answers", "all failed
+    /// the gate").
+    words: (&'static str, &'static str),
 }
 
 impl GateWatch {
+    /// The watch on a stage's gate.
     pub(super) fn new(stages: usize) -> GateWatch {
         GateWatch {
             stages: PerStage::new(stages),
+            words: ("answers", "all failed the gate"),
         }
+    }
+
+    /// The watch on the requests a stage's provider refuses.
+    pub(super) fn on_refusals(stages: usize) -> GateWatch {
+        GateWatch {
+            stages: PerStage::new(stages),
+            words: ("requests", "were all refused by the provider"),
+        }
+    }
+
+    /// No answer of `stage` has passed yet (also once the run was stopped
+    /// for it: requests still under way then are not held against their
+    /// items either).
+    pub(super) fn undecided(&self, stage: usize) -> bool {
+        self.early(stage).is_some_and(|e| !e.passed)
     }
 
     fn early(&self, stage: usize) -> Option<std::sync::MutexGuard<'_, Early>> {
@@ -81,9 +107,11 @@ impl GateWatch {
             .collect();
         let more = reasons.len().saturating_sub(REASONS_SHOWN);
         Some(format!(
-            "its first {} answers, from {} items, all failed the gate: {}{}",
+            "its first {} {}, from {} items, {}: {}{}",
             e.failures,
+            self.words.0,
             e.items.len(),
+            self.words.1,
             shown.join("; "),
             if more > 0 {
                 format!("; and {more} other reason(s)")
@@ -119,6 +147,26 @@ mod tests {
             "{stop}"
         );
         assert_eq!(w.failed(0, "item4", why), None, "only once");
+        assert!(w.undecided(0), "stopped, still not passed");
+    }
+
+    #[test]
+    fn refusals_name_requests_and_a_pass_decides() {
+        let w = GateWatch::on_refusals(1);
+        assert!(w.undecided(0));
+        let why = "HTTP 404: the model `x` does not exist";
+        let mut stop = None;
+        for i in 0..12 {
+            stop = w.failed(0, &format!("i{}", i % 4), why);
+        }
+        let stop = stop.expect("twelve refusals from four items");
+        assert!(
+            stop.contains("first 12 requests, from 4 items, were all refused by the provider"),
+            "{stop}"
+        );
+        let passed = GateWatch::on_refusals(1);
+        passed.passed(0);
+        assert!(!passed.undecided(0));
     }
 
     #[test]

@@ -209,6 +209,16 @@ pub(crate) fn render_error(ev: &Event, _model: &str, request_id: &str) -> Render
             "invalid_request_error",
             msg.clone(),
         ),
+        Event::Forbidden => (
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "Your API key does not have permission to use the specified resource.".to_string(),
+        ),
+        Event::ModelNotFound(m) => (
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            format!("model: {m}"),
+        ),
         Event::Quota => (
             StatusCode::BAD_REQUEST,
             "invalid_request_error",

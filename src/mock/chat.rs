@@ -184,6 +184,18 @@ fn openai_error(ev: &Event, model: &str) -> Rendered {
             Some("invalid_request_error"),
             Some("invalid_api_key"),
         ),
+        Event::Forbidden => e(
+            StatusCode::FORBIDDEN,
+            &format!("Project `proj_mock` does not have access to model `{model}`"),
+            Some("invalid_request_error"),
+            Some("model_not_found"),
+        ),
+        Event::ModelNotFound(m) => e(
+            StatusCode::NOT_FOUND,
+            &format!("The model `{m}` does not exist or you do not have access to it."),
+            Some("invalid_request_error"),
+            Some("model_not_found"),
+        ),
         Event::Quota => e(
             StatusCode::TOO_MANY_REQUESTS,
             wire::MSG_QUOTA,
@@ -249,6 +261,16 @@ fn openrouter_error(ev: &Event, model: &str) -> Rendered {
             None,
         ),
         Event::BadRequest(msg) => (StatusCode::BAD_REQUEST, msg.clone(), None),
+        Event::Forbidden => (
+            StatusCode::FORBIDDEN,
+            format!("{model} requires moderation: your key may not use it"),
+            None,
+        ),
+        Event::ModelNotFound(m) => (
+            StatusCode::NOT_FOUND,
+            format!("No endpoints found for {m}."),
+            None,
+        ),
         Event::Quota => (
             StatusCode::PAYMENT_REQUIRED,
             "Insufficient credits. Add more using https://openrouter.ai/settings/credits"

@@ -248,6 +248,20 @@ pub(crate) fn render_error(ev: &Event, model: &str) -> Rendered {
         Event::BadRequest(msg) => {
             rpc_error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", msg, Vec::new())
         }
+        Event::Forbidden => rpc_error(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            "The caller does not have permission",
+            Vec::new(),
+        ),
+        Event::ModelNotFound(m) => rpc_error(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            &format!(
+                "models/{m} is not found for API version v1beta, or is not supported for generateContent."
+            ),
+            Vec::new(),
+        ),
         Event::Quota => rpc_error(
             StatusCode::TOO_MANY_REQUESTS,
             "RESOURCE_EXHAUSTED",

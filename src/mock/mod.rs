@@ -128,9 +128,18 @@ pub struct MockConfig {
     /// rate of 200 responses whose JSON content lacks a required field
     #[arg(long, default_value_t = 0.0)]
     pub wrong_schema: f64,
-    /// "normal" | "unauthorized" (every request 401 invalid_api_key) | "quota" (every request 429 insufficient_quota)
+    /// "normal" | "unauthorized" (every request 401 invalid_api_key) | "forbidden" (every chat request
+    /// 403: the key may not use the model) | "quota" (every request 429 insufficient_quota)
     #[arg(long, default_value = "normal")]
     pub mode: String,
+    /// The models served, comma-separated (empty = any): a chat request for another gets the
+    /// provider's 404 model-not-found
+    #[arg(long, default_value = "")]
+    pub models: String,
+    /// A chat request whose prompt passes this many tokens gets the provider's 400
+    /// context-length error; 0 = no limit
+    #[arg(long, default_value_t = 0)]
+    pub context_tokens: u64,
     /// seed of the fault/latency RNG
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -223,6 +232,8 @@ impl Default for MockConfig {
             truncated: 0.0,
             wrong_schema: 0.0,
             mode: "normal".to_string(),
+            models: String::new(),
+            context_tokens: 0,
             seed: 42,
             log_capacity: 1_000_000,
             batch_validating_ms: 300,
@@ -251,9 +262,12 @@ impl MockConfig {
     /// [0,1], finite non-negative latencies. `MockServer::start` and
     /// `POST /_mock/config` refuse an invalid config with this message.
     pub fn validate(&self) -> Result<(), String> {
-        if !matches!(self.mode.as_str(), "normal" | "unauthorized" | "quota") {
+        if !matches!(
+            self.mode.as_str(),
+            "normal" | "unauthorized" | "forbidden" | "quota"
+        ) {
             return Err(format!(
-                "mode must be \"normal\", \"unauthorized\" or \"quota\", not {:?}",
+                "mode must be \"normal\", \"unauthorized\", \"forbidden\" or \"quota\", not {:?}",
                 self.mode
             ));
         }

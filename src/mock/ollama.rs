@@ -139,6 +139,11 @@ pub(crate) fn render_error(ev: &Event) -> Rendered {
             (StatusCode::UNAUTHORIZED, "unauthorized".to_string())
         }
         Event::BadRequest(msg) => (StatusCode::BAD_REQUEST, msg.clone()),
+        Event::Forbidden => (StatusCode::FORBIDDEN, "forbidden".to_string()),
+        Event::ModelNotFound(m) => (
+            StatusCode::NOT_FOUND,
+            format!("model '{m}' not found, try pulling it first"),
+        ),
         Event::Quota => (
             StatusCode::TOO_MANY_REQUESTS,
             "you have reached your usage limit, please upgrade or wait for the limit to reset"

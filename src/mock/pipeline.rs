@@ -85,6 +85,10 @@ pub(crate) enum Event {
     BadRequest(String),
     /// `mode = "unauthorized"`
     Unauthorized,
+    /// `mode = "forbidden"`: a valid key that may not use the model (403)
+    Forbidden,
+    /// a model the mock does not serve (`models`): 404
+    ModelNotFound(String),
     /// `mode = "quota"`
     Quota,
     RateLimited(Limited),
@@ -100,8 +104,8 @@ pub(crate) enum Event {
 impl Event {
     fn outcome(&self) -> Outcome {
         match self {
-            Event::NoAuth(_) | Event::Unauthorized => Outcome::Unauthorized,
-            Event::BadRequest(_) => Outcome::BadRequest,
+            Event::NoAuth(_) | Event::Unauthorized | Event::Forbidden => Outcome::Unauthorized,
+            Event::BadRequest(_) | Event::ModelNotFound(_) => Outcome::BadRequest,
             Event::Quota => Outcome::Quota,
             Event::RateLimited(_) | Event::TooLarge { .. } => Outcome::RateLimited,
             Event::ServerError => Outcome::ServerError,
@@ -234,13 +238,24 @@ pub(crate) async fn run(
     match live.mode {
         Mode::Normal => {}
         Mode::Unauthorized => return reply.fail(&Event::Unauthorized),
+        Mode::Forbidden => return reply.fail(&Event::Forbidden),
         Mode::Quota => return reply.fail(&Event::Quota),
     }
     let prompt = match req.prompt {
         Ok(p) => p,
         Err(msg) => return reply.fail(&Event::BadRequest(msg)),
     };
+    let served = &live.config.models;
+    if !served.trim().is_empty() && !served.split(',').any(|m| m.trim() == prompt.model) {
+        return reply.fail(&Event::ModelNotFound(prompt.model.to_string()));
+    }
     let prompt_tokens = prompt.prompt_tokens();
+    let context = live.config.context_tokens;
+    if context > 0 && prompt_tokens > context {
+        return reply.fail(&Event::BadRequest(format!(
+            "This model's maximum context length is {context} tokens. However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+        )));
+    }
 
     if live.limits_on {
         let cost = prompt_tokens.saturating_add(prompt.max_tokens.unwrap_or(256));

@@ -44,6 +44,7 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 pub(crate) enum Mode {
     Normal,
     Unauthorized,
+    Forbidden,
     Quota,
 }
 
@@ -60,6 +61,7 @@ impl Live {
     fn new(config: MockConfig) -> Live {
         let mode = match config.mode.as_str() {
             "unauthorized" => Mode::Unauthorized,
+            "forbidden" => Mode::Forbidden,
             "quota" => Mode::Quota,
             // `set_config` cannot report errors; an unknown mode behaves like "normal".
             _ => Mode::Normal,
