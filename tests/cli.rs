@@ -1650,3 +1650,140 @@ fn d5_processes_starting_together_migrate_a_new_ledger_once() {
         .unwrap();
     assert_eq!(ok, "ok");
 }
+
+/// Runs `docket batch-adjudicate` on a copy of `ws` in a small tmpfs of its
+/// own (a mount namespace: root only), filled up to `free_kb` free with a
+/// filler file that is removed once the output says `wait_for`. Returns
+/// the exit code, the output, and the ledger copied back out.
+fn run_on_a_small_disk(
+    ws: &support::Workspace,
+    free_kb: u64,
+    min_free_mb: u64,
+    wait_for: &str,
+) -> Option<(Option<i32>, String, std::path::PathBuf)> {
+    let root = Command::new("id").arg("-u").output().ok()?;
+    let unshare = Command::new("unshare").arg("--help").output();
+    if String::from_utf8_lossy(&root.stdout).trim() != "0" || unshare.is_err() {
+        eprintln!("skipped: needs root and unshare(1) to mount a small tmpfs");
+        return None;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let disk = scratch.path().join("disk");
+    let out_dir = scratch.path().join("out");
+    std::fs::create_dir_all(&disk).unwrap();
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let script = format!(
+        r#"set -u
+mount -t tmpfs -o size=48m tmpfs '{disk}' || exit 97
+cp -a '{ws}' '{disk}/ws'
+avail=$(df --output=avail -B1024 '{disk}' | tail -1)
+head -c $(( (avail - {free_kb}) * 1024 )) /dev/zero > '{disk}/filler'
+(
+  for i in $(seq 1 600); do
+    grep -q '{wait_for}' '{out}/run.out' 2>/dev/null && break
+    sleep 0.1
+  done
+  sleep 1
+  rm -f '{disk}/filler'
+) &
+DOCKET_MIN_FREE_MB={min_free_mb} '{bin}' --workspace '{disk}/ws' batch-adjudicate --yes --headless > '{out}/run.out' 2>&1
+code=$?
+wait
+cp '{disk}/ws/docket.sqlite' '{out}/'
+exit $code
+"#,
+        disk = disk.display(),
+        ws = ws.path().display(),
+        out = out_dir.display(),
+        bin = BIN,
+    );
+    let status = Command::new("unshare")
+        .args(["-m", "bash", "-c", &script])
+        .env_remove("DOCKET_WORKSPACE")
+        .status()
+        .unwrap();
+    if status.code() == Some(97) {
+        eprintln!("skipped: tmpfs could not be mounted here");
+        return None;
+    }
+    let text = std::fs::read_to_string(out_dir.join("run.out")).unwrap_or_default();
+    let ledger = out_dir.join("docket.sqlite");
+    // Kept past the scratch folder's end.
+    let kept =
+        std::env::temp_dir().join(format!("docket-d2-{}-{free_kb}.sqlite", std::process::id()));
+    std::fs::copy(&ledger, &kept).unwrap();
+    Some((status.code(), text, kept))
+}
+
+fn check_every_item_once(ledger: &std::path::Path, items: i64) {
+    let conn = docket::ledger::open(ledger).unwrap();
+    let ok: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    let sid: String = conn
+        .query_row("SELECT session_id FROM llm_batch_session", [], |r| r.get(0))
+        .unwrap();
+    check_complete(&conn, &sid);
+    assert_eq!(
+        count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []),
+        items
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'answered'",
+            []
+        ),
+        items,
+        "no request answered twice"
+    );
+}
+
+/// Row D2, the guard: with less than `DOCKET_MIN_FREE_MB` free under the
+/// ledger, nothing new is sent and the session shows paused with the
+/// reason; once space is freed the run goes on by itself and ends with
+/// every item once. (A real small disk: a tmpfs in a mount namespace.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d2_a_disk_almost_full_holds_sending_until_space_is_freed() {
+    const ITEMS: i64 = 200;
+    let (_m, ws) = mocked(latency(10.0, 30.0), ITEMS as usize, |job| {
+        job.concurrency = 8
+    })
+    .await;
+    let Some((code, text, ledger)) = run_on_a_small_disk(&ws, 3 * 1024, 8, "Paused: the ledger")
+    else {
+        return;
+    };
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("Paused: the ledger's disk"), "{text}");
+    assert!(text.contains("Resumed: the ledger's disk has"), "{text}");
+    check_every_item_once(&ledger, ITEMS);
+    let _ = std::fs::remove_file(ledger);
+}
+
+/// Row D2, the disk fills: with the guard off, the ledger's writes fail
+/// with "database or disk is full". The writer holds them in memory and
+/// tries again; nothing new is sent meanwhile. Once space is freed the
+/// run goes on by itself: exit 0, every item once, no answer lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d2_a_full_disk_holds_the_writes_until_space_is_freed() {
+    const ITEMS: i64 = 300;
+    let (_m, ws) = mocked(latency(10.0, 30.0), ITEMS as usize, |job| {
+        job.concurrency = 8
+    })
+    .await;
+    let Some((code, text, ledger)) =
+        run_on_a_small_disk(&ws, 600, 0, "The ledger cannot be written")
+    else {
+        return;
+    };
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("The ledger cannot be written") && text.contains("database or disk is full"),
+        "{text}"
+    );
+    assert!(text.contains("The ledger is written again"), "{text}");
+    check_every_item_once(&ledger, ITEMS);
+    let _ = std::fs::remove_file(ledger);
+}

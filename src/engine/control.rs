@@ -188,6 +188,7 @@ pub(super) async fn control_loop(
     let mut last_renewal = Instant::now();
     let mut last_adoption = Instant::now();
     let mut probes = ReachProbes::new(ctx.p.stages.len());
+    let mut disk = super::disk_guard::DiskGuard::new(&ctx.p.ledger);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -208,6 +209,7 @@ pub(super) async fn control_loop(
             _ = interrupts.abort.cancelled(), if !ctx.hard_stop.is_cancelled() => {
                 cancel(&ctx, &mut seen, "cancelled: requests in flight abandoned");
                 ctx.hard_stop.cancel();
+                ctx.writer.health().give_up();
                 for b in ctx.batchers() {
                     b.detach();
                 }
@@ -225,6 +227,8 @@ pub(super) async fn control_loop(
             && Instant::now() >= d
         {
             ctx.hard_stop.cancel();
+            // Writes held for a full disk fail now: the run is abandoned.
+            ctx.writer.health().give_up();
         }
         let controls = {
             let ledger = ledger.clone();
@@ -274,8 +278,13 @@ pub(super) async fn control_loop(
         }
         let paused = *pause_tx.borrow();
         probes.tick(&ctx, paused).await;
+        disk.tick(&ctx, &*reporter, paused);
         let mut live = gauges(&ctx, &mut window, paused);
-        if let Some(why) = probes.slow_reason(&ctx).filter(|_| !paused) {
+        if let Some(why) = disk
+            .slow_reason(&ctx)
+            .or_else(|| probes.slow_reason(&ctx))
+            .filter(|_| !paused)
+        {
             live.slow_reason = why;
         }
         let mine = serde_json::to_string(&live).ok();

@@ -13,6 +13,7 @@ mod control;
 mod ctx;
 mod deadline;
 mod delivery;
+mod disk_guard;
 mod dispatch;
 mod feed;
 mod gate_watch;

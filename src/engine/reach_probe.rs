@@ -55,6 +55,10 @@ impl ReachProbes {
                 *o = Opened::default();
                 continue;
             };
+            if cause == Cause::DiskLow {
+                // Not the provider's: `disk_guard` says it and releases it.
+                continue;
+            }
             let now = Instant::now();
             let Some(since) = o.since else {
                 o.since = Some(now);
@@ -69,6 +73,7 @@ impl ReachProbes {
                         "provider {provider} failing: {why}. Nothing more is sent and no item is failed for it; \
                          one request goes now and then as a probe, the run goes on by itself when it is answered"
                     ),
+                    Cause::DiskLow => why.clone(),
                 };
                 tracing::warn!(session = %ctx.session_id, "{reason}");
                 set_state(ctx, "paused", Some(reason.clone()));
@@ -98,7 +103,7 @@ impl ReachProbes {
             if since.elapsed() >= GIVE_UP {
                 let state = match cause {
                     Cause::Unreached => "unreachable",
-                    Cause::Failing => "failing",
+                    Cause::Failing | Cause::DiskLow => "failing",
                 };
                 ctx.stop(StopCause::Paused(format!(
                     "provider {provider} {state} for {} min: {why}. Nothing more is sent and no item is failed for it; resume the session once the provider is back",
@@ -132,6 +137,9 @@ impl ReachProbes {
             let state = match ctx.reach_watch.opened(stage)?.1 {
                 Cause::Unreached => "unreachable",
                 Cause::Failing => "failing",
+                Cause::DiskLow => {
+                    return Some("the ledger's disk is almost full: nothing new is sent".into());
+                }
             };
             Some(format!(
                 "provider {} {state}: probing every {} s",
@@ -163,7 +171,7 @@ fn resumed(ctx: &Ctx, provider: &str, open_for: Duration, operator_paused: bool)
     ctx.event("info", "reachable", message);
 }
 
-fn set_state(ctx: &Ctx, state: &'static str, reason: Option<String>) {
+pub(super) fn set_state(ctx: &Ctx, state: &'static str, reason: Option<String>) {
     ctx.writer.post(WriteOp::SessionState {
         session_id: ctx.session_id.clone(),
         state,

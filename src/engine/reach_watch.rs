@@ -40,6 +40,9 @@ pub(super) enum Cause {
     Unreached,
     /// It answers only server errors: probed with one real send.
     Failing,
+    /// Not the provider: the ledger's disk is almost full (row D2). Held
+    /// for every stage until the control loop sees room again.
+    DiskLow,
 }
 
 #[derive(Default)]
@@ -103,6 +106,36 @@ impl ReachWatch {
         if let Some(tx) = self.open.get(stage) {
             tx.send_replace(false);
         }
+    }
+
+    /// Hold every stage's sends for want of disk space (`Cause::DiskLow`):
+    /// stages already held for their provider stay as they are.
+    pub(super) fn hold_all_for_disk(&self, why: &str) {
+        for stage in 0..self.open.len() {
+            if let Some(mut s) = self.streak(stage) {
+                if s.open.is_some() {
+                    continue;
+                }
+                s.open = Some((why.to_string(), Cause::DiskLow));
+                s.since = Some(std::time::Instant::now());
+            }
+            self.open[stage].send_replace(true);
+        }
+    }
+
+    /// Room again: release the stages held for the disk. True if any was.
+    pub(super) fn release_disk_holds(&self) -> bool {
+        let mut released = false;
+        for stage in 0..self.open.len() {
+            let held = self
+                .streak(stage)
+                .is_some_and(|s| matches!(s.open, Some((_, Cause::DiskLow))));
+            if held {
+                self.close(stage);
+                released = true;
+            }
+        }
+        released
     }
 
     /// Half-open: let one waiting send of `stage` through as a probe.

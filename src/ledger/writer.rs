@@ -11,6 +11,7 @@
 //! heartbeats, events) holds no slot, and waits for the intents and for a
 //! fuller group.
 
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::ledger::db::{Connection, OptionalExtension, params};
@@ -248,7 +249,68 @@ type Queued = (WriteOp, Option<Fence>, Option<Reply>);
 #[derive(Clone)]
 pub struct LedgerWriter {
     tx: mpsc::UnboundedSender<Queued>,
+    health: Arc<Health>,
 }
+
+/// A ledger whose disk is full (fault-matrix row D2): the writer keeps the
+/// group that could not commit in memory and tries it again every
+/// `FULL_RETRY`, so paid answers are not lost to a full disk; every write
+/// queued behind it waits, so nothing new is sent. The engine shows it and
+/// gives up (`give_up`) when the run is abandoned.
+#[derive(Default)]
+pub struct Health {
+    full: std::sync::Mutex<Option<(std::time::Instant, String)>>,
+    held: std::sync::atomic::AtomicUsize,
+    give_up: std::sync::atomic::AtomicBool,
+}
+
+impl Health {
+    /// Since when the ledger's disk has been full, why, and how many
+    /// writes are held in memory for it.
+    pub fn full(&self) -> Option<(std::time::Duration, String, usize)> {
+        let full = self.full.lock().unwrap_or_else(|p| p.into_inner());
+        full.as_ref().map(|(since, why)| {
+            (
+                since.elapsed(),
+                why.clone(),
+                self.held.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Stop holding: the writes that cannot commit fail (the run is being
+    /// abandoned; what they held is counted ambiguous on resume).
+    pub fn give_up(&self) {
+        self.give_up
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn set_full(&self, why: Option<String>, held: usize) {
+        let mut full = self.full.lock().unwrap_or_else(|p| p.into_inner());
+        match why {
+            Some(why) => {
+                if full.is_none() {
+                    *full = Some((std::time::Instant::now(), why));
+                }
+                self.held.store(held, std::sync::atomic::Ordering::Relaxed);
+            }
+            None => {
+                *full = None;
+                self.held.store(0, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn giving_up(&self) -> bool {
+        self.give_up.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// How often a group that met a full disk is tried again.
+const FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a full disk is waited for before the writes fail (the run then
+/// stops, resumable, exit 6).
+const FULL_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 pub struct WriterHandle {
     thread: Option<JoinHandle<()>>,
@@ -277,15 +339,17 @@ impl LedgerWriter {
                 .map_err(super::LedgerError::Sql)?;
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let health = Arc::new(Health::default());
+        let writer_health = health.clone();
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || run(conn, rx))
+            .spawn(move || run(conn, rx, &writer_health))
             .map_err(|e| super::LedgerError::Corrupt {
                 path: location.to_string(),
                 detail: format!("cannot start writer thread: {e}"),
             })?;
         Ok((
-            LedgerWriter { tx },
+            LedgerWriter { tx, health },
             WriterHandle {
                 thread: Some(thread),
             },
@@ -315,16 +379,21 @@ impl LedgerWriter {
     pub fn post(&self, op: WriteOp) {
         let _ = self.tx.send((op, None, None));
     }
+
+    /// Whether the ledger's disk is full (`Health`).
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
 }
 
-fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
+fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>, health: &Health) {
     let mut group: Vec<Queued> = Vec::with_capacity(GROUP_MAX);
     let mut search = search_index::Pacer::new();
     let mut intents: Vec<Queued> = Vec::new();
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         collect(&mut rx, &mut group);
-        commit_intents(&mut conn, &mut group, &mut intents, &mut search);
+        commit_intents(&mut conn, &mut group, &mut intents, &mut search, health);
         if group.is_empty() {
             continue;
         }
@@ -333,10 +402,10 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>) {
             // the writes. Wait a moment for the next ones to join.
             std::thread::sleep(LINGER);
             collect(&mut rx, &mut group);
-            commit_intents(&mut conn, &mut group, &mut intents, &mut search);
+            commit_intents(&mut conn, &mut group, &mut intents, &mut search, health);
         }
         if !group.is_empty() {
-            commit_and_answer(&mut conn, &mut group, &mut search);
+            commit_and_answer(&mut conn, &mut group, &mut search, health);
         }
     }
     // Leave the review search index whole for whoever reads next. If this
@@ -368,6 +437,7 @@ fn commit_intents(
     group: &mut Vec<Queued>,
     intents: &mut Vec<Queued>,
     search: &mut search_index::Pacer,
+    health: &Health,
 ) {
     intents.extend(group.extract_if(.., |(op, _, _)| is_intent(op)));
     if intents.is_empty() {
@@ -377,7 +447,7 @@ fn commit_intents(
     if sqlite {
         let _ = conn.execute_batch("PRAGMA synchronous = FULL");
     }
-    commit_and_answer(conn, intents, search);
+    commit_and_answer(conn, intents, search, health);
     if sqlite {
         let _ = conn.execute_batch("PRAGMA synchronous = NORMAL");
     }
@@ -408,16 +478,39 @@ fn commit_and_answer(
     conn: &mut Connection,
     group: &mut Vec<Queued>,
     search: &mut search_index::Pacer,
+    health: &Health,
 ) {
     let mut tries = 1;
+    let mut full_since: Option<std::time::Instant> = None;
     let results = loop {
         let results = apply_group(conn, group, search);
-        if !conn.take_lost() || tries >= LOST_GROUP_TRIES {
+        if conn.take_lost() && tries < LOST_GROUP_TRIES {
+            tracing::warn!("ledger: a write group lost its connection; applying it again");
+            tries += 1;
+            continue;
+        }
+        // A full disk: nothing of the group was kept. Held in memory and
+        // tried again until there is room (row D2).
+        let full = results.iter().find_map(|r| match r {
+            Err(WriteError::Failed(m)) if disk_full(m) => Some(m.clone()),
+            _ => None,
+        });
+        let Some(why) = full else {
+            break results;
+        };
+        let since = *full_since.get_or_insert_with(std::time::Instant::now);
+        if health.giving_up() || since.elapsed() >= FULL_GIVE_UP {
             break results;
         }
-        tracing::warn!("ledger: a write group lost its connection; applying it again");
-        tries += 1;
+        if health.full().is_none() {
+            tracing::warn!("ledger: {why}; holding {} write(s) in memory", group.len());
+        }
+        health.set_full(Some(why), group.len());
+        std::thread::sleep(FULL_RETRY);
     };
+    if full_since.is_some() {
+        health.set_full(None, 0);
+    }
     for ((_, _, reply), result) in group.drain(..).zip(results) {
         match reply {
             Some(reply) => {
@@ -432,6 +525,12 @@ fn commit_and_answer(
             }
         }
     }
+}
+
+/// A write that failed for want of room: the disk (or the file's size
+/// limit) is full. SQLite says "database or disk is full" (SQLITE_FULL).
+fn disk_full(message: &str) -> bool {
+    message.contains("database or disk is full")
 }
 
 /// Take what is queued, up to a full group.
@@ -1334,7 +1433,11 @@ mod tests {
         drop(tx);
         // All four are queued before the writer starts, so they form one
         // group; the writer returns once the channel is empty and closed.
-        run(Connection::Sqlite(crate::ledger::open(&path).unwrap()), rx);
+        run(
+            Connection::Sqlite(crate::ledger::open(&path).unwrap()),
+            rx,
+            &Health::default(),
+        );
         for mut answer in answers {
             assert!(matches!(answer.try_recv(), Ok(Ok(()))));
         }
