@@ -1268,3 +1268,44 @@ fn dead_workers_batch_on(pg: Option<&support::pg::PgServer>) {
         "the second worker adopted the batch:\n{o2}"
     );
 }
+
+/// Row C2 on SQLite (one host, one clock): the host's clock jumps two
+/// hours ahead for a worker that joins (`DOCKET_CLOCK_SKEW_SECS`). To it
+/// every lease the first worker holds looks long expired, so it takes
+/// those items over: the first worker's records for them are refused by
+/// the fence (each a `lease_lost` event and an ambiguous attempt), never a
+/// second result. Every item ends with one result, and every answer the
+/// provider billed is on record, answered or ambiguous.
+#[test]
+fn c2_a_clock_jump_ahead_takes_over_leases_but_the_fence_keeps_one_result() {
+    let _serial = support::serial();
+    const ITEMS: usize = 300;
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::on(None, &mock, ITEMS, |j| j.concurrency = 4);
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    wait_for("the first worker to answer some", || {
+        (results(&ws.conn(), &sid) >= 20).then_some(())
+    });
+    let mut ahead = ws.command(&["worker", "--session", &sid], None);
+    ahead.env("DOCKET_CLOCK_SKEW_SECS", "7200");
+    let mut ahead = Proc::start(
+        ahead,
+        "docket worker (clock +2 h)".into(),
+        ws.home.path().join("ahead.out"),
+    );
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c2, o2) = ahead.wait(RUN_TIMEOUT);
+    assert_eq!(c1, Some(0), "{o1}");
+    assert_eq!(c2, Some(0), "{o2}");
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64);
+    let (orphaned, ambiguous) = check_orphans(&conn, &sid, 0);
+    assert!(
+        orphaned + ambiguous > 0,
+        "the jump took nothing over: the test shows nothing"
+    );
+    eprintln!("clock jump: {orphaned} orphaned answers, {ambiguous} ambiguous attempts");
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
