@@ -116,6 +116,10 @@ struct Inner {
     /// Tokens reserved but not used, to be taken off the next reservations.
     token_credit: u64,
     cooldown_until: Option<Instant>,
+    /// Over how long the sends a cooldown held are let go again (full
+    /// jitter after its end), so they do not all leave at once: a herd
+    /// that would only meet the next 429 (row S2).
+    cooldown_spread: Duration,
     last_cut: Option<Instant>,
     cuts: u64,
     /// When each kind of wait last happened; the snapshot reports the most
@@ -171,6 +175,7 @@ impl Limiter {
             token_debt: 0,
             token_credit: 0,
             cooldown_until: None,
+            cooldown_spread: Duration::ZERO,
             last_cut: None,
             cuts: 0,
             last_rate_wait: None,
@@ -237,7 +242,10 @@ impl Limiter {
         if let Some(until) = g.cooldown_until {
             if until > now {
                 g.last_rate_wait = Some((now, SlowReason::Cooldown));
-                return Err(until - now);
+                // Each held send wakes at its own moment after the end.
+                let spread = g.cooldown_spread.as_secs_f64();
+                let jitter = Duration::from_secs_f64(rand::random::<f64>() * spread);
+                return Err(until - now + jitter);
             }
             g.cooldown_until = None;
         }
@@ -303,6 +311,13 @@ impl Limiter {
             .unwrap_or(Duration::from_millis(500))
             .min(Duration::from_secs(60));
         extend_cooldown(&mut g, now + hold);
+        // The held sends go again spread over the hold's length after it;
+        // with no hint the hold is a guess, and a storm with no hint meets
+        // everything that waits at once (row S2): spread wider.
+        g.cooldown_spread = match headers.retry_after {
+            Some(_) => hold,
+            None => UNHINTED_SPREAD,
+        };
         self.observe(&mut g, headers);
     }
 
@@ -388,6 +403,10 @@ impl Inner {
         self.token_debt = self.token_debt.saturating_add(tokens - from_credit);
     }
 }
+
+/// How long the sends held by a 429 with no retry hint are spread over
+/// after its cooldown.
+const UNHINTED_SPREAD: Duration = Duration::from_secs(2);
 
 fn extend_cooldown(g: &mut Inner, until: Instant) {
     if g.cooldown_until.is_none_or(|t| t < until) {

@@ -1870,6 +1870,73 @@ async fn s3_a_prompt_past_the_context_length_fails_that_item_alone() {
     );
 }
 
+/// Row S2: a 429 storm with no hint (no retry-after, no rate headers) hits
+/// every request for twelve seconds. The first wave meets it; then the
+/// limiter halves concurrency and holds every send for a jittered cooldown
+/// after each 429 (spread over 2 s after it, there being no hint), so the
+/// storm sees a probe now and then, not waves: of the sends after its
+/// first wave, at most 10% (or two) fall in any one 100 ms window (the
+/// herd metric). When it ends, the run finishes with no item failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2_a_hintless_429_storm_gets_spread_probes_not_waves() {
+    const ITEMS: usize = 200;
+    const CONCURRENCY: u64 = 32;
+    let (m, ws) = mocked(MockConfig::default(), ITEMS, |job| {
+        job.concurrency = CONCURRENCY
+    })
+    .await;
+    m.set_config(MockConfig {
+        storm_429_ms: 12_000,
+        ..latency(10.0, 20.0)
+    });
+    let (report, lines) = run(options(&ws)).await;
+    assert!(matches!(report.end, RunEnd::Completed), "{}", lines.text());
+    let s = report.session.unwrap();
+    assert_eq!(s.error_count, 0, "{}", lines.text());
+    check_complete(&ws.conn(), &s.session_id);
+    let mut storm: Vec<u64> = m
+        .log()
+        .iter()
+        .filter(|e| e.status == 429)
+        .map(|e| e.at_ms)
+        .collect();
+    storm.sort_unstable();
+    let start = *storm.first().expect("the storm hit no send");
+    // The first wave: what was under way when the storm began.
+    let first_wave = storm.iter().filter(|t| **t < start + 250).count();
+    assert!(
+        first_wave as u64 <= CONCURRENCY,
+        "{first_wave} sends in the first wave"
+    );
+    let later: Vec<u64> = storm
+        .iter()
+        .copied()
+        .filter(|t| *t >= start + 250)
+        .collect();
+    assert!(
+        later.len() >= 5,
+        "{} sends after the first wave",
+        later.len()
+    );
+    let mut buckets: std::collections::HashMap<u64, usize> = Default::default();
+    for at in &later {
+        *buckets.entry(at / 100).or_default() += 1;
+    }
+    let worst = buckets.values().copied().max().unwrap_or(0);
+    eprintln!(
+        "storm: {} 429s, {first_wave} in the first wave, {} after it, at most {worst} in one 100 ms window",
+        storm.len(),
+        later.len()
+    );
+    // 10%, with a floor of two: the storm sees only a probe every second
+    // or so, and two random probes share a 100 ms window now and then.
+    assert!(
+        worst <= (later.len() / 10).max(2),
+        "{worst} of {} sends in one 100 ms window",
+        later.len()
+    );
+}
+
 /// Row I3: evidence is data. An item whose fields hold template syntax
 /// (`{{ ... }}`, `{% ... %}`) is rendered with that text as it is, never
 /// evaluated: the prompt sent holds the braces, not what they would make.

@@ -95,6 +95,10 @@ pub struct MockConfig {
     /// worth = limit/60, refills continuously); 0 = no limit
     #[arg(long, default_value_t = 0)]
     pub rpm_limit: u64,
+    /// a 429 storm: for this many ms after the config is set, every chat request gets a 429
+    /// rate-limit error with no hint (no retry-after, no x-ratelimit-* headers); 0 = none
+    #[arg(long, default_value_t = 0)]
+    pub storm_429_ms: u64,
     /// server-side tokens/min limit, same per-second bucket; request cost = estimated prompt
     /// tokens + max_tokens (or max_completion_tokens, default 256); 0 = none
     #[arg(long, default_value_t = 0)]
@@ -222,6 +226,7 @@ impl Default for MockConfig {
             latency_p99_ms: 0.0,
             rpm_limit: 0,
             tpm_limit: 0,
+            storm_429_ms: 0,
             fail_500: 0.0,
             fail_503: 0.0,
             hang: 0.0,

@@ -257,6 +257,29 @@ pub(crate) async fn run(
         )));
     }
 
+    if live.set_at.elapsed() < Duration::from_millis(live.config.storm_429_ms) {
+        // A storm with no hint: the client must find its own pace (row S2).
+        let l = Limited {
+            kind: super::limits::LimitKind::Requests,
+            limit: 0,
+            used: 0,
+            requested: 1,
+            wait: Duration::ZERO,
+        };
+        let mut rendered = render_error(
+            req.route,
+            &Event::RateLimited(l),
+            prompt.model,
+            &reply.request_id,
+        );
+        rendered.headers.retain(|(name, _)| {
+            !(name.starts_with("retry-after")
+                || name.starts_with("x-ratelimit")
+                || name.starts_with("anthropic-ratelimit"))
+        });
+        reply.record(Outcome::RateLimited, 429, None);
+        return reply.build(rendered);
+    }
     if live.limits_on {
         let cost = prompt_tokens.saturating_add(prompt.max_tokens.unwrap_or(256));
         let decision = lock(&shared.limits).check(cost, Instant::now());

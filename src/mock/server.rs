@@ -55,6 +55,8 @@ pub(crate) struct Live {
     pub plan: FaultPlan,
     pub quiet: bool,
     pub limits_on: bool,
+    /// When this config was set (the 429 storm runs from here).
+    pub set_at: std::time::Instant,
 }
 
 impl Live {
@@ -72,6 +74,7 @@ impl Live {
             quiet: plan.is_quiet(),
             plan,
             limits_on: config.rpm_limit > 0 || config.tpm_limit > 0,
+            set_at: std::time::Instant::now(),
             config,
         }
     }
