@@ -248,6 +248,7 @@ impl Limiter {
                 return Err(until - now + jitter);
             }
             g.cooldown_until = None;
+            g.cooldown_spread = Duration::ZERO;
         }
         while g.token_debt > 0 {
             let Some(bucket) = &g.tokens else {

@@ -1570,11 +1570,16 @@ async fn an_export_over_the_ledger_is_refused_and_the_ledger_kept() {
     let link = home.path().join("looks-harmless.csv");
     std::os::unix::fs::symlink(ws.ledger(), &link).unwrap();
     let via_dots = ws.path().join("items/../docket.sqlite");
+    // A link to a -wal that does not exist now: written through, it would
+    // become the ledger's WAL.
+    let dangling = home.path().join("report.jsonl");
+    std::os::unix::fs::symlink(ws.path().join("docket.sqlite-wal"), &dangling).unwrap();
     for target in [
         ws.ledger(),
         ws.path().join("docket.sqlite-wal"),
         via_dots,
         link,
+        dangling,
     ] {
         let t = target.to_string_lossy().to_string();
         let (code, text) = run_err(

@@ -48,11 +48,18 @@ pub(super) enum StageEnd {
 /// Run a request's attempts until its answer passes, its budgets are spent
 /// or the session stops. `slot` is a synchronous slot the feed already took.
 pub(super) async fn run_request(ctx: &Ctx, job: Job<'_>, slot: Option<Slot>) -> StageEnd {
+    /// The stage's count of requests under way, given back however the
+    /// request ends (a panic in its handling included: row P6).
+    struct Busy<'a>(&'a Ctx, usize);
+    impl Drop for Busy<'_> {
+        fn drop(&mut self) {
+            self.0.busy(self.1, -1);
+        }
+    }
     let stage = job.stage.index;
     ctx.busy(stage, 1);
-    let end = Box::pin(attempts(ctx, job, slot)).await;
-    ctx.busy(stage, -1);
-    end
+    let _busy = Busy(ctx, stage);
+    Box::pin(attempts(ctx, job, slot)).await
 }
 
 async fn attempts(ctx: &Ctx, mut job: Job<'_>, slot: Option<Slot>) -> StageEnd {
@@ -394,7 +401,9 @@ async fn attempt_once(ctx: &Ctx, job: &mut Job<'_>, slot: Option<Slot>) -> Sent 
         job.reserved = 0.0;
         return batch_reply(ctx, job, reply, std::time::Instant::now());
     }
-    if !ctx.wait_unpaused().await {
+    // Nothing new leaves while paused, nor while the ledger's disk is
+    // almost full (a batch line included: it is written with its prompt).
+    if !ctx.wait_unpaused().await || !ctx.wait_disk_room().await {
         return Sent::Stopped;
     }
     if !std::mem::take(&mut job.sync_only)
@@ -850,7 +859,7 @@ async fn on_error(
         && ctx
             .reach_watch
             .opened(job.stage.index)
-            .is_some_and(|(_, cause)| cause == super::reach_watch::Cause::Failing);
+            .is_some_and(|(_, cause, _)| cause == super::reach_watch::Cause::Failing);
     // A request the provider refused before it ever answered this stage:
     // the job may be at fault (a model it does not know), not the item.
     // Retried like a transport failure while the refusal watch decides.
@@ -865,7 +874,7 @@ async fn on_error(
         error_kind: Some(err.class.as_str().into()),
         error_message: Some(err.message.clone()),
         rate_limited: is_rl,
-        transport_failure: !is_rl && !unreached && !held && retryable,
+        transport_failure: !is_rl && !unreached && !held && !probation && retryable,
         ..base
     };
     tracing::debug!(
@@ -911,10 +920,11 @@ async fn on_error(
     let (exhausted, retry_no) = if is_rl {
         job.rate_limited += 1;
         (job.rate_limited > MAX_RATE_LIMIT_RETRIES, job.rate_limited)
-    } else if unreached || held {
-        // Nothing was sent, or the provider is down for everyone: not one
-        // of the item's transport attempts. The breaker holds the sends
-        // long before this cap.
+    } else if unreached || held || probation {
+        // Nothing was sent, the provider is down for everyone, or it has
+        // refused this stage's every request so far: not one of the
+        // item's transport attempts. A breaker or the refusal watch stops
+        // the sends long before this cap.
         job.unreached += 1;
         (job.unreached > MAX_UNREACHED_RETRIES, job.unreached)
     } else {

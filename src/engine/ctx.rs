@@ -78,6 +78,9 @@ pub(super) struct Ctx {
     /// Abandon requests in flight.
     pub(super) hard_stop: CancellationToken,
     pub(super) paused: watch::Receiver<bool>,
+    /// Nothing new is sent: the ledger's disk is almost full
+    /// (`disk_guard`).
+    pub(super) disk_hold: watch::Sender<bool>,
     pub(super) cause: std::sync::Mutex<Option<StopCause>>,
     /// Bounds the worker tasks alive at once; grows when concurrency is
     /// retuned upward.
@@ -242,6 +245,28 @@ impl Ctx {
 
     pub(super) fn cause(&self) -> Option<StopCause> {
         self.cause.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether the disk guard holds sending.
+    pub(super) fn disk_held(&self) -> bool {
+        *self.disk_hold.borrow()
+    }
+
+    /// Wait while the disk guard holds sending; false if a stop came.
+    pub(super) async fn wait_disk_room(&self) -> bool {
+        let mut rx = self.disk_hold.subscribe();
+        loop {
+            if self.soft_stop.is_cancelled() {
+                return false;
+            }
+            if !*rx.borrow_and_update() {
+                return true;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return !self.soft_stop.is_cancelled() },
+                _ = self.soft_stop.cancelled() => return false,
+            }
+        }
     }
 
     /// Wait while paused; false if a stop came meanwhile.

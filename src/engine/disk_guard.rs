@@ -1,8 +1,10 @@
 //! The ledger's disk (fault-matrix row D2). Two guards:
 //! - before it fills: when the disk under a SQLite ledger has less than
-//!   `min_free` left, every stage's sends are held (`Cause::DiskLow`) and
-//!   the session shows paused with the reason; requests under way finish
-//!   and are written. Sends go again once twice that is free.
+//!   `min_free` left, nothing new is sent (`Ctx::disk_hold`: sync sends
+//!   and batch lines alike) and the session shows paused with the reason;
+//!   requests under way finish and are written. Sends go again once
+//!   `min_free` more is free (or a tenth of a small disk). After
+//!   `HOLD_GIVE_UP` the run stops paused (exit 4), resumable.
 //! - once it is full: the ledger writer keeps the writes it could not
 //!   commit in memory and tries them again (`writer::Health`); this says
 //!   so, and says when the ledger is written again.
@@ -17,13 +19,17 @@ use crate::ledger::LedgerLocation;
 /// Free space under which nothing new is sent, unless
 /// `DOCKET_MIN_FREE_MB` says otherwise.
 const MIN_FREE_MB: u64 = 64;
+/// How long sending is held for a disk that stays almost full.
+const HOLD_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 pub(super) struct DiskGuard {
     /// The SQLite ledger's folder; None on PostgreSQL (its server's disk).
     dir: Option<PathBuf>,
     min_free: u64,
-    held: bool,
+    held: Option<std::time::Instant>,
     full_said: bool,
+    /// Writes the writer gave up on, already said.
+    dropped_said: usize,
 }
 
 impl DiskGuard {
@@ -43,16 +49,17 @@ impl DiskGuard {
             .unwrap_or(MIN_FREE_MB);
         DiskGuard {
             dir,
-            min_free: min_free_mb * 1024 * 1024,
-            held: false,
+            min_free: min_free_mb.saturating_mul(1024 * 1024),
+            held: None,
             full_said: false,
+            dropped_said: 0,
         }
     }
 
     /// One control-loop tick.
     pub(super) fn tick(&mut self, ctx: &Ctx, reporter: &dyn Reporter, operator_paused: bool) {
         self.watch_writer(ctx, reporter);
-        let Some(free) = self.dir.as_deref().and_then(available) else {
+        let Some((free, size)) = self.dir.as_deref().and_then(space) else {
             return;
         };
         let dir = self
@@ -60,32 +67,46 @@ impl DiskGuard {
             .as_deref()
             .map(|d| d.display().to_string())
             .unwrap_or_default();
-        if !self.held && free < self.min_free {
-            self.held = true;
-            let why = format!(
-                "the ledger's disk ({dir}) has {} free, under {}: nothing new is sent until space is freed; \
-                 requests under way finish and are written",
-                mb(free),
-                mb(self.min_free)
-            );
-            ctx.reach_watch.hold_all_for_disk(&why);
-            set_state(ctx, "paused", Some(why.clone()));
-            ctx.event("warn", "disk_low", why.clone());
-            reporter.line(&format!("Paused: {why}."));
-        } else if self.held && free >= self.min_free.saturating_mul(2) {
-            self.held = false;
-            if ctx.reach_watch.release_disk_holds()
-                && !operator_paused
-                && !ctx.soft_stop.is_cancelled()
-            {
-                set_state(ctx, "running", None);
+        // Room again: the floor and as much again, or a tenth of a disk
+        // too small for that.
+        let room = self.min_free.saturating_add(self.min_free.min(size / 10));
+        match self.held {
+            None if free < self.min_free => {
+                self.held = Some(std::time::Instant::now());
+                let why = format!(
+                    "the ledger's disk ({dir}) has {} free, under {}: nothing new is sent until space is freed; \
+                     requests under way finish and are written",
+                    mb(free),
+                    mb(self.min_free)
+                );
+                ctx.disk_hold.send_replace(true);
+                set_state(ctx, "paused", Some(why.clone()));
+                ctx.event("warn", "disk_low", why.clone());
+                reporter.line(&format!("Paused: {why}."));
             }
-            let message = format!(
-                "the ledger's disk has {} free again: sending resumes",
-                mb(free)
-            );
-            ctx.event("info", "disk_ok", message.clone());
-            reporter.line(&format!("Resumed: {message}."));
+            Some(_) if free >= room => {
+                self.held = None;
+                ctx.disk_hold.send_replace(false);
+                if !operator_paused && !ctx.soft_stop.is_cancelled() && !ctx.reach_watch.any_open()
+                {
+                    set_state(ctx, "running", None);
+                }
+                let message = format!(
+                    "the ledger's disk has {} free again: sending resumes",
+                    mb(free)
+                );
+                ctx.event("info", "disk_ok", message.clone());
+                reporter.line(&format!("Resumed: {message}."));
+            }
+            Some(since) if since.elapsed() >= HOLD_GIVE_UP => {
+                ctx.stop(super::ctx::StopCause::Paused(format!(
+                    "the ledger's disk ({dir}) stayed almost full for {} min ({} free): nothing more is sent; \
+                     resume the session once space is freed",
+                    HOLD_GIVE_UP.as_secs() / 60,
+                    mb(free)
+                )));
+            }
+            _ => {}
         }
     }
 
@@ -103,12 +124,23 @@ impl DiskGuard {
             }
             None if self.full_said => {
                 self.full_said = false;
-                reporter.line("The ledger is written again: the writes held in memory are in it.");
-                ctx.event(
-                    "info",
-                    "disk_ok",
-                    "the ledger was full; the writes held in memory are now written".into(),
-                );
+                let dropped = ctx.writer.health().dropped();
+                if dropped > self.dropped_said {
+                    reporter.line(&format!(
+                        "The ledger still cannot be written: {} write(s) held in memory are given up; the run stops. \
+                         Resume once there is room (answers not written are counted ambiguous).",
+                        dropped - self.dropped_said
+                    ));
+                    self.dropped_said = dropped;
+                } else {
+                    reporter
+                        .line("The ledger is written again: the writes held in memory are in it.");
+                    ctx.event(
+                        "info",
+                        "disk_ok",
+                        "the ledger was full; the writes held in memory are now written".into(),
+                    );
+                }
             }
             _ => {}
         }
@@ -123,7 +155,7 @@ impl DiskGuard {
             ));
         }
         self.held
-            .then(|| "the ledger's disk is almost full: nothing new is sent".to_string())
+            .map(|_| "the ledger's disk is almost full: nothing new is sent".to_string())
     }
 }
 
@@ -131,8 +163,9 @@ fn mb(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// Bytes an unprivileged process may still write under `dir`.
-fn available(dir: &std::path::Path) -> Option<u64> {
+/// Bytes an unprivileged process may still write under `dir`, and the
+/// filesystem's size.
+fn space(dir: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs fills the zeroed struct we own; `c` outlives the call.
@@ -141,6 +174,10 @@ fn available(dir: &std::path::Path) -> Option<u64> {
         if libc::statvfs(c.as_ptr(), &mut st) != 0 {
             return None;
         }
-        Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+        let block = st.f_frsize as u64;
+        Some((
+            (st.f_bavail as u64).saturating_mul(block),
+            (st.f_blocks as u64).saturating_mul(block),
+        ))
     }
 }

@@ -119,6 +119,7 @@ pub(super) async fn dispatch(
         soft_stop: CancellationToken::new(),
         hard_stop: CancellationToken::new(),
         paused: pause_rx,
+        disk_hold: tokio::sync::watch::Sender::new(false),
         cause: std::sync::Mutex::new(None),
         outstanding: Arc::new(Semaphore::new(outstanding_for(max_concurrency))),
         outstanding_cap: AtomicUsize::new(outstanding_for(max_concurrency)),

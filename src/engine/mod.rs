@@ -775,7 +775,8 @@ fn check_same_keys(
     for (provider, then) in was {
         let (Some(then_fp), Some(now_fp)) = (
             then.get("fingerprint").and_then(|f| f.as_str()),
-            now.pointer(&format!("/{provider}/fingerprint"))
+            now.get(provider)
+                .and_then(|p| p.get("fingerprint"))
                 .and_then(|f| f.as_str()),
         ) else {
             continue;
@@ -790,7 +791,8 @@ fn check_same_keys(
         );
         if open_batches > 0 {
             return Err(EngineError::Usage(format!(
-                "{what}. Its {open_batches} provider batch(es) still open were created with the first key and                  another key may not see them (they would look failed). Set {var} back to that key to resume."
+                "{what}. Its {open_batches} provider batch(es) still open were created with the first key and \
+                 another key may not see them (they would look failed). Set {var} back to that key to resume."
             )));
         }
         reporter.line(&format!("Note: {what}."));

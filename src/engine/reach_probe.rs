@@ -26,6 +26,8 @@ type Probe = tokio::task::JoinHandle<Result<(), ProviderError>>;
 
 #[derive(Default)]
 struct Opened {
+    /// The breaker opening this schedule is for.
+    opening: Option<Instant>,
     since: Option<Instant>,
     gap: Duration,
     next: Option<Instant>,
@@ -49,19 +51,23 @@ impl ReachProbes {
     pub(super) async fn tick(&mut self, ctx: &Arc<Ctx>, operator_paused: bool) {
         for (stage, o) in self.stages.iter_mut().enumerate() {
             let provider = ctx.p.stages[stage].provider_name.clone();
-            let Some((why, cause)) = ctx.reach_watch.opened(stage) else {
+            let Some((why, cause, opening)) = ctx.reach_watch.opened(stage) else {
                 // Closed by an answer (a server-error breaker's probe,
                 // announced by `healed`).
                 *o = Opened::default();
                 continue;
             };
-            if cause == Cause::DiskLow {
-                // Not the provider's: `disk_guard` says it and releases it.
-                continue;
+            if o.opening != Some(opening) {
+                // A new opening (perhaps closed and opened again since the
+                // last tick): its own announcement and schedule.
+                *o = Opened {
+                    opening: Some(opening),
+                    ..Opened::default()
+                };
             }
             let now = Instant::now();
             let Some(since) = o.since else {
-                o.since = Some(now);
+                o.since = Some(opening);
                 o.gap = FIRST_PROBE;
                 o.next = Some(now + FIRST_PROBE);
                 let reason = match cause {
@@ -73,7 +79,6 @@ impl ReachProbes {
                         "provider {provider} failing: {why}. Nothing more is sent and no item is failed for it; \
                          one request goes now and then as a probe, the run goes on by itself when it is answered"
                     ),
-                    Cause::DiskLow => why.clone(),
                 };
                 tracing::warn!(session = %ctx.session_id, "{reason}");
                 set_state(ctx, "paused", Some(reason.clone()));
@@ -103,7 +108,7 @@ impl ReachProbes {
             if since.elapsed() >= GIVE_UP {
                 let state = match cause {
                     Cause::Unreached => "unreachable",
-                    Cause::Failing | Cause::DiskLow => "failing",
+                    Cause::Failing => "failing",
                 };
                 ctx.stop(StopCause::Paused(format!(
                     "provider {provider} {state} for {} min: {why}. Nothing more is sent and no item is failed for it; resume the session once the provider is back",
@@ -137,9 +142,6 @@ impl ReachProbes {
             let state = match ctx.reach_watch.opened(stage)?.1 {
                 Cause::Unreached => "unreachable",
                 Cause::Failing => "failing",
-                Cause::DiskLow => {
-                    return Some("the ledger's disk is almost full: nothing new is sent".into());
-                }
             };
             Some(format!(
                 "provider {} {state}: probing every {} s",
@@ -165,7 +167,12 @@ fn resumed(ctx: &Ctx, provider: &str, open_for: Duration, operator_paused: bool)
         "provider {provider} answers again after {:.0} s: sending resumes",
         open_for.as_secs_f64()
     );
-    if !operator_paused && !ctx.soft_stop.is_cancelled() {
+    // Still held by another breaker or by the disk: stays paused.
+    if !operator_paused
+        && !ctx.soft_stop.is_cancelled()
+        && !ctx.reach_watch.any_open()
+        && !ctx.disk_held()
+    {
         set_state(ctx, "running", None);
     }
     ctx.event("info", "reachable", message);

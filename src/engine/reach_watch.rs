@@ -40,9 +40,6 @@ pub(super) enum Cause {
     Unreached,
     /// It answers only server errors: probed with one real send.
     Failing,
-    /// Not the provider: the ledger's disk is almost full (row D2). Held
-    /// for every stage until the control loop sees room again.
-    DiskLow,
 }
 
 #[derive(Default)]
@@ -86,12 +83,21 @@ impl ReachWatch {
     /// Why `stage`'s breaker is open; None while its sends go.
     #[cfg(test)]
     pub(super) fn open_because(&self, stage: usize) -> Option<String> {
-        self.opened(stage).map(|(why, _)| why)
+        self.opened(stage).map(|(why, _, _)| why)
     }
 
-    /// Why `stage`'s breaker is open, and the kind of opening.
-    pub(super) fn opened(&self, stage: usize) -> Option<(String, Cause)> {
-        self.streak(stage)?.open.clone()
+    /// Why `stage`'s breaker is open, the kind of opening, and when it
+    /// opened (each opening has its own instant: a breaker closed and
+    /// opened again between two looks is a new opening).
+    pub(super) fn opened(&self, stage: usize) -> Option<(String, Cause, std::time::Instant)> {
+        let s = self.streak(stage)?;
+        let (why, cause) = s.open.clone()?;
+        Some((why, cause, s.since?))
+    }
+
+    /// Whether any stage's breaker is open.
+    pub(super) fn any_open(&self) -> bool {
+        (0..self.open.len()).any(|stage| self.opened(stage).is_some())
     }
 
     /// The provider of `stage` answered a probe: its sends go again, and
@@ -106,36 +112,6 @@ impl ReachWatch {
         if let Some(tx) = self.open.get(stage) {
             tx.send_replace(false);
         }
-    }
-
-    /// Hold every stage's sends for want of disk space (`Cause::DiskLow`):
-    /// stages already held for their provider stay as they are.
-    pub(super) fn hold_all_for_disk(&self, why: &str) {
-        for stage in 0..self.open.len() {
-            if let Some(mut s) = self.streak(stage) {
-                if s.open.is_some() {
-                    continue;
-                }
-                s.open = Some((why.to_string(), Cause::DiskLow));
-                s.since = Some(std::time::Instant::now());
-            }
-            self.open[stage].send_replace(true);
-        }
-    }
-
-    /// Room again: release the stages held for the disk. True if any was.
-    pub(super) fn release_disk_holds(&self) -> bool {
-        let mut released = false;
-        for stage in 0..self.open.len() {
-            let held = self
-                .streak(stage)
-                .is_some_and(|s| matches!(s.open, Some((_, Cause::DiskLow))));
-            if held {
-                self.close(stage);
-                released = true;
-            }
-        }
-        released
     }
 
     /// Half-open: let one waiting send of `stage` through as a probe.
@@ -333,17 +309,17 @@ mod tests {
             why.contains("last 20 answers, for 4 items") && why.contains("500 boom"),
             "{why}"
         );
-        assert_eq!(w.opened(0).map(|(_, c)| c), Some(Cause::Failing));
+        assert_eq!(w.opened(0).map(|(_, c, _)| c), Some(Cause::Failing));
         assert_eq!(w.server_failed(0, "i1", "500"), None, "only once");
         assert!(w.answered(0).is_some(), "an answer closes it");
-        assert_eq!(w.opened(0), None);
+        assert!(w.opened(0).is_none());
         assert_eq!(w.answered(0), None, "nothing to close");
         // An unreached breaker is closed by its probe, not by answers.
         for i in 0..10 {
             w.unreached(0, &format!("i{}", i % 3), "refused");
         }
         assert_eq!(w.answered(0), None);
-        assert_eq!(w.opened(0).map(|(_, c)| c), Some(Cause::Unreached));
+        assert_eq!(w.opened(0).map(|(_, c, _)| c), Some(Cause::Unreached));
     }
 
     #[tokio::test]

@@ -89,7 +89,10 @@ async fn run_confined(
         let message = format!(
             "internal error while handling this item (a docket bug; please report it): {what}"
         );
-        if attempt > sw.attempt {
+        // A send may have left under this number (or a batch line's
+        // result under the last one was being applied): an attempt still
+        // 'sent' is closed as ambiguous; one already closed stays.
+        if attempt > 0 {
             let abandon = WriteOp::Abandon {
                 session_id: ctx.session_id.clone(),
                 request_id: sw.request_id,

@@ -262,6 +262,8 @@ pub struct Health {
     full: std::sync::Mutex<Option<(std::time::Instant, String)>>,
     held: std::sync::atomic::AtomicUsize,
     give_up: std::sync::atomic::AtomicBool,
+    /// Writes held for a full disk and then given up, in all.
+    dropped: std::sync::atomic::AtomicUsize,
 }
 
 impl Health {
@@ -276,6 +278,11 @@ impl Health {
                 self.held.load(std::sync::atomic::Ordering::Relaxed),
             )
         })
+    }
+
+    /// Writes held for a full disk and then given up (they failed), in all.
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stop holding: the writes that cannot commit fail (the run is being
@@ -482,6 +489,7 @@ fn commit_and_answer(
 ) {
     let mut tries = 1;
     let mut full_since: Option<std::time::Instant> = None;
+    let mut given_up = false;
     let results = loop {
         let results = apply_group(conn, group, search);
         if conn.take_lost() && tries < LOST_GROUP_TRIES {
@@ -500,6 +508,7 @@ fn commit_and_answer(
         };
         let since = *full_since.get_or_insert_with(std::time::Instant::now);
         if health.giving_up() || since.elapsed() >= FULL_GIVE_UP {
+            given_up = true;
             break results;
         }
         if health.full().is_none() {
@@ -509,6 +518,11 @@ fn commit_and_answer(
         std::thread::sleep(FULL_RETRY);
     };
     if full_since.is_some() {
+        if given_up {
+            health
+                .dropped
+                .fetch_add(group.len(), std::sync::atomic::Ordering::Relaxed);
+        }
         health.set_full(None, 0);
     }
     for ((_, _, reply), result) in group.drain(..).zip(results) {

@@ -307,27 +307,43 @@ fn refuse_the_ledger(workspace: &Path, path: &Path) -> Result<(), ReportError> {
     else {
         return Ok(());
     };
-    let resolved = |p: &Path| -> Option<std::path::PathBuf> {
-        if let Ok(c) = p.canonicalize() {
-            return Some(c);
-        }
-        let dir = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.canonicalize().ok()?,
-            _ => std::env::current_dir().ok()?,
-        };
-        Some(dir.join(p.file_name()?))
-    };
     let Some(out) = resolved(path) else {
         return Ok(());
     };
-    for suffix in ["", "-wal", "-shm"] {
-        let mut name = ledger.as_os_str().to_owned();
-        name.push(suffix);
-        if resolved(Path::new(&name)).is_some_and(|l| l == out) {
-            return Err(ReportError::OutputIsTheLedger(path.display().to_string()));
+    // SQLite keeps `-wal` and `-shm` beside the file the ledger's name
+    // leads to: both the name and where it leads are compared.
+    let ledger_real = resolved(&ledger);
+    for base in [Some(ledger.clone()), ledger_real].into_iter().flatten() {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = base.as_os_str().to_owned();
+            name.push(suffix);
+            if resolved(Path::new(&name)).is_some_and(|l| l == out) {
+                return Err(ReportError::OutputIsTheLedger(path.display().to_string()));
+            }
         }
     }
     Ok(())
+}
+
+/// Where `p` leads: its symlinks followed (a dangling one too, to the
+/// path it names), then made absolute through its existing folder.
+fn resolved(p: &Path) -> Option<std::path::PathBuf> {
+    let mut cur = p.to_path_buf();
+    for _ in 0..16 {
+        match std::fs::read_link(&cur) {
+            Ok(target) if target.is_absolute() => cur = target,
+            Ok(target) => cur = cur.parent().unwrap_or(Path::new(".")).join(target),
+            Err(_) => break,
+        }
+    }
+    if let Ok(c) = cur.canonicalize() {
+        return Some(c);
+    }
+    let dir = match cur.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.canonicalize().ok()?,
+        _ => std::env::current_dir().ok()?,
+    };
+    Some(dir.join(cur.file_name()?))
 }
 
 /// `.NAME.partial-PID` beside `path`.

@@ -300,7 +300,9 @@ impl OpenAiBatch {
                 // file would sit in the account's storage for good (row
                 // B2). After a 5xx or no answer a batch may exist that
                 // reads it: kept.
-                if e.http_status.is_some_and(|s| (400..500).contains(&s)) {
+                if e.http_status
+                    .is_some_and(|s| (400..500).contains(&s) && s != 408 && s != 409)
+                {
                     self.delete_file(&file_id).await;
                 }
                 return Err(e);
