@@ -44,8 +44,12 @@ pub(crate) struct Draw {
 /// The parts of a config this module needs, precomputed once per config change.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct FaultPlan {
-    early: [(f64, EarlyFault); 4],
-    late: [(f64, LateFault); 4],
+    early: [(f64, EarlyFault); 3],
+    late: [(f64, LateFault); 3],
+    /// Faults added later, drawn after the latency: a config without them
+    /// draws exactly the stream it drew before they existed (benchmarks
+    /// and seeded tests keep their numbers).
+    added: [Added; 2],
     latency: Latency,
 }
 
@@ -86,13 +90,15 @@ impl FaultPlan {
                 (rate(c.fail_500), EarlyFault::ServerError),
                 (rate(c.fail_503), EarlyFault::Overloaded),
                 (rate(c.hang), EarlyFault::Hang),
-                (rate(c.late), EarlyFault::Late),
             ],
             late: [
                 (rate(c.malformed), LateFault::Malformed),
-                (rate(c.reset_mid_body), LateFault::ResetMidBody),
                 (rate(c.truncated), LateFault::Truncated),
                 (rate(c.wrong_schema), LateFault::WrongSchema),
+            ],
+            added: [
+                Added::Early(rate(c.late), EarlyFault::Late),
+                Added::Late(rate(c.reset_mid_body), LateFault::ResetMidBody),
             ],
             latency,
         }
@@ -102,7 +108,23 @@ impl FaultPlan {
     pub(crate) fn is_quiet(&self) -> bool {
         self.early.iter().all(|(r, _)| *r == 0.0)
             && self.late.iter().all(|(r, _)| *r == 0.0)
+            && self.added.iter().all(|a| a.rate() == 0.0)
             && self.latency == Latency::None
+    }
+}
+
+/// A fault added after the first ones, with where it acts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Added {
+    Early(f64, EarlyFault),
+    Late(f64, LateFault),
+}
+
+impl Added {
+    fn rate(self) -> f64 {
+        match self {
+            Added::Early(r, _) | Added::Late(r, _) => r,
+        }
     }
 }
 
@@ -144,6 +166,19 @@ impl FaultRng {
                 Duration::from_secs_f64((ms / 1000.0).clamp(0.0, MAX_LATENCY.as_secs_f64()))
             }
         };
+        // Drawn only when set, and after everything else: the streams of
+        // configs without them are the ones they always were.
+        for added in plan.added {
+            if added.rate() == 0.0 {
+                continue;
+            }
+            let u: f64 = self.rng.random();
+            match added {
+                Added::Early(rate, fault) if early.is_none() && u < rate => early = Some(fault),
+                Added::Late(rate, fault) if late.is_none() && u < rate => late = Some(fault),
+                _ => {}
+            }
+        }
         Draw {
             early,
             late,
