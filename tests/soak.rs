@@ -189,13 +189,12 @@ async fn p4_mid_export_never_leaves_a_partial_file_under_its_name() {
     );
 }
 
-/// Row P6: a panic in one request's handling (armed at its answer, as a
-/// bug in a parser would) is confined to it: its attempt, answered but
-/// never recorded, is closed as ambiguous (it was billed), the request goes
-/// again and the item gets its result like every other; the process goes
-/// on and the run exits 0.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn p6_a_panic_in_one_request_is_retried_with_its_attempt_ambiguous() {
+/// A 20-item run at concurrency 4 with the failpoint `spec` armed, ended
+/// with exit `code`; its ledger checked for the invariants.
+async fn run_with_panics(
+    spec: &str,
+    code: i32,
+) -> (support::Workspace, rusqlite::Connection, String) {
     let (_m, ws) = support::mocked(docket::mock::MockConfig::default(), 20, |job| {
         job.concurrency = 4;
     })
@@ -203,16 +202,27 @@ async fn p6_a_panic_in_one_request_is_retried_with_its_attempt_ambiguous() {
     let home = tempfile::tempdir().unwrap();
     let out = docket(&ws, home.path())
         .args(["batch-adjudicate", "--yes", "--headless"])
-        .env(docket::failpoint::ENV, "after_answer:5:panic")
+        .env(docket::failpoint::ENV, spec)
         .output()
         .unwrap();
     let text = support::said(&out);
-    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(out.status.code(), Some(code), "{text}");
     let conn = ws.conn();
     let sid: String = conn
         .query_row("SELECT session_id FROM llm_batch_session", [], |r| r.get(0))
         .unwrap();
     support::check_invariants(&conn, &sid);
+    (ws, conn, sid)
+}
+
+/// Row P6: a panic in one request's handling (armed at its answer, as a
+/// bug in a parser would) is confined to it: its attempt, answered but
+/// never recorded, is closed as ambiguous (it was billed), the request goes
+/// again and the item gets its result like every other; the process goes
+/// on and the run exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p6_a_panic_in_one_request_is_retried_with_its_attempt_ambiguous() {
+    let (_ws, conn, sid) = run_with_panics("after_answer:5:panic", 0).await;
     assert_eq!(
         support::count(
             &conn,
@@ -262,23 +272,7 @@ async fn p6_a_panic_in_one_request_is_retried_with_its_attempt_ambiguous() {
 /// run exits 5 (completed with items in error).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p6_a_panic_every_time_fails_the_item_after_its_attempts() {
-    let (_m, ws) = support::mocked(docket::mock::MockConfig::default(), 20, |job| {
-        job.concurrency = 4;
-    })
-    .await;
-    let home = tempfile::tempdir().unwrap();
-    let out = docket(&ws, home.path())
-        .args(["batch-adjudicate", "--yes", "--headless"])
-        .env(docket::failpoint::ENV, "after_answer:15+:panic")
-        .output()
-        .unwrap();
-    let text = support::said(&out);
-    assert_eq!(out.status.code(), Some(5), "{text}");
-    let conn = ws.conn();
-    let sid: String = conn
-        .query_row("SELECT session_id FROM llm_batch_session", [], |r| r.get(0))
-        .unwrap();
-    support::check_invariants(&conn, &sid);
+    let (_ws, conn, _sid) = run_with_panics("after_answer:15+:panic", 5).await;
     assert_eq!(
         support::count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []),
         20

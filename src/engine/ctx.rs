@@ -254,24 +254,16 @@ impl Ctx {
 
     /// Wait while the disk guard holds sending; false if a stop came.
     pub(super) async fn wait_disk_room(&self) -> bool {
-        let mut rx = self.disk_hold.subscribe();
-        loop {
-            if self.soft_stop.is_cancelled() {
-                return false;
-            }
-            if !*rx.borrow_and_update() {
-                return true;
-            }
-            tokio::select! {
-                r = rx.changed() => if r.is_err() { return !self.soft_stop.is_cancelled() },
-                _ = self.soft_stop.cancelled() => return false,
-            }
-        }
+        self.wait_cleared(self.disk_hold.subscribe()).await
     }
 
     /// Wait while paused; false if a stop came meanwhile.
     pub(super) async fn wait_unpaused(&self) -> bool {
-        let mut rx = self.paused.clone();
+        self.wait_cleared(self.paused.clone()).await
+    }
+
+    /// Wait until `rx` says false; false if a stop came first.
+    async fn wait_cleared(&self, mut rx: watch::Receiver<bool>) -> bool {
         loop {
             if self.soft_stop.is_cancelled() {
                 return false;
