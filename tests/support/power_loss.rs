@@ -1,8 +1,9 @@
 //! Simulated power loss (fault-matrix row P7) without FUSE: docket runs with
 //! `sync_log.c` preloaded, which records the size of every file as each
-//! sync starts. After a SIGKILL, `lose_unsynced` cuts the ledger's WAL back
-//! to the last size synced and drops its `-shm`: what a power loss at that
-//! moment could leave. SQLite only appends to the WAL until a checkpoint
+//! sync starts, with its inode. After a SIGKILL, `lose_unsynced` cuts the
+//! ledger's WAL back to the last size synced of that very file (a WAL that
+//! SQLite deleted and made again starts from nothing) and drops its `-shm`:
+//! what a power loss at that moment could leave. SQLite only appends to the WAL until a checkpoint
 //! restarts it, so a cut at the synced size loses exactly the commits that
 //! were never synced (`synchronous = NORMAL`) and keeps every durable one.
 //!
@@ -39,14 +40,16 @@ pub fn recorder() -> &'static Path {
     })
 }
 
-/// Preload the recorder into `cmd`, logging to `log`. The WAL's size now
-/// is on record first: a run that never syncs still keeps what was on disk
-/// when it started.
+/// Preload the recorder into `cmd`, logging to `log`. The WAL's size and
+/// inode now are on record first: a run that never syncs still keeps what
+/// was on disk when it started.
 pub fn arm(cmd: &mut Command, log: &Path, ledger: &Path) {
+    use std::os::unix::fs::MetadataExt;
     let wal = wal_of(ledger);
-    let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-    let line = format!("{}\t{size}\n", canonical(&wal).display());
-    append(log, &line);
+    if let Ok(m) = std::fs::metadata(&wal) {
+        let line = format!("{}\t{}\t{}\n", canonical(&wal).display(), m.len(), m.ino());
+        append(log, &line);
+    }
     cmd.env("LD_PRELOAD", recorder()).env(LOG_ENV, log);
 }
 
@@ -65,32 +68,36 @@ pub struct Loss {
 /// Call it after the process died and before anything opens the ledger
 /// (a clean close checkpoints and deletes the WAL).
 pub fn lose_unsynced(log: &Path, ledger: &Path) -> Loss {
+    use std::os::unix::fs::MetadataExt;
     let wal = wal_of(ledger);
     let wal_name = canonical(&wal);
     let db_name = canonical(ledger);
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut synced: Option<u64> = None;
     let mut loss = Loss::default();
+    let Ok(meta) = std::fs::metadata(&wal) else {
+        let _ = std::fs::remove_file(shm_of(ledger));
+        let _ = std::fs::remove_file(log);
+        return loss;
+    };
+    // The last size synced of this very file (its inode): a WAL that
+    // SQLite deleted and made again during the run starts from nothing.
+    let mut synced = 0;
     for line in text.lines() {
-        let Some((path, size)) = line.rsplit_once('\t') else {
+        let mut fields = line.rsplitn(3, '\t');
+        let (Some(ino), Some(size), Some(path)) = (fields.next(), fields.next(), fields.next())
+        else {
             continue;
         };
-        let Ok(size) = size.parse::<u64>() else {
+        let (Ok(ino), Ok(size)) = (ino.parse::<u64>(), size.parse::<u64>()) else {
             continue;
         };
-        if Path::new(path) == wal_name {
-            synced = Some(size);
+        if Path::new(path) == wal_name && ino == meta.ino() {
+            synced = size;
         } else if Path::new(path) == db_name {
             loss.checkpointed = true;
         }
     }
-    // The log starts each run with a line for the WAL; a log from another
-    // run or a missing line would make the cut meaningless.
-    let synced =
-        synced.unwrap_or_else(|| panic!("{} has no line for {}", log.display(), wal.display()));
-    if let Ok(meta) = std::fs::metadata(&wal)
-        && meta.len() > synced
-    {
+    if meta.len() > synced {
         loss.wal_bytes_lost = meta.len() - synced;
         let f = std::fs::OpenOptions::new()
             .write(true)

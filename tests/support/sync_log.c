@@ -1,8 +1,10 @@
 /* A power-loss recorder for fault-matrix row P7, loaded into docket with
  * LD_PRELOAD by tests/support/power_loss.rs. Before each fsync(2) or
- * fdatasync(2) it appends "PATH<TAB>SIZE" to the file named by
- * DOCKET_SYNC_LOG: the size the file has as its sync starts. After a
- * SIGKILL, a test cuts every SQLite -wal file back to the last size synced,
+ * fdatasync(2) it appends "PATH<TAB>SIZE<TAB>INODE" to the file named by
+ * DOCKET_SYNC_LOG: the size the file has as its sync starts, and its inode
+ * (which tells a WAL that SQLite deleted and made again from the old one).
+ * After a SIGKILL, a test cuts every SQLite -wal file back to the last size
+ * synced of that very file,
  * which is what a power loss at that moment could leave on disk (LazyFS's
  * "lose unfsynced writes", for an append-only file).
  *
@@ -31,7 +33,8 @@ static void note(int fd) {
     if (out < 0) return;
     /* One write(2) per line: O_APPEND keeps lines from threads whole. */
     char line[4200];
-    int len = snprintf(line, sizeof line, "%s\t%lld\n", path, (long long)st.st_size);
+    int len = snprintf(line, sizeof line, "%s\t%lld\t%llu\n", path, (long long)st.st_size,
+                       (unsigned long long)st.st_ino);
     if (len > 0 && len < (int)sizeof line) {
         ssize_t w = write(out, line, (size_t)len);
         (void)w;
