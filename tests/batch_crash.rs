@@ -525,11 +525,10 @@ fn kill_while_a_batch_forms_submits_its_recorded_lines_on_resume() {
     check_no_key(&ws, &sid, format!("{first}{out}"));
 }
 
-/// SIGINT off a terminal: the run stops without asking, leaves the batch
-/// to the provider, says so with the resume command; a resume collects it.
-#[test]
-fn sigint_off_terminal_leaves_the_batch_for_a_resume() {
-    let _serial = support::serial();
+/// `docket ARGS` on `ITEMS` items in OpenAI batch mode against a mock whose
+/// batches run 3 s, once its batch is running at the provider: the mock,
+/// the workspace, the run and its session.
+fn a_batch_running(args: &[&str]) -> (Mock, Ws, Proc, String) {
     let mock = Mock::start(&[
         "--batch-validating-ms",
         "100",
@@ -539,7 +538,7 @@ fn sigint_off_terminal_leaves_the_batch_for_a_resume() {
         "100",
     ]);
     let ws = Ws::new("openai", &mock);
-    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
+    let mut run = ws.spawn("run", args);
     let batch = wait_for(
         "a batch running at the provider",
         &ws,
@@ -547,6 +546,15 @@ fn sigint_off_terminal_leaves_the_batch_for_a_resume() {
         running_batch,
     );
     let sid = batch.session_id.clone();
+    (mock, ws, run, sid)
+}
+
+/// SIGINT off a terminal: the run stops without asking, leaves the batch
+/// to the provider, says so with the resume command; a resume collects it.
+#[test]
+fn sigint_off_terminal_leaves_the_batch_for_a_resume() {
+    let _serial = support::serial();
+    let (mock, ws, mut run, sid) = a_batch_running(&["batch-adjudicate", "--yes", "--headless"]);
     let st = Command::new("kill")
         .args(["-INT", &run.pid().to_string()])
         .status()
@@ -886,23 +894,7 @@ fn cancel_of_an_idle_session_cancels_its_provider_batch() {
 #[test]
 fn b8_a_resume_with_another_key_while_a_batch_is_open_is_refused() {
     let _serial = support::serial();
-    let mock = Mock::start(&[
-        "--batch-validating-ms",
-        "100",
-        "--batch-running-ms",
-        "3000",
-        "--batch-finalizing-ms",
-        "100",
-    ]);
-    let ws = Ws::new("openai", &mock);
-    let mut run = ws.spawn("run", &["batch-adjudicate", "--yes", "--headless"]);
-    let batch = wait_for(
-        "a batch running at the provider",
-        &ws,
-        &mut run,
-        running_batch,
-    );
-    let sid = batch.session_id.clone();
+    let (mock, ws, mut run, sid) = a_batch_running(&["batch-adjudicate", "--yes", "--headless"]);
     run.kill9();
     let snapshot: String = ws
         .conn()
@@ -968,26 +960,8 @@ fn b8_a_resume_with_another_key_while_a_batch_is_open_is_refused() {
 #[test]
 fn b5_cancel_remote_cancels_the_provider_batch_on_a_stop() {
     let _serial = support::serial();
-    let mock = Mock::start(&[
-        "--batch-validating-ms",
-        "100",
-        "--batch-running-ms",
-        "3000",
-        "--batch-finalizing-ms",
-        "100",
-    ]);
-    let ws = Ws::new("openai", &mock);
-    let mut run = ws.spawn(
-        "run",
-        &["batch-adjudicate", "--yes", "--headless", "--cancel-remote"],
-    );
-    let batch = wait_for(
-        "a batch running at the provider",
-        &ws,
-        &mut run,
-        running_batch,
-    );
-    let sid = batch.session_id.clone();
+    let (mock, ws, mut run, sid) =
+        a_batch_running(&["batch-adjudicate", "--yes", "--headless", "--cancel-remote"]);
     let st = Command::new("kill")
         .args(["-INT", &run.pid().to_string()])
         .status()

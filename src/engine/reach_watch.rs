@@ -200,7 +200,18 @@ impl ReachWatch {
             s.server_failures,
             s.server_items.len()
         );
-        s.open = Some((why.clone(), Cause::Failing));
+        self.open_now(stage, s, why, Cause::Failing)
+    }
+
+    /// Open `stage`'s breaker for `why`: its sends wait from now on.
+    fn open_now(
+        &self,
+        stage: usize,
+        mut s: std::sync::MutexGuard<'_, Streak>,
+        why: String,
+        cause: Cause,
+    ) -> Option<String> {
+        s.open = Some((why.clone(), cause));
         s.since = Some(std::time::Instant::now());
         drop(s);
         if let Some(tx) = self.open.get(stage) {
@@ -229,13 +240,7 @@ impl ReachWatch {
             s.failures,
             s.items.len()
         );
-        s.open = Some((why.clone(), Cause::Unreached));
-        s.since = Some(std::time::Instant::now());
-        drop(s);
-        if let Some(tx) = self.open.get(stage) {
-            tx.send_replace(true);
-        }
-        Some(why)
+        self.open_now(stage, s, why, Cause::Unreached)
     }
 }
 
