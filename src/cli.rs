@@ -173,7 +173,7 @@ pub enum Command {
         #[arg(long, default_value_t = 8089)]
         port: u16,
         #[command(flatten)]
-        config: docket::mock::MockConfig,
+        config: Box<docket::mock::MockConfig>,
     },
 }
 
@@ -212,6 +212,11 @@ pub struct WorkerArgs {
     /// worker before it claims anything).
     #[arg(long)]
     pub no_preflight: bool,
+    /// Join though docket.toml here differs from the one the session
+    /// started with (limits, timeouts, thresholds...); by default the
+    /// worker refuses, naming each setting that differs.
+    #[arg(long)]
+    pub accept_changes: bool,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -235,9 +240,17 @@ pub struct RunArgs {
     /// before a session is created or an item touched).
     #[arg(long)]
     pub no_preflight: bool,
-    /// Resume a session (within 7 days of its start).
+    /// Resume a session (within 7 days of its start). A docket.toml edited
+    /// since the session started is refused, naming each setting that
+    /// changed, unless --accept-changes is given.
     #[arg(long, value_name = "SESSION_ID")]
     pub resume: Option<String>,
+    /// With --resume: go on with docket.toml as it is now, though settings
+    /// changed since the session started (limits, timeouts, thresholds...).
+    /// A change of what a stage sends (its provider, model, prompt template
+    /// or parameters) is still refused: that is a new job, not this session.
+    #[arg(long, requires = "resume")]
+    pub accept_changes: bool,
     /// Run even when job.enabled = false.
     #[arg(long)]
     pub force: bool,

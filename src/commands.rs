@@ -99,7 +99,7 @@ pub async fn run(cli: Cli) -> i32 {
         } => tokio::task::block_in_place(|| ledger_copy(&ws, to, from)),
         Command::MockProvider { port, config } => {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            match docket::mock::serve_forever(config, addr).await {
+            match docket::mock::serve_forever(*config, addr).await {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("docket mock-provider: {e}");
@@ -583,7 +583,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     if !(args.grace.is_finite() && args.grace >= 0.0) {
         return fail("--grace: must be a non-negative number of seconds");
     }
-    let opts = RunOptions {
+    let mut opts = RunOptions {
         workspace: ws.to_path_buf(),
         limit: args.limit,
         min_confidence: args.min_confidence,
@@ -601,6 +601,11 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
         join: false,
         preflight: !args.no_preflight,
     };
+    if let Some(id) = &args.resume
+        && let Err(e) = same_config_as_the_session(&mut opts, id, args.accept_changes)
+    {
+        return fail(e);
+    }
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let ask = !args.yes && tty;
     let interrupts = Interrupts::default();
@@ -653,6 +658,75 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
     }
 }
 
+/// A resumed (or joined) session runs the job it started with (row I4):
+/// docket.toml is compared, setting by setting, with the snapshot the
+/// session took when it started, and any change is refused, naming each,
+/// unless the operator accepts them (`--accept-changes`). Accepted, they
+/// are said, and a changed routing threshold applies from now on (the
+/// session's own would otherwise win over the file). Whatever cannot be
+/// read here (the config, the ledger, the session) is left to the run,
+/// which names it.
+fn same_config_as_the_session(
+    opts: &mut RunOptions,
+    session: &str,
+    accept: bool,
+) -> Result<(), String> {
+    use docket::ledger::work::RunSessions;
+    let Ok(now) = docket::config::LoadedConfig::load(&engine::config_path(&opts.workspace)) else {
+        return Ok(());
+    };
+    let Some(row) = LedgerLocation::for_workspace(&opts.workspace)
+        .and_then(Ledger::open_read_only)
+        .ok()
+        .and_then(|l| l.load_session(session).ok().flatten())
+    else {
+        return Ok(());
+    };
+    let Some(then) = serde_json::from_str::<serde_json::Value>(&row.config_snapshot_json)
+        .ok()
+        .and_then(|s| s.get("config").cloned())
+        .filter(serde_json::Value::is_object)
+    else {
+        // A session from before docket kept its config.
+        return Ok(());
+    };
+    let changes = now.changes_since(&then);
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    let file = now.path.display();
+    if !accept {
+        return Err(format!(
+            "session {session} was started with another {file}: {} changed since. \
+             Restore it to go on with the session as it started, or pass --accept-changes to go on with the file as it is now \
+             (a change of a stage's provider, model, prompt template or parameters is refused either way: \
+             start a new session for that).",
+            list.join("; ")
+        ));
+    }
+    println!(
+        "{}",
+        docket::sanitize::for_terminal(&format!(
+            "Note: {file} changed since session {session} started (--accept-changes): {}.",
+            list.join("; ")
+        ))
+    );
+    let routing = &now.config.routing;
+    for c in &changes {
+        match c.key.as_str() {
+            "routing.auto_accept_threshold" if opts.auto_accept_threshold.is_none() => {
+                opts.auto_accept_threshold = Some(*routing.auto_accept_threshold.get_ref());
+            }
+            "routing.review_threshold" if opts.review_threshold.is_none() => {
+                opts.review_threshold = Some(*routing.review_threshold.get_ref());
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// `docket workers SESSION` as a table; ids and hosts made safe for a
 /// terminal.
 fn workers_table(session: &str, rows: &[docket::ledger::queue::WorkerRow]) -> String {
@@ -703,7 +777,7 @@ async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
     if !(args.grace.is_finite() && args.grace >= 0.0) {
         return fail("--grace: must be a non-negative number of seconds");
     }
-    let opts = RunOptions {
+    let mut opts = RunOptions {
         workspace: ws.to_path_buf(),
         resume: Some(args.session.clone()),
         join: true,
@@ -711,6 +785,9 @@ async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
         preflight: !args.no_preflight,
         ..RunOptions::default()
     };
+    if let Err(e) = same_config_as_the_session(&mut opts, &args.session, args.accept_changes) {
+        return fail(e);
+    }
     let interrupts = Interrupts::default();
     // Ctrl-C stops this worker only (the others carry on); `docket cancel`
     // stops them all.
@@ -782,6 +859,7 @@ async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         dry_run: false,
         no_preflight: false,
         resume: None,
+        accept_changes: false,
         force: false,
         skip_reviewed: false,
         auto_accept_threshold: None,

@@ -1076,12 +1076,27 @@ fn line_at(source: &str, offset: usize) -> usize {
         + 1
 }
 
-/// toml's message names the key and what was expected; add the file and
-/// line in the usual `file:line:` form.
+/// toml's message says what was expected; add the file and line in the
+/// usual `file:line:` form, and the key's whole path (toml names only the
+/// last part of it, if that).
 fn describe_toml_error(path: &Path, source: &str, e: &toml::de::Error) -> ConfigError {
     let message = e.message().trim().replace('\n', " ");
     match e.span() {
         Some(span) => {
+            // An unknown key can be reported at its table (a gate's, whose
+            // `kind` picks the fields): the key is in the message.
+            let unknown = message
+                .strip_prefix("unknown field `")
+                .and_then(|m| m.split('`').next());
+            let message = match (key_path_at(source, span.start), unknown) {
+                (Some(key), Some(field))
+                    if key != field && !key.ends_with(&format!(".{field}")) =>
+                {
+                    format!("{key}.{field}: {message}")
+                }
+                (Some(key), _) => format!("{key}: {message}"),
+                (None, _) => message,
+            };
             let line = line_at(source, span.start);
             let text = source
                 .lines()
@@ -1100,6 +1115,182 @@ fn describe_toml_error(path: &Path, source: &str, e: &toml::de::Error) -> Config
             path: path.display().to_string(),
             message,
         },
+    }
+}
+
+/// The whole path of the key on the line holding byte `offset` of a
+/// docket.toml (`providers.main.requests_per_minute`, `stages[1].gate.kind`),
+/// from the table headers above it; for a header line, the table's own
+/// path. None for a line that holds no key (a value spanning lines).
+fn key_path_at(source: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(source.len());
+    let line_start = source[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = source[offset..]
+        .find('\n')
+        .map_or(source.len(), |i| offset + i);
+    // Arrays of tables seen so far, by their dotted name: how many entries.
+    let mut arrays: BTreeMap<String, usize> = BTreeMap::new();
+    let mut table = String::new();
+    fn header(text: &str, arrays: &mut BTreeMap<String, usize>) -> Option<String> {
+        let (inner, is_array) = if let Some(t) = text.strip_prefix("[[") {
+            (t.split("]]").next()?, true)
+        } else {
+            (text.strip_prefix('[')?.split(']').next()?, false)
+        };
+        let parts = key_parts(inner);
+        let name = parts.join(".");
+        if is_array {
+            *arrays.entry(name.clone()).or_default() += 1;
+        }
+        // Each part that names an array of tables takes its last entry.
+        let mut resolved = String::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                resolved.push('.');
+            }
+            resolved.push_str(part);
+            if let Some(n) = arrays.get(&parts[..=i].join(".")) {
+                resolved.push_str(&format!("[{}]", n.saturating_sub(1)));
+            }
+        }
+        Some(resolved)
+    }
+    for l in source[..line_start].lines() {
+        let t = l.trim_start();
+        if t.starts_with('[')
+            && let Some(h) = header(t, &mut arrays)
+        {
+            table = h;
+        }
+    }
+    let line = source[line_start..line_end].trim();
+    if line.starts_with('[') {
+        return header(line, &mut arrays);
+    }
+    let (key, _) = line.split_once('=')?;
+    let key = key_parts(key).join(".");
+    if key.is_empty() {
+        return None;
+    }
+    Some(if table.is_empty() {
+        key
+    } else {
+        format!("{table}.{key}")
+    })
+}
+
+/// The parts of a dotted TOML key (`a."b.c".d` is `a`, `b.c`, `d`).
+fn key_parts(key: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut part = String::new();
+    let mut quote: Option<char> = None;
+    for c in key.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => part.push(c),
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '.') => parts.push(std::mem::take(&mut part).trim().to_string()),
+            (None, c) => part.push(c),
+        }
+    }
+    parts.push(part.trim().to_string());
+    parts
+}
+
+/// One setting of docket.toml that differs from a session's snapshot of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigChange {
+    /// Its path: `routing.auto_accept_threshold`, `stages[0].max_tokens`.
+    pub key: String,
+    /// The value then and now (JSON; None: not set).
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+impl std::fmt::Display for ConfigChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = |x: &Option<String>| x.clone().unwrap_or_else(|| "(not set)".into());
+        write!(f, "{} {} -> {}", self.key, v(&self.before), v(&self.after))
+    }
+}
+
+impl LoadedConfig {
+    /// What differs between this config and `snapshot`, the config a
+    /// session recorded when it started (its snapshot's `config`), key by
+    /// key. Comments, layout and the order of keys are not changes; nor is
+    /// a setting left out then and given its default now (the snapshot is
+    /// read back with today's defaults first).
+    pub fn changes_since(&self, snapshot: &serde_json::Value) -> Vec<ConfigChange> {
+        let before = with_defaults(snapshot).unwrap_or_else(|| snapshot.clone());
+        let mut out = Vec::new();
+        diff_json("", &before, &self.snapshot_json(), &mut out);
+        out
+    }
+}
+
+/// A config snapshot read back as a `Config` (taking today's defaults for
+/// what it leaves out) and written again; None when it no longer reads.
+fn with_defaults(snapshot: &serde_json::Value) -> Option<serde_json::Value> {
+    fn drop_nulls(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(m) => serde_json::Value::Object(
+                m.iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k.clone(), drop_nulls(v)))
+                    .collect(),
+            ),
+            serde_json::Value::Array(a) => {
+                serde_json::Value::Array(a.iter().map(drop_nulls).collect())
+            }
+            v => v.clone(),
+        }
+    }
+    let text = toml::to_string(&drop_nulls(snapshot)).ok()?;
+    let config: Config = toml::from_str(&text).ok()?;
+    serde_json::to_value(&config).ok()
+}
+
+fn diff_json(
+    path: &str,
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    out: &mut Vec<ConfigChange>,
+) {
+    use serde_json::Value;
+    let show = |v: &Value| -> Option<String> {
+        (!v.is_null()).then(|| crate::sanitize::truncate(&v.to_string(), 80))
+    };
+    match (before, after) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let null = Value::Null;
+                diff_json(
+                    &p,
+                    a.get(k).unwrap_or(&null),
+                    b.get(k).unwrap_or(&null),
+                    out,
+                );
+            }
+        }
+        (Value::Array(a), Value::Array(b))
+            if a.len() == b.len() && a.iter().chain(b).all(Value::is_object) =>
+        {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                diff_json(&format!("{path}[{i}]"), x, y, out);
+            }
+        }
+        (a, b) if a != b => out.push(ConfigChange {
+            key: path.to_string(),
+            before: show(a),
+            after: show(b),
+        }),
+        _ => {}
     }
 }
 
@@ -1423,5 +1614,103 @@ pattern = "(?P<confidence>[0-9.]+)"
             e.contains("stages[0].temperature") && e.contains("0 to 1"),
             "{e}"
         );
+    }
+
+    /// Row I4: an error toml reports (a wrong type, a negative count, an
+    /// unknown key or table) names the key's whole path, not only its line.
+    #[test]
+    fn parse_errors_name_the_whole_key_path() {
+        let two_stages = format!(
+            "{BASE}\n[[stages]]\nname = \"t\"\nprovider = \"p\"\ntemplate = \"t.j2\"\n\n[stages.gate]\nkind = \"regex\"\npattern = \"x\"\nflavour = 1\n"
+        );
+        for (text, path) in [
+            (
+                BASE.replace(
+                    "model = \"gpt-4o-mini\"",
+                    "model = \"m\"\nrequests_per_minute = -5",
+                ),
+                "providers.p.requests_per_minute: ",
+            ),
+            (
+                BASE.replace(
+                    "template = \"t.j2\"",
+                    "template = \"t.j2\"\nmax_tokens = -1",
+                ),
+                "stages[0].max_tokens: ",
+            ),
+            (
+                BASE.replace(
+                    "model = \"gpt-4o-mini\"",
+                    "model = \"m\"\nbackoff_max_secs = 1",
+                ),
+                "providers.p.backoff_max_secs: ",
+            ),
+            (two_stages, "stages[1].gate.flavour: "),
+            (
+                format!("{BASE}\n[retry]\nbackoff_base_secs = 2\n"),
+                "retry: ",
+            ),
+            (
+                BASE.replace("[providers.p]", "[providers.\"p.q\"]\nkind = 1"),
+                "providers.p.q.kind: ",
+            ),
+        ] {
+            let e = parse(&text).err().unwrap().to_string();
+            assert!(e.contains(path), "{path:?} missing from {e}");
+            assert!(e.starts_with("ws/docket.toml:"), "{e}");
+        }
+        assert_eq!(key_parts("a.\"b.c\" . d"), vec!["a", "b.c", "d"]);
+    }
+
+    /// Row I4: what a resume compares, key by key: a changed value, a key
+    /// added or taken out; not comments, layout or a default spelled out.
+    #[test]
+    fn changes_since_a_snapshot_are_named_key_by_key() {
+        let then = parse(BASE).unwrap().snapshot_json();
+        let same = parse(&format!("# a comment\n{}", BASE.replace("\n\n", "\n\n\n")))
+            .unwrap()
+            .changes_since(&then);
+        assert_eq!(same, vec![]);
+        // The default written out is no change.
+        let spelled = parse(&BASE.replace(
+            "model = \"gpt-4o-mini\"",
+            "model = \"gpt-4o-mini\"\nmax_concurrency = 16",
+        ))
+        .unwrap();
+        assert_eq!(spelled.changes_since(&then), vec![]);
+        let edited = parse(&format!(
+            "{}\n[routing]\nauto_accept_threshold = 0.9\n",
+            BASE.replace("model = \"gpt-4o-mini\"", "model = \"gpt-4o\"")
+                .replace(
+                    "template = \"t.j2\"",
+                    "template = \"t.j2\"\ntemperature = 0.5"
+                )
+        ))
+        .unwrap();
+        let changes: Vec<String> = edited
+            .changes_since(&then)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            changes,
+            vec![
+                "providers.p.model \"gpt-4o-mini\" -> \"gpt-4o\"",
+                "routing.auto_accept_threshold 0.85 -> 0.9",
+                "stages[0].temperature (not set) -> 0.5",
+            ]
+        );
+        // A snapshot that leaves out a key with a default (one written
+        // before the key existed) reads it as the default.
+        let mut old = then.clone();
+        old["routing"]
+            .as_object_mut()
+            .unwrap()
+            .remove("flag_injection");
+        old["providers"]["p"]
+            .as_object_mut()
+            .unwrap()
+            .remove("max_transport_attempts");
+        assert_eq!(parse(BASE).unwrap().changes_since(&old), vec![]);
     }
 }

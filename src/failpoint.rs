@@ -6,7 +6,12 @@
 //! passes `NAME` (N defaults to 1), exactly like `kill -9` at that step: no
 //! destructor, no flush, no commit. `NAME:N:panic` panics there instead
 //! (row P6: a bug in one request's handling); `NAME:N+:panic` panics at
-//! the Nth pass and every pass after it. The names:
+//! the Nth pass and every pass after it. `NAME:N:oom` exhausts memory
+//! there (row P6, memory pressure): it allocates and touches 64 MiB blocks
+//! until an allocation fails, which aborts the process the way Rust does on
+//! allocation failure; it only runs under an address-space limit
+//! (`ulimit -v`), and panics without one rather than take the machine's
+//! memory. The names:
 //!
 //! | name | the step just done, the next not yet |
 //! |---|---|
@@ -46,8 +51,15 @@ mod armed {
         name: String,
         at: u64,
         onward: bool,
-        panics: bool,
+        action: Action,
         passes: AtomicU64,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Action {
+        Kill,
+        Panic,
+        Oom,
     }
 
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
@@ -62,16 +74,17 @@ mod armed {
             },
             None => (1, false),
         };
-        let panics = match parts.next() {
-            None => false,
-            Some("panic") => true,
+        let action = match parts.next() {
+            None => Action::Kill,
+            Some("panic") => Action::Panic,
+            Some("oom") => Action::Oom,
             Some(_) => return None,
         };
         Some(Armed {
             name: name.to_string(),
             at,
             onward,
-            panics,
+            action,
             passes: AtomicU64::new(0),
         })
     }
@@ -88,8 +101,10 @@ mod armed {
         if pass != a.at && !(a.onward && pass > a.at) {
             return;
         }
-        if a.panics {
-            panic!("failpoint {name}");
+        match a.action {
+            Action::Panic => panic!("failpoint {name}"),
+            Action::Oom => exhaust_memory(name),
+            Action::Kill => {}
         }
         // SAFETY: kill(2) on our own pid with SIGKILL; nothing after it runs.
         unsafe {
@@ -100,21 +115,54 @@ mod armed {
         std::process::abort();
     }
 
+    /// Allocate and touch memory until the address-space limit refuses a
+    /// block: `handle_alloc_error` then aborts the process (SIGABRT), as it
+    /// would for any allocation under memory pressure.
+    fn exhaust_memory(name: &str) -> ! {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit(2) writes the struct we pass.
+        let got = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) };
+        if got != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+            panic!("failpoint {name}: oom needs an address-space limit (ulimit -v)");
+        }
+        const BLOCK: usize = 64 << 20;
+        let Ok(layout) = std::alloc::Layout::from_size_align(BLOCK, 4096) else {
+            std::process::abort()
+        };
+        // Held, never freed: the process ends in this loop.
+        let mut held: Vec<*mut u8> = Vec::new();
+        loop {
+            // SAFETY: a non-zero size; a null pointer is handled below.
+            let p = unsafe { std::alloc::alloc(layout) };
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            // SAFETY: `p` is BLOCK bytes we own; touching them makes them real.
+            unsafe { std::ptr::write_bytes(p, 1, BLOCK) };
+            held.push(p);
+        }
+    }
+
     #[cfg(test)]
     mod tests {
         #[test]
         fn a_spec_names_the_step_the_pass_and_the_action() {
             let a = super::parse("after_intent:37").unwrap();
             assert_eq!(
-                (a.name.as_str(), a.at, a.onward, a.panics),
-                ("after_intent", 37, false, false)
+                (a.name.as_str(), a.at, a.onward, a.action),
+                ("after_intent", 37, false, super::Action::Kill)
             );
             let a = super::parse("mid_export").unwrap();
             assert_eq!((a.name.as_str(), a.at, a.onward), ("mid_export", 1, false));
             let a = super::parse("after_answer:5:panic").unwrap();
-            assert_eq!((a.at, a.onward, a.panics), (5, false, true));
+            assert_eq!((a.at, a.onward, a.action), (5, false, super::Action::Panic));
             let a = super::parse("after_answer:5+:panic").unwrap();
-            assert_eq!((a.at, a.onward, a.panics), (5, true, true));
+            assert_eq!((a.at, a.onward, a.action), (5, true, super::Action::Panic));
+            let a = super::parse("after_answer:3:oom").unwrap();
+            assert_eq!((a.at, a.action), (3, super::Action::Oom));
             assert!(super::parse("after_claim:x").is_none());
             assert!(super::parse("after_claim:+").is_none());
             assert!(super::parse("after_claim:2:explode").is_none());

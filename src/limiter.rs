@@ -78,6 +78,37 @@ impl SlowReason {
     }
 }
 
+/// What slows the sends now, with the time left of a rate-limit hold: the
+/// operator sees "rate limited (waiting 12s)" (row S1), not only that the
+/// run is backing off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Slowdown {
+    pub reason: SlowReason,
+    /// While a hold (`retry-after`, an exhausted `x-ratelimit-remaining-*`)
+    /// lasts: how long it has left.
+    pub wait: Option<Duration>,
+}
+
+impl Slowdown {
+    /// A short text for the progress line and the console's gauges.
+    pub fn describe(&self) -> String {
+        match (self.reason, self.wait) {
+            (SlowReason::Cooldown, Some(wait)) => {
+                // Whole seconds, rounded up: a hold of 0.3 s still reads 1s.
+                let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+                format!("rate limited (waiting {secs}s)")
+            }
+            (reason, _) => reason.describe().to_string(),
+        }
+    }
+}
+
+impl PartialEq<SlowReason> for Slowdown {
+    fn eq(&self, other: &SlowReason) -> bool {
+        self.reason == *other
+    }
+}
+
 /// Rate-limit facts a provider answer carried.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RateHeaders {
@@ -97,7 +128,7 @@ pub struct LimiterSnapshot {
     pub in_flight: usize,
     pub requests_per_minute: u64,
     pub tokens_per_minute: u64,
-    pub slow_reason: SlowReason,
+    pub slow_reason: Slowdown,
     pub cuts: u64,
 }
 
@@ -375,11 +406,15 @@ impl Limiter {
         let g = self.lock();
         let now = Instant::now();
         let recent = |t: Instant| now.duration_since(t) <= Duration::from_secs(1);
+        let reason = |reason| Slowdown { reason, wait: None };
         let slow_reason = match (g.cooldown_until, g.last_rate_wait, g.last_slot_wait) {
-            (Some(until), _, _) if until > now => SlowReason::Cooldown,
-            (_, Some((t, why)), _) if recent(t) => why,
-            (_, _, Some(t)) if recent(t) => SlowReason::Concurrency,
-            _ => SlowReason::None,
+            (Some(until), _, _) if until > now => Slowdown {
+                reason: SlowReason::Cooldown,
+                wait: Some(until - now),
+            },
+            (_, Some((t, why)), _) if recent(t) => reason(why),
+            (_, _, Some(t)) if recent(t) => reason(SlowReason::Concurrency),
+            _ => reason(SlowReason::None),
         };
         LimiterSnapshot {
             concurrency_limit: g.limit.floor().max(1.0) as usize,
@@ -590,6 +625,48 @@ mod tests {
         assert_eq!(l.snapshot().slow_reason, SlowReason::Cooldown);
         l.reserve(0).await;
         assert!(start.elapsed() >= Duration::from_secs(3));
+    }
+
+    /// Row S1: what the operator reads during a hold is the time it has
+    /// left, counting down, in whole seconds rounded up.
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_says_how_long_it_has_left() {
+        let l = Limiter::new(settings(0, 0, 4));
+        assert_eq!(l.snapshot().slow_reason.describe(), "");
+        l.on_throttled(&RateHeaders {
+            retry_after: Some(Duration::from_secs(12)),
+            ..Default::default()
+        });
+        let slow = l.snapshot().slow_reason;
+        assert_eq!(slow.wait, Some(Duration::from_secs(12)));
+        assert_eq!(slow.describe(), "rate limited (waiting 12s)");
+        tokio::time::advance(Duration::from_millis(4_500)).await;
+        assert_eq!(
+            l.snapshot().slow_reason.describe(),
+            "rate limited (waiting 8s)"
+        );
+        tokio::time::advance(Duration::from_millis(7_400)).await;
+        assert_eq!(
+            l.snapshot().slow_reason.describe(),
+            "rate limited (waiting 1s)"
+        );
+        // An exhausted remaining-requests header holds the same way.
+        let l = Limiter::new(settings(0, 0, 4));
+        l.on_other(&RateHeaders {
+            remaining_requests: Some(0),
+            reset_requests: Some(Duration::from_secs(5)),
+            ..Default::default()
+        });
+        assert_eq!(
+            l.snapshot().slow_reason.describe(),
+            "rate limited (waiting 5s)"
+        );
+        // The other reasons keep their words.
+        let other = Slowdown {
+            reason: SlowReason::Requests,
+            wait: None,
+        };
+        assert_eq!(other.describe(), "waiting for requests/min");
     }
 
     #[tokio::test(start_paused = true)]

@@ -71,7 +71,9 @@ fn report_peak_rss() {
     }
 }
 
-/// Logs go to a file in the data dir, never to the terminal.
+/// Logs go to a file in the data dir, never to the terminal. One record
+/// is one line: what a record quotes (item ids, evidence, a model's
+/// answer) is escaped and bounded (`sanitize::OneLineLog`, row X4).
 fn init_logging() -> Option<tracing_appender::non_blocking::WorkerGuard> {
     let dir = docket::workspace::log_dir();
     std::fs::create_dir_all(&dir).ok()?;
@@ -88,6 +90,9 @@ fn init_logging() -> Option<tracing_appender::non_blocking::WorkerGuard> {
     tracing_subscriber::fmt()
         .with_writer(writer)
         .with_ansi(false)
+        .event_format(docket::sanitize::OneLineLog::new(
+            tracing_subscriber::fmt::format(),
+        ))
         .with_env_filter(filter)
         .try_init()
         .ok()?;

@@ -194,3 +194,157 @@ mod terminal_lines_tests {
         );
     }
 }
+
+/// The most bytes one record of docket's log takes (fault-matrix row X4):
+/// a record quoting a 10 MB item is cut here, with the size it had.
+pub const LOG_RECORD_MAX: usize = 16 * 1024;
+
+/// One record of docket's log as one line (fault-matrix row X4): an item
+/// id, evidence or a model's answer quoted in a message or a field can
+/// neither start a line of its own (a forged record) nor reach whoever
+/// reads the log with `less` or `tail -f` as a terminal command. Unlike
+/// [`for_terminal`] nothing is dropped: newline, carriage return and tab
+/// become `\n`, `\r` and `\t`, every other control character (C0, DEL, C1)
+/// and the bidi overrides become `\u{..}`. Then the record is cut to at
+/// most `max` bytes (on a character boundary), saying how much was cut.
+pub fn for_log(text: &str, max: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len().min(max) + 16);
+    let mut chars = text.char_indices();
+    for (at, c) in chars.by_ref() {
+        let before = out.len();
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+        if out.len() > max {
+            out.truncate(before);
+            let _ = write!(out, " [… {} more bytes cut]", text.len() - at);
+            break;
+        }
+    }
+    out
+}
+
+/// A log event format that writes each record as one line through
+/// [`for_log`]: whatever `F` (tracing's own formats) writes for an event
+/// (its message, fields, spans) is escaped and bounded as a whole, so no
+/// caller needs to remember to escape what it quotes.
+pub struct OneLineLog<F> {
+    inner: F,
+    max: usize,
+}
+
+impl<F> OneLineLog<F> {
+    pub fn new(inner: F) -> Self {
+        OneLineLog {
+            inner,
+            max: LOG_RECORD_MAX,
+        }
+    }
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for OneLineLog<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut record = String::new();
+        self.inner.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut record),
+            event,
+        )?;
+        let record = record.strip_suffix('\n').unwrap_or(&record);
+        writer.write_str(&for_log(record, self.max))?;
+        writer.write_char('\n')
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    #[test]
+    fn log_text_stays_on_one_line_and_keeps_what_it_escapes() {
+        let s = for_log(
+            "id\n2026-01-01T00:00:00Z ERROR forged\r\tx\u{1b}[2J\u{7}\u{9b}\u{202e}é",
+            1024,
+        );
+        assert_eq!(
+            s,
+            "id\\n2026-01-01T00:00:00Z ERROR forged\\r\\tx\\u{1b}[2J\\u{7}\\u{9b}\\u{202e}é"
+        );
+        assert!(!s.chars().any(char::is_control));
+    }
+
+    #[test]
+    fn a_long_record_is_cut_on_a_character_and_says_so() {
+        let long = "é".repeat(10_000);
+        let s = for_log(&long, 101);
+        let kept = s.split(" [").next().unwrap();
+        assert_eq!(kept, "é".repeat(50));
+        assert!(
+            s.ends_with(&format!("[… {} more bytes cut]", 20_000 - 100)),
+            "{s}"
+        );
+        // Escapes count toward the bound too.
+        let s = for_log(&"\n".repeat(1000), 10);
+        assert!(s.starts_with("\\n\\n\\n\\n\\n ["), "{s}");
+    }
+
+    /// The whole record through tracing: a message and a field quoting
+    /// hostile text come out as one line with no control byte.
+    #[test]
+    fn a_tracing_record_quoting_hostile_text_is_one_line() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let out = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .event_format(OneLineLog::new(tracing_subscriber::fmt::format()))
+            .finish();
+        let hostile = "a\n2026-01-01T00:00:00Z ERROR forged\r\u{1b}]0;t\u{7}";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(item = %hostile, "lease lost: {hostile}");
+            tracing::warn!(answer = ?hostile, "{}", "x".repeat(LOG_RECORD_MAX * 2));
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for l in &lines {
+            assert!(l.contains(" WARN "), "{l}");
+            assert!(!l.chars().any(char::is_control), "{l:?}");
+            assert!(l.len() <= LOG_RECORD_MAX + 40, "{}", l.len());
+        }
+        assert!(lines[0].contains("forged"));
+        assert!(lines[1].contains("more bytes cut]"));
+    }
+}

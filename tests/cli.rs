@@ -1792,3 +1792,97 @@ async fn d2_a_full_disk_holds_the_writes_until_space_is_freed() {
     check_every_item_once(&ledger, ITEMS);
     let _ = std::fs::remove_file(ledger);
 }
+
+/// Row D4, a `-wal` deleted after a crash: killed mid-run (a failpoint at
+/// the 10th answer), the ledger's committed transactions since its last
+/// checkpoint are in its `-wal`. Deleted, SQLite would open the file as of
+/// that checkpoint without a word. docket refuses it instead, for a read
+/// command and for a resume alike, naming the missing file and what the
+/// `-shm` says was in it, and leaves every file as it is; once the `-shm`
+/// is deleted too (the operator's choice to go on without them), it opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d4_a_wal_deleted_after_a_crash_is_refused_not_silently_lost() {
+    let (m, ws) = mocked(MockConfig::default(), 30, |job| job.concurrency = 2).await;
+    let home = tempfile::tempdir().unwrap();
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .env(docket::failpoint::ENV, "after_answer:10")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), None, "killed: {}", said(&out));
+    let wal = ws.path().join("docket.sqlite-wal");
+    let shm = ws.path().join("docket.sqlite-shm");
+    assert!(wal.exists() && shm.exists(), "a crash leaves both");
+    std::fs::remove_file(&wal).unwrap();
+    let ledger_before = std::fs::read(ws.ledger()).unwrap();
+    let shm_before = std::fs::read(&shm).unwrap();
+    let sent_before = m.stats().requests;
+    for args in [
+        &["sessions"][..],
+        &[
+            "batch-adjudicate",
+            "--yes",
+            "--headless",
+            "--resume",
+            "latest",
+        ][..],
+    ] {
+        let (code, text) = run_err(&ws, home.path(), args);
+        assert_ne!(code, Some(0), "{args:?}: {text}");
+        assert!(
+            text.contains("docket.sqlite-wal is missing")
+                && text.contains("committed")
+                && text.contains("delete")
+                && text.contains("docket.sqlite-shm"),
+            "{args:?}: {text}"
+        );
+        assert!(!text.contains("panicked"), "{text}");
+    }
+    assert_eq!(std::fs::read(ws.ledger()).unwrap(), ledger_before);
+    assert_eq!(std::fs::read(&shm).unwrap(), shm_before);
+    assert!(!wal.exists());
+    assert_eq!(m.stats().requests, sent_before, "nothing was sent");
+    // The operator's call: go on from the last checkpoint.
+    std::fs::remove_file(&shm).unwrap();
+    let (code, text) = run_err(&ws, home.path(), &["sessions"]);
+    assert_eq!(code, Some(0), "{text}");
+}
+
+/// Row D4, a ledger on a network filesystem: with statfs(2) made to say NFS
+/// for the workspace (a preloaded shim, `tests/support/fake_statfs.c`: no
+/// network mount is needed), a run warns before it starts, naming the
+/// folder, the filesystem and what to do instead; the same run on the real
+/// (local) answer says nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d4_a_ledger_on_a_network_filesystem_is_warned_about() {
+    let (_m, ws) = mocked(MockConfig::default(), 5, |_| {}).await;
+    let home = tempfile::tempdir().unwrap();
+    let shim = support::power_loss::preload_library(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/fake_statfs.c"),
+        "fake-statfs",
+    );
+    let root = ws.path().canonicalize().unwrap();
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless", "--limit", "2"])
+        .env("LD_PRELOAD", &shim)
+        .env("DOCKET_FAKE_NFS", &root)
+        .output()
+        .unwrap();
+    let text = said(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("warning:")
+            && text.contains("is on a NFS filesystem")
+            && text.contains(&root.display().to_string())
+            && text.contains("local disk")
+            && text.contains("PostgreSQL"),
+        "{text}"
+    );
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless", "--limit", "2"])
+        .output()
+        .unwrap();
+    let text = said(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains("filesystem"), "{text}");
+}

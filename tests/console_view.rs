@@ -549,6 +549,31 @@ fn stop_after_stage_marker_shows_at_80x24() {
     }
 }
 
+/// Row S1: a session held by a provider's `retry-after` shows, in its
+/// gauges, "rate limited (waiting Ns)" as the engine's limiter words it,
+/// whole at both sizes.
+#[test]
+fn s1_a_retry_after_hold_shows_rate_limited_waiting() {
+    use docket::limiter::{SlowReason, Slowdown};
+    let hold = Slowdown {
+        reason: SlowReason::Cooldown,
+        wait: Some(std::time::Duration::from_millis(11_200)),
+    };
+    let mut snap = snapshot();
+    if let Some(g) = snap.view.as_mut().and_then(|v| v.gauges.as_mut()) {
+        g.slow_reason = hold.describe();
+    }
+    let a = app_with(false, snap);
+    snap_both("rate_limited", &a);
+    for (w, h) in SIZES {
+        let text = screen_text(render(&a, w, h).backend().buffer());
+        assert!(
+            text.contains("slow: rate limited (waiting 12s)"),
+            "{w}x{h}:\n{text}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- sanitizer
 
 /// Everything an item or a model might smuggle into a terminal.

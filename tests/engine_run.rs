@@ -416,7 +416,7 @@ async fn truncated_answers_are_retried_then_recorded_as_truncation() {
             |r| r.get(0),
         )
         .unwrap();
-    assert!(err.starts_with("truncated"), "{err}");
+    assert!(err.starts_with("output_truncated"), "{err}");
     assert!(!err.contains("parse error"), "{err}");
     // Row S8: never the same request again: the second send of each item
     // had twice the max_tokens of the first.
@@ -445,7 +445,7 @@ async fn truncated_answers_are_retried_then_recorded_as_truncation() {
         10,
         count(
             &conn,
-            "SELECT COUNT(*) FROM llm_messages WHERE finish_reason = 'length' AND assistant_output IS NOT NULL AND error_kind = 'truncated'",
+            "SELECT COUNT(*) FROM llm_messages WHERE finish_reason = 'length' AND assistant_output IS NOT NULL AND error_kind = 'output_truncated'",
             []
         )
     );
@@ -482,7 +482,14 @@ async fn malformed_and_wrong_schema_answers_are_retried_then_recorded() {
                 |r| r.get(0),
             )
             .unwrap();
-        assert!(err.contains("gave up after 5"), "{err}");
+        // Five alike in a row is what row S4 calls deterministic.
+        assert!(
+            err.contains("gave up after 5")
+                || err.starts_with(
+                    "failed_deterministic: the same request failed the same way 5 times in a row"
+                ),
+            "{err}"
+        );
     }
     // Row S7: a 200 that is not an answer was most likely billed: every one
     // is on record as an ambiguous attempt, none as a success.
@@ -1967,5 +1974,202 @@ async fn template_syntax_in_evidence_is_text_not_template() {
     assert!(
         !prompt.contains("49") && !prompt.contains("boomboom"),
         "{prompt}"
+    );
+}
+
+/// Items of the demo set, plus one whose evidence carries `marker`.
+fn demo_items_and_one_marked(ws: &Workspace, n: usize, marker: &str) {
+    let mut raw = Vec::new();
+    docket::demo::write_chart_items(&mut raw, n, 3).unwrap();
+    let mut text = String::from_utf8(raw).unwrap();
+    text.push_str(&format!(
+        "{{\"id\":\"marked\",\"chart\":\"UK\",\"week\":\"2020-01-01\",\"position\":1,\"artist\":\"{marker}\",\"title\":\"t\",\"candidates\":[]}}\n"
+    ));
+    let path = ws.path().join("items/marked.jsonl");
+    std::fs::write(&path, text).unwrap();
+    support::import(ws, &path);
+}
+
+/// The llm_messages rows of one item: (attempt, error_kind, http_status).
+fn attempts_of(conn: &rusqlite::Connection, item: &str) -> Vec<(i64, Option<String>, Option<i64>)> {
+    conn.prepare(
+        "SELECT m.attempt, m.error_kind, m.http_status FROM llm_messages m \
+         JOIN session_request sr ON sr.request_id = m.request_id WHERE sr.item_id = ?1 ORDER BY m.attempt",
+    )
+    .unwrap()
+    .query_map([item], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
+/// Row S4: intermittent 500s are retried to success; a request that fails
+/// the same way every time ends, after its transport attempts, as a named
+/// `failed_deterministic` error, not an endless retry and not a breaker
+/// that holds everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_request_failing_the_same_way_every_time_is_failed_deterministic() {
+    let (m, ws) = mocked(MockConfig::default(), 0, |job| {
+        job.concurrency = 4;
+        job.transport_attempts = 4;
+    })
+    .await;
+    demo_items_and_one_marked(&ws, 30, "POISON-PILL");
+    m.set_config(MockConfig {
+        poison: "POISON-PILL".into(),
+        fail_500: 0.1,
+        seed: 7,
+        ..Default::default()
+    });
+    let mut o = options(&ws);
+    o.rate_limit = None;
+    let (report, lines) = run(o).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let s = report.session.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &s.session_id);
+    assert_eq!(s.error_count, 1, "{}", lines.text());
+    let (item, message): (String, String) = conn
+        .query_row(
+            "SELECT item_id, error_message FROM llm_batch_result WHERE outcome = 'error'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(item, "marked");
+    assert!(
+        message.starts_with(
+            "failed_deterministic: the same request failed the same way 4 times in a row"
+        ),
+        "{message}"
+    );
+    // Sent exactly its transport attempts, each a 500, none ambiguous.
+    let tries = attempts_of(&conn, "marked");
+    assert_eq!(tries.len(), 4, "{tries:?}");
+    assert!(
+        tries.iter().all(|(_, _, status)| *status == Some(500)),
+        "{tries:?}"
+    );
+    // The intermittent ones were retried to an answer: every other item
+    // answered, some of them after a 500.
+    let intermittent = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages m JOIN session_request sr ON sr.request_id = m.request_id \
+         WHERE sr.item_id <> 'marked' AND m.http_status = 500",
+        [],
+    );
+    assert!(intermittent > 0, "the 10% of 500s hit some item");
+    let stats = m.stats();
+    assert_eq!(stats.ok, 30, "{stats:?}");
+    assert_eq!(stats.server_errors as i64, intermittent + 4, "{stats:?}");
+}
+
+/// Row S8: a refusal and an empty answer are named outcomes, not parse
+/// errors, and never asked again the same way (no repair prompt here): one
+/// paid send each, then the item's error says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_refusals_and_empty_answers_are_named_and_not_asked_again() {
+    let (m, ws) = mocked(
+        MockConfig {
+            refusal: 0.15,
+            empty: 0.1,
+            seed: 5,
+            ..Default::default()
+        },
+        60,
+        |job| {
+            job.concurrency = 4;
+            job.max_attempts = 3;
+        },
+    )
+    .await;
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let s = report.session.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &s.session_id);
+    let stats = m.stats();
+    assert!(stats.refused > 0 && stats.empty > 0, "{stats:?}");
+    assert_eq!(
+        s.error_count,
+        stats.refused + stats.empty,
+        "each refused or empty answer ends its item: {}",
+        lines.text()
+    );
+    let errors: Vec<(String, String)> = conn
+        .prepare("SELECT item_id, error_message FROM llm_batch_result WHERE outcome = 'error'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let named = |prefix: &str| errors.iter().filter(|(_, e)| e.starts_with(prefix)).count() as u64;
+    assert_eq!(
+        named("refused: the model refused"),
+        stats.refused,
+        "{errors:?}"
+    );
+    assert_eq!(
+        named("empty: the answer has no content"),
+        stats.empty,
+        "{errors:?}"
+    );
+    for (item, e) in &errors {
+        assert!(!e.contains("parse error"), "{e}");
+        assert!(e.contains("not asked again"), "{e}");
+        let tries = attempts_of(&conn, item);
+        assert_eq!(
+            tries.len(),
+            1,
+            "{item}: one paid send, no re-ask: {tries:?}"
+        );
+        let kind = tries[0].1.as_deref();
+        assert!(matches!(kind, Some("refused" | "empty")), "{kind:?}");
+    }
+    // Paid for: the ledger counts the refusals' tokens like any answer's.
+    assert_eq!(
+        stats.ok as i64 + errors.len() as i64,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE state = 'answered'",
+            []
+        )
+    );
+}
+
+/// Row S8, truncation at the ceiling: a stage whose max_tokens is already
+/// the most docket asks for is not asked again the same way; the item ends
+/// `output_truncated` after one paid send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_a_truncated_answer_at_the_ceiling_is_not_asked_again() {
+    let (m, ws) = mocked(
+        MockConfig {
+            truncated: 1.0,
+            ..Default::default()
+        },
+        3,
+        |job| job.max_attempts = 3,
+    )
+    .await;
+    let path = ws.path().join("docket.toml");
+    let toml = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, toml.replace("max_tokens = 200", "max_tokens = 8192")).unwrap();
+    let (report, lines) = run(options(&ws)).await;
+    let s = report.session.unwrap();
+    check_complete(&ws.conn(), &s.session_id);
+    assert_eq!(s.error_count, 3, "{}", lines.text());
+    assert_eq!(m.stats().requests, 3, "one send each");
+    let err: String = ws
+        .conn()
+        .query_row(
+            "SELECT error_message FROM llm_batch_result LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        err.starts_with("output_truncated: the answer hit max_tokens (8192)")
+            && err.contains("not asked again"),
+        "{err}"
     );
 }

@@ -9,6 +9,10 @@
 //! write or copy whose statement (or the lines just before it, where a
 //! function's doc says what its `file` is) names the ledger. An open there
 //! that is of another file says so on the line above: `not a ledger file`.
+//! One ledger file is read with `std::fs`, in `ledger::place` only: the
+//! header of a `-shm` whose `-wal` is gone (a `-wal` deleted after a crash),
+//! before SQLite opens the ledger; no connection holds a lock on it then.
+//! It says so on the line above: `no connection holds it`.
 
 use std::path::{Path, PathBuf};
 
@@ -60,9 +64,12 @@ fn no_ledger_file_is_opened_with_std_fs() {
             opens += 1;
             // An open near ledger words that is not of a ledger file says
             // so just above it, with its reason.
-            if lines[i.saturating_sub(2)..i]
-                .iter()
-                .any(|l| l.contains("not a ledger file"))
+            let above = &lines[i.saturating_sub(2)..i];
+            if above.iter().any(|l| l.contains("not a ledger file")) {
+                continue;
+            }
+            if f.ends_with("src/ledger/place.rs")
+                && above.iter().any(|l| l.contains("no connection holds it"))
             {
                 continue;
             }

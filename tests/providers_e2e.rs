@@ -213,3 +213,64 @@ async fn ollama_end_to_end() {
 async fn openrouter_end_to_end() {
     run_against("openrouter").await;
 }
+
+/// Row S8 on each wire that has a refusal marker (OpenAI `message.refusal`,
+/// Anthropic `stop_reason: "refusal"`, Gemini `finishReason: "SAFETY"`):
+/// the refusal is read as one, the item ends `refused` after one paid send,
+/// and the run exits 5 (completed, with items in error).
+async fn refusals_against(kind: &str) {
+    let (m, ws) = mocked(
+        MockConfig {
+            refusal: 0.2,
+            seed: 3,
+            ..Default::default()
+        },
+        ITEMS,
+        |_| {},
+    )
+    .await;
+    let base = m.base_url();
+    let base = base.trim_end_matches("/v1").trim_end_matches('/');
+    use_provider(&ws, &provider_block(kind, base));
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["run", "--yes", "--headless"])
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("DOCKET_PROVIDER_KEY", CANARY)
+        .env_remove("DOCKET_WORKSPACE")
+        .output()
+        .unwrap();
+    let said = support::said(&out);
+    let refused = m.stats().refused;
+    assert!(refused > 0, "{kind}: no refusal was served");
+    assert_eq!(out.status.code(), Some(5), "{kind}:\n{said}");
+    let conn = ws.conn();
+    let errors: Vec<String> = conn
+        .prepare("SELECT error_message FROM llm_batch_result WHERE outcome = 'error'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(errors.len() as u64, refused, "{kind}: {errors:?}");
+    assert!(
+        errors.iter().all(|e| e.starts_with("refused: ")),
+        "{kind}: {errors:?}"
+    );
+    assert_eq!(
+        count(&conn, "SELECT COUNT(*) FROM llm_messages", []) as u64,
+        ITEMS as u64,
+        "{kind}: one send per item, no re-ask"
+    );
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_a_refusal_is_read_as_one_on_every_wire() {
+    for kind in ["openai", "anthropic", "gemini"] {
+        refusals_against(kind).await;
+    }
+}

@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::soak::{Cut, Mode, plan, power_loss_trial, trial};
+use support::soak::{Cut, Mode, plan, power_loss_trial, trial, trial_at};
 
 const ITEMS: usize = 40;
 
@@ -87,6 +87,46 @@ fn the_short_soak_reaches_failpoints_in_every_mode() {
             .filter(|c| matches!(c, Cut::Failpoint(..)))
             .count();
         assert!(armed > 0, "{}: no failpoint in 20 seeds", mode.name());
+    }
+}
+
+/// Row P4, every failpoint armed on purpose, not only when a seed's plan
+/// draws it: in each mode, each durable step the mode passes kills the
+/// process there, the run is resumed to the end, and the trial's checks
+/// hold after each run (integrity, one result per item, monotone progress,
+/// the billing log against the ledger, no batch created twice, the key
+/// nowhere). Then each step's own result: an answer killed before its
+/// commit was billed and is on record as an ambiguous attempt (its resend
+/// counted); an intent killed before its send is ambiguous too (it might
+/// have left); a batch killed between create and record is adopted, not
+/// made again; results killed mid-ingest are read again without a second
+/// result for any item.
+#[test]
+fn p4_each_failpoint_armed_in_every_mode_has_its_result() {
+    let _serial = support::serial();
+    for mode in Mode::ALL {
+        for &(name, _) in mode.failpoints() {
+            // Mid-run: a step passed once per item at its fifth pass.
+            let pass = match name {
+                "after_intent" | "after_answer" | "mid_ingest" => 5,
+                _ => 1,
+            };
+            let r = trial_at(mode, 1, Cut::Failpoint(name, pass), ITEMS)
+                .unwrap_or_else(|e| panic!("{} with {name}:{pass} armed: {e}", mode.name()));
+            let what = format!("{} {name}:{pass}: {r:?}", mode.name());
+            assert_eq!(r.kills, 1, "the failpoint fired: {what}");
+            match name {
+                "after_answer" => assert!(
+                    r.billed_unrecorded >= 1 && r.ambiguous >= r.billed_unrecorded as i64,
+                    "{what}"
+                ),
+                "after_intent" => assert!(r.ambiguous >= 1, "{what}"),
+                "after_create" | "after_upload" | "mid_ingest" => {
+                    assert!(r.batches_created >= 1, "{what}")
+                }
+                _ => {}
+            }
+        }
     }
 }
 
@@ -186,6 +226,93 @@ async fn p4_mid_export_never_leaves_a_partial_file_under_its_name() {
         std::fs::read_to_string(&out).unwrap(),
         first,
         "the earlier export is untouched"
+    );
+}
+
+/// Row C4, concurrent exports: while a run writes the ledger, six exports
+/// of the same session to the same file run at once, again and again.
+/// Each one succeeds and reads one consistent snapshot (a header, then
+/// whole rows, one per item processed by then, never more than the run
+/// has); the file under the name is always one whole export, never two
+/// interleaved or a partial one; no temporary file is left beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_concurrent_exports_to_one_file_each_leave_it_whole() {
+    let (_m, ws) = support::mocked(support::latency(150.0, 300.0), 60, |job| {
+        job.concurrency = 4;
+    })
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let mut run = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let sid = support::session_created(&ws).await;
+    let dir = ws.path().join("out");
+    std::fs::create_dir(&dir).unwrap();
+    let out = dir.join("items.jsonl");
+    let mut rounds = 0;
+    let mut sizes = std::collections::BTreeSet::new();
+    loop {
+        let running = run.try_wait().unwrap().is_none();
+        let exports: Vec<_> = (0..6)
+            .map(|_| {
+                docket(&ws, home.path())
+                    .args([
+                        "export",
+                        "--session",
+                        &sid,
+                        "--what",
+                        "items",
+                        "--format",
+                        "jsonl",
+                        "-o",
+                    ])
+                    .arg(&out)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for e in exports {
+            let o = e.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", support::said(&o));
+        }
+        let text = std::fs::read_to_string(&out).unwrap();
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("a torn row {l:?}: {e}")))
+            .collect();
+        let ids: std::collections::BTreeSet<_> =
+            rows.iter().map(|r| r["item_id"].to_string()).collect();
+        assert_eq!(
+            ids.len(),
+            rows.len(),
+            "a row twice: two exports interleaved"
+        );
+        assert!(rows.len() <= 60);
+        sizes.insert(rows.len());
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("items.jsonl")],
+            "left beside it"
+        );
+        rounds += 1;
+        if !running {
+            assert_eq!(rows.len(), 60, "after the run: every item");
+            break;
+        }
+    }
+    assert!(run.wait().unwrap().success());
+    assert!(
+        rounds >= 2,
+        "exports ran while the run wrote ({rounds} rounds)"
     );
 }
 
@@ -301,4 +428,79 @@ async fn p6_a_panic_every_time_fails_the_item_after_its_attempts() {
             "request {request}"
         );
     }
+}
+
+/// Row P6, memory pressure: under an address-space limit (`ulimit -v`),
+/// memory runs out in the middle of the run (the failpoint allocates and
+/// touches blocks at the 7th answer until the limit refuses one). The
+/// process aborts the way Rust does on allocation failure, like a kill -9
+/// (row P3): `--resume` then finishes every item once, the answer that
+/// was never committed is an ambiguous attempt, and every request the mock
+/// answered is on record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p6_memory_exhausted_mid_run_aborts_and_resume_loses_nothing() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let (m, ws) = support::mocked(docket::mock::MockConfig::default(), 20, |job| {
+        job.concurrency = 2;
+    })
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    const LIMIT: u64 = 2 << 30;
+    let mut first = docket(&ws, home.path());
+    first
+        .args(["batch-adjudicate", "--yes", "--headless"])
+        .env(docket::failpoint::ENV, "after_answer:7:oom");
+    // SAFETY: setrlimit(2) only, between fork and exec.
+    unsafe {
+        first.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: LIMIT,
+                rlim_max: LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = first.output().unwrap();
+    let text = support::said(&out);
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{text}");
+    assert!(text.contains("memory allocation of"), "{text}");
+    let conn = ws.conn();
+    let sid: String = conn
+        .query_row("SELECT session_id FROM llm_batch_session", [], |r| r.get(0))
+        .unwrap();
+    let done_before = support::count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []);
+    assert!(done_before < 20, "it died mid-run ({done_before} done)");
+
+    let out = docket(&ws, home.path())
+        .args(["batch-adjudicate", "--yes", "--headless", "--resume", &sid])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", support::said(&out));
+    support::check_invariants(&conn, &sid);
+    support::check_complete(&conn, &sid);
+    let ambiguous = support::count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'ambiguous'",
+        [],
+    );
+    assert!(
+        ambiguous >= 1,
+        "the answer lost with the process is ambiguous"
+    );
+    // Every request the mock answered is on record: answered, or ambiguous
+    // (the one answered as memory ran out among them; a request in flight
+    // then may or may not have reached the mock).
+    let answered = support::count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE state = 'answered'",
+        [],
+    );
+    let billed = m.stats().ok as i64;
+    assert!(
+        billed > answered && billed <= answered + ambiguous,
+        "billed {billed}, answered {answered}, ambiguous {ambiguous}"
+    );
 }

@@ -1182,17 +1182,39 @@ fn pause_and_resume_on(pg: Option<&support::pg::PgServer>) {
 #[test]
 fn a_dead_workers_provider_batch_is_adopted_not_sent_again() {
     let _serial = support::serial();
-    dead_workers_batch_on(None);
+    dead_workers_batch_on(None, Interrupt::Kill);
+}
+
+/// Row C4, two live pollers on one batch: the worker that created it
+/// stops (SIGSTOP) past its lease, the other adopts the batch and polls
+/// and ingests it, then the first runs again and goes on polling what it
+/// still believes is its batch. Both finish; every line is applied once
+/// (import is idempotent), every item has one result, no batch is made
+/// twice, and the cost is counted once: one answered attempt per request,
+/// as many as the lines the provider ran, the session's cost their sum.
+#[test]
+fn c4_two_live_pollers_on_one_batch_count_each_result_and_cost_once() {
+    let _serial = support::serial();
+    dead_workers_batch_on(None, Interrupt::Stall);
+}
+
+/// How the first worker of `dead_workers_batch_on` leaves its batch.
+#[derive(Clone, Copy, PartialEq)]
+enum Interrupt {
+    /// kill -9: gone for good.
+    Kill,
+    /// SIGSTOP past its lease, then SIGCONT: back, still polling.
+    Stall,
 }
 
 /// The same on a PostgreSQL ledger.
 #[test]
 fn a_dead_workers_provider_batch_is_adopted_not_sent_again_on_postgres() {
     let _serial = support::serial();
-    dead_workers_batch_on(Some(&support::pg::PgServer::start()));
+    dead_workers_batch_on(Some(&support::pg::PgServer::start()), Interrupt::Kill);
 }
 
-fn dead_workers_batch_on(pg: Option<&support::pg::PgServer>) {
+fn dead_workers_batch_on(pg: Option<&support::pg::PgServer>, how: Interrupt) {
     const ITEMS: usize = 40;
     let mock = Mock::start(&[
         "--batch-validating-ms",
@@ -1209,9 +1231,12 @@ fn dead_workers_batch_on(pg: Option<&support::pg::PgServer>) {
         "[stages.batch]\nmode = \"batch\"\nmax_wait_secs = 1\npoll_interval_secs = 0.2\n\n[stages.gate]",
     );
     std::fs::write(&toml, text).unwrap();
-    let mut first = ws.spawn("first", &RUN, None);
+    // A stall must outlast the leases: short ones, for both.
+    const LEASE: f64 = 1.5;
+    let lease = (how == Interrupt::Stall).then_some(LEASE);
+    let mut first = ws.spawn("first", &RUN, lease);
     let sid = newest_session(&ws);
-    let mut second = ws.spawn("second", &["worker", "--session", &sid], None);
+    let mut second = ws.spawn("second", &["worker", "--session", &sid], lease);
     wait_for(
         "the first worker's batch to be running at the provider",
         || {
@@ -1224,11 +1249,48 @@ fn dead_workers_batch_on(pg: Option<&support::pg::PgServer>) {
             .then_some(())
         },
     );
-    let out1 = first.kill9();
+    let out1 = match how {
+        Interrupt::Kill => first.kill9(),
+        Interrupt::Stall => {
+            signal(first.pid(), "-STOP");
+            std::thread::sleep(Duration::from_secs_f64(LEASE * 2.0));
+            signal(first.pid(), "-CONT");
+            let (c1, o1) = first.wait(RUN_TIMEOUT);
+            assert_eq!(c1, Some(0), "first worker, stalled and back:\n{o1}");
+            o1
+        }
+    };
     let (c2, o2) = second.wait(RUN_TIMEOUT);
     assert_eq!(c2, Some(0), "second worker:\n{o2}\nfirst:\n{out1}");
     let conn = ws.conn();
     check_counters(&conn, &sid);
+    if how == Interrupt::Stall {
+        // Cost counted once: one answered attempt per request, one per line
+        // the provider ran, and the session's cost is theirs.
+        let answered = count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'answered'",
+            [&sid],
+        );
+        assert_eq!(answered, ITEMS as i64);
+        assert_eq!(
+            mock.stat("batch_lines_ok"),
+            ITEMS as u64,
+            "each line ran once"
+        );
+        let (session_cost, attempts_cost): (f64, f64) = conn
+            .query_row(
+                "SELECT s.cost_usd, (SELECT SUM(cost_usd) FROM llm_messages WHERE session_id = s.session_id) \
+                 FROM llm_batch_session s WHERE s.session_id = ?1",
+                [&sid],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert!(
+            session_cost > 0.0 && (session_cost - attempts_cost).abs() < 1e-9,
+            "session cost {session_cost}, attempts {attempts_cost}"
+        );
+    }
     let created: Vec<String> = mock
         .log()
         .iter()

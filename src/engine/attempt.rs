@@ -30,6 +30,10 @@ const TRUNCATION_CEILING: u64 = 8_192;
 /// Sends of one item that reached nothing (they spend none of its transport
 /// attempts; a provider that is gone opens the breaker long before this).
 const MAX_UNREACHED_RETRIES: u32 = 30;
+/// A request whose last this-many failures (at most its transport attempts)
+/// were alike when its attempts run out failed deterministically (row S4):
+/// named apart from a run of bad luck.
+const DETERMINISTIC_STREAK: u32 = 3;
 
 /// How a stage's request ended.
 pub(super) enum StageEnd {
@@ -161,6 +165,9 @@ pub(super) struct Job<'a> {
     rate_limited: u32,
     /// Sends that reached nothing (connection refused, DNS, TLS).
     unreached: u32,
+    /// The last transport failure (class and HTTP status) and how many
+    /// times in a row it came.
+    streak: Option<((ErrorClass, Option<u16>), u32)>,
     /// Sends of this item cut at the learned deadline (see `deadline`).
     cuts: u32,
     /// How the current attempt went out.
@@ -248,6 +255,7 @@ impl<'a> Job<'a> {
             transport_failures: counters.transport_retries.max(0) as u32,
             rate_limited: 0,
             unreached: 0,
+            streak: None,
             cuts: 0,
             via: Via::Sync,
             reserved: 0.0,
@@ -317,8 +325,10 @@ impl<'a> Job<'a> {
     /// `TRUNCATION_GROWTH` times the stage's, within tokens/min, and not
     /// past `TRUNCATION_CEILING` (what current models all allow, so the
     /// larger request is not refused as over the model's output limit; a
-    /// stage already at or past it is asked again as it was).
-    fn grow_max_tokens(&mut self) {
+    /// stage already at or past it is not asked again: row S8). False when
+    /// it is at its ceiling already (asking again would ask the same).
+    fn grow_max_tokens(&mut self) -> bool {
+        let before = self.max_tokens;
         let mut cap = self
             .stage
             .max_tokens
@@ -333,6 +343,7 @@ impl<'a> Job<'a> {
             .min(cap)
             .max(self.max_tokens);
         self.worst_cost = self.stage.price.cost(self.est_prompt, 0, self.max_tokens);
+        self.max_tokens > before
     }
 
     fn rt<'c>(&self, ctx: &'c Ctx) -> &'c StageRt {
@@ -716,6 +727,8 @@ async fn on_answer(
     // the item's own.
     ctx.refusal_watch.passed(job.stage.index);
     let rec = answered_record(base, answer, cost);
+    // An answer breaks any run of alike failures.
+    job.streak = None;
     match judge(job.stage, answer, job.max_tokens) {
         Ok(out) => {
             ctx.gate_watch.passed(job.stage.index);
@@ -725,11 +738,18 @@ async fn on_answer(
             if let Judged::Gate(_) = &reason {
                 watch_gate(ctx, job, &reason.to_string());
             }
-            if let Judged::Truncated(_) = &reason {
-                job.grow_max_tokens();
-            }
             job.gate_failures += 1;
-            let retry = job.gate_failures < job.stage.max_attempts;
+            // Never the same request again for these (row S8): a truncated
+            // answer is asked again only with more room, a refusal or an
+            // empty answer only when the repair prompt comes next.
+            let asked_again_differently = match &reason {
+                Judged::Truncated(_) => job.grow_max_tokens(),
+                Judged::Refused(_) | Judged::Empty(_) => {
+                    !job.repairing && job.stage.template_for(job.gate_failures).1
+                }
+                Judged::Gate(_) => true,
+            };
+            let retry = job.gate_failures < job.stage.max_attempts && asked_again_differently;
             // What the repair prompt shows: the answer and why it failed.
             job.last_failure = Some((
                 answer
@@ -747,10 +767,16 @@ async fn on_answer(
                 ..rec
             };
             if !retry {
-                let msg = format!(
-                    "{reason} (after {} answers failed the gate)",
-                    job.gate_failures
-                );
+                let msg = if asked_again_differently {
+                    format!(
+                        "{reason} (after {} answers failed the gate)",
+                        job.gate_failures
+                    )
+                } else {
+                    format!(
+                        "{reason} (not asked again: the same request would get the same answer)"
+                    )
+                };
                 return Next::Done(StageEnd::Failed(msg, Some(rec)));
             }
             ctx.stats.retries.fetch_add(1, Relaxed);
@@ -929,13 +955,26 @@ async fn on_error(
         (job.unreached > MAX_UNREACHED_RETRIES, job.unreached)
     } else {
         job.transport_failures += 1;
+        let how = (err.class, err.http_status);
+        job.streak = match job.streak {
+            Some((last, n)) if last == how => Some((how, n + 1)),
+            _ => Some((how, 1)),
+        };
         (
             job.transport_failures >= job.stage.max_transport_attempts,
             job.transport_failures,
         )
     };
     if exhausted {
-        let msg = format!("gave up after {retry_no} failed attempts: {err}");
+        let streak = job.streak.map_or(0, |(_, n)| n);
+        let alike = DETERMINISTIC_STREAK.min(job.stage.max_transport_attempts);
+        let msg = if !is_rl && streak >= alike.max(1) {
+            format!(
+                "failed_deterministic: the same request failed the same way {streak} times in a row: {err}"
+            )
+        } else {
+            format!("gave up after {retry_no} failed attempts: {err}")
+        };
         return Next::Done(StageEnd::Failed(msg, Some(rec)));
     }
     ctx.stats.retries.fetch_add(1, Relaxed);
@@ -970,15 +1009,29 @@ pub(super) fn schema_name(stage: &str) -> String {
     if s.is_empty() { "answer".into() } else { s }
 }
 
-/// Gate the answer. A cut-off answer is truncation, not a parse error.
+/// Gate the answer. A cut-off answer is truncation, a refusal or a safety
+/// block is a refusal, no content is an empty answer: each its own outcome,
+/// not a parse error (row S8).
 fn judge(stage: &Stage, answer: &ChatAnswer, max_tokens: u64) -> Result<GateOutput, Judged> {
     if answer.finish_reason == FinishReason::Length {
         return Err(Judged::Truncated(max_tokens));
     }
-    match (&answer.content, &answer.refusal) {
-        (_, Some(r)) if !r.is_empty() => Err(Judged::Refused(r.clone())),
-        (None, _) => Err(Judged::Gate(GateFailure::Empty)),
-        (Some(text), _) => stage.gate.check(text).map_err(Judged::Gate),
+    let blank = answer
+        .content
+        .as_deref()
+        .is_none_or(|t| t.trim().is_empty());
+    match &answer.refusal {
+        Some(r) if !r.is_empty() => return Err(Judged::Refused(r.clone())),
+        _ if blank && answer.finish_reason == FinishReason::ContentFilter => {
+            return Err(Judged::Refused(
+                "blocked by the provider's content filter (finish_reason content_filter)".into(),
+            ));
+        }
+        _ => {}
+    }
+    match &answer.content {
+        Some(text) if !blank => stage.gate.check(text).map_err(Judged::Gate),
+        _ => Err(Judged::Empty(answer.finish_reason.as_str().to_string())),
     }
 }
 
@@ -986,14 +1039,18 @@ fn judge(stage: &Stage, answer: &ChatAnswer, max_tokens: u64) -> Result<GateOutp
 enum Judged {
     Truncated(u64),
     Refused(String),
+    /// No content (with this finish reason).
+    Empty(String),
     Gate(GateFailure),
 }
 
 impl Judged {
+    /// The attempt's `error_kind`, and the first word of the item's error.
     fn kind(&self) -> &'static str {
         match self {
-            Judged::Truncated(_) => "truncated",
+            Judged::Truncated(_) => "output_truncated",
             Judged::Refused(_) => "refused",
+            Judged::Empty(_) => "empty",
             Judged::Gate(_) => "gate",
         }
     }
@@ -1004,12 +1061,16 @@ impl std::fmt::Display for Judged {
         match self {
             Judged::Truncated(n) => write!(
                 f,
-                "truncated: the answer hit max_tokens ({n}) before it finished (finish_reason=length)"
+                "output_truncated: the answer hit max_tokens ({n}) before it finished (finish_reason=length)"
             ),
             Judged::Refused(r) => write!(
                 f,
-                "the model refused: {}",
+                "refused: the model refused: {}",
                 crate::sanitize::truncate(r, 200)
+            ),
+            Judged::Empty(finish) => write!(
+                f,
+                "empty: the answer has no content (finish_reason={finish})"
             ),
             Judged::Gate(g) => write!(f, "parse error: {g}"),
         }

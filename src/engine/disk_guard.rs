@@ -28,6 +28,8 @@ pub(super) struct DiskGuard {
     min_free: u64,
     held: Option<std::time::Instant>,
     full_said: bool,
+    /// The writer's wait for another process's write lock (row D1), said.
+    busy_said: bool,
     /// Writes the writer gave up on, already said.
     dropped_said: usize,
 }
@@ -52,6 +54,7 @@ impl DiskGuard {
             min_free: min_free_mb.saturating_mul(1024 * 1024),
             held: None,
             full_said: false,
+            busy_said: false,
             dropped_said: 0,
         }
     }
@@ -110,8 +113,26 @@ impl DiskGuard {
         }
     }
 
-    /// Say when the writer starts and stops holding writes for a full disk.
+    /// Say when the writer starts and stops holding writes for a full disk,
+    /// or waiting for a write lock another process holds (row D1).
     fn watch_writer(&mut self, ctx: &Ctx, reporter: &dyn Reporter) {
+        match ctx.writer.health().busy() {
+            Some(for_) if !self.busy_said => {
+                self.busy_said = true;
+                reporter.line(&format!(
+                    "The ledger is busy: another process has held its write lock for {:.0} s, past the busy timeout. \
+                     Writes wait in memory and are tried again; nothing is lost, and the run goes on when it lets go.",
+                    for_.as_secs_f64()
+                ));
+            }
+            None if self.busy_said => {
+                self.busy_said = false;
+                reporter.line(
+                    "The ledger's write lock is free again: the writes that waited are in it.",
+                );
+            }
+            _ => {}
+        }
         match ctx.writer.health().full() {
             Some((_, why, held)) if !self.full_said => {
                 self.full_said = true;
@@ -148,6 +169,12 @@ impl DiskGuard {
 
     /// What slows the run, while a guard holds it.
     pub(super) fn slow_reason(&self, ctx: &Ctx) -> Option<String> {
+        if let Some(for_) = ctx.writer.health().busy() {
+            return Some(format!(
+                "ledger busy for {} s: another process holds its write lock",
+                for_.as_secs()
+            ));
+        }
         if let Some((for_, _, held)) = ctx.writer.health().full() {
             return Some(format!(
                 "ledger disk full for {} s: {held} write(s) held in memory",

@@ -47,6 +47,7 @@ pub(super) fn spawn_progress(
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;
         let mut last_line = String::new();
+        let mut last_held: Option<String> = None;
         loop {
             tick.tick().await;
             let s = stats.snapshot();
@@ -69,8 +70,22 @@ pub(super) fn spawn_progress(
                 None
             };
             let lim = limiter.snapshot();
+            // Sends held by a breaker (row S5): why, once, in full; then
+            // the progress line says they are held.
+            let held = stats.held();
+            if held != last_held {
+                match &held {
+                    Some(why) => {
+                        reporter.line(&format!("Held: {}", crate::sanitize::for_terminal(why)))
+                    }
+                    None => reporter.line("No longer held: sending again."),
+                }
+                last_held = held.clone();
+            }
             let why = if *paused.borrow() {
-                "PAUSED"
+                "PAUSED".to_string()
+            } else if let Some(why) = &held {
+                held_briefly(why)
             } else {
                 lim.slow_reason.describe()
             };
@@ -81,7 +96,7 @@ pub(super) fn spawn_progress(
                 eta,
                 lim.concurrency_limit,
                 estimated_cost,
-                why,
+                &why,
             );
             if line != last_line {
                 reporter.line(&line);
@@ -89,6 +104,14 @@ pub(super) fn spawn_progress(
             }
         }
     })
+}
+
+/// The progress line's word for held sends: "provider main unreachable:
+/// sends held" from the full reason "provider main unreachable: its last
+/// 10 sends ...".
+fn held_briefly(why: &str) -> String {
+    let head = why.split(':').next().unwrap_or(why);
+    format!("{}: sends held", crate::sanitize::for_terminal(head))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -278,6 +301,27 @@ mod tests {
         assert!(line(1).contains("███████████████████░]"), "{}", line(1));
         assert!(line(0).contains("100.0%"), "{}", line(0));
         assert!(line(0).starts_with("[████████████████████]"), "{}", line(0));
+    }
+
+    #[test]
+    fn held_sends_are_named_on_the_line() {
+        let why = held_briefly(
+            "provider main unreachable: its last 10 sends, for 4 items, did not reach the provider (the last: dns error)",
+        );
+        assert_eq!(why, "provider main unreachable: sends held");
+        let line = progress_line(
+            &StatsSnapshot::default(),
+            0.0,
+            Duration::from_secs(5),
+            None,
+            4,
+            0.0,
+            &why,
+        );
+        assert!(
+            line.ends_with(" | provider main unreachable: sends held"),
+            "{line}"
+        );
     }
 
     #[test]

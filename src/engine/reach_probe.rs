@@ -70,16 +70,7 @@ impl ReachProbes {
                 o.since = Some(opening);
                 o.gap = FIRST_PROBE;
                 o.next = Some(now + FIRST_PROBE);
-                let reason = match cause {
-                    Cause::Unreached => format!(
-                        "provider {provider} unreachable: {why}. Nothing is sent and no item is failed for it; \
-                         probing it every few seconds, the run goes on by itself when it answers"
-                    ),
-                    Cause::Failing => format!(
-                        "provider {provider} failing: {why}. Nothing more is sent and no item is failed for it; \
-                         one request goes now and then as a probe, the run goes on by itself when it is answered"
-                    ),
-                };
+                let reason = held_because(&provider, cause, &why);
                 tracing::warn!(session = %ctx.session_id, "{reason}");
                 set_state(ctx, "paused", Some(reason.clone()));
                 ctx.event("warn", "unreachable", reason);
@@ -133,6 +124,20 @@ impl ReachProbes {
                 o.probe = Some(tokio::spawn(async move { client.preflight().await }));
             }
         }
+        ctx.stats.set_held(Self::held(ctx));
+    }
+
+    /// Why the sends are held, for the progress line: the first stage
+    /// whose breaker is open (None once every breaker is closed).
+    fn held(ctx: &Ctx) -> Option<String> {
+        (0..ctx.p.stages.len()).find_map(|stage| {
+            let (why, cause, _) = ctx.reach_watch.opened(stage)?;
+            Some(held_because(
+                &ctx.p.stages[stage].provider_name,
+                cause,
+                &why,
+            ))
+        })
     }
 
     /// What slows the run, while a breaker is open.
@@ -149,6 +154,21 @@ impl ReachProbes {
                 o.gap.as_secs()
             ))
         })
+    }
+}
+
+/// Why a stage's sends are held while its breaker is open: the session's
+/// stop reason, its event, and the headless run's line.
+fn held_because(provider: &str, cause: Cause, why: &str) -> String {
+    match cause {
+        Cause::Unreached => format!(
+            "provider {provider} unreachable: {why}. Nothing is sent and no item is failed for it; \
+             probing it every few seconds, the run goes on by itself when it answers"
+        ),
+        Cause::Failing => format!(
+            "provider {provider} failing: {why}. Nothing more is sent and no item is failed for it; \
+             one request goes now and then as a probe, the run goes on by itself when it is answered"
+        ),
     }
 }
 

@@ -24,6 +24,9 @@ pub struct Stats {
     pub output_tokens: AtomicU64,
     /// Cost in micro-dollars (atomics hold integers).
     pub cost_micros: AtomicU64,
+    /// Why the run's sends are held right now, when a breaker holds them
+    /// (an unreachable or failing provider, row S5): for the progress line.
+    held: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -82,6 +85,16 @@ impl Stats {
             output_tokens: self.output_tokens.load(Relaxed),
             cost_usd: self.cost_micros.load(Relaxed) as f64 / 1e6,
         }
+    }
+
+    /// Say why sends are held now (None: they are not).
+    pub fn set_held(&self, why: Option<String>) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    /// Why sends are held now, if they are.
+    pub fn held(&self) -> Option<String> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Start from what the ledger already holds (a resumed session).

@@ -828,7 +828,8 @@ pub(crate) fn group_thousands(n: u64) -> String {
 
 /// What `docket import` prints: one summary line, then up to 20 bad rows.
 pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> io::Result<()> {
-    let file = report.file.display();
+    // A file's name is the operator's, but may hold anything (row X4).
+    let file = crate::sanitize::for_terminal(&report.file.display().to_string());
     let read = format!(
         "{} {} read",
         group_thousands(report.rows_read),

@@ -41,7 +41,25 @@ pub const LEDGER_FILE: &str = "docket.sqlite";
 
 /// How long a connection waits for another process's write lock before it
 /// gives up. Long on purpose: a console or second worker must never see BUSY.
+/// A write transaction that still finds the lock held then backs off and
+/// tries again, saying "ledger busy" (`db::busy`, fault-matrix row D1).
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The environment variable that sets the busy timeout in milliseconds
+/// instead of [`BUSY_TIMEOUT`] (the D1 tests make it short).
+pub const BUSY_TIMEOUT_ENV: &str = "DOCKET_BUSY_TIMEOUT_MS";
+
+/// The busy timeout of every SQLite connection: `DOCKET_BUSY_TIMEOUT_MS`
+/// when set to a whole number of milliseconds, else [`BUSY_TIMEOUT`].
+pub fn busy_timeout() -> Duration {
+    static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *TIMEOUT.get_or_init(|| {
+        std::env::var(BUSY_TIMEOUT_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(BUSY_TIMEOUT, Duration::from_millis)
+    })
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -113,7 +131,7 @@ pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
         path: path.display().to_string(),
         source,
     })?;
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.busy_timeout(busy_timeout())?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     has_schema(&conn, path)?;
     Ok(conn)
@@ -188,6 +206,18 @@ pub fn quick_check(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
 /// A ledger path that exists must be a regular file (or a link to one): a
 /// link to /dev/null gave SQLite's bare "disk I/O error", naming nothing.
 fn refuse_non_file(path: &Path) -> Result<(), LedgerError> {
+    if let Some(frames) = place::lost_wal_frames(path) {
+        let p = path.display();
+        return Err(LedgerError::Corrupt {
+            path: p.to_string(),
+            detail: format!(
+                "its write-ahead log {p}-wal is missing, but {p}-shm says it held {frames} page(s) of committed \
+                 transactions not yet in {p} (was the -wal deleted after a crash?). Opening it would go on \
+                 without them, so docket leaves it as it is: put the -wal back; or, to go on from the last \
+                 checkpoint and lose those transactions, delete {p}-shm too"
+            ),
+        });
+    }
     match std::fs::metadata(path) {
         Ok(m) if !m.is_file() => {
             let why = crate::workspace::read_text_file(path)
@@ -203,7 +233,7 @@ fn refuse_non_file(path: &Path) -> Result<(), LedgerError> {
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.busy_timeout(busy_timeout())?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // NORMAL in WAL mode is durable against process crashes (kill -9); only an
     // OS crash or power loss can drop the last commits, never corrupt the file.

@@ -72,9 +72,77 @@ pub fn network_warning(dir: &Path) -> Option<String> {
     ))
 }
 
+/// The WAL-index header SQLite keeps at the start of a `-shm` file (its
+/// `wal.c`): two copies of a 48-byte header, then the checkpoint info, all
+/// in the writer's native byte order.
+const SHM_HEAD: usize = 136;
+const WAL_INDEX_VERSION: u32 = 3_007_000;
+
+/// Row D4, a `-wal` deleted after a crash: when the ledger's `-wal` is
+/// gone but its `-shm` remains and says the log held committed frames not
+/// yet copied into the database, those transactions were lost with it.
+/// SQLite would open the file as of its last checkpoint and rebuild the
+/// `-shm`, without a word; this says how many frames are missing.
+///
+/// The `-shm` is read only while the `-wal` is gone: SQLite keeps the
+/// `-wal` while any connection has the ledger open, so no connection of
+/// this process holds a lock on the `-shm` that closing the read drops.
+pub fn lost_wal_frames(ledger: &Path) -> Option<u32> {
+    let sibling = |suffix: &str| {
+        let mut p = ledger.as_os_str().to_owned();
+        p.push(suffix);
+        std::path::PathBuf::from(p)
+    };
+    if std::fs::symlink_metadata(sibling("-wal")).is_ok() {
+        return None;
+    }
+    let shm = sibling("-shm");
+    if !std::fs::symlink_metadata(&shm).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let mut head = [0u8; SHM_HEAD];
+    // no connection holds it: its -wal is gone (see above), and only
+    // the header is read.
+    let mut f = std::fs::File::open(&shm).ok()?;
+    std::io::Read::read_exact(&mut f, &mut head).ok()?;
+    missing_frames(&head)
+}
+
+/// Frames the WAL-index header counts as committed (`mxFrame`) but not
+/// checkpointed into the database (`nBackfill`), if any. A header that is
+/// not initialised, or whose two copies differ (a write torn mid-way),
+/// says nothing.
+fn missing_frames(head: &[u8; SHM_HEAD]) -> Option<u32> {
+    let u32_at =
+        |at: usize| u32::from_ne_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    let initialised = head[12] == 1;
+    if u32_at(0) != WAL_INDEX_VERSION || !initialised || head[0..48] != head[48..96] {
+        return None;
+    }
+    let max_frame = u32_at(16);
+    let backfilled = u32_at(96);
+    (max_frame > backfilled).then(|| max_frame - backfilled)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unbackfilled_wal_index_counts_its_missing_frames() {
+        let mut head = [0u8; SHM_HEAD];
+        head[0..4].copy_from_slice(&WAL_INDEX_VERSION.to_ne_bytes());
+        head[12] = 1;
+        head[16..20].copy_from_slice(&7u32.to_ne_bytes());
+        let (a, b) = head.split_at_mut(48);
+        b[..48].copy_from_slice(&a[..48]);
+        head[96..100].copy_from_slice(&3u32.to_ne_bytes());
+        assert_eq!(missing_frames(&head), Some(4));
+        head[96..100].copy_from_slice(&7u32.to_ne_bytes());
+        assert_eq!(missing_frames(&head), None, "all checkpointed");
+        head[60] ^= 1;
+        assert_eq!(missing_frames(&head), None, "torn copies say nothing");
+    }
 
     #[test]
     fn network_magics_are_named_and_local_ones_are_not() {

@@ -19,7 +19,8 @@ pub(crate) fn write_transaction<T, E>(
 where
     E: From<crate::ledger::db::Error>,
 {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+    // Waits out another process's lock held past the busy timeout.
+    conn.begin_write()?;
     match f() {
         Ok(v) => match conn.execute_batch("COMMIT") {
             Ok(()) => Ok(v),

@@ -264,6 +264,9 @@ pub struct Health {
     give_up: std::sync::atomic::AtomicBool,
     /// Writes held for a full disk and then given up, in all.
     dropped: std::sync::atomic::AtomicUsize,
+    /// The writer thread's wait for a write lock another process holds
+    /// past the busy timeout (row D1; `db::busy`).
+    busy: Arc<crate::ledger::db::busy::BusyWatch>,
 }
 
 impl Health {
@@ -280,6 +283,13 @@ impl Health {
         })
     }
 
+    /// How long the writer has waited for the ledger's write lock, which
+    /// another process has held past the busy timeout (row D1): every
+    /// write queued meanwhile waits in memory, so nothing new is sent.
+    pub fn busy(&self) -> Option<std::time::Duration> {
+        self.busy.busy_for()
+    }
+
     /// Writes held for a full disk and then given up (they failed), in all.
     pub fn dropped(&self) -> usize {
         self.dropped.load(std::sync::atomic::Ordering::Relaxed)
@@ -290,6 +300,7 @@ impl Health {
     pub fn give_up(&self) {
         self.give_up
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.busy.give_up();
     }
 
     fn set_full(&self, why: Option<String>, held: usize) {
@@ -350,7 +361,10 @@ impl LedgerWriter {
         let writer_health = health.clone();
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || run(conn, rx, &writer_health))
+            .spawn(move || {
+                crate::ledger::db::busy::watch_this_thread(writer_health.busy.clone());
+                run(conn, rx, &writer_health)
+            })
             .map_err(|e| super::LedgerError::Corrupt {
                 path: location.to_string(),
                 detail: format!("cannot start writer thread: {e}"),
@@ -397,9 +411,17 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>, health: &H
     let mut group: Vec<Queued> = Vec::with_capacity(GROUP_MAX);
     let mut search = search_index::Pacer::new();
     let mut intents: Vec<Queued> = Vec::new();
+    // The session the writes are for (for the "ledger was busy" event).
+    let mut session: Option<String> = None;
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         collect(&mut rx, &mut group);
+        if session.is_none() {
+            session = group
+                .iter()
+                .find_map(|(op, _, _)| session_of(op))
+                .map(str::to_string);
+        }
         commit_intents(&mut conn, &mut group, &mut intents, &mut search, health);
         if group.is_empty() {
             continue;
@@ -414,6 +436,7 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>, health: &H
         if !group.is_empty() {
             commit_and_answer(&mut conn, &mut group, &mut search, health);
         }
+        note_busy(&mut conn, session.as_deref(), &mut search, health);
     }
     // Leave the review search index whole for whoever reads next. If this
     // fails the rows stay noted and the next writer indexes them.
@@ -429,6 +452,55 @@ fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>, health: &H
     }
     if let Some(c) = conn.sqlite() {
         let _ = c.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+    }
+}
+
+/// Once the writer had to wait for another process's write lock past the
+/// busy timeout and got it (row D1), the session's events say so: the
+/// log said it while it lasted, the events keep it for the console.
+fn note_busy(
+    conn: &mut Connection,
+    session: Option<&str>,
+    search: &mut search_index::Pacer,
+    health: &Health,
+) {
+    let Some(waited) = health.busy.take_ended() else {
+        return;
+    };
+    let Some(session_id) = session else {
+        return;
+    };
+    let event = WriteOp::Event {
+        session_id: session_id.to_string(),
+        level: "warn",
+        kind: "ledger_busy",
+        message: format!(
+            "ledger busy for {:.1} s: another process held its write lock past the busy timeout; \
+             the writes waited in memory and are now written (nothing was sent that the ledger could not record first)",
+            waited.as_secs_f64()
+        ),
+    };
+    let _ = apply_group(conn, &[(event, None, None)], search);
+}
+
+/// The session an operation writes to, when it names one.
+fn session_of(op: &WriteOp) -> Option<&str> {
+    match op {
+        WriteOp::Send(s) => Some(&s.session_id),
+        WriteOp::Attempt(r) | WriteOp::Final(Some(r), _) | WriteOp::Stage(Some(r), _) => {
+            Some(&r.session_id)
+        }
+        WriteOp::Final(None, f) => Some(&f.session_id),
+        WriteOp::Stage(None, d) => Some(&d.session_id),
+        WriteOp::Request(r) => Some(&r.session_id),
+        WriteOp::Abandon { session_id, .. }
+        | WriteOp::Heartbeat { session_id, .. }
+        | WriteOp::Renew { session_id, .. }
+        | WriteOp::Leave { session_id, .. }
+        | WriteOp::Event { session_id, .. }
+        | WriteOp::SessionState { session_id, .. } => Some(session_id),
+        WriteOp::ReleaseItem(Fence::Item { session_id, .. }) => Some(session_id),
+        WriteOp::ReleaseItem(Fence::Batch { .. }) | WriteOp::Batch(_) => None,
     }
 }
 

@@ -292,7 +292,7 @@ struct MessageBody<'a> {
     kind: &'static str,
     role: &'static str,
     model: &'a str,
-    content: [TextBlock<'a>; 1],
+    content: Vec<TextBlock<'a>>,
     stop_reason: &'static str,
     stop_sequence: Option<&'a str>,
     usage: Usage,
@@ -327,11 +327,18 @@ pub(crate) fn render_answer(a: &Answer<'_>) -> Result<Rendered, String> {
         kind: "message",
         role: "assistant",
         model: a.model,
-        content: [TextBlock {
-            kind: "text",
-            text: a.content,
-        }],
-        stop_reason: if a.truncated {
+        // A refusal stops before any content block.
+        content: if a.refused {
+            Vec::new()
+        } else {
+            vec![TextBlock {
+                kind: "text",
+                text: a.content,
+            }]
+        },
+        stop_reason: if a.refused {
+            "refusal"
+        } else if a.truncated {
             "max_tokens"
         } else {
             "end_turn"

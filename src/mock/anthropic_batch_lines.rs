@@ -145,7 +145,8 @@ fn next_hex(shared: &Shared) -> String {
     id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt)
 }
 
-fn errored(shared: &Shared, custom_id: &str, kind: &str, msg: &str) -> String {
+/// An `errored` result line whose error is `kind` with `msg`.
+pub(crate) fn errored(shared: &Shared, custom_id: &str, kind: &str, msg: &str) -> String {
     let line = serde_json::json!({
         "custom_id": custom_id,
         "result": {"type": "errored", "error": {
@@ -236,6 +237,7 @@ pub(crate) fn answer_line(
         model,
         content: &content,
         truncated: false,
+        refused: false,
         prompt_tokens: pt,
         completion_tokens: ct,
         elapsed: Duration::ZERO,

@@ -17,7 +17,11 @@
 //! ran, the rest `expired`. Cancel (the route sets `canceling` and
 //! `cancel_initiated_at`): the requests in flight (at least one) finish,
 //! the batch stays `canceling` for `batch_cancelling_ms`, then `ended` with
-//! the rest `canceled`. Transitions are logged (status 0) and counted.
+//! the rest `canceled`. Transitions are logged (status 0) and counted; with
+//! `batch_line_log` every request too (the billing log). The results answer
+//! 404 for `batch_results_404_ms` once made. `batch_result_anomalies`: the
+//! first N batches get `batch_lines::Anomaly`s (all of them, `expired` and
+//! `canceled` lines included) and a line for an unknown custom_id.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,11 +34,12 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use super::MockConfig;
-use super::anthropic_batch_lines::{answer_line, plain};
+use super::anthropic_batch_lines::{answer_line, errored, plain};
 use super::anthropic_batch_store::{Batch, Counts, Phase, ROUTE_ONE, event};
 use super::batch_clock::{Due, Schedule};
+use super::batch_lines::{self, Anomaly};
 use super::server::{Shared, lock};
-use super::stats::BatchCount;
+use super::stats::{BatchCount, BatchEvent};
 use super::wire::splitmix;
 
 /// What a batch's lifecycle needs from the config, read once at create.
@@ -48,6 +53,9 @@ pub(crate) struct Plan {
     fail_rate: f64,
     expire: f64,
     seed: u64,
+    line_log: bool,
+    results_hidden: Duration,
+    anomalies: bool,
 }
 
 impl Plan {
@@ -63,6 +71,9 @@ impl Plan {
             fail_rate: c.batch_fail_rate,
             expire: c.batch_expire,
             seed: c.seed,
+            line_log: c.batch_line_log,
+            results_hidden: ms(c.batch_results_404_ms),
+            anomalies: seq < u64::from(c.batch_result_anomalies),
         }
     }
 
@@ -96,7 +107,9 @@ pub(crate) fn spawn(
             requests,
             done: 0,
             lines: Vec::new(),
+            extra: Vec::new(),
             counts: Counts::default(),
+            model: String::new(),
         };
         run.drive().await;
     });
@@ -112,11 +125,19 @@ struct Run<'a> {
     /// requests run so far (in input order)
     done: usize,
     lines: Vec<String>,
+    /// result lines for the end of the results (anomalies)
+    extra: Vec<String>,
     counts: Counts,
+    model: String,
 }
 
 impl Run<'_> {
     async fn drive(&mut self) {
+        self.model = lock(&self.shared.anthropic_batches)
+            .batches
+            .get(&self.id)
+            .map(|b| b.model.clone())
+            .unwrap_or_default();
         match self.pause(self.plan.validating).await {
             Wake::Stop => return,
             Wake::Cancel => return self.canceled().await,
@@ -189,6 +210,7 @@ impl Run<'_> {
         let mut store = lock(&self.shared.anthropic_batches);
         if let Some(b) = store.batches.get_mut(&self.id) {
             b.results = Some(results);
+            b.results_hidden_until = self.hidden_until();
             event(
                 self.shared,
                 ROUTE_ONE,
@@ -209,20 +231,94 @@ impl Run<'_> {
         }
     }
 
+    /// One request in the billing log (`batch_line_log`).
+    fn bill(&self, custom_id: &str, status: u16, outcome: &str) {
+        if !self.plan.line_log {
+            return;
+        }
+        // Never takes the store's lock: `close` runs under it.
+        let e = BatchEvent {
+            provider: "anthropic",
+            route: ROUTE_ONE,
+            batch_id: &self.id,
+            client_request_id: Some(custom_id),
+            model: &self.model,
+            status,
+            outcome,
+        };
+        self.shared
+            .stats
+            .event(&e, self.shared.live().config.log_capacity);
+    }
+
+    /// When a download of results made now may first succeed.
+    fn hidden_until(&self) -> Option<std::time::Instant> {
+        (!self.plan.results_hidden.is_zero())
+            .then(|| std::time::Instant::now() + self.plan.results_hidden)
+    }
+
     /// Run requests `done..upto`.
     fn step(&mut self, upto: usize) {
         let (mut ok, mut failed) = (0, 0);
         while self.done < upto {
             let (custom_id, params) = &self.requests[self.done];
-            let fail = self.rng.random::<f64>() < self.plan.fail_rate;
-            match answer_line(self.shared, custom_id, params, fail) {
+            let custom_id = custom_id.clone();
+            let anomaly = self
+                .plan
+                .anomalies
+                .then(|| Anomaly::of_line(self.done, true))
+                .flatten();
+            let fail = self.rng.random::<f64>() < self.plan.fail_rate
+                || anomaly == Some(Anomaly::Retryable);
+            let answered = match anomaly {
+                Some(Anomaly::Refused) => Err(errored(
+                    self.shared,
+                    &custom_id,
+                    "invalid_request_error",
+                    "messages: the request was refused (mock anomaly)",
+                )),
+                Some(Anomaly::Expired | Anomaly::Canceled) => {
+                    let (kind, outcome) = if anomaly == Some(Anomaly::Expired) {
+                        self.counts.expired += 1;
+                        ("expired", "batch_line_expired")
+                    } else {
+                        self.counts.canceled += 1;
+                        ("canceled", "batch_line_canceled")
+                    };
+                    self.lines.push(plain(&custom_id, kind));
+                    self.bill(&custom_id, 0, outcome);
+                    self.done += 1;
+                    continue;
+                }
+                _ => answer_line(self.shared, &custom_id, params, fail),
+            };
+            match answered {
                 Ok((line, _, _)) => {
-                    self.lines.push(line);
+                    if anomaly == Some(Anomaly::Twice) {
+                        let usage = "/result/message/usage";
+                        let copy = batch_lines::second_copy(
+                            self.shared,
+                            &line,
+                            usage,
+                            "output_tokens",
+                            "",
+                        );
+                        self.extra.extend(copy);
+                    }
+                    if anomaly != Some(Anomaly::Dropped) {
+                        self.lines.push(line);
+                    }
                     ok += 1;
+                    self.bill(&custom_id, 200, "batch_line_ok");
                 }
                 Err(line) => {
                     self.lines.push(line);
                     failed += 1;
+                    self.bill(
+                        &custom_id,
+                        if fail { 500 } else { 400 },
+                        "batch_line_failed",
+                    );
                 }
             }
             self.done += 1;
@@ -239,6 +335,11 @@ impl Run<'_> {
         for (custom_id, _) in &self.requests[self.done..] {
             self.lines.push(plain(custom_id, rest));
         }
+        if !rest.is_empty() {
+            for (custom_id, _) in &self.requests[self.done..] {
+                self.bill(custom_id, 0, &format!("batch_line_{rest}"));
+            }
+        }
         self.done = self.requests.len();
         match rest {
             "expired" => {
@@ -252,6 +353,16 @@ impl Run<'_> {
 
     fn results(&mut self) -> Bytes {
         self.lines.shuffle(&mut self.rng);
+        self.lines.append(&mut self.extra);
+        if self.plan.anomalies {
+            let unknown = batch_lines::unknown_id(self.plan.seq);
+            let answered = self
+                .lines
+                .iter()
+                .find(|l| l.contains(r#""type":"succeeded""#))
+                .and_then(|l| batch_lines::with_id(l, "/custom_id", &unknown));
+            self.lines.extend(answered);
+        }
         let mut bytes = self.lines.join("\n");
         bytes.push('\n');
         Bytes::from(bytes)
@@ -277,6 +388,7 @@ impl Run<'_> {
         let results = self.results();
         self.finish(b);
         b.results = Some(results);
+        b.results_hidden_until = self.hidden_until();
         event(self.shared, ROUTE_ONE, &b.id, &b.model, 0, what);
         drop(store);
         self.shared.stats.count(count);

@@ -83,6 +83,8 @@ pub(crate) struct Batch {
     pub results: Option<Bytes>,
     /// results downloads so far (the cut-results fault cuts the first N)
     pub downloads: u32,
+    /// the results download answers 404 until then (`batch_results_404_ms`)
+    pub results_hidden_until: Option<std::time::Instant>,
     /// estimated prompt tokens, counted against the enqueued limit while open
     pub queued_tokens: u64,
     /// wakes the lifecycle task on cancel

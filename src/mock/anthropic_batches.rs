@@ -21,6 +21,8 @@
 //! - `GET …/{id}/results`: the JSONL (`application/binary`), once ended with
 //!   results; the first `batch_cut_results` downloads of each batch send the
 //!   first half (never ending on a line break), then drop the connection.
+//!   For `batch_results_404_ms` after the results are made, a 404
+//!   `not_found_error` (logged `results_not_found`).
 //!
 //! Every route passes `anthropic_batch_store::gate` first; creates, cancels
 //! and lifecycle transitions go into the log (provider "anthropic") and the
@@ -126,6 +128,7 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
             cancel_initiated_at: None,
             results: None,
             downloads: 0,
+            results_hidden_until: None,
             queued_tokens: tokens,
             cancel: Arc::default(),
         };
@@ -336,6 +339,15 @@ async fn results(
                 "Batch {id} has not finished processing; its results are not available yet."
             ));
         };
+        if b.results_hidden_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            let model = b.model.clone();
+            drop(store);
+            let route = "/v1/messages/batches/{message_batch_id}/results";
+            event(&shared, route, &id, &model, 404, "results_not_found");
+            return g.not_found(&id);
+        }
         let cut = b.downloads < g.live.config.batch_cut_results;
         b.downloads = b.downloads.saturating_add(1);
         (bytes, cut)

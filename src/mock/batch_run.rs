@@ -21,6 +21,10 @@
 //! lines in its files. Unrun lines of a cancelled batch get no line at all.
 //! The config is read once, at create. Every transition is logged (status 0)
 //! and counted; the task ends at a terminal state or at server shutdown.
+//! With `batch_line_log` every line is logged too (the billing log: status
+//! 200 `batch_line_ok` when billed). `batch_results_404_ms`: the files
+//! answer 404 that long once published. `batch_result_anomalies`: the first
+//! N batches get `batch_lines::Anomaly`s and a line for an unknown custom_id.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +37,7 @@ use tokio::sync::Notify;
 use super::MockConfig;
 use super::batch_clock::{Due, Schedule};
 use super::batch_input::{self, Line};
-use super::batch_lines;
+use super::batch_lines::{self, Anomaly, Extras};
 use super::batch_store::{Api, Batch, BatchError, Status, Store, unix_now};
 use super::server::{Shared, lock};
 use super::stats::{BatchCount, BatchEvent};
@@ -53,6 +57,9 @@ pub(crate) struct Plan {
     expire: f64,
     seed: u64,
     token_limit: u64,
+    line_log: bool,
+    results_hidden: Duration,
+    anomalies: bool,
 }
 
 impl Plan {
@@ -71,6 +78,9 @@ impl Plan {
             expire: c.batch_expire,
             seed: c.seed,
             token_limit: c.batch_enqueued_token_limit,
+            line_log: c.batch_line_log,
+            results_hidden: ms(c.batch_results_404_ms),
+            anomalies: seq < u64::from(c.batch_result_anomalies),
         }
     }
 }
@@ -108,6 +118,8 @@ pub(crate) fn spawn(
             done: 0,
             out: Vec::new(),
             err: Vec::new(),
+            extra: Vec::new(),
+            model: String::new(),
         };
         run.drive().await;
     });
@@ -125,6 +137,9 @@ struct Run<'a> {
     done: usize,
     out: Vec<String>,
     err: Vec<String>,
+    /// result lines for the end of the output file (anomalies)
+    extra: Vec<String>,
+    model: String,
 }
 
 impl Run<'_> {
@@ -224,6 +239,7 @@ impl Run<'_> {
         let Some(b) = self.batch(&mut store) else {
             return Start::Over;
         };
+        self.model = parsed.model.clone();
         b.model = Some(parsed.model);
         if b.cancel_requested {
             return Start::Cancelled;
@@ -321,23 +337,73 @@ impl Run<'_> {
         self.shared.stats.count(BatchCount::Failed);
     }
 
+    /// One line in the billing log (`batch_line_log`).
+    fn bill(&self, custom_id: &str, status: u16, outcome: &str) {
+        if !self.plan.line_log {
+            return;
+        }
+        let event = BatchEvent {
+            provider: self.plan.api.provider(),
+            route: self.plan.api.line_route(),
+            batch_id: &self.id,
+            client_request_id: Some(custom_id),
+            model: &self.model,
+            status,
+            outcome,
+        };
+        let cap = self.shared.live().config.log_capacity;
+        self.shared.stats.event(&event, cap);
+    }
+
     /// Run lines `done..upto` and add them to the counts.
     fn step(&mut self, upto: usize) {
         let (mut ok, mut failed, mut input_tokens, mut output_tokens) = (0, 0, 0, 0);
         while self.done < upto {
             let line = &self.lines[self.done];
+            let custom_id = line.custom_id.clone();
             let raw = &self.input[line.start..line.end];
-            let fail = self.rng.random::<f64>() < self.plan.fail_rate;
-            match batch_lines::answer(self.shared, &line.custom_id, raw, fail) {
+            let anomaly = self
+                .plan
+                .anomalies
+                .then(|| Anomaly::of_line(self.done, false))
+                .flatten();
+            let fail = self.rng.random::<f64>() < self.plan.fail_rate
+                || anomaly == Some(Anomaly::Retryable);
+            let answered = if anomaly == Some(Anomaly::Refused) {
+                let msg = "Invalid 'messages': the request was refused (mock anomaly).";
+                Err(batch_lines::refused(self.shared, &custom_id, msg))
+            } else {
+                batch_lines::answer(self.shared, &custom_id, raw, fail)
+            };
+            match answered {
                 Ok((line, p, c)) => {
-                    self.out.push(line);
+                    if anomaly == Some(Anomaly::Twice) {
+                        let usage = "/response/body/usage";
+                        let copy = batch_lines::second_copy(
+                            self.shared,
+                            &line,
+                            usage,
+                            "completion_tokens",
+                            "total_tokens",
+                        );
+                        self.extra.extend(copy);
+                    }
+                    if anomaly != Some(Anomaly::Dropped) {
+                        self.out.push(line);
+                    }
                     ok += 1;
                     input_tokens += p;
                     output_tokens += c;
+                    self.bill(&custom_id, 200, "batch_line_ok");
                 }
                 Err(line) => {
                     self.err.push(line);
                     failed += 1;
+                    self.bill(
+                        &custom_id,
+                        if fail { 500 } else { 400 },
+                        "batch_line_failed",
+                    );
                 }
             }
             self.done += 1;
@@ -361,6 +427,7 @@ impl Run<'_> {
         for line in &self.lines[self.done..] {
             self.err
                 .push(batch_lines::expired(self.shared, &line.custom_id));
+            self.bill(&line.custom_id, 0, "batch_line_expired");
             expired += 1;
         }
         self.done = self.lines.len();
@@ -382,6 +449,9 @@ impl Run<'_> {
             _ = tokio::time::sleep(self.plan.cancelling) => {}
             _ = self.shared.stopping() => return,
         }
+        for line in &self.lines[self.done..] {
+            self.bill(&line.custom_id, 0, "batch_line_canceled");
+        }
         let mut store = lock(&self.shared.store);
         self.publish(&mut store);
         if let Some(b) = self.batch(&mut store) {
@@ -393,8 +463,20 @@ impl Run<'_> {
     }
 
     fn publish(&mut self, store: &mut Store) {
+        let mut extras = Extras {
+            lines: std::mem::take(&mut self.extra),
+            hidden_until: (!self.plan.results_hidden.is_zero())
+                .then(|| std::time::Instant::now() + self.plan.results_hidden),
+        };
+        if self.plan.anomalies {
+            let unknown = batch_lines::unknown_id(self.plan.seq);
+            let line = self.out.first();
+            extras
+                .lines
+                .extend(line.and_then(|l| batch_lines::with_id(l, "/custom_id", &unknown)));
+        }
         let (api, id) = (self.plan.api, self.id.as_str());
         let files = [(&mut self.out, "output"), (&mut self.err, "error")];
-        batch_lines::publish(self.shared, store, api, id, files, &mut self.rng);
+        batch_lines::publish(self.shared, store, api, id, files, extras, &mut self.rng);
     }
 }

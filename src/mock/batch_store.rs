@@ -52,6 +52,14 @@ impl Api {
         self.route().provider()
     }
 
+    /// Log route of a batch's lines in the billing log (`batch_line_log`).
+    pub(crate) fn line_route(self) -> &'static str {
+        match self {
+            Api::OpenAi => "/v1/batches/{batch_id}",
+            Api::Azure => "/openai/batches/{batch_id}",
+        }
+    }
+
     /// Accepted batch `endpoint` values (the mock runs chat completions only).
     pub(crate) fn endpoints(self) -> &'static [&'static str] {
         match self {
@@ -84,6 +92,8 @@ pub(crate) struct StoredFile {
     pub bytes: Bytes,
     /// content downloads so far (the cut-results fault cuts the first N)
     pub downloads: u32,
+    /// a results file whose download answers 404 until then (`batch_results_404_ms`)
+    pub hidden_until: Option<std::time::Instant>,
 }
 
 /// The `OpenAIFile` object.

@@ -329,7 +329,7 @@ pub(crate) fn render_answer(route: Route, a: &Answer<'_>) -> Result<Rendered, St
         "chatcmpl-"
     };
     let id = format!("{prefix}{}", a.id);
-    let completion = Completion::new(
+    let mut completion = Completion::new(
         &id,
         created,
         a.model,
@@ -338,6 +338,11 @@ pub(crate) fn render_answer(route: Route, a: &Answer<'_>) -> Result<Rendered, St
         a.prompt_tokens,
         a.completion_tokens,
     );
+    if a.refused {
+        // OpenAI's structured-output refusal: no content, the reason apart.
+        completion.choices[0].message.content = None;
+        completion.choices[0].message.refusal = Some(super::pipeline::REFUSAL);
+    }
     let body = if route == Route::OpenRouter {
         let mut v = serde_json::to_value(&completion).map_err(|e| e.to_string())?;
         v["provider"] = json!("Mock");

@@ -3,8 +3,8 @@
 //! Contract: faults depend on the draw sequence, never on the prompt, so a
 //! retried request can succeed. Each fault is drawn independently with its own
 //! rate; when several hit, the first in pipeline order wins: 500, 503, hang, late
-//! (decided before the latency sleep), then malformed, reset mid-body, truncated, wrong_schema
-//! (applied after it). Latency is log-normal with the configured median and p99
+//! (decided before the latency sleep), then malformed, reset mid-body, truncated, wrong_schema,
+//! refusal, empty (applied after it). Latency is log-normal with the configured median and p99
 //! (sigma = (ln p99 - ln median) / 2.326); p99 <= median means a constant median.
 
 use std::time::Duration;
@@ -31,6 +31,10 @@ pub(crate) enum LateFault {
     ResetMidBody,
     Truncated,
     WrongSchema,
+    /// The model declines: no content, the wire's refusal marker.
+    Refused,
+    /// Empty content with a normal stop.
+    Empty,
 }
 
 /// Everything random about one request.
@@ -49,7 +53,7 @@ pub(crate) struct FaultPlan {
     /// Faults added later, drawn after the latency: a config without them
     /// draws exactly the stream it drew before they existed (benchmarks
     /// and seeded tests keep their numbers).
-    added: [Added; 2],
+    added: [Added; 4],
     latency: Latency,
 }
 
@@ -99,6 +103,8 @@ impl FaultPlan {
             added: [
                 Added::Early(rate(c.late), EarlyFault::Late),
                 Added::Late(rate(c.reset_mid_body), LateFault::ResetMidBody),
+                Added::Late(rate(c.refusal), LateFault::Refused),
+                Added::Late(rate(c.empty), LateFault::Empty),
             ],
             latency,
         }

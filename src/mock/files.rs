@@ -10,6 +10,9 @@
 //! - Cut results (`batch_cut_results = N`): the first N downloads of each
 //!   `batch_output` file send the first half of the bytes (never ending on a
 //!   line break), then drop the connection.
+//! - Results not there yet (`batch_results_404_ms`): a `batch_output` file's
+//!   content answers 404 `No such File object` until its `hidden_until`
+//!   (logged `results_not_found`, status 404, `batch_id` = the file id).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -86,6 +89,7 @@ pub(crate) async fn upload(
         created_at: unix_now(),
         bytes,
         downloads: 0,
+        hidden_until: None,
     };
     let resp = g.ok(&stored.object());
     shared.stats.count(BatchCount::FileUploaded);
@@ -173,6 +177,26 @@ pub(crate) async fn content(
         let Some(f) = store.files.get_mut(&id).filter(|f| f.api == g.api) else {
             return g.not_found("File", &id);
         };
+        if f.hidden_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            drop(store);
+            let event = BatchEvent {
+                provider: g.api.provider(),
+                route: if g.api == Api::Azure {
+                    "/openai/files/{file_id}/content"
+                } else {
+                    "/v1/files/{file_id}/content"
+                },
+                batch_id: &id,
+                client_request_id: None,
+                model: "",
+                status: 404,
+                outcome: "results_not_found",
+            };
+            shared.stats.event(&event, g.live.config.log_capacity);
+            return g.not_found("File", &id);
+        }
         let cut = f.purpose == "batch_output" && f.downloads < g.live.config.batch_cut_results;
         f.downloads = f.downloads.saturating_add(1);
         (f.bytes.clone(), cut)

@@ -344,7 +344,9 @@ struct GenerateResponse<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Candidate<'a> {
-    content: CandidateContent<'a>,
+    /// absent when the answer was blocked (finishReason SAFETY)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<CandidateContent<'a>>,
     finish_reason: &'static str,
     index: u32,
 }
@@ -371,11 +373,17 @@ struct UsageMetadata {
 pub(crate) fn render_answer(a: &Answer<'_>) -> Result<Rendered, String> {
     let body = GenerateResponse {
         candidates: [Candidate {
-            content: CandidateContent {
+            content: (!a.refused).then_some(CandidateContent {
                 parts: [TextPart { text: a.content }],
                 role: "model",
+            }),
+            finish_reason: if a.refused {
+                "SAFETY"
+            } else if a.truncated {
+                "MAX_TOKENS"
+            } else {
+                "STOP"
             },
-            finish_reason: if a.truncated { "MAX_TOKENS" } else { "STOP" },
             index: 0,
         }],
         usage_metadata: UsageMetadata {

@@ -148,6 +148,7 @@ pub(crate) fn answer(
         model,
         content: &content,
         truncated: false,
+        refused: false,
         prompt_tokens: pt,
         completion_tokens: ct,
         elapsed: Duration::ZERO,

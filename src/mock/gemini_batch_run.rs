@@ -16,6 +16,11 @@
 //! the state stays where it was for `batch_cancelling_ms`, then CANCELLED
 //! with what finished. Inline results are in input order; a responses file
 //! (`{"key", "response"|"error"}` per line) is shuffled from the seed.
+//! `batch_line_log`: every request is logged too (the billing log).
+//! `batch_results_404_ms`: a responses file answers 404 that long once made.
+//! `batch_result_anomalies`: the first N batches get `batch_lines::Anomaly`s
+//! (no `expired` or `canceled` lines: Gemini writes none) and a result for
+//! an unknown key, after the others.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +34,11 @@ use tokio::sync::Notify;
 
 use super::MockConfig;
 use super::batch_clock::{Due, Schedule};
+use super::batch_lines::{self, Anomaly};
 use super::gemini_batch_answer::answer;
 use super::gemini_batch_store::{GBatch, GFile, GState, GemState, Results, now_rfc3339};
 use super::server::{Shared, lock};
-use super::stats::BatchCount;
+use super::stats::{BatchCount, BatchEvent};
 use super::wire::{id_hex, splitmix};
 
 const ROUTE: &str = "/v1beta/batches/{batch}";
@@ -55,6 +61,9 @@ pub(crate) struct Plan {
     fail_rate: f64,
     expire: f64,
     seed: u64,
+    line_log: bool,
+    results_hidden: Duration,
+    anomalies: bool,
 }
 
 impl Plan {
@@ -71,6 +80,9 @@ impl Plan {
             fail_rate: c.batch_fail_rate,
             expire: c.batch_expire,
             seed: c.seed,
+            line_log: c.batch_line_log,
+            results_hidden: ms(c.batch_results_404_ms),
+            anomalies: seq < u64::from(c.batch_result_anomalies),
         }
     }
 }
@@ -100,6 +112,9 @@ pub(crate) fn spawn(
             rng,
             done: 0,
             results: Vec::new(),
+            extra: Vec::new(),
+            unknown: None,
+            model: String::new(),
         };
         run.drive(input).await;
     });
@@ -115,6 +130,11 @@ struct Run<'a> {
     done: usize,
     /// (key, "response"|"error", value) per finished request, input order
     results: Vec<(Option<String>, &'static str, Value)>,
+    /// results after the others (anomalies)
+    extra: Vec<(Option<String>, &'static str, Value)>,
+    /// an answer to put under a key the batch never had (anomalies)
+    unknown: Option<Value>,
+    model: String,
 }
 
 impl Run<'_> {
@@ -146,12 +166,14 @@ impl Run<'_> {
             Some(Some(m)) => m,
         };
         self.log("batch_in_progress", &model);
+        self.model = model.clone();
         let n = reqs.len();
         let sched = Schedule::start(n, self.plan.running, self.plan.expire);
         loop {
             match sched.now() {
                 Due::Expire(k) => {
                     self.step(&reqs, &model, k);
+                    self.bill_rest(&reqs, "batch_line_expired");
                     return self.finish(GState::Expired).await;
                 }
                 Due::Run(target) => self.step(&reqs, &model, target),
@@ -165,6 +187,7 @@ impl Run<'_> {
                 Wake::Cancel => {
                     // The lines in flight finish.
                     self.step(&reqs, &model, sched.on_cancel(self.done));
+                    self.bill_rest(&reqs, "batch_line_canceled");
                     return self.finish(GState::Cancelled).await;
                 }
             }
@@ -208,27 +231,78 @@ impl Run<'_> {
         super::gemini_batch_store::event(self.shared, ROUTE, &self.name, model, 0, outcome);
     }
 
+    /// One request in the billing log (`batch_line_log`).
+    fn bill(&self, key: Option<&str>, status: u16, outcome: &str) {
+        if !self.plan.line_log {
+            return;
+        }
+        let e = BatchEvent {
+            provider: "gemini",
+            route: ROUTE,
+            batch_id: &self.name,
+            client_request_id: key,
+            model: &self.model,
+            status,
+            outcome,
+        };
+        self.shared
+            .stats
+            .event(&e, self.shared.live().config.log_capacity);
+    }
+
+    /// The requests never run, in the billing log as `outcome`.
+    fn bill_rest(&self, reqs: &[Req], outcome: &str) {
+        for r in &reqs[self.done.min(reqs.len())..] {
+            self.bill(r.key.as_deref(), 0, outcome);
+        }
+    }
+
     /// Answer requests `done..upto` and add them to the stats.
     fn step(&mut self, reqs: &[Req], model: &str, upto: usize) {
         let (mut ok, mut failed) = (0u64, 0u64);
         while self.done < upto {
             let r = &reqs[self.done];
-            let fail = self.rng.random::<f64>() < self.plan.fail_rate;
+            let anomaly = self
+                .plan
+                .anomalies
+                .then(|| Anomaly::of_line(self.done, false))
+                .flatten();
+            let fail = self.rng.random::<f64>() < self.plan.fail_rate
+                || anomaly == Some(Anomaly::Retryable);
             let outcome = if fail {
                 Err(
                     json!({"code": 13, "message": "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting"}),
+                )
+            } else if anomaly == Some(Anomaly::Refused) {
+                Err(
+                    json!({"code": 3, "message": "Request contains an invalid argument (mock anomaly)."}),
                 )
             } else {
                 answer(self.shared, model, &r.request)
             };
             match outcome {
                 Ok((body, _, _)) => {
-                    self.results.push((r.key.clone(), "response", body));
+                    if anomaly == Some(Anomaly::Twice) {
+                        let mut copy = body.clone();
+                        let (out, total) = ("candidatesTokenCount", "totalTokenCount");
+                        if batch_lines::more_output(&mut copy, "/usageMetadata", out, total) {
+                            self.extra.push((r.key.clone(), "response", copy));
+                        }
+                    }
+                    if self.plan.anomalies && self.unknown.is_none() {
+                        self.unknown = Some(body.clone());
+                    }
+                    if anomaly != Some(Anomaly::Dropped) {
+                        self.results.push((r.key.clone(), "response", body));
+                    }
                     ok += 1;
+                    self.bill(r.key.as_deref(), 200, "batch_line_ok");
                 }
                 Err(e) => {
+                    let status = if fail { 500 } else { 400 };
                     self.results.push((r.key.clone(), "error", e));
                     failed += 1;
+                    self.bill(r.key.as_deref(), status, "batch_line_failed");
                 }
             }
             self.done += 1;
@@ -289,12 +363,17 @@ impl Run<'_> {
     /// The results into the batch (inline) or a responses file, and `to` with `done`.
     fn publish(&mut self, to: GState) {
         let results = std::mem::take(&mut self.results);
+        let mut extra = std::mem::take(&mut self.extra);
+        if let Some(v) = self.unknown.take() {
+            extra.push((Some(batch_lines::unknown_id(self.plan.seq)), "response", v));
+        }
         let mut store = lock(&self.store);
         let stored = if results.is_empty() {
             None
         } else if self.plan.inline {
             let items = results
                 .into_iter()
+                .chain(extra)
                 .map(|(key, kind, v)| {
                     let mut item = serde_json::Map::new();
                     if let Some(k) = key {
@@ -311,6 +390,11 @@ impl Run<'_> {
                 .map(|(key, kind, v)| json!({"key": key, kind: v}).to_string())
                 .collect();
             lines.shuffle(&mut self.rng);
+            lines.extend(
+                extra
+                    .into_iter()
+                    .map(|(key, kind, v)| json!({"key": key, kind: v}).to_string()),
+            );
             let mut bytes = lines.join("\n");
             bytes.push('\n');
             let hex = id_hex(
@@ -330,6 +414,8 @@ impl Run<'_> {
                     create_time: now_rfc3339(),
                     output: true,
                     downloads: 0,
+                    hidden_until: (!self.plan.results_hidden.is_zero())
+                        .then(|| std::time::Instant::now() + self.plan.results_hidden),
                 },
             );
             Some(Results::File(name))

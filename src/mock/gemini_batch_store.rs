@@ -82,6 +82,8 @@ pub(crate) struct GFile {
     /// a batch's responses file (the cut-results fault applies)
     pub output: bool,
     pub downloads: u32,
+    /// its download answers 404 until then (`batch_results_404_ms`)
+    pub hidden_until: Option<std::time::Instant>,
 }
 
 impl GFile {

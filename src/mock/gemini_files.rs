@@ -15,6 +15,8 @@
 //! - Cut results (`batch_cut_results = N`): the first N downloads of each
 //!   responses file send the first half of the bytes (never ending on a line
 //!   break), then drop the connection.
+//! - For `batch_results_404_ms` after a responses file is made, its download
+//!   is a 404 `NOT_FOUND` (logged `results_not_found`).
 //! - Every route passes `gemini_batch_store::gate` first.
 
 use std::collections::HashMap;
@@ -149,6 +151,7 @@ pub(crate) async fn upload(
         create_time: now_rfc3339(),
         output: false,
         downloads: 0,
+        hidden_until: None,
     };
     let answer = json!({"file": file.object()});
     shared.stats.count(BatchCount::FileUploaded);
@@ -205,6 +208,14 @@ pub(crate) async fn download(
             drop(s);
             return not_found(&name);
         };
+        if f.hidden_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            drop(s);
+            let route = "/download/v1beta/files/{file}:download";
+            event(&shared, route, &name, "", 404, "results_not_found");
+            return not_found(&name);
+        }
         let cut = f.output && f.downloads < cut_first;
         f.downloads = f.downloads.saturating_add(1);
         (f.bytes.clone(), cut)

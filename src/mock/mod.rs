@@ -132,6 +132,18 @@ pub struct MockConfig {
     /// rate of 200 responses whose JSON content lacks a required field
     #[arg(long, default_value_t = 0.0)]
     pub wrong_schema: f64,
+    /// rate of 200 responses where the model refuses (OpenAI: `message.refusal` with null
+    /// content; Anthropic: `stop_reason: "refusal"` with no content; Gemini: `finishReason:
+    /// "SAFETY"` with no content; Ollama: empty content). Billed like an answer
+    #[arg(long, default_value_t = 0.0)]
+    pub refusal: f64,
+    /// rate of 200 responses with empty content and a normal stop. Billed like an answer
+    #[arg(long, default_value_t = 0.0)]
+    pub empty: f64,
+    /// a poisoned request (fault-matrix row S4): every chat request whose prompt contains this
+    /// text gets a 500 server_error, however often it is sent; empty = none
+    #[arg(long, default_value = "")]
+    pub poison: String,
     /// "normal" | "unauthorized" (every request 401 invalid_api_key) | "forbidden" (every chat request
     /// 403: the key may not use the model) | "quota" (every request 429 insufficient_quota)
     #[arg(long, default_value = "normal")]
@@ -217,6 +229,28 @@ pub struct MockConfig {
     /// also gains `"route": "accept"` and `"threshold": 0`
     #[arg(long, default_value_t = false)]
     pub obey_injection: bool,
+    /// Batch API, the billing log: every batch line is logged as it runs (or is closed unrun),
+    /// one entry each with `client_request_id` = its custom_id and the `batch_id`: status 200
+    /// and outcome `batch_line_ok` when it is billed (answered, whether or not its result line
+    /// is delivered), else `batch_line_failed` with the line's error status, or
+    /// `batch_line_expired` / `batch_line_canceled` (status 0: never run, not billed; an
+    /// OpenAI or Gemini batch cancelled before it ran logs no lines)
+    #[arg(long, default_value_t = false)]
+    pub batch_line_log: bool,
+    /// Batch API: for this many ms after a batch's results are published, their download (an
+    /// OpenAI/Azure output or error file, Anthropic's `results_url`, a Gemini responses file)
+    /// answers the provider's 404 (logged `results_not_found`); 0 = none. Read at create
+    #[arg(long, default_value_t = 0)]
+    pub batch_results_404_ms: u64,
+    /// Batch API: the first N batches made through each API (OpenAI/Azure, Anthropic, Gemini)
+    /// get crafted anomalies in their results (fault-matrix row B7), by input line: line 1 runs
+    /// and is billed but has no result line; line 2 fails retryably (500 / `api_error` / code
+    /// 13), line 3 not (400 / `invalid_request_error` / code 3); Anthropic only: line 4 is
+    /// `expired` and line 5 `canceled` (never run); line 6 is answered and its result line comes
+    /// twice, the second copy with 1000 more output tokens; and one extra line answers a
+    /// custom_id the batch never had. A batch needs 6 lines for all of them
+    #[arg(long, default_value_t = 0)]
+    pub batch_result_anomalies: u32,
 }
 
 impl Default for MockConfig {
@@ -236,6 +270,9 @@ impl Default for MockConfig {
             reset_mid_body: 0.0,
             truncated: 0.0,
             wrong_schema: 0.0,
+            refusal: 0.0,
+            empty: 0.0,
+            poison: String::new(),
             mode: "normal".to_string(),
             models: String::new(),
             context_tokens: 0,
@@ -258,6 +295,9 @@ impl Default for MockConfig {
             omit_optional_rate: 0.0,
             omit_optional_first: 0,
             obey_injection: false,
+            batch_line_log: false,
+            batch_results_404_ms: 0,
+            batch_result_anomalies: 0,
         }
     }
 }
@@ -285,6 +325,8 @@ impl MockConfig {
             ("reset_mid_body", self.reset_mid_body),
             ("truncated", self.truncated),
             ("wrong_schema", self.wrong_schema),
+            ("refusal", self.refusal),
+            ("empty", self.empty),
             ("batch_fail_rate", self.batch_fail_rate),
             ("batch_expire", self.batch_expire),
             ("verdict_disagree_rate", self.verdict_disagree_rate),
@@ -338,9 +380,15 @@ pub struct MockStats {
     pub resets: u64,
     pub truncated: u64,
     pub wrong_schema: u64,
+    /// 200s where the model refused (the `refusal` fault)
+    #[serde(default)]
+    pub refused: u64,
+    /// 200s with empty content (the `empty` fault)
+    #[serde(default)]
+    pub empty: u64,
     /// 400
     pub bad_requests: u64,
-    /// summed over 200 responses that carried usage (ok, truncated, wrong_schema)
+    /// summed over 200 responses that carried usage (ok, truncated, wrong_schema, refused, empty)
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub models_requests: u64,

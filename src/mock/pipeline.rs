@@ -114,6 +114,9 @@ impl Event {
     }
 }
 
+/// What a refusing model says (OpenAI puts it in `message.refusal`).
+pub(crate) const REFUSAL: &str = "I'm sorry, but I can't help with that request.";
+
 /// A generated answer, for the route to wrap in its success body.
 pub(crate) struct Answer<'a> {
     /// 32 hex digits, unique per server; routes add their own prefix
@@ -122,6 +125,9 @@ pub(crate) struct Answer<'a> {
     pub content: &'a str,
     /// cut by the max-tokens limit (the truncated fault)
     pub truncated: bool,
+    /// the model declined (the refusal fault): `content` is empty and each
+    /// wire sets its own refusal marker
+    pub refused: bool,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     /// time spent so far (Ollama reports durations)
@@ -257,6 +263,17 @@ pub(crate) async fn run(
         )));
     }
 
+    let poison = live.config.poison.as_str();
+    if !poison.is_empty()
+        && prompt
+            .messages
+            .iter()
+            .any(|m| m.pieces().any(|t| t.contains(poison)))
+    {
+        // The same request fails the same way however often it is sent
+        // (row S4); nothing is drawn, so the others' faults stay put.
+        return reply.fail(&Event::ServerError);
+    }
     if live.set_at.elapsed() < Duration::from_millis(live.config.storm_429_ms) {
         // A storm with no hint: the client must find its own pace (row S2).
         let l = Limited {
@@ -354,20 +371,30 @@ pub(crate) async fn run(
         Some(LateFault::Malformed | LateFault::ResetMidBody) => Damage::None,
         Some(LateFault::Truncated) => Damage::Truncated,
         Some(LateFault::WrongSchema) => Damage::WrongSchema,
-        None => Damage::None,
+        Some(LateFault::Refused | LateFault::Empty) | None => Damage::None,
     };
-    let content = super::steer::answer(shared, live, &prompt, seed, damage);
+    let refused = draw.late == Some(LateFault::Refused);
+    let blank = refused || draw.late == Some(LateFault::Empty);
+    let content = if blank {
+        String::new()
+    } else {
+        super::steer::answer(shared, live, &prompt, seed, damage)
+    };
     let full_tokens = wire::completion_tokens(&content);
-    let (completion_tokens, outcome) = match damage {
-        Damage::Truncated => (prompt.max_tokens.unwrap_or(full_tokens), Outcome::Truncated),
-        Damage::WrongSchema => (full_tokens, Outcome::WrongSchema),
-        Damage::None => (full_tokens, Outcome::Ok),
+    let (completion_tokens, outcome) = match (draw.late, damage) {
+        // A refusal is a few words, billed like any answer.
+        (Some(LateFault::Refused), _) => (wire::completion_tokens(REFUSAL), Outcome::Refused),
+        (Some(LateFault::Empty), _) => (0, Outcome::Empty),
+        (_, Damage::Truncated) => (prompt.max_tokens.unwrap_or(full_tokens), Outcome::Truncated),
+        (_, Damage::WrongSchema) => (full_tokens, Outcome::WrongSchema),
+        (_, Damage::None) => (full_tokens, Outcome::Ok),
     };
     let answer = Answer {
         id: id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt),
         model: prompt.model,
         content: &content,
         truncated: damage == Damage::Truncated,
+        refused,
         prompt_tokens,
         completion_tokens,
         elapsed: started.elapsed(),

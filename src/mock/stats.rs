@@ -31,10 +31,12 @@ pub(crate) enum Outcome {
     Truncated,
     WrongSchema,
     BadRequest,
+    Refused,
+    Empty,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 12] = [
+    const ALL: [Outcome; 14] = [
         Outcome::Ok,
         Outcome::RateLimited,
         Outcome::Unauthorized,
@@ -47,6 +49,8 @@ impl Outcome {
         Outcome::Truncated,
         Outcome::WrongSchema,
         Outcome::BadRequest,
+        Outcome::Refused,
+        Outcome::Empty,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -63,6 +67,8 @@ impl Outcome {
             Outcome::Truncated => "truncated",
             Outcome::WrongSchema => "wrong_schema",
             Outcome::BadRequest => "bad_request",
+            Outcome::Refused => "refused",
+            Outcome::Empty => "empty",
         }
     }
 
@@ -236,6 +242,8 @@ impl Recorder {
             resets: n(Outcome::ResetMidBody),
             truncated: n(Outcome::Truncated),
             wrong_schema: n(Outcome::WrongSchema),
+            refused: n(Outcome::Refused),
+            empty: n(Outcome::Empty),
             bad_requests: n(Outcome::BadRequest),
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             completion_tokens: self.completion_tokens.load(Relaxed),

@@ -232,7 +232,8 @@ pub(crate) struct Choice<'a> {
 #[derive(Serialize)]
 pub(crate) struct AssistantMessage<'a> {
     pub role: &'static str,
-    pub content: &'a str,
+    /// null when the model refused
+    pub content: Option<&'a str>,
     pub refusal: Option<&'a str>,
     pub annotations: [(); 0],
 }
@@ -279,7 +280,7 @@ impl<'a> Completion<'a> {
                 index: 0,
                 message: AssistantMessage {
                     role: "assistant",
-                    content,
+                    content: Some(content),
                     refusal: None,
                     annotations: [],
                 },

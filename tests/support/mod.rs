@@ -1,15 +1,18 @@
 //! Shared helpers for the integration tests: throwaway workspaces pointed at
 //! a provider on loopback, item files, and the ledger invariants every run
 //! must keep. `batch`: the Batch API adapter tests' mock, request lines,
-//! polling and results helpers.
+//! polling and results helpers; `batch_engine`: whole batch runs on each
+//! provider's Batch API and the billing oracle of their lines.
 #![allow(dead_code)]
 
 pub mod batch;
+pub mod batch_engine;
 pub mod isolation;
 pub mod pg;
 pub mod power_loss;
 pub mod procs;
 pub mod soak;
+pub mod tmux;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -21,23 +21,26 @@ const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sync_lo
 /// The environment variable `sync_log.c` writes to.
 pub const LOG_ENV: &str = "DOCKET_SYNC_LOG";
 
-/// The recorder, compiled once per test process with the C compiler Rust
-/// links with (`CC`, else `cc`).
+/// The recorder, compiled once per test process.
 pub fn recorder() -> &'static Path {
     static SO: OnceLock<PathBuf> = OnceLock::new();
-    SO.get_or_init(|| {
-        let out = std::env::temp_dir().join(format!("docket-sync-log-{}.so", std::process::id()));
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let status = Command::new(&cc)
-            .args(["-shared", "-fPIC", "-O2", "-o"])
-            .arg(&out)
-            .arg(SOURCE)
-            .arg("-ldl")
-            .status()
-            .unwrap_or_else(|e| panic!("run {cc} to build the sync recorder: {e}"));
-        assert!(status.success(), "{cc} could not build {SOURCE}");
-        out
-    })
+    SO.get_or_init(|| preload_library(SOURCE, "sync-log"))
+}
+
+/// A C source built into a shared library to preload, with the C compiler
+/// Rust links with (`CC`, else `cc`), in the temp folder.
+pub fn preload_library(source: &str, name: &str) -> PathBuf {
+    let out = std::env::temp_dir().join(format!("docket-{name}-{}.so", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(source)
+        .arg("-ldl")
+        .status()
+        .unwrap_or_else(|e| panic!("run {cc} to build {source}: {e}"));
+    assert!(status.success(), "{cc} could not build {source}");
+    out
 }
 
 /// Preload the recorder into `cmd`, logging to `log`. The WAL's size and

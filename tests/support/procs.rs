@@ -14,6 +14,17 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_docket");
 /// The longest a test waits for the mock to listen.
 const STATE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Send `signal` (`-INT`, `-TERM`) to the process `pid` (one the test
+/// started itself).
+pub fn signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill {signal} {pid}");
+}
+
 /// A child process, SIGKILLed and reaped when dropped (also on a failing
 /// assertion), with its stdout and stderr in one file.
 pub struct Proc {
@@ -194,4 +205,24 @@ impl Mock {
             other => panic!("log: {other}"),
         }
     }
+}
+
+/// The real `docket` on workspace `ws`, with `home` as its home and data
+/// folder (so its log is [`log_file`]`(home)`), and none of the caller's
+/// docket settings (workspace, log level, busy timeout) leaking in.
+pub fn docket_at(ws: &std::path::Path, home: &std::path::Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--workspace")
+        .arg(ws)
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env_remove("DOCKET_WORKSPACE")
+        .env_remove("DOCKET_LOG")
+        .env_remove("DOCKET_BUSY_TIMEOUT_MS");
+    c
+}
+
+/// docket's log file for a `docket_at` started with this `home`.
+pub fn log_file(home: &std::path::Path) -> PathBuf {
+    home.join("data/docket/logs/docket.log")
 }

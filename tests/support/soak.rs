@@ -71,7 +71,7 @@ impl Mode {
 
     /// The failpoints this mode passes, with the largest pass number worth
     /// arming (a larger one may simply never fire: the run then ends).
-    fn failpoints(self) -> &'static [(&'static str, u64)] {
+    pub fn failpoints(self) -> &'static [(&'static str, u64)] {
         match self {
             Mode::Sync => &[
                 ("after_claim", 3),
@@ -245,19 +245,26 @@ fn canary(seed: u64) -> String {
 
 /// Run one trial; Err says what broke (the caller adds the seed).
 pub fn trial(mode: Mode, seed: u64, items: usize) -> Result<TrialReport, String> {
-    trial_with(mode, seed, items, false)
+    trial_with(mode, seed, plan(mode, seed), items, false)
+}
+
+/// A trial with one planned cut (row P4: a failpoint armed on purpose),
+/// then a run left to finish; `seed` only names the canary.
+pub fn trial_at(mode: Mode, seed: u64, cut: Cut, items: usize) -> Result<TrialReport, String> {
+    trial_with(mode, seed, vec![cut, Cut::None], items, false)
 }
 
 /// A trial where every kill is also a power loss (row P7): the writes the
 /// killed run never synced are lost before anything reads the ledger
 /// (`super::power_loss`).
 pub fn power_loss_trial(mode: Mode, seed: u64, items: usize) -> Result<TrialReport, String> {
-    trial_with(mode, seed, items, true)
+    trial_with(mode, seed, plan(mode, seed), items, true)
 }
 
 fn trial_with(
     mode: Mode,
     seed: u64,
+    cuts: Vec<Cut>,
     items: usize,
     power_loss: bool,
 ) -> Result<TrialReport, String> {
@@ -266,8 +273,10 @@ fn trial_with(
     let key = canary(seed);
     let mut report = TrialReport::default();
     let mut sid: Option<String> = None;
-    let cuts = plan(mode, seed);
     let last = cuts.len() - 1;
+    // Row P3: progress is monotone: no run, however it ended, takes back a
+    // result an earlier one recorded.
+    let mut results_before = 0;
     for (round, cut) in cuts.into_iter().enumerate() {
         // A kill that came as the run ended may leave nothing to resume.
         if let Some(s) = &sid
@@ -342,6 +351,13 @@ fn trial_with(
             continue;
         };
         check_ledger(&ws, &s).map_err(|e| format!("after round {round} ({cut:?}): {e}"))?;
+        let results = results_of(&ws, &s)?;
+        if results < results_before {
+            return Err(format!(
+                "P3: after round {round} ({cut:?}) the session has {results} results, {results_before} before"
+            ));
+        }
+        results_before = results;
         check_oracle(mode, &mock, &ws, &mut report, false)
             .map_err(|e| format!("after round {round} ({cut:?}): {e}"))?;
         if round == last && code != Some(0) {
@@ -365,6 +381,16 @@ fn trial_with(
     check_oracle(mode, &mock, &ws, &mut report, true).map_err(|e| format!("at the end: {e}"))?;
     check_no_canary(&ws, home.path(), &key)?;
     Ok(report)
+}
+
+/// The session's results on record.
+fn results_of(ws: &Workspace, sid: &str) -> Result<i64, String> {
+    let conn = Connection::open(ws.ledger()).map_err(|e| e.to_string())?;
+    count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1",
+        sid,
+    )
 }
 
 fn latest_session(ws: &Workspace) -> Option<String> {

@@ -747,6 +747,10 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
     // Lines whose result this run applied (one that stopped before its
     // outcome still waits, and is not "without a result").
     let mut applied: HashSet<String> = HashSet::new();
+    // Lines the last whole read found no result line for, where the
+    // provider writes one for every request: whether they ran is unknown,
+    // whatever the batch's state.
+    let mut missing: HashSet<String> = HashSet::new();
     while has_results && !b.detached.is_cancelled() {
         tries += 1;
         let (Some(expected), Some(waiting)) =
@@ -785,6 +789,7 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
                         ),
                     );
                 }
+                missing = sum.missing.into_iter().collect();
                 b.write(WriteOp::Batch(BatchOp::Ingested {
                     tag: t.tag.clone(),
                     delivered,
@@ -849,21 +854,25 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
         .collect();
     drop(applied);
     let left = unanswered.len();
+    let no_line = || {
+        Reply::Error(ProviderError {
+            class: ErrorClass::Ambiguous,
+            http_status: None,
+            message: "the batch finished without a result line for this request".into(),
+            headers: Default::default(),
+        })
+    };
     let replies = unanswered.into_iter().map(|w| Delivered {
         request_id: w.request_id,
         attempt: w.attempt,
         reply: match &status.state {
+            BatchState::Failed(why) => Reply::Error(failed_batch_error(why)),
+            _ if missing.contains(&w.custom_id) => no_line(),
             BatchState::Expired | BatchState::Cancelled => Reply::NotRun(format!(
                 "the batch was {} before this request ran",
                 status.state.as_str()
             )),
-            BatchState::Failed(why) => Reply::Error(failed_batch_error(why)),
-            _ => Reply::Error(ProviderError {
-                class: ErrorClass::Ambiguous,
-                http_status: None,
-                message: "the batch finished without a result line for this request".into(),
-                headers: Default::default(),
-            }),
+            _ => no_line(),
         },
     });
     deliver_in_chunks(b, replies, &mut t.held).await;

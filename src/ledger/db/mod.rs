@@ -12,6 +12,7 @@
 //! both. What only one engine has (full-text search, `rowid`, pragmas) is a
 //! [`Dialect`] branch at its call site.
 
+pub mod busy;
 mod pg;
 mod stmt;
 mod translate;
@@ -237,17 +238,28 @@ impl Connection {
         &self,
         behavior: TransactionBehavior,
     ) -> Result<Transaction<'_>> {
-        match self {
-            Connection::Sqlite(c) => c.execute_batch(match behavior {
-                TransactionBehavior::Deferred => "BEGIN DEFERRED",
-                TransactionBehavior::Immediate => "BEGIN IMMEDIATE",
-            })?,
-            Connection::Postgres(c) => c.begin(behavior == TransactionBehavior::Immediate)?,
+        match behavior {
+            TransactionBehavior::Immediate => self.begin_write()?,
+            TransactionBehavior::Deferred => match self {
+                Connection::Sqlite(c) => c.execute_batch("BEGIN DEFERRED")?,
+                Connection::Postgres(c) => c.begin(false)?,
+            },
         }
         Ok(Transaction {
             conn: self,
             open: Cell::new(true),
         })
+    }
+
+    /// Begin a write transaction by hand (`BEGIN IMMEDIATE`, ended with
+    /// `execute_batch("COMMIT")` or `"ROLLBACK"`). On SQLite a write lock
+    /// another process holds past the busy timeout is waited out with a
+    /// "ledger busy" status (`busy`, fault-matrix row D1), not failed.
+    pub fn begin_write(&self) -> Result<()> {
+        match self {
+            Connection::Sqlite(c) => Ok(busy::begin_immediate(c)?),
+            Connection::Postgres(c) => c.begin(true),
+        }
     }
 
     pub fn transaction(&self) -> Result<Transaction<'_>> {

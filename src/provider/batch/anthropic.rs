@@ -16,6 +16,8 @@
 //!   is never sent elsewhere): otherwise `{base}/v1/messages/batches/{id}/results`.
 //!   `succeeded` → the sync answer parser, `errored` → the sync error
 //!   classifier (`result.error.error.type`), `canceled` / `expired` → NotRun.
+//!   Every request has a line, so one with none is `missing` (its fate
+//!   unknown) even in an expired or cancelled batch.
 //! - cancel: `POST {base}/v1/messages/batches/{id}/cancel`, idempotent.
 //! - find: Anthropic keeps no metadata on a batch, so a tag cannot be
 //!   checked: the candidates are the batches created at or after
@@ -260,7 +262,9 @@ impl AnthropicBatch {
         expected: &HashSet<String>,
         sink: &mut dyn ResultSink,
     ) -> Result<ResultsSummary, ProviderError> {
-        let mut m = Matcher::new(expected, sink, "custom_id");
+        // Every request has a line (`expired`, `canceled` included): one
+        // with none may have run, and is not taken as never run.
+        let mut m = Matcher::new(expected, sink, "custom_id").one_line_per_request();
         if status.output_ref.is_some() {
             let end = self.stream_results(status, &mut m).await;
             http::settle(&mut m, end, &status.provider_batch_id, |e| self.scrub(e))?;

@@ -288,8 +288,9 @@ pub struct ResultsSummary {
     /// Expected ids with no result line at all after a whole read of a
     /// Completed or Failed batch, sorted. The provider said nothing about
     /// them: the caller decides (run them again, or ask). For an Expired or
-    /// Cancelled batch such ids are never listed here: each is delivered as
-    /// `LineOutcome::NotRun` (and counted in `delivered`).
+    /// Cancelled batch such ids are listed here only by a provider that
+    /// writes a line for every request (Anthropic); others deliver each as
+    /// `LineOutcome::NotRun` (and count it in `delivered`).
     pub missing: Vec<String>,
 }
 

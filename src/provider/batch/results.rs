@@ -31,6 +31,9 @@ pub(crate) struct Matcher<'a> {
     sink: &'a mut dyn ResultSink,
     /// What the provider calls a request's id in a result (`custom_id`, `key`).
     id_word: &'static str,
+    /// The provider writes a line for every request, run or not (see
+    /// `one_line_per_request`).
+    every_request_has_a_line: bool,
 }
 
 impl<'a> Matcher<'a> {
@@ -45,7 +48,18 @@ impl<'a> Matcher<'a> {
             summary: ResultsSummary::default(),
             sink,
             id_word,
+            every_request_has_a_line: false,
         }
+    }
+
+    /// The provider writes a result line for every request of an ended
+    /// batch, one it never ran included (Anthropic's `expired` and
+    /// `canceled`): an id with no line at all is then `missing` whatever the
+    /// state (its fate is unknown: it may have run and been billed), never
+    /// taken as not run.
+    pub(crate) fn one_line_per_request(mut self) -> Self {
+        self.every_request_has_a_line = true;
+        self
     }
 
     /// Result lines read so far (blank lines not counted).
@@ -119,8 +133,9 @@ impl<'a> Matcher<'a> {
     /// result line is accounted for by the batch's terminal `state`:
     /// Expired or Cancelled, the provider never ran it (OpenAI's cancelled
     /// batches and Gemini's expired or cancelled ones write no line for
-    /// those) and it is delivered as `NotRun`; Completed or Failed, it is
-    /// listed in `ResultsSummary::missing` for the caller to decide.
+    /// those) and it is delivered as `NotRun`; Completed or Failed (or any
+    /// state, for a provider with `one_line_per_request`), it is listed in
+    /// `ResultsSummary::missing` for the caller to decide.
     pub(crate) fn finish(mut self, state: &BatchState) -> ResultsSummary {
         if self.summary.cut || !state.is_terminal() {
             return self.summary;
@@ -133,7 +148,7 @@ impl<'a> Matcher<'a> {
             .collect();
         unseen.sort();
         match state {
-            BatchState::Expired | BatchState::Cancelled => {
+            BatchState::Expired | BatchState::Cancelled if !self.every_request_has_a_line => {
                 let why = format!(
                     "no result line: the batch was {} before it ran",
                     state.as_str()
@@ -405,6 +420,27 @@ mod tests {
         assert_eq!((got.len(), s.missing.len()), (1, 0));
         let (got, s) = matcher_run(&all, BatchState::InProgress, false, &["c"]);
         assert_eq!((got.len(), s.missing.len()), (1, 0));
+    }
+
+    #[test]
+    fn where_every_request_has_a_line_one_with_none_is_missing_in_any_state() {
+        let expected: HashSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        for state in [
+            BatchState::Expired,
+            BatchState::Cancelled,
+            BatchState::Completed,
+        ] {
+            let mut got = Vec::new();
+            let mut sink = |l: ResultLine| got.push(l);
+            let mut m = Matcher::new(&expected, &mut sink, "custom_id").one_line_per_request();
+            m.entry("line 1", Some("b".into()), || {
+                Ok(LineOutcome::NotRun("expired".into()))
+            });
+            let s = m.finish(&state);
+            assert_eq!(got.len(), 1, "{state:?}: nothing made up");
+            assert_eq!(s.missing, vec!["a", "c"], "{state:?}");
+            assert_eq!(s.delivered, 1);
+        }
     }
 
     #[test]
