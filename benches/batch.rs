@@ -41,6 +41,11 @@ fn free_port() -> u16 {
 
 /// Prompts like the demo's: a chart entry and its candidates, ~600 bytes.
 fn lines() -> Vec<BatchLine> {
+    lines_of(N)
+}
+
+/// `n` such prompts.
+fn lines_of(n: usize) -> Vec<BatchLine> {
     // One schema shared by every request, as the engine does.
     let schema = std::sync::Arc::new((
         "adjudicate".to_string(),
@@ -54,7 +59,7 @@ fn lines() -> Vec<BatchLine> {
             "additionalProperties": false
         }),
     ));
-    (0..N)
+    (0..n)
         .map(|i| BatchLine {
             custom_id: format!("bench-{i}-1"),
             request: ChatRequest {
@@ -97,6 +102,10 @@ fn main() {
     if want("job") {
         whole_job(N);
     }
+    // Opt-in only: `cargo bench --bench batch -- results`.
+    if filter.iter().any(|f| f == "results") {
+        results_memory();
+    }
     // Opt-in only (several minutes each): `cargo bench --bench batch -- million`.
     if filter.iter().any(|f| f == "million") {
         whole_job(1_000_000);
@@ -108,24 +117,10 @@ fn main() {
 fn client() {
     let home = tempfile::tempdir().expect("tmp");
     let (mut mock, port) = batch_mock(home.path());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let base = format!("http://127.0.0.1:{port}/v1");
     rt.block_on(async {
-        // Wait for the mock to listen.
-        let client = reqwest::Client::new();
-        for _ in 0..100 {
-            if client.get(format!("{base}/models")).send().await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let b = OpenAiBatch::openai("openai", &base, Some(ApiKey::new("sk-bench")))
-            .unwrap()
-            .with_cadence(PollCadence::fast());
+        let (_client, b) = connect(&base).await;
         println!("docket batch benchmarks (release build, 2-core machine; the mock is a separate process)");
         let t = Instant::now();
         let batch = lines();
@@ -203,6 +198,139 @@ fn client() {
         println!(
             "C  peak memory of the client holding {N} requests: {peak:.0} MB (target < 100 MB)  [{}]; peak after building the requests {after_build:.0} MB, after the upload {after_upload:.0} MB",
             if peak < 100.0 { "PASS" } else { "FAIL" }
+        );
+    });
+    let _ = mock.kill();
+    let _ = mock.wait();
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Wait for the mock at `base` to listen; a client, and the OpenAI batch
+/// adapter pointed at it.
+async fn connect(base: &str) -> (reqwest::Client, OpenAiBatch) {
+    let client = reqwest::Client::new();
+    for _ in 0..100 {
+        if client.get(format!("{base}/models")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b = OpenAiBatch::openai("openai", base, Some(ApiKey::new("sk-bench")))
+        .unwrap()
+        .with_cadence(PollCadence::fast());
+    (client, b)
+}
+
+fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Fault-matrix row B6, "memory stays bounded on a 200 MB file": batches
+/// whose output files add up to 200 MB and more (`DOCKET_BENCH_RESULT_LINES`
+/// lines, 400,000 by default) are read back and matched by `custom_id`
+/// through the adapter. The peak is measured over the read alone (the
+/// kernel's high-water mark is reset when it starts, `clear_refs`), so the
+/// requests built for the upload do not count.
+fn results_memory() {
+    let n: usize = std::env::var("DOCKET_BENCH_RESULT_LINES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400_000);
+    let home = tempfile::tempdir().expect("tmp");
+    let (mut mock, port) = batch_mock(home.path());
+    let rt = runtime();
+    let base = format!("http://127.0.0.1:{port}/v1");
+    rt.block_on(async {
+        let (client, b) = connect(&base).await;
+        let mut ids = Vec::new();
+        let mut expected = HashSet::new();
+        // Uploaded a file at a time, so the prompts are never all held.
+        for start in (0..n).step_by(50_000) {
+            let mut batch = lines_of((n - start).min(50_000));
+            for (k, l) in batch.iter_mut().enumerate() {
+                l.custom_id = format!("bench-{}-1", start + k);
+            }
+            expected.extend(batch.iter().map(|l| l.custom_id.clone()));
+            let chunks = b.split(&batch).expect("split");
+            for (k, c) in chunks.iter().enumerate() {
+                let tag = format!("results-{start}-{k}");
+                let lines = LineSlice(c.lines);
+                let sub = b
+                    .submit(SubmitSpec {
+                        tag: &tag,
+                        model: "gpt-4o-mini",
+                        lines: &lines,
+                    })
+                    .await
+                    .expect("submit");
+                ids.push(sub.provider_batch_id);
+            }
+        }
+        let mut statuses = Vec::new();
+        for id in &ids {
+            statuses.push(loop {
+                let s = b.poll(id).await.expect("poll");
+                if s.state.is_terminal() && !s.results_pending {
+                    break s;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            });
+        }
+        // The size of what is read: each output file, counted as it streams.
+        let mut bytes = 0u64;
+        for s in &statuses {
+            let Some(file) = &s.output_ref else { continue };
+            let mut r = client
+                .get(format!("{base}/files/{file}/content"))
+                .bearer_auth("sk-bench")
+                .send()
+                .await
+                .expect("content");
+            while let Some(chunk) = r.chunk().await.expect("chunk") {
+                bytes += chunk.len() as u64;
+            }
+        }
+        // SAFETY-free: writing "5" resets this process's peak RSS (Linux).
+        let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+        let before = rss_mb();
+        let t = Instant::now();
+        let (mut answered, mut read) = (0u64, 0u64);
+        for status in &statuses {
+            let summary = b
+                .results(status, &expected, &mut |l: docket::provider::batch::ResultLine| {
+                    if let LineOutcome::Answer(_) = &l.outcome {
+                        answered += 1;
+                    }
+                })
+                .await
+                .expect("results");
+            read += summary.lines;
+        }
+        let took = t.elapsed();
+        let peak = peak_rss_mb();
+        let ok = reset && answered == n as u64 && peak - before < 100.0 && bytes >= 200_000_000;
+        println!(
+            "D  {read} result lines in {} output files ({:.0} MB) streamed down and matched in {:.1} s; \
+             peak memory during the read {peak:.0} MB, {:.0} MB above the {before:.0} MB held before it \
+             (the {n} expected ids) (target: bounded, < 100 MB above, on >= 200 MB of results)  [{}]",
+            statuses.len(),
+            bytes as f64 / 1e6,
+            took.as_secs_f64(),
+            peak - before,
+            if ok { "PASS" } else { "FAIL" }
         );
     });
     let _ = mock.kill();

@@ -170,6 +170,14 @@ pub struct ProviderConfig {
     /// Transport attempts per request (network errors, 5xx, timeouts).
     #[serde(default = "default_transport_attempts")]
     pub max_transport_attempts: Spanned<u64>,
+    /// 429 rate-limit refusals of one request in a row before it waits
+    /// `retry_wait_secs` (row S2: "not now" is never an item's error).
+    #[serde(default = "default_rate_limit_retries")]
+    pub max_rate_limit_retries: Spanned<u64>,
+    /// How long a request that used up its rate-limit retries waits
+    /// (jittered) before it goes again.
+    #[serde(default = "default_retry_wait")]
+    pub retry_wait_secs: Spanned<f64>,
     /// Settings of the in-process mock when `kind = "mock"`.
     #[serde(default)]
     pub mock: Option<MockConfig>,
@@ -281,6 +289,16 @@ pub struct BatchConfig {
     /// (30 s, then 120 s after 10 minutes, ...). For the mock and tests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_interval_secs: Option<Spanned<f64>>,
+    /// The provider's enqueued-token limit for this stage's model: prompt
+    /// tokens (estimated) of its open batches at once. A batch that would
+    /// pass it waits until open batches finish. Unset: learned from the
+    /// provider's `token_limit_exceeded` refusals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_enqueued_tokens: Option<Spanned<u64>>,
+    /// A batch still running this long after its submission is shown as
+    /// stalled (default: the provider's completion window, 24 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_after_secs: Option<Spanned<f64>>,
 }
 
 impl Default for BatchConfig {
@@ -293,6 +311,8 @@ impl Default for BatchConfig {
             max_wait_secs: default_max_wait(),
             max_open_batches: default_max_open_batches(),
             poll_interval_secs: None,
+            max_enqueued_tokens: None,
+            stall_after_secs: None,
         }
     }
 }
@@ -447,6 +467,12 @@ fn default_timeout() -> Spanned<f64> {
 }
 fn default_transport_attempts() -> Spanned<u64> {
     unspanned(5)
+}
+fn default_rate_limit_retries() -> Spanned<u64> {
+    unspanned(30)
+}
+fn default_retry_wait() -> Spanned<f64> {
+    unspanned(60.0)
 }
 fn default_max_tokens() -> Spanned<u64> {
     unspanned(512)
@@ -610,6 +636,21 @@ impl LoadedConfig {
                 1,
                 100,
             )?;
+            range_u64(
+                self,
+                &p.max_rate_limit_retries,
+                &key("max_rate_limit_retries"),
+                1,
+                1000,
+            )?;
+            let w = *p.retry_wait_secs.get_ref();
+            if !(0.1..=86_400.0).contains(&w) {
+                return Err(self.invalid(
+                    &p.retry_wait_secs,
+                    &key("retry_wait_secs"),
+                    format!("{w} is out of range (0.1 to 86400 seconds)"),
+                ));
+            }
             let t = *p.request_timeout_secs.get_ref();
             if !(0.05..=3600.0).contains(&t) {
                 return Err(self.invalid(
@@ -683,6 +724,19 @@ impl LoadedConfig {
                     "base_url",
                     &key("base_url"),
                     format!("\"{url}\" is not an http:// or https:// URL"),
+                ));
+            }
+            // Secrets come from the environment only: a user or password in
+            // the URL would go into the session's snapshot (row X1).
+            if let Some(url) = &p.base_url
+                && reqwest::Url::parse(url)
+                    .is_ok_and(|u| !u.username().is_empty() || u.password().is_some())
+            {
+                return Err(self.invalid_at_text(
+                    "base_url",
+                    &key("base_url"),
+                    "holds a user or password (user:pass@host): docket keeps base_url in the session's \
+                     record, so credentials never go there; put the key in the variable api_key_env names",
                 ));
             }
             if p.kind.requires_key() && p.api_key_env.is_none() {
@@ -1047,6 +1101,19 @@ impl LoadedConfig {
                     p,
                     &key("poll_interval_secs"),
                     format!("{x} is out of range (0.01 to 3600 seconds)"),
+                ));
+            }
+        }
+        if let Some(n) = &b.max_enqueued_tokens {
+            range_u64(self, n, &key("max_enqueued_tokens"), 1, 1 << 50)?;
+        }
+        if let Some(p) = &b.stall_after_secs {
+            let x = *p.get_ref();
+            if !(1.0..=30.0 * 86_400.0).contains(&x) {
+                return Err(self.invalid(
+                    p,
+                    &key("stall_after_secs"),
+                    format!("{x} is out of range (1 to 2592000 seconds)"),
                 ));
             }
         }
@@ -1488,6 +1555,22 @@ pattern = "(?P<confidence>[0-9.]+)"
             "kind = \"openai\"\nmodel = \"gpt-4o-mini\"",
             &format!("kind = \"{kind}\"\nmodel = \"m\"{lines}"),
         )
+    }
+
+    #[test]
+    fn credentials_in_base_url_are_refused() {
+        let e = parse(&BASE.replace(
+            "kind = \"openai\"",
+            "kind = \"openai\"\nbase_url = \"https://me:secret@proxy.example/v1\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("providers.p.base_url")
+                && e.contains("user or password")
+                && !e.contains("secret"),
+            "{e}"
+        );
     }
 
     #[test]

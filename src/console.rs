@@ -110,6 +110,7 @@ impl Reporter for Bridge {
             tracing::debug!(target: "docket::run", "{text}");
             return;
         }
+        let text = docket::sanitize::lines_for_terminal(text);
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{text}");
         let _ = out.flush();

@@ -45,6 +45,17 @@ pub fn for_terminal(text: &str) -> String {
     out
 }
 
+/// Text of several lines made safe line by line: its newlines are kept,
+/// everything else as [`for_terminal`]. What the engine reports goes out
+/// through this, so a provider's words quoted in a line (an error body, a
+/// batch's state) never reach the terminal raw.
+pub fn lines_for_terminal(text: &str) -> String {
+    text.split('\n')
+        .map(for_terminal)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A CSI's parameter and intermediate bytes, then its final byte.
 fn skip_csi(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
     while chars
@@ -83,6 +94,14 @@ pub fn truncate(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn several_lines_keep_their_newlines_and_lose_the_rest() {
+        let s = lines_for_terminal(
+            "Batch b: its polls fail (\u{1b}]52;c;ZXZpbA==\u{7}boom\r)\nnext \u{1b}[31mline",
+        );
+        assert_eq!(s, "Batch b: its polls fail (boom )\nnext line");
+    }
 
     #[test]
     fn strips_escape_sequences_and_controls() {

@@ -15,10 +15,11 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use serde_json::Value;
+use support::tmux::{Pane, env_line, exit_code, poll, sh_quote};
 
 const BIN: &str = env!("CARGO_BIN_EXE_docket");
 const KEY_ENV: &str = "DOCKET_TEST_KEY";
@@ -26,27 +27,6 @@ const KEY_ENV: &str = "DOCKET_TEST_KEY";
 const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------- helpers
-
-/// Single-quote for `sh`.
-fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-/// Poll `f` every 100 ms until it gives a value; panic with `what` (and the
-/// last diagnostics from `f`) after `timeout`.
-fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let last = match f() {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}; last seen:\n{last}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// A child process killed and reaped when dropped.
 struct ChildGuard(Child);
@@ -226,16 +206,11 @@ impl Home {
         home
     }
 
-    /// The shell line tmux runs: docket with this home, then its exit code.
-    /// The shell traps SIGINT so a Ctrl-C reaches docket alone (docket gets
-    /// the default disposition back) and the `echo` still runs.
+    /// The shell line tmux runs: docket with this home.
     fn command_line(&self, args: &str) -> String {
-        let mut s = String::from("trap : INT; env -u NO_COLOR -u DOCKET_WORKSPACE -u DOCKET_LOG");
-        for (k, v) in self.vars() {
-            s.push_str(&format!(" {k}={}", sh_quote(&v)));
-        }
         format!(
-            "{s} {} --workspace {} {args}; echo EXIT=$?; sleep 60",
+            "{} {} --workspace {} {args}",
+            env_line(self.vars()),
             sh_quote(BIN),
             sh_quote(&self.ws().display().to_string())
         )
@@ -286,129 +261,6 @@ fn session_state(path: &Path, sid: &str) -> Option<(String, String)> {
     .ok()
 }
 
-/// One tmux server (its own socket) running one session; the whole server
-/// is killed when dropped.
-struct Pane {
-    socket: String,
-    /// The socket file, removed after the server is killed (tmux leaves it).
-    socket_path: Option<PathBuf>,
-}
-
-impl Pane {
-    fn tmux(&self, args: &[&str]) -> std::process::Output {
-        Command::new("tmux")
-            .args(["-L", &self.socket, "-f", "/dev/null"])
-            .args(args)
-            .output()
-            .expect("tmux is needed by this test")
-    }
-
-    /// Start `cmd` (a shell command line) in a fresh 120x40 tmux server.
-    fn start(tag: &str, cmd: &str) -> Pane {
-        let mut pane = Pane {
-            socket: format!("docket-bce2e-{}-{tag}", std::process::id()),
-            socket_path: None,
-        };
-        // A leftover from a crashed earlier run of this very process id.
-        let _ = pane.tmux(&["kill-server"]);
-        let new_session = || {
-            pane.tmux(&[
-                "new-session",
-                "-d",
-                "-s",
-                "main",
-                "-x",
-                "120",
-                "-y",
-                "40",
-                cmd,
-            ])
-        };
-        // A server still exiting ("server exited unexpectedly") is tmux,
-        // not docket: try again.
-        let mut out = new_session();
-        for _ in 0..20 {
-            if out.status.success() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-            out = new_session();
-        }
-        assert!(
-            out.status.success(),
-            "tmux new-session: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        pane.tmux(&["set-option", "-t", "main", "remain-on-exit", "on"]);
-        let path = pane.tmux(&["display", "-p", "-t", "main", "#{socket_path}"]);
-        let path = String::from_utf8_lossy(&path.stdout).trim().to_string();
-        if path.ends_with(&pane.socket) {
-            pane.socket_path = Some(PathBuf::from(path));
-        }
-        pane
-    }
-
-    /// The visible screen.
-    fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.tmux(&["capture-pane", "-p", "-t", "main"]).stdout)
-            .to_string()
-    }
-
-    /// The screen and its scrollback, wrapped lines joined.
-    fn text(&self) -> String {
-        String::from_utf8_lossy(
-            &self
-                .tmux(&["capture-pane", "-p", "-J", "-S", "-1000", "-t", "main"])
-                .stdout,
-        )
-        .to_string()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let mut args = vec!["send-keys", "-t", "main"];
-        args.extend_from_slice(keys);
-        let out = self.tmux(&args);
-        assert!(out.status.success(), "send-keys {keys:?}");
-    }
-
-    /// Wait until the screen satisfies `f`; returns that screen.
-    fn wait(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
-        poll(what, WAIT, || {
-            let s = self.screen();
-            if f(&s) { Ok(s) } else { Err(s) }
-        })
-    }
-
-    /// Wait until the text (with scrollback) satisfies `f`.
-    fn wait_text(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
-        poll(what, WAIT, || {
-            let s = self.text();
-            if f(&s) { Ok(s) } else { Err(s) }
-        })
-    }
-
-    /// The code from `EXIT=<code>` once the shell has printed it.
-    fn wait_exit(&self) -> (i32, String) {
-        let text = self.wait_text("docket to exit (EXIT=)", |s| exit_code(s).is_some());
-        (exit_code(&text).unwrap(), text)
-    }
-}
-
-impl Drop for Pane {
-    fn drop(&mut self) {
-        let _ = self.tmux(&["kill-server"]);
-        if let Some(p) = &self.socket_path {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-fn exit_code(text: &str) -> Option<i32> {
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("EXIT="))
-        .and_then(|c| c.trim().parse().ok())
-}
-
 /// Wait until the ledger shows a batch the provider knows (an id recorded)
 /// and is still working on; fail with the pane on timeout.
 fn wait_running_batch(home: &Home, pane: &Pane) -> BatchRow {
@@ -441,11 +293,16 @@ const QUESTION: &str = "Cancel them too, collecting what they finished? [y/N]";
 /// Start a headless run in tmux, wait for its batch at the provider, press
 /// Ctrl-C and wait for the question. Returns the pane and the batch.
 fn headless_until_question(home: &Home, tag: &str) -> (Pane, BatchRow) {
-    let pane = Pane::start(tag, &home.command_line("batch-adjudicate --yes --headless"));
+    let pane = Pane::start(
+        tag,
+        &home.command_line("batch-adjudicate --yes --headless"),
+        120,
+        40,
+    );
     let batch = wait_running_batch(home, &pane);
     assert_eq!(exit_code(&pane.text()), None, "still running");
     pane.keys(&["C-c"]);
-    let s = pane.wait_text("the Ctrl-C question", |s| s.contains(QUESTION));
+    let s = pane.wait_text("the Ctrl-C question", WAIT, |s| s.contains(QUESTION));
     assert!(
         s.contains("1 provider batch(es) of this session are still open"),
         "{s}"
@@ -465,7 +322,7 @@ fn headless_ctrl_c_yes_cancels_the_provider_batch() {
     let (pane, batch) = headless_until_question(&home, "yes");
     assert_eq!(mock.stat("batches_cancelled"), 0, "nothing cancelled yet");
     pane.keys(&["y", "Enter"]);
-    let (code, text) = pane.wait_exit();
+    let (code, text) = pane.wait_exit(WAIT);
     assert_eq!(code, 130, "{text}");
     assert!(
         text.contains("Cancelling 1 provider batch(es)") && text.contains("cancelled: "),
@@ -495,7 +352,7 @@ fn headless_ctrl_c_no_leaves_the_provider_batch() {
     let home = Home::new(&mock);
     let (pane, batch) = headless_until_question(&home, "no");
     pane.keys(&["n", "Enter"]);
-    let (code, text) = pane.wait_exit();
+    let (code, text) = pane.wait_exit(WAIT);
     assert_eq!(code, 130, "{text}");
     assert!(
         text.contains("The provider keeps working on it"),
@@ -530,11 +387,16 @@ fn headless_ctrl_c_no_leaves_the_provider_batch() {
 fn console_batches_overlay_then_cancel_cancels_the_batch() {
     let mock = Mock::start();
     let home = Home::new(&mock);
-    let pane = Pane::start("console", &home.command_line("batch-adjudicate --yes"));
+    let pane = Pane::start(
+        "console",
+        &home.command_line("batch-adjudicate --yes"),
+        120,
+        40,
+    );
     let batch = wait_running_batch(&home, &pane);
     let sid = batch.session_id.clone();
     let id = batch.provider_batch_id.clone().unwrap();
-    pane.wait("the console on the session", |s| {
+    pane.wait("the console on the session", WAIT, |s| {
         s.lines().next().is_some_and(|h| h.contains(&sid))
             && s.lines()
                 .rev()
@@ -543,7 +405,7 @@ fn console_batches_overlay_then_cancel_cancels_the_batch() {
     });
 
     pane.keys(&["b"]);
-    let s = pane.wait("the batches overlay with the batch", |s| {
+    let s = pane.wait("the batches overlay with the batch", WAIT, |s| {
         s.contains("Provider batches") && s.contains(&format!("id {id}"))
     });
     let row = s
@@ -554,11 +416,13 @@ fn console_batches_overlay_then_cancel_cancels_the_batch() {
     assert_eq!(mock.stat("batches_cancelled"), 0);
 
     pane.keys(&["Escape"]);
-    pane.wait("the overlay closed", |s| !s.contains("Provider batches"));
+    pane.wait("the overlay closed", WAIT, |s| {
+        !s.contains("Provider batches")
+    });
 
     pane.keys(&["c"]);
     // Waits for the whole dialog: a capture can catch a frame half drawn.
-    let s = pane.wait("the cancel dialog", |s| {
+    let s = pane.wait("the cancel dialog", WAIT, |s| {
         s.contains("Cancel the run?") && s.contains("y yes   n no (default)")
     });
     assert!(s.contains(&format!("Cancel session {sid}?")), "{s}");
@@ -580,7 +444,7 @@ fn console_batches_overlay_then_cancel_cancels_the_batch() {
         .unwrap_or_else(|| panic!("{rows:?}"));
     assert!(row.cancel_requested_at.is_some(), "{rows:?}");
     assert_eq!(mock.stat("batches_created"), 1);
-    pane.wait("the console showing the session cancelled", |s| {
+    pane.wait("the console showing the session cancelled", WAIT, |s| {
         s.lines().next().is_some_and(|h| h.contains("■ CANCELLED"))
     });
 
@@ -590,17 +454,17 @@ fn console_batches_overlay_then_cancel_cancels_the_batch() {
     // question goes away with a hint once the run ends (a capture can miss
     // the question, never the hint), and q then quits.
     pane.keys(&["q"]);
-    let seen = pane.wait_text("docket to exit or ask how to quit", |s| {
+    let seen = pane.wait_text("docket to exit or ask how to quit", WAIT, |s| {
         exit_code(s).is_some()
             || s.contains("Quit while the run is live?")
             || s.contains("The run has ended; q quits.")
     });
     if exit_code(&seen).is_none() {
-        pane.wait("the question gone once the run ended", |s| {
+        pane.wait("the question gone once the run ended", WAIT, |s| {
             s.contains("The run has ended; q quits.") && !s.contains("Quit while the run is live?")
         });
         pane.keys(&["q"]);
     }
-    let (code, text) = pane.wait_exit();
+    let (code, text) = pane.wait_exit(WAIT);
     assert_eq!(code, 130, "{text}");
 }

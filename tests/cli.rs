@@ -621,88 +621,25 @@ fn mock_provider_command_serves_openai_routes() {
 async fn on_a_terminal_it_asks_before_spending() {
     let (m, ws) = mocked(MockConfig::default(), 12, |_| {}).await;
     let home = tempfile::tempdir().unwrap();
-    let tmux_session = format!("docket-confirm-{}", std::process::id());
     let cmd = format!(
-        "HOME={} {} --workspace {} batch-adjudicate",
-        home.path().display(),
-        BIN,
-        ws.path().display()
+        "{} {} --workspace {} batch-adjudicate",
+        tmux::env_line([("HOME", home.path().display().to_string())]),
+        tmux::sh_quote(BIN),
+        tmux::sh_quote(&ws.path().display().to_string())
     );
-    let tmux = |args: &[&str]| {
-        Command::new("tmux")
-            .args(args)
-            .output()
-            .expect("tmux is needed by this test")
-    };
-    let pane = |s: &str| {
-        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", s]).stdout).to_string()
-    };
-    let wait_for = |s: &str, text: &str| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let screen = pane(s);
-            if screen.contains(text) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "waited for {text:?}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    // Open docket in a fresh tmux session and wait for its question.
+    // Open docket in a fresh terminal and wait for its question.
     let start_at_question = || {
-        let new_session = || {
-            tmux(&[
-                "new-session",
-                "-d",
-                "-s",
-                &tmux_session,
-                "-x",
-                "200",
-                "-y",
-                "50",
-                &cmd,
-            ])
-        };
-        // Killing the last session ends the tmux server; a new session
-        // started while it is still exiting fails with "server exited
-        // unexpectedly". That is tmux, not docket: try again.
-        let mut out = new_session();
-        for _ in 0..20 {
-            if out.status.success() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-            out = new_session();
-        }
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tmux(&["set-option", "-t", &tmux_session, "remain-on-exit", "on"]);
-        wait_for(&tmux_session, "Continue? [y/N]")
+        let pane = tmux::Pane::start("confirm", &cmd, 200, 50);
+        let screen = pane.wait_for("Continue? [y/N]", Duration::from_secs(20));
+        (pane, screen)
     };
     // Ctrl-C at the question ends docket: nothing created, nothing sent.
-    start_at_question();
-    tmux(&["send-keys", "-t", &tmux_session, "C-c"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while String::from_utf8_lossy(
-        &tmux(&["display", "-p", "-t", &tmux_session, "#{pane_dead}"]).stdout,
-    )
-    .trim()
-        != "1"
-    {
-        assert!(
-            Instant::now() < deadline,
-            "still running after Ctrl-C:\n{}",
-            pane(&tmux_session)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    tmux(&["kill-session", "-t", &tmux_session]);
+    let (pane, _) = start_at_question();
+    pane.keys(&["C-c"]);
+    pane.wait_text("docket to end after Ctrl-C", Duration::from_secs(10), |s| {
+        tmux::exit_code(s).is_some()
+    });
+    drop(pane);
     assert_eq!(
         count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []),
         0
@@ -713,19 +650,19 @@ async fn on_a_terminal_it_asks_before_spending() {
         ("n", "Not started."),
         ("y", "Results: docket batch-results"),
     ] {
-        let screen = start_at_question();
+        let (pane, screen) = start_at_question();
         assert!(screen.contains("Estimating cost: ~$"), "{screen}");
         let sessions_before = count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
         assert_eq!(m.stats().requests, 0, "nothing is sent before the answer");
-        tmux(&["send-keys", "-t", &tmux_session, answer, "Enter"]);
+        pane.keys(&[answer, "Enter"]);
         if answer == "y" {
             // On a terminal the run opens the console; once it is done, `q`
             // closes it and the summary follows on the normal screen.
-            wait_for(&tmux_session, "✓ COMPLETED");
-            tmux(&["send-keys", "-t", &tmux_session, "q"]);
+            pane.wait_for("✓ COMPLETED", Duration::from_secs(20));
+            pane.keys(&["q"]);
         }
-        wait_for(&tmux_session, expect);
-        tmux(&["kill-session", "-t", &tmux_session]);
+        pane.wait_for(expect, Duration::from_secs(20));
+        drop(pane);
         let sessions_after = count(&ws.conn(), "SELECT COUNT(*) FROM llm_batch_session", []);
         if answer == "n" {
             assert_eq!(sessions_after, sessions_before, "declined: no session");

@@ -1,9 +1,9 @@
 //! The console end to end: the real binary in tmux, driven by keys, checked
 //! on the screen and in the ledger after every step.
 //!
-//! Every test has its own tmux session (named after this process and the
-//! test) and its own data, config and workspace folders; a guard kills only
-//! that tmux session, whatever happens.
+//! Every test has its own tmux server (`tmux -L`, named after this process
+//! and the test) and its own data, config and workspace folders; a guard
+//! kills only that tmux server, whatever happens.
 
 mod support;
 
@@ -14,40 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
+use support::tmux::{Pane, env_line, poll, sh_quote};
 
 const BIN: &str = env!("CARGO_BIN_EXE_docket");
 /// How long to wait for a screen or ledger state before failing.
 const WAIT: Duration = Duration::from_secs(15);
 
 // ---------------------------------------------------------------- helpers
-
-/// Single-quote for `sh`.
-fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-fn tmux(args: &[&str]) -> std::process::Output {
-    Command::new("tmux")
-        .args(args)
-        .output()
-        .expect("tmux is needed by this test")
-}
-
-/// Poll `f` every 100 ms until it gives a value; panic with `what` (and the
-/// last diagnostics from `f`) after `timeout`.
-fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let last = match f() {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}; last seen:\n{last}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// A per-test home: data, config and keymap dirs all inside one tempdir.
 struct Home {
@@ -81,19 +54,10 @@ impl Home {
         ]
     }
 
-    /// `env -u ... VAR=... ` for a command run by tmux (whose server may
-    /// carry someone else's environment).
+    /// `env -u ... VAR=... ` for a command run by tmux.
     fn env_prefix(&self, user: &str, extra: &[(&str, &str)]) -> String {
-        let mut s = String::from(
-            "env -u NO_COLOR -u DOCKET_WORKSPACE -u DOCKET_LOG -u DOCKET_LEDGER_URL -u PGPASSWORD",
-        );
-        for (k, v) in self.vars(user) {
-            s.push_str(&format!(" {k}={}", sh_quote(&v)));
-        }
-        for (k, v) in extra {
-            s.push_str(&format!(" {k}={}", sh_quote(v)));
-        }
-        s
+        let extra = extra.iter().map(|&(k, v)| (k.to_string(), v.to_string()));
+        env_line(self.vars(user).into_iter().chain(extra))
     }
 
     /// docket as a plain child process (no terminal), with this home.
@@ -239,113 +203,6 @@ fn assert_dispatching(conn: &Connection, what: &str) {
     });
 }
 
-/// One tmux session running one command; killed (only it) when dropped.
-struct Pane {
-    name: String,
-}
-
-impl Pane {
-    /// Start `cmd` (a shell command line) in a fresh 120x40 tmux session.
-    /// The shell prints `EXIT=<code>` after it and stays a while, so the
-    /// exit is readable on the screen.
-    fn start(tag: &str, cmd: &str) -> Pane {
-        Pane::start_sized(tag, cmd, 120, 40)
-    }
-
-    fn start_sized(tag: &str, cmd: &str, width: u16, height: u16) -> Pane {
-        let name = format!("docket-e2e-{}-{tag}", std::process::id());
-        // A leftover from a crashed earlier run of this very test process id.
-        let _ = tmux(&["kill-session", "-t", &name]);
-        let line = format!("{cmd}; echo EXIT=$?; sleep 60");
-        let new_session = || {
-            tmux(&[
-                "new-session",
-                "-d",
-                "-s",
-                &name,
-                "-x",
-                &width.to_string(),
-                "-y",
-                &height.to_string(),
-                &line,
-            ])
-        };
-        // A session started while the tmux server is exiting (another
-        // test killed the last session) fails with "server exited
-        // unexpectedly": that is tmux, not docket, so try again.
-        let mut out = new_session();
-        for _ in 0..20 {
-            if out.status.success() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-            out = new_session();
-        }
-        assert!(
-            out.status.success(),
-            "tmux new-session: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let pane = Pane { name };
-        tmux(&["set-option", "-t", &pane.name, "remain-on-exit", "on"]);
-        pane
-    }
-
-    fn screen(&self) -> String {
-        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.name]).stdout).to_string()
-    }
-
-    /// The screen with its attributes as escape sequences.
-    fn screen_escaped(&self) -> String {
-        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-e", "-t", &self.name]).stdout)
-            .to_string()
-    }
-
-    fn keys(&self, keys: &str) {
-        let out = tmux(&["send-keys", "-t", &self.name, keys]);
-        assert!(out.status.success(), "send-keys {keys}");
-    }
-
-    fn display(&self, format: &str) -> String {
-        String::from_utf8_lossy(&tmux(&["display", "-p", "-t", &self.name, format]).stdout)
-            .trim()
-            .to_string()
-    }
-
-    /// Wait until the screen satisfies `f`; returns that screen.
-    fn wait(&self, what: &str, timeout: Duration, f: impl Fn(&str) -> bool) -> String {
-        poll(what, timeout, || {
-            let s = self.screen();
-            if f(&s) { Ok(s) } else { Err(s) }
-        })
-    }
-
-    fn wait_for(&self, text: &str) -> String {
-        self.wait(&format!("{text:?} on the screen"), WAIT, |s| {
-            s.contains(text)
-        })
-    }
-
-    /// The docket process in the pane (the shell's child).
-    fn docket_pid(&self) -> u32 {
-        let shell = self.display("#{pane_pid}");
-        poll("docket's pid", WAIT, || {
-            let out = Command::new("pgrep").args(["-P", &shell]).output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).to_string();
-            text.split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
-                .ok_or(format!("no child of {shell}"))
-        })
-    }
-}
-
-impl Drop for Pane {
-    fn drop(&mut self) {
-        let _ = tmux(&["kill-session", "-t", &self.name]);
-    }
-}
-
 /// A child process killed (only it) if the test ends before it does.
 struct ChildGuard(Option<Child>);
 
@@ -397,7 +254,7 @@ fn demo_console_review_pause_resume_cancel_quit() {
         home.env_prefix("alice", &[]),
         sh_quote(BIN)
     );
-    let pane = Pane::start("demo", &cmd);
+    let pane = Pane::start("demo", &cmd, 120, 40);
     let ledger_path = home.data().join("docket/demo/docket.sqlite");
 
     // Demo starts; counters move.
@@ -430,7 +287,7 @@ fn demo_console_review_pause_resume_cancel_quit() {
     );
 
     // 5: the review queue, once it has an item.
-    pane.keys("5");
+    pane.keys(&["5"]);
     pane.wait("the review queue focused with items", WAIT, |s| {
         s.contains("▶ 5 Review queue")
             && review_title(s).is_some_and(|(_, t)| t >= 1)
@@ -450,8 +307,8 @@ fn demo_console_review_pause_resume_cancel_quit() {
     });
 
     // a: accept one.
-    pane.keys("a");
-    pane.wait_for("Accepted 1 item (u undoes)");
+    pane.keys(&["a"]);
+    pane.wait_for("Accepted 1 item (u undoes)", WAIT);
     let (accepted_rid, accepted_item, by) = poll("the accept in the ledger", WAIT, || {
         conn.query_row(
             "SELECT review_id, item_id, decided_by FROM review_item WHERE status = 'accepted'",
@@ -496,8 +353,8 @@ fn demo_console_review_pause_resume_cancel_quit() {
     );
 
     // u: undo it.
-    pane.keys("u");
-    pane.wait_for(&format!("Undid accept of {accepted_item}"));
+    pane.keys(&["u"]);
+    pane.wait_for(&format!("Undid accept of {accepted_item}"), WAIT);
     poll("the undo in the ledger", WAIT, || {
         let status = query_string(
             &conn,
@@ -529,8 +386,8 @@ fn demo_console_review_pause_resume_cancel_quit() {
     );
 
     // r: reject one.
-    pane.keys("r");
-    pane.wait_for("Rejected 1 item (u undoes)");
+    pane.keys(&["r"]);
+    pane.wait_for("Rejected 1 item (u undoes)", WAIT);
     let (rejected_item, by) = poll("the reject in the ledger", WAIT, || {
         conn.query_row(
             "SELECT item_id, decided_by FROM review_item WHERE status = 'rejected'",
@@ -558,7 +415,7 @@ fn demo_console_review_pause_resume_cancel_quit() {
     );
 
     // p: pause. Dispatch stops.
-    pane.keys("p");
+    pane.keys(&["p"]);
     pane.wait("the paused badges", WAIT, |s| {
         header(s).contains("⏸ PAUSED")
             && footer(s).starts_with(" NORMAL ")
@@ -575,7 +432,7 @@ fn demo_console_review_pause_resume_cancel_quit() {
     assert_not_dispatching(&conn, "after p");
 
     // p again: resume. Dispatch goes on.
-    pane.keys("p");
+    pane.keys(&["p"]);
     pane.wait("RUNNING again", WAIT, |s| {
         header(s).contains("▶ RUNNING")
             && footer(s).starts_with(" NORMAL ")
@@ -592,11 +449,11 @@ fn demo_console_review_pause_resume_cancel_quit() {
     assert_dispatching(&conn, "llm_messages to grow after resume");
 
     // c: the cancel dialog (default No), y confirms.
-    pane.keys("c");
+    pane.keys(&["c"]);
     pane.wait("the cancel dialog", WAIT, |s| {
         s.contains(&format!("Cancel session {sid}?")) && footer(s).starts_with(" CONFIRM")
     });
-    pane.keys("y");
+    pane.keys(&["y"]);
     poll(
         "the session cancelled in the ledger",
         Duration::from_secs(30),
@@ -629,10 +486,10 @@ fn demo_console_review_pause_resume_cancel_quit() {
         }
         if s.contains("Quit while the run is live?") {
             // The engine had not let go yet: say no and ask again.
-            pane.keys("Escape");
+            pane.keys(&["Escape"]);
             return Err(s);
         }
-        pane.keys("q");
+        pane.keys(&["q"]);
         std::thread::sleep(Duration::from_millis(400));
         Err(s)
     });
@@ -719,7 +576,7 @@ fn console_pauses_and_resumes_a_headless_run() {
         sh_quote(BIN),
         sh_quote(&ws_s)
     );
-    let pane = Pane::start("headless", &cmd);
+    let pane = Pane::start("headless", &cmd, 120, 40);
     pane.wait("the console on the live run", WAIT, |s| {
         header(s).contains(&sid)
             && header(s).contains("▶ RUNNING")
@@ -728,7 +585,7 @@ fn console_pauses_and_resumes_a_headless_run() {
     });
 
     // p in the console pauses the headless run.
-    pane.keys("p");
+    pane.keys(&["p"]);
     pane.wait("the paused badges", WAIT, |s| {
         header(s).contains("⏸ PAUSED") && footer(s).contains(" PAUSED ")
     });
@@ -762,7 +619,7 @@ fn console_pauses_and_resumes_a_headless_run() {
     );
 
     // p again resumes it.
-    pane.keys("p");
+    pane.keys(&["p"]);
     pane.wait("RUNNING again", WAIT, |s| header(s).contains("▶ RUNNING"));
     poll("the headless run to say Resumed", WAIT, || {
         if headless_said("Resumed.") {
@@ -779,10 +636,10 @@ fn console_pauses_and_resumes_a_headless_run() {
 
     // `:retune` in the console changes the headless run's limits: its
     // gauges (written by that engine) show them within about a second.
-    pane.keys(":");
+    pane.keys(&[":"]);
     pane.wait("the command line", WAIT, |s| footer(s).starts_with(" CMD "));
-    pane.keys("retune rpm=120 concurrency=3");
-    pane.keys("Enter");
+    pane.keys(&["retune rpm=120 concurrency=3"]);
+    pane.keys(&["Enter"]);
     let s = pane.wait("the retuned gauges", WAIT, |s| {
         s.contains("/ 120") && s.contains("/3 AIMD")
     });
@@ -828,8 +685,8 @@ fn console_pauses_and_resumes_a_headless_run() {
     });
 
     // The watching console just closes.
-    pane.keys("q");
-    let s = pane.wait_for("EXIT=");
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
     assert!(s.contains("EXIT=0"), "{s}");
     drop(conn);
     let conn = docket::ledger::open(&ledger_path).unwrap();
@@ -869,7 +726,7 @@ fn two_operators_share_the_review_queue() {
             sh_quote(BIN),
             sh_quote(&ws_s)
         );
-        let pane = Pane::start_sized(&format!("op-{user}"), &cmd, 200, 40);
+        let pane = Pane::start(&format!("op-{user}"), &cmd, 200, 40);
         pane.wait("the console loaded", WAIT, |s| {
             header(s).contains("✓ COMPLETED")
         });
@@ -879,7 +736,7 @@ fn two_operators_share_the_review_queue() {
     let bob = console("bob");
 
     // Alice opens the queue first and holds its first item.
-    alice.keys("5");
+    alice.keys(&["5"]);
     alice.wait("alice's queue", WAIT, |s| {
         review_title(s) == Some((1, pending0))
     });
@@ -894,7 +751,7 @@ fn two_operators_share_the_review_queue() {
     });
 
     // Bob opens it too: the same first item, held by alice.
-    bob.keys("5");
+    bob.keys(&["5"]);
     // His cursor row says who holds it, and so does the toast of his claim.
     bob.wait("bob told the item is held", WAIT, |s| {
         footer(s).contains(&format!("held by {claimant}"))
@@ -903,18 +760,18 @@ fn two_operators_share_the_review_queue() {
                 .any(|l| l.contains('›') && l.contains(&top_item) && l.contains("[held: alice@"))
     });
     // Off the cursor, the row says who holds it.
-    bob.keys("j");
+    bob.keys(&["j"]);
     let s = bob.wait("the held row", WAIT, |s| {
         review_title(s) == Some((2, pending0))
             && s.lines()
                 .any(|l| l.contains(&top_item) && l.contains("[held: alice@"))
     });
     assert!(!s.contains("[held: bob@"), "{s}");
-    bob.keys("k");
+    bob.keys(&["k"]);
     bob.wait("bob back on the first item", WAIT, |s| {
         review_title(s) == Some((1, pending0))
     });
-    bob.keys("a");
+    bob.keys(&["a"]);
     let s = bob.wait("bob's accept refused", WAIT, |s| {
         let f = footer(s);
         f.contains(&format!("held by {claimant}")) && !f.contains("another operator")
@@ -967,7 +824,7 @@ fn two_operators_share_the_review_queue() {
     // Alice accepts it: it leaves bob's list within about a second.
     // (Alice's toast may be replaced at once: both consoles move on to the
     // next item and race for its claim, so the screen check is the count.)
-    alice.keys("a");
+    alice.keys(&["a"]);
     alice.wait("the item to leave alice's list", WAIT, |s| {
         review_title(s).is_some_and(|(_, t)| t == pending0 - 1)
     });
@@ -1072,7 +929,7 @@ fn two_operators_on_postgres_share_the_review_queue() {
             sh_quote(&ws_s),
             sh_quote(&url)
         );
-        let pane = Pane::start_sized(&format!("pg-{user}"), &cmd, 200, 40);
+        let pane = Pane::start(&format!("pg-{user}"), &cmd, 200, 40);
         pane.wait("the console loaded", WAIT, |s| {
             header(s).contains("✓ COMPLETED")
         });
@@ -1081,7 +938,7 @@ fn two_operators_on_postgres_share_the_review_queue() {
     let alice = console("alice");
     let bob = console("bob");
 
-    alice.keys("5");
+    alice.keys(&["5"]);
     alice.wait("alice's queue", WAIT, |s| {
         review_title(s) == Some((1, pending0))
     });
@@ -1094,13 +951,13 @@ fn two_operators_on_postgres_share_the_review_queue() {
         }
     });
 
-    bob.keys("5");
+    bob.keys(&["5"]);
     bob.wait("bob told the item is held", WAIT, |s| {
         review_title(s) == Some((1, pending0))
             && s.lines()
                 .any(|l| l.contains('›') && l.contains(&top_item) && l.contains("[held: alice@"))
     });
-    bob.keys("a");
+    bob.keys(&["a"]);
     bob.wait("bob's accept refused", WAIT, |s| {
         footer(s).contains(&format!("held by {claimant}"))
     });
@@ -1116,7 +973,7 @@ fn two_operators_on_postgres_share_the_review_queue() {
         "bob did not take alice's claim"
     );
 
-    alice.keys("a");
+    alice.keys(&["a"]);
     poll("alice's accept on the server", WAIT, || {
         let by = of_top("status || ' ' || COALESCE(decided_by, '')");
         if by == "accepted review:alice" {
@@ -1141,8 +998,8 @@ fn two_operators_on_postgres_share_the_review_queue() {
     );
 
     // u: alice undoes it, on the server too.
-    alice.keys("u");
-    alice.wait_for(&format!("Undid accept of {top_item}"));
+    alice.keys(&["u"]);
+    alice.wait_for(&format!("Undid accept of {top_item}"), WAIT);
     poll("the undo on the server", WAIT, || {
         let status = of_top("status");
         if status == "pending" {
@@ -1163,21 +1020,21 @@ fn two_operators_on_postgres_share_the_review_queue() {
     );
 
     // The search (pg_trgm or a scan) finds the item by its id.
-    alice.keys("/");
-    alice.keys(&top_item);
+    alice.keys(&["/"]);
+    alice.keys(&[&top_item]);
     alice.wait("the queue filtered to the item", WAIT, |s| {
         review_title(s).is_some_and(|(_, t)| t >= 1 && t < pending0)
             && s.lines().any(|l| l.contains('›') && l.contains(&top_item))
     });
-    alice.keys("Escape");
+    alice.keys(&["Escape"]);
     alice.wait("the filter cleared", WAIT, |s| {
         review_title(s).is_some_and(|(_, t)| t == pending0)
     });
     // The workers and provider batches overlays read the server too.
     for (key, title) in [("w", " Workers · "), ("b", " Provider batches · ")] {
-        alice.keys(key);
+        alice.keys(&[key]);
         alice.wait(&format!("the {key} overlay"), WAIT, |s| s.contains(title));
-        alice.keys("Escape");
+        alice.keys(&["Escape"]);
         // Closed before the next key: an Escape followed at once by a
         // letter reads as Alt and that letter.
         alice.wait(&format!("the {key} overlay closed"), WAIT, |s| {
@@ -1271,14 +1128,14 @@ fn read_only_console_changes_nothing() {
         sh_quote(BIN),
         sh_quote(&ws_s)
     );
-    let pane = Pane::start("readonly", &cmd);
+    let pane = Pane::start("readonly", &cmd, 120, 40);
     pane.wait("the read-only console loaded", WAIT, |s| {
         header(s).contains(&sid)
             && footer(s).starts_with(" NORMAL ")
             && footer(s).contains(" READ-ONLY ")
     });
 
-    pane.keys("5");
+    pane.keys(&["5"]);
     pane.wait("the review queue focused", WAIT, |s| {
         s.contains("▶ 5 Review queue") && review_title(s).is_some()
     });
@@ -1290,7 +1147,7 @@ fn read_only_console_changes_nothing() {
         ("u", "Read-only console: undo is off."),
         ("c", "Read-only console: run controls are off."),
     ] {
-        pane.keys(key);
+        pane.keys(&[key]);
         let s = pane.wait(&format!("{key} refused"), WAIT, |s| {
             footer(s).contains(said) && footer(s).contains(" READ-ONLY ")
         });
@@ -1299,8 +1156,8 @@ fn read_only_console_changes_nothing() {
     // Give any stray write time to land, then compare.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(ledger_dump(&conn), before, "the read-only console wrote");
-    pane.keys("q");
-    let s = pane.wait_for("EXIT=");
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
     assert!(s.contains("EXIT=0"), "{s}");
     assert_eq!(
         ledger_dump(&conn),
@@ -1324,7 +1181,7 @@ fn too_small_a_terminal_says_so_and_the_layout_returns() {
         sh_quote(BIN),
         sh_quote(&ws.display().to_string())
     );
-    let pane = Pane::start("resize", &cmd);
+    let pane = Pane::start("resize", &cmd, 120, 40);
     let layout = |s: &str| {
         header(s).starts_with(" docket ")
             && s.contains("1 Stages")
@@ -1334,12 +1191,7 @@ fn too_small_a_terminal_says_so_and_the_layout_returns() {
     };
     pane.wait("the layout", WAIT, layout);
 
-    let out = tmux(&["resize-window", "-t", &pane.name, "-x", "70", "-y", "20"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pane.resize(70, 20);
     let s = pane.wait("the too-small notice", WAIT, |s| {
         s.contains("terminal too small")
             && s.contains("need 80x24, have 70x20")
@@ -1347,21 +1199,20 @@ fn too_small_a_terminal_says_so_and_the_layout_returns() {
     });
     assert!(s.contains("enlarge the window"), "{s}");
 
-    let out = tmux(&["resize-window", "-t", &pane.name, "-x", "120", "-y", "40"]);
-    assert!(out.status.success());
+    pane.resize(120, 40);
     pane.wait("the layout back", WAIT, |s| {
         layout(s) && !s.contains("terminal too small") && s.contains("6 Sessions")
     });
 
     // Just under the minimum is still too small; the minimum itself fits.
-    tmux(&["resize-window", "-t", &pane.name, "-x", "79", "-y", "24"]);
-    pane.wait_for("need 80x24, have 79x24");
-    tmux(&["resize-window", "-t", &pane.name, "-x", "80", "-y", "24"]);
+    pane.resize(79, 24);
+    pane.wait_for("need 80x24, have 79x24", WAIT);
+    pane.resize(80, 24);
     pane.wait("the small layout", WAIT, |s| {
         layout(s) && !s.contains("too small")
     });
-    pane.keys("q");
-    let s = pane.wait_for("EXIT=");
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
     assert!(s.contains("EXIT=0"), "{s}");
 }
 
@@ -1380,20 +1231,20 @@ fn sigterm_restores_the_terminal() {
         sh_quote(BIN),
         sh_quote(&ws.display().to_string())
     );
-    let pane = Pane::start("sigterm", &cmd);
+    let pane = Pane::start("sigterm", &cmd, 120, 40);
     pane.wait("the console", WAIT, |s| footer(s).starts_with(" NORMAL "));
     assert_eq!(
         pane.display("#{alternate_on}"),
         "1",
         "the console uses the alternate screen"
     );
-    let pid = pane.docket_pid();
+    let pid = pane.command_pid(WAIT);
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    let s = pane.wait_for("AFTER");
+    let s = pane.wait_for("AFTER", WAIT);
     assert!(s.contains("AFTER rc=0"), "SIGTERM closes like q: {s}");
     assert_eq!(
         pane.display("#{alternate_on}"),
@@ -1455,7 +1306,7 @@ fn no_color_drops_colour_but_keeps_focus_visible() {
             sh_quote(BIN),
             sh_quote(&ws_s)
         );
-        let pane = Pane::start(tag, &cmd);
+        let pane = Pane::start(tag, &cmd, 120, 40);
         pane.wait("the console loaded", WAIT, |s| {
             header(s).contains(&sid) && footer(s).starts_with(" NORMAL ")
         });
@@ -1481,7 +1332,7 @@ fn no_color_drops_colour_but_keeps_focus_visible() {
     });
 
     // Focus moves: the double border moves with it, still without colour.
-    pane.keys("5");
+    pane.keys(&["5"]);
     pane.wait("the review queue focused", WAIT, |s| {
         s.contains("╔ ▶ 5 Review queue") && s.matches('╔').count() == 1 && s.contains("┌ 1 Stages")
     });
@@ -1514,12 +1365,12 @@ fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
         sh_quote(BIN),
         sh_quote(&ws_s)
     );
-    let pane = Pane::start("keymap", &cmd);
+    let pane = Pane::start("keymap", &cmd, 120, 40);
     let s = pane.wait("the keymap warning", WAIT, |s| {
         footer(s).contains("keymap.toml:4")
     });
     assert!(footer(&s).contains("review.reject"), "{s}");
-    pane.keys("5");
+    pane.keys(&["5"]);
     pane.wait("the review queue focused", WAIT, |s| {
         s.contains("▶ 5 Review queue") && footer(s).contains("y accept")
     });
@@ -1530,10 +1381,10 @@ fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
             "SELECT COUNT(*) FROM review_item WHERE status = 'accepted'",
         )
     };
-    pane.keys("a");
+    pane.keys(&["a"]);
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(accepted(), 0, "a is no longer accept");
-    pane.keys("y");
+    pane.keys(&["y"]);
     poll("y accepted one", WAIT, || {
         if accepted() == 1 {
             Ok(())
@@ -1542,7 +1393,7 @@ fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
         }
     });
     // reject's bad override left its default, r.
-    pane.keys("r");
+    pane.keys(&["r"]);
     poll("r still rejects", WAIT, || {
         let n = count(
             &conn,
@@ -1554,13 +1405,13 @@ fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
             Err(format!("{n} rejected"))
         }
     });
-    pane.keys("?");
-    let s = pane.wait_for("[review]");
+    pane.keys(&["?"]);
+    let s = pane.wait_for("[review]", WAIT);
     assert!(s.contains("accept"), "{s}");
     // Esc then q at once would read as Alt-q: wait for the help to close.
-    pane.keys("Escape");
+    pane.keys(&["Escape"]);
     pane.wait("the help closed", WAIT, |s| !s.contains("[review]"));
-    pane.keys("q");
-    let s = pane.wait_for("EXIT=");
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
     assert!(s.contains("EXIT=0"), "{s}");
 }

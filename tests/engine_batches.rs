@@ -946,7 +946,13 @@ async fn a_refused_create_loses_no_line_and_deletes_its_upload() {
     no_double_answers(&conn);
     let st = m.stats();
     assert_eq!(st.files_uploaded, st.batches_created + 1, "{st:?}");
-    assert_eq!(st.files_deleted, 1, "the refused create's upload: {st:?}");
+    // The refused create's upload at once; the batch's input and output
+    // files once it is done with (row B2).
+    assert_eq!(
+        st.files_deleted,
+        st.files_uploaded + st.batches_completed,
+        "every upload and output file: {st:?}"
+    );
     assert_eq!(st.batch_lines_ok, 30, "each line ran once: {st:?}");
     let refused: i64 = count(
         &conn,

@@ -566,7 +566,13 @@ async fn a_gate_that_never_passes_pauses_the_session_early() {
             ..Default::default()
         },
         ITEMS,
-        |job| job.concurrency = 4,
+        |job| {
+            job.concurrency = 4;
+            // Room for the watch's twelve failures from four items before
+            // any item could spend its attempts, however the sends are
+            // ordered on a loaded machine.
+            job.max_attempts = 10;
+        },
     )
     .await;
     let (report, _) = run(options(&ws)).await;
@@ -1500,24 +1506,18 @@ async fn an_unreachable_provider_holds_the_run_and_probes_resume_it() {
     })
     .await;
     m.shutdown().await;
-    let why: String = poll(
+    let why = paused_reason(
+        &conn,
         "the session paused as unreachable",
         Duration::from_secs(30),
-        || {
-            conn.query_row(
-                "SELECT stop_reason FROM llm_batch_session WHERE state = 'paused'",
-                [],
-                |r| r.get::<_, Option<String>>(0),
-            )
-            .ok()
-            .flatten()
-        },
     )
     .await;
     assert!(
         why.contains("provider main unreachable") && why.contains("did not reach"),
         "{why}"
     );
+    // The cause, not only reqwest's "error sending request".
+    assert!(why.contains("connection refused"), "{why}");
     assert!(why.contains("goes on by itself"), "{why}");
     // The breaker holds: no more refused sends pile up while it is open.
     let refused = || {
@@ -1599,18 +1599,10 @@ async fn a_provider_failing_every_request_holds_the_run_until_it_heals() {
         fail_500: 1.0,
         ..latency(20.0, 40.0)
     });
-    let why: String = poll(
+    let why = paused_reason(
+        &conn,
         "the session paused as failing",
         Duration::from_secs(60),
-        || {
-            conn.query_row(
-                "SELECT stop_reason FROM llm_batch_session WHERE state = 'paused'",
-                [],
-                |r| r.get::<_, Option<String>>(0),
-            )
-            .ok()
-            .flatten()
-        },
     )
     .await;
     assert!(
@@ -2017,7 +2009,7 @@ async fn s4_a_request_failing_the_same_way_every_time_is_failed_deterministic() 
     demo_items_and_one_marked(&ws, 30, "POISON-PILL");
     m.set_config(MockConfig {
         poison: "POISON-PILL".into(),
-        fail_500: 0.1,
+        fail_500: 0.05,
         seed: 7,
         ..Default::default()
     });
@@ -2058,7 +2050,7 @@ async fn s4_a_request_failing_the_same_way_every_time_is_failed_deterministic() 
          WHERE sr.item_id <> 'marked' AND m.http_status = 500",
         [],
     );
-    assert!(intermittent > 0, "the 10% of 500s hit some item");
+    assert!(intermittent > 0, "the 5% of 500s hit some item");
     let stats = m.stats();
     assert_eq!(stats.ok, 30, "{stats:?}");
     assert_eq!(stats.server_errors as i64, intermittent + 4, "{stats:?}");
@@ -2171,5 +2163,78 @@ async fn s8_a_truncated_answer_at_the_ceiling_is_not_asked_again() {
         err.starts_with("output_truncated: the answer hit max_tokens (8192)")
             && err.contains("not asked again"),
         "{err}"
+    );
+}
+
+/// Row S2, past the caps: every request is refused for rate limits twice
+/// in a row (the mock's `rate_limit_first`), one more than its rate-limit
+/// retries (`max_rate_limit_retries = 1`). No request is failed for it:
+/// each goes to `retry_wait`, the warning events say how many and until when
+/// (`run_at`), the progress line counts them while they wait (about
+/// `retry_wait_secs`, no hot loop), and each goes again and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2_rate_limit_retries_run_out_into_retry_wait_not_an_item_error() {
+    const ITEMS: usize = 6;
+    let (m, ws) = mocked(
+        MockConfig {
+            rate_limit_first: 2,
+            ..Default::default()
+        },
+        ITEMS,
+        |job| job.concurrency = 4,
+    )
+    .await;
+    let path = ws.path().join("docket.toml");
+    let toml = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        toml.replace(
+            "max_transport_attempts = 5\n",
+            "max_transport_attempts = 5\nmax_rate_limit_retries = 1\nretry_wait_secs = 2.5\n",
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (report, lines) = run(options(&ws)).await;
+    assert_eq!(report.end, RunEnd::Completed, "{}", lines.text());
+    let s = report.session.unwrap();
+    let conn = ws.conn();
+    check_complete(&conn, &s.session_id);
+    assert_eq!(s.error_count, 0, "{}", lines.text());
+    // Two refusals each, then the wait, then one answer: no hot loop.
+    let stats = m.stats();
+    assert_eq!(stats.rate_limited, 2 * ITEMS as u64, "{stats:?}");
+    assert_eq!(stats.ok, ITEMS as u64);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs_f64(2.5 * 0.75),
+        "the requests waited"
+    );
+    let waits = events_of(&conn, &s.session_id, "retry_wait");
+    assert!(!waits.is_empty(), "{}", lines.text());
+    let mut said = 0;
+    for w in &waits {
+        assert_eq!(w.level, "warn");
+        assert!(
+            w.message
+                .contains("refused for rate limits 2 times in a row")
+                && w.message.contains("(run_at)")
+                && w.message.contains("No item is failed"),
+            "{}",
+            w.message
+        );
+        said += w
+            .message
+            .split(" request(s)")
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no count in {}", w.message));
+    }
+    // Every wait said, in few events (not one per request).
+    assert_eq!(said, ITEMS as u64, "{waits:?}");
+    assert!(waits.len() < ITEMS, "{} events", waits.len());
+    assert!(
+        lines.text().contains("waiting to retry (rate limited)"),
+        "{}",
+        lines.text()
     );
 }

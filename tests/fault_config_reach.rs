@@ -7,6 +7,8 @@
 mod support;
 
 use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use docket::mock::MockConfig;
@@ -143,11 +145,12 @@ async fn i4_invalid_settings_stop_before_a_session_naming_the_key_path() {
     assert_eq!(m.stats().requests, 0, "nothing was sent");
 }
 
-/// Row I4, unknown model: the preflight asks only whether the provider is
-/// there (its models list), not whether it serves the model, so a session
-/// is made; the provider's 404 for every request pauses it (exit 4) before
-/// anything is answered or billed, naming the provider, the model and the
-/// provider's words, with no item failed for it.
+/// Row I4, unknown model on an OpenAI-compatible server: its models list
+/// may leave out models a gateway routes, so the preflight only warns that
+/// the model is not listed (naming it and the closest listed) and goes on;
+/// a session is made, and the provider's 404 for every request pauses it
+/// (exit 4) before anything is answered or billed, naming the provider,
+/// the model and the provider's words, with no item failed for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i4_an_unknown_model_pauses_the_session_before_any_spend() {
     let (m, ws) = mocked(
@@ -162,6 +165,13 @@ async fn i4_an_unknown_model_pauses_the_session_before_any_spend() {
     let home = home(&ws);
     let (code, text) = docket(&ws, &home, &["run", "--yes", "--headless"]);
     assert_eq!(code, Some(4), "{text}");
+    assert!(
+        text.contains("Warning: provider main (kind = \"openai_compatible\")")
+            && text.contains("does not list model \"gpt-4o-mini\" among its 1 model")
+            && text.contains("Going on"),
+        "{text}"
+    );
+    assert_eq!(m.stats().models_requests, 1, "the preflight asked");
     assert!(
         text.contains("provider main, model gpt-4o-mini")
             && text.contains("HTTP 404")
@@ -181,6 +191,160 @@ async fn i4_an_unknown_model_pauses_the_session_before_any_spend() {
     let stats = m.stats();
     assert_eq!((stats.ok, stats.prompt_tokens), (0, 0), "{stats:?}");
     assert!(stats.requests > 0 && stats.requests < 40, "{stats:?}");
+}
+
+/// The workspace's provider as `kind = "openai"` (whose models list is
+/// the provider's own) with `model`.
+fn as_openai(ws: &Workspace, model: &str) {
+    let path = ws.path().join("docket.toml");
+    let toml = std::fs::read_to_string(&path).unwrap();
+    let edited = toml
+        .replace("kind = \"openai_compatible\"", "kind = \"openai\"")
+        .replace("model = \"gpt-4o-mini\"", &format!("model = \"{model}\""));
+    assert_ne!(edited, toml);
+    std::fs::write(&path, edited).unwrap();
+}
+
+/// Row I4, unknown model, before the session: a provider whose models
+/// list is its own (OpenAI here; Anthropic, Gemini, Ollama too) and does
+/// not name the configured model stops `run` at the preflight with exit 3,
+/// naming the file, the line and `providers.main.model`, the model and the
+/// closest listed names, before a session exists; nothing was sent but
+/// the models list. `--no-preflight` skips the check (the provider's
+/// refusals then pause the session). A listed model runs to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i4_an_unknown_model_stops_at_the_preflight_before_a_session() {
+    let served = MockConfig {
+        models: "gpt-4o-mini,gpt-4o,gpt-4.1-mini".into(),
+        ..Default::default()
+    };
+    let (m, ws) = mocked(served.clone(), 20, |_| {}).await;
+    as_openai(&ws, "gpt-4o-mni");
+    let home = home(&ws);
+    let toml = std::fs::read_to_string(ws.path().join("docket.toml")).unwrap();
+    let line = line_of(&toml, "model = ");
+    let (code, text) = docket(&ws, &home, &["run", "--yes", "--headless"]);
+    assert_eq!(code, Some(3), "{text}");
+    for said in [
+        &format!("docket.toml:{line}: providers.main.model: "),
+        "provider main (kind = \"openai\")",
+        "does not serve model \"gpt-4o-mni\"",
+        "its models list (3 models) does not name it",
+        "closest listed: \"gpt-4o-mini\", \"gpt-4.1-mini\", \"gpt-4o\"",
+        "Nothing was created or sent",
+        "--no-preflight",
+    ] {
+        assert!(text.contains(said), "{said:?} missing:\n{text}");
+    }
+    assert_eq!(sessions(&ws), 0, "no session");
+    let stats = m.stats();
+    assert_eq!(
+        (stats.requests, stats.models_requests),
+        (0, 1),
+        "nothing sent but the models list: {stats:?}"
+    );
+
+    // Skipped: the session is made, and the provider's refusals pause it.
+    let (code, text) = docket(
+        &ws,
+        &home,
+        &["run", "--yes", "--headless", "--no-preflight"],
+    );
+    assert_eq!(code, Some(4), "{text}");
+    assert!(
+        text.contains("model gpt-4o-mni") && text.contains("HTTP 404"),
+        "{text}"
+    );
+    assert_eq!(sessions(&ws), 1);
+    assert_eq!(m.stats().models_requests, 1, "no preflight asked");
+    assert_eq!(m.stats().ok, 0);
+
+    // A model the list names runs (its own workspace and provider).
+    let (known, ws) = mocked(served, 20, |_| {}).await;
+    as_openai(&ws, "gpt-4o-mini");
+    let home = self::home(&ws);
+    let (code, text) = docket(&ws, &home, &["run", "--yes", "--headless"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!text.contains("does not"), "{text}");
+    let sid = docket::ledger::store::latest_session(&db(&ws.conn()))
+        .unwrap()
+        .expect("a session");
+    check_complete(&ws.conn(), &sid);
+    let stats = known.stats();
+    assert_eq!((stats.models_requests, stats.ok), (1, 20), "{stats:?}");
+}
+
+/// Row I4, unknown model, on the other wires whose models list is the
+/// provider's own (the mock serving any model lists a few of each: an
+/// Anthropic list has dated ids only, Ollama's tags end in `:latest`): a
+/// model none names is refused at the preflight, exit 3, before a session,
+/// with the closest listed; the names each provider takes for a listed
+/// model (an Anthropic alias, Gemini's `models/` prefix, an Ollama name
+/// without its tag) run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i4_each_providers_own_models_list_is_checked_in_its_own_naming() {
+    let (m, ws) = mocked(MockConfig::default(), 3, |_| {}).await;
+    let home = home(&ws);
+    let root = m.base_url().trim_end_matches("/v1").to_string();
+    let path = ws.path().join("docket.toml");
+    let scaffold = std::fs::read_to_string(&path).unwrap();
+    let with_provider = |kind: &str, model: &str| {
+        let start = scaffold.find("[providers.main]").unwrap();
+        let end = scaffold.find("[[stages]]").unwrap();
+        let key = if kind == "ollama" {
+            ""
+        } else {
+            "api_key_env = \"DOCKET_FCR_KEY\"\n"
+        };
+        let block = format!(
+            "[providers.main]\nkind = \"{kind}\"\nmodel = \"{model}\"\nbase_url = \"{root}\"\n{key}\
+             requests_per_minute = 0\ntokens_per_minute = 0\n\n"
+        );
+        std::fs::write(
+            &path,
+            format!("{}{block}{}", &scaffold[..start], &scaffold[end..]),
+        )
+        .unwrap();
+    };
+    let run = |extra: &[&str]| {
+        let out = docket_at(ws.path(), &home)
+            .args(["run", "--yes", "--headless"])
+            .args(extra)
+            .env("DOCKET_FCR_KEY", "canaryKEYfcr20")
+            .output()
+            .unwrap();
+        (out.status.code(), said(&out))
+    };
+    for (kind, typo, closest) in [
+        ("anthropic", "claude-haiku-4-6", "claude-haiku-4-5-20251001"),
+        ("gemini", "gemini-2.5-flsh", "gemini-2.5-flash"),
+        ("ollama", "llama3.3", "llama3.2:latest"),
+    ] {
+        with_provider(kind, typo);
+        let (code, text) = run(&[]);
+        assert_eq!(code, Some(3), "{kind}: {text}");
+        for said in [
+            "providers.main.model: ".to_string(),
+            format!("(kind = \"{kind}\")"),
+            format!("does not serve model \"{typo}\""),
+            format!("closest listed: \"{closest}\""),
+        ] {
+            assert!(text.contains(&said), "{kind}: {said:?} missing:\n{text}");
+        }
+        assert_eq!(sessions(&ws), 0, "{kind}");
+    }
+    assert_eq!(m.stats().requests, 0, "nothing was sent");
+    assert_eq!(m.stats().models_requests, 3);
+    for (kind, model) in [
+        ("anthropic", "claude-haiku-4-5"),
+        ("gemini", "models/gemini-2.5-pro"),
+        ("ollama", "llama3.2"),
+    ] {
+        with_provider(kind, model);
+        let (code, text) = run(&["--limit", "1"]);
+        assert_eq!(code, Some(0), "{kind} {model}: {text}");
+    }
+    assert_eq!(m.stats().ok, 3, "one item on each");
 }
 
 /// Row I4, config edited between `run` and `resume`: the resume is refused
@@ -314,11 +478,36 @@ async fn i4_an_input_file_edited_before_resume_leaves_the_session_as_imported() 
 
     let (code, said) = docket(&ws, &home, &["import", &file.display().to_string()]);
     assert_eq!(code, Some(0), "{said}");
+    // The edited row is told apart from the eleven the ledger has as they
+    // are, and named by its line and id.
     assert!(
-        said.contains("Imported 1 new") && said.contains("12 already present"),
+        said.contains("Imported 1 new")
+            && said.contains(
+                "12 already present (1 of them with different content: the ledger keeps what it has)"
+            ),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "test.jsonl:1: \"{id}\" differs from the ledger's copy (kept as first imported)"
+        )),
+        "{said}"
+    );
+    assert_eq!(
+        said.matches("differs from the ledger's copy").count(),
+        1,
         "{said}"
     );
     assert_eq!(evidence(&id), evidence_before, "an imported item is kept");
+    // Again, unchanged since: the same is said (it still differs), and
+    // nothing is new.
+    let (code, again) = docket(&ws, &home, &["import", &file.display().to_string()]);
+    assert_eq!(code, Some(0), "{again}");
+    assert!(
+        again.contains("Imported 0 new")
+            && again.contains("13 already present (1 of them with different content"),
+        "{again}"
+    );
 
     let (code, said) = docket(
         &ws,
@@ -388,9 +577,11 @@ async fn i4_an_input_file_edited_before_resume_leaves_the_session_as_imported() 
 /// answers (`host` is named in the error): once its sends have reached
 /// nothing ten times in a row, it holds. Checked while it holds and after
 /// Ctrl-C: no attempt ambiguous, no item failed or answered, no transport
-/// attempt spent, nothing billed; the hold's reason, in the ledger and on
-/// the headless output, says the provider is unreachable and names `host`.
-async fn holds_mid_run(base_url: &str, host: &str) {
+/// attempt spent, nothing billed; the hold's reason, in the ledger, its
+/// event and on the headless output, says the provider is unreachable,
+/// names `host` and says why in each of the words of `cause` (the layer
+/// that failed: "DNS:", "TLS:", and what it said). Returns the reason.
+async fn holds_mid_run(base_url: &str, host: &str, cause: &[&str]) -> String {
     let mut job = Job::new(base_url);
     job.concurrency = 4;
     let ws = workspace(&job);
@@ -400,18 +591,10 @@ async fn holds_mid_run(base_url: &str, host: &str) {
     cmd.args(["run", "--yes", "--headless", "--no-preflight"]);
     let mut run = Proc::start(cmd, format!("run against {base_url}"), home.join("run.out"));
     let conn = ws.conn();
-    let why: String = poll(
+    let why = paused_reason(
+        &conn,
         "the session held as unreachable",
         Duration::from_secs(30),
-        || {
-            conn.query_row(
-                "SELECT stop_reason FROM llm_batch_session WHERE state = 'paused'",
-                [],
-                |r| r.get::<_, Option<String>>(0),
-            )
-            .ok()
-            .flatten()
-        },
     )
     .await;
     assert!(
@@ -421,16 +604,50 @@ async fn holds_mid_run(base_url: &str, host: &str) {
             && why.contains("no item is failed"),
         "{why}"
     );
-    poll(
+    for word in cause {
+        assert!(
+            why.contains(word),
+            "{word:?} missing from the reason: {why}"
+        );
+    }
+    let held = poll(
         "the held line on the output",
         Duration::from_secs(10),
         || {
             run.output()
-                .contains("Held: provider main unreachable")
-                .then_some(())
+                .lines()
+                .find(|l| l.starts_with("Held: provider main unreachable"))
+                .map(str::to_string)
         },
     )
     .await;
+    for word in cause {
+        assert!(
+            held.contains(word),
+            "{word:?} missing from the held line: {held}"
+        );
+    }
+    let sid = docket::ledger::store::latest_session(&db(&conn))
+        .unwrap()
+        .expect("a session");
+    // Each failed send's own error says it too.
+    let errors: Vec<String> = conn
+        .prepare("SELECT error_message FROM llm_messages WHERE state = 'failed'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(!errors.is_empty());
+    for e in &errors {
+        assert!(cause.iter().all(|w| e.contains(w)), "{cause:?}: {e}");
+    }
+    let said = events_of(&conn, &sid, "unreachable");
+    assert!(
+        said.iter()
+            .any(|e| cause.iter().all(|w| e.message.contains(w))),
+        "{cause:?} missing from the events: {said:?}"
+    );
     let clean = |when: &str| {
         let sent = count(&conn, "SELECT COUNT(*) FROM llm_messages", []);
         assert!(sent >= 10, "{when}: {sent} sends");
@@ -482,30 +699,236 @@ async fn holds_mid_run(base_url: &str, host: &str) {
     assert_eq!(code, Some(130), "{out}");
     assert!(out.contains("ambiguous attempts 0"), "{out}");
     clean("after the stop");
+    why
 }
 
-/// Row S5 mid-run, DNS: a name that never resolves (`.invalid`).
+/// Row S5 mid-run, DNS: a name that never resolves (`.invalid`). The
+/// reason names the layer that failed and the resolver's words.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s5_a_name_that_does_not_resolve_holds_the_run_with_nothing_ambiguous_or_billed() {
-    holds_mid_run(
+    let why = holds_mid_run(
         "http://docket-no-such-host.invalid:9/v1",
         "docket-no-such-host.invalid",
+        &["DNS: "],
     )
     .await;
+    // The resolver's own words follow ("failed to lookup address
+    // information: ...", whatever this host's resolver says of it).
+    let after = why.split("DNS: ").nth(1).unwrap_or_default();
+    assert!(
+        after.split(')').next().is_some_and(|w| w.trim().len() > 5),
+        "{why}"
+    );
 }
 
 /// Row S5 mid-run, TLS: `https://` to a server that speaks plain HTTP (the
-/// mock): the handshake fails, so nothing reaches it and it bills nothing.
+/// mock): the handshake fails, so nothing reaches it and it bills nothing;
+/// the reason says it was TLS, and that the server does not speak it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s5_tls_to_a_plain_http_server_holds_the_run_with_nothing_ambiguous_or_billed() {
     let plain = mock(MockConfig::default()).await;
     let url = plain.base_url().replace("http://", "https://");
-    holds_mid_run(&url, &url).await;
+    holds_mid_run(&url, &url, &["TLS: ", "does not seem to speak TLS"]).await;
     let stats = plain.stats();
     assert_eq!(
         (stats.requests, stats.ok, stats.prompt_tokens),
         (0, 0, 0),
         "{stats:?}"
+    );
+}
+
+/// A TLS server on a loopback port whose certificate (for 127.0.0.1) is
+/// self-signed, made for the test with the `openssl` command. It completes
+/// whatever handshake a client lets it, then counts the bytes of any
+/// request that reached it. Its thread lives as long as the test process.
+struct SelfSigned {
+    port: u16,
+    handshakes: Arc<AtomicUsize>,
+    request_bytes: Arc<AtomicUsize>,
+    _dir: tempfile::TempDir,
+}
+
+impl SelfSigned {
+    fn start() -> SelfSigned {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let dir = tempfile::tempdir().unwrap();
+        let (key, cert) = (dir.path().join("key.pem"), dir.path().join("cert.pem"));
+        let made = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+            .args([
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("this test makes its certificate with the `openssl` command");
+        assert!(made.status.success(), "openssl: {}", said(&made));
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .unwrap(),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let request_bytes = Arc::new(AtomicUsize::new(0));
+        let (h, r) = (handshakes.clone(), request_bytes.clone());
+        std::thread::spawn(move || {
+            for tcp in listener.incoming() {
+                let Ok(mut tcp) = tcp else { continue };
+                let (config, h, r) = (config.clone(), h.clone(), r.clone());
+                std::thread::spawn(move || {
+                    use std::io::Read;
+                    let _ = tcp.set_read_timeout(Some(Duration::from_secs(5)));
+                    let Ok(mut conn) = rustls::ServerConnection::new(config) else {
+                        return;
+                    };
+                    h.fetch_add(1, Ordering::SeqCst);
+                    if conn.complete_io(&mut tcp).is_err() {
+                        return;
+                    }
+                    let mut buf = [0u8; 4096];
+                    let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
+                    while let Ok(n @ 1..) = stream.read(&mut buf) {
+                        r.fetch_add(n, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        SelfSigned {
+            port,
+            handshakes,
+            request_bytes,
+            _dir: dir,
+        }
+    }
+}
+
+/// Row S5 mid-run, TLS: a provider whose certificate is self-signed. The
+/// handshake is refused by docket (no trusted issuer), so no request
+/// reaches the server and nothing is billed; the run holds, and the reason
+/// names the certificate problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_self_signed_certificate_holds_the_run_naming_the_certificate() {
+    let server = SelfSigned::start();
+    let url = format!("https://127.0.0.1:{}/v1", server.port);
+    let why = holds_mid_run(&url, &url, &["TLS: ", "certificate"]).await;
+    assert!(why.contains("invalid peer certificate"), "{why}");
+    assert!(
+        server.handshakes.load(Ordering::SeqCst) >= 10,
+        "the sends did reach a TLS server"
+    );
+    assert_eq!(
+        server.request_bytes.load(Ordering::SeqCst),
+        0,
+        "no request got through the refused handshake"
+    );
+}
+
+/// Row S5, the cap: a provider unreachable for longer than the give-up
+/// (`DOCKET_UNREACHABLE_GIVE_UP_SECS`, here 3 s, else 15 minutes) stops
+/// the run paused, exit 4, with a message naming the provider, the failure
+/// and the command that resumes it; nothing is failed, ambiguous or
+/// billed. Once the provider is back, that command (with its preflight)
+/// completes every item, each answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_after_the_give_up_the_run_stops_paused_and_resumes_once_the_provider_is_back() {
+    const ITEMS: usize = 20;
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let ws = workspace(&Job::new(&format!("http://{addr}/v1")));
+    import_demo_items(&ws, ITEMS);
+    let home = home(&ws);
+    let started = std::time::Instant::now();
+    let mut cmd = docket_at(ws.path(), &home);
+    cmd.args(["run", "--yes", "--headless", "--no-preflight"])
+        .env("DOCKET_UNREACHABLE_GIVE_UP_SECS", "3");
+    let mut run = Proc::start(cmd, "a run that gives up".into(), home.join("run.out"));
+    let (code, text) = tokio::task::block_in_place(|| run.wait(Duration::from_secs(40)));
+    assert_eq!(code, Some(4), "{text}");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(3), "gave up after {took:?}");
+    let conn = ws.conn();
+    let sid = docket::ledger::store::latest_session(&db(&conn))
+        .unwrap()
+        .expect("a session");
+    let resume = format!("docket batch-adjudicate --resume {sid}");
+    let paused = text
+        .lines()
+        .find(|l| l.starts_with("Paused: "))
+        .unwrap_or_else(|| panic!("no Paused line:\n{text}"));
+    for word in [
+        "provider main unreachable for 3 s, given up",
+        "did not reach the provider",
+        &addr.to_string(),
+        "connection refused",
+        "no item is failed",
+        "once the provider is back",
+        &resume,
+    ] {
+        assert!(paused.contains(word), "{word:?} missing: {paused}");
+    }
+    let (state, why, errors, ambiguous, cost): (String, String, i64, i64, f64) = conn
+        .query_row(
+            "SELECT state, stop_reason, error_count, ambiguous_count, cost_usd
+               FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .unwrap();
+    assert_eq!(state, "paused");
+    assert!(why.contains("given up") && why.contains(&resume), "{why}");
+    assert_eq!((errors, ambiguous, cost), (0, 0, 0.0));
+    assert_eq!(count(&conn, "SELECT COUNT(*) FROM llm_batch_result", []), 0);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COALESCE(MAX(transport_retries), 0) FROM llm_requests",
+            []
+        ),
+        0,
+        "no transport attempt spent"
+    );
+
+    // The provider is back, on the same address: the resume completes.
+    let back = docket::mock::MockServer::start(MockConfig::default(), addr)
+        .await
+        .expect("the mock, on the address that was unreachable");
+    let (code, text) = docket(
+        &ws,
+        &home,
+        &["run", "--yes", "--headless", "--resume", &sid],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    check_complete(&conn, &sid);
+    let stats = back.stats();
+    assert_eq!(stats.ok, ITEMS as u64, "each item answered once: {stats:?}");
+    assert_eq!(stats.models_requests, 1, "the resume's preflight");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT ambiguous_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid]
+        ),
+        0
     );
 }
 
@@ -580,16 +1003,17 @@ async fn s1_a_retry_after_hold_shows_its_wait_in_the_gauges_and_the_progress_lin
 /// shows "rate limited (waiting Ns)" in its gauges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_the_console_shows_rate_limited_waiting_in_a_terminal() {
-    use support::tmux::{Pane, sh_quote};
+    use support::tmux::{Pane, env_line, sh_quote};
     let (m, ws) = rate_limited_job().await;
     let home = home(&ws);
-    let p = |s: &str| sh_quote(&home.join(s).display().to_string());
+    let p = |s: &str| home.join(s).display().to_string();
     let cmd = format!(
-        "env -u NO_COLOR -u DOCKET_WORKSPACE -u DOCKET_LOG -u DOCKET_LEDGER_URL -u PGPASSWORD \
-         HOME={} XDG_DATA_HOME={} XDG_CONFIG_HOME={} {} --workspace {} batch-adjudicate --yes",
-        p("home"),
-        p("data"),
-        p("config"),
+        "{} {} --workspace {} batch-adjudicate --yes",
+        env_line([
+            ("HOME", p("home")),
+            ("XDG_DATA_HOME", p("data")),
+            ("XDG_CONFIG_HOME", p("config")),
+        ]),
         sh_quote(support::procs::BIN),
         sh_quote(&ws.path().display().to_string()),
     );

@@ -10,10 +10,9 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use docket::mock::MockConfig;
+use docket::mock::{MockConfig, MockServer};
 use support::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
 // Not `sk-` shaped: the generic redaction of key-like words must not be
 // what keeps it out; it must never be written at all.
 const CANARY: &str = "canaryKEY5e8b21f0c9d7a4";
@@ -72,8 +71,26 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// A workspace of `ITEMS` items whose provider is `kind`, on the mock run
+/// with `cfg`, and a home for docket.
+async fn wired(kind: &str, cfg: MockConfig) -> (MockServer, Workspace, tempfile::TempDir) {
+    let (m, ws) = mocked(cfg, ITEMS, |_| {}).await;
+    let base = m.base_url();
+    let base = base.trim_end_matches("/v1").trim_end_matches('/');
+    use_provider(&ws, &provider_block(kind, base));
+    (m, ws, tempfile::tempdir().unwrap())
+}
+
+/// The real docket on `ws` with `home`, the canary as the provider's key.
+fn docket(ws: &Workspace, home: &tempfile::TempDir) -> Command {
+    let mut c = procs::docket_at(ws.path(), home.path());
+    c.env("DOCKET_PROVIDER_KEY", CANARY);
+    c
+}
+
 async fn run_against(kind: &str) {
-    let (m, ws) = mocked(
+    let (m, ws, home) = wired(
+        kind,
         MockConfig {
             // Real 429s from the server and a few 500s: every adapter's
             // error mapping and the shared retry path are exercised.
@@ -81,24 +98,12 @@ async fn run_against(kind: &str) {
             fail_500: 0.08,
             ..Default::default()
         },
-        ITEMS,
-        |_| {},
     )
     .await;
-    let base = m.base_url();
-    let base = base.trim_end_matches("/v1").trim_end_matches('/');
-    use_provider(&ws, &provider_block(kind, base));
-    let home = tempfile::tempdir().unwrap();
     let docket = |args: &[&str]| {
-        Command::new(BIN)
-            .arg("--workspace")
-            .arg(ws.path())
+        docket(&ws, &home)
             .args(args)
-            .env("HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("DOCKET_PROVIDER_KEY", CANARY)
             .env("DOCKET_LOG", "trace")
-            .env_remove("DOCKET_WORKSPACE")
             .output()
             .unwrap()
     };
@@ -219,28 +224,17 @@ async fn openrouter_end_to_end() {
 /// the refusal is read as one, the item ends `refused` after one paid send,
 /// and the run exits 5 (completed, with items in error).
 async fn refusals_against(kind: &str) {
-    let (m, ws) = mocked(
+    let (m, ws, home) = wired(
+        kind,
         MockConfig {
             refusal: 0.2,
             seed: 3,
             ..Default::default()
         },
-        ITEMS,
-        |_| {},
     )
     .await;
-    let base = m.base_url();
-    let base = base.trim_end_matches("/v1").trim_end_matches('/');
-    use_provider(&ws, &provider_block(kind, base));
-    let home = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .arg("--workspace")
-        .arg(ws.path())
+    let out = docket(&ws, &home)
         .args(["run", "--yes", "--headless"])
-        .env("HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("DOCKET_PROVIDER_KEY", CANARY)
-        .env_remove("DOCKET_WORKSPACE")
         .output()
         .unwrap();
     let said = support::said(&out);

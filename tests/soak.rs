@@ -111,7 +111,8 @@ fn p4_each_failpoint_armed_in_every_mode_has_its_result() {
                 "after_intent" | "after_answer" | "mid_ingest" => 5,
                 _ => 1,
             };
-            let r = trial_at(mode, 1, Cut::Failpoint(name, pass), ITEMS)
+            // Fewer items than a soak trial: 13 runs, each killed and resumed.
+            let r = trial_at(mode, 1, Cut::Failpoint(name, pass), 16)
                 .unwrap_or_else(|e| panic!("{} with {name}:{pass} armed: {e}", mode.name()));
             let what = format!("{} {name}:{pass}: {r:?}", mode.name());
             assert_eq!(r.kills, 1, "the failpoint fired: {what}");
@@ -431,8 +432,8 @@ async fn p6_a_panic_every_time_fails_the_item_after_its_attempts() {
 }
 
 /// Row P6, memory pressure: under an address-space limit (`ulimit -v`),
-/// memory runs out in the middle of the run (the failpoint allocates and
-/// touches blocks at the 7th answer until the limit refuses one). The
+/// memory runs out in the middle of the run (at the 7th answer the
+/// failpoint allocates blocks until the limit refuses one). The
 /// process aborts the way Rust does on allocation failure, like a kill -9
 /// (row P3): `--resume` then finishes every item once, the answer that
 /// was never committed is an ambiguous attempt, and every request the mock

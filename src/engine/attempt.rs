@@ -19,9 +19,6 @@ use crate::limiter::{Reservation, Slot};
 use crate::provider::{ChatAnswer, ChatRequest, ErrorClass, FinishReason, ProviderError};
 use crate::template::Prompt;
 
-/// Rate-limit refusals mean "not now", not "broken": they get their own,
-/// larger budget instead of using up the transport attempts.
-const MAX_RATE_LIMIT_RETRIES: u32 = 30;
 /// A truncated answer's retries grow max_tokens up to this many times the
 /// stage's.
 const TRUNCATION_GROWTH: u64 = 4;
@@ -96,20 +93,22 @@ async fn attempts(ctx: &Ctx, mut job: Job<'_>, slot: Option<Slot>) -> StageEnd {
         // while it is handled.
         let sent = Box::pin(attempt_once(ctx, &mut job, slot.take())).await;
         let next = Box::pin(handle(ctx, &mut job, sent)).await;
-        match next {
+        let (delay, waiting) = match next {
             Next::Done(end) => return end,
-            Next::Retry => {}
-            Next::RetryAfter(delay) => {
-                let wait = Box::pin(async {
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => true,
-                        _ = ctx.soft_stop.cancelled() => false,
-                    }
-                });
-                if !wait.await {
-                    return StageEnd::Stopped;
-                }
+            Next::Retry => continue,
+            Next::RetryAfter(delay) => (delay, None),
+            Next::RetryWait(delay) => (delay, Some(RetryWaiting::new(ctx))),
+        };
+        let wait = Box::pin(async {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => true,
+                _ = ctx.soft_stop.cancelled() => false,
             }
+        });
+        let waited = wait.await;
+        drop(waiting);
+        if !waited {
+            return StageEnd::Stopped;
         }
     }
 }
@@ -391,6 +390,22 @@ enum Sent {
 }
 
 /// What to do after an attempt.
+/// A request in `retry_wait`, counted in the stats while it waits.
+struct RetryWaiting<'a>(&'a Ctx);
+
+impl<'a> RetryWaiting<'a> {
+    fn new(ctx: &'a Ctx) -> Self {
+        ctx.stats.retry_waiting.fetch_add(1, Relaxed);
+        RetryWaiting(ctx)
+    }
+}
+
+impl Drop for RetryWaiting<'_> {
+    fn drop(&mut self) {
+        self.0.stats.retry_waiting.fetch_sub(1, Relaxed);
+    }
+}
+
 // Built once per attempt and matched at once: boxing the big variant would
 // only add an allocation.
 #[allow(clippy::large_enum_variant)]
@@ -398,6 +413,9 @@ enum Next {
     Done(StageEnd),
     Retry,
     RetryAfter(Duration),
+    /// Its rate-limit retries ran out: it waits this long (row S2's
+    /// `retry_wait` until `run_at`), counted in the gauges meanwhile.
+    RetryWait(Duration),
 }
 
 /// Wait for the budget, a slot and the rate limits; record the intent; send.
@@ -943,37 +961,52 @@ async fn on_error(
     if !retryable {
         return Next::Done(StageEnd::Failed(err.to_string(), Some(rec)));
     }
-    let (exhausted, retry_no) = if is_rl {
+    if is_rl && job.rate_limited >= job.stage.max_rate_limit_retries {
+        // Row S2: refused for rate limits every time, `max_rate_limit_retries`
+        // in a row. "Not now" never fails an item: the request waits
+        // `retry_wait_secs` (jittered, so waiting requests do not come back
+        // together), then its rate-limit retries start over.
+        return retry_wait(ctx, job, rec, err).await;
+    }
+    // `deterministic`: the request's last failures were all this one
+    // (row S4), named apart from a run of bad luck when it gives up.
+    let (exhausted, retry_no, deterministic) = if is_rl {
         job.rate_limited += 1;
-        (job.rate_limited > MAX_RATE_LIMIT_RETRIES, job.rate_limited)
+        // Something else came between: not "in a row".
+        job.streak = None;
+        (false, job.rate_limited, None)
     } else if unreached || held || probation {
         // Nothing was sent, the provider is down for everyone, or it has
         // refused this stage's every request so far: not one of the
         // item's transport attempts. A breaker or the refusal watch stops
         // the sends long before this cap.
         job.unreached += 1;
-        (job.unreached > MAX_UNREACHED_RETRIES, job.unreached)
+        job.streak = None;
+        (job.unreached > MAX_UNREACHED_RETRIES, job.unreached, None)
     } else {
         job.transport_failures += 1;
         let how = (err.class, err.http_status);
-        job.streak = match job.streak {
-            Some((last, n)) if last == how => Some((how, n + 1)),
-            _ => Some((how, 1)),
+        let n = match job.streak {
+            Some((last, n)) if last == how => n + 1,
+            _ => 1,
         };
+        job.streak = Some((how, n));
+        // Two alike at least: one failure says nothing of the next.
+        let alike = DETERMINISTIC_STREAK
+            .min(job.stage.max_transport_attempts)
+            .max(2);
         (
             job.transport_failures >= job.stage.max_transport_attempts,
             job.transport_failures,
+            (n >= alike).then_some(n),
         )
     };
     if exhausted {
-        let streak = job.streak.map_or(0, |(_, n)| n);
-        let alike = DETERMINISTIC_STREAK.min(job.stage.max_transport_attempts);
-        let msg = if !is_rl && streak >= alike.max(1) {
-            format!(
-                "failed_deterministic: the same request failed the same way {streak} times in a row: {err}"
-            )
-        } else {
-            format!("gave up after {retry_no} failed attempts: {err}")
+        let msg = match deterministic {
+            Some(n) => format!(
+                "failed_deterministic: the same request failed the same way {n} times in a row: {err}"
+            ),
+            None => format!("gave up after {retry_no} failed attempts: {err}"),
         };
         return Next::Done(StageEnd::Failed(msg, Some(rec)));
     }
@@ -997,6 +1030,32 @@ async fn on_error(
         .backoff
         .delay_with_hint(retry_no, err.headers.retry_after, &mut rand::rng());
     Next::RetryAfter(delay)
+}
+
+/// Send a request whose rate-limit retries ran out to `retry_wait` (see
+/// `retry_wait`): its attempt recorded, to go again after the wait.
+async fn retry_wait(ctx: &Ctx, job: &mut Job<'_>, rec: AttemptRecord, err: &ProviderError) -> Next {
+    let refused = job.rate_limited + 1;
+    job.rate_limited = 0;
+    job.streak = None;
+    let wait = ctx
+        .retry_waits
+        .enter(ctx, job.stage.retry_wait, refused, &err.message);
+    ctx.stats.retries.fetch_add(1, Relaxed);
+    let recorded = ctx
+        .write(
+            job.item,
+            WriteOp::Attempt(AttemptRecord {
+                will_retry: true,
+                ..rec
+            }),
+        )
+        .await;
+    if recorded {
+        Next::RetryWait(wait)
+    } else {
+        Next::Done(StageEnd::Stopped)
+    }
 }
 
 /// The name a provider's structured-output mode gets for the stage's schema.

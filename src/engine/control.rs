@@ -301,6 +301,7 @@ pub(super) async fn control_loop(
             worker: Some(worker_beat(&ctx, live.rpm_used / 60.0, mine)),
         });
         note_rate_limiting(&ctx, &mut seen);
+        ctx.retry_waits.flush(&ctx);
     }
 }
 

@@ -64,6 +64,8 @@ pub(super) struct Ctx {
     /// Each stage's first refused requests, watched for a job the
     /// provider will never take (a model it does not know).
     pub(super) refusal_watch: super::gate_watch::GateWatch,
+    /// Requests waiting out their rate limits (row S2), for the events.
+    pub(super) retry_waits: super::retry_wait::RetryWaits,
     /// Each stage's sends that did not reach its provider, in a row.
     pub(super) reach_watch: super::reach_watch::ReachWatch,
     /// Requests under way per stage, and the stage last started.

@@ -110,6 +110,7 @@ pub(super) async fn dispatch(
         stop_after: std::sync::Mutex::new(stop_after),
         gate_watch: super::gate_watch::GateWatch::new(p.stages.len()),
         refusal_watch: super::gate_watch::GateWatch::on_refusals(p.stages.len()),
+        retry_waits: Default::default(),
         reach_watch: super::reach_watch::ReachWatch::new(p.stages.len()),
         busy: (0..p.stages.len()).map(|_| AtomicUsize::new(0)).collect(),
         last_frontier: AtomicUsize::new(0),
@@ -210,6 +211,8 @@ pub(super) async fn dispatch(
     }
     settle_batches(&ctx).await;
     control.abort();
+    // The last waits, said even within the events' spacing.
+    ctx.retry_waits.flush_now(&ctx);
     let left_at_provider = end_batching(&ctx, &read, &*reporter).await;
     progress.abort();
     let _ = progress.await;

@@ -21,6 +21,7 @@ mod per_stage;
 mod plan;
 mod reach_probe;
 mod reach_watch;
+mod retry_wait;
 pub use plan::EXACT_COUNT_MAX;
 mod progress;
 pub mod stages;
@@ -318,6 +319,8 @@ pub async fn run(
     interrupts: Interrupts,
 ) -> Result<RunReport, EngineError> {
     let mut opts = opts;
+    // A run's writes wait out another process's long write lock (row D1).
+    crate::ledger::db::busy::wait_long();
     if let Some(id) = opts.resume.clone() {
         tokio::task::block_in_place(|| keep_session_flags(&mut opts, &id));
     }
@@ -335,7 +338,7 @@ pub async fn run(
     // stops the run before a session exists or an item is touched.
     let early = if opts.preflight && !opts.dry_run {
         let connections = connect(&prepared, &opts).await?;
-        preflight(&prepared, &connections).await?;
+        preflight(&prepared, &connections, &*reporter).await?;
         Some(connections)
     } else {
         None
@@ -592,14 +595,22 @@ async fn connect(prepared: &Prepared, opts: &RunOptions) -> Result<Connections, 
 }
 
 /// Ask each of the job's providers for its models list (see
-/// `ChatProvider::preflight`), all at once.
-async fn preflight(prepared: &Prepared, connections: &Connections) -> Result<(), EngineError> {
+/// `ChatProvider::preflight`), all at once. A provider that cannot be
+/// reached or refuses its key stops the run; so does one whose own list
+/// leaves out the configured model (row I4), naming `providers.NAME.model`
+/// and the listed names closest to it. A compatible server's list may
+/// leave models out: there it is said, and the run goes on.
+async fn preflight(
+    prepared: &Prepared,
+    connections: &Connections,
+    reporter: &dyn Reporter,
+) -> Result<(), EngineError> {
+    use crate::provider::models::{self, ListSays};
     let checks = connections
         .chat
         .iter()
         .map(|(name, chat)| async move { (name, chat.preflight().await) });
     for (name, result) in futures::future::join_all(checks).await {
-        let Err(e) = result else { continue };
         let cfg = &prepared.config.config.providers[name];
         let place = cfg
             .base_url
@@ -607,19 +618,99 @@ async fn preflight(prepared: &Prepared, connections: &Connections) -> Result<(),
             .or(cfg.kind.default_base_url())
             .map(|u| format!(" at {}", crate::sanitize::for_terminal(u)))
             .unwrap_or_default();
-        let what = if e.class == crate::provider::ErrorClass::Auth {
-            "refused its key"
+        let provider = format!("provider {name} (kind = \"{}\"){place}", cfg.kind.as_str());
+        let listed = match result {
+            Ok(listed) => listed,
+            Err(e) => {
+                let what = if e.class == crate::provider::ErrorClass::Auth {
+                    "refused its key"
+                } else {
+                    "could not be reached"
+                };
+                return Err(EngineError::Preflight(format!(
+                    "{provider} {what}: {e}. Nothing was created or sent. \
+                     Check providers.{name} in docket.toml (base_url, api_key_env) and the network, \
+                     or skip this check with --no-preflight"
+                )));
+            }
+        };
+        // An empty list names nothing to compare with.
+        let Some(listed) = listed.filter(|l| !l.is_empty()) else {
+            continue;
+        };
+        let mock_serves_a_set = cfg
+            .mock
+            .as_ref()
+            .is_some_and(|m| !m.models.trim().is_empty());
+        let says = models::list_says(cfg.kind, mock_serves_a_set);
+        if says == ListSays::Unchecked || models::listed(cfg.kind, &cfg.model, &listed) {
+            continue;
+        }
+        let shown = |id: &str| {
+            let id: String = crate::sanitize::for_terminal(id).chars().take(80).collect();
+            format!("\"{id}\"")
+        };
+        let close = models::close_to(&cfg.model, &listed, 3);
+        let hint = if close.is_empty() {
+            let some: Vec<String> = listed.iter().take(5).map(|id| shown(id)).collect();
+            format!("; it lists, among others, {}", some.join(", "))
         } else {
-            "could not be reached"
+            let close: Vec<String> = close.into_iter().map(shown).collect();
+            format!("; closest listed: {}", close.join(", "))
+        };
+        let model = shown(&cfg.model);
+        let count = listed.len();
+        let models_word = if count == 1 { "model" } else { "models" };
+        if says == ListSays::Indicative {
+            let warning = format!(
+                "Warning: {provider} does not list model {model} among its {count} {models_word}{hint}. \
+                 Going on: a compatible server's list may leave out models it serves; if it refuses \
+                 them, the session pauses before any spend"
+            );
+            tracing::warn!("{warning}");
+            reporter.line(&warning);
+            continue;
+        }
+        let key = format!("providers.{name}.model");
+        let at = match model_line(&prepared.config.path, name) {
+            Some(line) => format!("{}:{line}: {key}: ", prepared.config.path.display()),
+            None => format!("{}: {key}: ", prepared.config.path.display()),
+        };
+        // A proxy or gateway behind `kind = "openai"` may list less than
+        // it routes: say how to go on without the check.
+        let proxy = match cfg.base_url.as_deref() {
+            Some(url) if cfg.kind.default_base_url() != Some(url) => format!(
+                " (if {} is a proxy or gateway whose list leaves out models it routes, set kind = \"openai_compatible\": \
+                 its list is then only a warning)",
+                crate::sanitize::for_terminal(url)
+            ),
+            _ => String::new(),
         };
         return Err(EngineError::Preflight(format!(
-            "provider {name} (kind = \"{}\"){place} {what}: {e}. Nothing was created or sent. \
-             Check providers.{name} in docket.toml (base_url, api_key_env) and the network, \
-             or skip this check with --no-preflight",
-            cfg.kind.as_str()
+            "{at}{provider} does not serve model {model}: its models list ({count} {models_word}) \
+             does not name it{hint}. Nothing was created or sent. Fix {key} in docket.toml, \
+             or skip this check with --no-preflight{proxy}"
         )));
     }
     Ok(())
+}
+
+/// The line of `providers.NAME.model` in the config file, read again for
+/// its position (the loaded config keeps none for it).
+fn model_line(path: &Path, provider: &str) -> Option<usize> {
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        providers: std::collections::BTreeMap<String, Provider>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Provider {
+        model: toml::Spanned<String>,
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let doc: Doc = toml::from_str(&text).ok()?;
+    let start = doc.providers.get(provider)?.model.span().start;
+    Some(text.get(..start)?.matches('\n').count() + 1)
 }
 
 fn resume_session(

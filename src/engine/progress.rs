@@ -26,6 +26,7 @@ pub struct StdoutReporter;
 
 impl Reporter for StdoutReporter {
     fn line(&self, text: &str) {
+        let text = crate::sanitize::lines_for_terminal(text);
         let mut out = std::io::stdout().lock();
         // A closed stdout (a pipe to `head`) must not stop the run.
         let _ = writeln!(out, "{text}");
@@ -161,6 +162,12 @@ fn progress_line(
     );
     if !why.is_empty() {
         line.push_str(&format!(" | {why}"));
+    }
+    if s.retry_waiting > 0 {
+        line.push_str(&format!(
+            " | {} waiting to retry (rate limited)",
+            s.retry_waiting
+        ));
     }
     // A PostgreSQL ledger down (restarting): the run waits for it.
     if let Some(down) = crate::ledger::db::unreachable() {

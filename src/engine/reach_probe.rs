@@ -19,8 +19,31 @@ use crate::provider::ProviderError;
 
 const FIRST_PROBE: Duration = Duration::from_secs(1);
 const MAX_PROBE_GAP: Duration = Duration::from_secs(30);
-/// How long a run waits for an unreachable provider before it lets go.
+/// How long a run waits for an unreachable (or failing) provider before it
+/// lets go, unless `DOCKET_UNREACHABLE_GIVE_UP_SECS` says otherwise.
 const GIVE_UP: Duration = Duration::from_secs(15 * 60);
+pub(crate) const GIVE_UP_ENV: &str = "DOCKET_UNREACHABLE_GIVE_UP_SECS";
+
+/// [`GIVE_UP`], or the seconds `DOCKET_UNREACHABLE_GIVE_UP_SECS` gives (at
+/// least 1: tests, and operators who would rather be told sooner).
+fn give_up() -> Duration {
+    std::env::var(GIVE_UP_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 1.0)
+        .map(|s| Duration::from_secs_f64(s.min(30.0 * 24.0 * 3600.0)))
+        .unwrap_or(GIVE_UP)
+}
+
+/// "15 min", "90 s".
+fn minutes_or_seconds(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{} s", d.as_secs_f64().round())
+    }
+}
 
 type Probe = tokio::task::JoinHandle<Result<(), ProviderError>>;
 
@@ -37,12 +60,15 @@ struct Opened {
 /// Per stage: when its breaker opened, and the probe schedule.
 pub(super) struct ReachProbes {
     stages: Vec<Opened>,
+    /// How long a breaker may stay open before the run stops paused.
+    give_up: Duration,
 }
 
 impl ReachProbes {
     pub(super) fn new(stages: usize) -> ReachProbes {
         ReachProbes {
             stages: (0..stages).map(|_| Opened::default()).collect(),
+            give_up: give_up(),
         }
     }
 
@@ -96,14 +122,17 @@ impl ReachProbes {
                     }
                 }
             }
-            if since.elapsed() >= GIVE_UP {
+            if since.elapsed() >= self.give_up {
                 let state = match cause {
                     Cause::Unreached => "unreachable",
                     Cause::Failing => "failing",
                 };
                 ctx.stop(StopCause::Paused(format!(
-                    "provider {provider} {state} for {} min: {why}. Nothing more is sent and no item is failed for it; resume the session once the provider is back",
-                    GIVE_UP.as_secs() / 60
+                    "provider {provider} {state} for {}, given up: {why}. Nothing more is sent \
+                     and no item is failed for it; once the provider is back, resume the session: \
+                     docket batch-adjudicate --resume {}",
+                    minutes_or_seconds(self.give_up),
+                    ctx.session_id
                 )));
                 continue;
             }
@@ -121,7 +150,9 @@ impl ReachProbes {
                 && !ctx.soft_stop.is_cancelled()
             {
                 let client = ctx.rt(stage).provider.clone();
-                o.probe = Some(tokio::spawn(async move { client.preflight().await }));
+                o.probe = Some(tokio::spawn(
+                    async move { client.preflight().await.map(drop) },
+                ));
             }
         }
         ctx.stats.set_held(Self::held(ctx));

@@ -33,6 +33,9 @@ pub struct Stage {
     pub temperature: Option<f64>,
     pub max_attempts: u32,
     pub max_transport_attempts: u32,
+    /// Rate-limit refusals in a row before the request waits `retry_wait`.
+    pub max_rate_limit_retries: u32,
+    pub retry_wait: Duration,
     pub request_timeout: Duration,
     pub rpm: u64,
     pub tpm: u64,
@@ -240,6 +243,9 @@ fn load_stage(
         max_attempts: (*stage.max_attempts.get_ref()).min(u64::from(u32::MAX)) as u32,
         max_transport_attempts: (*provider.max_transport_attempts.get_ref())
             .min(u64::from(u32::MAX)) as u32,
+        max_rate_limit_retries: (*provider.max_rate_limit_retries.get_ref())
+            .min(u64::from(u32::MAX)) as u32,
+        retry_wait: Duration::from_secs_f64(*provider.retry_wait_secs.get_ref()),
         request_timeout: Duration::from_secs_f64(*provider.request_timeout_secs.get_ref()),
         rpm: opts
             .rate_limit

@@ -19,6 +19,9 @@ pub struct Stats {
     pub in_flight: AtomicU64,
     /// Of those in flight, lines waiting in provider batches.
     pub batched: AtomicU64,
+    /// Requests waiting out `retry_wait_secs` after their rate-limit
+    /// retries ran out (row S2).
+    pub retry_waiting: AtomicU64,
     pub sent: AtomicU64,
     pub input_tokens: AtomicU64,
     pub output_tokens: AtomicU64,
@@ -42,6 +45,7 @@ pub struct StatsSnapshot {
     pub ambiguous: u64,
     pub in_flight: u64,
     pub batched: u64,
+    pub retry_waiting: u64,
     pub sent: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -78,6 +82,7 @@ impl Stats {
             retries: self.retries.load(Relaxed),
             rate_limited: self.rate_limited.load(Relaxed),
             ambiguous: self.ambiguous.load(Relaxed),
+            retry_waiting: self.retry_waiting.load(Relaxed),
             in_flight: self.in_flight.load(Relaxed),
             batched: self.batched.load(Relaxed),
             sent: self.sent.load(Relaxed),

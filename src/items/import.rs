@@ -31,6 +31,9 @@ pub const MAX_ID_CHARS: usize = 256;
 /// How many bad rows `render_import_report` lists before summarising the rest.
 const RENDERED_BAD_ROWS: usize = 20;
 
+/// How many rows whose content differs from the ledger's are named.
+pub const MAX_DIFFERING_DETAILS: usize = 5;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImportFormat {
     Jsonl,
@@ -82,6 +85,11 @@ pub struct ImportReport {
     pub imported: u64,
     /// Rows whose id was already in the ledger or earlier in the file.
     pub already_present: u64,
+    /// Of `already_present`, the rows whose id the ledger had before this
+    /// import with other evidence: the ledger keeps its own (row I4).
+    pub differing: u64,
+    /// The first `MAX_DIFFERING_DETAILS` of them: (line, item id).
+    pub differing_rows: Vec<(u64, String)>,
     /// The first `MAX_BAD_ROW_DETAILS` bad rows, in file order.
     pub bad_rows: Vec<BadRow>,
     /// Every bad row, including those beyond `bad_rows`.
@@ -98,6 +106,8 @@ impl ImportReport {
             rows_read: 0,
             imported: 0,
             already_present: 0,
+            differing: 0,
+            differing_rows: Vec::new(),
             bad_rows: Vec::new(),
             bad_count: 0,
             committed: true,
@@ -230,6 +240,8 @@ pub fn import_file(
         batch.rollback().map_err(ledger_err)?;
         report.imported = 0;
         report.already_present = 0;
+        report.differing = 0;
+        report.differing_rows.clear();
         report.committed = false;
         let (first_line, first_reason) = report
             .bad_rows
@@ -250,6 +262,7 @@ pub fn import_file(
         rows_read = report.rows_read,
         imported = report.imported,
         already_present = report.already_present,
+        differing = report.differing,
         bad = report.bad_count,
         "import finished"
     );
@@ -298,7 +311,21 @@ impl Sink<'_, '_> {
     ) -> Result<(), LedgerError> {
         match self.batch.add(item_id, evidence_json, line)? {
             Added::New => report.imported += 1,
-            Added::AlreadyPresent => report.already_present += 1,
+            Added::AlreadyPresent {
+                same_evidence: true,
+            } => report.already_present += 1,
+            // An edited row of an item the ledger has: the ledger keeps
+            // what it has (a session works on its items as imported), and
+            // the report says so.
+            Added::AlreadyPresent {
+                same_evidence: false,
+            } => {
+                report.already_present += 1;
+                report.differing += 1;
+                if report.differing_rows.len() < MAX_DIFFERING_DETAILS {
+                    report.differing_rows.push((line, item_id.to_string()));
+                }
+            }
             // The first line's item stands; this one is a mistake in the
             // file unless it says exactly the same.
             Added::EarlierLine {
@@ -836,15 +863,37 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
         plural(report.rows_read, "row", "rows")
     );
     if report.committed {
+        let differing = if report.differing > 0 {
+            format!(
+                " ({} of them with different content: the ledger keeps what it has)",
+                group_thousands(report.differing)
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "Imported {} new {} from {file} ({read}; {} already present; {} bad {} skipped)",
+            "Imported {} new {} from {file} ({read}; {} already present{differing}; {} bad {} skipped)",
             group_thousands(report.imported),
             plural(report.imported, "item", "items"),
             group_thousands(report.already_present),
             group_thousands(report.bad_count),
             plural(report.bad_count, "row", "rows"),
         )?;
+        for (line, id) in &report.differing_rows {
+            writeln!(
+                out,
+                "  {file}:{line}: {} differs from the ledger's copy (kept as first imported)",
+                printable(&format!("{:?}", crate::sanitize::for_terminal(id)))
+            )?;
+        }
+        if report.differing > report.differing_rows.len() as u64 {
+            writeln!(
+                out,
+                "  … and {} more with different content",
+                group_thousands(report.differing - report.differing_rows.len() as u64)
+            )?;
+        }
     } else {
         writeln!(
             out,

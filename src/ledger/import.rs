@@ -48,8 +48,11 @@ impl Import for Ledger {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Added {
     New,
-    /// The ledger had the id before this import.
-    AlreadyPresent,
+    /// The ledger had the id before this import; `same_evidence`: with
+    /// the evidence this row has (else the ledger keeps its own).
+    AlreadyPresent {
+        same_evidence: bool,
+    },
     /// An earlier line of this same import had the id.
     EarlierLine {
         line: u64,
@@ -155,14 +158,17 @@ impl ItemBatch for SqliteBatch<'_> {
                 .query_row(params![item_id], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
                 })?;
+        // The evidence is read with the row anyway: comparing it costs a
+        // string compare, only for ids already there.
+        let same_evidence = evidence.as_deref() == Some(evidence_json);
         Ok(match (file, first_line, at) {
             (Some(f), Some(l), Some(at)) if f == self.source_file && at == self.now => {
                 Added::EarlierLine {
                     line: u64::try_from(l).unwrap_or(0),
-                    same_evidence: evidence.as_deref() == Some(evidence_json),
+                    same_evidence,
                 }
             }
-            _ => Added::AlreadyPresent,
+            _ => Added::AlreadyPresent { same_evidence },
         })
     }
 

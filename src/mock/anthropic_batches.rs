@@ -11,7 +11,8 @@
 //!   prompt tokens would take the open batches past it is refused with a 429
 //!   `rate_limit_error` (Anthropic limits what waits in the processing queue)
 //!   and is not made. With `batch_lose_create = N` the next N creates (of any
-//!   API) make the batch but answer a 500 with an empty body.
+//!   API) make the batch but answer a 500 with an empty body; with
+//!   `batch_drop_create = N` the next N answer the same and make none.
 //! - `GET /v1/messages/batches/{id}` the batch; `POST …/{id}/cancel` moves an
 //!   `in_progress` batch to `canceling` (idempotent on a canceling batch, or
 //!   one that ended after a cancel; a 400 on a batch that ended otherwise —
@@ -89,6 +90,19 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     };
     drop(body);
     let cfg = &g.live.config;
+    let dropped = {
+        let mut store = lock(&shared.store);
+        let dropped = store.dropped_creates < cfg.batch_drop_create;
+        if dropped {
+            store.dropped_creates += 1;
+        }
+        dropped
+    };
+    if dropped {
+        // Lost before the provider acted on it: no batch.
+        event(&shared, ROUTE, "", "", 500, "batch_create_dropped");
+        return (StatusCode::INTERNAL_SERVER_ERROR, Vec::<u8>::new()).into_response();
+    }
     let model = requests
         .iter()
         .find_map(|(_, p)| p.get("model").and_then(Value::as_str))
@@ -107,6 +121,8 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
             let msg = format!(
                 "Number of queued batch tokens would exceed your rate limit of {limit} for the Message Batches API ({queued} queued, {tokens} in this batch). Please wait until some batches have ended and try again."
             );
+            shared.stats.count(BatchCount::RateLimited);
+            event(&shared, ROUTE, "", &model, 429, "rate_limited");
             let mut resp = g.error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &msg);
             let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
             resp.headers_mut()
@@ -149,6 +165,27 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     shared.stats.count(BatchCount::Created);
     let status = if lost { 500 } else { 200 };
     event(&shared, ROUTE, &id, &model, status, "batch_created");
+    if cfg.batch_cancel_after_ms > 0 {
+        let after = std::time::Duration::from_millis(cfg.batch_cancel_after_ms);
+        let (shared, id) = (Arc::clone(&shared), id.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(after) => {}
+                _ = shared.stopping() => return,
+            }
+            // The provider cancels it on its own, as the cancel route does.
+            let mut store = lock(&shared.anthropic_batches);
+            let Some(b) = store.batches.get_mut(&id) else {
+                return;
+            };
+            if b.phase == Phase::InProgress {
+                b.phase = Phase::Canceling;
+                b.cancel_initiated_at = Some(chrono::Utc::now());
+                b.cancel.notify_one();
+                event(&shared, ROUTE_ONE, &b.id, &b.model, 0, "batch_cancelling");
+            }
+        });
+    }
     run::spawn(
         Arc::clone(&shared),
         id,

@@ -60,6 +60,9 @@ pub(crate) struct Plan {
     line_log: bool,
     results_hidden: Duration,
     anomalies: bool,
+    /// Fail validation naming an input line (`batch_reject_input`): set by
+    /// the create route.
+    pub(crate) reject_input: bool,
 }
 
 impl Plan {
@@ -81,6 +84,7 @@ impl Plan {
             line_log: c.batch_line_log,
             results_hidden: ms(c.batch_results_404_ms),
             anomalies: seq < u64::from(c.batch_result_anomalies),
+            reject_input: false,
         }
     }
 }
@@ -162,6 +166,18 @@ impl Run<'_> {
             Ok(Err(errors)) => return self.fail(errors, None),
             Err(_) => return,
         };
+        if self.plan.reject_input {
+            let line = parsed.lines.len().min(2) as u64;
+            let e = BatchError {
+                code: "invalid_json_line".to_string(),
+                message: format!(
+                    "This line is not parseable as valid JSON (mock: batch_reject_input, line {line})."
+                ),
+                param: None,
+                line: Some(line),
+            };
+            return self.fail(vec![e], Some(parsed.model));
+        }
         let n = parsed.lines.len();
         match self.start(parsed) {
             Start::Running => {}

@@ -328,6 +328,10 @@ pub(crate) struct Store {
     /// creates whose answer was lost since the last config change or reset
     pub lost_creates: u32,
     pub refused_creates: u32,
+    /// batches failed by `batch_reject_input` since the last config change or reset
+    pub rejected_inputs: u32,
+    /// creates dropped by `batch_drop_create` since the last config change or reset
+    pub dropped_creates: u32,
 }
 
 impl Store {

@@ -7,8 +7,10 @@
 //!   or 404 for an unknown file; `mode = "quota"` is a 429 `insufficient_quota`),
 //!   then makes the batch in `validating`, starts its lifecycle (`batch_run`),
 //!   counts it and logs it. With `batch_lose_create = N` the next N creates make
-//!   the batch but answer a 500 with an empty body.
-//! - `GET …/batches/{id}` answers the Batch object; `POST …/batches/{id}/cancel`
+//!   the batch but answer a 500 with an empty body; with `batch_reject_input =
+//!   N` the next N batches fail validation naming an input line.
+//! - `GET …/batches/{id}` answers the Batch object (the next `batch_poll_fail`
+//!   polls a 503 instead); `POST …/batches/{id}/cancel`
 //!   moves a non-terminal batch to `cancelling` (idempotent on a cancelling or
 //!   cancelled batch; 400 `invalid_request_error` on completed, failed or
 //!   expired — the status code is not documented, 400 is a guess).
@@ -134,13 +136,17 @@ pub(crate) async fn create(
     }
     let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
     let id = format!("batch_{hex}");
-    let (object, seq, cancel, lost) = {
+    let (object, seq, cancel, lost, reject) = {
         let mut store = lock(&shared.store);
         let seq = store.next_seq;
         store.next_seq += 1;
         let lost = store.lost_creates < cfg.batch_lose_create;
         if lost {
             store.lost_creates += 1;
+        }
+        let reject = store.rejected_inputs < cfg.batch_reject_input;
+        if reject {
+            store.rejected_inputs += 1;
         }
         let batch = Batch {
             api: g.api,
@@ -168,7 +174,7 @@ pub(crate) async fn create(
         let cancel = Arc::clone(&batch.cancel);
         store.order.push(id.clone());
         store.batches.insert(id.clone(), batch);
-        (object, seq, cancel, lost)
+        (object, seq, cancel, lost, reject)
     };
     shared.stats.count(BatchCount::Created);
     let event = BatchEvent {
@@ -187,7 +193,19 @@ pub(crate) async fn create(
         outcome: "batch_created",
     };
     shared.stats.event(&event, cfg.log_capacity);
-    let plan = Plan::from_config(cfg, g.api, endpoint, seq);
+    if cfg.batch_cancel_after_ms > 0 {
+        let after = cfg.batch_validating_ms + cfg.batch_cancel_after_ms;
+        let (shared, api, id) = (Arc::clone(&shared), g.api, id.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(after)) => {}
+                _ = shared.stopping() => return,
+            }
+            provider_cancel(&shared, api, &id);
+        });
+    }
+    let mut plan = Plan::from_config(cfg, g.api, endpoint, seq);
+    plan.reject_input = reject;
     batch_run::spawn(Arc::clone(&shared), id, input, plan, cancel);
     if cfg.batch_create_delay_ms > 0 {
         // Made, but the answer is slow: a client that dies meanwhile has a
@@ -208,6 +226,34 @@ pub(crate) async fn create(
         .into_response();
     g.headers(resp.headers_mut());
     resp
+}
+
+/// `batch_cancel_after_ms`: the provider cancels batch `id` on its own, as
+/// the cancel route does, if it is still in progress.
+fn provider_cancel(shared: &Shared, api: super::batch_store::Api, id: &str) {
+    let mut store = lock(&shared.store);
+    let Some(b) = store.batch_mut(api, id) else {
+        return;
+    };
+    if b.status != Status::InProgress {
+        return;
+    }
+    b.status = Status::Cancelling;
+    b.at.cancelling = Some(unix_now());
+    b.cancel_requested = true;
+    b.cancel.notify_one();
+    let event = BatchEvent {
+        provider: api.provider(),
+        route: b.route(),
+        batch_id: &b.id,
+        client_request_id: None,
+        model: b.model.as_deref().unwrap_or(""),
+        status: 0,
+        outcome: "batch_cancelling",
+    };
+    shared
+        .stats
+        .event(&event, shared.live().config.log_capacity);
 }
 
 /// At most 16 pairs of strings, keys ≤ 64 chars, values ≤ 512.
@@ -258,6 +304,14 @@ pub(crate) async fn get(
         Ok(g) => g,
         Err(r) => return *r,
     };
+    let fail = g.live.config.batch_poll_fail;
+    let failed = shared
+        .poll_failures
+        .fetch_update(Relaxed, Relaxed, |n| (n < fail).then_some(n + 1))
+        .is_ok();
+    if failed {
+        return g.event(&Event::Overloaded);
+    }
     let store = lock(&shared.store);
     match store.batch(g.api, &id) {
         Some(b) => g.ok(&b.object()),

@@ -154,8 +154,11 @@ pub(crate) async fn delete(
     if store.file(g.api, &id).is_none() {
         return g.not_found("File", &id);
     }
-    store.files.remove(&id);
+    let gone = store.files.remove(&id);
     drop(store);
+    if let Some(f) = gone {
+        lock(&shared.deleted_files).insert(id.clone(), f.bytes);
+    }
     shared.stats.count(super::stats::BatchCount::FileDeleted);
     g.ok(&json!({"id": id, "object": "file", "deleted": true}))
 }

@@ -66,7 +66,10 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
             "/upload/v1beta/files",
             post(gemini_files::upload).layer(DefaultBodyLimit::max(gemini_files::MAX_UPLOAD)),
         )
-        .route("/v1beta/files/{id}", get(gemini_files::get))
+        .route(
+            "/v1beta/files/{id}",
+            get(gemini_files::get).delete(gemini_files::delete),
+        )
         .route("/download/v1beta/files/{id}", get(gemini_files::download))
         .layer(Extension(GemState::default()))
 }
@@ -268,6 +271,28 @@ fn create(
         if lost { 500 } else { 200 },
         "batch_created",
     );
+    if cfg.batch_cancel_after_ms > 0 {
+        let after = cfg.batch_validating_ms + cfg.batch_cancel_after_ms;
+        let (shared, store, name) = (Arc::clone(shared), store.clone(), name.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(after)) => {}
+                _ = shared.stopping() => return,
+            }
+            // The provider cancels it on its own, as the cancel route does.
+            let mut s = lock(&store);
+            let Some(b) = s.batches.get_mut(&name) else {
+                return;
+            };
+            if b.state == GState::Running && !b.cancel_requested {
+                b.cancel_requested = true;
+                b.cancel.notify_one();
+                let model = b.model.clone();
+                drop(s);
+                event(&shared, BATCH_ROUTE, &name, &model, 0, "batch_cancelling");
+            }
+        });
+    }
     let plan = Plan::from_config(cfg, file.is_none(), seq);
     gemini_batch_run::spawn(Arc::clone(shared), store, name, reqs, plan, cancel);
     if lost {

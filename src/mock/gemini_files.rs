@@ -10,7 +10,8 @@
 //!   `X-Goog-Upload-Offset: 0` and the bytes answers `{"file": {...}}` and
 //!   `X-Goog-Upload-Status: final`; a size other than the declared one, an
 //!   unknown upload id or another command is a 400.
-//! - `GET /v1beta/files/{id}` answers the File; `GET
+//! - `GET /v1beta/files/{id}` answers the File, `DELETE /v1beta/files/{id}`
+//!   deletes it (`{}`; counted in `files_deleted`); `GET
 //!   /download/v1beta/files/{id}:download?alt=media` the raw bytes.
 //! - Cut results (`batch_cut_results = N`): the first N downloads of each
 //!   responses file send the first half of the bytes (never ending on a line
@@ -176,6 +177,26 @@ pub(crate) async fn get(
         Some(f) => ok(&f.object()),
         None => not_found(&name),
     }
+}
+
+/// `DELETE /v1beta/files/{id}`: `{}`; an unknown file is a 404.
+pub(crate) async fn delete(
+    State(shared): State<Arc<Shared>>,
+    Extension(store): Extension<GemState>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = gate(&shared, "/v1beta/files/{file}", &query, &headers) {
+        return *r;
+    }
+    let name = format!("files/{id}");
+    let Some(gone) = lock(&store).files.remove(&name) else {
+        return not_found(&name);
+    };
+    lock(&shared.deleted_files).insert(name, gone.bytes);
+    shared.stats.count(BatchCount::FileDeleted);
+    ok(&json!({}))
 }
 
 /// `GET /download/v1beta/files/{id}:download?alt=media`

@@ -14,7 +14,10 @@
 //!   (Azure), `POST /api/v1/chat/completions` (OpenRouter), `POST /v1/messages`
 //!   (Anthropic), `POST /v1beta/models/{model}:generateContent` (Gemini) and
 //!   `POST /api/chat` (Ollama). Each log entry names its provider and route.
-//! - `GET /v1/models` lists a few model ids.
+//! - The models lists (`GET /v1/models`, Anthropic's with its
+//!   `anthropic-version` header, `/v1beta/models`, `/api/tags`) name what it
+//!   serves in each one's shape: the `models` set, or, serving any model,
+//!   a few ids of that provider.
 //! - The OpenAI Files + Batches APIs (`/v1/files…`, `/v1/batches…`) and
 //!   Azure's (`/openai/files…`, `/openai/batches…` with `api-version` and
 //!   `api-key`) in their exact wire format, with a lifecycle compressed to
@@ -99,6 +102,10 @@ pub struct MockConfig {
     /// rate-limit error with no hint (no retry-after, no x-ratelimit-* headers); 0 = none
     #[arg(long, default_value_t = 0)]
     pub storm_429_ms: u64,
+    /// the first N sends of each prompt (the same messages) get a 429 with no hint, whenever
+    /// they come: every request is refused N times in a row; 0 = none
+    #[arg(long, default_value_t = 0)]
+    pub rate_limit_first: u32,
     /// server-side tokens/min limit, same per-second bucket; request cost = estimated prompt
     /// tokens + max_tokens (or max_completion_tokens, default 256); 0 = none
     #[arg(long, default_value_t = 0)]
@@ -251,6 +258,26 @@ pub struct MockConfig {
     /// custom_id the batch never had. A batch needs 6 lines for all of them
     #[arg(long, default_value_t = 0)]
     pub batch_result_anomalies: u32,
+    /// Batch API (OpenAI/Azure): the next N batches fail validation as if line 2 of their input
+    /// (line 1 of a one-line file) were not valid JSON: `failed`, `errors.data[]` with code
+    /// `invalid_json_line` and that `line`; nothing runs or is billed (counted from the last
+    /// config change or reset)
+    #[arg(long, default_value_t = 0)]
+    pub batch_reject_input: u32,
+    /// Batch API (OpenAI/Azure): the next N polls of a batch (`GET …/batches/{id}`) answer a 503
+    /// `overloaded` after the rate limits (counted from the last config change or reset)
+    #[arg(long, default_value_t = 0)]
+    pub batch_poll_fail: u32,
+    /// Batch API: the provider cancels a batch on its own once it has been in progress this many
+    /// ms (after validation; Anthropic from its create), as a cancel asked by the client would:
+    /// the lines in flight finish, the finished lines are in its results and billed, the rest are
+    /// cancelled unrun; logged `batch_cancelling` with status 0. 0 = never. Read at create
+    #[arg(long, default_value_t = 0)]
+    pub batch_cancel_after_ms: u64,
+    /// Batch API (Anthropic): the next N creates answer a 500 with no body and make no batch (a
+    /// create lost before the provider acted on it; counted from the last config change or reset)
+    #[arg(long, default_value_t = 0)]
+    pub batch_drop_create: u32,
 }
 
 impl Default for MockConfig {
@@ -261,6 +288,7 @@ impl Default for MockConfig {
             rpm_limit: 0,
             tpm_limit: 0,
             storm_429_ms: 0,
+            rate_limit_first: 0,
             fail_500: 0.0,
             fail_503: 0.0,
             hang: 0.0,
@@ -298,6 +326,10 @@ impl Default for MockConfig {
             batch_line_log: false,
             batch_results_404_ms: 0,
             batch_result_anomalies: 0,
+            batch_reject_input: 0,
+            batch_poll_fail: 0,
+            batch_cancel_after_ms: 0,
+            batch_drop_create: 0,
         }
     }
 }
@@ -458,6 +490,10 @@ pub struct MockLogEntry {
     /// the batch (or uploaded file) an event is about; None for chat requests
     #[serde(default)]
     pub batch_id: Option<String>,
+    /// a billed chat answer's usage as sent (prompt, completion tokens): the
+    /// billing oracle's cost per request; None when it carried none
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<(u64, u64)>,
 }
 
 /// Blocking entry for `docket mock-provider`: serve until Ctrl-C. Prints one

@@ -274,8 +274,17 @@ pub(crate) async fn run(
         // (row S4); nothing is drawn, so the others' faults stay put.
         return reply.fail(&Event::ServerError);
     }
-    if live.set_at.elapsed() < Duration::from_millis(live.config.storm_429_ms) {
-        // A storm with no hint: the client must find its own pace (row S2).
+    let storm = live.set_at.elapsed() < Duration::from_millis(live.config.storm_429_ms);
+    // The first sends of each prompt refused: every request meets that
+    // many 429s in a row, whatever the client's pacing (row S2's caps).
+    let refused_first = live.config.rate_limit_first > 0 && {
+        let mut seen = lock(&shared.refused_first);
+        let n = seen.entry(prompt_sha256.clone()).or_default();
+        *n += 1;
+        *n <= live.config.rate_limit_first
+    };
+    if storm || refused_first {
+        // A 429 with no hint: the client must find its own pace (row S2).
         let l = Limited {
             kind: super::limits::LimitKind::Requests,
             limit: 0,

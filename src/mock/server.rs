@@ -95,6 +95,13 @@ pub(crate) struct Shared {
     pub salt: u64,
     /// answers that used up the `omit_optional_first` budget since the last config change or reset
     pub omit_first_used: AtomicU32,
+    /// the bytes of every file deleted through the Files APIs (OpenAI/Azure ids, Gemini
+    /// `files/…` names), for a test's billing oracle (`MockServer::deleted_file`)
+    pub deleted_files: Mutex<std::collections::HashMap<String, axum::body::Bytes>>,
+    /// polls failed by `batch_poll_fail` since the last config change or reset
+    pub poll_failures: AtomicU32,
+    /// 429s given per prompt (its hash) for `rate_limit_first`
+    pub refused_first: Mutex<std::collections::HashMap<String, u32>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -113,6 +120,9 @@ impl Shared {
             ids: AtomicU64::new(0),
             salt: splitmix(nanos ^ config.seed),
             omit_first_used: AtomicU32::new(0),
+            deleted_files: Mutex::default(),
+            poll_failures: AtomicU32::new(0),
+            refused_first: Mutex::new(std::collections::HashMap::new()),
             shutdown: watch::channel(false).0,
             live: RwLock::new(Arc::new(Live::new(config))),
         }
@@ -134,8 +144,11 @@ impl Shared {
             let mut store = lock(&self.store);
             store.lost_creates = 0;
             store.refused_creates = 0;
+            store.rejected_inputs = 0;
+            store.dropped_creates = 0;
         }
         self.omit_first_used.store(0, Relaxed);
+        self.poll_failures.store(0, Relaxed);
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Live::new(config));
     }
 
@@ -206,6 +219,13 @@ impl MockServer {
     }
 
     /// The request log (same as GET /_mock/log).
+    /// The bytes of file `id` (an OpenAI/Azure file id, a Gemini `files/…`
+    /// name) as they were when a client deleted it through the API; None
+    /// for a file never deleted. The API itself answers 404 for it.
+    pub fn deleted_file(&self, id: &str) -> Option<Vec<u8>> {
+        lock(&self.shared.deleted_files).get(id).map(|b| b.to_vec())
+    }
+
     pub fn log(&self) -> Vec<MockLogEntry> {
         self.shared.stats.log()
     }
@@ -302,7 +322,11 @@ fn to_json<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
-async fn models(State(shared): State<Arc<Shared>>, headers: header::HeaderMap) -> Response {
+async fn models(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: header::HeaderMap,
+) -> Response {
     shared.stats.models_request();
     // A key refused everywhere is refused here too, as by the real APIs,
     // which echo the key's start and end (OpenAI: "Incorrect API key
@@ -326,7 +350,15 @@ async fn models(State(shared): State<Arc<Shared>>, headers: header::HeaderMap) -
             ),
         );
     }
-    json_response(StatusCode::OK, wire::models_body())
+    // The list of what it serves, in the shape of the wire asked.
+    let list = match uri.path() {
+        "/v1beta/models" => wire::ModelsWire::Gemini,
+        "/api/tags" => wire::ModelsWire::Ollama,
+        "/v1/models" if headers.contains_key("anthropic-version") => wire::ModelsWire::Anthropic,
+        _ => wire::ModelsWire::OpenAi,
+    };
+    let served = shared.live().config.models.clone();
+    json_response(StatusCode::OK, wire::models_body(&served, list))
 }
 
 /// The key a request carries, in whichever header its wire uses.
@@ -376,8 +408,11 @@ async fn reset(State(shared): State<Arc<Shared>>) -> Response {
         let mut store = lock(&shared.store);
         store.lost_creates = 0;
         store.refused_creates = 0;
+        store.rejected_inputs = 0;
+        store.dropped_creates = 0;
     }
     shared.omit_first_used.store(0, Relaxed);
+    shared.poll_failures.store(0, Relaxed);
     to_json(&shared.stats.snapshot())
 }
 

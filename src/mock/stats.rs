@@ -185,6 +185,7 @@ impl Recorder {
             status,
             outcome: outcome.as_str().to_string(),
             batch_id: None,
+            usage,
         };
         self.push(entry, log_capacity);
     }
@@ -213,6 +214,7 @@ impl Recorder {
             status: e.status,
             outcome: e.outcome.to_string(),
             batch_id: Some(e.batch_id.to_string()),
+            usage: None,
         };
         self.push(entry, log_capacity);
     }

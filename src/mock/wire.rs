@@ -334,35 +334,93 @@ pub(crate) const MSG_500: &str =
 pub(crate) const MSG_503: &str = "The engine is currently overloaded, please try again later.";
 
 pub(crate) const MODELS: [&str; 4] = ["gpt-4o-mini", "gpt-4o", "gpt-4.1-mini", "mock-1"];
+/// What the other wires' lists show when the mock serves any model: the
+/// ids a provider of that kind would list (Anthropic's dated ids, which
+/// its aliases such as `claude-haiku-4-5` stand for).
+const ANTHROPIC_MODELS: [&str; 4] = [
+    "claude-haiku-4-5-20251001",
+    "claude-sonnet-4-5-20250929",
+    "claude-opus-4-1-20250805",
+    "claude-3-5-haiku-20241022",
+];
+const GEMINI_MODELS: [&str; 3] = ["gemini-2.5-flash", "gemini-2.5-pro", "gemini-2.0-flash"];
+const OLLAMA_MODELS: [&str; 3] = ["llama3.2:latest", "qwen2.5:7b", "mistral:latest"];
 
-/// `GET /v1/models` body.
-pub(crate) fn models_body() -> Vec<u8> {
-    #[derive(Serialize)]
-    struct List {
-        object: &'static str,
-        data: Vec<Model>,
-    }
-    #[derive(Serialize)]
-    struct Model {
-        id: &'static str,
-        object: &'static str,
-        created: u64,
-        owned_by: &'static str,
-    }
-    let list = List {
-        object: "list",
-        data: MODELS
-            .iter()
-            .map(|id| Model {
-                id,
-                object: "model",
-                // a fixed date (2024-07-18) like OpenAI's per-model creation times
-                created: 1_721_260_800,
-                owned_by: "docket-mock",
-            })
-            .collect(),
+/// Which provider's models list a request asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ModelsWire {
+    /// `GET /v1/models` (also Azure's and OpenRouter's lists).
+    OpenAi,
+    /// `GET /v1/models` with an `anthropic-version` header.
+    Anthropic,
+    /// `GET /v1beta/models`.
+    Gemini,
+    /// `GET /api/tags`.
+    Ollama,
+}
+
+/// A models list in `wire`'s shape, naming what the mock serves: the
+/// `models` set when it has one (`served`, comma-separated), else (it
+/// serves any model) a few ids of that provider.
+pub(crate) fn models_body(served: &str, wire: ModelsWire) -> Vec<u8> {
+    let set: Vec<&str> = served
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .collect();
+    let ids: Vec<&str> = if !set.is_empty() {
+        set
+    } else {
+        match wire {
+            ModelsWire::OpenAi => MODELS.to_vec(),
+            ModelsWire::Anthropic => ANTHROPIC_MODELS.to_vec(),
+            ModelsWire::Gemini => GEMINI_MODELS.to_vec(),
+            ModelsWire::Ollama => OLLAMA_MODELS.to_vec(),
+        }
     };
-    serde_json::to_vec(&list).unwrap_or_default()
+    let body = match wire {
+        ModelsWire::OpenAi => serde_json::json!({
+            "object": "list",
+            "data": ids.iter().map(|id| serde_json::json!({
+                "id": id,
+                "object": "model",
+                // a fixed date (2024-07-18) like OpenAI's per-model creation times
+                "created": 1_721_260_800u64,
+                "owned_by": "docket-mock",
+            })).collect::<Vec<_>>(),
+        }),
+        ModelsWire::Anthropic => serde_json::json!({
+            "data": ids.iter().map(|id| serde_json::json!({
+                "type": "model",
+                "id": id,
+                "display_name": id,
+                "created_at": "2024-07-18T00:00:00Z",
+            })).collect::<Vec<_>>(),
+            "has_more": false,
+            "first_id": ids.first(),
+            "last_id": ids.last(),
+        }),
+        ModelsWire::Gemini => serde_json::json!({
+            "models": ids.iter().map(|id| {
+                let name = if id.starts_with("models/") { id.to_string() } else { format!("models/{id}") };
+                serde_json::json!({
+                    "name": name,
+                    "displayName": id,
+                    "supportedGenerationMethods": ["generateContent", "countTokens"],
+                })
+            }).collect::<Vec<_>>(),
+        }),
+        ModelsWire::Ollama => serde_json::json!({
+            "models": ids.iter().map(|id| serde_json::json!({
+                "name": id,
+                "model": id,
+                "modified_at": "2024-07-18T00:00:00Z",
+                "size": 2_019_393_189u64,
+                "digest": "a80c4f17acd55265feec403c7aef86be0c25983ab279d83f3bcd3abbcb5b8b72",
+            })).collect::<Vec<_>>(),
+        }),
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -86,16 +86,17 @@ impl ChatProvider for AnthropicChat {
         })
     }
 
-    /// `GET /v1/models`.
+    /// `GET /v1/models?limit=1000` (one page: the largest it gives).
     fn preflight(&self) -> super::PreflightFuture<'_> {
         Box::pin(async move {
-            let url = self.url.replace("/v1/messages", "/v1/models");
+            let url = self.url.replace("/v1/messages", "/v1/models?limit=1000");
             let builder = self
                 .client
                 .get(url)
                 .header("x-api-key", super::secret_header(self.key.expose())?)
                 .header("anthropic-version", ANTHROPIC_VERSION);
-            super::probe(builder, Some(&self.key)).await
+            let body = super::probe(builder, Some(&self.key)).await?;
+            Ok(body.and_then(|b| super::listed_ids(&b)))
         })
     }
 }

@@ -89,7 +89,9 @@ impl ChatProvider for AzureChat {
                 .client
                 .get(url)
                 .header("api-key", super::secret_header(self.key.expose())?);
-            super::probe(builder, Some(&self.key)).await
+            // It lists the models the resource may deploy, where `model`
+            // is a deployment's own name: nothing to check it against.
+            super::probe(builder, Some(&self.key)).await.map(|_| None)
         })
     }
 }

@@ -94,16 +94,38 @@ impl ChatProvider for GeminiChat {
         })
     }
 
-    /// `GET /v1beta/models`.
+    /// `GET /v1beta/models?pageSize=1000` (one page: the largest it gives).
     fn preflight(&self) -> super::PreflightFuture<'_> {
         Box::pin(async move {
             let builder = self
                 .client
-                .get(format!("{}/v1beta/models", self.base))
+                .get(format!("{}/v1beta/models?pageSize=1000", self.base))
                 .header("x-goog-api-key", super::secret_header(self.key.expose())?);
-            super::probe(builder, Some(&self.key)).await
+            let body = super::probe(builder, Some(&self.key)).await?;
+            Ok(body.and_then(|b| listed_models(&b)))
         })
     }
+}
+
+/// The model ids of a `models.list` answer (`{"models": [{"name":
+/// "models/gemini-2.5-flash"}]}`), without the `models/`; None for another
+/// shape, or a page of a longer list (`nextPageToken`).
+pub(crate) fn listed_models(body: &[u8]) -> super::Listed {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if v.get("nextPageToken")
+        .and_then(Value::as_str)
+        .is_some_and(|t| !t.is_empty())
+    {
+        return None;
+    }
+    let models = v.get("models")?.as_array()?;
+    Some(
+        models
+            .iter()
+            .filter_map(|m| m.get("name")?.as_str())
+            .map(|n| n.strip_prefix("models/").unwrap_or(n).to_string())
+            .collect(),
+    )
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {

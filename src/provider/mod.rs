@@ -6,9 +6,11 @@ pub(crate) mod anthropic;
 mod azure;
 pub mod batch;
 pub(crate) mod gemini;
+pub(crate) mod models;
 pub(crate) mod ollama;
 pub(crate) mod openai;
 pub(crate) mod openrouter;
+mod transport;
 
 use std::fmt;
 use std::future::Future;
@@ -156,7 +158,14 @@ impl std::error::Error for ProviderError {}
 pub type ChatFuture<'a> =
     Pin<Box<dyn Future<Output = Result<ChatAnswer, ProviderError>> + Send + 'a>>;
 
-pub type PreflightFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ProviderError>> + Send + 'a>>;
+/// The models a preflight's answer listed, when it was a models list read
+/// whole; None when it was not (a 404 from a compatible server without a
+/// list, a 429, OpenRouter's key, a list cut into pages, a body not in the
+/// provider's shape): then nothing can be said about the model.
+pub type Listed = Option<Vec<String>>;
+
+pub type PreflightFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Listed, ProviderError>> + Send + 'a>>;
 
 /// A synchronous chat endpoint.
 pub trait ChatProvider: Send + Sync {
@@ -165,7 +174,8 @@ pub trait ChatProvider: Send + Sync {
     fn send<'a>(&'a self, request: &'a ChatRequest) -> ChatFuture<'a>;
     /// One cheap request (the provider's models list or its nearest
     /// equivalent) before a session is created: `Err` when the provider
-    /// cannot be reached or refuses the key (see [`probe`]).
+    /// cannot be reached or refuses the key (see [`probe`]); else the
+    /// models it listed, if its answer was a whole list.
     fn preflight(&self) -> PreflightFuture<'_>;
 }
 
@@ -184,16 +194,20 @@ const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(15);
 /// reached (connection refused, DNS, TLS, no answer in 15 s) or refuses
 /// the key (401, 403). Any other answer counts as there: a compatible
 /// server without a models list answers 404, a busy one 429 or 503, and
-/// each of those will still take requests.
+/// each of those will still take requests. The body of a 200, for the
+/// adapter to read its models list from.
 pub(crate) async fn probe(
     builder: reqwest::RequestBuilder,
     key: Option<&ApiKey>,
-) -> Result<(), ProviderError> {
+) -> Result<Option<Vec<u8>>, ProviderError> {
     let raw = exchange(builder.timeout(PREFLIGHT_TIMEOUT))
         .await
         .map_err(|e| scrub(e, key))?;
+    if raw.status == 200 {
+        return Ok(Some(raw.bytes));
+    }
     if !matches!(raw.status, 401 | 403) {
-        return Ok(());
+        return Ok(None);
     }
     let body: String = String::from_utf8_lossy(&raw.bytes)
         .chars()
@@ -211,6 +225,22 @@ pub(crate) async fn probe(
         },
         key,
     ))
+}
+
+/// The ids of an OpenAI- or Anthropic-shaped models list (`{"data": [{"id":
+/// ...}]}`); None for another shape, or a page of a longer list
+/// (`has_more`: Anthropic's).
+pub(crate) fn listed_ids(body: &[u8]) -> Listed {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if v.get("has_more").and_then(Value::as_bool) == Some(true) {
+        return None;
+    }
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
+            .collect(),
+    )
 }
 
 /// An API key held in memory only; never printed, logged or serialized.
@@ -498,16 +528,20 @@ mod tests {
             )
             .unwrap()
         };
-        openai(&normal.base_url())
+        let listed = openai(&normal.base_url())
             .preflight()
             .await
-            .expect("a models list");
-        // No models route under this prefix: 404, and still there.
+            .expect("a models list")
+            .expect("the list read");
+        assert!(listed.iter().any(|m| m == "gpt-4o-mini"), "{listed:?}");
+        // No models route under this prefix: 404, and still there (with
+        // nothing listed).
         let root = normal.base_url().trim_end_matches("/v1").to_string();
-        openai(&format!("{root}/elsewhere"))
+        let none = openai(&format!("{root}/elsewhere"))
             .preflight()
             .await
             .expect("404 is there");
+        assert_eq!(none, None);
         let refusing = MockServer::start(
             MockConfig {
                 mode: "unauthorized".into(),

@@ -81,9 +81,29 @@ impl ChatProvider for OllamaChat {
             if let Some(key) = &self.key {
                 builder = builder.bearer_auth(key.expose());
             }
-            super::probe(builder, self.key.as_ref()).await
+            let body = super::probe(builder, self.key.as_ref()).await?;
+            Ok(body.and_then(|b| listed_tags(&b)))
         })
     }
+}
+
+/// The local models of an `/api/tags` answer (`{"models": [{"name":
+/// "llama3.2:latest", "model": "llama3.2:latest"}]}`); None for another
+/// shape.
+pub(crate) fn listed_tags(body: &[u8]) -> super::Listed {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let models = v.get("models")?.as_array()?;
+    let mut out = Vec::new();
+    for m in models {
+        for field in ["name", "model"] {
+            if let Some(n) = m.get(field).and_then(Value::as_str)
+                && !out.iter().any(|o| o == n)
+            {
+                out.push(n.to_string());
+            }
+        }
+    }
+    Some(out)
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {

@@ -100,7 +100,8 @@ impl ChatProvider for OpenAiChat {
             if let Some(key) = &self.key {
                 builder = builder.bearer_auth(key.expose());
             }
-            super::probe(builder, self.key.as_ref()).await
+            let body = super::probe(builder, self.key.as_ref()).await?;
+            Ok(body.and_then(|b| super::listed_ids(&b)))
         })
     }
 }
@@ -320,10 +321,17 @@ pub(crate) fn transport_error(e: &reqwest::Error) -> ProviderError {
     } else {
         ErrorClass::Transient
     };
-    let what = if e.is_timeout() {
+    // What failed, down to its cause (row S5): "DNS: ...", "TLS: ...",
+    // "connection refused", not only reqwest's "error sending request".
+    let what = if e.is_connect() && e.is_timeout() {
+        format!(
+            "{}: no connection within the connect timeout",
+            super::transport::head(e)
+        )
+    } else if e.is_timeout() {
         "no answer before the request timeout".to_string()
     } else {
-        e.to_string()
+        super::transport::describe(e)
     };
     ProviderError {
         class,

@@ -98,7 +98,9 @@ impl ChatProvider for OpenRouterChat {
                 .client
                 .get(format!("{base}/key"))
                 .bearer_auth(self.key.expose());
-            super::probe(builder, Some(&self.key)).await
+            // The key's limits, not a models list: nothing to say of the
+            // model (its ids take variants, `:free`, `:nitro`, too).
+            super::probe(builder, Some(&self.key)).await.map(|_| None)
         })
     }
 }

@@ -17,7 +17,7 @@ use super::procs::{BIN, Proc};
 use super::{Workspace, count};
 
 pub const KEY_ENV: &str = "DOCKET_FAULT_BATCH_KEY";
-const KEY: &str = "faultBatchKey7c1d02";
+pub const KEY: &str = "faultBatchKey7c1d02";
 /// The longest one `docket batch-adjudicate` may take.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -73,6 +73,8 @@ pub struct BatchWs {
     pub ws: Workspace,
     pub home: tempfile::TempDir,
     pub wire: Wire,
+    /// More environment for the runs (`with_env`).
+    pub env: Vec<(String, String)>,
 }
 
 pub fn workspace(wire: Wire, m: &MockServer, items: usize) -> BatchWs {
@@ -128,13 +130,41 @@ review_threshold = 0.60
         ws,
         home: tempfile::tempdir().expect("home"),
         wire,
+        env: Vec::new(),
     }
 }
 
 impl BatchWs {
+    /// Every run gets `var` = `value` in its environment.
+    pub fn with_env(mut self, var: &str, value: &str) -> Self {
+        self.env.push((var.to_string(), value.to_string()));
+        self
+    }
+
+    /// Add `lines` (TOML) to the stage's `[stages.batch]` table.
+    pub fn batch_settings(&self, lines: &str) {
+        let path = self.ws.path().join("docket.toml");
+        let toml = std::fs::read_to_string(&path).unwrap();
+        let toml = toml.replacen("[stages.batch]\n", &format!("[stages.batch]\n{lines}\n"), 1);
+        std::fs::write(&path, toml).unwrap();
+    }
+
+    /// Add `lines` (TOML) to the provider's table.
+    pub fn provider_settings(&self, lines: &str) {
+        let path = self.ws.path().join("docket.toml");
+        let toml = std::fs::read_to_string(&path).unwrap();
+        let toml = toml.replacen(
+            "[providers.main]\n",
+            &format!("[providers.main]\n{lines}\n"),
+            1,
+        );
+        std::fs::write(&path, toml).unwrap();
+    }
+
     /// `docket batch-adjudicate --yes --headless`, started.
     pub fn spawn(&self) -> Proc {
         let mut c = Command::new(BIN);
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c.arg("--workspace")
             .arg(self.ws.path())
             .args(["batch-adjudicate", "--yes", "--headless"])
@@ -233,6 +263,19 @@ fn n(v: &Value, ptr: &str) -> u64 {
     v.pointer(ptr).and_then(Value::as_u64).unwrap_or(0)
 }
 
+/// A results file's text as the mock served it: over HTTP, or, once docket
+/// deleted it after ingesting it (row B2), the bytes the mock kept of it.
+async fn file_text(m: &MockServer, req: reqwest::RequestBuilder, id: &str) -> String {
+    let r = req.send().await.expect("a GET to the mock");
+    if r.status().as_u16() == 404
+        && let Some(bytes) = m.deleted_file(id)
+    {
+        return String::from_utf8(bytes).expect("a UTF-8 results file");
+    }
+    assert!(r.status().is_success(), "{id}: {}", r.status());
+    r.text().await.unwrap()
+}
+
 async fn get(req: reqwest::RequestBuilder) -> reqwest::Response {
     let r = req.send().await.expect("a GET to the mock");
     assert!(r.status().is_success(), "{}", r.status());
@@ -266,13 +309,10 @@ pub async fn served(m: &MockServer, wire: Wire, provider_batch_id: &str) -> Serv
                 .map(|u| (n(u, "/input_tokens"), n(u, "/output_tokens")));
             for file in ["output_file_id", "error_file_id"] {
                 let Some(id) = b[file].as_str() else { continue };
-                let text = get(http
+                let req = http
                     .get(format!("{root}/v1/files/{id}/content"))
-                    .header("authorization", &auth))
-                .await
-                .text()
-                .await
-                .unwrap();
+                    .header("authorization", &auth);
+                let text = file_text(m, req, id).await;
                 for l in jsonl(&text) {
                     let usage = (l.pointer("/response/status_code") == Some(&Value::from(200)))
                         .then(|| {
@@ -332,15 +372,12 @@ pub async fn served(m: &MockServer, wire: Wire, provider_batch_id: &str) -> Serv
                 }
             } else if let Some(file) = out["responsesFile"].as_str() {
                 let id = file.trim_start_matches("files/");
-                let text = get(http
+                let req = http
                     .get(format!(
                         "{root}/download/v1beta/files/{id}:download?alt=media"
                     ))
-                    .header("x-goog-api-key", KEY))
-                .await
-                .text()
-                .await
-                .unwrap();
+                    .header("x-goog-api-key", KEY);
+                let text = file_text(m, req, file).await;
                 for item in jsonl(&text) {
                     s.line(item["key"].as_str(), usage(&item));
                 }
@@ -348,6 +385,79 @@ pub async fn served(m: &MockServer, wire: Wire, provider_batch_id: &str) -> Serv
         }
     }
     s
+}
+
+/// Whether the mock still stores file `id` (an OpenAI/Azure file id, or a
+/// Gemini `files/…` name), asked over HTTP.
+pub async fn file_stored(m: &MockServer, wire: Wire, id: &str) -> bool {
+    let http = reqwest::Client::new();
+    let root = root(m);
+    let req = match wire {
+        Wire::OpenAi => http
+            .get(format!("{root}/v1/files/{id}"))
+            .header("authorization", format!("Bearer {KEY}")),
+        Wire::Gemini => http
+            .get(format!(
+                "{root}/v1beta/files/{}",
+                id.trim_start_matches("files/")
+            ))
+            .header("x-goog-api-key", KEY),
+        Wire::Anthropic => panic!("Anthropic batches have no files"),
+    };
+    let status = req.send().await.expect("a GET to the mock").status();
+    assert!(
+        status.is_success() || status.as_u16() == 404,
+        "file {id}: {status}"
+    );
+    status.is_success()
+}
+
+/// The files the provider's batch `provider_batch_id` names, asked over
+/// HTTP: (input file, output/error or responses files).
+pub async fn batch_files(
+    m: &MockServer,
+    wire: Wire,
+    provider_batch_id: &str,
+) -> (Option<String>, Vec<String>) {
+    let http = reqwest::Client::new();
+    let root = root(m);
+    match wire {
+        Wire::OpenAi => {
+            let b: Value = get(http
+                .get(format!("{root}/v1/batches/{provider_batch_id}"))
+                .header("authorization", format!("Bearer {KEY}")))
+            .await
+            .json()
+            .await
+            .unwrap();
+            let results = ["output_file_id", "error_file_id"]
+                .iter()
+                .filter_map(|f| b[*f].as_str().map(str::to_string))
+                .collect();
+            (b["input_file_id"].as_str().map(str::to_string), results)
+        }
+        Wire::Gemini => {
+            let op: Value = get(http
+                .get(format!("{root}/v1beta/{provider_batch_id}"))
+                .header("x-goog-api-key", KEY))
+            .await
+            .json()
+            .await
+            .unwrap();
+            let input = op
+                .pointer("/metadata/inputConfig/fileName")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let results = op
+                .pointer("/response/responsesFile")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .into_iter()
+                .collect();
+            (input, results)
+        }
+        Wire::Anthropic => (None, Vec::new()),
+    }
 }
 
 /// One provider_batch row.
@@ -612,4 +722,31 @@ pub async fn check_billing(m: &MockServer, wire: Wire, conn: &Connection, sid: &
         out.oracle_cost
     );
     out
+}
+
+/// Ids of `rows` in `batch_id` whose message is in `state` (and, when
+/// given, of `kind`).
+pub fn ids_in(
+    rows: &HashMap<String, LineRow>,
+    batch_id: i64,
+    state: &str,
+    kind: Option<&str>,
+) -> HashSet<String> {
+    rows.values()
+        .filter(|l| l.batch_id == batch_id && l.state == state)
+        .filter(|l| kind.is_none() || l.error_kind.as_deref() == kind)
+        .map(|l| l.custom_id.clone())
+        .collect()
+}
+
+/// The request of line `id` was answered by a later attempt, in another
+/// batch.
+pub fn answered_later(rows: &HashMap<String, LineRow>, id: &str) -> bool {
+    let l = &rows[id];
+    rows.values().any(|o| {
+        o.request_id == l.request_id
+            && o.attempt > l.attempt
+            && o.batch_id != l.batch_id
+            && o.state == "answered"
+    })
 }

@@ -349,6 +349,21 @@ pub async fn session_created(ws: &Workspace) -> String {
     .await
 }
 
+/// The `stop_reason` of the paused session, once a session is paused with
+/// one; a panic naming `what` after `timeout`.
+pub async fn paused_reason(conn: &Connection, what: &str, timeout: std::time::Duration) -> String {
+    poll(what, timeout, || {
+        conn.query_row(
+            "SELECT stop_reason FROM llm_batch_session WHERE state = 'paused'",
+            [],
+            |r| r.get::<_, Option<String>>(0),
+        )
+        .ok()
+        .flatten()
+    })
+    .await
+}
+
 /// The engine's gauges as last written with its heartbeat.
 pub fn live_gauges(conn: &Connection, session_id: &str) -> Option<docket::watch::LiveGauges> {
     let json: Option<String> = conn

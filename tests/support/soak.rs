@@ -553,10 +553,12 @@ fn check_oracle(
                 report.ambiguous
             ));
         }
-        return Ok(());
+        return check_session_totals(&conn);
     }
     let mut state_of = conn
-        .prepare("SELECT state, request_id FROM llm_messages WHERE client_request_id = ?1")
+        .prepare(
+            "SELECT state, request_id, input_tokens, output_tokens FROM llm_messages WHERE client_request_id = ?1",
+        )
         .map_err(|e| e.to_string())?;
     let mut billed_per_request: HashMap<i64, u64> = HashMap::new();
     let mut billed = 0;
@@ -569,10 +571,21 @@ fn check_oracle(
             return Err(format!("a billed request without a client id: {entry}"));
         };
         billed += 1;
-        let (state, request_id): (String, i64) = state_of
-            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        type Row = (String, i64, Option<i64>, Option<i64>);
+        let (state, request_id, tokens_in, tokens_out): Row = state_of
+            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
             .map_err(|_| format!("I3: {id} was billed but is not in the ledger"))?;
+        let usage = entry["usage"]
+            .as_array()
+            .map(|u| (u[0].as_i64(), u[1].as_i64()));
         match state.as_str() {
+            // I6 per request: what the ledger counts for an answer is what
+            // the provider billed for it, token for token.
+            "answered" if usage != Some((tokens_in, tokens_out)) => {
+                return Err(format!(
+                    "I6: {id} billed {usage:?} tokens, the ledger counts ({tokens_in:?}, {tokens_out:?})"
+                ));
+            }
             "answered" => {}
             // Billed, its answer lost with the process: on record as such.
             "ambiguous" | "sent" => unrecorded += 1,
@@ -601,6 +614,32 @@ fn check_oracle(
     }
     report.billed = billed;
     report.billed_unrecorded = unrecorded;
+    if at_end {
+        check_session_totals(&conn)?;
+    }
+    Ok(())
+}
+
+/// I6 for the session: its tokens and cost are its answers', each counted
+/// once (the billed answers it has no record of are the ambiguous
+/// attempts, reported apart as possible duplicate charges).
+fn check_session_totals(conn: &Connection) -> Result<(), String> {
+    let (s_in, s_out, s_cost, m_in, m_out, m_cost): (i64, i64, f64, i64, i64, f64) = conn
+        .query_row(
+            "SELECT SUM(s.input_tokens), SUM(s.output_tokens), SUM(s.cost_usd),
+                    (SELECT COALESCE(SUM(input_tokens), 0) FROM llm_messages WHERE state = 'answered'),
+                    (SELECT COALESCE(SUM(output_tokens), 0) FROM llm_messages WHERE state = 'answered'),
+                    (SELECT COALESCE(SUM(cost_usd), 0) FROM llm_messages WHERE state = 'answered')
+             FROM llm_batch_session s",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+        )
+        .map_err(|e| e.to_string())?;
+    if (s_in, s_out) != (m_in, m_out) || (s_cost - m_cost).abs() > 1e-9 {
+        return Err(format!(
+            "I6: the session counts {s_in}/{s_out} tokens and ${s_cost}, its answers {m_in}/{m_out} and ${m_cost}"
+        ));
+    }
     Ok(())
 }
 

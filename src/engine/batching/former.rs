@@ -44,6 +44,8 @@ struct Forming {
     /// Lines not yet recorded, each with its ids, item and ticket.
     pending: Vec<(BatchLine, Meta)>,
     pending_bytes: u64,
+    /// Estimated prompt tokens of the pending lines (the enqueued budget).
+    pending_tokens: u64,
     /// Set once its first piece is recorded.
     recorded: Option<Recorded>,
     first_at: Option<Instant>,
@@ -56,6 +58,8 @@ struct Recorded {
     created_at: f64,
     lines: usize,
     bytes: u64,
+    /// Estimated prompt tokens of its recorded lines.
+    tokens: u64,
     /// The budget its recorded lines hold until their results are applied.
     reserved: f64,
     /// Its place among the provider batches open at once.
@@ -79,6 +83,8 @@ impl Forming {
         let now = Instant::now();
         self.first_at.get_or_insert(now);
         self.last_at = Some(now);
+        self.pending_tokens +=
+            super::enqueued::estimate(line.request.system.as_deref(), &line.request.user);
         self.pending.push((line, meta));
         self.pending_bytes += bytes;
     }
@@ -257,6 +263,7 @@ async fn record(b: &Arc<Batcher>, f: &mut Forming) -> bool {
                     created_at,
                     lines: 0,
                     bytes: 0,
+                    tokens: 0,
                     reserved: 0.0,
                     permit,
                 });
@@ -274,9 +281,11 @@ async fn record(b: &Arc<Batcher>, f: &mut Forming) -> bool {
     if let Some(r) = f.recorded.as_mut() {
         r.lines += n;
         r.bytes = bytes;
+        r.tokens += f.pending_tokens;
         r.reserved += reserved;
     }
     f.pending_bytes = 0;
+    f.pending_tokens = 0;
     b.stats.sent.fetch_add(n as u64, Ordering::Relaxed);
     b.stats.in_flight.fetch_add(n as u64, Ordering::Relaxed);
     b.stats.batched.fetch_add(n as u64, Ordering::Relaxed);
@@ -320,6 +329,7 @@ async fn cut(b: &Arc<Batcher>, f: &mut Forming) -> bool {
         tag: r.tag,
         created_at: r.created_at,
         lines: r.lines,
+        tokens: r.tokens,
         held: Held::new(b, r.reserved, r.lines),
         permit: r.permit,
     };

@@ -17,6 +17,7 @@
 //! sending their requests again.
 
 mod applying;
+mod enqueued;
 mod former;
 mod lines;
 mod runner;
@@ -129,6 +130,11 @@ pub(super) struct Settings {
     pub max_open: usize,
     /// A fixed poll interval instead of the provider's cadence.
     pub poll_interval: Option<Duration>,
+    /// The provider's enqueued-token limit for the model, when configured.
+    pub max_enqueued_tokens: Option<u64>,
+    /// A batch still running this long after its submission is stalled
+    /// (None: the provider's completion window).
+    pub stall_after: Option<Duration>,
 }
 
 /// With the feed done, a buffer that got nothing new for this long is cut
@@ -183,6 +189,8 @@ pub(super) struct Batcher {
     tasks: std::sync::Mutex<JoinSet<()>>,
     /// This worker: it holds the lease of every batch it submits or adopts.
     pub(super) lease: Lease,
+    /// The enqueued-token budget of the stage's provider and model (row B3).
+    enqueued: Arc<enqueued::Enqueued>,
 }
 
 /// Whose batches these are, and for how long without renewal.
@@ -239,6 +247,7 @@ impl Batcher {
             paused,
             tasks: std::sync::Mutex::new(JoinSet::new()),
             lease,
+            enqueued: enqueued::books(),
         });
         let former = b.clone();
         b.spawn(async move { former::form(former, rx).await });
@@ -247,6 +256,31 @@ impl Batcher {
 
     pub(super) fn stage(&self) -> &super::stages::Stage {
         &self.p.stages[self.stage]
+    }
+
+    /// Whose enqueued-token budget this stage's batches count against.
+    fn enqueued_key(&self) -> enqueued::Key {
+        let s = self.stage();
+        // The provider's address (and the key's variable), not only its
+        // name in docket.toml: engines in one process pointed at different
+        // servers under one name (tests, a console running jobs) keep
+        // apart books.
+        let at = self
+            .p
+            .config
+            .config
+            .providers
+            .get(&s.provider_name)
+            .map(|c| {
+                format!(
+                    "{} {} {}",
+                    s.provider_name,
+                    c.base_url.as_deref().unwrap_or(""),
+                    c.api_key_env.as_deref().unwrap_or("")
+                )
+            })
+            .unwrap_or_else(|| s.provider_name.clone());
+        (at, s.model.clone())
     }
 
     /// Whether new requests go to batches (else only re-attached batches are
@@ -488,10 +522,18 @@ impl Batcher {
         let mut n = 0;
         for (batch, waiting) in found {
             if waiting == 0 {
-                // Every line has its outcome: only the mark was missing.
+                // Every line has its outcome: only the mark was missing
+                // (and, maybe, the deletion of its input file: row B2).
                 self.writer.post(WriteOp::Batch(BatchOp::Settle {
                     tag: batch.tag.clone(),
                 }));
+                if let Some(pid) = batch.provider_batch_id.clone() {
+                    let me = self.clone();
+                    self.spawn(async move {
+                        let input = batch.input_file_id.as_deref();
+                        runner::delete_files(&me, &batch.tag, &pid, input, None).await;
+                    });
+                }
                 continue;
             }
             n += 1;
@@ -551,5 +593,10 @@ pub(super) fn settings_for(p: &super::stages::Stage, adapter: &dyn BatchProvider
         max_wait: Duration::from_secs_f64(*b.max_wait_secs.get_ref()),
         max_open: (*b.max_open_batches.get_ref()).clamp(1, 1_000) as usize,
         poll_interval,
+        max_enqueued_tokens: b.max_enqueued_tokens.as_ref().map(|n| *n.get_ref()),
+        stall_after: b
+            .stall_after_secs
+            .as_ref()
+            .map(|s| Duration::from_secs_f64(*s.get_ref())),
     }
 }

@@ -37,6 +37,9 @@ pub(super) const DELIVER_CHUNK: usize = 512;
 struct Tracked {
     tag: String,
     provider_batch_id: String,
+    /// The uploaded input file, when known (deleted once the batch is done
+    /// with; looked up at the provider when None).
+    input_file_id: Option<String>,
     /// Unix seconds of the record (its age drives the poll cadence).
     created_at: f64,
     /// This batch alone is to be cancelled (asked before a stop).
@@ -44,6 +47,17 @@ struct Tracked {
     cancel_sent: bool,
     /// What the budget holds for its lines until their results are applied.
     held: Held,
+    /// Counted in the enqueued-token budget while open at the provider.
+    open: Option<super::enqueued::Opened>,
+    /// The provider failed it for the enqueued-token limit: its lines wait
+    /// this long before they go again.
+    hold: Option<Duration>,
+    /// Unix seconds it has been at the provider since (its submission).
+    since: f64,
+    /// Its state at the last poll that answered.
+    state: String,
+    /// Said to be stalled (row B8) already.
+    stall_told: bool,
 }
 
 /// The budget a batch's lines hold, given back as their results are
@@ -93,6 +107,8 @@ pub(super) struct Formed {
     pub tag: String,
     pub created_at: f64,
     pub lines: usize,
+    /// Estimated prompt tokens (the enqueued-token budget).
+    pub tokens: u64,
     pub held: Held,
     /// Its place among the provider batches open at once.
     pub permit: tokio::sync::OwnedSemaphorePermit,
@@ -105,37 +121,82 @@ pub(super) async fn run_formed(b: Arc<Batcher>, formed: Formed) {
         tag,
         created_at,
         lines,
+        tokens,
         held,
         permit,
     } = formed;
     // Paused: nothing new goes to the provider until the operator resumes.
     // Stopped first: the batch stays recorded, and a resume submits it.
-    if b.wait_unpaused().await {
+    // Likewise while the model's enqueued-token budget has no room.
+    let room = match b.wait_unpaused().await {
+        true => wait_for_room(&b, &tag, tokens).await,
+        false => None,
+    };
+    if let Some(open) = room {
         let source = LedgerLines::new(b.clone(), tag.clone(), lines);
-        let submitted = submit(&b, &tag, created_at, &source).await;
+        let mut open = Some(open);
+        let submitted = submit_resolved(&b, &tag, created_at, &mut open, &source).await;
         drop(source);
         match submitted {
             Submitting::Done(s) => {
+                if let Some(o) = &open {
+                    o.made();
+                }
                 crate::failpoint::hit("after_create");
                 if record_submitted(&b, &tag, &s, lines).await {
                     let tracked = Tracked {
                         tag,
                         provider_batch_id: s.provider_batch_id,
+                        input_file_id: s.input_file_id,
                         created_at,
                         cancel_wanted: false,
                         cancel_sent: false,
                         held,
+                        open,
+                        hold: None,
+                        since: now_ts(),
+                        state: BatchState::Validating.as_str().to_string(),
+                        stall_told: false,
                     };
                     drive(&b, tracked).await;
                 }
             }
-            other => not_submitted(&b, &tag, other).await,
+            other => {
+                drop(open);
+                not_submitted(&b, &tag, other).await
+            }
         }
     } else if b.is_cancelling() {
         never_submitted(&b, &tag).await;
     }
     b.open.fetch_sub(1, Ordering::Relaxed);
     drop(permit);
+}
+
+/// Wait until batch `tag` (`tokens` estimated prompt tokens) fits its
+/// model's enqueued-token budget (row B3), saying so once if it must wait;
+/// its place in the budget, or None when the run stops forming batches
+/// meanwhile.
+async fn wait_for_room(
+    b: &Arc<Batcher>,
+    tag: &str,
+    tokens: u64,
+) -> Option<super::enqueued::Opened> {
+    let key = b.enqueued_key();
+    let room = b.enqueued.room(&key, tokens, b.settings.max_enqueued_tokens, |open, cap| {
+        let cap = cap.map_or_else(|| "a pause after a refusal".to_string(), |c| format!("about {c}"));
+        let why = format!(
+            "batch {tag} waits before its create: about {open} prompt tokens are enqueued for {} at {} and this batch adds about {tokens} (the limit: {cap}); it is submitted once open batches finish",
+            crate::sanitize::for_terminal(&key.1),
+            crate::sanitize::for_terminal(&b.stage().provider_name),
+        );
+        b.event("info", "batch_waits_for_tokens", why.clone());
+        b.reporter.line(&format!("Batch {why}."));
+    });
+    tokio::select! {
+        open = room => (!b.stop_forming.is_cancelled()).then_some(open),
+        _ = b.stop_forming.cancelled() => None,
+    }
 }
 
 /// A batch recorded but never uploaded, cancelled: settled as never run
@@ -220,6 +281,7 @@ pub(super) async fn reattach(
         let tracked = Tracked {
             tag: batch.tag.clone(),
             provider_batch_id,
+            input_file_id: batch.input_file_id.clone(),
             created_at: batch.created_at,
             // A cancel asked before the stop is asked again (idempotent).
             cancel_wanted: batch.cancel_requested,
@@ -227,6 +289,12 @@ pub(super) async fn reattach(
             // A resumed run's lines hold no budget: what they cost counts
             // as their results are applied.
             held: Held::none(&b),
+            // Its tokens are not known: it counts as an open batch.
+            open: Some(b.enqueued.open(&b.enqueued_key(), 0)),
+            hold: None,
+            since: batch.submitted_at.unwrap_or(batch.created_at),
+            state: batch.state.clone(),
+            stall_told: false,
         };
         drive(&b, tracked).await;
     }
@@ -277,7 +345,7 @@ async fn adopt_or_resubmit(b: &Arc<Batcher>, batch: &OpenBatch, waiting: usize) 
                     lines.len()
                 ),
             );
-            match submit(b, &batch.tag, batch.created_at, &lines).await {
+            match submit_resolved(b, &batch.tag, batch.created_at, &mut None, &lines).await {
                 Submitting::Done(s) => record_submitted(b, &batch.tag, &s, lines.len())
                     .await
                     .then_some(s.provider_batch_id),
@@ -289,8 +357,29 @@ async fn adopt_or_resubmit(b: &Arc<Batcher>, batch: &OpenBatch, waiting: usize) 
             }
         }
         Ok(Found::Ambiguous(candidates)) => {
-            not_submitted(b, &batch.tag, Submitting::Held(held_message(&candidates))).await;
-            None
+            // Several could be it: wait for them to end and match their
+            // results' custom ids against this batch's lines (row B1).
+            let lines = LedgerLines::new(b.clone(), batch.tag.clone(), waiting);
+            let ambiguous = Submitting::Ambiguous(candidates);
+            let sub = settle_ambiguity(
+                b,
+                &batch.tag,
+                batch.created_at,
+                &mut None,
+                &lines,
+                ambiguous,
+            )
+            .await;
+            match sub {
+                Submitting::Done(s) => record_submitted(b, &batch.tag, &s, lines.len())
+                    .await
+                    .then_some(s.provider_batch_id),
+                other => {
+                    drop(lines);
+                    not_submitted(b, &batch.tag, other).await;
+                    None
+                }
+            }
         }
         Err(e) => {
             not_submitted(
@@ -325,9 +414,240 @@ enum Submitting {
     Failed(ProviderError),
     /// It may exist and cannot be told apart: wait for the operator.
     Held(String),
+    /// Its create answer was lost and several batches at the provider could
+    /// be it (their ids): `settle_ambiguity` tells them apart.
+    Ambiguous(Vec<String>),
     /// The run stopped while submitting (the batch may exist: a resume
     /// looks for it).
     Stopped,
+}
+
+/// `submit`, and when the batch cannot be told apart from others, the
+/// wait for them to end and the match of their custom ids.
+async fn submit_resolved(
+    b: &Arc<Batcher>,
+    tag: &str,
+    created_at: f64,
+    open: &mut Option<super::enqueued::Opened>,
+    lines: &dyn LineSource,
+) -> Submitting {
+    let sub = submit(b, tag, created_at, open, lines).await;
+    settle_ambiguity(b, tag, created_at, open, lines, sub).await
+}
+
+/// Row B1: a batch whose create answer was lost, with several batches at
+/// the provider that could be it (Anthropic keeps no metadata: same window,
+/// same request count). Nothing is sent while they run; once every one has
+/// ended, their results are read for this batch's custom ids (unique to
+/// each session, request and attempt): the one that has them is adopted;
+/// when none has any, the create never made a batch (or one that ran
+/// nothing) and it is submitted again. Anything else holds the batch for
+/// the operator.
+async fn settle_ambiguity(
+    b: &Arc<Batcher>,
+    tag: &str,
+    created_at: f64,
+    open: &mut Option<super::enqueued::Opened>,
+    lines: &dyn LineSource,
+    mut sub: Submitting,
+) -> Submitting {
+    for _ in 0..3 {
+        let Submitting::Ambiguous(candidates) = sub else {
+            return sub;
+        };
+        match resolve_by_custom_ids(b, tag, created_at, &candidates).await {
+            Resolved::Ours(id) => {
+                b.event(
+                    "info",
+                    "batch_found",
+                    format!(
+                        "batch {tag}: of the {} batches that could be it, {} has its custom ids: collecting it, nothing is sent again",
+                        candidates.len(),
+                        crate::sanitize::for_terminal(&id)
+                    ),
+                );
+                return Submitting::Done(Submitted {
+                    provider_batch_id: id,
+                    input_file_id: None,
+                });
+            }
+            Resolved::NotMade => {
+                b.event(
+                    "info",
+                    "batch_resubmitted",
+                    format!(
+                        "batch {tag}: none of the {} batches that could be it has any of its custom ids (they all ended): it was never made; submitting its {} requests now",
+                        candidates.len(),
+                        lines.len()
+                    ),
+                );
+                sub = submit(b, tag, created_at, open, lines).await;
+            }
+            Resolved::Unsure(why) => return Submitting::Held(why),
+            Resolved::Stopped => return Submitting::Stopped,
+        }
+    }
+    match sub {
+        Submitting::Ambiguous(c) => Submitting::Held(held_message(&c)),
+        other => other,
+    }
+}
+
+/// What the candidates' custom ids showed.
+enum Resolved {
+    /// This one has the batch's custom ids.
+    Ours(String),
+    /// None has any: the batch was never made (or ran nothing).
+    NotMade,
+    /// Cannot tell (results not to be had, several with its ids): why.
+    Unsure(String),
+    /// The run let go of its batches meanwhile.
+    Stopped,
+}
+
+/// Polls before a candidate that keeps failing to answer leaves the batch
+/// to the operator.
+const RESOLVE_POLL_ERRORS_MAX: u32 = 20;
+
+/// Wait for every one of `candidates` to end, then read their results for
+/// batch `tag`'s custom ids.
+async fn resolve_by_custom_ids(
+    b: &Arc<Batcher>,
+    tag: &str,
+    created_at: f64,
+    candidates: &[String],
+) -> Resolved {
+    let listed = candidates
+        .iter()
+        .take(5)
+        .map(|c| crate::sanitize::for_terminal(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let why = format!(
+        "the create answer was lost and the provider shows {} batches that could be this one ({listed}): nothing is sent again; once they have all ended, their results are matched against its custom ids",
+        candidates.len()
+    );
+    b.write(WriteOp::Batch(BatchOp::Status {
+        tag: tag.to_string(),
+        state: "unknown".into(),
+        completed: 0,
+        failed: 0,
+        output_ref: None,
+        error_ref: None,
+        error_message: Some(why.clone()),
+        next_poll_at: None,
+        polled: false,
+        ended: false,
+    }))
+    .await;
+    b.event("warn", "batch_unknown", format!("batch {tag}: {why}"));
+    b.reporter.line(&format!("Batch {tag}: {why}."));
+    let Some(ours) = line_ids(b, tag).await else {
+        return Resolved::Stopped;
+    };
+    // Every candidate to its end.
+    let mut ended: Vec<(String, BatchStatus)> = Vec::new();
+    let mut running: Vec<String> = candidates.to_vec();
+    let mut errors = 0u32;
+    while !running.is_empty() {
+        let mut still = Vec::new();
+        for id in running {
+            let polled = tokio::select! {
+                r = b.adapter.poll(&id) => r,
+                _ = b.detached.cancelled() => return Resolved::Stopped,
+            };
+            match polled {
+                Ok(s) if s.state.is_terminal() && !s.results_pending => ended.push((id, s)),
+                Ok(_) => still.push(id),
+                Err(e) => {
+                    errors += 1;
+                    if errors >= RESOLVE_POLL_ERRORS_MAX {
+                        return Resolved::Unsure(format!(
+                            "{why}; but batch {} cannot be polled ({e}): its requests wait rather than risk paying twice. Check it at the provider, then resume",
+                            crate::sanitize::for_terminal(&id)
+                        ));
+                    }
+                    still.push(id);
+                }
+            }
+        }
+        running = still;
+        if !running.is_empty() {
+            // At the cadence; slower while polls fail.
+            let mut wait = cadence(b, &BatchState::InProgress, created_at);
+            if errors > 0 {
+                wait = wait.max(backoff(errors).min(Duration::from_secs(60)));
+            }
+            if !pause(b, wait).await {
+                return Resolved::Stopped;
+            }
+        }
+    }
+    // Whose results have this batch's custom ids.
+    let mut matched = Vec::new();
+    for (id, status) in &ended {
+        let mut hits = 0u64;
+        let mut read;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            read = {
+                let mut sink = |l: crate::provider::batch::ResultLine| {
+                    if ours.contains(&l.custom_id) {
+                        hits += 1;
+                    }
+                };
+                tokio::select! {
+                    r = b.adapter.results(status, &ours, &mut sink) => r,
+                    _ = b.detached.cancelled() => return Resolved::Stopped,
+                }
+            };
+            // A stream that broke off before any of its ids, or a read
+            // that failed: read again, a few times.
+            let again = match &read {
+                Ok(sum) => sum.cut && hits == 0,
+                Err(_) => true,
+            };
+            if !again || tries >= 3 {
+                break;
+            }
+            if !pause(b, backoff(tries)).await {
+                return Resolved::Stopped;
+            }
+        }
+        match read {
+            Ok(sum) if !sum.cut => {}
+            Ok(_) if hits > 0 => {}
+            Ok(_) => {
+                return Resolved::Unsure(format!(
+                    "{why}; but the results of {} broke off before any of its custom ids: its requests wait rather than risk paying twice; resume to look again",
+                    crate::sanitize::for_terminal(id)
+                ));
+            }
+            Err(e) => {
+                return Resolved::Unsure(format!(
+                    "{why}; but the results of {} cannot be read ({e}): its requests wait rather than risk paying twice. Check it at the provider, then resume",
+                    crate::sanitize::for_terminal(id)
+                ));
+            }
+        }
+        if hits > 0 {
+            matched.push(id.clone());
+        }
+    }
+    match matched.len() {
+        0 => Resolved::NotMade,
+        1 => Resolved::Ours(matched.remove(0)),
+        _ => Resolved::Unsure(format!(
+            "{why}; {} of them have its custom ids ({}): its requests wait. Check them at the provider, then resume",
+            matched.len(),
+            matched
+                .iter()
+                .map(|c| crate::sanitize::for_terminal(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }
 
 /// Submit `lines` as batch `tag`. When the create's answer is lost (a
@@ -337,6 +657,7 @@ async fn submit(
     b: &Arc<Batcher>,
     tag: &str,
     created_at: f64,
+    open: &mut Option<super::enqueued::Opened>,
     lines: &dyn LineSource,
 ) -> Submitting {
     let mut tries = 0u32;
@@ -356,6 +677,20 @@ async fn submit(
             Err(e) => e,
         };
         tracing::warn!(tag, "batch submit failed: {e}");
+        // The model's enqueued-token limit (a 429 at create): no batch was
+        // made. Learn from it and give the lines back to wait, rather than
+        // ask again in a loop (row B3).
+        if e.class == ErrorClass::RateLimited && super::enqueued::is_token_limit(&e.message) {
+            let delay = match open.take() {
+                Some(o) => o.refused(hold_base(b)),
+                None => b
+                    .enqueued
+                    .refused(&b.enqueued_key(), 0, false, hold_base(b)),
+            };
+            let mut e = e;
+            e.headers.retry_after = Some(delay.max(e.headers.retry_after.unwrap_or_default()));
+            return Submitting::Failed(e);
+        }
         match e.class {
             ErrorClass::RateLimited if tries < MAX_SUBMITS * 2 => {
                 let wait = e.headers.retry_after.unwrap_or_else(|| backoff(tries));
@@ -385,7 +720,7 @@ async fn submit(
                     }
                     Ok(Found::None) if tries < MAX_SUBMITS => {}
                     Ok(Found::None) => return Submitting::Failed(e),
-                    Ok(Found::Ambiguous(c)) => return Submitting::Held(held_message(&c)),
+                    Ok(Found::Ambiguous(c)) => return Submitting::Ambiguous(c),
                     Err(fe) => {
                         return Submitting::Held(format!(
                             "the create answer was lost ({}) and the provider's batch list could not be read ({fe}): its requests wait rather than risk paying twice; resume later",
@@ -465,6 +800,11 @@ async fn record_submitted(b: &Arc<Batcher>, tag: &str, s: &Submitted, n: usize) 
 async fn not_submitted(b: &Arc<Batcher>, tag: &str, how: Submitting) {
     match how {
         Submitting::Failed(e) => {
+            // No batch was made and this tag is not asked for again: an
+            // upload the adapter kept for it goes (row B2).
+            if let Err(e) = b.adapter.abandon(tag).await {
+                tracing::warn!(tag, "could not delete a kept upload: {e}");
+            }
             let msg = format!("not submitted: {e}");
             let event = ("warn", "batch_failed", format!("batch {tag} {msg}"));
             // A create the provider refused made no batch and cost nothing
@@ -507,6 +847,9 @@ async fn not_submitted(b: &Arc<Batcher>, tag: &str, how: Submitting) {
             if let Some(waiting) = waiting_ids(b, tag).await {
                 hold(b, waiting.len());
             }
+        }
+        Submitting::Ambiguous(c) => {
+            Box::pin(not_submitted(b, tag, Submitting::Held(held_message(&c)))).await
         }
         Submitting::Stopped | Submitting::Done(_) => {}
     }
@@ -607,6 +950,8 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
         match polled {
             Ok(s) => {
                 poll_errors = 0;
+                t.state = s.state.as_str().to_string();
+                tell_if_stalled(b, &mut t, None);
                 let done = s.state.is_terminal() && !s.results_pending;
                 next = cadence(b, &s.state, t.created_at);
                 let next_at = (!done).then(|| now_ts() + next.as_secs_f64());
@@ -618,6 +963,27 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
                     return;
                 }
                 if done {
+                    if s.state == BatchState::Cancelled && !t.cancel_sent {
+                        // Row B5: cancelled at the provider, not by docket.
+                        b.event(
+                            "warn",
+                            "batch_cancelled_by_provider",
+                            format!(
+                                "batch {}: cancelled at the provider (docket did not ask): what it finished is kept, the rest goes again",
+                                t.tag
+                            ),
+                        );
+                    }
+                    // Its tokens leave the model's queue; a failure for the
+                    // enqueued-token limit teaches the budget.
+                    if let Some(open) = t.open.take() {
+                        match &s.state {
+                            BatchState::Failed(why) if super::enqueued::is_token_limit(why) => {
+                                t.hold = Some(open.refused(hold_base(b)));
+                            }
+                            _ => drop(open),
+                        }
+                    }
                     break s;
                 }
             }
@@ -628,6 +994,7 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
                     .retry_after
                     .unwrap_or_else(|| backoff(poll_errors))
                     .max(cadence(b, &BatchState::InProgress, t.created_at));
+                tell_if_stalled(b, &mut t, Some(&e));
                 if poll_errors == 1 || poll_errors.is_multiple_of(10) {
                     b.event(
                         "warn",
@@ -647,6 +1014,39 @@ async fn drive(b: &Arc<Batcher>, mut t: Tracked) {
         }
     };
     collect(b, &mut t, &status).await;
+}
+
+/// Row B8: a batch still not done past its window (the provider's usual
+/// 24 h, or `stall_after_secs`) is said to be stalled, once: an event and
+/// a line. Polling goes on (backing off while polls fail); nothing is
+/// cancelled or sent again: its lines wait for its results.
+fn tell_if_stalled(b: &Batcher, t: &mut Tracked, poll_error: Option<&ProviderError>) {
+    if t.stall_told {
+        return;
+    }
+    let window = b.settings.stall_after;
+    let Some(late) = crate::provider::batch::stalled_for(&t.state, Some(t.since), now_ts(), window)
+    else {
+        return;
+    };
+    t.stall_told = true;
+    let human = crate::provider::batch::human_duration;
+    let at = Duration::from_secs_f64((now_ts() - t.since).max(0.0));
+    let polls = match poll_error {
+        Some(e) => format!("its polls fail ({e}) and back off"),
+        None => "polling goes on".to_string(),
+    };
+    let why = format!(
+        "batch {} is stalled for {}: still {} at {} {} after its submission (expected within {}); {polls}, nothing is cancelled or sent again",
+        t.tag,
+        human(late),
+        t.state,
+        b.stage().provider_name,
+        human(at),
+        human(window.unwrap_or(crate::provider::batch::USUAL_WINDOW)),
+    );
+    b.event("warn", "batch_stalled", why.clone());
+    b.reporter.line(&format!("Batch {why}."));
 }
 
 /// The first poll: soon after a submit (validation is quick), at the
@@ -751,6 +1151,9 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
     // provider writes one for every request: whether they ran is unknown,
     // whatever the batch's state.
     let mut missing: HashSet<String> = HashSet::new();
+    // Result lines that could not be used: the results files are kept at
+    // the provider to be looked at.
+    let mut quarantined_any = false;
     while has_results && !b.detached.is_cancelled() {
         tries += 1;
         let (Some(expected), Some(waiting)) =
@@ -775,6 +1178,7 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
         match got {
             Ok(sum) => {
                 let quarantined = sum.quarantined.len() as u64 + sum.quarantined_more;
+                quarantined_any |= quarantined > 0;
                 if quarantined > 0 {
                     b.event(
                         "warn",
@@ -866,7 +1270,7 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
         request_id: w.request_id,
         attempt: w.attempt,
         reply: match &status.state {
-            BatchState::Failed(why) => Reply::Error(failed_batch_error(why)),
+            BatchState::Failed(why) => Reply::Error(failed_batch_error(why, t.hold)),
             _ if missing.contains(&w.custom_id) => no_line(),
             BatchState::Expired | BatchState::Cancelled => Reply::NotRun(format!(
                 "the batch was {} before this request ran",
@@ -890,13 +1294,59 @@ async fn collect(b: &Arc<Batcher>, t: &mut Tracked, status: &BatchStatus) {
     );
     b.event("info", "batch_ended", format!("batch {summary}"));
     b.reporter.line(&format!("Batch {summary}."));
-    settle(b, &t.tag).await;
+    if settle(b, &t.tag).await {
+        let results = (!quarantined_any).then_some(status);
+        delete_files(
+            b,
+            &t.tag,
+            &t.provider_batch_id,
+            t.input_file_id.as_deref(),
+            results,
+        )
+        .await;
+    }
+}
+
+/// Row B2: a batch docket is done with (terminal, every line's outcome
+/// recorded) leaves nothing in the provider's file storage: its uploaded
+/// input is deleted, and its results files too unless `results` is None
+/// (some result lines could not be used: the files are kept to be looked
+/// at, and expire at the provider on their own). A file already gone is
+/// fine; a failure is told, never fatal.
+pub(super) async fn delete_files(
+    b: &Batcher,
+    tag: &str,
+    provider_batch_id: &str,
+    input_file: Option<&str>,
+    results: Option<&BatchStatus>,
+) {
+    let deleting = b
+        .adapter
+        .delete_files(provider_batch_id, input_file, results);
+    let r = tokio::select! {
+        r = deleting => r,
+        _ = b.detached.cancelled() => return,
+    };
+    match r {
+        Ok(n) => tracing::debug!(tag, n, "batch files deleted at the provider"),
+        Err(e) => b.event(
+            "warn",
+            "batch_files_kept",
+            format!(
+                "batch {tag}: its files at the provider could not be deleted ({e}); they expire there on their own"
+            ),
+        ),
+    }
 }
 
 /// A batch the provider failed as a whole: its requests were not run. A
 /// limit (enqueued tokens) is "not now"; anything else may pass next time.
-fn failed_batch_error(why: &str) -> ProviderError {
+fn failed_batch_error(why: &str, hold: Option<Duration>) -> ProviderError {
     let limit = why.contains("token_limit") || why.contains("limit");
+    let headers = crate::limiter::RateHeaders {
+        retry_after: hold,
+        ..Default::default()
+    };
     ProviderError {
         class: if limit {
             ErrorClass::RateLimited
@@ -905,20 +1355,30 @@ fn failed_batch_error(why: &str) -> ProviderError {
         },
         http_status: None,
         message: format!("the batch failed at the provider: {why}"),
-        headers: Default::default(),
+        headers,
     }
 }
 
+/// The first hold after an enqueued-token refusal: the poll interval (a
+/// batch ending is seen no sooner), doubled with each refusal in a row.
+fn hold_base(b: &Batcher) -> Duration {
+    b.settings.poll_interval.unwrap_or_else(|| {
+        b.adapter
+            .poll_after(&BatchState::InProgress, Duration::ZERO)
+    })
+}
+
 /// Mark the batch finished with once every line's outcome is recorded
-/// (the last writes of a chunk may still be on their way to the ledger).
-async fn settle(b: &Arc<Batcher>, tag: &str) {
+/// (the last writes of a chunk may still be on their way to the ledger);
+/// whether it is.
+async fn settle(b: &Arc<Batcher>, tag: &str) -> bool {
     let path = b.p.ledger.clone();
     for _ in 0..400 {
         b.writer.post(WriteOp::Batch(BatchOp::Settle {
             tag: tag.to_string(),
         }));
         if !pause(b, Duration::from_millis(150)).await {
-            return;
+            return false;
         }
         let (path, tag2) = (path.clone(), tag.to_string());
         let done = tokio::task::spawn_blocking(move || {
@@ -930,7 +1390,8 @@ async fn settle(b: &Arc<Batcher>, tag: &str) {
         .await
         .unwrap_or(false);
         if done {
-            return;
+            return true;
         }
     }
+    false
 }

@@ -4,14 +4,26 @@
 //! Every write transaction starts with `BEGIN IMMEDIATE` (so none can meet
 //! SQLITE_BUSY, or BUSY_SNAPSHOT, halfway through). That statement waits
 //! up to the busy timeout (`ledger::busy_timeout`) for the lock; if the lock
-//! is still held then, the transaction is not failed: it backs off (50 ms,
-//! doubling up to 2 s) and tries again, for up to [`GIVE_UP`]. The wait is
+//! is still held then, in a process that runs a session (`wait_long`), the
+//! transaction is not failed: it backs off (50 ms, doubling up to 2 s) and
+//! tries again, for up to [`GIVE_UP`]; elsewhere (`docket pause`, a review
+//! decision) it fails then, as a command should rather than hang. The wait is
 //! said in the log ("ledger busy", once per wait, and when the ledger is
 //! written again), and the thread's [`BusyWatch`], if it has one (the
 //! ledger writer's `Health`), shows it while it lasts. Readers never wait:
 //! the ledger is in WAL mode.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// This process runs a session: its writes wait out a held lock.
+static LONG_WAITS: AtomicBool = AtomicBool::new(false);
+
+/// From now on, this process's write transactions wait out a lock held
+/// past the busy timeout (up to [`GIVE_UP`]): it runs a session, whose
+/// paid answers must not be lost to another process's long transaction.
+pub fn wait_long() {
+    LONG_WAITS.store(true, Ordering::Relaxed);
+}
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -106,10 +118,13 @@ pub fn begin_immediate(c: &rusqlite::Connection) -> rusqlite::Result<()> {
             started(c, watch.as_deref(), since);
             since
         });
-        if since.elapsed() >= GIVE_UP || watch.as_deref().is_some_and(BusyWatch::giving_up) {
+        let give_up = !LONG_WAITS.load(Ordering::Relaxed)
+            || since.elapsed() >= GIVE_UP
+            || watch.as_deref().is_some_and(BusyWatch::giving_up);
+        if give_up {
             ended(c, watch.as_deref(), since.elapsed());
             tracing::warn!(
-                "ledger {}: still busy after {:.0} s; the write fails",
+                "ledger {}: still busy after {:.1} s; the write fails",
                 place(c),
                 since.elapsed().as_secs_f64()
             );
@@ -159,6 +174,7 @@ mod tests {
     /// the waiting thread shows the wait while it lasts and after.
     #[test]
     fn a_lock_held_past_the_busy_timeout_is_waited_out() {
+        wait_long();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
         let holder = rusqlite::Connection::open(&path).unwrap();
@@ -194,6 +210,7 @@ mod tests {
     /// A watch told to give up fails the next busy answer.
     #[test]
     fn a_watch_giving_up_fails_the_write() {
+        wait_long();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
         let holder = rusqlite::Connection::open(&path).unwrap();

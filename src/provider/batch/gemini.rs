@@ -151,6 +151,8 @@ pub struct GeminiBatch {
     limits: BatchLimits,
     inline_limit: u64,
     cadence: PollCadence,
+    /// Uploads of creates that made no batch but may be asked again.
+    kept: super::KeptUploads,
 }
 
 impl GeminiBatch {
@@ -165,6 +167,7 @@ impl GeminiBatch {
             limits: GEMINI_LIMITS,
             inline_limit: INLINE_LIMIT,
             cadence: PollCadence::STANDARD,
+            kept: Default::default(),
         })
     }
 
@@ -359,12 +362,21 @@ impl GeminiBatch {
                 None,
             ),
             None => {
-                let file = self.upload(spec.tag, spec.lines, measured.bytes).await?;
+                // The same create asked again (its last made no batch): its
+                // upload is reused, or deleted if the lines changed.
+                let (reuse, stale) = self.kept.take(spec.tag, measured.bytes);
+                if let Some(old) = stale {
+                    self.delete_unused(&old).await;
+                }
+                let file = match reuse {
+                    Some(f) => f,
+                    None => self.upload(spec.tag, spec.lines, measured.bytes).await?,
+                };
                 let body = json!({"batch": {
                     "displayName": spec.tag,
                     "inputConfig": {"fileName": file},
                 }});
-                let raw = self
+                let created = self
                     .call(
                         self.client
                             .post(self.model_url(spec.model))
@@ -372,8 +384,23 @@ impl GeminiBatch {
                             .header(reqwest::header::CONTENT_TYPE, "application/json")
                             .body(body.to_string()),
                     )
-                    .await?;
-                (raw, Some(file))
+                    .await;
+                match created {
+                    Ok(raw) => (raw, Some(file)),
+                    Err(e) => {
+                        // Refused (a 4xx: the enqueued-token quota, a bad
+                        // request): no batch reads the upload, which would
+                        // sit in the project's storage for 48 hours. After
+                        // a rate limit, a 5xx or no answer the create is
+                        // asked again (or a batch may read it): kept.
+                        if super::keep_upload_after(&e) {
+                            self.kept.keep(spec.tag, file, measured.bytes);
+                        } else {
+                            self.delete_unused(&file).await;
+                        }
+                        return Err(e);
+                    }
+                }
             }
         };
         let op: Value = parse_json(&raw, "batch create")?;
@@ -391,6 +418,64 @@ impl GeminiBatch {
             provider_batch_id: name,
             input_file_id: file,
         })
+    }
+
+    /// `DELETE {base}/v1beta/files/{id}`: true when deleted, false when it
+    /// was already gone (a 404: deleted before, or expired).
+    async fn delete_file(&self, file: &str) -> Result<bool, ProviderError> {
+        let id = file.strip_prefix("files/").unwrap_or(file);
+        let url = format!(
+            "{}/v1beta/files/{}",
+            self.base,
+            crate::provider::path_segment(id)
+        );
+        match self
+            .call(self.client.delete(url).timeout(CALL_TIMEOUT))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.http_status == Some(404) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Delete an upload no batch reads; a failure is logged, not raised.
+    async fn delete_unused(&self, file: &str) {
+        if let Err(e) = self.delete_file(file).await {
+            tracing::warn!(
+                "could not delete the unused batch input file {}: {}",
+                self.clean(file),
+                self.scrub(e)
+            );
+        }
+    }
+
+    /// The input file of batch `name` (when not known, read from the batch:
+    /// none for an inline batch) and, with `results`, its responses file
+    /// (inline results are part of the batch: nothing to delete).
+    async fn delete_files_inner(
+        &self,
+        name: &str,
+        input: Option<&str>,
+        results: Option<&BatchStatus>,
+    ) -> Result<usize, ProviderError> {
+        let input = match input {
+            Some(f) => Some(f.to_string()),
+            None => self.get_status(name).await?.input_file(),
+        };
+        let mut files: Vec<String> = input.into_iter().collect();
+        if let Some(o) = results.and_then(|s| s.output_ref.as_ref())
+            && !o.starts_with(INLINE_REF)
+        {
+            files.push(o.clone());
+        }
+        let mut n = 0;
+        for f in files {
+            if !f.is_empty() && self.delete_file(&f).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// The Files API's resumable upload of `lines` (`bytes` long) as JSONL: `start`
@@ -708,6 +793,28 @@ impl BatchProvider for GeminiBatch {
     }
 
     scrubbed_batch_calls!();
+
+    fn delete_files<'a>(
+        &'a self,
+        provider_batch_id: &'a str,
+        input_file: Option<&'a str>,
+        results: Option<&'a BatchStatus>,
+    ) -> super::BatchFuture<'a, usize> {
+        Box::pin(async move {
+            self.delete_files_inner(provider_batch_id, input_file, results)
+                .await
+                .map_err(|e| self.scrub(e))
+        })
+    }
+
+    fn abandon<'a>(&'a self, tag: &'a str) -> super::BatchFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(f) = self.kept.forget(tag) {
+                self.delete_unused(&f).await;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// The first of `keys` present (camelCase, then the proto snake_case).
@@ -801,6 +908,20 @@ struct OpStatus {
     response: Loose<Place>,
     output: Loose<Place>,
     metadata: Loose<Box<OpStatus>>,
+    #[serde(rename = "inputConfig")]
+    input: Loose<InputConfig>,
+    #[serde(rename = "input_config")]
+    input_snake: Loose<InputConfig>,
+}
+
+/// `inputConfig`: the uploaded file a batch reads, when it reads one.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct InputConfig {
+    #[serde(rename = "fileName")]
+    file: Loose<IgnoredAny>,
+    #[serde(rename = "file_name")]
+    file_snake: Loose<IgnoredAny>,
 }
 
 /// `batchStats`, its int64 counts as strings or numbers.
@@ -894,6 +1015,18 @@ impl OpStatus {
             }
             None => "the batch failed (no error given)".into(),
         }
+    }
+
+    /// The input file the batch reads (None: its requests were inline).
+    fn input_file(&self) -> Option<String> {
+        let b = self.batch();
+        let Some(Loose::Obj(c)) = first(&[&b.input, &b.input_snake]) else {
+            return None;
+        };
+        first(&[&c.file, &c.file_snake])
+            .and_then(Loose::as_str)
+            .filter(|f| !f.is_empty())
+            .map(str::to_string)
     }
 
     fn stats(&self) -> Option<&Loose<Stats>> {

@@ -294,6 +294,49 @@ pub struct ResultsSummary {
     pub missing: Vec<String>,
 }
 
+/// How long a batch may take before it is late: every Batch API docket
+/// speaks aims to finish within 24 h (OpenAI's and Azure's
+/// `completion_window`, Anthropic's expiry, Gemini's target).
+pub const USUAL_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// Row B8: how long a batch in `state` (as the ledger stores it), at the
+/// provider since `since` (unix seconds), has been stalled at `now`: the
+/// time past `window` (`USUAL_WINDOW` unless configured) while the provider
+/// still has not finished it. None when it is not stalled (finished, not
+/// at the provider yet, or within its time).
+pub fn stalled_for(
+    state: &str,
+    since: Option<f64>,
+    now: f64,
+    window: Option<Duration>,
+) -> Option<Duration> {
+    let running = matches!(
+        state,
+        "validating" | "in_progress" | "finalizing" | "cancelling"
+    );
+    let since = since.filter(|s| s.is_finite())?;
+    let past = now - since - window.unwrap_or(USUAL_WINDOW).as_secs_f64();
+    (running && past.is_finite() && past > 0.0).then(|| Duration::from_secs_f64(past))
+}
+
+/// A duration as the console and the run's lines say it: `45s`, `12m`,
+/// `3h 5m`, `2d 4h`.
+pub fn human_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => match (s / 3600, s % 3600 / 60) {
+            (h, 0) => format!("{h}h"),
+            (h, m) => format!("{h}h {m}m"),
+        },
+        _ => match (s / 86_400, s % 86_400 / 3600) {
+            (d, 0) => format!("{d}d"),
+            (d, h) => format!("{d}d {h}h"),
+        },
+    }
+}
+
 /// How far before `created_after` every `find` looks, in seconds:
 /// `created_after` is the local clock, compared with the provider's
 /// timestamps, and a local clock running a little fast must not hide the
@@ -429,6 +472,91 @@ pub trait BatchProvider: Send + Sync {
         created_after: f64,
         request_count: usize,
     ) -> BatchFuture<'a, Found>;
+    /// Delete what batch `provider_batch_id` left in the provider's file
+    /// storage once docket is done with it (terminal, every line's outcome
+    /// recorded): its uploaded input (`input_file`, as `Submitted` named it;
+    /// looked up when None, a batch found again after a lost create) and,
+    /// when `results` is given, the results files it names (left alone when
+    /// None: something in them could not be used and they are kept to be
+    /// looked at). A file already gone counts as deleted: this is safe to
+    /// call again. Providers with no files (Anthropic) have nothing to do.
+    /// The answer is the files deleted.
+    fn delete_files<'a>(
+        &'a self,
+        provider_batch_id: &'a str,
+        input_file: Option<&'a str>,
+        results: Option<&'a BatchStatus>,
+    ) -> BatchFuture<'a, usize> {
+        let _ = (provider_batch_id, input_file, results);
+        Box::pin(async { Ok(0) })
+    }
+    /// The caller gave up on submitting `tag` (no batch was made): an
+    /// upload kept for a create asked again is deleted.
+    fn abandon<'a>(&'a self, tag: &'a str) -> BatchFuture<'a, ()> {
+        let _ = tag;
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Uploads kept by tag after a create that made no batch but may be asked
+/// again (a rate limit, a timeout, a 5xx): the next `submit` of the same
+/// tag with the same bytes reuses the file instead of uploading it again
+/// (an upload and a create each take from the provider's request limits);
+/// a changed one is deleted, and so is one given up on (`abandon`).
+#[derive(Default)]
+pub(crate) struct KeptUploads(std::sync::Mutex<std::collections::HashMap<String, (String, u64)>>);
+
+impl KeptUploads {
+    /// The upload kept for `tag`: (to reuse, when it has `bytes` bytes; to
+    /// delete, when it has not).
+    pub(crate) fn take(&self, tag: &str, bytes: u64) -> (Option<String>, Option<String>) {
+        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(tag);
+        match kept {
+            Some((file, n)) if n == bytes => (Some(file), None),
+            Some((file, _)) => (None, Some(file)),
+            None => (None, None),
+        }
+    }
+
+    pub(crate) fn keep(&self, tag: &str, file: String, bytes: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tag.to_string(), (file, bytes));
+    }
+
+    pub(crate) fn forget(&self, tag: &str) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tag)
+            .map(|(f, _)| f)
+    }
+}
+
+/// Whether the upload of a create that failed with `e` is kept (to be
+/// reused by the same create asked again, or read by a batch the create
+/// may have made after all) rather than deleted at once: a refusal (a 4xx)
+/// made no batch and will not be asked again as it was, but a plain rate
+/// limit, a timeout, a conflict, a 5xx or no answer will.
+pub(crate) fn keep_upload_after(e: &ProviderError) -> bool {
+    match e.http_status {
+        Some(429) => !is_token_limit(&e.message),
+        Some(408 | 409) => true,
+        Some(s) => !(400..500).contains(&s),
+        None => true,
+    }
+}
+
+/// Whether a provider's refusal is its enqueued-token limit (OpenAI's and
+/// Azure's `token_limit_exceeded`, Anthropic's "queued batch tokens",
+/// Gemini's `batch_enqueued_tokens` quota), rather than a request rate.
+pub fn is_token_limit(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("token_limit_exceeded")
+        || m.contains("enqueued token")
+        || m.contains("enqueued_token")
+        || m.contains("queued batch tokens")
 }
 
 /// Whether docket has a Batch API adapter for `kind`. Ollama has no Batch
@@ -444,6 +572,18 @@ pub fn has_batch_api(kind: ProviderKind) -> bool {
             | ProviderKind::Anthropic
             | ProviderKind::Gemini
     )
+}
+
+/// `DOCKET_GEMINI_INLINE_LIMIT_BYTES`: Gemini batch bodies above this many
+/// bytes go up as a file (the Files API) instead of inline; the default is
+/// the API's 20 MB. For trying the file path on small batches.
+const GEMINI_INLINE_LIMIT_ENV: &str = "DOCKET_GEMINI_INLINE_LIMIT_BYTES";
+
+fn gemini_inline_limit() -> Option<u64> {
+    std::env::var(GEMINI_INLINE_LIMIT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|n| n.min(gemini::INLINE_LIMIT))
 }
 
 /// The batch price against the synchronous one: every Batch API docket
@@ -504,7 +644,11 @@ pub(crate) fn build_batch_with_key(
         ProviderKind::Gemini => {
             let key =
                 key.ok_or_else(|| setup("api_key_env is required for kind = \"gemini\"".into()))?;
-            Box::new(gemini::GeminiBatch::new(&base, key).map_err(setup)?)
+            let g = gemini::GeminiBatch::new(&base, key).map_err(setup)?;
+            Box::new(match gemini_inline_limit() {
+                Some(n) => g.with_inline_limit(n),
+                None => g,
+            })
         }
         _ => Box::new(openai::OpenAiBatch::openai(cfg.kind.as_str(), &base, key).map_err(setup)?),
     };
@@ -514,6 +658,38 @@ pub(crate) fn build_batch_with_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_past_its_window_and_not_done_is_stalled() {
+        let h = |x: f64| x * 3600.0;
+        let now = h(100.0);
+        let day = Some(now - h(25.0));
+        assert_eq!(
+            stalled_for("in_progress", day, now, None),
+            Some(Duration::from_secs(3600))
+        );
+        assert_eq!(
+            stalled_for("in_progress", Some(now - h(23.0)), now, None),
+            None
+        );
+        for done in ["completed", "ingested", "failed", "submitting", "unknown"] {
+            assert_eq!(stalled_for(done, day, now, None), None, "{done}");
+        }
+        let short = Some(Duration::from_secs(60));
+        assert_eq!(
+            stalled_for("validating", Some(now - 90.0), now, short),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(stalled_for("in_progress", None, now, short), None);
+        assert_eq!(stalled_for("in_progress", Some(f64::NAN), now, short), None);
+        assert_eq!(human_duration(Duration::from_secs(45)), "45s");
+        assert_eq!(human_duration(Duration::from_secs(12 * 60 + 5)), "12m");
+        assert_eq!(human_duration(Duration::from_secs(3 * 3600 + 300)), "3h 5m");
+        assert_eq!(
+            human_duration(Duration::from_secs(2 * 86_400 + 4 * 3600)),
+            "2d 4h"
+        );
+    }
 
     #[test]
     fn key_headers_are_marked_sensitive() {

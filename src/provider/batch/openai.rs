@@ -139,6 +139,8 @@ pub struct OpenAiBatch {
     client: reqwest::Client,
     limits: BatchLimits,
     cadence: PollCadence,
+    /// Uploads of creates that made no batch but may be asked again.
+    kept: super::KeptUploads,
 }
 
 impl OpenAiBatch {
@@ -152,6 +154,7 @@ impl OpenAiBatch {
             client: crate::provider::http_client()?,
             limits: OPENAI_LIMITS,
             cadence: PollCadence::STANDARD,
+            kept: Default::default(),
         })
     }
 
@@ -170,6 +173,7 @@ impl OpenAiBatch {
             client: crate::provider::http_client()?,
             limits: AZURE_LIMITS,
             cadence: PollCadence::STANDARD,
+            kept: Default::default(),
         })
     }
 
@@ -277,7 +281,16 @@ impl OpenAiBatch {
             "file",
         )
         .await?;
-        let file_id = self.upload(spec.tag, spec.lines, measured.bytes).await?;
+        // The same create asked again (its last made no batch): its upload
+        // is reused, or deleted if the lines changed (row B2).
+        let (reuse, stale) = self.kept.take(spec.tag, measured.bytes);
+        if let Some(old) = stale {
+            self.delete_unused(&old).await;
+        }
+        let file_id = match reuse {
+            Some(f) => f,
+            None => self.upload(spec.tag, spec.lines, measured.bytes).await?,
+        };
         crate::failpoint::hit("after_upload");
         let body = json!({
             "input_file_id": file_id,
@@ -297,13 +310,13 @@ impl OpenAiBatch {
             Ok(raw) => raw,
             Err(e) => {
                 // A create the provider refused (a 4xx) made no batch: the
-                // file would sit in the account's storage for good (row
-                // B2). After a 5xx or no answer a batch may exist that
-                // reads it: kept.
-                if e.http_status
-                    .is_some_and(|s| (400..500).contains(&s) && s != 408 && s != 409)
-                {
-                    self.delete_file(&file_id).await;
+                // file would sit in the account's storage for 30 days (row
+                // B2). After a rate limit, a 5xx or no answer the create is
+                // asked again (or a batch may exist that reads it): kept.
+                if super::keep_upload_after(&e) {
+                    self.kept.keep(spec.tag, file_id, measured.bytes);
+                } else {
+                    self.delete_unused(&file_id).await;
                 }
                 return Err(e);
             }
@@ -317,22 +330,57 @@ impl OpenAiBatch {
 
     /// Delete an input file no batch uses; a failure is logged, not raised
     /// (the create's own error is what the caller needs).
-    async fn delete_file(&self, file_id: &str) {
-        let url = self.url(
-            &format!("files/{}", crate::provider::path_segment(file_id)),
-            &[],
-        );
-        let deleted = match self.authed(self.client.delete(url).timeout(CALL_TIMEOUT)) {
-            Ok(b) => WIRE.call(b).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = deleted {
+    async fn delete_unused(&self, file_id: &str) {
+        if let Err(e) = self.delete_file(file_id).await {
             tracing::warn!(
                 "could not delete the unused batch input file {}: {}",
                 self.clean(file_id),
                 self.scrub(e)
             );
         }
+    }
+
+    /// `DELETE {base}/files/{id}`: true when deleted, false when it was
+    /// already gone (a 404: deleted before, or expired).
+    async fn delete_file(&self, file_id: &str) -> Result<bool, ProviderError> {
+        let url = self.url(
+            &format!("files/{}", crate::provider::path_segment(file_id)),
+            &[],
+        );
+        match self
+            .call(self.client.delete(url).timeout(CALL_TIMEOUT))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.http_status == Some(404) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The input file of batch `id` (when not known, read from the batch)
+    /// and, with `results`, its output and error files: deleted.
+    async fn delete_files_inner(
+        &self,
+        id: &str,
+        input: Option<&str>,
+        results: Option<&BatchStatus>,
+    ) -> Result<usize, ProviderError> {
+        let input = match input {
+            Some(f) => Some(f.to_string()),
+            None => self.get_batch(id).await?.input_file_id,
+        };
+        let mut files: Vec<String> = input.into_iter().collect();
+        if let Some(s) = results {
+            files.extend(s.output_ref.clone());
+            files.extend(s.error_ref.clone());
+        }
+        let mut n = 0;
+        for f in files {
+            if !f.is_empty() && self.delete_file(&f).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Upload `lines` (`bytes` long) as a JSONL file; the bytes are encoded
@@ -606,6 +654,28 @@ impl BatchProvider for OpenAiBatch {
     }
 
     scrubbed_batch_calls!();
+
+    fn delete_files<'a>(
+        &'a self,
+        provider_batch_id: &'a str,
+        input_file: Option<&'a str>,
+        results: Option<&'a BatchStatus>,
+    ) -> super::BatchFuture<'a, usize> {
+        Box::pin(async move {
+            self.delete_files_inner(provider_batch_id, input_file, results)
+                .await
+                .map_err(|e| self.scrub(e))
+        })
+    }
+
+    fn abandon<'a>(&'a self, tag: &'a str) -> super::BatchFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(f) = self.kept.forget(tag) {
+                self.delete_unused(&f).await;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// OpenAI's (and Azure's) answers: rate headers as the sync adapter reads
@@ -663,6 +733,8 @@ struct FileObject {
 struct BatchObject {
     id: String,
     status: String,
+    #[serde(default)]
+    input_file_id: Option<String>,
     #[serde(default)]
     output_file_id: Option<String>,
     #[serde(default)]

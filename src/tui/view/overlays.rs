@@ -401,6 +401,22 @@ fn batch_state<'a>(state: &str, theme: Theme) -> Span<'a> {
     styled(format!("{glyph} {:<11}", truncate(state, 11)), style)
 }
 
+/// The stall window (`stages.batch.stall_after_secs`) of the watched
+/// session's stage `stage`, from its config snapshot; None: the provider's
+/// usual window.
+fn stall_window(app: &App, stage: &str) -> Option<std::time::Duration> {
+    let json = &app.snap.view.as_ref()?.row.config_snapshot_json;
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let secs = v
+        .pointer("/config/stages")?
+        .as_array()?
+        .iter()
+        .find(|s| s.get("name").and_then(|n| n.as_str()) == Some(stage))?
+        .pointer("/batch/stall_after_secs")?
+        .as_f64()?;
+    (secs.is_finite() && secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs))
+}
+
 /// `in 12s`, `due`, or `—` when nothing will be polled.
 fn next_poll(b: &ProviderBatchRow, now: f64) -> String {
     match b.next_poll_at {
@@ -472,6 +488,20 @@ pub(super) fn draw_batches(frame: &mut Frame, area: Rect, app: &App, scroll: u16
             for_terminal(&b.stage)
         );
         lines.push(Line::from(styled(truncate(&about, inner), theme.dim())));
+        let window = stall_window(app, &b.stage);
+        let since = b.submitted_at.or(b.created_at);
+        if let Some(late) = crate::provider::batch::stalled_for(&b.state, since, now, window) {
+            let human = crate::provider::batch::human_duration;
+            let at = std::time::Duration::from_secs_f64((now - since.unwrap_or(now)).max(0.0));
+            let text = format!(
+                "  ⚠ stalled for {}: still {} {} after its submission (expected within {}); polling goes on, nothing is sent again",
+                human(late),
+                for_terminal(&b.state),
+                human(at),
+                human(window.unwrap_or(crate::provider::batch::USUAL_WINDOW)),
+            );
+            lines.push(Line::from(styled(truncate(&text, inner), theme.warn())));
+        }
         if b.state == "unknown" {
             lines.push(Line::from(styled(
                 truncate(
