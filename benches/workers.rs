@@ -1,6 +1,6 @@
 //! Several workers on one session, printed as figures (run:
 //! `cargo bench --bench workers`; one scenario: `-- scale`, `-- limit`,
-//! `-- pg-scale`, `-- pg-throughput` or `-- pg-export`).
+//! `-- pg-scale`, `-- pg-throughput`, `-- pg-export` or `-- c1`).
 //!
 //! The real binary against `docket mock-provider` as its own process; the
 //! `pg-` scenarios on a PostgreSQL ledger the bench starts itself. Every
@@ -241,6 +241,82 @@ fn pg_export() {
     }
 }
 
+/// Row C1, the claim race at size: 1, 2 and 4 workers on one session, on
+/// SQLite and on PostgreSQL, against a mock with no latency (the ledger
+/// and the CPU set the pace: 10,000 items) and one at 50 ms (concurrency
+/// sets it: 16 per worker, 4,000 items). The rate is the mock's own: the
+/// session's answers over the span from its first to its last. Each run is
+/// also checked against the mock's log: every attempt went out once, one
+/// answer per item, and the workers that sent.
+fn c1() {
+    let pg = support::pg::PgServer::start();
+    for (latency_ms, items, per_worker) in [(0u64, 10_000usize, 64u64), (50, 4_000, 16)] {
+        for on_pg in [false, true] {
+            let backend = if on_pg { "PostgreSQL" } else { "SQLite" };
+            let mut rates = Vec::new();
+            for workers in [1usize, 2, 4] {
+                let latency = latency_ms.to_string();
+                let mock = Mock::start(&[
+                    "--latency-median-ms",
+                    &latency,
+                    "--latency-p99-ms",
+                    &latency,
+                ]);
+                let ws = workspace(&mock, items, |j| {
+                    j.concurrency = per_worker * workers as u64
+                });
+                let url = on_pg.then(|| on_postgres(&ws, &pg));
+                let (sid, secs) = run_on(&ws, url.as_deref(), workers);
+                let conn = match &url {
+                    None => ws.conn(),
+                    Some(url) => snapshot(&ws, url),
+                };
+                let log = mock.log();
+                let prefix = format!("{sid}-");
+                let ours: Vec<&serde_json::Value> = log
+                    .iter()
+                    .filter(|e| {
+                        e["client_request_id"]
+                            .as_str()
+                            .is_some_and(|id| id.starts_with(&prefix))
+                    })
+                    .collect();
+                let distinct: std::collections::HashSet<&str> = ours
+                    .iter()
+                    .filter_map(|e| e["client_request_id"].as_str())
+                    .collect();
+                let mut oks: Vec<u64> = ours
+                    .iter()
+                    .filter(|e| e["status"].as_u64() == Some(200))
+                    .filter_map(|e| e["at_ms"].as_u64())
+                    .collect();
+                oks.sort_unstable();
+                let span = (oks.last().unwrap_or(&0) - oks.first().unwrap_or(&0)) as f64 / 1000.0;
+                let rate = (oks.len() as f64 - 1.0) / span;
+                let senders = count(
+                    &conn,
+                    "SELECT COUNT(*) FROM session_worker WHERE session_id = ?1 AND sent > 0",
+                    [&sid],
+                );
+                let ok =
+                    distinct.len() == ours.len() && oks.len() == items && senders == workers as i64;
+                println!(
+                    "C1 {backend}, mock latency {latency_ms} ms, {items} items, concurrency {per_worker} per worker: \
+                     {workers} worker(s) ({senders} sent) {rate:.0} req/s ({span:.1} s at the mock, {secs:.1} s session)  \
+                     [{}: each attempt sent once, one answer per item]",
+                    verdict(ok)
+                );
+                rates.push(rate);
+            }
+            println!(
+                "C1 {backend}, mock latency {latency_ms} ms: 2 workers {:.2}x, 4 workers {:.2}x one worker",
+                rates[1] / rates[0],
+                rates[2] / rates[0]
+            );
+        }
+    }
+}
+
 /// Throughput of two workers against one on a latency-bound provider: each
 /// worker runs at concurrency 16 (the session's limit is 16 for one worker
 /// and 32 for two, split equally between them).
@@ -334,5 +410,8 @@ fn main() {
     }
     if want("pg-throughput") {
         pg_throughput();
+    }
+    if want("c1") {
+        c1();
     }
 }

@@ -221,7 +221,10 @@ fn reimport_is_idempotent() {
     let text = String::from_utf8(out).unwrap();
     assert!(
         text.starts_with("Imported 0 new items from ")
-            && text.contains("(3 rows read; 3 already present; 0 bad rows skipped)"),
+            && text.contains(
+                "(3 rows read; 3 already present (1 of them with different content: the ledger keeps what it has); 0 bad rows skipped)"
+            )
+            && text.contains(":3: \"a\" differs from the ledger's copy"),
         "{text}"
     );
 }

@@ -1371,3 +1371,567 @@ fn c2_a_clock_jump_ahead_takes_over_leases_but_the_fence_keeps_one_result() {
     eprintln!("clock jump: {orphaned} orphaned answers, {ambiguous} ambiguous attempts");
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
+
+// ------------------------------------------------- rows C1 and C2, measured
+
+/// Rows of `sql` read now from the ledger itself, each value as text (NULL
+/// as ""): the SQLite file, or the PostgreSQL database `pg` through psql.
+/// No snapshot: a quick look while the workers run, in SQL both read alike.
+fn ask(ws: &Ws, pg: Option<&support::pg::PgServer>, sql: &str) -> Vec<Vec<String>> {
+    if let (Some(pg), Some(url)) = (pg, &ws.pg_url) {
+        return pg
+            .psql(url, sql)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| l.split('|').map(str::to_string).collect())
+            .collect();
+    }
+    let conn = ws.ws.conn();
+    let mut stmt = conn.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let n = stmt.column_count();
+    let text = |v: rusqlite::types::ValueRef<'_>| match v {
+        rusqlite::types::ValueRef::Null => String::new(),
+        rusqlite::types::ValueRef::Integer(i) => i.to_string(),
+        rusqlite::types::ValueRef::Real(f) => f.to_string(),
+        rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+        rusqlite::types::ValueRef::Blob(_) => "<blob>".into(),
+    };
+    stmt.query_map([], |r| (0..n).map(|i| Ok(text(r.get_ref(i)?))).collect())
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// One number `sql` counts, read as `ask` reads.
+fn ask_count(ws: &Ws, pg: Option<&support::pg::PgServer>, sql: &str) -> i64 {
+    let rows = ask(ws, pg, sql);
+    rows.first()
+        .and_then(|r| r.first())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{sql}: {rows:?}"))
+}
+
+/// The newest session's id, read as `ask` reads (on PostgreSQL no snapshot
+/// of the whole ledger per look, so the others start right after it).
+fn session_soon(ws: &Ws, pg: Option<&support::pg::PgServer>) -> String {
+    wait_for("a session", || {
+        ask(
+            ws,
+            pg,
+            "SELECT session_id FROM llm_batch_session ORDER BY started_at DESC LIMIT 1",
+        )
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next())
+    })
+}
+
+/// The items row C1 runs through four workers. 10,000 took 15 to 29 s on
+/// SQLite and 42 s on PostgreSQL in a debug build on the two-core CI
+/// machine: too long for a test, so the bench (`cargo bench --bench
+/// workers -- c1`) runs 10,000 on the release build, with 1, 2 and 4
+/// workers.
+const C1_ITEMS: usize = 2_000;
+
+/// Row C1: four processes on one session of `C1_ITEMS` items against a mock
+/// with no latency, the three joiners started the moment the session
+/// exists: claims race all the time. The mock's log is the oracle: every
+/// attempt went out once, each request was answered once, nothing was
+/// ambiguous; every item has exactly one result, no lease is left, and
+/// each of the four claimed and sent some.
+#[test]
+fn c1_four_workers_at_once_send_each_attempt_once() {
+    let _serial = support::serial();
+    claim_race_on(None);
+}
+
+/// The same on a PostgreSQL ledger (`FOR UPDATE SKIP LOCKED`).
+#[test]
+fn c1_four_workers_at_once_send_each_attempt_once_on_postgres() {
+    let _serial = support::serial();
+    claim_race_on(Some(&support::pg::PgServer::start()));
+}
+
+fn claim_race_on(pg: Option<&support::pg::PgServer>) {
+    const WORKERS: usize = 4;
+    let mock = Mock::start(&["--latency-median-ms", "0", "--latency-p99-ms", "0"]);
+    let ws = Ws::on(pg, &mock, C1_ITEMS, |j| j.concurrency = 64);
+    let started = Instant::now();
+    let mut procs = vec![ws.spawn("w0", &RUN, None)];
+    let sid = session_soon(&ws, pg);
+    for k in 1..WORKERS {
+        procs.push(ws.spawn(&format!("w{k}"), &["worker", "--session", &sid], None));
+    }
+    let mut said = Vec::new();
+    for (k, mut p) in procs.into_iter().enumerate() {
+        let (code, out) = p.wait(RUN_TIMEOUT);
+        assert_eq!(code, Some(0), "worker {k}:\n{out}");
+        said.push(out);
+    }
+    let took = started.elapsed();
+    if let (Some(pg), Some(url)) = (pg, &ws.pg_url) {
+        // Nobody stalled: the server ended no transaction as stalled
+        // (`postgres::END_STALLED_TRANSACTION`), however hard they raced.
+        let ended = pg.psql(
+            url,
+            "SELECT sessions_fatal FROM pg_stat_database WHERE datname = current_database()",
+        );
+        assert_eq!(ended, "0", "connections the server ended");
+    }
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), C1_ITEMS as i64, "every item a result");
+    assert_eq!(
+        0,
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM (SELECT item_id FROM llm_batch_result WHERE session_id = ?1
+               GROUP BY item_id HAVING COUNT(*) > 1)",
+            [&sid]
+        ),
+        "an item with two results"
+    );
+    assert_eq!(
+        check_orphans(&conn, &sid, 0),
+        (0, 0),
+        "nothing failed, so nothing may be ambiguous or orphaned"
+    );
+    let answered = check_billing(&mock, &conn, std::slice::from_ref(&sid));
+    // No fault: each attempt on record went out once and was answered
+    // once, and the mock saw nothing the ledger does not have.
+    let prefix = format!("{sid}-");
+    let at_mock = mock
+        .log()
+        .iter()
+        .filter(|e| {
+            e["client_request_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with(&prefix))
+        })
+        .count();
+    let attempts = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1",
+        [&sid],
+    );
+    let answered_rows = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'answered'",
+        [&sid],
+    );
+    assert_eq!(at_mock as i64, attempts, "requests at the mock vs attempts");
+    assert_eq!(
+        answered as i64, answered_rows,
+        "answers vs answered attempts"
+    );
+    assert_eq!(
+        answered, C1_ITEMS,
+        "one answer per item: a request went out twice"
+    );
+    let sent: Vec<(String, i64)> = conn
+        .prepare("SELECT worker_id, sent FROM session_worker WHERE session_id = ?1")
+        .unwrap()
+        .query_map([&sid], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    eprintln!(
+        "C1 {}: {C1_ITEMS} items, {WORKERS} workers, {:.1} s; sent per worker {:?}",
+        if pg.is_some() { "PostgreSQL" } else { "SQLite" },
+        took.as_secs_f64(),
+        sent.iter().map(|s| s.1).collect::<Vec<_>>()
+    );
+    assert_eq!(sent.len(), WORKERS, "{sent:?}");
+    assert!(
+        sent.iter().all(|(_, n)| *n > 0),
+        "a worker claimed nothing: {sent:?}\n{}",
+        said.join("\n----\n")
+    );
+}
+
+/// Seconds since the Unix epoch by this machine's clock: the clock a
+/// lease on SQLite is written with (and, on one host, PostgreSQL's).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// How long a rescue may take beyond its bound: a claim, a look at the
+/// ledger (psql on PostgreSQL), a loaded two-core machine.
+const RESCUE_SLACK: Duration = Duration::from_millis(1500);
+/// How often a worker with nothing left looks for items to take over
+/// (`engine::feed::TAKEOVER_POLL`).
+const TAKEOVER_POLL: Duration = Duration::from_secs(1);
+/// The lease of the rescue tests: renewed every third of it.
+const RESCUE_LEASE: f64 = 3.0;
+
+/// Two workers, the first holding every item of a small session (it claims
+/// them all in its first page) with requests in flight at a slow mock, the
+/// second up and idle, waiting for work to take over. The second's clock
+/// is off by `skew` seconds (`DOCKET_CLOCK_SKEW_SECS`).
+struct Holding<'a> {
+    pg: Option<&'a support::pg::PgServer>,
+    mock: Mock,
+    ws: Ws,
+    sid: String,
+    first: Proc,
+    second: Proc,
+    /// The first worker's id.
+    holder: String,
+    /// The items it held when `hold_now` looked.
+    held: Vec<String>,
+}
+
+fn holding_on(pg: Option<&support::pg::PgServer>, skew: Option<f64>) -> Holding<'_> {
+    // One page: a worker claims max(64, 4 x concurrency) items ahead. At
+    // 8 at a time (4 each once the second joins) and a second each, the
+    // first alone would be busy for 8 s at least.
+    const ITEMS: usize = 64;
+    let mock = Mock::start(&["--latency-median-ms", "1000", "--latency-p99-ms", "1100"]);
+    let ws = Ws::on(pg, &mock, ITEMS, |j| j.concurrency = 8);
+    let first = ws.spawn("first", &RUN, Some(RESCUE_LEASE));
+    let sid = session_soon(&ws, pg);
+    let mut join = ws.command(&["worker", "--session", &sid], Some(RESCUE_LEASE));
+    if let Some(s) = skew {
+        join.env("DOCKET_CLOCK_SKEW_SECS", s.to_string());
+    }
+    let second = Proc::start(
+        join,
+        format!("docket worker (clock {:+} s)", skew.unwrap_or(0.0)),
+        ws.home.path().join("second.out"),
+    );
+    let (first_pid, second_pid) = (first.pid(), second.pid());
+    // The second is up (its first beat) and holds nothing: the first holds
+    // every item without a result, and has requests out at the mock.
+    let holder = wait_for("the second worker up, the first holding every item", || {
+        let rows = ask(
+            &ws,
+            pg,
+            &format!("SELECT pid, worker_id FROM session_worker WHERE session_id = '{sid}'"),
+        );
+        let of = |pid: u32| rows.iter().find(|r| r[0] == pid.to_string());
+        let (first_row, _) = (of(first_pid)?, of(second_pid)?);
+        let holder = first_row[1].clone();
+        let not_its = ask_count(
+            &ws,
+            pg,
+            &format!(
+                "SELECT COUNT(*) FROM session_item si WHERE si.session_id = '{sid}'
+                   AND (si.claimed_by IS NULL OR si.claimed_by != '{holder}')
+                   AND NOT EXISTS (SELECT 1 FROM llm_batch_result b
+                                   WHERE b.session_id = si.session_id AND b.item_id = si.item_id)"
+            ),
+        );
+        (not_its == 0 && !mock.log().is_empty()).then_some(holder)
+    });
+    Holding {
+        pg,
+        mock,
+        ws,
+        sid,
+        first,
+        second,
+        holder,
+        held: Vec::new(),
+    }
+}
+
+impl Holding<'_> {
+    /// Note the items the first worker holds now (under a lease, no result
+    /// yet) and the earliest and latest of those leases (unix seconds).
+    fn hold_now(&mut self) -> (f64, f64) {
+        let rows = ask(
+            &self.ws,
+            self.pg,
+            &format!(
+                "SELECT si.item_id, si.lease_until FROM session_item si WHERE si.session_id = '{}'
+                   AND si.claimed_by = '{}' AND si.lease_until IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM llm_batch_result b
+                                   WHERE b.session_id = si.session_id AND b.item_id = si.item_id)",
+                self.sid, self.holder
+            ),
+        );
+        assert!(
+            !rows.is_empty(),
+            "the first worker held nothing: too late\n{}",
+            self.first.output()
+        );
+        self.held = rows.iter().map(|r| r[0].clone()).collect();
+        let leases: Vec<f64> = rows
+            .iter()
+            .map(|r| r[1].trim().parse().expect("lease_until"))
+            .collect();
+        (
+            leases.iter().copied().fold(f64::INFINITY, f64::min),
+            leases.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        )
+    }
+
+    /// Of the items held at `hold_now`, how many another worker has taken
+    /// (claimed, whether finished or not) or that have their result (the
+    /// first finished it between `hold_now` and a kill).
+    fn taken(&self) -> usize {
+        let list = self
+            .held
+            .iter()
+            .map(|id| format!("'{id}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        ask_count(
+            &self.ws,
+            self.pg,
+            &format!(
+                "SELECT COUNT(*) FROM session_item si WHERE si.session_id = '{}' AND si.item_id IN ({list})
+                   AND ((si.claimed_by IS NOT NULL AND si.claimed_by != '{}')
+                        OR EXISTS (SELECT 1 FROM llm_batch_result b
+                                   WHERE b.session_id = si.session_id AND b.item_id = si.item_id))",
+                self.sid, self.holder
+            ),
+        ) as usize
+    }
+
+    /// Poll until another worker took every held item: (first taken, all
+    /// taken), measured from `from`.
+    fn rescue(&self, from: Instant) -> (Duration, Duration) {
+        let mut first = None;
+        wait_within(
+            "another worker to take every item the first held",
+            RUN_TIMEOUT,
+            || {
+                let taken = self.taken();
+                if taken > 0 && first.is_none() {
+                    first = Some(from.elapsed());
+                }
+                (taken == self.held.len()).then(|| (first.unwrap_or_default(), from.elapsed()))
+            },
+        )
+    }
+
+    /// The second worker finishes the session: every item one result, no
+    /// lease left, counters equal rows, the billing oracle. Returns the
+    /// session's orphaned answers and ambiguous attempts.
+    fn finish(mut self, first_said: &str) -> (i64, i64) {
+        let (code, out) = self.second.wait(RUN_TIMEOUT);
+        assert_eq!(code, Some(0), "second worker:\n{out}\nfirst:\n{first_said}");
+        let conn = self.ws.conn();
+        check_counters(&conn, &self.sid);
+        assert_eq!(
+            results(&conn, &self.sid),
+            count(
+                &conn,
+                "SELECT COUNT(*) FROM session_item WHERE session_id = ?1",
+                [&self.sid]
+            ),
+            "one result per item"
+        );
+        let orphans = check_orphans(&conn, &self.sid, 0);
+        check_billing(&self.mock, &conn, std::slice::from_ref(&self.sid));
+        orphans
+    }
+}
+
+/// Row C2, time to rescue on a lease: a worker stopped (SIGSTOP: alive, so
+/// nobody may call it dead) while it holds items with requests in flight.
+/// The other worker takes none of them before its lease runs out, and all
+/// of them within lease + poll (+ slack) of the stop. Then the stopped one
+/// is killed and the other finishes: one result per item, the requests in
+/// flight at the stop ambiguous, nothing unexplained paid twice.
+#[test]
+fn c2_a_stopped_workers_items_are_rescued_within_lease_and_poll() {
+    let _serial = support::serial();
+    rescue_on(None, Interrupt::Stall);
+}
+
+#[test]
+fn c2_a_stopped_workers_items_are_rescued_within_lease_and_poll_on_postgres() {
+    let _serial = support::serial();
+    rescue_on(Some(&support::pg::PgServer::start()), Interrupt::Stall);
+}
+
+/// Row C2, time to rescue after kill -9: the dead worker was on this host,
+/// so the other sees its process gone and takes its items at its next
+/// look, within a poll rather than a lease (so within lease + poll all the
+/// more), and finishes the session as above.
+#[test]
+fn c2_a_killed_workers_items_are_rescued_within_a_poll() {
+    let _serial = support::serial();
+    rescue_on(None, Interrupt::Kill);
+}
+
+#[test]
+fn c2_a_killed_workers_items_are_rescued_within_a_poll_on_postgres() {
+    let _serial = support::serial();
+    rescue_on(Some(&support::pg::PgServer::start()), Interrupt::Kill);
+}
+
+fn rescue_on(pg: Option<&support::pg::PgServer>, how: Interrupt) {
+    let backend = if pg.is_some() { "PostgreSQL" } else { "SQLite" };
+    let mut h = holding_on(pg, None);
+    // Stopped, its leases are frozen: noted after the stop. Killed, they
+    // are let go at the other's next look: noted just before.
+    let (wall, at, (soonest, latest), first_said) = match how {
+        Interrupt::Kill => {
+            let leases = h.hold_now();
+            let (wall, at) = (unix_now(), Instant::now());
+            (wall, at, leases, h.first.kill9())
+        }
+        Interrupt::Stall => {
+            let (wall, at) = (unix_now(), Instant::now());
+            signal(h.first.pid(), "-STOP");
+            (wall, at, h.hold_now(), String::new())
+        }
+    };
+    let (first_taken, all_taken) = h.rescue(at);
+    // PostgreSQL: whether the stop caught the worker inside a transaction,
+    // which the server then ended (`postgres::END_STALLED_TRANSACTION`).
+    let ended = match (pg, &h.ws.pg_url) {
+        (Some(pg), Some(url)) => format!(
+            "; connections the server ended: {}",
+            pg.psql(
+                url,
+                "SELECT sessions_fatal FROM pg_stat_database WHERE datname = current_database()"
+            )
+        ),
+        _ => String::new(),
+    };
+    let figures = format!(
+        "{backend}, {}: {} items held, their leases ran out {:.2} to {:.2} s after it; \
+         the first taken {:.2} s after it, all {:.2} s after it (lease {RESCUE_LEASE} s, poll {:?}){ended}",
+        match how {
+            Interrupt::Kill => "kill -9",
+            Interrupt::Stall => "SIGSTOP",
+        },
+        h.held.len(),
+        soonest - wall,
+        latest - wall,
+        first_taken.as_secs_f64(),
+        all_taken.as_secs_f64(),
+        TAKEOVER_POLL,
+    );
+    eprintln!("C2 time to rescue: {figures}");
+    let lease = Duration::from_secs_f64(RESCUE_LEASE);
+    let first_said = match how {
+        Interrupt::Kill => {
+            // Seen dead at the next look: no lease waited out.
+            assert!(
+                all_taken <= TAKEOVER_POLL + RESCUE_SLACK,
+                "a dead worker's items not taken within a poll: {figures}"
+            );
+            first_said
+        }
+        Interrupt::Stall => {
+            // Alive: nothing taken while its lease held (the look that saw
+            // the first taken came after the take, never before).
+            assert!(
+                first_taken.as_secs_f64() >= soonest - wall,
+                "an item taken before its lease ran out: {figures}"
+            );
+            assert!(
+                all_taken <= lease + TAKEOVER_POLL + RESCUE_SLACK,
+                "not rescued within lease + poll: {figures}"
+            );
+            h.first.kill9()
+        }
+    };
+    let (orphaned, ambiguous) = h.finish(&first_said);
+    assert_eq!(orphaned, 0, "the first worker recorded nothing late");
+    assert!(
+        ambiguous > 0,
+        "the first worker's requests in flight were not made ambiguous: {figures}"
+    );
+}
+
+/// Row C2, a clock jump back, on SQLite (one host, the machine's clock): a
+/// worker whose clock is two hours behind (`DOCKET_CLOCK_SKEW_SECS=-7200`)
+/// waits for work while the other holds items and stops (SIGSTOP). By its
+/// clock the stopped worker's leases run two hours more, so it takes
+/// nothing: not at lease + poll, when a worker with the right clock has
+/// taken them all (`c2_a_stopped_workers_items_are_rescued_within_lease_and_poll`),
+/// nor at twice that; no second attempt goes out. The jump only delays
+/// rescue: once the stopped worker is killed its process is gone, and the
+/// worker behind takes its items at its next look, clock or no clock, and
+/// finishes the session, nothing paid twice.
+#[test]
+fn c2_a_clock_jump_back_steals_nothing_and_only_delays_rescue() {
+    let _serial = support::serial();
+    let mut h = holding_on(None, Some(-7200.0));
+    signal(h.first.pid(), "-STOP");
+    let (soonest, _) = h.hold_now();
+    let wait = (Duration::from_secs_f64(RESCUE_LEASE) + TAKEOVER_POLL + RESCUE_SLACK) * 2;
+    std::thread::sleep(wait);
+    let lapsed = unix_now() - soonest;
+    let taken = h.taken();
+    // A second attempt of any request: only the worker behind could have
+    // sent it (the other is stopped; the mock injects no failure).
+    let retries: Vec<String> = h
+        .mock
+        .log()
+        .iter()
+        .filter_map(|e| e["client_request_id"].as_str())
+        .filter(|id| id.starts_with(&format!("{}-", h.sid)) && !id.ends_with("-1"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        taken,
+        0,
+        "the worker 2 h behind took {taken} of {} held items, {lapsed:.1} s after the first lease ran out",
+        h.held.len()
+    );
+    assert!(retries.is_empty(), "a second attempt went out: {retries:?}");
+    h.second.assert_running();
+    let at = Instant::now();
+    let first_said = h.first.kill9();
+    let (_, all_taken) = h.rescue(at);
+    eprintln!(
+        "C2 clock 2 h behind: none of {} held items taken {lapsed:.1} s after the first lease ran out; \
+         after kill -9 all taken in {:.2} s",
+        h.held.len(),
+        all_taken.as_secs_f64()
+    );
+    assert!(
+        all_taken <= TAKEOVER_POLL + RESCUE_SLACK,
+        "the worker behind took {all_taken:?} to take a dead worker's items"
+    );
+    let (orphaned, ambiguous) = h.finish(&first_said);
+    assert_eq!(orphaned, 0);
+    assert!(ambiguous > 0, "nothing was in flight at the stop");
+}
+
+/// Row C2, a smaller jump back on SQLite: a worker whose clock is 6 s
+/// behind rescues a stopped worker's items 6 s later than one with the
+/// right clock: not before the lease ran out by its own clock, and within
+/// lease + lag + poll (+ slack). Delayed, nothing else.
+#[test]
+fn c2_a_clock_behind_delays_rescue_by_its_lag() {
+    let _serial = support::serial();
+    const LAG: f64 = 6.0;
+    let mut h = holding_on(None, Some(-LAG));
+    let (wall, at) = (unix_now(), Instant::now());
+    signal(h.first.pid(), "-STOP");
+    let (soonest, latest) = h.hold_now();
+    let (first_taken, all_taken) = h.rescue(at);
+    let figures = format!(
+        "clock {LAG} s behind: {} items held, their leases ran out {:.2} to {:.2} s after the stop; \
+         the first taken {:.2} s after it, all {:.2} s after it (lease {RESCUE_LEASE} s, poll {TAKEOVER_POLL:?})",
+        h.held.len(),
+        soonest - wall,
+        latest - wall,
+        first_taken.as_secs_f64(),
+        all_taken.as_secs_f64()
+    );
+    eprintln!("C2 {figures}");
+    assert!(
+        first_taken.as_secs_f64() >= soonest - wall + LAG,
+        "taken before the lease ran out by the late clock: {figures}"
+    );
+    assert!(
+        all_taken <= Duration::from_secs_f64(RESCUE_LEASE + LAG) + TAKEOVER_POLL + RESCUE_SLACK,
+        "not rescued within lease + lag + poll: {figures}"
+    );
+    let first_said = h.first.kill9();
+    let (orphaned, ambiguous) = h.finish(&first_said);
+    assert_eq!(orphaned, 0);
+    assert!(ambiguous > 0, "nothing was in flight at the stop");
+}

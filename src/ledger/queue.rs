@@ -70,6 +70,7 @@ pub(crate) fn claim_page(
     } else {
         TransactionBehavior::Immediate
     })?;
+    claim_settings(&tx)?;
     // (row, position, previous holder, whether that holder had it leased);
     // the row is SQLite's rowid, or the position on PostgreSQL.
     let row_id = if postgres { "si.position" } else { "si.rowid" };
@@ -117,6 +118,11 @@ pub(crate) fn claim_page(
         }
         if postgres {
             sql.push_str(" FOR UPDATE OF si SKIP LOCKED");
+            // The pick walks the (session_id, position) index in order and
+            // stops at the LIMIT: statistics that lag a session just
+            // created make the planner expect a handful of rows and sort
+            // the whole rest of the session instead, on every claim.
+            tx.execute_batch("SET LOCAL enable_sort = off")?;
         }
         let mut stmt = tx.prepare_cached(&sql)?;
         let pick = |r: &crate::ledger::db::Row<'_>| {
@@ -132,6 +138,9 @@ pub(crate) fn claim_page(
         };
         rows.collect::<crate::ledger::db::Result<_>>()?
     };
+    if postgres {
+        tx.execute_batch("SET LOCAL enable_sort = on")?;
+    }
     if picked.is_empty() {
         tx.commit()?;
         return Ok(Vec::new());
@@ -199,6 +208,29 @@ pub(crate) fn claim_page(
     Ok(items)
 }
 
+/// PostgreSQL, first in a claim's transaction:
+///
+/// - its statements are planned for the tables as they are now, not once
+///   for the life of the connection. A session's results grow from none to
+///   all of its items while its workers claim; a plan cached while they
+///   were few (the check that an item has no result read every result of
+///   the session, for each item looked at) made each claim slower with
+///   every result, a third of a second by a few thousand: the workers spent
+///   their time claiming. Planning costs a fraction of a millisecond a
+///   statement.
+/// - a claim whose worker stalls in it lets go of the rows it locked
+///   (`postgres::END_STALLED_TRANSACTION`) instead of keeping them from
+///   everyone until its process dies.
+fn claim_settings(tx: &Connection) -> crate::ledger::db::Result<()> {
+    if tx.dialect() == Dialect::Postgres {
+        tx.execute_batch(&format!(
+            "SET LOCAL plan_cache_mode = force_custom_plan; {}",
+            crate::ledger::postgres::END_STALLED_TRANSACTION
+        ))?;
+    }
+    Ok(())
+}
+
 /// The work of the items at the positions of `tokens` (position -> the
 /// token each was claimed with), in position order.
 fn load_claimed(
@@ -243,6 +275,7 @@ pub(crate) fn claim_requests(
 ) -> crate::ledger::db::Result<Vec<WorkItem>> {
     let now = conn.now()?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    claim_settings(&tx)?;
     let mut tokens = std::collections::HashMap::with_capacity(request_ids.len());
     {
         let mut claim = tx.prepare_cached(

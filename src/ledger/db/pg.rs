@@ -367,7 +367,10 @@ impl PgConnection {
 
     pub(super) fn begin(&self, write_lock: bool) -> Result<()> {
         let sql = if write_lock {
-            format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+            format!(
+                "BEGIN; {}; SELECT pg_advisory_xact_lock({WRITE_LOCK})",
+                crate::ledger::postgres::END_STALLED_TRANSACTION
+            )
         } else {
             "BEGIN".to_string()
         };

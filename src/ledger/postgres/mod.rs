@@ -28,6 +28,19 @@ use super::LedgerError;
 /// How long a connect may take before it is reported as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Set first in every transaction that holds what other workers wait for
+/// (docket's write lock, a claim's rows): the server ends it, and the
+/// connection, once its client has said nothing for two seconds inside it.
+/// A docket client never pauses that long mid-transaction unless it is
+/// stalled (stopped, frozen, swapped out); stalled, it held the write lock
+/// and every row it had touched until its process died, and no other
+/// worker could record a result or take its items over, whatever their
+/// leases said (fault-matrix row C2). A client that comes back finds its
+/// connection gone, the transaction rolled back, and applies it again on a
+/// new one (fenced: items taken over meanwhile refuse its writes).
+pub(crate) const END_STALLED_TRANSACTION: &str =
+    "SET LOCAL idle_in_transaction_session_timeout = '2s'";
+
 /// Run `f`, which blocks on the synchronous client, where that is allowed:
 /// the client drives a small runtime of its own, which tokio refuses to
 /// start on one of its worker threads, so there the thread is first handed
