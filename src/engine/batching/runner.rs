@@ -527,21 +527,7 @@ async fn resolve_by_custom_ids(
         "the create answer was lost and the provider shows {} batches that could be this one ({listed}): nothing is sent again; once they have all ended, their results are matched against its custom ids",
         candidates.len()
     );
-    b.write(WriteOp::Batch(BatchOp::Status {
-        tag: tag.to_string(),
-        state: "unknown".into(),
-        completed: 0,
-        failed: 0,
-        output_ref: None,
-        error_ref: None,
-        error_message: Some(why.clone()),
-        next_poll_at: None,
-        polled: false,
-        ended: false,
-    }))
-    .await;
-    b.event("warn", "batch_unknown", format!("batch {tag}: {why}"));
-    b.reporter.line(&format!("Batch {tag}: {why}."));
+    mark_unknown(b, tag, &why).await;
     let Some(ours) = line_ids(b, tag).await else {
         return Resolved::Stopped;
     };
@@ -827,21 +813,7 @@ async fn not_submitted(b: &Arc<Batcher>, tag: &str, how: Submitting) {
             .await;
         }
         Submitting::Held(why) => {
-            b.write(WriteOp::Batch(BatchOp::Status {
-                tag: tag.to_string(),
-                state: "unknown".into(),
-                completed: 0,
-                failed: 0,
-                output_ref: None,
-                error_ref: None,
-                error_message: Some(why.clone()),
-                next_poll_at: None,
-                polled: false,
-                ended: false,
-            }))
-            .await;
-            b.event("warn", "batch_unknown", format!("batch {tag}: {why}"));
-            b.reporter.line(&format!("Batch {tag}: {why}."));
+            mark_unknown(b, tag, &why).await;
             // The lines stay as they are, in their batch: nothing claims
             // their items until the operator settles it and resumes.
             if let Some(waiting) = waiting_ids(b, tag).await {
@@ -1394,4 +1366,24 @@ async fn settle(b: &Arc<Batcher>, tag: &str) -> bool {
         }
     }
     false
+}
+
+/// A batch whose create may or may not have made it at the provider: its
+/// state `unknown` with why, said in an event and on the output.
+async fn mark_unknown(b: &Batcher, tag: &str, why: &str) {
+    b.write(WriteOp::Batch(BatchOp::Status {
+        tag: tag.to_string(),
+        state: "unknown".into(),
+        completed: 0,
+        failed: 0,
+        output_ref: None,
+        error_ref: None,
+        error_message: Some(why.to_string()),
+        next_poll_at: None,
+        polled: false,
+        ended: false,
+    }))
+    .await;
+    b.event("warn", "batch_unknown", format!("batch {tag}: {why}"));
+    b.reporter.line(&format!("Batch {tag}: {why}."));
 }

@@ -794,27 +794,7 @@ impl BatchProvider for GeminiBatch {
 
     scrubbed_batch_calls!();
 
-    fn delete_files<'a>(
-        &'a self,
-        provider_batch_id: &'a str,
-        input_file: Option<&'a str>,
-        results: Option<&'a BatchStatus>,
-    ) -> super::BatchFuture<'a, usize> {
-        Box::pin(async move {
-            self.delete_files_inner(provider_batch_id, input_file, results)
-                .await
-                .map_err(|e| self.scrub(e))
-        })
-    }
-
-    fn abandon<'a>(&'a self, tag: &'a str) -> super::BatchFuture<'a, ()> {
-        Box::pin(async move {
-            if let Some(f) = self.kept.forget(tag) {
-                self.delete_unused(&f).await;
-            }
-            Ok(())
-        })
-    }
+    uploaded_file_calls!();
 }
 
 /// The first of `keys` present (camelCase, then the proto snake_case).

@@ -70,6 +70,35 @@ macro_rules! scrubbed_batch_calls {
     };
 }
 
+/// The file calls of an adapter that uploads its batches' input (OpenAI,
+/// Azure, Gemini): each an `_inner` method, or the `kept` uploads of
+/// creates not yet confirmed, with its errors scrubbed of the key.
+macro_rules! uploaded_file_calls {
+    () => {
+        fn delete_files<'a>(
+            &'a self,
+            provider_batch_id: &'a str,
+            input_file: Option<&'a str>,
+            results: Option<&'a $crate::provider::batch::BatchStatus>,
+        ) -> $crate::provider::batch::BatchFuture<'a, usize> {
+            Box::pin(async move {
+                self.delete_files_inner(provider_batch_id, input_file, results)
+                    .await
+                    .map_err(|e| self.scrub(e))
+            })
+        }
+
+        fn abandon<'a>(&'a self, tag: &'a str) -> $crate::provider::batch::BatchFuture<'a, ()> {
+            Box::pin(async move {
+                if let Some(f) = self.kept.forget(tag) {
+                    self.delete_unused(&f).await;
+                }
+                Ok(())
+            })
+        }
+    };
+}
+
 pub mod anthropic;
 pub mod gemini;
 mod http;
