@@ -248,10 +248,22 @@ fn pg_export() {
 /// session's answers over the span from its first to its last. Each run is
 /// also checked against the mock's log: every attempt went out once, one
 /// answer per item, and the workers that sent.
-fn c1() {
+/// `pg_zero_only` (`-- c1-pg0`): only PostgreSQL at zero latency, the case
+/// bound by the ledger rather than the provider.
+fn c1(pg_zero_only: bool) {
     let pg = support::pg::PgServer::start();
-    for (latency_ms, items, per_worker) in [(0u64, 10_000usize, 64u64), (50, 4_000, 16)] {
-        for on_pg in [false, true] {
+    let latencies: &[(u64, usize, u64)] = if pg_zero_only {
+        &[(0, 10_000, 64)]
+    } else {
+        &[(0, 10_000, 64), (50, 4_000, 16)]
+    };
+    let backends: &[bool] = if pg_zero_only {
+        &[true]
+    } else {
+        &[false, true]
+    };
+    for &(latency_ms, items, per_worker) in latencies {
+        for &on_pg in backends {
             let backend = if on_pg { "PostgreSQL" } else { "SQLite" };
             let mut rates = Vec::new();
             for workers in [1usize, 2, 4] {
@@ -266,7 +278,9 @@ fn c1() {
                     j.concurrency = per_worker * workers as u64
                 });
                 let url = on_pg.then(|| on_postgres(&ws, &pg));
+                let cpu_before = machine_cpu();
                 let (sid, secs) = run_on(&ws, url.as_deref(), workers);
+                let busy = busy_share(cpu_before, machine_cpu());
                 let conn = match &url {
                     None => ws.conn(),
                     Some(url) => snapshot(&ws, url),
@@ -302,8 +316,9 @@ fn c1() {
                     distinct.len() == ours.len() && oks.len() == items && senders == workers as i64;
                 println!(
                     "C1 {backend}, mock latency {latency_ms} ms, {items} items, concurrency {per_worker} per worker: \
-                     {workers} worker(s) ({senders} sent) {rate:.0} req/s ({span:.1} s at the mock, {secs:.1} s session)  \
-                     [{}: each attempt sent once, one answer per item]",
+                     {workers} worker(s) ({senders} sent) {rate:.0} req/s ({span:.1} s at the mock, {secs:.1} s session), \
+                     machine CPU {:.0}% busy  [{}: each attempt sent once, one answer per item]",
+                    busy * 100.0,
                     verdict(ok)
                 );
                 rates.push(rate);
@@ -315,6 +330,30 @@ fn c1() {
             );
         }
     }
+}
+
+/// The machine's CPU time so far, from /proc/stat: (busy, total) in ticks.
+/// Whether a figure is bound by this machine's two cores or by docket's
+/// design shows in how busy they were while it was measured.
+fn machine_cpu() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().take(8).sum();
+    // idle and iowait are the 4th and 5th columns.
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+fn busy_share(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1).max(1);
+    after.0.saturating_sub(before.0) as f64 / total as f64
 }
 
 /// Throughput of two workers against one on a latency-bound provider: each
@@ -411,7 +450,8 @@ fn main() {
     if want("pg-throughput") {
         pg_throughput();
     }
-    if want("c1") {
-        c1();
+    let pg_zero_only = filter.iter().any(|f| f == "c1-pg0");
+    if want("c1") || pg_zero_only {
+        c1(pg_zero_only);
     }
 }

@@ -551,3 +551,46 @@ fn the_search_index_is_built_once_pg_trgm_can_be() {
         "1"
     );
 }
+
+/// A transaction whose connection is lost halfway (the server ended the
+/// backend) applies nothing, even when the caller goes on with statements
+/// before it ends it: they fail, rather than run alone on the new
+/// connection and commit by halves (the writer's group once counted an
+/// attempt whose row the server had rolled back). The commit says the
+/// transaction was lost, and the connection works again afterwards.
+#[test]
+fn statements_after_a_lost_transaction_fail_until_it_ends() {
+    use docket::ledger::db::{Connection, Error, PgConnection, TransactionBehavior};
+    let server = PgServer::start();
+    let url_text = server.fresh_database();
+    let url = PgUrl::parse(&url_text).unwrap();
+    let client = postgres::open(&url).unwrap();
+    let conn = Connection::Postgres(Box::new(PgConnection::new(client, url)));
+    conn.execute_batch("CREATE TABLE counter (n BIGINT); INSERT INTO counter VALUES (0);")
+        .unwrap();
+    let pid: i32 = conn
+        .query_row("SELECT pg_backend_pid()", &[], |r| r.get(0))
+        .unwrap();
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Concurrent)
+        .unwrap();
+    tx.execute("UPDATE counter SET n = n + 1", &[]).unwrap();
+    server.psql(&url_text, &format!("SELECT pg_terminate_backend({pid})"));
+    let lost = tx.execute("UPDATE counter SET n = n + 10", &[]);
+    assert!(matches!(lost, Err(Error::ConnectionLost(_))), "{lost:?}");
+    let after = tx.execute("UPDATE counter SET n = n + 100", &[]);
+    assert!(
+        matches!(after, Err(Error::ConnectionLost(_))),
+        "a statement after the loss ran on its own: {after:?}"
+    );
+    let committed = tx.commit();
+    assert!(
+        matches!(committed, Err(Error::ConnectionLost(_))),
+        "{committed:?}"
+    );
+    assert!(conn.take_lost(), "the caller is told to apply it again");
+    let n: i64 = conn
+        .query_row("SELECT n FROM counter", &[], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0, "nothing of the lost transaction was applied");
+}

@@ -211,14 +211,18 @@ async fn critic_runs_only_after_a_passing_generator() {
         );
         let critic = &critic_states[item];
         let (outcome, _, verdict, _, error) = &res[item];
+        let note = res[item].3.as_deref().unwrap_or_default();
         if gen_state == "failed" {
             assert_eq!(critic, "skipped", "{item}");
             assert_eq!(critic_msgs, 0, "{item}: no critic for a failed generator");
-            assert_eq!(outcome, "error", "{item}");
+            // Row S7: its answers all failed the gate: a human reads them.
+            assert_eq!(outcome, "review", "{item}");
             let e = error.as_deref().unwrap_or_default();
+            assert!(e.starts_with("stage adjudicate: "), "{item}: {e}");
             assert!(
-                e.contains("stage adjudicate") && e.contains("after 2 answers failed the gate"),
-                "{item}: {e}"
+                note.contains("stage adjudicate")
+                    && note.contains("after 2 answers failed the gate"),
+                "{item}: {note}"
             );
             assert_eq!(verdict, &None);
         } else {
@@ -232,9 +236,14 @@ async fn critic_runs_only_after_a_passing_generator() {
                 "failed" => {
                     assert_eq!(critic_passing, 0, "{item}");
                     assert_eq!(critic_msgs, 3, "{item}: the critic's budget");
-                    assert_eq!(outcome, "error", "{item}");
+                    // The generator's answer goes to review, unchecked.
+                    assert_eq!(outcome, "review", "{item}");
                     let e = error.as_deref().unwrap_or_default();
-                    assert!(e.contains("stage critic"), "{item}: {e}");
+                    assert!(e.starts_with("stage critic: "), "{item}: {e}");
+                    assert!(
+                        note.contains("stage critic") && note.contains("unchecked"),
+                        "{item}: {note}"
+                    );
                 }
                 other => panic!("{item}: critic {other} after a passing generator"),
             }
@@ -783,12 +792,13 @@ async fn a_gate_failure_brings_the_repair_prompt() {
     );
 }
 
-/// 7. Every answer fails the gate: the item's outcome is an error once the
-/// budget is spent, the raw answers kept. (Three items: from four on, a
-/// stage whose first twelve answers all fail pauses the session instead;
-/// see engine_run's a_gate_that_never_passes_pauses_the_session_early.)
+/// 7. Every answer fails the gate (fault-matrix row S7): once the budget is
+/// spent the item goes to review, with no suggestion and the raw answers
+/// kept and shown; it can be rejected, not accepted. (Three items: from
+/// four on, a stage whose first twelve answers all fail pauses the session
+/// instead; see engine_run's a_gate_that_never_passes_pauses_the_session_early.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_spent_gate_budget_is_an_error_with_the_answers_kept() {
+async fn s7_a_spent_gate_budget_goes_to_review_with_the_answers_kept() {
     let m = mock(MockConfig {
         wrong_schema: 1.0,
         ..Default::default()
@@ -800,14 +810,79 @@ async fn a_spent_gate_budget_is_an_error_with_the_answers_kept() {
     check_complete(&conn, &sid);
     let res = results(&conn, &sid);
     assert_eq!(res.len(), 3);
-    for (item, (outcome, _, _, _, error)) in &res {
-        assert_eq!(outcome, "error", "{item}");
+    for (item, (outcome, confidence, _, note, error)) in &res {
+        assert_eq!(outcome, "review", "{item}");
+        assert_eq!(confidence, &None, "{item}");
+        // The reason is in the error column too, for exports.
         let e = error.as_deref().unwrap_or_default();
+        assert!(e.contains("after 2 answers failed the gate"), "{item}: {e}");
+        let note = note.as_deref().unwrap_or_default();
         assert!(
-            e.contains("stage adjudicate") && e.contains("after 2 answers failed the gate"),
-            "{item}: {e}"
+            note.contains("stage adjudicate")
+                && note.contains("after 2 answers failed the gate")
+                && note.contains("nothing to accept"),
+            "{item}: {note}"
         );
     }
+    let reviews: Vec<(i64, String)> = conn
+        .prepare("SELECT review_id, llm_suggestion_json FROM review_item WHERE session_id = ?1")
+        .unwrap()
+        .query_map([&sid], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(reviews.len(), 3, "one review item per item");
+    assert!(reviews.iter().all(|(_, s)| s == "null"), "{reviews:?}");
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT reviewed_count FROM llm_batch_session WHERE session_id = ?1",
+            [&sid]
+        ),
+        3
+    );
+    // The card shows the raw answer of the stage that failed.
+    use docket::ledger::console::ConsoleReads;
+    use docket::ledger::review::ReviewDecisions;
+    let ledger = ws.handle();
+    let detail = ledger.review_detail(reviews[0].0).unwrap().unwrap();
+    let adjudicate = detail
+        .stages
+        .iter()
+        .find(|s| s.stage == "adjudicate")
+        .expect("the failed stage in the card");
+    assert_eq!(adjudicate.status, "error");
+    assert!(
+        adjudicate
+            .raw_output
+            .as_deref()
+            .is_some_and(|o| !o.is_empty()),
+        "{adjudicate:?}"
+    );
+    assert!(
+        detail
+            .routing_note
+            .is_some_and(|n| n.contains("failed the gate"))
+    );
+    // Nothing to accept; a reject closes it and leaves the item undecided.
+    let op = docket::review::Operator::new("tester", "tester@test");
+    let accepted = ledger.accept(&[reviews[0].0], &op).unwrap();
+    assert!(accepted.done.is_empty(), "{accepted:?}");
+    assert!(
+        accepted.skipped[0].1.contains("no answer passed the gate"),
+        "{accepted:?}"
+    );
+    let rejected = ledger.reject(&[reviews[0].0], &op).unwrap();
+    assert_eq!(rejected.done, vec![reviews[0].0]);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM decision WHERE state = 'indeterminate'",
+            []
+        ),
+        3,
+        "no item decided"
+    );
     let reqs: Vec<(String, String, i64, i64)> = conn
         .prepare(
             "SELECT r.item_id, r.status, r.gate_failures, r.attempt FROM llm_requests r
@@ -1011,7 +1086,8 @@ async fn the_schema_is_sent_in_the_order_it_was_written() {
 
 /// 5b. `--rerun-stage critic` in a session where some generators failed:
 /// their items never reach the critic, and they still end with exactly one
-/// outcome (the generator's error), the session completed.
+/// outcome (review: the generator's answers all failed the gate), the
+/// session completed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rerun_stage_keeps_an_outcome_for_items_whose_generator_failed() {
     let m = mock(MockConfig {
@@ -1044,7 +1120,7 @@ async fn rerun_stage_keeps_an_outcome_for_items_whose_generator_failed() {
     let res = results(&conn, &sid);
     assert_eq!(res.len(), 30, "every item has its outcome again");
     for item in &failed {
-        assert_eq!(res[item].0, "error", "{item}");
+        assert_eq!(res[item].0, "review", "{item}: row S7");
         assert_eq!(
             stage_states(&conn, &sid, "critic")[item],
             "skipped",

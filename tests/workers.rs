@@ -1549,6 +1549,164 @@ fn claim_race_on(pg: Option<&support::pg::PgServer>) {
     );
 }
 
+/// Writers commit side by side on PostgreSQL (the write lock taken shared,
+/// the counters written last in one order): three workers over a two-stage
+/// job at no latency, with answers failing the gate (retries, items sent to
+/// review with their critic stage skipped) and a critic that disagrees,
+/// finish with every counter equal to the rows it counts. Bumped operation
+/// by operation, the session's and stages' counters deadlocked two writers
+/// within seconds.
+#[test]
+fn c1_three_workers_on_postgres_write_side_by_side_and_the_counters_add_up() {
+    const ITEMS: usize = 900;
+    const WORKERS: usize = 3;
+    let _serial = support::serial();
+    let pg = support::pg::PgServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    docket::workspace::init_example(dir.path(), false, Some(docket::workspace::Example::Critic))
+        .expect("init example");
+    let toml = dir.path().join("docket.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    let edited = text
+        .replace("latency_median_ms = 80.0", "latency_median_ms = 0.0")
+        .replace("latency_p99_ms = 300.0", "latency_p99_ms = 0.0")
+        .replace("wrong_schema = 0.02", "wrong_schema = 0.25")
+        .replace("max_concurrency = 16", "max_concurrency = 96")
+        .replace("requests_per_minute = 1200", "requests_per_minute = 0");
+    assert!(edited.contains("wrong_schema = 0.25") && edited.contains("latency_p99_ms = 0.0"));
+    std::fs::write(&toml, edited).unwrap();
+    let ws = Workspace { dir };
+    support::import_demo_items(&ws, ITEMS);
+    let ws = Ws {
+        ws,
+        home: tempfile::tempdir().expect("home"),
+        pg_url: None,
+        snapshots: std::cell::Cell::new(0),
+    }
+    .moved_to(&pg.fresh_database());
+    let mut procs = vec![ws.spawn("w0", &RUN, None)];
+    let sid = session_soon(&ws, Some(&pg));
+    for k in 1..WORKERS {
+        procs.push(ws.spawn(&format!("w{k}"), &["worker", "--session", &sid], None));
+    }
+    for (k, mut p) in procs.into_iter().enumerate() {
+        let (code, out) = p.wait(RUN_TIMEOUT);
+        // 5: completed, with items in error (the gate's, as meant).
+        assert!(matches!(code, Some(0 | 5)), "worker {k} ({code:?}):\n{out}");
+    }
+    let url = ws.pg_url.as_deref().unwrap();
+    let deadlocks = pg.psql(
+        url,
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+    );
+    let conn = ws.conn();
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64, "every item a result");
+    // The session's outcome counters against its results.
+    let by_outcome = |outcome: &str| {
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1 AND outcome = ?2",
+            [sid.as_str(), outcome],
+        )
+    };
+    let counters: (i64, i64, i64, i64, i64, i64, i64) = conn
+        .query_row(
+            "SELECT processed_count, accepted_count, reviewed_count, rejected_count, error_count,
+                    output_tokens, input_tokens
+             FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
+            },
+        )
+        .unwrap();
+    let errors = by_outcome("error");
+    assert_eq!(
+        counters,
+        (
+            ITEMS as i64,
+            by_outcome("accepted"),
+            by_outcome("review"),
+            by_outcome("rejected"),
+            errors,
+            count(
+                &conn,
+                "SELECT COALESCE(SUM(output_tokens), 0) FROM llm_messages WHERE session_id = ?1",
+                [&sid]
+            ),
+            count(
+                &conn,
+                "SELECT COALESCE(SUM(input_tokens), 0) FROM llm_messages WHERE session_id = ?1",
+                [&sid]
+            ),
+        ),
+        "(processed, accepted, review, rejected, error, output and input tokens) vs the rows"
+    );
+    // Items whose answers all failed the gate went to review (row S7).
+    let gate_spent = count(
+        &conn,
+        "SELECT COUNT(*) FROM session_request WHERE session_id = ?1 AND stage = 'adjudicate' AND state = 'failed'",
+        [&sid],
+    );
+    assert!(
+        gate_spent > 0,
+        "no answers spent the gate's budget: the gate was not exercised"
+    );
+    // Each stage's checkpoint against its items' states.
+    for stage in ["adjudicate", "critic"] {
+        let (total, completed, failed, skipped, state): (i64, i64, i64, i64, String) = conn
+            .query_row(
+                "SELECT total, completed, failed, skipped, state FROM run_stages
+                 WHERE session_id = ?1 AND stage = ?2",
+                [sid.as_str(), stage],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .unwrap();
+        let in_state = |state: &str| {
+            count(
+                &conn,
+                "SELECT COUNT(*) FROM session_request WHERE session_id = ?1 AND stage = ?2 AND state = ?3",
+                [sid.as_str(), stage, state],
+            )
+        };
+        assert_eq!(
+            (total, completed, failed, skipped, state.as_str()),
+            (
+                ITEMS as i64,
+                in_state("passed"),
+                in_state("failed"),
+                in_state("skipped"),
+                "done"
+            ),
+            "stage {stage}: (total, passed, failed, skipped, state) vs its items"
+        );
+    }
+    let sent: Vec<i64> = conn
+        .prepare("SELECT sent FROM session_worker WHERE session_id = ?1")
+        .unwrap()
+        .query_map([&sid], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    eprintln!(
+        "C1 two stages on PostgreSQL: sent per worker {sent:?}, deadlocks the server broke {deadlocks}"
+    );
+    assert_eq!(sent.len(), WORKERS, "{sent:?}");
+    assert!(
+        sent.iter().all(|n| *n > 0),
+        "a worker sent nothing: {sent:?}"
+    );
+}
+
 /// Seconds since the Unix epoch by this machine's clock: the clock a
 /// lease on SQLite is written with (and, on one host, PostgreSQL's).
 fn unix_now() -> f64 {

@@ -39,6 +39,10 @@ pub(super) enum StageEnd {
     /// Its budgets are spent, or it can never succeed: the item's outcome is
     /// `error` (with the last attempt, if one is not recorded yet).
     Failed(String, Option<AttemptRecord>),
+    /// Every answer failed the gate (wrong schema, not JSON), up to the
+    /// stage's cap: the item goes to human review with its raw answers kept,
+    /// not to `error` (fault-matrix row S7). With the last attempt.
+    GateSpent(String, Option<AttemptRecord>),
     /// The session stopped first: the request stays pending.
     Stopped,
     /// The request waits as a line for its provider batch: the item's
@@ -777,24 +781,34 @@ async fn on_answer(
                     .unwrap_or_default(),
                 reason.to_string(),
             ));
+            let gate = matches!(reason, Judged::Gate(_));
             let rec = AttemptRecord {
                 error_kind: Some(reason.kind().into()),
                 error_message: Some(reason.to_string()),
                 gate_failure: true,
                 will_retry: retry,
+                // An answer kept for a human to read: anything key-shaped in
+                // it is masked before it is stored (row S7).
+                output: rec
+                    .output
+                    .map(|o| if gate { crate::provider::redact(&o) } else { o }),
                 ..rec
             };
             if !retry {
-                let msg = if asked_again_differently {
-                    format!(
+                if asked_again_differently {
+                    let msg = format!(
                         "{reason} (after {} answers failed the gate)",
                         job.gate_failures
-                    )
-                } else {
-                    format!(
-                        "{reason} (not asked again: the same request would get the same answer)"
-                    )
-                };
+                    );
+                    return Next::Done(if gate {
+                        StageEnd::GateSpent(msg, Some(rec))
+                    } else {
+                        StageEnd::Failed(msg, Some(rec))
+                    });
+                }
+                let msg = format!(
+                    "{reason} (not asked again: the same request would get the same answer)"
+                );
                 return Next::Done(StageEnd::Failed(msg, Some(rec)));
             }
             ctx.stats.retries.fetch_add(1, Relaxed);

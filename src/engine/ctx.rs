@@ -228,6 +228,7 @@ impl Ctx {
             template_hash: stage.template.hash.clone(),
             params_hash: stage.params_hash.clone(),
             reply: std::sync::Mutex::new(Some(tx)),
+            made: std::sync::Mutex::new(None),
         });
         if !self.write(item, op).await {
             return None;

@@ -197,6 +197,10 @@ pub(super) async fn process(
             StageEnd::Failed(message, rec) => {
                 return fail(ctx, &item, k, sw, message, rec).await;
             }
+            StageEnd::GateSpent(message, rec) => {
+                let to_review = FailedAs::Review(answered_before(p, k, &outputs));
+                return fail_with(ctx, &item, k, sw, message, rec, true, to_review).await;
+            }
             StageEnd::Passed(out, rec) => {
                 let rec = (!reused).then_some(rec);
                 let parsed = serde_json::to_string(&out.answer).ok();
@@ -215,10 +219,17 @@ pub(super) async fn process(
                     match Box::pin(fill_criteria(ctx, &item, stage, &extra, &mut output)).await {
                         Filled::All => {}
                         Filled::Stopped => return Ended::Open,
-                        Filled::Failed(message, rec) => {
+                        Filled::Failed(message, rec, gate_spent) => {
                             // The stage's own answer passed (and was paid
-                            // for): it stays reusable; only the item fails.
-                            return fail_keeping_request(ctx, &item, k, sw, message, rec).await;
+                            // for): it stays reusable; only the item fails
+                            // (or, its follow-up's answers all failing the
+                            // gate, goes to review: row S7).
+                            let ends = if gate_spent {
+                                FailedAs::Review(answered_before(p, k, &outputs))
+                            } else {
+                                FailedAs::Error
+                            };
+                            return fail_with(ctx, &item, k, sw, message, rec, false, ends).await;
                         }
                     }
                     let merged = StageDone {
@@ -339,21 +350,33 @@ async fn fail(
     message: String,
     rec: Option<AttemptRecord>,
 ) -> Ended {
-    fail_with(ctx, item, k, sw, message, rec, true).await
+    fail_with(ctx, item, k, sw, message, rec, true, FailedAs::Error).await
 }
 
-/// `fail`, leaving the stage's own request as it is (its answer passed).
-async fn fail_keeping_request(
-    ctx: &Ctx,
-    item: &WorkItem,
+/// How an item whose stage failed ends.
+enum FailedAs<'a> {
+    Error,
+    /// In human review (row S7: every answer failed the gate), with the
+    /// answer stage's output as the suggestion when that stage had passed
+    /// (a critic's answers failed), else with none: the stage's raw
+    /// answers are what the reviewer reads, and the item can be rejected
+    /// (a later run asks again), not accepted.
+    Review(Option<&'a Value>),
+}
+
+/// The answer stage's output when it passed before stage `k`.
+fn answered_before<'a>(
+    p: &super::Prepared,
     k: usize,
-    sw: &StageWork,
-    message: String,
-    rec: Option<AttemptRecord>,
-) -> Ended {
-    fail_with(ctx, item, k, sw, message, rec, false).await
+    outputs: &'a [Option<Value>],
+) -> Option<&'a Value> {
+    (k > p.answer).then(|| outputs[p.answer].as_ref()).flatten()
 }
 
+/// Stage `k` failed: the item ends as `ends` says, its later stages
+/// skipped; `update_request` false leaves the stage's own request as it is
+/// (its answer passed; a criterion's follow-up failed).
+#[allow(clippy::too_many_arguments)]
 async fn fail_with(
     ctx: &Ctx,
     item: &WorkItem,
@@ -362,6 +385,7 @@ async fn fail_with(
     message: String,
     rec: Option<AttemptRecord>,
     update_request: bool,
+    ends: FailedAs<'_>,
 ) -> Ended {
     let p = &ctx.p;
     let stage = &p.stages[k];
@@ -372,7 +396,12 @@ async fn fail_with(
         ..stage_done(ctx, item, stage, sw, false, None)
     };
     let answer = p.answer_stage();
-    let fin = FinalResult {
+    let said = if p.stages.len() > 1 {
+        format!("stage {}: {message}", stage.name)
+    } else {
+        message
+    };
+    let mut fin = FinalResult {
         session_id: ctx.session_id.clone(),
         item_id: item.item_id.clone(),
         request_id: stage_work(item, &answer.name).map_or(sw.request_id, |a| a.request_id),
@@ -382,17 +411,40 @@ async fn fail_with(
         confidence: None,
         rationale: None,
         model_id: stage.model.clone(),
-        error_message: Some(if p.stages.len() > 1 {
-            format!("stage {}: {message}", stage.name)
-        } else {
-            message
-        }),
+        error_message: None,
         critic_json: None,
         critic_verdict: None,
         routing_note: None,
         stage_done: Some(done),
         only_request: item.stages.len() == 1 && stage.criteria.is_empty(),
     };
+    match ends {
+        FailedAs::Error => fin.error_message = Some(said),
+        FailedAs::Review(suggestion) => {
+            let (cf, rf) = answer.gate.fields();
+            fin.outcome = Outcome::Review;
+            // The reason stays in the error column too: exports and
+            // batch-results show why a review row has no answer.
+            fin.error_message = Some(said.clone());
+            fin.answer_json = suggestion.and_then(|a| serde_json::to_string(a).ok());
+            fin.confidence = suggestion.and_then(|a| a.get(cf)).and_then(Value::as_f64);
+            fin.rationale = suggestion
+                .and_then(|a| a.get(rf))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            fin.routing_note = Some(match suggestion {
+                Some(_) => format!(
+                    "the answer is unchecked: no answer of stage {} passed its gate (its raw \
+                     answers are kept below): {said}",
+                    stage.name
+                ),
+                None => format!(
+                    "no answer passed the gate, so there is nothing to accept: read the raw \
+                     answers below, then reject it (a later run asks again): {said}"
+                ),
+            });
+        }
+    }
     record_final(ctx, item, rec, fin).await
 }
 
@@ -495,7 +547,9 @@ async fn record_final(
 enum Filled {
     All,
     Stopped,
-    Failed(String, Option<AttemptRecord>),
+    /// With whether every answer failed the gate (row S7: the item goes to
+    /// review, not to `error`).
+    Failed(String, Option<AttemptRecord>, bool),
 }
 
 /// Structured batching: ask each criterion the stage's answer left out on
@@ -580,17 +634,19 @@ async fn fill_criteria(
             Ok(job) => job
                 .with_schema(criterion_schema(stage, &criterion))
                 .sync_only(),
-            Err(message) => return Filled::Failed(message, None),
+            Err(message) => return Filled::Failed(message, None, false),
         };
         let done = |passed: bool, parsed: Option<String>, error: Option<String>| StageDone {
             output_json: parsed.clone(),
             error_message: error,
             ..request_done(ctx, item, &name, request_id, passed, parsed)
         };
-        match Box::pin(run_request(ctx, job, None)).await {
+        let end = Box::pin(run_request(ctx, job, None)).await;
+        let gate_spent = matches!(end, StageEnd::GateSpent(..));
+        match end {
             // (A follow-up never waits in a batch: it is sync only.)
             StageEnd::Stopped | StageEnd::Parked => return Filled::Stopped,
-            StageEnd::Failed(message, rec) => {
+            StageEnd::Failed(message, rec) | StageEnd::GateSpent(message, rec) => {
                 let m = format!("criterion {criterion}, asked on its own: {message}");
                 if !ctx
                     .write(
@@ -601,7 +657,7 @@ async fn fill_criteria(
                 {
                     return Filled::Stopped;
                 }
-                return Filled::Failed(m, None);
+                return Filled::Failed(m, None, gate_spent);
             }
             StageEnd::Passed(out, rec) => {
                 let Some(v) = out.answer.get(&criterion).filter(|v| !v.is_null()).cloned() else {
@@ -619,7 +675,7 @@ async fn fill_criteria(
                     {
                         return Filled::Stopped;
                     }
-                    return Filled::Failed(m, None);
+                    return Filled::Failed(m, None, false);
                 };
                 let parsed = serde_json::to_string(&out.answer).ok();
                 if !ctx

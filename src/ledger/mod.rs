@@ -9,6 +9,7 @@ pub mod batches;
 pub mod console;
 pub mod controls;
 pub mod copy;
+mod counters;
 pub mod db;
 mod handle;
 pub mod import;

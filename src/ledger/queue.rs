@@ -585,16 +585,26 @@ pub(crate) fn workers(
 }
 
 /// The token an item is claimed under now (None: no such item).
+///
+/// On PostgreSQL the row stays locked (`FOR SHARE`) until the transaction
+/// ends: writers commit side by side there, so a claim taking the item over
+/// must wait for (or skip) the write its token allowed.
 pub(crate) fn current_token(
     conn: &Connection,
     session_id: &str,
     item_id: &str,
 ) -> crate::ledger::db::Result<Option<i64>> {
-    conn.prepare_cached(
-        "SELECT claim_token FROM session_item WHERE session_id = ?1 AND item_id = ?2",
-    )?
-    .query_row(params![session_id, item_id], |r| r.get(0))
-    .optional()
+    let sql = match conn.dialect() {
+        Dialect::Sqlite => {
+            "SELECT claim_token FROM session_item WHERE session_id = ?1 AND item_id = ?2"
+        }
+        Dialect::Postgres => {
+            "SELECT claim_token FROM session_item WHERE session_id = ?1 AND item_id = ?2 FOR SHARE"
+        }
+    };
+    conn.prepare_cached(sql)?
+        .query_row(params![session_id, item_id], |r| r.get(0))
+        .optional()
 }
 
 #[cfg(test)]

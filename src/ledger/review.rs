@@ -213,6 +213,18 @@ fn decide(
                 continue;
             };
             if action == Action::Accept {
+                if item.suggestion.trim() == super::writer::NO_SUGGESTION {
+                    // Row S7: every answer failed the gate; accepting would
+                    // decide the item with no answer at all.
+                    applied.skipped.push((
+                        id,
+                        format!(
+                            "item {}: no answer passed the gate, so there is nothing to accept (reject it: a later run asks again)",
+                            item.item_id
+                        ),
+                    ));
+                    continue;
+                }
                 if prev.state != "indeterminate" {
                     // Never overwrite a decision someone made meanwhile (as the
                     // engine's auto-accept never does).

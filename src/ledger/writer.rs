@@ -17,8 +17,13 @@ use std::thread::JoinHandle;
 use crate::ledger::db::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
+use super::counters::Counters;
 use super::search_index;
 use crate::routing::Outcome;
+
+/// The suggestion of a review item whose answers all failed the gate (the
+/// JSON `null`): read by the console, refused by an accept.
+pub const NO_SUGGESTION: &str = "null";
 
 /// The most operations one transaction takes.
 const GROUP_MAX: usize = 1024;
@@ -106,6 +111,21 @@ pub struct NewRequest {
     pub template_hash: String,
     pub params_hash: String,
     pub reply: std::sync::Mutex<Option<RequestReply>>,
+    /// What applying it made, held until its transaction commits: a group
+    /// rolled back and applied again (a lost connection, a deadlock broken)
+    /// makes it again, and only the committed id may reach the caller.
+    pub made: std::sync::Mutex<Option<MadeRequest>>,
+}
+
+impl NewRequest {
+    /// Tell the caller what was made, once it is committed.
+    fn answer(&self) {
+        let made = self.made.lock().ok().and_then(|mut m| m.take());
+        let reply = self.reply.lock().ok().and_then(|mut r| r.take());
+        if let (Some(made), Some(reply)) = (made, reply) {
+            let _ = reply.send(made);
+        }
+    }
 }
 
 /// Where `NewRequest` answers: the id, and an earlier identical answer.
@@ -549,6 +569,18 @@ fn is_intent(op: &WriteOp) -> bool {
 /// How often a group whose transaction lost its connection is applied
 /// again (each try first reconnects, for up to two minutes).
 const LOST_GROUP_TRIES: usize = 5;
+/// How often a group PostgreSQL rolled back to end a deadlock is applied
+/// again before its writes fail.
+const CONFLICT_TRIES: usize = 20;
+
+/// What applying a group came to.
+enum Applied {
+    /// Each operation's result.
+    Results(Vec<Result<(), WriteError>>),
+    /// PostgreSQL ended the transaction to break a deadlock between
+    /// writers (`Error::is_conflict`): nothing of the group was applied.
+    Conflict(String),
+}
 
 /// Apply `group` in one transaction and answer each sender; `group` is
 /// left empty. A transaction lost with its connection (PostgreSQL
@@ -560,10 +592,25 @@ fn commit_and_answer(
     health: &Health,
 ) {
     let mut tries = 1;
+    let mut conflicts = 0;
     let mut full_since: Option<std::time::Instant> = None;
     let mut given_up = false;
     let results = loop {
-        let results = apply_group(conn, group, search);
+        let results = match apply_group(conn, group, search) {
+            Applied::Results(results) => results,
+            Applied::Conflict(why) if conflicts < CONFLICT_TRIES => {
+                tracing::debug!("ledger: {why}; applying the write group again");
+                conflicts += 1;
+                continue;
+            }
+            Applied::Conflict(why) => {
+                let msg = failure(conn, "write failed", &why);
+                group
+                    .iter()
+                    .map(|_| Err(WriteError::Failed(msg.clone())))
+                    .collect()
+            }
+        };
         if conn.take_lost() && tries < LOST_GROUP_TRIES {
             tracing::warn!("ledger: a write group lost its connection; applying it again");
             tries += 1;
@@ -597,7 +644,10 @@ fn commit_and_answer(
         }
         health.set_full(None, 0);
     }
-    for ((_, _, reply), result) in group.drain(..).zip(results) {
+    for ((op, _, reply), result) in group.drain(..).zip(results) {
+        if let (WriteOp::Request(r), Ok(())) = (&op, &result) {
+            r.answer();
+        }
         match reply {
             Some(reply) => {
                 let _ = reply.send(result);
@@ -640,13 +690,13 @@ fn apply_group(
     conn: &mut Connection,
     group: &[Queued],
     search: &mut search_index::Pacer,
-) -> Vec<Result<(), WriteError>> {
+) -> Applied {
     let straight = group.len() > 1
         && !group
             .iter()
             .any(|(op, _, _)| matches!(op, WriteOp::Request(_)));
     if straight && let Some(results) = apply_all_or_none(conn, group, search) {
-        return results;
+        return Applied::Results(results);
     }
     apply_each_isolated(conn, group, search)
 }
@@ -659,21 +709,25 @@ fn apply_all_or_none(
     search: &mut search_index::Pacer,
 ) -> Option<Vec<Result<(), WriteError>>> {
     let tx = conn
-        .transaction_with_behavior(crate::ledger::db::TransactionBehavior::Immediate)
+        .transaction_with_behavior(crate::ledger::db::TransactionBehavior::Concurrent)
         .ok()?;
     let mut results = Vec::with_capacity(group.len());
+    let mut counters = Counters::default();
     for (op, fence, _) in group {
-        results.push(match apply_fenced(&tx, op, fence.as_ref()) {
+        results.push(match apply_fenced(&tx, op, fence.as_ref(), &mut counters) {
             Ok(true) => Ok(()),
             // Refused, with the orphaned spend recorded: that commits.
             Ok(false) => Err(WriteError::LeaseLost),
             Err(_) => return None, // dropping `tx` rolls it back
         });
     }
+    counters.write(&tx).ok()?;
     index_new_reviews(&tx, search);
     notify_readers(&tx);
     Some(match tx.commit() {
         Ok(()) => results,
+        // Nothing committed: the careful path applies it again.
+        Err(e) if e.is_conflict() => return None,
         Err(e) => commit_failed(conn, group, &e),
     })
 }
@@ -734,30 +788,35 @@ fn apply_each_isolated(
     conn: &mut Connection,
     group: &[Queued],
     search: &mut search_index::Pacer,
-) -> Vec<Result<(), WriteError>> {
-    let tx = match conn.transaction_with_behavior(crate::ledger::db::TransactionBehavior::Immediate)
-    {
-        Ok(tx) => tx,
-        Err(e) => {
-            return group
+) -> Applied {
+    let all_failed = |msg: String| {
+        Applied::Results(
+            group
                 .iter()
-                .map(|_| Err(WriteError::Failed(failure(conn, "cannot begin", &e))))
-                .collect();
-        }
+                .map(|_| Err(WriteError::Failed(msg.clone())))
+                .collect(),
+        )
     };
+    let tx =
+        match conn.transaction_with_behavior(crate::ledger::db::TransactionBehavior::Concurrent) {
+            Ok(tx) => tx,
+            Err(e) => return all_failed(failure(conn, "cannot begin", &e)),
+        };
     let mut results = Vec::with_capacity(group.len());
     // With one operation the transaction itself is its savepoint.
     let isolate = group.len() > 1;
+    let mut counters = Counters::default();
     for (op, fence, _) in group {
         // A savepoint per operation: one bad operation never takes the
         // others' writes down with it. (Cached statements: execute_batch
         // would parse the SQL every time, thousands of times a second.)
+        let mut mine = Counters::default();
         let r = (|| -> crate::ledger::db::Result<bool> {
             if !isolate {
-                return apply_fenced(&tx, op, fence.as_ref());
+                return apply_fenced(&tx, op, fence.as_ref(), &mut mine);
             }
             tx.prepare_cached("SAVEPOINT op")?.execute(params![])?;
-            match apply_fenced(&tx, op, fence.as_ref()) {
+            match apply_fenced(&tx, op, fence.as_ref(), &mut mine) {
                 Ok(applied) => tx
                     .prepare_cached("RELEASE op")?
                     .execute(params![])
@@ -769,6 +828,14 @@ fn apply_each_isolated(
                 }
             }
         })();
+        match &r {
+            Ok(_) => counters.merge(mine),
+            Err(e) if e.is_conflict() => {
+                let _ = tx.rollback();
+                return Applied::Conflict(e.to_string());
+            }
+            Err(_) => {}
+        }
         results.push(match r {
             Ok(true) => Ok(()),
             // Refused, with the orphaned spend recorded: that commits.
@@ -780,14 +847,25 @@ fn apply_each_isolated(
     if !isolate && results.iter().any(failed) {
         // The only operation failed: nothing of it may stay.
         let _ = tx.rollback();
-        return results;
+        return Applied::Results(results);
+    }
+    if let Err(e) = counters.write(&tx) {
+        // Without its counters nothing of the group may stay.
+        let _ = tx.rollback();
+        if e.is_conflict() {
+            return Applied::Conflict(e.to_string());
+        }
+        return all_failed(failure(conn, "write failed", &e));
     }
     index_new_reviews(&tx, search);
     notify_readers(&tx);
     if let Err(e) = tx.commit() {
-        return commit_failed(conn, group, &e);
+        if e.is_conflict() {
+            return Applied::Conflict(e.to_string());
+        }
+        return Applied::Results(commit_failed(conn, group, &e));
     }
-    results
+    Applied::Results(results)
 }
 
 /// Apply `op` if its fence holds (true), or record what the refused write
@@ -796,12 +874,22 @@ fn apply_fenced(
     conn: &Connection,
     op: &WriteOp,
     fence: Option<&Fence>,
+    counters: &mut Counters,
 ) -> crate::ledger::db::Result<bool> {
     let holds = match fence {
         None => true,
         Some(Fence::Batch { tag, worker_id }) => {
+            // Locked until the commit on PostgreSQL (see `queue::current_token`).
+            let sql = match conn.dialect() {
+                crate::ledger::db::Dialect::Sqlite => {
+                    "SELECT claimed_by FROM provider_batch WHERE tag = ?1"
+                }
+                crate::ledger::db::Dialect::Postgres => {
+                    "SELECT claimed_by FROM provider_batch WHERE tag = ?1 FOR SHARE"
+                }
+            };
             let holder: Option<Option<String>> = conn
-                .prepare_cached("SELECT claimed_by FROM provider_batch WHERE tag = ?1")?
+                .prepare_cached(sql)?
                 .query_row(params![tag], |r| r.get(0))
                 .optional()?;
             holder.flatten().as_deref() == Some(&**worker_id)
@@ -828,7 +916,7 @@ fn apply_fenced(
         }) => super::queue::current_token(conn, session_id, item_id)? == Some(*token),
     };
     if holds {
-        apply(conn, op)?;
+        apply(conn, op, counters)?;
         return Ok(true);
     }
     if let Some(Fence::Item {
@@ -838,7 +926,7 @@ fn apply_fenced(
         ..
     }) = fence
     {
-        record_orphan(conn, op, session_id, item_id, worker_id)?;
+        record_orphan(conn, op, session_id, item_id, worker_id, counters)?;
     }
     Ok(false)
 }
@@ -853,6 +941,7 @@ fn record_orphan(
     session_id: &str,
     item_id: &str,
     worker_id: &str,
+    counters: &mut Counters,
 ) -> crate::ledger::db::Result<()> {
     let now = conn.now()?;
     let attempt = match op {
@@ -876,11 +965,7 @@ fn record_orphan(
         a.output_tokens.map(|v| v as i64),
         a.cost_usd
     ])?;
-    conn.prepare_cached(
-        "UPDATE llm_batch_session SET orphaned_count = orphaned_count + 1,
-             orphaned_cost_usd = orphaned_cost_usd + ?2, updated_at = ?3 WHERE session_id = ?1",
-    )?
-    .execute(params![session_id, a.cost_usd, now])?;
+    counters.orphaned(session_id, a.cost_usd);
     conn.prepare_cached("UPDATE session_worker SET orphaned = orphaned + 1 WHERE worker_id = ?1")?
         .execute(params![worker_id])?;
     conn.prepare_cached(
@@ -899,7 +984,11 @@ fn record_orphan(
     Ok(())
 }
 
-fn apply(conn: &Connection, op: &WriteOp) -> crate::ledger::db::Result<()> {
+fn apply(
+    conn: &Connection,
+    op: &WriteOp,
+    counters: &mut Counters,
+) -> crate::ledger::db::Result<()> {
     let now = conn.now()?;
     match op {
         // One insert: the attempt exists on disk before its request leaves.
@@ -934,12 +1023,7 @@ fn apply(conn: &Connection, op: &WriteOp) -> crate::ledger::db::Result<()> {
                  WHERE request_id = ?1",
             )?
             .execute(params![request_id, attempt, message, now])?;
-            conn.prepare_cached(
-                "UPDATE llm_batch_session SET attempt_count = attempt_count + 1,
-                     ambiguous_count = ambiguous_count + 1, updated_at = ?2
-                 WHERE session_id = ?1",
-            )?
-            .execute(params![session_id, now])?;
+            counters.abandoned(session_id);
             Ok(())
         }
         WriteOp::Attempt(a) => {
@@ -950,20 +1034,22 @@ fn apply(conn: &Connection, op: &WriteOp) -> crate::ledger::db::Result<()> {
                  WHERE request_id = ?1",
             )?
             .execute(params![a.request_id, a.attempt, a.transport_failure as i64, a.gate_failure as i64, a.error_message, now])?;
-            bump_session(conn, &a.session_id, Some(a), None, now)
+            counters.attempt(&a.session_id, Some(a), None);
+            Ok(())
         }
-        WriteOp::Final(attempt, f) => apply_final(conn, attempt.as_ref(), f, now),
+        WriteOp::Final(attempt, f) => apply_final(conn, attempt.as_ref(), f, now, counters),
         WriteOp::Stage(attempt, d) => {
             if let Some(a) = attempt {
                 close_attempt(conn, a, now)?;
             }
-            apply_stage_done(conn, attempt.as_ref(), d, now)?;
-            bump_session(conn, &d.session_id, attempt.as_ref(), None, now)
+            apply_stage_done(conn, attempt.as_ref(), d, now, counters)?;
+            counters.attempt(&d.session_id, attempt.as_ref(), None);
+            Ok(())
         }
         WriteOp::Request(r) => {
             let made = apply_new_request(conn, r, now)?;
-            if let Some(tx) = r.reply.lock().ok().and_then(|mut t| t.take()) {
-                let _ = tx.send(made);
+            if let Ok(mut m) = r.made.lock() {
+                *m = Some(made);
             }
             Ok(())
         }
@@ -973,11 +1059,9 @@ fn apply(conn: &Connection, op: &WriteOp) -> crate::ledger::db::Result<()> {
             live_json,
             worker,
         } => {
-            conn.prepare_cached(
-                "UPDATE llm_batch_session SET heartbeat_at = ?2, live_json = COALESCE(?3, live_json)
-                 WHERE session_id = ?1",
-            )?
-            .execute(params![session_id, now, live_json])?;
+            // The session's row at the end of the transaction, with the
+            // counters (see `counters`); the worker's own row now.
+            counters.beat(session_id, live_json.as_deref());
             if let Some(w) = worker {
                 super::queue::beat(conn, session_id, w)?;
             }
@@ -1080,55 +1164,6 @@ fn close_attempt(conn: &Connection, a: &AttemptRecord, now: f64) -> crate::ledge
     Ok(())
 }
 
-/// One update of the session row for a closed attempt and/or an outcome.
-fn bump_session(
-    conn: &Connection,
-    session_id: &str,
-    a: Option<&AttemptRecord>,
-    outcome: Option<Outcome>,
-    now: f64,
-) -> crate::ledger::db::Result<()> {
-    let (acc, rev, rej, err) = match outcome {
-        Some(Outcome::Accepted) => (1, 0, 0, 0),
-        Some(Outcome::Review) => (0, 1, 0, 0),
-        Some(Outcome::Rejected) => (0, 0, 1, 0),
-        Some(Outcome::Error) => (0, 0, 0, 1),
-        None => (0, 0, 0, 0),
-    };
-    conn.prepare_cached(
-        "UPDATE llm_batch_session SET
-             attempt_count = attempt_count + ?2,
-             retry_count = retry_count + ?3,
-             rate_limited_count = rate_limited_count + ?4,
-             ambiguous_count = ambiguous_count + ?5,
-             input_tokens = input_tokens + ?6,
-             output_tokens = output_tokens + ?7,
-             cost_usd = cost_usd + ?8,
-             processed_count = processed_count + ?9,
-             accepted_count = accepted_count + ?10, reviewed_count = reviewed_count + ?11,
-             rejected_count = rejected_count + ?12, error_count = error_count + ?13,
-             updated_at = ?14
-         WHERE session_id = ?1",
-    )?
-    .execute(params![
-        session_id,
-        a.is_some() as i64,
-        a.is_some_and(|a| a.will_retry) as i64,
-        a.is_some_and(|a| a.rate_limited) as i64,
-        a.is_some_and(|a| a.state == "ambiguous") as i64,
-        a.and_then(|a| a.input_tokens).unwrap_or(0) as i64,
-        a.and_then(|a| a.output_tokens).unwrap_or(0) as i64,
-        a.map_or(0.0, |a| a.cost_usd),
-        outcome.is_some() as i64,
-        acc,
-        rev,
-        rej,
-        err,
-        now
-    ])?;
-    Ok(())
-}
-
 /// A stage's end: its request, the item's stage row, the stage checkpoint,
 /// and the later stages that will not run.
 fn apply_stage_done(
@@ -1136,6 +1171,7 @@ fn apply_stage_done(
     attempt: Option<&AttemptRecord>,
     d: &StageDone,
     now: f64,
+    counters: &mut Counters,
 ) -> crate::ledger::db::Result<()> {
     // The answer that passed is the attempt just closed (or, for a reused
     // answer, the one already linked).
@@ -1179,15 +1215,13 @@ fn apply_stage_done(
             now
         ])?;
     if changed > 0 {
-        bump_stage(
-            conn,
+        counters.stage(
             &d.session_id,
             &d.stage,
             d.passed as i64,
             (!d.passed) as i64,
             0,
-            now,
-        )?;
+        );
     }
     for later in &d.skipped {
         let n = conn
@@ -1197,7 +1231,7 @@ fn apply_stage_done(
             )?
             .execute(params![d.session_id, d.item_id, later, now])?;
         if n > 0 {
-            bump_stage(conn, &d.session_id, later, 0, 0, 1, now)?;
+            counters.stage(&d.session_id, later, 0, 0, 1);
         }
     }
     Ok(())
@@ -1265,40 +1299,18 @@ fn apply_new_request(
     })
 }
 
-/// Move a stage's checkpoint: running once anything happened, done once
-/// every item is through it.
-fn bump_stage(
-    conn: &Connection,
-    session_id: &str,
-    stage: &str,
-    completed: i64,
-    failed: i64,
-    skipped: i64,
-    now: f64,
-) -> crate::ledger::db::Result<()> {
-    conn.prepare_cached(
-        "UPDATE run_stages SET completed = completed + ?3, failed = failed + ?4, skipped = skipped + ?5,
-             started_at = COALESCE(started_at, ?6),
-             state = CASE WHEN completed + ?3 + failed + ?4 + skipped + ?5 >= total THEN 'done' ELSE 'running' END,
-             completed_at = CASE WHEN completed + ?3 + failed + ?4 + skipped + ?5 >= total THEN ?6 ELSE NULL END,
-             updated_at = ?6
-         WHERE session_id = ?1 AND stage = ?2",
-    )?
-    .execute(params![session_id, stage, completed, failed, skipped, now])?;
-    Ok(())
-}
-
 fn apply_final(
     conn: &Connection,
     attempt: Option<&AttemptRecord>,
     f: &FinalResult,
     now: f64,
+    counters: &mut Counters,
 ) -> crate::ledger::db::Result<()> {
     if let Some(a) = attempt {
         close_attempt(conn, a, now)?;
     }
     if let Some(d) = &f.stage_done {
-        apply_stage_done(conn, attempt, d, now)?;
+        apply_stage_done(conn, attempt, d, now, counters)?;
     }
     // Every attempt of every stage of the item in this session. `+session_id`
     // keeps the planner on the request_id index: the session index would
@@ -1349,7 +1361,7 @@ fn apply_final(
         f.critic_verdict,
         f.routing_note
     ])?;
-    bump_session(conn, &f.session_id, attempt, Some(f.outcome), now)?;
+    counters.attempt(&f.session_id, attempt, Some(f.outcome));
     match f.outcome {
         Outcome::Accepted => {
             // Never overwrite a decision someone made meanwhile.
@@ -1370,7 +1382,8 @@ fn apply_final(
             .execute(params![
                 f.item_id,
                 f.session_id,
-                f.answer_json.clone().unwrap_or_else(|| "{}".into()),
+                // No answer passed the gate (row S7): nothing to accept.
+                f.answer_json.as_deref().unwrap_or(NO_SUGGESTION),
                 f.confidence,
                 f.rationale,
                 f.model_id,
@@ -1447,7 +1460,9 @@ mod tests {
         };
 
         let all_good = [event("a"), event("b")];
-        let results = apply_group(&mut conn, &all_good, &mut search);
+        let Applied::Results(results) = apply_group(&mut conn, &all_good, &mut search) else {
+            panic!("no conflict on SQLite")
+        };
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         assert_eq!(events(&conn), ["a", "b"]);
 
@@ -1461,7 +1476,9 @@ mod tests {
             user_prompt: "hello".into(),
         });
         let mixed = [event("c"), (orphan, None, None), event("d")];
-        let results = apply_group(&mut conn, &mixed, &mut search);
+        let Applied::Results(results) = apply_group(&mut conn, &mixed, &mut search) else {
+            panic!("no conflict on SQLite")
+        };
         assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
         assert!(
             matches!(&results[1], Err(WriteError::Failed(m)) if m.contains("FOREIGN KEY")),

@@ -28,6 +28,7 @@ pub use azure::AzureChat;
 pub use gemini::GeminiChat;
 pub use ollama::OllamaChat;
 pub use openai::OpenAiChat;
+pub(crate) use openai::redact;
 pub use openrouter::OpenRouterChat;
 
 /// One synchronous chat call.

@@ -55,7 +55,8 @@ pub(super) fn review_detail(
                 MAX(q.attempt, (SELECT COALESCE(MAX(a.attempt), 0) FROM llm_messages a WHERE a.request_id = q.request_id)),
                 q.parsed_output_json, m.assistant_output, m.finish_reason,
                 COALESCE(m.input_tokens, 0), COALESCE(m.output_tokens, 0), COALESCE(m.cost_usd, 0)
-         FROM llm_requests q LEFT JOIN llm_messages m ON m.message_id = q.result_message_id
+         FROM llm_requests q LEFT JOIN llm_messages m ON m.message_id = COALESCE(q.result_message_id,
+             (SELECT MAX(x.message_id) FROM llm_messages x WHERE x.request_id = q.request_id AND x.assistant_output IS NOT NULL))
          WHERE q.item_id = ?1
          ORDER BY q.created_at, q.request_id",
     )?;

@@ -18,6 +18,7 @@ mod stmt;
 mod translate;
 mod value;
 
+use pg::WriteLock;
 pub use pg::{PgConnection, unreachable};
 pub use stmt::{MappedRows, Row, Rows, Statement};
 pub use value::{FromDb, NUL_STAND_IN, ToDb, Value};
@@ -49,6 +50,15 @@ pub enum Error {
     /// A value that does not fit the type asked for (column or parameter).
     #[error("{0}")]
     Type(String),
+}
+
+impl Error {
+    /// PostgreSQL ended the transaction to break a deadlock or a
+    /// serialization conflict (SQLSTATE 40P01, 40001): nothing of it was
+    /// applied, and the same transaction run again normally succeeds.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Postgres(m) if m.starts_with("40P01") || m.starts_with("40001"))
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -86,14 +96,20 @@ pub enum Connection {
     Postgres(Box<PgConnection>),
 }
 
-/// How a transaction starts. Both write: `Immediate` takes the ledger's
+/// How a transaction starts. All write: `Immediate` takes the ledger's
 /// write lock first (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL one advisory
-/// lock every docket writer takes), so check-then-write code sees no other
-/// writer between its check and its write, on either engine.
+/// lock, exclusively), so check-then-write code sees no other writer
+/// between its check and its write, on either engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransactionBehavior {
     Deferred,
     Immediate,
+    /// A write transaction that may run beside other `Concurrent` ones:
+    /// the workers' writers. SQLite has one writer at a time, so there it is
+    /// `Immediate`; on PostgreSQL it takes the write lock shared, so it
+    /// still never runs beside an `Immediate` one, and its own checks lock
+    /// the rows they read (`FOR SHARE`, or an `UPDATE`) instead.
+    Concurrent,
 }
 
 impl Connection {
@@ -148,8 +164,8 @@ impl Connection {
         match self {
             Connection::Sqlite(c) => Ok(c.execute_batch(sql)?),
             Connection::Postgres(c) => match sql.trim().to_ascii_uppercase().as_str() {
-                "BEGIN IMMEDIATE" => c.begin(true),
-                "BEGIN" | "BEGIN DEFERRED" => c.begin(false),
+                "BEGIN IMMEDIATE" => c.begin(WriteLock::Exclusive),
+                "BEGIN" | "BEGIN DEFERRED" => c.begin(WriteLock::None),
                 "COMMIT" => c.end(true),
                 "ROLLBACK" => c.end(false),
                 _ => c.batch_execute(&translate::to_postgres(sql)),
@@ -242,7 +258,11 @@ impl Connection {
             TransactionBehavior::Immediate => self.begin_write()?,
             TransactionBehavior::Deferred => match self {
                 Connection::Sqlite(c) => c.execute_batch("BEGIN DEFERRED")?,
-                Connection::Postgres(c) => c.begin(false)?,
+                Connection::Postgres(c) => c.begin(WriteLock::None)?,
+            },
+            TransactionBehavior::Concurrent => match self {
+                Connection::Sqlite(c) => busy::begin_immediate(c)?,
+                Connection::Postgres(c) => c.begin(WriteLock::Shared)?,
             },
         }
         Ok(Transaction {
@@ -258,7 +278,7 @@ impl Connection {
     pub fn begin_write(&self) -> Result<()> {
         match self {
             Connection::Sqlite(c) => Ok(busy::begin_immediate(c)?),
-            Connection::Postgres(c) => c.begin(true),
+            Connection::Postgres(c) => c.begin(WriteLock::Exclusive),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The PostgreSQL side of the SQL surface: one client, its statements
-//! translated and prepared once, transactions that take docket's write lock,
-//! and a connection that survives the server going away.
+//! translated and prepared once, transactions that take docket's write lock
+//! (exclusively, or shared by the workers' writers), and a connection that
+//! survives the server going away.
 //!
 //! When the connection is lost (the server restarted, the link cut), the
 //! next statement reconnects, with backoff, for up to [`RECONNECT_WINDOW`],
@@ -74,12 +75,26 @@ impl PgStatement {
     }
 }
 
-/// The key of the advisory lock every docket write transaction takes on
-/// PostgreSQL ("docketw" in ASCII): writes serialize as SQLite's `BEGIN
-/// IMMEDIATE` makes them, so a check and the write it allows see no other
-/// writer between them. Claims do not take it: they lock rows with
+/// The key of the advisory lock docket's write transactions take on
+/// PostgreSQL ("docketw" in ASCII). Taken exclusively, writes serialize as
+/// SQLite's `BEGIN IMMEDIATE` makes them, so a check and the write it allows
+/// see no other writer between them. The workers' writers take it shared
+/// (see [`WriteLock`]); claims do not take it: they lock rows with
 /// `FOR UPDATE SKIP LOCKED`, so workers claim side by side.
 const WRITE_LOCK: i64 = 0x0064_6f63_6b65_7477;
+
+/// How a PostgreSQL transaction takes docket's write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteLock {
+    /// Not at all (reads, claims).
+    None,
+    /// Shared: beside other shared holders, never beside an exclusive one.
+    /// For the workers' writers, whose checks lock the rows they read, so
+    /// several workers commit side by side.
+    Shared,
+    /// Alone: the check-then-write transactions of commands.
+    Exclusive,
+}
 
 /// A connection to a PostgreSQL ledger.
 pub struct PgConnection {
@@ -93,6 +108,11 @@ pub struct PgConnection {
     generation: Cell<u64>,
     /// The last transaction lost its connection before it committed.
     lost: Cell<bool>,
+    /// The transaction under way was lost with its connection and is not
+    /// ended yet: every statement fails until it is, so none runs on the
+    /// new connection outside any transaction (each committed alone, the
+    /// rest of a rolled-back transaction would be applied by halves).
+    dead_transaction: Cell<bool>,
     /// Names the next cursor (see `open_cursor`).
     cursors: Cell<u64>,
     /// The server's clock minus this machine's, and when it was measured.
@@ -135,6 +155,7 @@ impl PgConnection {
             in_transaction: Cell::new(false),
             generation: Cell::new(0),
             lost: Cell::new(false),
+            dead_transaction: Cell::new(false),
             clock_offset: Cell::new(None),
             url,
         }
@@ -234,6 +255,11 @@ impl PgConnection {
         &self,
         f: impl FnOnce(&mut postgres::Client) -> std::result::Result<T, postgres::Error>,
     ) -> Result<Option<T>> {
+        if self.dead_transaction.get() {
+            return Err(Error::ConnectionLost(
+                "the transaction was lost with its connection".into(),
+            ));
+        }
         if self.broken() && !self.in_transaction.get() {
             self.reconnect("the connection was closed")?;
         }
@@ -244,6 +270,7 @@ impl PgConnection {
                 if self.in_transaction.get() {
                     self.in_transaction.set(false);
                     self.lost.set(true);
+                    self.dead_transaction.set(true);
                     return Err(Error::ConnectionLost(why));
                 }
                 self.reconnect(&why)?;
@@ -365,14 +392,20 @@ impl PgConnection {
         self.in_transaction.get()
     }
 
-    pub(super) fn begin(&self, write_lock: bool) -> Result<()> {
-        let sql = if write_lock {
-            format!(
-                "BEGIN; {}; SELECT pg_advisory_xact_lock({WRITE_LOCK})",
+    pub(super) fn begin(&self, lock: WriteLock) -> Result<()> {
+        // A lost transaction nobody ended is over all the same.
+        self.dead_transaction.set(false);
+        let take = match lock {
+            WriteLock::None => None,
+            WriteLock::Shared => Some("pg_advisory_xact_lock_shared"),
+            WriteLock::Exclusive => Some("pg_advisory_xact_lock"),
+        };
+        let sql = match take {
+            Some(take) => format!(
+                "BEGIN; {}; SELECT {take}({WRITE_LOCK})",
                 crate::ledger::postgres::END_STALLED_TRANSACTION
-            )
-        } else {
-            "BEGIN".to_string()
+            ),
+            None => "BEGIN".to_string(),
         };
         self.batch_execute(&sql)?;
         self.in_transaction.set(true);
@@ -380,6 +413,19 @@ impl PgConnection {
     }
 
     pub(super) fn end(&self, commit: bool) -> Result<()> {
+        if self.dead_transaction.replace(false) {
+            // The server rolled it back when the connection went: there is
+            // nothing to roll back, and a commit did not happen.
+            self.in_transaction.set(false);
+            if commit {
+                self.lost.set(true);
+                return Err(Error::ConnectionLost(
+                    "the transaction was lost with its connection; nothing of it was applied"
+                        .into(),
+                ));
+            }
+            return Ok(());
+        }
         if !commit {
             self.in_transaction.set(false);
             return self.batch_execute("ROLLBACK");

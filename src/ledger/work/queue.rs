@@ -55,16 +55,23 @@ pub trait WorkQueue {
 }
 
 /// A claim is one transaction: lost with its connection (PostgreSQL
-/// restarted), it claimed nothing, and is made again on the new one.
+/// restarted), or ended by the server to break a deadlock with a writer
+/// (`Error::is_conflict`), it claimed nothing, and is made again.
 fn again_if_lost<T>(
     ledger: &mut Ledger,
     mut claim: impl FnMut(&mut crate::ledger::db::Connection) -> crate::ledger::db::Result<T>,
 ) -> Result<T, LedgerError> {
     const TRIES: usize = 5;
+    const CONFLICT_TRIES: usize = 20;
     let mut tries = 1;
+    let mut conflicts = 0;
     loop {
         match claim(ledger.conn_mut()) {
             Err(crate::ledger::db::Error::ConnectionLost(_)) if tries < TRIES => tries += 1,
+            Err(e) if e.is_conflict() && conflicts < CONFLICT_TRIES => {
+                tracing::debug!("claim ended by the server: {e}; claiming again");
+                conflicts += 1;
+            }
             Err(e) if ledger.conn().take_lost() && tries < TRIES => {
                 tracing::debug!("claim lost with its connection: {e}");
                 tries += 1;

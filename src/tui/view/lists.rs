@@ -100,6 +100,8 @@ fn summarize(json: &str) -> String {
             })
             .collect::<Vec<_>>()
             .join(" "),
+        // Row S7: every answer failed the gate.
+        Ok(serde_json::Value::Null) => "(no answer passed the gate)".to_string(),
         _ => json.to_string(),
     }
 }

@@ -93,7 +93,15 @@ pub(super) fn draw_detail(frame: &mut Frame, area: Rect, app: &App, scroll: u16,
                 lines.extend(safe_lines(note, "  "));
             }
             lines.push(heading("Suggested answer", theme));
-            lines.extend(safe_lines(&d.suggestion_json, "  "));
+            if d.suggestion_json.trim() == "null" {
+                // Row S7: the stage's raw answers are under its heading below.
+                lines.push(Line::from(styled(
+                    "  none: no answer passed the gate (the raw answers are below)",
+                    theme.review(),
+                )));
+            } else {
+                lines.extend(safe_lines(&d.suggestion_json, "  "));
+            }
             lines.push(heading("Rationale", theme));
             lines.extend(safe_lines(d.rationale.as_deref().unwrap_or("(none)"), "  "));
         }
