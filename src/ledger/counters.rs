@@ -11,8 +11,6 @@
 //! sessions, then their stages, each sorted), the rows are locked only for
 //! the commit, and always in the same order.
 
-use std::collections::BTreeMap;
-
 use crate::ledger::db::{Connection, params};
 use crate::routing::Outcome;
 
@@ -79,14 +77,25 @@ struct StageDelta {
 /// group once it applied).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    sessions: BTreeMap<String, SessionDelta>,
+    /// By session; a group holds one or two, so a list searched in place
+    /// costs less than a map (no key allocated per operation). Sorted when
+    /// written.
+    sessions: Vec<(String, SessionDelta)>,
     /// By (session, stage).
-    stages: BTreeMap<(String, String), StageDelta>,
+    stages: Vec<((String, String), StageDelta)>,
 }
 
 impl Counters {
     fn session(&mut self, session_id: &str) -> &mut SessionDelta {
-        self.sessions.entry(session_id.to_string()).or_default()
+        let at = match self.sessions.iter().position(|(s, _)| s == session_id) {
+            Some(at) => at,
+            None => {
+                let fresh = (session_id.to_string(), SessionDelta::default());
+                self.sessions.push(fresh);
+                self.sessions.len() - 1
+            }
+        };
+        &mut self.sessions[at].1
     }
 
     /// A closed attempt and/or an item's outcome.
@@ -152,10 +161,19 @@ impl Counters {
         failed: i64,
         skipped: i64,
     ) {
-        let d = self
+        let at = match self
             .stages
-            .entry((session_id.to_string(), stage.to_string()))
-            .or_default();
+            .iter()
+            .position(|((s, g), _)| s == session_id && g == stage)
+        {
+            Some(at) => at,
+            None => {
+                let key = (session_id.to_string(), stage.to_string());
+                self.stages.push((key, StageDelta::default()));
+                self.stages.len() - 1
+            }
+        };
+        let d = &mut self.stages[at].1;
         d.completed += completed;
         d.failed += failed;
         d.skipped += skipped;
@@ -164,13 +182,10 @@ impl Counters {
     /// Take in an operation's changes once it applied.
     pub(crate) fn merge(&mut self, other: Counters) {
         for (id, d) in other.sessions {
-            self.sessions.entry(id).or_default().add(d);
+            self.session(&id).add(d);
         }
-        for (key, d) in other.stages {
-            let mine = self.stages.entry(key).or_default();
-            mine.completed += d.completed;
-            mine.failed += d.failed;
-            mine.skipped += d.skipped;
+        for ((session_id, stage), d) in other.stages {
+            self.stage(&session_id, &stage, d.completed, d.failed, d.skipped);
         }
     }
 
@@ -182,7 +197,11 @@ impl Counters {
             return Ok(());
         }
         let now = conn.now()?;
-        for (session_id, d) in std::mem::take(&mut self.sessions) {
+        let mut sessions = std::mem::take(&mut self.sessions);
+        sessions.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut stages = std::mem::take(&mut self.stages);
+        stages.sort_by(|a, b| a.0.cmp(&b.0));
+        for (session_id, d) in sessions {
             conn.prepare_cached(
                 "UPDATE llm_batch_session SET
                      attempt_count = attempt_count + ?2,
@@ -223,7 +242,7 @@ impl Counters {
                 d.live_json
             ])?;
         }
-        for ((session_id, stage), d) in std::mem::take(&mut self.stages) {
+        for ((session_id, stage), d) in stages {
             conn.prepare_cached(
                 "UPDATE run_stages SET completed = completed + ?3, failed = failed + ?4, skipped = skipped + ?5,
                      started_at = COALESCE(started_at, ?6),
@@ -261,7 +280,7 @@ mod tests {
         op.stage("s", "adjudicate", 1, 0, 0);
         group.merge(op);
         group.beat("s", Some("{}"));
-        let d = &group.sessions["s"];
+        let d = &group.sessions[0].1;
         assert_eq!(
             (
                 d.attempts,
@@ -275,8 +294,27 @@ mod tests {
         assert_eq!((d.processed, d.reviewed, d.accepted), (1, 1, 0));
         assert!((d.cost_usd - 1.0).abs() < 1e-9);
         assert!(d.counted && d.beat && d.live_json.as_deref() == Some("{}"));
-        // The stages come out sorted: every writer locks them in one order.
-        let order: Vec<&str> = group.stages.keys().map(|(_, s)| s.as_str()).collect();
-        assert_eq!(order, ["adjudicate", "critic"]);
+        let stages: Vec<(&str, StageDelta)> = group
+            .stages
+            .iter()
+            .map(|((_, s), d)| (s.as_str(), *d))
+            .collect();
+        assert_eq!(stages.len(), 2);
+        assert!(stages.contains(&(
+            "adjudicate",
+            StageDelta {
+                completed: 1,
+                failed: 0,
+                skipped: 0
+            }
+        )));
+        assert!(stages.contains(&(
+            "critic",
+            StageDelta {
+                completed: 0,
+                failed: 0,
+                skipped: 1
+            }
+        )));
     }
 }
