@@ -600,6 +600,7 @@ async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i3
         rerun_stage: args.rerun_stage.clone(),
         join: false,
         preflight: !args.no_preflight,
+        mock: Some(docket::local_mock::starter()),
     };
     if let Some(id) = &args.resume
         && let Err(e) = same_config_as_the_session(&mut opts, id, args.accept_changes)
@@ -783,6 +784,7 @@ async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
         join: true,
         grace: Some(Duration::from_secs_f64(args.grace)),
         preflight: !args.no_preflight,
+        mock: Some(docket::local_mock::starter()),
         ..RunOptions::default()
     };
     if let Err(e) = same_config_as_the_session(&mut opts, &args.session, args.accept_changes) {

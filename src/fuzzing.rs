@@ -16,9 +16,6 @@ use crate::gate::Gate;
 use crate::items::ImportFormat;
 use crate::ledger::LedgerError;
 use crate::ledger::import::{Added, ItemBatch};
-use crate::limiter::RateHeaders;
-use crate::provider::batch::results::Matcher;
-use crate::provider::batch::{BatchState, ResultLine};
 
 /// A fuzz target: any bytes in, no panic out.
 pub type Target = fn(&[u8]);
@@ -110,103 +107,10 @@ pub fn gate_regex(data: &[u8]) {
     let _ = gate.check(&String::from_utf8_lossy(data));
 }
 
-/// The first byte picks the HTTP status (a success or an error body).
-fn status(data: &[u8]) -> (u16, &[u8]) {
-    const STATUSES: [u16; 8] = [200, 200, 200, 400, 401, 429, 500, 529];
-    match data.split_first() {
-        Some((b, rest)) => (STATUSES[usize::from(*b) % STATUSES.len()], rest),
-        None => (200, data),
-    }
-}
-
-pub fn answer_openai(data: &[u8]) {
-    use crate::provider::openai;
-    let (code, body) = status(data);
-    let _ = openai::parse_success(body, RateHeaders::default(), None, code);
-    let _ = openai::classify_error(code, body, RateHeaders::default());
-}
-
-pub fn answer_anthropic(data: &[u8]) {
-    use crate::provider::anthropic;
-    let (code, body) = status(data);
-    let _ = anthropic::parse_success(body, RateHeaders::default(), None, code);
-    let _ = anthropic::classify_error(code, body, RateHeaders::default());
-}
-
-pub fn answer_gemini(data: &[u8]) {
-    use crate::provider::gemini;
-    let (code, body) = status(data);
-    let _ = gemini::parse_success(body, RateHeaders::default(), code);
-    let _ = gemini::classify_error(code, body, RateHeaders::default());
-    let _ = gemini::parse_proto_duration(&String::from_utf8_lossy(body));
-}
-
-pub fn answer_ollama(data: &[u8]) {
-    use crate::provider::ollama;
-    let (code, body) = status(data);
-    let _ = ollama::parse_success(body, RateHeaders::default(), code);
-    let _ = ollama::classify_error(code, body, RateHeaders::default());
-}
-
-pub fn answer_openrouter(data: &[u8]) {
-    use crate::provider::openrouter;
-    let (code, body) = status(data);
-    let _ = openrouter::failed_generation(body, RateHeaders::default());
-    let _ = openrouter::classify_error(code, body, RateHeaders::default());
-}
-
-/// Feed `data` line by line to a batch adapter's result-line reader.
-fn batch_lines(data: &[u8], id_word: &'static str, line: impl Fn(&mut Matcher<'_>, &[u8], &str)) {
-    let expected: std::collections::HashSet<String> =
-        ["a", "b", "req-1"].iter().map(|s| s.to_string()).collect();
-    let mut sink = |_: ResultLine| {};
-    let mut m = Matcher::new(&expected, &mut sink, id_word);
-    for (i, raw) in data.split(|b| *b == b'\n').enumerate() {
-        line(&mut m, raw, &format!("line {}", i + 1));
-    }
-    let _ = m.finish(&BatchState::Completed);
-}
-
-fn key() -> crate::provider::ApiKey {
-    crate::provider::ApiKey::new("fuzzKEYcanary0001")
-}
-
-pub fn batch_line_openai(data: &[u8]) {
-    static A: OnceLock<crate::provider::batch::openai::OpenAiBatch> = OnceLock::new();
-    let a = A.get_or_init(|| {
-        crate::provider::batch::openai::OpenAiBatch::openai(
-            "openai",
-            "https://api.openai.com/v1/",
-            Some(key()),
-        )
-        .expect("adapter")
-    });
-    batch_lines(data, "custom_id", |m, raw, at| a.line(m, raw, at));
-}
-
-pub fn batch_line_anthropic(data: &[u8]) {
-    static A: OnceLock<crate::provider::batch::anthropic::AnthropicBatch> = OnceLock::new();
-    let a = A.get_or_init(|| {
-        crate::provider::batch::anthropic::AnthropicBatch::new(
-            "https://api.anthropic.com/v1/",
-            key(),
-        )
-        .expect("adapter")
-    });
-    batch_lines(data, "custom_id", |m, raw, at| a.line(m, raw, at));
-}
-
-pub fn batch_line_gemini(data: &[u8]) {
-    static A: OnceLock<crate::provider::batch::gemini::GeminiBatch> = OnceLock::new();
-    let a = A.get_or_init(|| {
-        crate::provider::batch::gemini::GeminiBatch::new(
-            "https://generativelanguage.googleapis.com/v1beta/",
-            key(),
-        )
-        .expect("adapter")
-    });
-    batch_lines(data, "key", |m, raw, at| a.raw_line(m, raw, at));
-}
+pub use docket_providers::fuzzing::{
+    answer_anthropic, answer_gemini, answer_ollama, answer_openai, answer_openrouter,
+    batch_line_anthropic, batch_line_gemini, batch_line_openai,
+};
 
 /// `docket.toml`, read as `docket` reads it (its checks included), in a
 /// folder with nothing else: a file it names is missing, which is an error.

@@ -206,6 +206,7 @@ impl Lines {
 pub fn options(ws: &Workspace) -> docket::engine::RunOptions {
     docket::engine::RunOptions {
         workspace: ws.path().to_path_buf(),
+        mock: Some(docket::local_mock::starter()),
         ..Default::default()
     }
 }

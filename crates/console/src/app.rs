@@ -1,0 +1,423 @@
+//! The console's state. Pure: keys and ledger snapshots go in, `Effect`s come
+//! out as data for the runner to carry out, so every behaviour is testable
+//! without a terminal or a ledger.
+
+use std::collections::BTreeSet;
+
+use tui_input::Input;
+
+use super::keymap::{KeyPress, Keymap};
+use docket_ledger::console::WorkerRow;
+use docket_ledger::watch::{
+    Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, SessionSummary,
+    SessionView, Tune,
+};
+
+/// How many review rows the console keeps loaded around the cursor.
+pub const REVIEW_WINDOW: u64 = 200;
+/// Rejecting at least this many marked items at once asks first.
+pub const BULK_CONFIRM: usize = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pane {
+    Stages,
+    Outcomes,
+    Gauges,
+    Events,
+    Review,
+    Sessions,
+}
+
+impl Pane {
+    pub const ORDER: [Pane; 6] = [
+        Pane::Stages,
+        Pane::Outcomes,
+        Pane::Gauges,
+        Pane::Events,
+        Pane::Review,
+        Pane::Sessions,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Pane::Stages => "Stages",
+            Pane::Outcomes => "Outcomes",
+            Pane::Gauges => "Gauges",
+            Pane::Events => "Events",
+            Pane::Review => "Review queue",
+            Pane::Sessions => "Sessions",
+        }
+    }
+
+    pub fn number(self) -> usize {
+        Pane::ORDER.iter().position(|p| *p == self).unwrap_or(0) + 1
+    }
+
+    /// The panes that hold a list (shown in the lower half on a small screen).
+    pub fn is_list(self) -> bool {
+        matches!(self, Pane::Events | Pane::Review | Pane::Sessions)
+    }
+}
+
+/// A question the operator must answer before anything happens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dialog {
+    /// Cancel a session (not undoable; default No).
+    CancelRun { session_id: String, pending: u64 },
+    /// Reject many marked items at once.
+    BulkReject { ids: Vec<i64> },
+    /// Quit while a run started by this process is live.
+    QuitLive,
+}
+
+/// What the console shows over the panes, if anything.
+#[derive(Debug, Clone)]
+pub enum Overlay {
+    None,
+    Help {
+        scroll: u16,
+    },
+    Detail {
+        scroll: u16,
+    },
+    /// The watched session's provider batches.
+    Batches {
+        scroll: u16,
+    },
+    /// The watched session's workers.
+    Workers {
+        scroll: u16,
+    },
+    Dialog(Dialog),
+    Filter(Input),
+    Command(Input),
+}
+
+/// The badge in the footer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Normal,
+    Detail,
+    Help,
+    Batches,
+    Workers,
+    Filter,
+    Command,
+    Confirm,
+}
+
+impl Mode {
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Normal => "NORMAL",
+            Mode::Detail => "DETAIL",
+            Mode::Help => "HELP",
+            Mode::Batches => "BATCHES",
+            Mode::Workers => "WORKERS",
+            Mode::Filter => "FILTER",
+            Mode::Command => "CMD",
+            Mode::Confirm => "CONFIRM",
+        }
+    }
+}
+
+/// How to leave the console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuitChoice {
+    /// Nothing of ours is running: just close.
+    Close,
+    /// Close the console; the run goes on with line output.
+    KeepHeadless,
+    /// Pause the run (in-flight requests finish), save it, exit.
+    Pause,
+    /// Cancel the run (resumable), exit.
+    Cancel,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Control {
+    Pause,
+    Resume,
+    StopAtStage,
+    Cancel,
+    Retune(Tune),
+}
+
+/// Work for the runner: ledger reads and writes happen off the UI thread.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Watch this session (None: follow the newest).
+    Watch(Option<String>),
+    Query(docket_ledger::watch::ReviewQuery),
+    /// Load the detail of this review item (None: none wanted).
+    Detail(Option<i64>),
+    /// Hold this review item while the cursor is on it (None: let go).
+    Claim(Option<i64>),
+    Accept(Vec<i64>),
+    Reject(Vec<i64>),
+    Undo,
+    Control {
+        session_id: String,
+        control: Control,
+    },
+    /// `session`: the session on screen (decisions ignore it).
+    Export {
+        session: Option<String>,
+        what: String,
+        format: String,
+        path: String,
+    },
+    Quit(QuitChoice),
+    /// A key was pressed (the operator is here: keep holding the item).
+    Activity,
+}
+
+/// The latest read of the ledger.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub sessions: Vec<SessionSummary>,
+    /// The watched session, when there is one.
+    pub view: Option<SessionView>,
+    pub events: Vec<Event>,
+    pub review: ReviewPage,
+    pub detail: Option<ReviewDetail>,
+    /// The watched session's provider batches, open ones first.
+    pub batches: Vec<ProviderBatchRow>,
+    /// All of its provider batches, counted.
+    pub batch_summary: ProviderBatchSummary,
+    /// Every worker that worked on the watched session, newest first.
+    pub workers: Vec<WorkerRow>,
+    /// Ledger time of the read (unix seconds), for ages.
+    pub now: f64,
+}
+
+impl Snapshot {
+    /// The same ledger state, whatever the time of the read.
+    pub fn same_data(&self, other: &Snapshot) -> bool {
+        // A batch waiting for its next poll shows a countdown: a new second
+        // is new data while one does.
+        let ticking = |s: &Snapshot| {
+            s.batches.iter().any(|b| {
+                !docket_ledger::watch::is_terminal_state(&b.state) && b.next_poll_at.is_some()
+            })
+        };
+        if (ticking(self) || ticking(other)) && self.now.floor() != other.now.floor() {
+            return false;
+        }
+        // A gone worker's heartbeat age is drawn as `12s` or `3m`: only a
+        // change in what is drawn is new data, so it does not redraw the
+        // console every second. A live one beats every second or so, its
+        // age always a second or two: only its going is news (`alive`).
+        let drawn_ages = |s: &Snapshot| -> Vec<Option<String>> {
+            s.workers
+                .iter()
+                .map(|w| (!w.alive).then(|| super::view::human_secs(w.heartbeat_age_secs)))
+                .collect()
+        };
+        if drawn_ages(self) != drawn_ages(other) {
+            return false;
+        }
+        // The session heartbeat's age grows with every read and is not drawn.
+        let timeless = |s: &Snapshot| {
+            let mut s = s.clone();
+            s.now = 0.0;
+            if let Some(v) = s.view.as_mut() {
+                v.heartbeat_age_secs = None;
+            }
+            for w in &mut s.workers {
+                w.heartbeat_age_secs = 0.0;
+            }
+            s
+        };
+        timeless(self) == timeless(other)
+    }
+}
+
+/// The console state.
+pub struct App {
+    pub keymap: Keymap,
+    pub(super) pending_keys: Vec<KeyPress>,
+    pub read_only: bool,
+    pub focus: Pane,
+    pub overlay: Overlay,
+    pub snap: Snapshot,
+    /// The session chosen in the sessions pane (None: follow the newest).
+    pub chosen_session: Option<String>,
+    pub sessions_cursor: usize,
+    pub events_scroll: usize,
+    /// Absolute index in the filtered pending queue.
+    pub review_cursor: u64,
+    /// The review item under the cursor, kept across refreshes.
+    pub review_cursor_id: Option<i64>,
+    pub marks: BTreeSet<i64>,
+    pub filter: Option<String>,
+    /// A run this process started (the console opened on it).
+    pub in_process_session: Option<String>,
+    /// Its engine is still dispatching.
+    pub in_process_live: bool,
+    pub toast: Option<String>,
+    pub quit: Option<QuitChoice>,
+    /// Whether the first snapshot arrived (until then: "reading the ledger").
+    pub loaded: bool,
+    /// Claim requested for this id (to ask once per cursor move).
+    pub(super) claimed: Option<i64>,
+    /// Who this console is when it holds an item (`user@host:pid`); an
+    /// item held by anyone else is not ours to decide.
+    pub claimant: Option<String>,
+    /// The furthest an open overlay can scroll, as the last frame measured.
+    pub scroll_max: std::cell::Cell<u16>,
+    pub(super) detail_wanted: Option<i64>,
+}
+
+impl App {
+    pub fn new(keymap: Keymap, read_only: bool) -> App {
+        App {
+            keymap,
+            pending_keys: Vec::new(),
+            read_only,
+            focus: Pane::Stages,
+            overlay: Overlay::None,
+            snap: Snapshot::default(),
+            chosen_session: None,
+            sessions_cursor: 0,
+            events_scroll: 0,
+            review_cursor: 0,
+            review_cursor_id: None,
+            marks: BTreeSet::new(),
+            filter: None,
+            in_process_session: None,
+            in_process_live: false,
+            toast: None,
+            quit: None,
+            loaded: false,
+            claimed: None,
+            claimant: None,
+            scroll_max: std::cell::Cell::new(0),
+            detail_wanted: None,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        match &self.overlay {
+            Overlay::None => Mode::Normal,
+            Overlay::Help { .. } => Mode::Help,
+            Overlay::Detail { .. } => Mode::Detail,
+            Overlay::Batches { .. } => Mode::Batches,
+            Overlay::Workers { .. } => Mode::Workers,
+            Overlay::Dialog(_) => Mode::Confirm,
+            Overlay::Filter(_) => Mode::Filter,
+            Overlay::Command(_) => Mode::Command,
+        }
+    }
+
+    /// The effects to run when the console opens.
+    pub fn start(&mut self) -> Vec<Effect> {
+        vec![
+            Effect::Watch(self.chosen_session.clone()),
+            Effect::Query(self.review_query()),
+        ]
+    }
+
+    /// The watched session's id, if any.
+    pub fn session_id(&self) -> Option<&str> {
+        self.snap.view.as_ref().map(|v| v.row.session_id.as_str())
+    }
+
+    /// Paused as asked or as it is.
+    pub fn paused(&self) -> bool {
+        self.snap
+            .view
+            .as_ref()
+            .is_some_and(|v| v.row.desired_state == "paused" || v.row.state == "paused")
+    }
+
+    pub fn review_query(&self) -> docket_ledger::watch::ReviewQuery {
+        let offset = self.review_cursor.saturating_sub(REVIEW_WINDOW / 2);
+        docket_ledger::watch::ReviewQuery {
+            filter: self.filter.clone(),
+            session: None,
+            offset,
+            limit: REVIEW_WINDOW,
+        }
+    }
+
+    /// The review row under the cursor, when loaded.
+    pub fn cursor_row(&self) -> Option<&docket_ledger::watch::ReviewRow> {
+        let page = &self.snap.review;
+        let idx = self.review_cursor.checked_sub(page.offset)?;
+        page.rows.get(usize::try_from(idx).ok()?)
+    }
+
+    /// A new ledger read. Keeps the cursor on the same item when it is still
+    /// pending; when it left the queue (decided here or elsewhere), the
+    /// cursor stays at its position, which is the next item: auto-advance.
+    pub fn apply_snapshot(&mut self, snap: Snapshot) -> Vec<Effect> {
+        self.loaded = true;
+        self.snap = snap;
+        let total = self.snap.review.total;
+        if let Some(id) = self.review_cursor_id
+            && let Some(i) = self.snap.review.rows.iter().position(|r| r.review_id == id)
+        {
+            self.review_cursor = self.snap.review.offset + i as u64;
+        }
+        if total == 0 {
+            self.review_cursor = 0;
+        } else if self.review_cursor >= total {
+            self.review_cursor = total - 1;
+        }
+        // Marks outside the loaded window are kept (the operator marked
+        // them and moved on); one decided meanwhile by someone else is
+        // skipped, and said so, when the bulk action runs. An empty queue
+        // has nothing left to mark.
+        if self.snap.review.total == 0 {
+            self.marks.clear();
+        }
+        if self.sessions_cursor >= self.snap.sessions.len() {
+            self.sessions_cursor = self.snap.sessions.len().saturating_sub(1);
+        }
+        self.after_cursor_move()
+    }
+
+    /// Keep the loaded window, the claim and the detail on the cursor.
+    pub(super) fn after_cursor_move(&mut self) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        let page = &self.snap.review;
+        let loaded_end = page.offset + page.rows.len() as u64;
+        let outside = self.review_cursor < page.offset
+            || (self.review_cursor >= loaded_end && loaded_end < page.total);
+        if outside {
+            fx.push(Effect::Query(self.review_query()));
+        }
+        let id = self.cursor_row().map(|r| r.review_id);
+        if !outside {
+            self.review_cursor_id = id;
+        }
+        let wants_claim = !self.read_only && self.focus == Pane::Review;
+        let claim = if wants_claim { id } else { None };
+        if claim != self.claimed && !outside {
+            self.claimed = claim;
+            fx.push(Effect::Claim(claim));
+        }
+        let detail = match self.overlay {
+            Overlay::Detail { .. } => id,
+            _ => None,
+        };
+        if detail != self.detail_wanted && !outside {
+            self.detail_wanted = detail;
+            if let Overlay::Detail { scroll } = &mut self.overlay {
+                *scroll = 0;
+            }
+            fx.push(Effect::Detail(detail));
+        }
+        fx
+    }
+
+    /// The holder of an item when it is someone else (a live lease).
+    pub fn held_by_other<'a>(&self, claimed_by: Option<&'a str>) -> Option<&'a str> {
+        claimed_by.filter(|who| self.claimant.as_deref() != Some(*who))
+    }
+
+    pub fn set_toast(&mut self, text: impl Into<String>) {
+        self.toast = Some(docket_model::sanitize::for_terminal(&text.into()));
+    }
+}

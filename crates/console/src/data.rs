@@ -1,0 +1,477 @@
+//! The console's ledger worker: a thread that owns the console's ledger
+//! handle, reads snapshots through `ConsoleReads` when the ledger changed or
+//! a second passed, and carries out decisions and controls. The UI thread
+//! never waits on it.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use super::app::{Control, Effect, Snapshot};
+use docket_ledger::console::ConsoleReads;
+use docket_ledger::control::{self, Desired, RunControls};
+use docket_ledger::review::{Applied, Claim, Operator, ReviewDecisions};
+use docket_ledger::watch::{ProviderBatchRow, ProviderBatchSummary, ReviewPage, ReviewQuery};
+use docket_ledger::{Ledger, LedgerError, LedgerLocation};
+
+/// From the worker to the UI.
+#[derive(Debug)]
+pub enum DataMsg {
+    Snapshot(Box<Snapshot>),
+    Toast(String),
+}
+
+/// How many events the events pane keeps.
+const EVENTS: usize = 200;
+/// How many provider batches the batches overlay lists (open ones first).
+const BATCHES: usize = 500;
+/// A fresh read at least this often, so a dead engine's stale heartbeat shows.
+const REFRESH: Duration = Duration::from_secs(1);
+/// How often the loop asks whether the ledger changed: SQLite's answer is a
+/// counter read, PostgreSQL's a flag its listener set (LISTEN), so a change
+/// shows within this.
+const TICK: Duration = Duration::from_millis(50);
+/// An unchanged read is still sent this often, so ages move on screen; in
+/// between, nothing is sent and the console does not redraw.
+const RESEND: Duration = Duration::from_secs(30);
+/// The review page is re-read on the timer this often even when the ledger
+/// did not change (a crashed console's lease runs out without a write).
+const REVIEW_STALE: Duration = Duration::from_secs(10);
+/// A filtered page costs a trigram search (a few ms on 100,000 items);
+/// while a live run keeps changing the ledger, it is re-read at most this
+/// often, which still keeps another operator's decision under a second.
+const FILTERED_REFRESH: Duration = Duration::from_millis(800);
+/// Claims are renewed well inside their lease.
+const CLAIM_RENEW: Duration = Duration::from_secs(10);
+/// An operator away from the keyboard this long lets go of the item, so it
+/// does not stay blocked for everyone; the next key takes it back.
+const IDLE_RELEASE: Duration = Duration::from_secs(300);
+
+pub struct DataWorker {
+    ledger_path: LedgerLocation,
+    workspace: PathBuf,
+    operator: Operator,
+    read_only: bool,
+    watch: Option<String>,
+    query: ReviewQuery,
+    detail: Option<i64>,
+    claim: Option<i64>,
+    claim_at: Instant,
+    review_cache: Option<(ReviewQuery, ReviewPage, Instant)>,
+    /// A ledger change was seen but the (filtered) page was not re-read yet.
+    review_behind: bool,
+    last_key: Instant,
+    /// The claim was let go for idleness (and is taken back on a key).
+    claim_idle: bool,
+    /// The watched session's provider batches as last read.
+    batches_cache: Option<(String, Vec<ProviderBatchRow>, ProviderBatchSummary)>,
+}
+
+impl DataWorker {
+    pub fn new(workspace: PathBuf, operator: Operator, read_only: bool) -> DataWorker {
+        DataWorker {
+            // A location that cannot be read was refused before the console
+            // opened; the workspace's file is the fallback.
+            ledger_path: LedgerLocation::for_workspace(&workspace).unwrap_or_else(|_| {
+                LedgerLocation::File(workspace.join(docket_ledger::LEDGER_FILE))
+            }),
+            workspace,
+            operator,
+            read_only,
+            watch: None,
+            query: ReviewQuery {
+                limit: super::app::REVIEW_WINDOW,
+                ..ReviewQuery::default()
+            },
+            detail: None,
+            claim: None,
+            claim_at: Instant::now(),
+            review_cache: None,
+            review_behind: false,
+            last_key: Instant::now(),
+            claim_idle: false,
+            batches_cache: None,
+        }
+    }
+
+    /// Run until the UI drops its sender.
+    pub fn run(mut self, rx: Receiver<Effect>, out: impl Fn(DataMsg) -> bool) {
+        let mut ledger: Option<Ledger> = None;
+        let mut last_read = Instant::now() - REFRESH;
+        let mut said_missing = false;
+        let mut last_sent: Option<(Snapshot, Instant)> = None;
+        loop {
+            let mut dirty = false;
+            match rx.recv_timeout(TICK) {
+                Ok(fx) => {
+                    // A bare key press changes nothing to read.
+                    dirty = !matches!(fx, Effect::Activity);
+                    self.apply(ledger.as_ref(), fx, &out);
+                    while let Ok(fx) = rx.try_recv() {
+                        dirty |= !matches!(fx, Effect::Activity);
+                        self.apply(ledger.as_ref(), fx, &out);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if ledger.is_none() {
+                // The console may open before the first import: wait for it.
+                if self.ledger_path.exists() {
+                    match self.open() {
+                        Ok(l) => ledger = Some(l),
+                        Err(e) => {
+                            if !said_missing {
+                                out(DataMsg::Toast(e));
+                                said_missing = true;
+                            }
+                            std::thread::sleep(Duration::from_millis(500));
+                            continue;
+                        }
+                    }
+                    dirty = true;
+                } else {
+                    if !said_missing {
+                        said_missing = true;
+                        let msg = format!(
+                            "{}: no ledger yet (import items with `docket import FILE`)",
+                            self.ledger_path
+                        );
+                        if !out(DataMsg::Toast(msg)) {
+                            break;
+                        }
+                        if !out(DataMsg::Snapshot(Box::default())) {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+            }
+            let Some(l) = ledger.as_mut() else { continue };
+            // When the ledger cannot say, the one-second timer still reads.
+            let changed = l.has_changed().unwrap_or(false);
+            if changed || dirty || last_read.elapsed() >= REFRESH {
+                last_read = Instant::now();
+                match self.read(&*l, changed, dirty) {
+                    Ok(snap) => {
+                        let unchanged = last_sent.as_ref().is_some_and(|(prev, at)| {
+                            !dirty && at.elapsed() < RESEND && prev.same_data(&snap)
+                        });
+                        if !unchanged {
+                            last_sent = Some((snap.clone(), Instant::now()));
+                            if !out(DataMsg::Snapshot(Box::new(snap))) {
+                                break;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("console read failed: {e}");
+                        if !out(DataMsg::Toast(format!("ledger read failed: {e}"))) {
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(id) = self.claim
+                && !self.claim_idle
+                && self.claim_at.elapsed() >= CLAIM_RENEW
+            {
+                self.claim_at = Instant::now();
+                if self.last_key.elapsed() >= IDLE_RELEASE {
+                    self.claim_idle = true;
+                    let _ = l.release(id, &self.operator);
+                } else {
+                    let _ = l.claim(id, &self.operator);
+                }
+            }
+        }
+        if let Some(l) = ledger.as_ref()
+            && !self.read_only
+        {
+            let _ = l.release_all(&self.operator);
+        }
+    }
+
+    fn open(&self) -> Result<Ledger, String> {
+        let ledger = if self.read_only {
+            Ledger::open_read_only(&self.ledger_path)
+        } else {
+            Ledger::open(&self.ledger_path)
+        };
+        ledger.map_err(|e| e.to_string())
+    }
+
+    /// `changed`: another connection wrote since the last read; `force`: we
+    /// did (or the operator asked for something), so nothing may be reused.
+    fn read<R: ConsoleReads + ?Sized>(
+        &mut self,
+        db: &R,
+        changed: bool,
+        force: bool,
+    ) -> Result<Snapshot, LedgerError> {
+        let sessions = db.sessions()?;
+        let id = self
+            .watch
+            .clone()
+            .or_else(|| sessions.first().map(|s| s.session_id.clone()));
+        let (view, events) = match &id {
+            Some(id) => (db.session_view(id)?, db.events(id, EVENTS)?),
+            None => (None, Vec::new()),
+        };
+        let (batches, batch_summary) = match &id {
+            Some(id) => self.batches(db, id, changed || force)?,
+            None => (Vec::new(), ProviderBatchSummary::default()),
+        };
+        // Read every pass, not only on a change: a dead worker writes
+        // nothing, and time alone turns it from alive to gone.
+        let workers = match &id {
+            Some(id) => db.workers(id)?,
+            None => Vec::new(),
+        };
+        let review = self.review(db, changed, force)?;
+        let detail = match self.detail {
+            Some(rid) => db.review_detail(rid)?,
+            None => None,
+        };
+        Ok(Snapshot {
+            sessions,
+            view,
+            events,
+            review,
+            detail,
+            batches,
+            batch_summary,
+            workers,
+            now: docket_ledger::now_ts(),
+        })
+    }
+
+    /// The session's provider batches, re-read only when the ledger changed
+    /// (or another session is watched).
+    fn batches<R: ConsoleReads + ?Sized>(
+        &mut self,
+        db: &R,
+        session_id: &str,
+        changed: bool,
+    ) -> Result<(Vec<ProviderBatchRow>, ProviderBatchSummary), LedgerError> {
+        if let Some((id, rows, summary)) = &self.batches_cache
+            && id == session_id
+            && !changed
+        {
+            return Ok((rows.clone(), summary.clone()));
+        }
+        let rows = db.provider_batches(session_id, BATCHES)?;
+        let summary = db.provider_batch_summary(session_id)?;
+        self.batches_cache = Some((session_id.to_string(), rows.clone(), summary.clone()));
+        Ok((rows, summary))
+    }
+
+    /// The review page, re-read only when it can have changed.
+    fn review<R: ConsoleReads + ?Sized>(
+        &mut self,
+        db: &R,
+        changed: bool,
+        force: bool,
+    ) -> Result<ReviewPage, LedgerError> {
+        if let Some((q, page, at)) = &self.review_cache
+            && *q == self.query
+            && !force
+        {
+            let age = at.elapsed();
+            let throttled = q.filter.is_some() && age < FILTERED_REFRESH;
+            if changed && throttled {
+                // Re-read on the next pass once the throttle allows.
+                self.review_behind = true;
+                return Ok(page.clone());
+            }
+            let due = self.review_behind && age >= FILTERED_REFRESH;
+            if !changed && !due && age < REVIEW_STALE {
+                return Ok(page.clone());
+            }
+        }
+        self.review_behind = false;
+        let page = db.review_page(&self.query)?;
+        self.review_cache = Some((self.query.clone(), page.clone(), Instant::now()));
+        Ok(page)
+    }
+
+    fn apply(&mut self, ledger: Option<&Ledger>, fx: Effect, out: &impl Fn(DataMsg) -> bool) {
+        let toast = |t: String| {
+            out(DataMsg::Toast(t));
+        };
+        match fx {
+            Effect::Activity => {
+                self.last_key = Instant::now();
+                if self.claim_idle
+                    && let (Some(l), Some(id)) = (ledger, self.claim)
+                    && !self.read_only
+                {
+                    self.claim_idle = false;
+                    self.claim_at = Instant::now();
+                    if let Ok(Claim::HeldByOther(who)) = l.claim(id, &self.operator) {
+                        toast(format!(
+                            "held by {who}: another operator took it while you were away"
+                        ));
+                    }
+                }
+            }
+            Effect::Watch(s) => self.watch = s,
+            Effect::Query(q) => self.query = q,
+            Effect::Detail(d) => self.detail = d,
+            Effect::Quit(_) => {}
+            other => {
+                let Some(l) = ledger else {
+                    toast("no ledger yet".into());
+                    return;
+                };
+                // A read-only console writes nothing to the ledger; it may
+                // still export (a file of its own).
+                if self.read_only && !matches!(other, Effect::Export { .. }) {
+                    return;
+                }
+                if let Some(t) = self.write(l, other) {
+                    toast(t);
+                }
+            }
+        }
+    }
+
+    /// Decisions and controls; returns what to tell the operator.
+    fn write(&mut self, ledger: &Ledger, fx: Effect) -> Option<String> {
+        let op = &self.operator;
+        let actor = format!("review:{}", op.user);
+        match fx {
+            Effect::Claim(id) => {
+                if let Some(old) = self.claim
+                    && Some(old) != id
+                {
+                    let _ = ledger.release(old, op);
+                }
+                self.claim = id;
+                self.claim_at = Instant::now();
+                let id = id?;
+                match ledger.claim(id, op) {
+                    Ok(Claim::HeldByOther(who)) => {
+                        Some(format!("held by {who}: another operator is on it"))
+                    }
+                    Ok(_) => None,
+                    Err(e) => Some(e.to_string()),
+                }
+            }
+            Effect::Accept(ids) => Some(match ledger.accept(&ids, op) {
+                Ok(a) => applied("Accepted", &a),
+                Err(e) => e.to_string(),
+            }),
+            Effect::Reject(ids) => Some(match ledger.reject(&ids, op) {
+                Ok(a) => applied("Rejected", &a),
+                Err(e) => e.to_string(),
+            }),
+            Effect::Undo => Some(match ledger.undo_last(op) {
+                Ok(Some(u)) => format!(
+                    "Undid {} of {}",
+                    u.action,
+                    docket_model::sanitize::truncate(&u.item_id, 40)
+                ),
+                Ok(None) => "Nothing to undo.".into(),
+                Err(e) => e.to_string(),
+            }),
+            Effect::Control {
+                session_id,
+                control: ctl,
+            } => Some(match do_control(ledger, &session_id, ctl, &actor) {
+                Ok(msg) => msg,
+                Err(e) => e,
+            }),
+            Effect::Export {
+                session,
+                what,
+                format,
+                path,
+            } => Some(export(
+                ledger,
+                &self.workspace,
+                session,
+                &what,
+                &format,
+                &path,
+            )),
+            Effect::Watch(_)
+            | Effect::Query(_)
+            | Effect::Detail(_)
+            | Effect::Quit(_)
+            | Effect::Activity => None,
+        }
+    }
+}
+
+/// `:export`: a file in the workspace (reads only, so a read-only console
+/// may export too).
+fn export(
+    ledger: &Ledger,
+    workspace: &std::path::Path,
+    session: Option<String>,
+    what: &str,
+    format: &str,
+    path: &str,
+) -> String {
+    use docket_ledger::report::{ExportFormat, ExportOptions, ExportWhat};
+    let opts = ExportOptions {
+        session: if what == "decisions" { None } else { session },
+        what: match what {
+            "decisions" => ExportWhat::Decisions,
+            "requests" => ExportWhat::Requests,
+            "items" => ExportWhat::Items,
+            _ => ExportWhat::Results,
+        },
+        format: match format {
+            "jsonl" => ExportFormat::Jsonl,
+            "parquet" => ExportFormat::Parquet,
+            _ => ExportFormat::Csv,
+        },
+    };
+    let target = workspace.join(path);
+    let result = docket_ledger::report::export_file(ledger, &opts, workspace, &target)
+        .map_err(|e| e.to_string());
+    match result {
+        Ok(n) => format!("Exported {n} rows to {}", target.display()),
+        Err(e) => format!("export to {} failed: {e}", target.display()),
+    }
+}
+
+fn applied(verb: &str, a: &Applied) -> String {
+    let mut msg = match a.done.len() {
+        0 => format!("{verb} nothing"),
+        1 => format!("{verb} 1 item (u undoes)"),
+        n => format!("{verb} {n} items (u undoes one at a time)"),
+    };
+    if let Some((_, why)) = a.skipped.first() {
+        msg.push_str(&format!("; skipped {}: {why}", a.skipped.len()));
+    }
+    msg
+}
+
+fn do_control(ledger: &Ledger, sid: &str, ctl: Control, actor: &str) -> Result<String, String> {
+    let e = |e: control::ControlError| e.to_string();
+    match ctl {
+        Control::Pause => ledger
+            .set_desired(sid, Desired::Paused, actor)
+            .map(|()| "Pause asked: no new requests; in-flight ones finish.".into())
+            .map_err(e),
+        Control::Resume => ledger
+            .set_desired(sid, Desired::Running, actor)
+            .map(|()| "Resume asked.".into())
+            .map_err(e),
+        Control::Cancel => ledger
+            .set_desired(sid, Desired::Cancelled, actor)
+            .map(|()| "Cancel asked: the session stops and stays resumable.".into())
+            .map_err(e),
+        Control::StopAtStage => ledger
+            .stop_after_stage(sid, actor)
+            .map(|stage| format!("Stops after stage {stage}."))
+            .map_err(e),
+        Control::Retune(t) => ledger
+            .retune(sid, t, actor)
+            .map(|()| "Retune asked: the engine follows within a second.".into())
+            .map_err(e),
+    }
+}

@@ -1,0 +1,378 @@
+//! The console's terminal loop: raw mode and the alternate screen, restored
+//! on every way out (quit, error, panic, SIGTERM); an input thread and the
+//! ledger worker feed one channel; frames are drawn only when something
+//! changed, at most `MAX_FPS` a second, and at once after a key.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+use ratatui::crossterm::event::{self, Event as TermEvent};
+use ratatui::crossterm::terminal::{
+    BeginSynchronizedUpdate, Clear, ClearType, EndSynchronizedUpdate, EnterAlternateScreen,
+    LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+};
+use ratatui::crossterm::{cursor, execute};
+
+use super::app::{App, Dialog, Effect, Overlay, Pane, QuitChoice};
+use super::data::{DataMsg, DataWorker};
+use super::keymap::Keymap;
+use super::theme::Theme;
+use docket_ledger::review::Operator;
+
+/// Frames per second at most while data keeps changing.
+pub const MAX_FPS: u64 = 10;
+
+pub struct ConsoleOptions {
+    pub workspace: PathBuf,
+    pub read_only: bool,
+    pub no_color: bool,
+    pub keymap_path: Option<PathBuf>,
+    pub focus: Pane,
+    /// Watch this session (None: the newest).
+    pub session: Option<String>,
+    /// The run this process started, when the console opened on it.
+    pub in_process: Option<InProcessRun>,
+    /// Set by a SIGTERM handler: leave now, restoring the terminal.
+    pub terminate: Arc<AtomicBool>,
+}
+
+pub struct InProcessRun {
+    pub session_id: String,
+    /// Set when the engine stopped dispatching.
+    pub finished: Arc<AtomicBool>,
+}
+
+/// Figures for the console benchmarks (`DOCKET_CONSOLE_STATS=FILE`).
+#[derive(Default)]
+struct Figures {
+    frames: u64,
+    key_latency_us: Vec<u64>,
+    first_loaded_frame: Option<Duration>,
+}
+
+enum UiEvent {
+    Term(TermEvent),
+    Data(DataMsg),
+}
+
+/// Counts the bytes written to the terminal (for the bandwidth figure).
+struct CountingWriter {
+    inner: io::Stdout,
+    bytes: Arc<AtomicU64>,
+}
+
+impl Write for CountingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Restores the terminal when dropped, whatever the way out.
+struct TerminalGuard;
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore_terminal();
+    }
+}
+
+fn restore_terminal() {
+    let _ = disable_raw_mode();
+    let _ = execute!(io::stdout(), LeaveAlternateScreen, cursor::Show);
+}
+
+/// The console's UI thread while it has the terminal (None: no console).
+static UI_THREAD: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+
+/// A panic on the UI thread restores the terminal, then reports as usual. A
+/// panic elsewhere while the console is up (an engine task, which tokio
+/// catches and the engine reports) is logged instead: printing it would
+/// scribble over the console, and restoring the terminal under a console
+/// that keeps running would leave it drawing on the normal screen.
+fn install_panic_hook() {
+    *UI_THREAD.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::thread::current().id());
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let ui = *UI_THREAD.lock().unwrap_or_else(|p| p.into_inner());
+        match ui {
+            Some(id) if id != std::thread::current().id() => {
+                tracing::error!("panic in a background thread while the console is open: {info}");
+            }
+            Some(_) => {
+                restore_terminal();
+                previous(info);
+            }
+            None => previous(info),
+        }
+    }));
+}
+
+/// The console is gone: panics report as usual again.
+fn console_closed() {
+    *UI_THREAD.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+/// Open the console; returns how the operator left it.
+pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
+    let started = Instant::now();
+    // With no --keymap, `load` reads the config dir's keymap.toml when present.
+    let (keymap, warnings) = Keymap::load(opts.keymap_path.as_deref());
+    for w in &warnings {
+        tracing::warn!("keymap: {w}");
+    }
+    let theme = Theme::detect(opts.no_color);
+    let operator = Operator::current();
+    let mut app = App::new(keymap, opts.read_only);
+    app.claimant = Some(operator.claimant.clone());
+    app.focus = opts.focus;
+    app.chosen_session = opts.session.clone();
+    if let Some(run) = &opts.in_process {
+        app.in_process_session = Some(run.session_id.clone());
+        app.chosen_session = Some(run.session_id.clone());
+        app.in_process_live = !run.finished.load(Ordering::Relaxed);
+    }
+    if let Some(first) = warnings.first() {
+        let more = if warnings.len() > 1 {
+            format!(" (+{} more in the log)", warnings.len() - 1)
+        } else {
+            String::new()
+        };
+        app.set_toast(format!("keymap: {first}{more}; the default binding stays"));
+    }
+
+    let (ui_tx, ui_rx) = mpsc::channel::<UiEvent>();
+    let (fx_tx, fx_rx) = mpsc::channel::<Effect>();
+    let worker = DataWorker::new(opts.workspace.clone(), operator, opts.read_only);
+    let data_tx = ui_tx.clone();
+    let worker_thread = std::thread::Builder::new()
+        .name("console-ledger".into())
+        .spawn(move || worker.run(fx_rx, move |m| data_tx.send(UiEvent::Data(m)).is_ok()))?;
+    // The first read overlaps the terminal set-up.
+    for fx in app.start() {
+        let _ = fx_tx.send(fx);
+    }
+
+    let bytes = Arc::new(AtomicU64::new(0));
+    install_panic_hook();
+    enable_raw_mode()?;
+    let _guard = TerminalGuard;
+    // A plain clear: ratatui's `Terminal::clear` asks the terminal where its
+    // cursor is, and waits for the answer (seconds, on a terminal that never
+    // gives one).
+    execute!(io::stdout(), EnterAlternateScreen, Clear(ClearType::All))?;
+    let backend = CrosstermBackend::new(CountingWriter {
+        inner: io::stdout(),
+        bytes: bytes.clone(),
+    });
+    let mut terminal = Terminal::new(backend)?;
+    // Keys are read only once the terminal is set up, so no reply to a
+    // terminal query is taken for a key, and none is waited for behind it.
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let input_thread = spawn_input(ui_tx, stop_input.clone())?;
+    let mut figures = Figures::default();
+    let result = event_loop(
+        &mut terminal,
+        &mut app,
+        &opts,
+        theme,
+        &ui_rx,
+        &fx_tx,
+        &mut figures,
+        started,
+    );
+
+    stop_input.store(true, Ordering::Relaxed);
+    drop(fx_tx);
+    let _ = terminal.show_cursor();
+    drop(terminal);
+    drop(_guard);
+    console_closed();
+    let _ = input_thread.join();
+    let _ = worker_thread.join();
+    write_figures(&figures, bytes.load(Ordering::Relaxed), started.elapsed());
+    result
+}
+
+fn spawn_input(
+    tx: mpsc::Sender<UiEvent>,
+    stop: Arc<AtomicBool>,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("console-input".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                // Poll with a timeout so the thread notices the stop and no
+                // keystroke is stolen from the shell after the console closes.
+                match event::poll(Duration::from_millis(100)) {
+                    Ok(true) => match event::read() {
+                        Ok(ev) => {
+                            if tx.send(UiEvent::Term(ev)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(_) => return,
+                    },
+                    Ok(false) => {}
+                    Err(_) => return,
+                }
+            }
+        })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn event_loop<W: Write>(
+    terminal: &mut Terminal<CrosstermBackend<W>>,
+    app: &mut App,
+    opts: &ConsoleOptions,
+    theme: Theme,
+    rx: &mpsc::Receiver<UiEvent>,
+    fx_tx: &mpsc::Sender<Effect>,
+    figures: &mut Figures,
+    started: Instant,
+) -> color_eyre::Result<QuitChoice> {
+    let frame_gap = Duration::from_millis(1000 / MAX_FPS);
+    let mut dirty = true;
+    let mut last_draw = Instant::now() - frame_gap;
+    let mut key_at: Option<Instant> = None;
+    // Draw without waiting for the next frame slot (a key, the first data).
+    let mut urgent = false;
+    // A PostgreSQL ledger going away (or coming back) is news for the
+    // footer even when no data arrives: the reader is busy reconnecting.
+    let mut shown_unreachable = docket_ledger::db::unreachable();
+    loop {
+        let unreachable = docket_ledger::db::unreachable();
+        if unreachable != shown_unreachable {
+            shown_unreachable = unreachable;
+            dirty = true;
+        }
+        if opts.terminate.load(Ordering::Relaxed) {
+            return Ok(if app.in_process_live {
+                QuitChoice::Cancel
+            } else {
+                QuitChoice::Close
+            });
+        }
+        if let Some(run) = &opts.in_process {
+            let live = !run.finished.load(Ordering::Relaxed);
+            if live != app.in_process_live {
+                app.in_process_live = live;
+                dirty = true;
+                // Its choices are about a run that is over now.
+                if !live && matches!(app.overlay, Overlay::Dialog(Dialog::QuitLive)) {
+                    app.overlay = Overlay::None;
+                    app.set_toast("The run has ended; q quits.");
+                }
+            }
+        }
+        let due = last_draw + frame_gap;
+        if dirty && (urgent || key_at.is_some() || Instant::now() >= due) {
+            urgent = false;
+            terminal.backend_mut().execute_sync(true);
+            terminal.draw(|f| super::view::draw(f, app, theme))?;
+            terminal.backend_mut().execute_sync(false);
+            figures.frames += 1;
+            if let Some(t) = key_at.take() {
+                figures.key_latency_us.push(t.elapsed().as_micros() as u64);
+            }
+            if figures.first_loaded_frame.is_none() && app.loaded {
+                figures.first_loaded_frame = Some(started.elapsed());
+            }
+            dirty = false;
+            last_draw = Instant::now();
+        }
+        let wait = if dirty {
+            due.saturating_duration_since(Instant::now())
+        } else {
+            Duration::from_millis(500)
+        };
+        let ev = match rx.recv_timeout(wait) {
+            Ok(ev) => ev,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return Ok(QuitChoice::Close),
+        };
+        let fx = match ev {
+            UiEvent::Term(TermEvent::Key(k)) => {
+                key_at.get_or_insert_with(Instant::now);
+                let _ = fx_tx.send(Effect::Activity);
+                app.handle_key(k)
+            }
+            UiEvent::Term(TermEvent::Resize(..)) => {
+                terminal.autoresize()?;
+                Vec::new()
+            }
+            UiEvent::Term(_) => Vec::new(),
+            UiEvent::Data(DataMsg::Snapshot(s)) => {
+                // The first data is drawn at once, like a key's answer.
+                urgent |= !app.loaded;
+                app.apply_snapshot(*s)
+            }
+            UiEvent::Data(DataMsg::Toast(t)) => {
+                app.set_toast(t);
+                Vec::new()
+            }
+        };
+        dirty = true;
+        for f in fx {
+            if let Effect::Quit(choice) = f {
+                return Ok(choice);
+            }
+            let _ = fx_tx.send(f);
+        }
+        if let Some(choice) = app.quit {
+            return Ok(choice);
+        }
+    }
+}
+
+trait SyncUpdate {
+    fn execute_sync(&mut self, begin: bool);
+}
+
+impl<W: Write> SyncUpdate for CrosstermBackend<W> {
+    /// DEC 2026 synchronized output: the terminal shows a frame whole, which
+    /// stops tearing over slow SSH links (ignored by terminals without it).
+    fn execute_sync(&mut self, begin: bool) {
+        let _ = if begin {
+            execute!(self, BeginSynchronizedUpdate)
+        } else {
+            execute!(self, EndSynchronizedUpdate)
+        };
+    }
+}
+
+fn write_figures(f: &Figures, bytes: u64, elapsed: Duration) {
+    let Some(path) = std::env::var_os("DOCKET_CONSOLE_STATS") else {
+        return;
+    };
+    let mut lat = f.key_latency_us.clone();
+    lat.sort_unstable();
+    let pick = |q: f64| -> u64 {
+        if lat.is_empty() {
+            0
+        } else {
+            lat[((lat.len() - 1) as f64 * q).round() as usize]
+        }
+    };
+    let text = format!(
+        "frames={}\nbytes={}\nelapsed_ms={}\nkeys={}\nkey_latency_p50_us={}\nkey_latency_max_us={}\nfirst_loaded_frame_ms={}\n",
+        f.frames,
+        bytes,
+        elapsed.as_millis(),
+        lat.len(),
+        pick(0.5),
+        pick(1.0),
+        f.first_loaded_frame.map_or(-1, |d| d.as_millis() as i64),
+    );
+    let _ = std::fs::write(path, text);
+}

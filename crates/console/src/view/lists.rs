@@ -1,0 +1,214 @@
+//! The list panes: review queue, events, sessions.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+
+use super::panes::state_word;
+use super::{pane_block, styled};
+use crate::app::{App, Overlay, Pane};
+use crate::theme::Theme;
+use docket_ledger::watch::Level;
+use docket_model::sanitize::truncate;
+
+/// The first row shown so that `cursor` is visible: whole pages, so the
+/// view does not jitter as the cursor moves.
+fn page_start(cursor: u64, rows: u64) -> u64 {
+    cursor.checked_div(rows).map_or(0, |pages| pages * rows)
+}
+
+pub(super) fn draw_review(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
+    let page = &app.snap.review;
+    let mut extra = String::new();
+    if page.total > 0 {
+        extra.push_str(&format!(" {}/{}", app.review_cursor + 1, page.total));
+    } else {
+        extra.push_str(" 0");
+    }
+    if let Some(f) = &app.filter {
+        extra.push_str(&format!(" · /{}", truncate(f, 20)));
+    }
+    if !app.marks.is_empty() {
+        extra.push_str(&format!(" · {} marked", app.marks.len()));
+    }
+    let block = pane_block(app, Pane::Review, extra, theme);
+    let rows_h = u64::from(area.height.saturating_sub(2));
+    let width = area.width.saturating_sub(2) as usize;
+    let start = page_start(app.review_cursor, rows_h);
+    let focused =
+        app.focus == Pane::Review && matches!(app.overlay, Overlay::None | Overlay::Filter(_));
+    let mut lines = Vec::new();
+    if page.total == 0 {
+        let msg = if app.filter.is_some() {
+            "nothing matches the filter (Esc clears it)"
+        } else {
+            "no suggestions waiting for review"
+        };
+        lines.push(Line::from(styled(msg, theme.dim())));
+    }
+    for abs in start..(start + rows_h).min(page.total) {
+        let Some(r) = abs
+            .checked_sub(page.offset)
+            .and_then(|i| page.rows.get(usize::try_from(i).ok()?))
+        else {
+            lines.push(Line::from(styled("  ...", theme.dim())));
+            continue;
+        };
+        let is_cursor = abs == app.review_cursor;
+        let marked = app.marks.contains(&r.review_id);
+        let pointer = if is_cursor { "›" } else { " " };
+        let mark = if marked { "●" } else { " " };
+        let conf = r
+            .confidence
+            .map_or("  -- ".to_string(), |c| format!("{c:.2} "));
+        let held = match app.held_by_other(r.claimed_by.as_deref()) {
+            Some(who) => format!(" [held: {}]", truncate(who, 24)),
+            None => String::new(),
+        };
+        let id = truncate(&r.item_id, 18);
+        let fixed = 2 + 2 + conf.len() + id.chars().count() + 1 + held.chars().count();
+        let summary = truncate(
+            &summarize(&r.suggestion),
+            width.saturating_sub(fixed).max(1),
+        );
+        let mut line = Line::from(vec![
+            Span::raw(pointer),
+            styled(format!("{mark} "), theme.marked()),
+            styled(conf, theme.review()),
+            styled(format!("{id} "), theme.title(false)),
+            Span::raw(summary),
+            styled(held, theme.warn()),
+        ]);
+        if is_cursor && focused {
+            line = line.style(theme.selected());
+        }
+        lines.push(line);
+    }
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+/// `{"a":"x","b":1}` → `a=x b=1`: the answer at a glance.
+fn summarize(json: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(map)) => map
+            .iter()
+            .filter(|(k, _)| k.as_str() != "rationale" && k.as_str() != "confidence")
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => format!("{k}={s}"),
+                other => format!("{k}={other}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        // Row S7: every answer failed the gate.
+        Ok(serde_json::Value::Null) => "(no answer passed the gate)".to_string(),
+        _ => json.to_string(),
+    }
+}
+
+pub(super) fn draw_events(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
+    let block = pane_block(
+        app,
+        Pane::Events,
+        format!(" {}", app.snap.events.len()),
+        theme,
+    );
+    let width = area.width.saturating_sub(2) as usize;
+    let rows = area.height.saturating_sub(2) as usize;
+    let mut lines = Vec::new();
+    if app.snap.events.is_empty() {
+        lines.push(Line::from(styled("no events yet", theme.dim())));
+    }
+    for e in app.snap.events.iter().skip(app.events_scroll).take(rows) {
+        let (tag, style) = match e.level {
+            Level::Info => ("·", theme.dim()),
+            Level::Warn => ("⚠", theme.warn()),
+            Level::Error => ("✗", theme.error()),
+        };
+        let time = time_of_day(e.at);
+        let text = truncate(&e.message, width.saturating_sub(11).max(1));
+        lines.push(Line::from(vec![
+            styled(format!("{time} {tag} "), style),
+            Span::raw(text),
+        ]));
+    }
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+/// `HH:MM:SS` in UTC (the ledger's clock).
+fn time_of_day(ts: f64) -> String {
+    chrono::DateTime::from_timestamp(ts as i64, 0)
+        .map(|t| t.format("%H:%M:%S").to_string())
+        .unwrap_or_else(|| "--:--:--".into())
+}
+
+pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
+    let block = pane_block(
+        app,
+        Pane::Sessions,
+        format!(" {}", app.snap.sessions.len()),
+        theme,
+    );
+    let rows_h = u64::from(area.height.saturating_sub(3));
+    let watched = app.session_id();
+    let focused = app.focus == Pane::Sessions && matches!(app.overlay, Overlay::None);
+    let mut lines = vec![Line::from(styled(
+        "  session                  state          done/total   acc   rev   rej   err      cost  age",
+        theme.dim(),
+    ))];
+    let start = page_start(app.sessions_cursor as u64, rows_h) as usize;
+    for (i, s) in app
+        .snap
+        .sessions
+        .iter()
+        .enumerate()
+        .skip(start)
+        .take(rows_h as usize)
+    {
+        let here = if Some(s.session_id.as_str()) == watched {
+            "●"
+        } else {
+            " "
+        };
+        let pointer = if i == app.sessions_cursor { "›" } else { " " };
+        let state = state_word(&s.state, s.live);
+        let state: String = state.chars().take(14).collect();
+        let mut line = Line::from(format!(
+            "{pointer}{here}{:<23} {:<14} {:>5}/{:<5} {:>5} {:>5} {:>5} {:>5} {:>9} {}",
+            truncate(&s.session_id, 23),
+            state,
+            s.processed,
+            s.total,
+            s.accepted,
+            s.review,
+            s.rejected,
+            s.errors,
+            format!("${:.4}", s.cost_usd),
+            age(app.snap.now - s.started_at),
+        ));
+        if i == app.sessions_cursor && focused {
+            line = line.style(theme.selected());
+        }
+        lines.push(line);
+    }
+    if app.snap.sessions.is_empty() {
+        lines.push(Line::from(styled(
+            "  no sessions in this workspace yet",
+            theme.dim(),
+        )));
+    }
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+fn age(secs: f64) -> String {
+    let s = secs.max(0.0);
+    if s < 60.0 {
+        "<1m".to_string()
+    } else if s < 3600.0 {
+        format!("{:.0}m", s / 60.0)
+    } else if s < 86_400.0 {
+        format!("{:.0}h", s / 3600.0)
+    } else {
+        format!("{:.0}d", s / 86_400.0)
+    }
+}

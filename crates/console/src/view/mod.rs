@@ -1,0 +1,247 @@
+//! Drawing. Only reads the state; every string from items or models goes
+//! through `sanitize` before it reaches a cell.
+
+mod footer;
+mod lists;
+mod overlays;
+mod panes;
+mod workers;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, BorderType, Borders, Paragraph};
+
+use super::app::{App, Overlay, Pane};
+use super::theme::Theme;
+
+/// Below this the console says so instead of drawing a broken layout.
+pub const MIN_WIDTH: u16 = 80;
+pub const MIN_HEIGHT: u16 = 24;
+
+/// A wide screen shows every pane at once; a small one shows the focused
+/// list pane in the lower half.
+fn is_wide(area: Rect) -> bool {
+    area.width >= 110 && area.height >= 32
+}
+
+pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
+    let area = frame.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        draw_too_small(frame, area, theme);
+        return;
+    }
+    let [header, body, footer_area] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Min(10),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    panes::draw_header(frame, header, app, theme);
+    match &app.overlay {
+        Overlay::Detail { scroll } => overlays::draw_detail(frame, body, app, *scroll, theme),
+        _ => draw_dashboard(frame, body, app, theme),
+    }
+    footer::draw_footer(frame, footer_area, app, theme);
+    match &app.overlay {
+        Overlay::Help { scroll } => overlays::draw_help(frame, body, app, *scroll, theme),
+        Overlay::Batches { scroll } => overlays::draw_batches(frame, body, app, *scroll, theme),
+        Overlay::Workers { scroll } => workers::draw_workers(frame, body, app, *scroll, theme),
+        Overlay::Dialog(d) => overlays::draw_dialog(frame, body, app, d, theme),
+        _ => {}
+    }
+}
+
+fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
+    let n = app.snap.view.as_ref().map_or(1, |v| v.stages.len());
+    let compact = stages_compact(area, n);
+    let stages_h = panes::stages_height(n, compact);
+    let top_h = (stages_h + 6).max(10);
+    if is_wide(area) {
+        let [top, middle, bottom] = Layout::vertical([
+            Constraint::Length(top_h),
+            Constraint::Min(8),
+            Constraint::Length(8),
+        ])
+        .areas(area);
+        let [left, gauges] =
+            Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
+        let [stages, outcomes] =
+            Layout::vertical([Constraint::Length(stages_h), Constraint::Min(6)]).areas(left);
+        panes::draw_stages(frame, stages, app, compact, theme);
+        panes::draw_outcomes(frame, outcomes, app, theme);
+        panes::draw_gauges(frame, gauges, app, theme);
+        let [review, events] =
+            Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
+                .areas(middle);
+        lists::draw_review(frame, review, app, theme);
+        lists::draw_events(frame, events, app, theme);
+        lists::draw_sessions(frame, bottom, app, theme);
+    } else {
+        let [top, bottom] =
+            Layout::vertical([Constraint::Length(top_h), Constraint::Min(5)]).areas(area);
+        let [left, gauges] =
+            Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(top);
+        let [stages, outcomes] =
+            Layout::vertical([Constraint::Length(stages_h), Constraint::Min(6)]).areas(left);
+        panes::draw_stages(frame, stages, app, compact, theme);
+        panes::draw_outcomes(frame, outcomes, app, theme);
+        panes::draw_gauges(frame, gauges, app, theme);
+        // The lower half shows the focused list, the review queue otherwise.
+        let shown = if app.focus.is_list() {
+            app.focus
+        } else {
+            Pane::Review
+        };
+        match shown {
+            Pane::Events => lists::draw_events(frame, bottom, app, theme),
+            Pane::Sessions => lists::draw_sessions(frame, bottom, app, theme),
+            _ => lists::draw_review(frame, bottom, app, theme),
+        }
+    }
+}
+
+/// Rows the list panes keep below the run panes, at least.
+const LIST_ROWS: u16 = 8;
+
+/// One row per stage when two each would squeeze the lists below
+/// [`LIST_ROWS`] (four stages at 80x24; never one or two stages).
+fn stages_compact(area: Rect, n: usize) -> bool {
+    if n <= 2 {
+        return false;
+    }
+    let top_h = (panes::stages_height(n, false) + 6).max(10);
+    // The wide layout also keeps 8 rows for the sessions pane.
+    let below = if is_wide(area) {
+        LIST_ROWS + 8
+    } else {
+        LIST_ROWS
+    };
+    area.height < top_h + below
+}
+
+fn draw_too_small(frame: &mut Frame, area: Rect, theme: Theme) {
+    let lines = vec![
+        Line::from(Span::styled("docket: terminal too small", theme.error())),
+        Line::from(format!(
+            "need {MIN_WIDTH}x{MIN_HEIGHT}, have {}x{}",
+            area.width, area.height
+        )),
+        Line::from("enlarge the window; q quits, p pauses"),
+    ];
+    frame.render_widget(Paragraph::new(lines), area);
+}
+
+/// A pane's frame: a double border and a bold, marked title when focused,
+/// so focus shows without colour.
+pub(super) fn pane_block<'a>(app: &App, pane: Pane, extra: String, theme: Theme) -> Block<'a> {
+    let focused = app.focus == pane && matches!(app.overlay, Overlay::None | Overlay::Filter(_));
+    let marker = if focused { "▶ " } else { "" };
+    let title = format!(" {marker}{} {}{extra} ", pane.number(), pane.title());
+    Block::default()
+        .borders(Borders::ALL)
+        .border_type(if focused {
+            BorderType::Double
+        } else {
+            BorderType::Plain
+        })
+        .border_style(theme.border(focused))
+        .title(Span::styled(title, theme.title(focused)))
+}
+
+/// `1:02:03` or `2:03`.
+pub(super) fn clock(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+pub(super) fn share(n: u64, total: u64) -> String {
+    if total == 0 {
+        "0.0%".into()
+    } else {
+        format!("{:.1}%", n as f64 * 100.0 / total as f64)
+    }
+}
+
+pub(super) fn styled<'a>(text: impl Into<String>, style: Style) -> Span<'a> {
+    Span::styled(text.into(), style)
+}
+
+/// Compact thousands: 1234567 → 1.23M.
+pub(super) fn compact(n: f64) -> String {
+    if n >= 1e6 {
+        format!("{:.2}M", n / 1e6)
+    } else if n >= 1e4 {
+        format!("{:.1}k", n / 1e3)
+    } else {
+        format!("{n:.0}")
+    }
+}
+
+/// A duration as one unit: `45s`, `12m`, `3h`, `2d` (never negative).
+pub(super) fn human_secs(secs: f64) -> String {
+    let s = if secs.is_finite() { secs.max(0.0) } else { 0.0 };
+    if s < 60.0 {
+        format!("{}s", s.floor() as u64)
+    } else if s < 3600.0 {
+        format!("{}m", (s / 60.0).floor() as u64)
+    } else if s < 86_400.0 {
+        format!("{}h", (s / 3600.0).floor() as u64)
+    } else {
+        format!("{}d", (s / 86_400.0).floor() as u64)
+    }
+}
+
+/// The provider batches in one line, the most detailed form that fits
+/// `width`; None when the session has no batches.
+pub(super) fn batch_summary_text(
+    s: &docket_ledger::watch::ProviderBatchSummary,
+    width: usize,
+) -> Option<String> {
+    if s.total == 0 {
+        return None;
+    }
+    let open = s.open_count();
+    let unknown = s.in_state("unknown");
+    let mut states: Vec<String> = s
+        .open
+        .iter()
+        .map(|(state, n)| format!("{n} {}", docket_model::sanitize::truncate(state, 20)))
+        .collect();
+    if s.ingested > 0 {
+        states.push(format!("{} ingested", s.ingested));
+    }
+    let states = states.join(" · ");
+    let waiting = |word: &str| {
+        if open > 0 {
+            format!(" · {} {word}", s.lines_waiting)
+        } else {
+            String::new()
+        }
+    };
+    let unknown_note = if unknown > 0 {
+        format!(" · ⚠ {unknown} unknown")
+    } else {
+        String::new()
+    };
+    let candidates = [
+        format!("batches {}: {states}{}", s.total, waiting("lines waiting")),
+        format!("batches {}: {states}{}", s.total, waiting("waiting")),
+        format!(
+            "batches {}: {open} open{unknown_note}{}",
+            s.total,
+            waiting("waiting")
+        ),
+        format!("batches {}{unknown_note}{}", s.total, waiting("waiting")),
+    ];
+    let fits = candidates
+        .iter()
+        .find(|c| c.chars().count() <= width)
+        .cloned();
+    Some(fits.unwrap_or_else(|| docket_model::sanitize::truncate(&candidates[3], width.max(1))))
+}

@@ -1,0 +1,341 @@
+//! Planning a session: choose the items, render every prompt once (so a
+//! broken template or a missing variable stops the run before anything is
+//! sent), and estimate tokens and cost.
+
+use serde_json::Value;
+
+use super::{EngineError, Prepared};
+use crate::cost::TokenCounter;
+use crate::template::Prompt;
+use docket_ledger::Ledger;
+use docket_ledger::store::{Candidate, CandidateError, CandidateFilter};
+use docket_ledger::work::RunSessions;
+
+/// Above this many items the estimate tokenizes a uniform sample (every
+/// k-th prompt, at least this many) and scales it, and says so; below it
+/// every prompt is counted. Tokenizing is most of planning's time (about
+/// 0.04 ms a prompt) and a sample this size is within a fraction of a
+/// percent on prompts from one template. Every prompt is still rendered.
+pub const EXACT_COUNT_MAX: u64 = 5_000;
+
+#[derive(Debug, Clone)]
+pub struct Estimate {
+    pub items: u64,
+    pub prompt_tokens: u64,
+    pub expected_output_tokens: u64,
+    pub max_output_tokens: u64,
+    pub cost_usd: f64,
+    /// If every answer used all of max_tokens.
+    pub worst_cost_usd: f64,
+    pub model: String,
+    pub price_input: f64,
+    pub price_output: f64,
+    pub price_known: bool,
+    /// Counted with the model's own tokenizer (else characters/4).
+    pub exact_tokenizer: bool,
+    /// Prompts actually tokenized (all, or a sample for large sessions).
+    pub counted_prompts: u64,
+    /// The batch price against the synchronous one when the requests go to
+    /// a Batch API (the costs above include it); None: synchronous.
+    pub batch_price_factor: Option<f64>,
+    /// `auto` with fewer items than `min_batch_size`: synchronous.
+    pub batch_mode: Option<docket_model::config::BatchMode>,
+    /// Per stage, for a job of several (empty for one).
+    pub stages: Vec<StageEstimate>,
+    /// Items whose first request needs more tokens than the provider's
+    /// tokens/min allows: they can never be sent and end in error at once
+    /// (the first few, with why), and how many there are.
+    pub unsendable: Vec<(String, String)>,
+    pub unsendable_count: u64,
+    pub first_prompt: Option<Prompt>,
+}
+
+/// One stage's share of the estimate. A later stage's prompts depend on
+/// earlier answers: its size is measured on the first item's prompt with
+/// stand-ins for them.
+#[derive(Debug, Clone)]
+pub struct StageEstimate {
+    pub name: String,
+    pub model: String,
+    pub critic: bool,
+    pub prompt_tokens: u64,
+    pub expected_output_tokens: u64,
+    pub cost_usd: f64,
+    pub batch_price_factor: Option<f64>,
+}
+
+/// How many unsendable items the estimate names.
+const UNSENDABLE_SHOWN: usize = 5;
+
+pub struct Plan {
+    pub item_ids: Vec<String>,
+    pub estimate: Estimate,
+}
+
+/// Pick and render the candidates. Rendering errors name the template file,
+/// line and item.
+pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Plan, EngineError> {
+    let ledger = super::open_ledger(&p.ledger)?;
+    let first = p.first();
+    let counter = TokenCounter::for_model(&first.model);
+    let filter = CandidateFilter {
+        limit,
+        skip_reviewed,
+    };
+    let total: u64 = ledger.count_candidates(filter)?;
+    // Sample every `stride`-th prompt for the token count when large.
+    let stride = (total / EXACT_COUNT_MAX).max(1);
+    let mut item_ids = Vec::with_capacity(total as usize);
+    let mut counted_tokens = 0u64;
+    let mut counted = 0u64;
+    let mut first_prompt = None;
+    let mut unsendable = Vec::new();
+    let mut unsendable_count = 0u64;
+    let mut render_error: Option<EngineError> = None;
+    let mut each = |c: Candidate| {
+        let evidence: Value = serde_json::from_str(&c.evidence_json)
+            .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
+        match first.template.render(&c.item_id, &evidence) {
+            Ok(prompt) => {
+                // Tokens never outnumber bytes: only a prompt whose bytes
+                // pass the limit is counted to see whether it can be sent.
+                let bytes =
+                    (prompt.user.len() + prompt.system.as_deref().map_or(0, str::len)) as u64;
+                if first.tpm > 0
+                    && bytes + 12 + first.max_tokens > first.tpm
+                    && let Some(why) = super::attempt::over_token_limit(
+                        first,
+                        super::attempt::prompt_tokens(first, &prompt),
+                    )
+                {
+                    unsendable_count += 1;
+                    if unsendable.len() < UNSENDABLE_SHOWN {
+                        unsendable.push((c.item_id.clone(), why));
+                    }
+                }
+                if (item_ids.len() as u64).is_multiple_of(stride) {
+                    counted_tokens += counter.count_prompt(&prompt);
+                    counted += 1;
+                }
+                if first_prompt.is_none() {
+                    first_prompt = Some(prompt);
+                }
+            }
+            Err(e) => {
+                render_error = Some(EngineError::Template(e));
+                return Err("template".into());
+            }
+        }
+        item_ids.push(c.item_id);
+        Ok(())
+    };
+    ledger
+        .for_each_candidate(filter, &mut each)
+        .map_err(|e| match render_error.take() {
+            Some(err) => err,
+            None => match e {
+                CandidateError::Stopped(m) => EngineError::Ledger(m),
+                CandidateError::Ledger(e) => EngineError::Ledger(e.to_string()),
+            },
+        })?;
+    let items = item_ids.len() as u64;
+    let prompt_tokens = if counted == 0 {
+        0
+    } else {
+        (counted_tokens as f64 * items as f64 / counted as f64).round() as u64
+    };
+    let first_item = item_ids.first().cloned();
+    let mut stages = Vec::with_capacity(p.stages.len());
+    for (k, st) in p.stages.iter().enumerate() {
+        let per_item = if k == 0 {
+            None
+        } else {
+            Some(later_prompt_tokens(p, k, &ledger, first_item.as_deref())?)
+        };
+        let prompt = match per_item {
+            None => prompt_tokens,
+            Some(t) => t * items,
+        };
+        let expected = st.expected_output_tokens.min(st.max_tokens) * items;
+        // `auto` batches only when enough requests are pending.
+        let factor = st.batch_price_factor.filter(|_| {
+            st.batch.mode != docket_model::config::BatchMode::Auto
+                || items >= *st.batch.min_batch_size.get_ref()
+        });
+        let f = factor.unwrap_or(1.0);
+        stages.push((
+            StageEstimate {
+                name: st.name.clone(),
+                model: st.model.clone(),
+                critic: st.is_critic(),
+                prompt_tokens: prompt,
+                expected_output_tokens: expected,
+                cost_usd: st.price.cost(prompt, 0, expected) * f,
+                batch_price_factor: factor,
+            },
+            st.price.cost(prompt, 0, st.max_tokens * items) * f,
+            st.max_tokens * items,
+        ));
+    }
+    let sum = |f: &dyn Fn(&(StageEstimate, f64, u64)) -> f64| stages.iter().map(f).sum::<f64>();
+    let cost_usd = sum(&|s| s.0.cost_usd);
+    let worst_cost_usd = sum(&|s| s.1);
+    let all_prompt: u64 = stages.iter().map(|s| s.0.prompt_tokens).sum();
+    let expected_output_tokens: u64 = stages.iter().map(|s| s.0.expected_output_tokens).sum();
+    let max_output_tokens: u64 = stages.iter().map(|s| s.2).sum();
+    let factor = stages[0].0.batch_price_factor;
+    let several = stages.len() > 1;
+    Ok(Plan {
+        item_ids,
+        estimate: Estimate {
+            items,
+            prompt_tokens: all_prompt,
+            expected_output_tokens,
+            max_output_tokens,
+            cost_usd,
+            worst_cost_usd,
+            model: first.model.clone(),
+            price_input: first.price.input,
+            price_output: first.price.output,
+            price_known: p.stages.iter().all(|s| s.price_known),
+            exact_tokenizer: counter.is_exact(),
+            counted_prompts: counted,
+            batch_price_factor: factor,
+            batch_mode: (first.batch.mode != docket_model::config::BatchMode::Sync)
+                .then_some(first.batch.mode),
+            stages: if several {
+                stages.into_iter().map(|s| s.0).collect()
+            } else {
+                Vec::new()
+            },
+            unsendable,
+            unsendable_count,
+            first_prompt,
+        },
+    })
+}
+
+/// Stage `k`'s prompt for the first item, with stand-ins for the earlier
+/// stages' answers: planning checks that it renders (a typo in
+/// `stages.NAME.FIELD` is caught before anything is sent) and measures it.
+fn later_prompt_tokens(
+    p: &Prepared,
+    k: usize,
+    ledger: &Ledger,
+    item: Option<&str>,
+) -> Result<u64, EngineError> {
+    let Some(item) = item else { return Ok(0) };
+    let evidence: Value = ledger
+        .evidence_of(item)
+        .ok()
+        .flatten()
+        .and_then(|e| serde_json::from_str(&e).ok())
+        .unwrap_or(Value::Null);
+    let st = &p.stages[k];
+    let mut stages = serde_json::Map::new();
+    for earlier in &p.stages[..k] {
+        stages.insert(earlier.name.clone(), earlier.placeholder_output());
+    }
+    let mut extra = serde_json::Map::new();
+    if let Some(c) = st.critic_of {
+        extra.insert("target".into(), p.stages[c].placeholder_output());
+    }
+    extra.insert("stages".into(), Value::Object(stages));
+    extra.insert(
+        "criteria".into(),
+        Value::Array(st.criteria.iter().cloned().map(Value::String).collect()),
+    );
+    let prompt = st.template.render_with(item, &evidence, extra.clone())?;
+    if let Some(r) = &st.repair {
+        let mut extra = extra;
+        extra.insert("failed_output".into(), Value::String("…".into()));
+        extra.insert("gate_error".into(), Value::String("…".into()));
+        r.template.render_with(item, &evidence, extra)?;
+    }
+    Ok(TokenCounter::for_model(&st.model).count_prompt(&prompt))
+}
+
+impl Estimate {
+    /// The seed's estimate lines.
+    pub fn describe(&self) -> Vec<String> {
+        let avg = self.prompt_tokens.checked_div(self.items).unwrap_or(0);
+        let mut lines = vec![format!(
+            "Estimating cost: ~${:.4} ({} items × ~{} prompt tokens × ${}/1M in, ~{} output tokens × ${}/1M out; model {})",
+            self.cost_usd,
+            self.items,
+            avg,
+            self.price_input,
+            self.expected_output_tokens / self.items.max(1),
+            self.price_output,
+            self.model
+        )];
+        lines.push(format!(
+            "  tokens: ~{} in, ~{} out expected (at most {} out: worst case ${:.4})",
+            self.prompt_tokens,
+            self.expected_output_tokens,
+            self.max_output_tokens,
+            self.worst_cost_usd
+        ));
+        match (self.batch_price_factor, self.batch_mode) {
+            (Some(f), _) => lines.push(format!(
+                "  batch: requests go to the provider's Batch API at {:.0}% of the synchronous price (included above); results come when the provider finishes (up to 24 h)",
+                f * 100.0
+            )),
+            (None, Some(mode)) => lines.push(format!(
+                "  batch: mode = \"{}\" but these requests go synchronously at the full price (no Batch API for this provider, or fewer than min_batch_size)",
+                mode.as_str()
+            )),
+            (None, None) => {}
+        }
+        for st in &self.stages {
+            lines.push(format!(
+                "  stage {}{} ({}): ~{} prompt + ~{} output tokens, ~${:.4}{}",
+                st.name,
+                if st.critic { " (critic)" } else { "" },
+                st.model,
+                st.prompt_tokens,
+                st.expected_output_tokens,
+                st.cost_usd,
+                if st.batch_price_factor.is_some() {
+                    " at the batch price"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if self.unsendable_count > 0 {
+            lines.push(format!(
+                "  warning: {} item(s) can never be sent under tokens_per_minute; they will end in error without a request:",
+                self.unsendable_count
+            ));
+            for (item, why) in &self.unsendable {
+                lines.push(format!(
+                    "    item {}: {why}",
+                    docket_model::sanitize::for_terminal(item)
+                ));
+            }
+        }
+        let mut notes = Vec::new();
+        if !self.exact_tokenizer {
+            notes.push(
+                "token counts approximate (characters/4): no tokenizer for this model".to_string(),
+            );
+        }
+        if self.counted_prompts < self.items {
+            notes.push(format!(
+                "tokens counted on a sample of {} prompts",
+                self.counted_prompts
+            ));
+        }
+        if !self.price_known {
+            notes.push(
+                "model not in the price table: default prices used (assets/prices.toml)"
+                    .to_string(),
+            );
+        }
+        if !notes.is_empty() {
+            lines.push(format!("  note: {}", notes.join("; ")));
+        }
+        lines
+    }
+}

@@ -1,0 +1,240 @@
+//! Prompt templates (minijinja, strict): one rendered prompt per item.
+//!
+//! Undefined variables are errors, not empty strings, so a typo in a template
+//! is caught while planning a session, before any request is sent. Errors name
+//! the template file and line.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("{path}: template file cannot be read: {source}")]
+    Missing {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: template syntax error: {detail}")]
+    Syntax {
+        path: String,
+        line: usize,
+        detail: String,
+    },
+    #[error("{path}:{line}: {detail} (rendering item \"{item_id}\")")]
+    Render {
+        path: String,
+        line: usize,
+        detail: String,
+        item_id: String,
+    },
+}
+
+/// A stage's prompt: the user template and an optional system prompt, both
+/// compiled once.
+pub struct PromptTemplate {
+    env: Environment<'static>,
+    user_path: PathBuf,
+    system_path: Option<PathBuf>,
+    /// sha256 of the template sources, recorded on every request.
+    pub hash: String,
+    /// The system prompt rendered last: items whose system prompt renders
+    /// the same share it instead of holding a copy each (a batch holds
+    /// 50,000 prompts until the provider has them).
+    last_system: std::sync::Mutex<Option<Arc<str>>>,
+}
+
+const USER: &str = "user";
+const SYSTEM: &str = "system";
+
+/// A rendered prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    /// Shared: usually the same for every item of a stage.
+    pub system: Option<Arc<str>>,
+    pub user: String,
+}
+
+impl PromptTemplate {
+    pub fn load(user_path: &Path, system_path: Option<&Path>) -> Result<Self, TemplateError> {
+        let read = |p: &Path| {
+            docket_model::files::read_text_file(p).map_err(|source| TemplateError::Missing {
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        let user_src = read(user_path)?;
+        let system_src = system_path.map(read).transpose()?;
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // Prompts are plain text: no HTML escaping of evidence.
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        let mut hasher_input = user_src.clone();
+        env.add_template_owned(USER, user_src)
+            .map_err(|e| syntax(user_path, &e))?;
+        if let (Some(p), Some(src)) = (system_path, system_src) {
+            hasher_input.push('\u{0}');
+            hasher_input.push_str(&src);
+            env.add_template_owned(SYSTEM, src)
+                .map_err(|e| syntax(p, &e))?;
+        }
+        Ok(Self {
+            env,
+            user_path: user_path.to_path_buf(),
+            system_path: system_path.map(Path::to_path_buf),
+            hash: crate::cost::sha256_hex(hasher_input.as_bytes()),
+            last_system: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Render for one item. The context has `item` (the evidence object, also
+    /// spread at top level for short templates) and `item_id`.
+    pub fn render(&self, item_id: &str, evidence: &Value) -> Result<Prompt, TemplateError> {
+        self.render_with(item_id, evidence, serde_json::Map::new())
+    }
+
+    /// `render` with more context: a later stage's `stages` (the parsed
+    /// outputs of the stages before it), a critic's `target`, `criteria`,
+    /// a repair prompt's `failed_output` and `gate_error`. These names win
+    /// over evidence fields of the same name.
+    pub fn render_with(
+        &self,
+        item_id: &str,
+        evidence: &Value,
+        extra: serde_json::Map<String, Value>,
+    ) -> Result<Prompt, TemplateError> {
+        let mut ctx = serde_json::Map::new();
+        if let Value::Object(fields) = evidence {
+            for (k, v) in fields {
+                ctx.insert(k.clone(), v.clone());
+            }
+        }
+        ctx.insert("item".into(), evidence.clone());
+        ctx.insert("item_id".into(), Value::String(item_id.to_string()));
+        ctx.extend(extra);
+        let ctx = minijinja::Value::from(minijinja::value::Serde(&ctx));
+        let mut user = self.render_one(USER, &self.user_path, item_id, &ctx)?;
+        let system = match &self.system_path {
+            Some(p) => Some(self.shared_system(self.render_one(SYSTEM, p, item_id, &ctx)?)),
+            None => None,
+        };
+        // A batch holds its prompts until the provider has them: no spare
+        // capacity from rendering rides along.
+        user.shrink_to_fit();
+        Ok(Prompt { system, user })
+    }
+
+    /// `rendered`, shared with the last item's system prompt when equal.
+    fn shared_system(&self, rendered: String) -> Arc<str> {
+        let mut last = self.last_system.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref() {
+            Some(l) if **l == *rendered => l.clone(),
+            _ => {
+                let fresh: Arc<str> = Arc::from(rendered);
+                *last = Some(fresh.clone());
+                fresh
+            }
+        }
+    }
+
+    fn render_one(
+        &self,
+        name: &str,
+        path: &Path,
+        item_id: &str,
+        ctx: &minijinja::Value,
+    ) -> Result<String, TemplateError> {
+        let tpl = self.env.get_template(name).map_err(|e| syntax(path, &e))?;
+        tpl.render(ctx).map_err(|e| TemplateError::Render {
+            path: path.display().to_string(),
+            line: e.line().unwrap_or(0),
+            detail: describe(&e),
+            item_id: item_id.to_string(),
+        })
+    }
+}
+
+fn syntax(path: &Path, e: &minijinja::Error) -> TemplateError {
+    TemplateError::Syntax {
+        path: path.display().to_string(),
+        line: e.line().unwrap_or(0),
+        detail: describe(e),
+    }
+}
+
+fn describe(e: &minijinja::Error) -> String {
+    match e.detail() {
+        Some(d) => format!("{}: {d}", e.kind()),
+        None => e.kind().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    #[test]
+    fn renders_item_fields_without_escaping() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "t.j2",
+            "Title: {{ item.title }} <{{ artist }}> id={{ item_id }}",
+        );
+        let t = PromptTemplate::load(&p, None).unwrap();
+        let out = t
+            .render("x1", &json!({"title": "A & B", "artist": "Z"}))
+            .unwrap();
+        assert_eq!(out.user, "Title: A & B <Z> id=x1");
+        assert_eq!(out.system, None);
+    }
+
+    #[test]
+    fn undefined_variable_names_file_line_and_item() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "t.j2", "line one\n{{ item.nope }}\n");
+        let t = PromptTemplate::load(&p, None).unwrap();
+        let err = t
+            .render("item-7", &json!({"title": "x"}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("t.j2:2"), "{err}");
+        assert!(err.contains("item-7"), "{err}");
+        assert!(err.contains("undefined"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_and_missing_file_are_named() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "bad.j2", "ok\n{% if %}\n");
+        let err = PromptTemplate::load(&p, None).err().unwrap().to_string();
+        assert!(err.contains("bad.j2:2") && err.contains("syntax"), "{err}");
+        let err = PromptTemplate::load(&d.path().join("none.j2"), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("none.j2") && err.contains("cannot be read"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn hash_changes_with_the_template() {
+        let d = tempfile::tempdir().unwrap();
+        let a = PromptTemplate::load(&write(d.path(), "a.j2", "A"), None).unwrap();
+        let b = PromptTemplate::load(&write(d.path(), "b.j2", "B"), None).unwrap();
+        assert_ne!(a.hash, b.hash);
+        assert_eq!(a.hash.len(), 64);
+    }
+}

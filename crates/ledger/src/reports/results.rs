@@ -1,0 +1,90 @@
+//! `docket batch-results` and `export --what results`: a session's header
+//! numbers and its results.
+
+use crate::db::{Connection, OptionalExtension, params};
+
+use super::EachRow;
+use super::rows::stream_rows;
+use crate::report::{Kind, ReportError, SessionHead};
+
+/// The select list matching `report::RESULT_COLUMNS` (table alias `r`).
+const RESULT_SELECT: &str = "SELECT r.session_id, r.item_id, r.outcome, r.confidence, \
+     r.answer_json, r.rationale, r.error_message, r.model_id, r.stage, r.request_id, r.attempts, \
+     r.input_tokens, r.output_tokens, r.cost_usd, r.processed_at, r.adjudication_id \
+     FROM llm_batch_result r";
+
+pub(super) fn session_head(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::db::Result<Option<SessionHead>> {
+    conn.query_row(
+        "SELECT session_id, state, desired_state, started_at, completed_at, total_count, \
+         processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
+         retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, \
+         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason \
+         FROM llm_batch_session WHERE session_id = ?1",
+        params![session_id],
+        |r| {
+            Ok(SessionHead {
+                session_id: r.get(0)?,
+                state: r.get(1)?,
+                desired_state: r.get(2)?,
+                started_at: r.get(3)?,
+                completed_at: r.get(4)?,
+                total: r.get(5)?,
+                processed: r.get(6)?,
+                accepted: r.get(7)?,
+                review: r.get(8)?,
+                rejected: r.get(9)?,
+                errors: r.get(10)?,
+                retries: r.get(11)?,
+                rate_limited: r.get(12)?,
+                ambiguous: r.get(13)?,
+                input_tokens: r.get(14)?,
+                output_tokens: r.get(15)?,
+                cost_usd: r.get(16)?,
+                estimated_cost_usd: r.get(17)?,
+                max_cost_usd: r.get(18)?,
+                stop_reason: r.get(19)?,
+            })
+        },
+    )
+    .optional()
+}
+
+/// The longest item id and model id among the session's results, in
+/// characters; `None` when it has no results (or no model ids).
+pub(super) fn result_id_widths(
+    conn: &Connection,
+    session_id: &str,
+) -> crate::db::Result<(Option<i64>, Option<i64>)> {
+    conn.query_row(
+        "SELECT MAX(LENGTH(item_id)), MAX(LENGTH(model_id)) FROM llm_batch_result WHERE session_id = ?1",
+        params![session_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+}
+
+pub(super) fn for_each_result(
+    conn: &Connection,
+    session_id: Option<&str>,
+    kinds: &[Kind],
+    each: EachRow<'_>,
+) -> Result<u64, ReportError> {
+    match session_id {
+        Some(s) => stream_rows(
+            conn,
+            &format!("{RESULT_SELECT} WHERE r.session_id = ?1 ORDER BY r.processed_at, r.item_id"),
+            params![s],
+            kinds,
+            each,
+        ),
+        None => stream_rows(
+            conn,
+            &format!("{RESULT_SELECT} ORDER BY r.session_id, r.processed_at, r.item_id"),
+            params![],
+            kinds,
+            each,
+        ),
+    }
+}
