@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use docket::engine::{self, Interrupts, RunOptions, StdoutReporter};
 use docket::ledger::console::ConsoleReads;
-use docket::ledger::controls::RunControls;
+use docket::ledger::control::RunControls;
 use docket::ledger::{LEDGER_FILE, Ledger, LedgerLocation};
 use docket::{items, report};
 

@@ -209,7 +209,7 @@ fn note(ws: &Path, session_id: &str, what: &str) {
         .and_then(docket::ledger::Ledger::open)
         .map_err(|e| e.to_string())
         .and_then(|l| {
-            use docket::ledger::controls::RunControls;
+            use docket::ledger::control::RunControls;
             l.note(session_id, what, &actor).map_err(|e| e.to_string())
         });
     if let Err(e) = written {

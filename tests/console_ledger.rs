@@ -1,6 +1,6 @@
 //! The console's reads (`ledger::console::ConsoleReads`), review decisions
 //! (`ledger::review::ReviewDecisions`) and run controls
-//! (`ledger::controls::RunControls`) against a real ledger file, with
+//! (`ledger::control::RunControls`) against a real ledger file, with
 //! fixtures written as plain SQL the way the engine writes them.
 
 mod support;
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use docket::control::{ControlError, Desired};
 use docket::ledger::console::ConsoleReads;
-use docket::ledger::controls::RunControls;
+use docket::ledger::control::RunControls;
 use docket::ledger::now_ts;
 use docket::ledger::review::ReviewDecisions;
 use docket::review::{CLAIM_LEASE_SECS, Claim, Operator, ReviewError};

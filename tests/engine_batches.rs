@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use docket::engine::{Interrupts, RunEnd, RunReport};
-use docket::ledger::controls::RunControls;
+use docket::ledger::control::RunControls;
 use docket::mock::{MockConfig, MockServer};
 use rusqlite::Connection;
 use support::*;

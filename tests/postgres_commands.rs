@@ -362,7 +362,7 @@ fn two_reviewers_on_postgres_never_decide_an_item_twice() {
 /// every tick).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controls_and_results_are_heard_within_200_ms() {
-    use docket::ledger::controls::RunControls;
+    use docket::ledger::control::RunControls;
     use docket::ledger::writer::{LedgerWriter, WriteOp};
     use std::sync::mpsc;
     use std::time::{Duration, Instant};

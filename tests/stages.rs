@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use docket::engine::{RunEnd, RunOptions};
-use docket::ledger::controls::RunControls;
+use docket::ledger::control::RunControls;
 use docket::mock::{MockConfig, MockServer};
 use docket::workspace::Example;
 use rusqlite::Connection;

@@ -211,7 +211,7 @@ impl Snapshot {
         let drawn_ages = |s: &Snapshot| -> Vec<Option<String>> {
             s.workers
                 .iter()
-                .map(|w| (!w.alive).then(|| super::view::human_secs(w.heartbeat_age_secs)))
+                .map(|w| (!w.alive).then(|| crate::human::human_secs(w.heartbeat_age_secs)))
                 .collect()
         };
         if drawn_ages(self) != drawn_ages(other) {

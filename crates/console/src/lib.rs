@@ -10,6 +10,7 @@ pub mod action;
 pub mod app;
 pub mod cmdline;
 pub mod data;
+mod human;
 pub mod keymap;
 mod keys;
 pub mod term;

@@ -1076,16 +1076,6 @@ async fn retry_wait(ctx: &Ctx, job: &mut Job<'_>, rec: AttemptRecord, err: &Prov
     }
 }
 
-/// The name a provider's structured-output mode gets for the stage's schema.
-pub(super) fn schema_name(stage: &str) -> String {
-    let s: String = stage
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
-        .take(64)
-        .collect();
-    if s.is_empty() { "answer".into() } else { s }
-}
-
 /// Gate the answer. A cut-off answer is truncation, a refusal or a safety
 /// block is a refusal, no content is an empty answer: each its own outcome,
 /// not a parse error (row S8).

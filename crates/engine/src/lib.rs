@@ -24,7 +24,6 @@ mod per_stage;
 mod plan;
 mod reach_probe;
 mod reach_watch;
-mod retry_wait;
 pub use plan::EXACT_COUNT_MAX;
 pub mod mock;
 mod progress;
@@ -47,7 +46,7 @@ pub use stats::{Stats, StatsSnapshot};
 
 use crate::gate::GateBuildError;
 use crate::template::TemplateError;
-use docket_ledger::controls::RunControls;
+use docket_ledger::control::RunControls;
 use docket_ledger::rerun::RerunError;
 use docket_ledger::store::{self, RESUME_WINDOW_SECS, SessionRow};
 use docket_ledger::work::{RunSessions, WorkQueue};

@@ -212,7 +212,7 @@ fn load_stage(
     let gate = Gate::build_for(&stage.gate, &config.root, cfg_path, !stage.is_critic())?;
     let response_schema = gate
         .response_schema()
-        .map(|s| Arc::new((super::worker::schema_name(&stage.name), s.clone())));
+        .map(|s| Arc::new((schema_name(&stage.name), s.clone())));
     // A missing key stops the run here, before planning creates anything.
     docket_providers::check_key(&stage.provider, &provider)?;
     let (price, price_known) = price_of(&provider.model);
@@ -360,6 +360,16 @@ pub fn route(
         verdict,
         note,
     }
+}
+
+/// The name a provider's structured-output mode gets for the stage's schema.
+pub(super) fn schema_name(stage: &str) -> String {
+    let s: String = stage
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .take(64)
+        .collect();
+    if s.is_empty() { "answer".into() } else { s }
 }
 
 #[cfg(test)]

@@ -85,7 +85,7 @@ impl PromptTemplate {
             env,
             user_path: user_path.to_path_buf(),
             system_path: system_path.map(Path::to_path_buf),
-            hash: crate::cost::sha256_hex(hasher_input.as_bytes()),
+            hash: docket_model::ids::sha256_hex(hasher_input.as_bytes()),
             last_system: std::sync::Mutex::new(None),
         })
     }

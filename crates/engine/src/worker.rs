@@ -20,8 +20,6 @@ use docket_ledger::writer::{AttemptRecord, FinalResult, StageDone, WriteOp};
 use docket_model::routing::Outcome;
 use docket_providers::limiter::Slot;
 
-pub(super) use super::attempt::schema_name;
-
 /// How an item's turn through [`process`] ended, for its claim.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Ended {

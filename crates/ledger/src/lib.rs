@@ -8,9 +8,7 @@
 pub mod batches;
 pub mod console;
 pub mod control;
-pub mod controls;
 pub mod copy;
-mod counters;
 pub mod db;
 mod handle;
 pub mod import;
@@ -20,7 +18,6 @@ pub mod place;
 pub mod postgres;
 pub mod queue;
 pub mod report;
-pub mod reports;
 pub mod rerun;
 pub mod review;
 pub mod search_index;

@@ -2,7 +2,8 @@
 //!
 //! Owns the job configuration (`config`: docket.toml parsed, checked and
 //! explained), the mock provider's settings (`mock_config`), routing
-//! outcomes (`routing`), the Batch API's quarantined lines (`batch`), ids
+//! outcomes (`routing`), a live run's gauges and tuning (`live`), who is
+//! deciding (`operator`), the Batch API's quarantined lines (`batch`), ids
 //! and hashes (`ids`), making model and item text safe for a terminal or a
 //! log (`sanitize`), spotting prompt injections in evidence (`injection`),
 //! reading a job's files (`files`) and the crash tests' named failpoints
@@ -17,6 +18,8 @@ pub mod failpoint;
 pub mod files;
 pub mod ids;
 pub mod injection;
+pub mod live;
 pub mod mock_config;
+pub mod operator;
 pub mod routing;
 pub mod sanitize;

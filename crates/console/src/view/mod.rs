@@ -183,19 +183,7 @@ pub(super) fn compact(n: f64) -> String {
     }
 }
 
-/// A duration as one unit: `45s`, `12m`, `3h`, `2d` (never negative).
-pub(super) fn human_secs(secs: f64) -> String {
-    let s = if secs.is_finite() { secs.max(0.0) } else { 0.0 };
-    if s < 60.0 {
-        format!("{}s", s.floor() as u64)
-    } else if s < 3600.0 {
-        format!("{}m", (s / 60.0).floor() as u64)
-    } else if s < 86_400.0 {
-        format!("{}h", (s / 3600.0).floor() as u64)
-    } else {
-        format!("{}d", (s / 86_400.0).floor() as u64)
-    }
-}
+pub(super) use crate::human::human_secs;
 
 /// The provider batches in one line, the most detailed form that fits
 /// `width`; None when the session has no batches.

@@ -93,7 +93,7 @@ pub(super) fn draw_detail(frame: &mut Frame, area: Rect, app: &App, scroll: u16,
                 lines.extend(safe_lines(note, "  "));
             }
             lines.push(heading("Suggested answer", theme));
-            if d.suggestion_json.trim() == docket_ledger::writer::NO_SUGGESTION {
+            if d.suggestion_json.trim() == docket_ledger::review::NO_SUGGESTION {
                 // Row S7: the stage's raw answers are under its heading below.
                 lines.push(Line::from(styled(
                     "  none: no answer passed the gate (the raw answers are below)",

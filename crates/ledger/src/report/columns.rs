@@ -1,7 +1,7 @@
 //! Typed cells and the streaming CSV / JSON writers shared by the reports.
 //!
 //! Each report is a ledger read plus a fixed list of (column, kind). The
-//! ledger reads a row into a reused `Vec<Cell>` ([`crate::reports`])
+//! ledger reads a row into a reused `Vec<Cell>` ([`crate::report::reads`])
 //! and it is written at once, so memory stays flat.
 //! Kinds keep types stable across runs: timestamps are ISO-8601 UTC strings,
 //! floats always print as floats (`1.0`, never `1`), JSON-valued columns are

@@ -17,7 +17,7 @@ use super::items::ItemTable;
 use super::parquet::ParquetWriter;
 use super::results::{RESULT_COLUMNS, RESULT_KINDS};
 use crate::Ledger;
-use crate::reports::Reports;
+use crate::report::reads::Reports;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExportWhat {

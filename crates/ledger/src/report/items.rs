@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::ReportError;
 use super::columns::{Cell, Kind};
-use crate::reports::Reports;
+use crate::report::reads::Reports;
 
 /// The fixed columns of `export --what items`, before the per-stage ones.
 pub const ITEM_COLUMNS: &[&str] = &[

@@ -1,7 +1,7 @@
 //! Read-only views of the ledger: `docket batch-results`, `docket sessions`
 //! and `docket export` (CSV, JSONL or Parquet).
 //!
-//! Everything here streams rows from the ledger ([`crate::reports`])
+//! Everything here streams rows from the ledger ([`crate::report::reads`])
 //! straight to the writer (no collecting a whole table in memory), and every
 //! text that came from an item or a model is stripped of control characters
 //! before it reaches a terminal.
@@ -10,6 +10,7 @@ mod columns;
 mod export;
 mod items;
 mod parquet;
+pub mod reads;
 mod results;
 mod sessions;
 

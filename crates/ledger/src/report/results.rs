@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use super::columns::{Cell, Kind, RecordWriter};
 use super::{OutputFormat, ReportError, clip, group_thousands, strip_controls, table_time};
-use crate::reports::Reports;
+use crate::report::reads::Reports;
 
 /// Columns of `batch-results --format csv` and `export --what results`, in order.
 pub const RESULT_COLUMNS: &[&str] = &[

@@ -6,7 +6,7 @@ use super::columns::{Cell, Kind, RecordWriter};
 use super::results::state_label;
 use super::{OutputFormat, ReportError, strip_controls, table_time};
 use crate::now_ts;
-use crate::reports::Reports;
+use crate::report::reads::Reports;
 
 /// A session can be resumed for this long after it started.
 pub const RESUMABLE_FOR_SECS: f64 = 7.0 * 24.0 * 3600.0;

@@ -213,7 +213,7 @@ fn decide(
                 continue;
             };
             if action == Action::Accept {
-                if item.suggestion.trim() == crate::writer::NO_SUGGESTION {
+                if item.suggestion.trim() == crate::review::NO_SUGGESTION {
                     // Row S7: every answer failed the gate; accepting would
                     // decide the item with no answer at all.
                     applied.skipped.push((

@@ -3,10 +3,11 @@
 //! worker joining, asking stages again, and what a running worker reads
 //! back (the operator's controls, the counters, the work left).
 
+use crate::queue::Repair;
 use crate::rerun::{self, Rerun, RerunError, RerunStage};
 use crate::store::{
-    self, Candidate, CandidateError, CandidateFilter, Controls, NewSession, NewStage, Repair,
-    SessionRow, WorkItem,
+    self, Candidate, CandidateError, CandidateFilter, Controls, NewSession, NewStage, SessionRow,
+    WorkItem,
 };
 use crate::{Ledger, LedgerError};
 
@@ -130,7 +131,7 @@ impl RunSessions for Ledger {
         max_cost_usd: Option<f64>,
         resume: bool,
     ) -> Result<Repair, LedgerError> {
-        Ok(store::repair_interrupted(
+        Ok(crate::queue::repair_interrupted(
             self.conn_mut(),
             session_id,
             max_cost_usd,

@@ -3,20 +3,22 @@
 //! the ledger writer, and the stop and pause signals. The feed, the control
 //! loop, the item workers and the attempts all reach the run through it.
 
+mod retry_wait;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::Prepared;
-use super::batching::Batcher;
-use super::budget::Budget;
-use super::stats::Stats;
+use crate::Prepared;
+use crate::batching::Batcher;
+use crate::budget::Budget;
+use crate::stats::Stats;
 use docket_ledger::queue;
 use docket_ledger::store::WorkItem;
-use docket_ledger::watch::Tune;
 use docket_ledger::writer::{Fence, LedgerWriter, WriteError, WriteOp};
+use docket_model::live::Tune;
 use docket_providers::ChatProvider;
 use docket_providers::limiter::{Limiter, LimiterSettings};
 use docket_providers::retry::Backoff;
@@ -46,7 +48,7 @@ pub(super) struct StageRt {
     pub(super) provider: Arc<dyn ChatProvider>,
     pub(super) limiter: Arc<Limiter>,
     /// How long a synchronous request of the stage may go unanswered.
-    pub(super) deadline: Arc<super::deadline::Deadline>,
+    pub(super) deadline: Arc<crate::deadline::Deadline>,
     pub(super) batcher: std::sync::OnceLock<Arc<Batcher>>,
 }
 
@@ -60,14 +62,14 @@ pub(super) struct Ctx {
     /// Stop after this stage (index): later stages start for no item.
     pub(super) stop_after: std::sync::Mutex<Option<usize>>,
     /// Each stage's first answers, watched for a gate that never passes.
-    pub(super) gate_watch: super::gate_watch::GateWatch,
+    pub(super) gate_watch: crate::gate_watch::GateWatch,
     /// Each stage's first refused requests, watched for a job the
     /// provider will never take (a model it does not know).
-    pub(super) refusal_watch: super::gate_watch::GateWatch,
+    pub(super) refusal_watch: crate::gate_watch::GateWatch,
     /// Requests waiting out their rate limits (row S2), for the events.
-    pub(super) retry_waits: super::retry_wait::RetryWaits,
+    pub(super) retry_waits: retry_wait::RetryWaits,
     /// Each stage's sends that did not reach its provider, in a row.
-    pub(super) reach_watch: super::reach_watch::ReachWatch,
+    pub(super) reach_watch: crate::reach_watch::ReachWatch,
     /// Requests under way per stage, and the stage last started.
     pub(super) busy: Vec<AtomicUsize>,
     pub(super) last_frontier: AtomicUsize,
@@ -214,7 +216,7 @@ impl Ctx {
     pub(super) async fn follow_up(
         &self,
         item: &docket_ledger::store::WorkItem,
-        stage: &super::stages::Stage,
+        stage: &crate::stages::Stage,
         name: &str,
     ) -> Option<docket_ledger::writer::MadeRequest> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -364,7 +366,7 @@ pub(super) fn outstanding_for(concurrency: usize) -> usize {
 }
 
 /// The limiter's settings under an operator's retune (None: the config's).
-pub(super) fn tuned_settings(p: &super::stages::Stage, tune: &Tune) -> LimiterSettings {
+pub(super) fn tuned_settings(p: &crate::stages::Stage, tune: &Tune) -> LimiterSettings {
     LimiterSettings {
         requests_per_minute: tune.rpm.unwrap_or(p.rpm),
         tokens_per_minute: tune.tpm.unwrap_or(p.tpm),

@@ -17,13 +17,13 @@ use std::thread::JoinHandle;
 use crate::db::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::counters::Counters;
-use super::search_index;
+mod counters;
+
+use crate::search_index;
+use counters::Counters;
 use docket_model::routing::Outcome;
 
-/// The suggestion of a review item whose answers all failed the gate (the
-/// JSON `null`): read by the console, refused by an accept.
-pub const NO_SUGGESTION: &str = "null";
+pub use crate::review::NO_SUGGESTION;
 
 /// The most operations one transaction takes.
 const GROUP_MAX: usize = 1024;
@@ -225,7 +225,7 @@ pub enum WriteOp {
         session_id: String,
         live_json: Option<String>,
         /// This worker's row in `session_worker`.
-        worker: Option<super::queue::WorkerBeat>,
+        worker: Option<crate::queue::WorkerBeat>,
     },
     /// Extend every lease this worker holds in the session.
     Renew {
@@ -251,7 +251,7 @@ pub enum WriteOp {
         message: String,
     },
     /// A provider batch was recorded, submitted, polled, ingested.
-    Batch(super::batches::BatchOp),
+    Batch(crate::batches::BatchOp),
     SessionState {
         session_id: String,
         state: &'static str,
@@ -365,8 +365,8 @@ impl WriterHandle {
 
 impl LedgerWriter {
     pub fn start(
-        at: impl Into<super::LedgerLocation>,
-    ) -> Result<(LedgerWriter, WriterHandle), super::LedgerError> {
+        at: impl Into<crate::LedgerLocation>,
+    ) -> Result<(LedgerWriter, WriterHandle), crate::LedgerError> {
         let location = at.into();
         let conn = location.connect(false)?;
         if let Some(c) = conn.sqlite() {
@@ -374,7 +374,7 @@ impl LedgerWriter {
             // in every transaction: a larger cache keeps them out of the
             // read path.
             c.pragma_update(None, "cache_size", -16_384)
-                .map_err(super::LedgerError::Sql)?;
+                .map_err(crate::LedgerError::Sql)?;
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let health = Arc::new(Health::default());
@@ -385,7 +385,7 @@ impl LedgerWriter {
                 crate::db::busy::watch_this_thread(writer_health.busy.clone());
                 run(conn, rx, &writer_health)
             })
-            .map_err(|e| super::LedgerError::Corrupt {
+            .map_err(|e| crate::LedgerError::Corrupt {
                 path: location.to_string(),
                 detail: format!("cannot start writer thread: {e}"),
             })?;
@@ -561,8 +561,8 @@ fn is_intent(op: &WriteOp) -> bool {
     matches!(
         op,
         WriteOp::Send(_)
-            | WriteOp::Batch(super::batches::BatchOp::Create(_))
-            | WriteOp::Batch(super::batches::BatchOp::AddLines { .. })
+            | WriteOp::Batch(crate::batches::BatchOp::Create(_))
+            | WriteOp::Batch(crate::batches::BatchOp::AddLines { .. })
     )
 }
 
@@ -912,7 +912,7 @@ fn apply_fenced(
             item_id,
             token,
             ..
-        }) => super::queue::current_token(conn, session_id, item_id)? == Some(*token),
+        }) => crate::queue::current_token(conn, session_id, item_id)? == Some(*token),
     };
     if holds {
         apply(conn, op, counters)?;
@@ -1048,7 +1048,7 @@ fn apply(conn: &Connection, op: &WriteOp, counters: &mut Counters) -> crate::db:
             }
             Ok(())
         }
-        WriteOp::Batch(b) => super::batches::apply(conn, b, now),
+        WriteOp::Batch(b) => crate::batches::apply(conn, b, now),
         WriteOp::Heartbeat {
             session_id,
             live_json,
@@ -1058,7 +1058,7 @@ fn apply(conn: &Connection, op: &WriteOp, counters: &mut Counters) -> crate::db:
             // counters (see `counters`); the worker's own row now.
             counters.beat(session_id, live_json.as_deref());
             if let Some(w) = worker {
-                super::queue::beat(conn, session_id, w)?;
+                crate::queue::beat(conn, session_id, w)?;
             }
             Ok(())
         }
@@ -1066,7 +1066,7 @@ fn apply(conn: &Connection, op: &WriteOp, counters: &mut Counters) -> crate::db:
             session_id,
             worker_id,
             lease_secs,
-        } => super::queue::renew(conn, session_id, worker_id, *lease_secs).map(|_| ()),
+        } => crate::queue::renew(conn, session_id, worker_id, *lease_secs).map(|_| ()),
         WriteOp::ReleaseItem(Fence::Item {
             session_id,
             item_id,
@@ -1085,8 +1085,8 @@ fn apply(conn: &Connection, op: &WriteOp, counters: &mut Counters) -> crate::db:
             session_id,
             worker_id,
         } => {
-            super::queue::release_all(conn, session_id, worker_id)?;
-            super::queue::worker_ended(conn, worker_id)
+            crate::queue::release_all(conn, session_id, worker_id)?;
+            crate::queue::worker_ended(conn, worker_id)
         }
         WriteOp::Event {
             session_id,
@@ -1605,7 +1605,7 @@ mod tests {
         let c = store::session_controls(&conn, "s1").unwrap().unwrap();
         assert_eq!(c.desired_state, "running");
         assert_eq!(c.stop_after_stage, None);
-        assert_eq!(c.tune, crate::watch::Tune::default());
+        assert_eq!(c.tune, docket_model::live::Tune::default());
         conn.execute(
             "UPDATE llm_batch_session SET desired_state = 'paused', stop_after_stage = 'adjudicate',
                  tune_rpm = 1200, tune_tpm = -5, tune_concurrency = 3 WHERE session_id = 's1'",
@@ -1617,7 +1617,7 @@ mod tests {
         assert_eq!(c.stop_after_stage.as_deref(), Some("adjudicate"));
         assert_eq!(
             c.tune,
-            crate::watch::Tune {
+            docket_model::live::Tune {
                 rpm: Some(1200),
                 tpm: None,
                 concurrency: Some(3)

@@ -1,6 +1,6 @@
 //! Run controls: pause, resume, cancel, stop after the current stage, and
 //! retune a live run's limits. The console and the CLI ask through the
-//! ledger ([`crate::controls::RunControls`]); an engine running the
+//! ledger ([`RunControls`]); an engine running the
 //! session, in this process or any other, polls the ledger and obeys within
 //! a second. Each control also leaves a session event naming who asked.
 //!
@@ -8,9 +8,11 @@
 //! retune may ask for and how it reads in the events) and its errors.
 
 use crate::LedgerError;
-use crate::watch::Tune;
+use docket_model::live::Tune;
 
-pub use crate::controls::RunControls;
+mod runs;
+
+pub use runs::RunControls;
 
 /// The highest concurrency a retune may ask for.
 pub const MAX_CONCURRENCY: u64 = 10_000;

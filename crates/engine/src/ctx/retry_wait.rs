@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::ctx::Ctx;
+use super::Ctx;
 
 /// At most one `retry_wait` event this often.
 const SPACING: Duration = Duration::from_secs(10);
@@ -27,14 +27,14 @@ struct Pending {
 }
 
 #[derive(Default)]
-pub(super) struct RetryWaits {
+pub(crate) struct RetryWaits {
     pending: Mutex<(Pending, Option<Instant>)>,
 }
 
 impl RetryWaits {
     /// How long the request waits (jittered), and its `run_at`; noted for
     /// the next event, which goes now unless one went within `SPACING`.
-    pub(super) fn enter(&self, ctx: &Ctx, base: Duration, refused: u32, error: &str) -> Duration {
+    pub(crate) fn enter(&self, ctx: &Ctx, base: Duration, refused: u32, error: &str) -> Duration {
         let wait = base.mul_f64(rand::Rng::random_range(&mut rand::rng(), 0.75..1.25));
         let run_at = docket_ledger::now_ts() + wait.as_secs_f64();
         {
@@ -57,12 +57,12 @@ impl RetryWaits {
     /// Say what waits, if anything does and no event went within
     /// `SPACING` (the control loop calls it every tick, so the last ones
     /// are said too).
-    pub(super) fn flush(&self, ctx: &Ctx) {
+    pub(crate) fn flush(&self, ctx: &Ctx) {
         self.say(ctx, false);
     }
 
     /// Say what waits, spacing or not (the run is ending).
-    pub(super) fn flush_now(&self, ctx: &Ctx) {
+    pub(crate) fn flush_now(&self, ctx: &Ctx) {
         self.say(ctx, true);
     }
 

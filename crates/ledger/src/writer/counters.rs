@@ -14,7 +14,7 @@
 use crate::db::{Connection, params};
 use docket_model::routing::Outcome;
 
-use super::writer::AttemptRecord;
+use super::AttemptRecord;
 
 /// What a group adds to one session's counters, and its heartbeat.
 #[derive(Debug, Default, Clone, PartialEq)]

@@ -13,8 +13,8 @@ mod results;
 mod rows;
 mod sessions;
 
-use super::{Ledger, LedgerError};
 use crate::report::{Cell, Kind, ReportError, SessionHead};
+use crate::{Ledger, LedgerError};
 
 pub use items::StageRow;
 

@@ -5,10 +5,10 @@
 
 use crate::db::{Connection, OptionalExtension, params};
 
-use super::transaction::write_transaction;
-use super::{Ledger, LedgerError, batches, now_ts, store};
 use crate::control::{ControlError, Desired, describe, validate};
-use crate::watch::Tune;
+use crate::transaction::write_transaction;
+use crate::{Ledger, LedgerError, batches, now_ts, store};
+use docket_model::live::Tune;
 
 /// What an operator can ask of a session through the ledger. Every control
 /// is refused for an unknown or a completed session.
