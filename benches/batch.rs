@@ -4,8 +4,7 @@
 //! its own process (`docket mock-provider`), so this process's peak memory
 //! is the client's alone.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use docket_testkit as support;
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};

@@ -5,8 +5,7 @@
 //! as ratios against the limit the mock enforces, not against wall clocks of
 //! other runs.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use docket_testkit as support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};

@@ -4,12 +4,11 @@
 //! seed given, to replay a failure), each interrupted by SIGKILL at a random
 //! moment or at a named failpoint one to three times and resumed to the end,
 //! with the ledger and the mock's billing log checked after every run (see
-//! `tests/support/soak.rs`). Prints trials passed/run per mode and the seed
+//! `crates/testkit/src/soak.rs`). Prints trials passed/run per mode and the seed
 //! of every failure. `--power-loss`: each kill is also a simulated power
 //! loss that drops the WAL bytes the killed run never synced (row P7).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use docket_testkit as support;
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -8,14 +8,13 @@
 //! same machine, or the rate held against the limit the mock itself
 //! enforces, or PostgreSQL's throughput beside SQLite's.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use docket_testkit as support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use docket::ledger::work::RunSessions;
-use support::procs::{BIN, Mock, Proc};
+use support::procs::{bin, Mock, Proc};
 use support::{Job, Workspace, check_complete, count};
 
 fn verdict(ok: bool) -> &'static str {
@@ -37,7 +36,7 @@ fn spawn(ws: &Workspace, name: &str, args: &[&str]) -> Proc {
 
 /// `docket ARGS` in `ws`, on the PostgreSQL ledger at `pg` when given.
 fn spawn_on(ws: &Workspace, pg: Option<&str>, name: &str, args: &[&str]) -> Proc {
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     command
         .arg("--workspace")
         .arg(ws.path())
@@ -195,7 +194,7 @@ fn pg_export() {
         let out = ws
             .path()
             .join(format!("export-{what}-{}.jsonl", pg.is_some()));
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(bin());
         command
             .arg("--workspace")
             .arg(ws.path())

@@ -3,7 +3,7 @@
 //! issue names, with the mock's clock compressed to seconds and the adapter
 //! polling at the mock's pace.
 
-mod support;
+use docket_testkit as support;
 
 use std::time::Duration;
 

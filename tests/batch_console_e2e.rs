@@ -9,7 +9,7 @@
 //! Every test has its own tmux server (`tmux -L`), its own mock, workspace
 //! and home; guards kill only those, whatever happens.
 
-mod support;
+use docket_testkit as support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -9,7 +9,7 @@
 //! Anthropic and Gemini Batch APIs run through the whole engine, and the API
 //! key (a canary) is written nowhere.
 
-mod support;
+use docket_testkit as support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use serde_json::Value;
-use support::procs::{BIN, Mock, Proc};
+use support::procs::{bin, Mock, Proc};
 use support::{Workspace, check_complete, count, events_of};
 
 // Not `sk-` shaped: the generic redaction of key-like words must not be
@@ -113,7 +113,7 @@ review_threshold = 0.60
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(bin());
         c.arg("--workspace")
             .arg(self.ws.path())
             .args(args)

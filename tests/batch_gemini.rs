@@ -4,7 +4,7 @@
 //! found by display name, the enqueued-token limit, and the key kept out of
 //! every URL.
 
-mod support;
+use docket_testkit as support;
 
 use docket::mock::MockServer;
 use docket::provider::batch::gemini::{GeminiBatch, INLINE_REF, PollCadence};

@@ -3,7 +3,7 @@
 //! the mock's clock compressed to seconds and the adapter polling at the
 //! mock's pace.
 
-mod support;
+use docket_testkit as support;
 
 use docket::mock::{MockConfig, MockServer};
 use docket::provider::batch::openai::{OpenAiBatch, PollCadence};

@@ -1,6 +1,6 @@
 //! The real binary: signals, kill -9 and resume, and the errors a user sees.
 
-mod support;
+use docket_testkit as support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -1221,7 +1221,7 @@ async fn a_read_only_workspace_still_answers_read_commands() {
     let as_nobody = |args: &[&str]| {
         let out = Command::new(setpriv)
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(support::procs::BIN)
+            .arg(support::procs::bin())
             .arg("--workspace")
             .arg(ws.path())
             .args(args)
@@ -1407,7 +1407,7 @@ fn files_docket_creates_are_private_whatever_the_umask() {
         let out = Command::new("sh")
             .arg("-c")
             .arg(format!("umask 000; exec \"$0\" {args}"))
-            .arg(support::procs::BIN)
+            .arg(support::procs::bin())
             .env("HOME", &home)
             .env("XDG_DATA_HOME", home.join("data"))
             .env_remove("DOCKET_WORKSPACE")
@@ -1786,7 +1786,7 @@ async fn d4_a_wal_deleted_after_a_crash_is_refused_not_silently_lost() {
 }
 
 /// Row D4, a ledger on a network filesystem: with statfs(2) made to say NFS
-/// for the workspace (a preloaded shim, `tests/support/fake_statfs.c`: no
+/// for the workspace (a preloaded shim, `crates/testkit/src/fake_statfs.c`: no
 /// network mount is needed), a run warns before it starts, naming the
 /// folder, the filesystem and what to do instead; the same run on the real
 /// (local) answer says nothing of it.
@@ -1795,7 +1795,7 @@ async fn d4_a_ledger_on_a_network_filesystem_is_warned_about() {
     let (_m, ws) = mocked(MockConfig::default(), 5, |_| {}).await;
     let home = tempfile::tempdir().unwrap();
     let shim = support::power_loss::preload_library(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/fake_statfs.c"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/crates/testkit/src/fake_statfs.c"),
         "fake-statfs",
     );
     let root = ws.path().canonicalize().unwrap();

@@ -2,7 +2,7 @@
 //! and `Effect`s (data for the runner) come out. Fixtures are hand-built
 //! ledger snapshots with fixed times.
 
-mod support;
+use docket_testkit as support;
 
 use docket::ledger::store::SessionRow;
 use docket::tui::app::{

@@ -5,7 +5,7 @@
 //! and the test) and its own data, config and workspace folders; a guard
 //! kills only that tmux server, whatever happens.
 
-mod support;
+use docket_testkit as support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

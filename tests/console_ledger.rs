@@ -3,7 +3,7 @@
 //! (`ledger::control::RunControls`) against a real ledger file, with
 //! fixtures written as plain SQL the way the engine writes them.
 
-mod support;
+use docket_testkit as support;
 
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! partial failures, expiry, late and cut results, a lost create answer,
 //! cancel, pause and resume, the enqueued token limit, config errors.
 
-mod support;
+use docket_testkit as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The engine end to end against the built-in mock (and one scripted server)
 //! over loopback: counters, routing, flags, faults, budgets, resume.
 
-mod support;
+use docket_testkit as support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `docket export --what items|requests` over staged sessions, as CSV, JSONL
 //! and Parquet: schema-driven columns and types, one row per item or request.
 
-mod support;
+use docket_testkit as support;
 
 use std::path::Path;
 use std::process::Command;

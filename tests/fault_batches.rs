@@ -15,7 +15,7 @@
 //!   (requeued, ambiguous), a retryable and a non-retryable per-item error,
 //!   and Anthropic's `expired` and `canceled` lines.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -20,7 +20,7 @@
 //!   console and left running; polls refused (429) or failing (503) back off
 //!   and the run completes.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -458,7 +458,7 @@ async fn b8_a_batch_past_its_window_is_shown_stalled_and_left_running() {
         sh_quote(&ws.ws.path().display().to_string()),
         sh_quote(&ws.home.path().display().to_string()),
         sh_quote(&ws.home.path().join("data").display().to_string()),
-        sh_quote(support::procs::BIN),
+        sh_quote(support::procs::bin()),
         sh_quote(&ws.ws.path().display().to_string()),
         sh_quote(&sid),
     );

@@ -4,7 +4,7 @@
 //! a real SQLite ledger, the built-in mock provider over real HTTP, and a
 //! real terminal (tmux) for the console.
 
-mod support;
+use docket_testkit as support;
 
 use std::process::Output;
 use std::sync::Arc;
@@ -1014,7 +1014,7 @@ async fn s1_the_console_shows_rate_limited_waiting_in_a_terminal() {
             ("XDG_DATA_HOME", p("data")),
             ("XDG_CONFIG_HOME", p("config")),
         ]),
-        sh_quote(support::procs::BIN),
+        sh_quote(support::procs::bin()),
         sh_quote(&ws.path().display().to_string()),
     );
     let pane = Pane::start("s1-console", &cmd, 120, 40);

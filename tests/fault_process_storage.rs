@@ -4,7 +4,7 @@
 //! end to end: the real binary, a real SQLite ledger file, the built-in
 //! mock provider over HTTP on loopback.
 
-mod support;
+use docket_testkit as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! `docket import`, `batch-results`, `sessions` and `export` against a real
 //! ledger in a temporary directory.
 
-mod support;
+use docket_testkit as support;
 
 use std::path::{Path, PathBuf};
 

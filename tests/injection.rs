@@ -6,7 +6,7 @@
 //! never accepted or rejected by the model alone but sent to review, with
 //! the signal named; every other item routes exactly as without the check.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::HashMap;
 

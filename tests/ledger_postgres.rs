@@ -3,7 +3,7 @@
 //! refused, the password never shown, and `docket ledger copy` from SQLite
 //! to PostgreSQL and back with every table equal.
 
-mod support;
+use docket_testkit as support;
 
 use std::process::{Command, Output};
 

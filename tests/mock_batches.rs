@@ -2,7 +2,7 @@
 //! loopback HTTP (raw reqwest, multipart built by hand): exact object shapes,
 //! the compressed lifecycle, and every fault switch.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! the client), checking OpenAI wire compatibility, determinism, rate limits,
 //! faults and the admin endpoints.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! `omit_optional_first`, the `partial_answers` counter, determinism, config
 //! validation, and the OpenAI Files + Batches path honouring the same switches.
 
-mod support;
+use docket_testkit as support;
 
 use std::time::{Duration, Instant};
 

@@ -1,9 +1,9 @@
-//! The PostgreSQL test harness (`tests/support/pg.rs`) itself: a server
+//! The PostgreSQL test harness (`crates/testkit/src/pg.rs`) itself: a server
 //! answers, fresh databases are separate, a stop and a start keep the data,
 //! a dropped server is gone, and a wrong password is refused. The failures
 //! are checked with psql run directly, not through the panicking helper.
 
-mod support;
+use docket_testkit as support;
 
 use std::process::{Command, Output, Stdio};
 

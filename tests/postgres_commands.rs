@@ -5,7 +5,7 @@
 //! docket.toml is refused; two reviewers deciding one queue at once never
 //! decide an item twice.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! Every adapter gets a canary key; no `ProviderError` may show it in its
 //! Display or Debug output, even when the server echoes it back.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

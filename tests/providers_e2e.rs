@@ -5,7 +5,7 @@
 //! only that provider's route was used, and the API key (a canary) is found
 //! nowhere: not in the ledger, its WAL, the logs, the exports or the output.
 
-mod support;
+use docket_testkit as support;
 
 use std::path::Path;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! the end, with the ledger and the mock's billing log checked after every
 //! run (fault-matrix rows P3, P4; invariants I1–I6).
 
-mod support;
+use docket_testkit as support;
 
 use support::soak::{Cut, Mode, plan, power_loss_trial, trial, trial_at};
 
@@ -132,7 +132,7 @@ fn p4_each_failpoint_armed_in_every_mode_has_its_result() {
 }
 
 fn docket(ws: &support::Workspace, home: &std::path::Path) -> std::process::Command {
-    let mut c = std::process::Command::new(support::procs::BIN);
+    let mut c = std::process::Command::new(support::procs::bin());
     c.arg("--workspace")
         .arg(ws.path())
         .env("HOME", home)

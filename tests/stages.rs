@@ -4,7 +4,7 @@
 //! stage and resume, `--rerun-stage`, the repair prompt, budgets spent to
 //! an error, and structured batching with criteria asked again one by one.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

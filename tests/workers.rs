@@ -15,14 +15,14 @@
 //! the extra attempt ambiguous, every item one result, counters equal rows,
 //! `PRAGMA integrity_check` ok.
 
-mod support;
+use docket_testkit as support;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
-use support::procs::{BIN, Mock, Proc};
+use support::procs::{bin, Mock, Proc};
 use support::{Job, Workspace, check_complete, count};
 
 /// The longest any one docket child may take.
@@ -86,7 +86,7 @@ impl Ws {
     }
 
     fn command(&self, args: &[&str], lease_secs: Option<f64>) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(bin());
         c.arg("--workspace")
             .arg(self.ws.path())
             .args(args)

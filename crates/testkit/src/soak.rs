@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rusqlite::Connection;
 
 use super::Workspace;
-use super::procs::{BIN, Mock, Proc};
+use super::procs::{bin, Mock, Proc};
 
 const KEY_ENV: &str = "DOCKET_SOAK_KEY";
 /// The longest one run of docket may take before the trial fails.
@@ -285,7 +285,7 @@ fn trial_with(
             break;
         }
         report.cuts.push(cut.label());
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.arg("--workspace")
             .arg(ws.path())
             .args(["batch-adjudicate", "--yes", "--headless"])

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sync_log.c");
+const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/sync_log.c");
 
 /// The environment variable `sync_log.c` writes to.
 pub const LOG_ENV: &str = "DOCKET_SYNC_LOG";

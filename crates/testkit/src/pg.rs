@@ -252,7 +252,7 @@ impl PgServer {
         append(
             &root.join("data/postgresql.conf"),
             &format!(
-                "\n# tests/support/pg.rs: a throwaway cluster, fast rather than durable.\n\
+                "\n# crates/testkit/src/pg.rs: a throwaway cluster, fast rather than durable.\n\
                  listen_addresses = '127.0.0.1'\n\
                  unix_socket_directories = '{socket_dir}'\n\
                  fsync = off\n\
@@ -717,7 +717,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// checks written for SQLite read a PostgreSQL ledger through it.
 pub fn snapshot(url: &str, dir: &Path) -> rusqlite::Connection {
     std::fs::create_dir_all(dir).expect("snapshot dir");
-    let out = Command::new(super::procs::BIN)
+    let out = Command::new(super::procs::bin())
         .arg("--workspace")
         .arg(dir)
         .args(["ledger", "copy", "--from", url])

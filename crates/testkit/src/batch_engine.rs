@@ -13,7 +13,7 @@ use docket::mock::{MockConfig, MockServer};
 use rusqlite::Connection;
 use serde_json::Value;
 
-use super::procs::{BIN, Proc};
+use super::procs::{bin, Proc};
 use super::{Workspace, count};
 
 pub const KEY_ENV: &str = "DOCKET_FAULT_BATCH_KEY";
@@ -163,7 +163,7 @@ impl BatchWs {
 
     /// `docket batch-adjudicate --yes --headless`, started.
     pub fn spawn(&self) -> Proc {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(bin());
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c.arg("--workspace")
             .arg(self.ws.path())

@@ -1,5 +1,5 @@
 /* A power-loss recorder for fault-matrix row P7, loaded into docket with
- * LD_PRELOAD by tests/support/power_loss.rs. Before each fsync(2) or
+ * LD_PRELOAD by crates/testkit/src/power_loss.rs. Before each fsync(2) or
  * fdatasync(2) it appends "PATH<TAB>SIZE<TAB>INODE" to the file named by
  * DOCKET_SYNC_LOG: the size the file has as its sync starts, and its inode
  * (which tells a WAL that SQLite deleted and made again from the old one).

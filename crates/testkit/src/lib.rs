@@ -1,9 +1,11 @@
-//! Shared helpers for the integration tests: throwaway workspaces pointed at
-//! a provider on loopback, item files, and the ledger invariants every run
-//! must keep. `batch`: the Batch API adapter tests' mock, request lines,
+//! The test kit: what every integration test and bench of docket shares.
+//! Throwaway workspaces pointed at a provider on loopback, item files, and
+//! the ledger invariants every run must keep; `procs`: the real binary and
+//! the mock as child processes; `tmux`: driving the console in a real
+//! terminal; `pg`: a PostgreSQL server of the test's own; `power_loss` and
+//! `soak`: the crash soak's parts. `batch`: the Batch API adapter tests' mock, request lines,
 //! polling and results helpers; `batch_engine`: whole batch runs on each
 //! provider's Batch API and the billing oracle of their lines.
-#![allow(dead_code)]
 
 pub mod batch;
 pub mod batch_engine;

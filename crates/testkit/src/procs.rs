@@ -10,7 +10,23 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_docket");
+/// The `docket` binary cargo built beside the running test or bench
+/// (`target/<profile>/docket`; the test itself runs from
+/// `target/<profile>/deps/`). Cargo builds the binary before it runs a
+/// test or bench of the package that has it.
+pub fn bin() -> &'static str {
+    static BINPATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BINPATH.get_or_init(|| {
+        let me = std::env::current_exe().expect("the test's own path");
+        let profile_dir = me
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("a test runs from target/<profile>/deps");
+        let bin = profile_dir.join("docket");
+        assert!(bin.is_file(), "no docket binary at {}", bin.display());
+        bin.to_string_lossy().into_owned()
+    })
+}
 /// The longest a test waits for the mock to listen.
 const STATE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -118,7 +134,7 @@ pub struct Mock {
 
 impl Mock {
     pub fn start(flags: &[&str]) -> Mock {
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .args(["mock-provider", "--port", "0"])
             .args(flags)
             .stdin(Stdio::null())
@@ -211,7 +227,7 @@ impl Mock {
 /// folder (so its log is [`log_file`]`(home)`), and none of the caller's
 /// docket settings (workspace, log level, busy timeout) leaking in.
 pub fn docket_at(ws: &std::path::Path, home: &std::path::Path) -> Command {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(bin());
     c.arg("--workspace")
         .arg(ws)
         .env("HOME", home)
