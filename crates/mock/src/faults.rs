@@ -12,7 +12,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::MockConfig;
+use crate::MockConfig;
 
 /// Fault that replaces the answer before any latency is spent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,51 +27,48 @@
 //! - `GET /_mock/stats`, `GET /_mock/log`, `GET|POST /_mock/config` and
 //!   `POST /_mock/reset` let tests and the demo observe and steer the server live.
 //!
-//! Layout: `server` (lifecycle, shared state, admin routes), `pipeline` (the
-//! request pipeline every route shares), `chat` (the OpenAI, Azure and
-//! OpenRouter routes), `anthropic`, `gemini`, `ollama` (their routes and
-//! bodies), `infer` (the answer format when a request has no schema field),
-//! `wire` (OpenAI request/response/error bodies),
-//! `answer` and `schema` (deterministic content), `json` (an order-preserving
-//! JSON value used for schemas), `limits` (token buckets and Go duration
-//! strings), `faults` (seeded fault and latency draws), `stats` (atomic
-//! counters and the bounded request log); for the Files/Batches APIs
-//! `batch_store` (state and objects), `batch_gate` (auth, limits, answers),
-//! `files`, `batches` (routes), `batch_input` (JSONL validation), `batch_run`
-//! (the lifecycle task) and `batch_lines` (result lines and files); `steer`
-//! (the staged-pipeline switches `verdict`, `verdict_disagree_rate`,
-//! `omit_optional_rate`, `omit_optional_first`, applied on every route and
-//! batch path alike).
+//! Layout, from the bottom up (each module uses only those above it, and
+//! no two modules import each other, in any folder):
+//! - `json` (an order-preserving JSON value used for schemas), `limits`
+//!   (token buckets and Go duration strings), `faults` (seeded fault and
+//!   latency draws), `wire` (OpenAI request/response/error bodies and what
+//!   every wire shares: `Route`, `Prompt`, `Format`, ids), `stats` (atomic
+//!   counters and the bounded request log);
+//! - `answer` (deterministic content: `answer::material` is the seeded
+//!   generator state, `answer::schema` makes values valid against a schema);
+//! - `state`: the shared state in one place (`Shared`, the live config,
+//!   `lock`, `json_response`) and the stores of the Files/Batches APIs
+//!   (`state::openai`, `state::anthropic`, `state::gemini`);
+//! - `steer` (the staged-pipeline switches `verdict`, `verdict_disagree_rate`,
+//!   `omit_optional_rate`, `omit_optional_first`, applied on every route and
+//!   batch path alike);
+//! - `chat`: the synchronous routes, one file per wire (`chat::openai` for
+//!   OpenAI, Azure and OpenRouter, `chat::anthropic`, `chat::gemini`,
+//!   `chat::ollama`), the request `chat::pipeline` they share (each wire hands
+//!   it its renderers) and `chat::infer` (the answer format when a request
+//!   has no schema field);
+//! - `gate`: the door of the Files/Batches APIs per wire (auth, limits, error
+//!   and event shapes): `gate::openai`, `gate::anthropic`, `gate::gemini`;
+//! - `files`: the Files APIs, `files::openai` (OpenAI and Azure) and
+//!   `files::gemini`;
+//! - `batch`: the Batch APIs, one folder per wire (`batch::openai` with
+//!   `routes`, `input` (JSONL validation) and `run` (the lifecycle task);
+//!   `batch::anthropic` with `routes`, `run`, `lines`; `batch::gemini` with
+//!   `routes`, `run`, `answer`), plus `batch::clock` (the lifecycle schedule)
+//!   and `batch::lines` (result lines and files, and the result anomalies all
+//!   three share);
+//! - `server` (lifecycle, router, models lists and admin routes), on top.
 
 mod answer;
-mod anthropic;
-mod anthropic_batch_lines;
-mod anthropic_batch_run;
-mod anthropic_batch_store;
-mod anthropic_batches;
-mod batch_clock;
-mod batch_gate;
-mod batch_input;
-mod batch_lines;
-mod batch_run;
-mod batch_store;
-mod batches;
+mod batch;
 mod chat;
 mod faults;
 mod files;
-mod gemini;
-mod gemini_batch_answer;
-mod gemini_batch_run;
-mod gemini_batch_store;
-mod gemini_batches;
-mod gemini_files;
-mod infer;
+mod gate;
 mod json;
 mod limits;
-mod ollama;
-mod pipeline;
-mod schema;
 mod server;
+mod state;
 mod stats;
 mod steer;
 mod wire;

@@ -1,169 +1,40 @@
-//! Server lifecycle, shared state and the admin routes.
+//! Server lifecycle, the router and the admin routes.
 //!
 //! Contract: `MockServer::start` binds, spawns `axum::serve` in a tokio task and
-//! returns at once. All request handlers share one `Shared`: the live config
-//! (an `Arc` swapped under an `RwLock`, so a handler sees one consistent config
-//! for its whole life), the rate buckets and fault RNG (one `Mutex` each, taken
-//! only when limits/faults are on), the stats recorder, and a shutdown flag.
+//! returns at once. All request handlers share one `Shared` (see `state`).
+//! The router maps every route to its handler in `chat`, `files` and `batch`;
+//! the models lists and `/_mock/*` are answered here.
 //! Shutdown flips the flag, which ends axum's accept loop and wakes every
 //! latency and hang sleep, so graceful shutdown is quick even with hung
 //! requests; the server task is aborted if it still has not ended after a grace.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{Method, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
-use super::batch_store::Store;
-use super::faults::{FaultPlan, FaultRng};
-use super::limits::Limits;
-use super::stats::Recorder;
-use super::wire::{self, error_body, splitmix};
-use super::{MockConfig, MockLogEntry, MockStats};
-use super::{anthropic, batches, chat, files, ollama};
+use crate::batch;
+use crate::chat::{anthropic, ollama, openai as chat};
+use crate::files::openai as files;
+use crate::state::{Shared, json_response, lock};
+use crate::wire::{self, error_body};
+use crate::{MockConfig, MockLogEntry, MockStats};
 
 /// How long `shutdown` waits for in-flight requests before aborting the server task.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Bodies up to this size are accepted (long prompts are a legitimate load test).
 const MAX_BODY: usize = 64 * 1024 * 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Normal,
-    Unauthorized,
-    Forbidden,
-    Quota,
-}
-
-/// A config plus what is derived from it once, instead of per request.
-pub(crate) struct Live {
-    pub config: MockConfig,
-    pub mode: Mode,
-    pub plan: FaultPlan,
-    pub quiet: bool,
-    pub limits_on: bool,
-    /// When this config was set (the 429 storm runs from here).
-    pub set_at: std::time::Instant,
-}
-
-impl Live {
-    fn new(config: MockConfig) -> Live {
-        let mode = match config.mode.as_str() {
-            "unauthorized" => Mode::Unauthorized,
-            "forbidden" => Mode::Forbidden,
-            "quota" => Mode::Quota,
-            // `set_config` cannot report errors; an unknown mode behaves like "normal".
-            _ => Mode::Normal,
-        };
-        let plan = FaultPlan::from_config(&config);
-        Live {
-            mode,
-            quiet: plan.is_quiet(),
-            plan,
-            limits_on: config.rpm_limit > 0 || config.tpm_limit > 0,
-            set_at: std::time::Instant::now(),
-            config,
-        }
-    }
-}
-
-pub(crate) struct Shared {
-    live: RwLock<Arc<Live>>,
-    pub limits: Mutex<Limits>,
-    pub rng: Mutex<FaultRng>,
-    /// files and batches of the Files/Batches APIs
-    pub store: Mutex<Store>,
-    /// Anthropic's Message Batches
-    pub anthropic_batches: Mutex<super::anthropic_batch_store::Store>,
-    pub stats: Recorder,
-    /// counter behind response and request ids
-    pub ids: AtomicU64,
-    /// makes ids differ between server instances
-    pub salt: u64,
-    /// answers that used up the `omit_optional_first` budget since the last config change or reset
-    pub omit_first_used: AtomicU32,
-    /// the bytes of every file deleted through the Files APIs (OpenAI/Azure ids, Gemini
-    /// `files/…` names), for a test's billing oracle (`MockServer::deleted_file`)
-    pub deleted_files: Mutex<std::collections::HashMap<String, axum::body::Bytes>>,
-    /// polls failed by `batch_poll_fail` since the last config change or reset
-    pub poll_failures: AtomicU32,
-    /// 429s given per prompt (its hash) for `rate_limit_first`
-    pub refused_first: Mutex<std::collections::HashMap<String, u32>>,
-    shutdown: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn new(config: MockConfig) -> Shared {
-        let now = Instant::now();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Shared {
-            limits: Mutex::new(Limits::new(config.rpm_limit, config.tpm_limit, now)),
-            rng: Mutex::new(FaultRng::new(config.seed)),
-            store: Mutex::new(Store::default()),
-            anthropic_batches: Mutex::default(),
-            stats: Recorder::new(now),
-            ids: AtomicU64::new(0),
-            salt: splitmix(nanos ^ config.seed),
-            omit_first_used: AtomicU32::new(0),
-            deleted_files: Mutex::default(),
-            poll_failures: AtomicU32::new(0),
-            refused_first: Mutex::new(std::collections::HashMap::new()),
-            shutdown: watch::channel(false).0,
-            live: RwLock::new(Arc::new(Live::new(config))),
-        }
-    }
-
-    pub(crate) fn live(&self) -> Arc<Live> {
-        Arc::clone(&self.live.read().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    fn set_config(&self, config: MockConfig) {
-        let now = Instant::now();
-        let old_seed = self.live().config.seed;
-        lock(&self.limits).reconfigure(config.rpm_limit, config.tpm_limit, now);
-        if config.seed != old_seed {
-            *lock(&self.rng) = FaultRng::new(config.seed);
-        }
-        self.stats.trim_log(config.log_capacity);
-        {
-            let mut store = lock(&self.store);
-            store.lost_creates = 0;
-            store.refused_creates = 0;
-            store.rejected_inputs = 0;
-            store.dropped_creates = 0;
-        }
-        self.omit_first_used.store(0, Relaxed);
-        self.poll_failures.store(0, Relaxed);
-        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Live::new(config));
-    }
-
-    /// Resolves once shutdown has begun; long sleeps race against it.
-    pub(crate) async fn stopping(&self) {
-        let mut rx = self.shutdown.subscribe();
-        // An Err means the sender is gone, which also means we are stopping.
-        let _ = rx.wait_for(|stop| *stop).await;
-    }
-}
-
-/// Lock, ignoring poisoning: the guarded data stays consistent between statements.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A running mock provider. Dropping it starts a graceful stop in the background.
 pub struct MockServer {
@@ -271,8 +142,8 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/api/v1/chat/completions", post(chat::openrouter))
         .route("/v1/messages", post(anthropic::handle))
-        .merge(super::anthropic_batches::router())
-        .merge(super::gemini_batches::routes())
+        .merge(batch::anthropic::routes::router())
+        .merge(batch::gemini::routes::routes())
         .route("/api/chat", post(ollama::handle))
         // The models lists docket's preflight asks for: OpenAI's and
         // Anthropic's, Gemini's, Ollama's tags, OpenRouter's key and models,
@@ -289,12 +160,24 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/openai/files/{id}", get(files::get).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
         .route("/openai/files/{id}/content", get(files::content))
-        .route("/v1/batches", post(batches::create).get(batches::list))
-        .route("/openai/batches", post(batches::create).get(batches::list))
-        .route("/v1/batches/{id}", get(batches::get))
-        .route("/openai/batches/{id}", get(batches::get))
-        .route("/v1/batches/{id}/cancel", post(batches::cancel))
-        .route("/openai/batches/{id}/cancel", post(batches::cancel))
+        .route(
+            "/v1/batches",
+            post(batch::openai::routes::create).get(batch::openai::routes::list),
+        )
+        .route(
+            "/openai/batches",
+            post(batch::openai::routes::create).get(batch::openai::routes::list),
+        )
+        .route("/v1/batches/{id}", get(batch::openai::routes::get))
+        .route("/openai/batches/{id}", get(batch::openai::routes::get))
+        .route(
+            "/v1/batches/{id}/cancel",
+            post(batch::openai::routes::cancel),
+        )
+        .route(
+            "/openai/batches/{id}/cancel",
+            post(batch::openai::routes::cancel),
+        )
         .route("/_mock/stats", get(stats))
         .route("/_mock/log", get(log))
         .route("/_mock/config", get(get_config).post(post_config))
@@ -306,10 +189,6 @@ fn router(shared: Arc<Shared>) -> Router {
 
 fn upload_limit() -> DefaultBodyLimit {
     DefaultBodyLimit::max(files::MAX_UPLOAD)
-}
-
-pub(crate) fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Response {

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use tokio::time::Instant;
 
-use super::pipeline::Route;
-use super::{MockLogEntry, MockStats};
+use crate::wire::Route;
+use crate::{MockLogEntry, MockStats};
 
 /// How one chat-completion request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

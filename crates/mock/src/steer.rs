@@ -11,9 +11,9 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::answer::{self, Damage, Steer};
-use super::server::{Live, Shared};
-use super::wire::Prompt;
+use crate::answer::{self, Damage, Steer};
+use crate::state::{Live, Shared};
+use crate::wire::Prompt;
 
 /// The content for `prompt` with the live steering switches applied.
 pub(crate) fn answer(

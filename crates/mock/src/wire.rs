@@ -1,5 +1,7 @@
 //! OpenAI Chat Completions wire format: the request fields the mock reads and
-//! the exact response, error and model-list bodies it writes.
+//! the exact response, error and model-list bodies it writes; plus what every
+//! wire shares: `Route` (which provider's wire a request came in), the parsed
+//! `Prompt` and `Format`, ids and token counts.
 //!
 //! Contract: parsing ignores unknown fields and accepts `content` as a string,
 //! an array of parts (only `text` parts count) or null; anything else that
@@ -9,7 +11,44 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::json::Json;
+use crate::json::Json;
+
+/// Which provider's wire format a request came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    OpenAi,
+    Azure,
+    OpenRouter,
+    Anthropic,
+    Gemini,
+    Ollama,
+}
+
+impl Route {
+    /// Provider name in the log.
+    pub(crate) fn provider(self) -> &'static str {
+        match self {
+            Route::OpenAi => "openai",
+            Route::Azure => "azure",
+            Route::OpenRouter => "openrouter",
+            Route::Anthropic => "anthropic",
+            Route::Gemini => "gemini",
+            Route::Ollama => "ollama",
+        }
+    }
+
+    /// Path template in the log.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Route::OpenAi => "/v1/chat/completions",
+            Route::Azure => "/openai/deployments/{deployment}/chat/completions",
+            Route::OpenRouter => "/api/v1/chat/completions",
+            Route::Anthropic => "/v1/messages",
+            Route::Gemini => "/v1beta/models/{model}:generateContent",
+            Route::Ollama => "/api/chat",
+        }
+    }
+}
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct ChatRequest {

@@ -20,8 +20,8 @@
 //! Optional (non-`required`) top-level properties may be left out, but only
 //! when the schema has at least two of them.
 
-use super::answer::{Material, VerdictChoice};
-use super::json::Json;
+use super::material::{Material, VerdictChoice};
+use crate::json::Json;
 
 const MAX_DEPTH: usize = 24;
 /// Most values generated per answer: a schema with several recursive or large
@@ -418,7 +418,7 @@ impl<'s> Gen<'s, '_, '_> {
 
     fn formatted(&mut self, format: Option<&str>) -> Option<String> {
         let r = &mut self.m.rng;
-        let date = |r: &mut super::answer::AnswerRng| {
+        let date = |r: &mut super::material::AnswerRng| {
             format!(
                 "20{:02}-{:02}-{:02}",
                 10 + r.below(15),

@@ -27,11 +27,11 @@ use rand::seq::SliceRandom;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::answer::Damage;
-use super::batch_store::{Api, Store, StoredFile, unix_now};
-use super::files::new_file_id;
-use super::server::Shared;
-use super::wire::{self, ChatRequest, Completion, Prompt, id_hex};
+use crate::answer::Damage;
+use crate::files::openai::new_file_id;
+use crate::state::Shared;
+use crate::state::openai::{Api, Store, StoredFile, unix_now};
+use crate::wire::{self, ChatRequest, Completion, Prompt, id_hex};
 
 #[derive(Deserialize)]
 struct RunLine {
@@ -74,7 +74,7 @@ pub(crate) fn answer(
         Err(msg) => return Err(bad(&msg)),
     };
     let (_, seed) = prompt.hashes();
-    let content = super::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
+    let content = crate::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
     let (pt, ct) = (prompt.prompt_tokens(), wire::completion_tokens(&content));
     let completion_id = format!("chatcmpl-{}", next_hex(shared, shared.salt));
     let completion = Completion::new(

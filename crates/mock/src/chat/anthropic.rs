@@ -30,13 +30,14 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::chat::has_value;
-use super::infer;
-use super::json::Json;
-use super::limits::{BucketView, LimitKind, RateHeaders, ceil_ms};
-use super::pipeline::{self, Answer, Event, Rendered, Request, Route, put};
-use super::server::Shared;
-use super::wire::{Content, MessageText, Prompt};
+use crate::chat::infer;
+use crate::chat::openai::has_value;
+use crate::chat::pipeline::{self, Answer, Event, Rendered, Request, Wire, put};
+use crate::json::Json;
+use crate::limits::{BucketView, LimitKind, RateHeaders, ceil_ms};
+use crate::state::Shared;
+use crate::wire::Route;
+use crate::wire::{Content, MessageText, Prompt};
 
 pub(crate) const MSG_CREDIT: &str = "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits.";
 
@@ -154,6 +155,7 @@ pub(crate) async fn handle(
         .unwrap_or("");
     let req = Request {
         route: Route::Anthropic,
+        wire: WIRE,
         client_request_id: headers
             .get("x-client-request-id")
             .and_then(|v| v.to_str().ok()),
@@ -191,6 +193,13 @@ fn validate(req: &MessagesRequest) -> Result<(&str, u64), String> {
     }
     Ok((model, max))
 }
+
+/// How the pipeline renders Anthropic's wire.
+const WIRE: Wire = Wire {
+    render_error: |_route, ev, model, request_id| render_error(ev, model, request_id),
+    render_answer: |_route, a| render_answer(a),
+    common_headers: |_route, h, request_id, _ms, rate| common_headers(h, request_id, rate),
+};
 
 pub(crate) fn render_error(ev: &Event, _model: &str, request_id: &str) -> Rendered {
     let (status, kind, message) = match ev {

@@ -32,13 +32,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::chat::has_value;
-use super::infer;
-use super::json::Json;
-use super::limits::{LimitKind, ceil_ms};
-use super::pipeline::{self, Answer, Event, Rendered, Request, Route};
-use super::server::{Shared, json_response};
-use super::wire::{MessageText, Prompt};
+use crate::chat::infer;
+use crate::chat::openai::has_value;
+use crate::chat::pipeline::{self, Answer, Event, Rendered, Request, Wire};
+use crate::json::Json;
+use crate::limits::{LimitKind, ceil_ms};
+use crate::state::{Shared, json_response};
+use crate::wire::Route;
+use crate::wire::{MessageText, Prompt};
 
 pub(crate) const MSG_KEY_IN_URL: &str =
     "API key in URL is not accepted by this mock: send x-goog-api-key";
@@ -178,6 +179,7 @@ pub(crate) async fn handle(
     };
     let req = Request {
         route: Route::Gemini,
+        wire: WIRE,
         client_request_id: headers
             .get("x-client-request-id")
             .and_then(|v| v.to_str().ok()),
@@ -230,6 +232,13 @@ pub(crate) fn proto_duration(ms: u64) -> String {
         format!("{s}.{}s", format!("{frac:03}").trim_end_matches('0'))
     }
 }
+
+/// How the pipeline renders Gemini's wire (no extra per-response headers).
+const WIRE: Wire = Wire {
+    render_error: |_route, ev, model, _request_id| render_error(ev, model),
+    render_answer: |_route, a| render_answer(a),
+    common_headers: |_route, _h, _request_id, _ms, _rate| {},
+};
 
 pub(crate) fn render_error(ev: &Event, model: &str) -> Rendered {
     match ev {

@@ -16,8 +16,8 @@
 //! So the same prompt sent to OpenAI with `response_format` and to Anthropic
 //! with the schema in its system prompt gets the same kind of answer.
 
-use super::json::Json;
-use super::wire::Format;
+use crate::json::Json;
+use crate::wire::Format;
 
 /// At most this many `{` positions are tried per prompt (keeps huge prompts cheap).
 const MAX_TRIES: usize = 64;

@@ -25,12 +25,13 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::infer;
-use super::json::Json;
-use super::limits::{ceil_ms, go_duration};
-use super::pipeline::{self, Answer, Event, Rendered, Request, Route};
-use super::server::Shared;
-use super::wire::{MessageText, Prompt};
+use crate::chat::infer;
+use crate::chat::pipeline::{self, Answer, Event, Rendered, Request, Wire};
+use crate::json::Json;
+use crate::limits::{ceil_ms, go_duration};
+use crate::state::Shared;
+use crate::wire::Route;
+use crate::wire::{MessageText, Prompt};
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
@@ -122,6 +123,7 @@ pub(crate) async fn handle(
     let stream = parsed.as_ref().is_ok_and(|r| r.stream != Some(false));
     let req = Request {
         route: Route::Ollama,
+        wire: WIRE,
         client_request_id: headers
             .get("x-client-request-id")
             .and_then(|v| v.to_str().ok()),
@@ -132,6 +134,13 @@ pub(crate) async fn handle(
     };
     pipeline::run(&shared, &live, started, req).await
 }
+
+/// How the pipeline renders Ollama's wire (no extra per-response headers).
+const WIRE: Wire = Wire {
+    render_error: |_route, ev, _model, _request_id| render_error(ev),
+    render_answer: |_route, a| render_answer(a),
+    common_headers: |_route, _h, _request_id, _ms, _rate| {},
+};
 
 pub(crate) fn render_error(ev: &Event) -> Rendered {
     let (status, msg) = match ev {

@@ -29,10 +29,11 @@ use axum::response::Response;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::limits::{BucketView, LimitKind, RateHeaders, ceil_ms, go_duration};
-use super::pipeline::{self, Answer, Event, Rendered, Request, Route, put};
-use super::server::Shared;
-use super::wire::{self, ChatRequest, Completion, Prompt, error_body};
+use crate::chat::pipeline::{self, Answer, Event, Rendered, Request, Wire, put};
+use crate::limits::{BucketView, LimitKind, RateHeaders, ceil_ms, go_duration};
+use crate::state::Shared;
+use crate::wire::Route;
+use crate::wire::{self, ChatRequest, Completion, Prompt, error_body};
 
 /// `POST /v1/chat/completions`
 pub(crate) async fn handle(
@@ -119,6 +120,7 @@ async fn openai_family(
     };
     let req = Request {
         route,
+        wire: WIRE,
         client_request_id: headers
             .get("x-client-request-id")
             .and_then(|v| v.to_str().ok()),
@@ -129,6 +131,16 @@ async fn openai_family(
     };
     pipeline::run(shared, &live, started, req).await
 }
+
+/// How the pipeline renders the OpenAI, Azure and OpenRouter wires.
+const WIRE: Wire = Wire {
+    render_error: |route, ev, model, _request_id| render_error(route, ev, model),
+    render_answer,
+    common_headers: |route, h, request_id, ms, rate| match route {
+        Route::OpenRouter => put(h, "x-request-id", format!("req_{request_id}")),
+        _ => common_headers(h, request_id, ms, rate),
+    },
+};
 
 pub(crate) fn render_error(route: Route, ev: &Event, model: &str) -> Rendered {
     match route {
@@ -341,7 +353,7 @@ pub(crate) fn render_answer(route: Route, a: &Answer<'_>) -> Result<Rendered, St
     if a.refused {
         // OpenAI's structured-output refusal: no content, the reason apart.
         completion.choices[0].message.content = None;
-        completion.choices[0].message.refusal = Some(super::pipeline::REFUSAL);
+        completion.choices[0].message.refusal = Some(crate::chat::pipeline::REFUSAL);
     }
     let body = if route == Route::OpenRouter {
         let mut v = serde_json::to_value(&completion).map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@
 //! 500 / 503 / hang; the latency sleep; late faults malformed / truncated /
 //! wrong_schema; the answer. Every step is the same for all routes: only the
 //! rendering of an error, an answer and the per-response headers differs, and
-//! that is delegated to the route's module (`chat`, `anthropic`, `gemini`,
+//! that is delegated to the route's module (`openai`, `anthropic`, `gemini`,
 //! `ollama`). Each request ends in exactly one stats outcome and one log
 //! entry naming its route.
 
@@ -18,53 +18,15 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
-use super::answer::Damage;
-use super::faults::{Draw, EarlyFault, LateFault};
-use super::limits::{Decision, LimitKind, RateHeaders};
-use super::server::{Live, Mode, Shared, lock};
-use super::stats::{Outcome, RequestFacts};
-use super::wire::{self, Prompt, id_hex};
-use super::{anthropic, chat, gemini, ollama};
+use crate::answer::Damage;
+use crate::faults::{Draw, EarlyFault, LateFault};
+use crate::limits::{Decision, LimitKind, RateHeaders};
+use crate::state::{Live, Mode, Shared, lock};
+use crate::stats::{Outcome, RequestFacts};
+use crate::wire::{self, Prompt, Route, id_hex};
 
 /// A hung request is held this long (the client's timeout ends it first).
 const HANG: Duration = Duration::from_secs(3600);
-
-/// Which provider's wire format a request came in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    OpenAi,
-    Azure,
-    OpenRouter,
-    Anthropic,
-    Gemini,
-    Ollama,
-}
-
-impl Route {
-    /// Provider name in the log.
-    pub(crate) fn provider(self) -> &'static str {
-        match self {
-            Route::OpenAi => "openai",
-            Route::Azure => "azure",
-            Route::OpenRouter => "openrouter",
-            Route::Anthropic => "anthropic",
-            Route::Gemini => "gemini",
-            Route::Ollama => "ollama",
-        }
-    }
-
-    /// Path template in the log.
-    pub(crate) fn path(self) -> &'static str {
-        match self {
-            Route::OpenAi => "/v1/chat/completions",
-            Route::Azure => "/openai/deployments/{deployment}/chat/completions",
-            Route::OpenRouter => "/api/v1/chat/completions",
-            Route::Anthropic => "/v1/messages",
-            Route::Gemini => "/v1beta/models/{model}:generateContent",
-            Route::Ollama => "/api/chat",
-        }
-    }
-}
 
 /// A refused rate-limit check.
 #[derive(Debug, Clone, Copy)]
@@ -163,6 +125,8 @@ impl Rendered {
 /// One chat request as a route hands it to the pipeline.
 pub(crate) struct Request<'a> {
     pub route: Route,
+    /// how the route's wire renders errors, answers and headers
+    pub wire: Wire,
     pub client_request_id: Option<&'a str>,
     /// a rejection the route decided before the pipeline (auth, query, headers)
     pub reject: Option<Event>,
@@ -173,38 +137,18 @@ pub(crate) struct Request<'a> {
     pub stream: bool,
 }
 
-fn render_error(route: Route, ev: &Event, model: &str, request_id: &str) -> Rendered {
-    match route {
-        Route::OpenAi | Route::Azure | Route::OpenRouter => chat::render_error(route, ev, model),
-        Route::Anthropic => anthropic::render_error(ev, model, request_id),
-        Route::Gemini => gemini::render_error(ev, model),
-        Route::Ollama => ollama::render_error(ev),
-    }
-}
-
-fn render_answer(route: Route, a: &Answer<'_>) -> Result<Rendered, String> {
-    match route {
-        Route::OpenAi | Route::Azure | Route::OpenRouter => chat::render_answer(route, a),
-        Route::Anthropic => anthropic::render_answer(a),
-        Route::Gemini => gemini::render_answer(a),
-        Route::Ollama => ollama::render_answer(a),
-    }
-}
-
-/// Per-response headers every answer of the route carries (ids, timing, rate state).
-fn common_headers(
-    route: Route,
-    h: &mut HeaderMap,
-    request_id: &str,
-    ms: u64,
-    rate: Option<&RateHeaders>,
-) {
-    match route {
-        Route::OpenAi | Route::Azure => chat::common_headers(h, request_id, ms, rate),
-        Route::OpenRouter => put(h, "x-request-id", format!("req_{request_id}")),
-        Route::Anthropic => anthropic::common_headers(h, request_id, rate),
-        Route::Gemini | Route::Ollama => {}
-    }
+/// How a wire renders what the pipeline decided. Each wire's module hands
+/// its own (`WIRE`) in the `Request`, so the pipeline calls back into the
+/// route's module without importing any of them.
+#[derive(Clone, Copy)]
+pub(crate) struct Wire {
+    /// an error: status, body and headers (route, event, model, request id)
+    pub render_error: fn(Route, &Event, &str, &str) -> Rendered,
+    /// a 200 answer (Err: the body could not be built)
+    pub render_answer: fn(Route, &Answer<'_>) -> Result<Rendered, String>,
+    /// per-response headers every answer of the route carries (ids, timing,
+    /// rate state): route, headers, request id, ms, rate
+    pub common_headers: fn(Route, &mut HeaderMap, &str, u64, Option<&RateHeaders>),
 }
 
 /// Run one request through the pipeline. The caller has already counted it
@@ -227,6 +171,7 @@ pub(crate) async fn run(
         shared,
         live,
         route: req.route,
+        wire: req.wire,
         facts: RequestFacts {
             route: req.route,
             client_request_id: req.client_request_id,
@@ -286,13 +231,13 @@ pub(crate) async fn run(
     if storm || refused_first {
         // A 429 with no hint: the client must find its own pace (row S2).
         let l = Limited {
-            kind: super::limits::LimitKind::Requests,
+            kind: crate::limits::LimitKind::Requests,
             limit: 0,
             used: 0,
             requested: 1,
             wait: Duration::ZERO,
         };
-        let mut rendered = render_error(
+        let mut rendered = (req.wire.render_error)(
             req.route,
             &Event::RateLimited(l),
             prompt.model,
@@ -361,7 +306,7 @@ pub(crate) async fn run(
                 _ = tokio::time::sleep(HANG) => {}
                 _ = shared.stopping() => {}
             }
-            return reply.build(render_error(
+            return reply.build((req.wire.render_error)(
                 req.route,
                 &Event::Overloaded,
                 model,
@@ -387,7 +332,7 @@ pub(crate) async fn run(
     let content = if blank {
         String::new()
     } else {
-        super::steer::answer(shared, live, &prompt, seed, damage)
+        crate::steer::answer(shared, live, &prompt, seed, damage)
     };
     let full_tokens = wire::completion_tokens(&content);
     let (completion_tokens, outcome) = match (draw.late, damage) {
@@ -410,7 +355,7 @@ pub(crate) async fn run(
         stream: req.stream,
     };
     // Serializing our own structs cannot fail in practice; a 500 if it ever does.
-    let Ok(mut rendered) = render_answer(req.route, &answer) else {
+    let Ok(mut rendered) = (req.wire.render_answer)(req.route, &answer) else {
         return reply.fail(&Event::ServerError);
     };
     if draw.late == Some(LateFault::Malformed) {
@@ -480,6 +425,7 @@ struct Reply<'a> {
     shared: &'a Shared,
     live: &'a Live,
     route: Route,
+    wire: Wire,
     facts: RequestFacts<'a>,
     started: Instant,
     rate: Option<RateHeaders>,
@@ -496,7 +442,7 @@ impl Reply<'_> {
     }
 
     fn fail(&self, ev: &Event) -> Response {
-        let rendered = render_error(self.route, ev, self.facts.model, &self.request_id);
+        let rendered = (self.wire.render_error)(self.route, ev, self.facts.model, &self.request_id);
         self.record(ev.outcome(), rendered.status.as_u16(), None);
         self.build(rendered)
     }
@@ -505,7 +451,7 @@ impl Reply<'_> {
         let mut resp = (r.status, [(header::CONTENT_TYPE, r.content_type)], r.body).into_response();
         let h = resp.headers_mut();
         let ms = self.started.elapsed().as_millis() as u64;
-        common_headers(self.route, h, &self.request_id, ms, self.rate.as_ref());
+        (self.wire.common_headers)(self.route, h, &self.request_id, ms, self.rate.as_ref());
         for (name, value) in r.headers {
             put(h, name, value);
         }

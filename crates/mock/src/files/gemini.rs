@@ -18,7 +18,7 @@
 //!   break), then drop the connection.
 //! - For `batch_results_404_ms` after a responses file is made, its download
 //!   is a 404 `NOT_FOUND` (logged `results_not_found`).
-//! - Every route passes `gemini_batch_store::gate` first.
+//! - Every route passes `gate::gemini::gate` first.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,12 +31,11 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::gemini_batch_store::{
-    GFile, GemState, Upload, event, gate, not_found, now_rfc3339, ok, rpc,
-};
-use super::server::{Shared, lock};
-use super::stats::BatchCount;
-use super::wire::id_hex;
+use crate::gate::gemini::{event, gate, not_found, ok, rpc};
+use crate::state::gemini::{GFile, GemState, Upload, now_rfc3339};
+use crate::state::{Shared, lock};
+use crate::stats::BatchCount;
+use crate::wire::id_hex;
 
 /// Upload size limit (the Files API takes up to 2 GB; the mock holds files in memory).
 pub(crate) const MAX_UPLOAD: usize = 512 * 1024 * 1024;

@@ -6,7 +6,7 @@
 //!   `GET /v1/files/{id}` answers the object, `GET /v1/files/{id}/content` the
 //!   raw bytes, `DELETE /v1/files/{id}` `{"id","object":"file","deleted":true}`;
 //!   an unknown id is a 404. Azure: the same under `/openai/files`.
-//! - Every route passes `batch_gate::gate` first.
+//! - Every route passes `gate::openai::gate` first.
 //! - Cut results (`batch_cut_results = N`): the first N downloads of each
 //!   `batch_output` file send the first half of the bytes (never ending on a
 //!   line break), then drop the connection.
@@ -25,11 +25,11 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::batch_gate::gate;
-use super::batch_store::{Api, StoredFile, unix_now};
-use super::server::{Shared, lock};
-use super::stats::{BatchCount, BatchEvent};
-use super::wire::id_hex;
+use crate::gate::openai::gate;
+use crate::state::openai::{Api, StoredFile, unix_now};
+use crate::state::{Shared, lock};
+use crate::stats::{BatchCount, BatchEvent};
+use crate::wire::id_hex;
 
 /// Upload size limit (OpenAI's per-file maximum).
 pub(crate) const MAX_UPLOAD: usize = 512 * 1024 * 1024;
@@ -159,7 +159,7 @@ pub(crate) async fn delete(
     if let Some(f) = gone {
         lock(&shared.deleted_files).insert(id.clone(), f.bytes);
     }
-    shared.stats.count(super::stats::BatchCount::FileDeleted);
+    shared.stats.count(crate::stats::BatchCount::FileDeleted);
     g.ok(&json!({"id": id, "object": "file", "deleted": true}))
 }
 

@@ -15,13 +15,13 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::batch_store::Api;
-use super::chat;
-use super::limits::{Decision, RateHeaders};
-use super::pipeline::{Event, Limited, Rendered};
-use super::server::{Live, Mode, Shared, lock};
-use super::stats::BatchCount;
-use super::wire::id_hex;
+use crate::chat::openai as chat;
+use crate::chat::pipeline::{Event, Limited, Rendered};
+use crate::limits::{Decision, RateHeaders};
+use crate::state::openai::Api;
+use crate::state::{Live, Mode, Shared, lock};
+use crate::stats::BatchCount;
+use crate::wire::id_hex;
 
 /// A request that passed the gate: what its answer needs.
 pub(crate) struct Gate {
@@ -144,7 +144,7 @@ impl Gate {
         let mut resp = (r.status, [(header::CONTENT_TYPE, r.content_type)], r.body).into_response();
         self.headers(resp.headers_mut());
         for (name, value) in r.headers {
-            super::pipeline::put(resp.headers_mut(), name, value);
+            crate::chat::pipeline::put(resp.headers_mut(), name, value);
         }
         resp
     }

@@ -1,9 +1,9 @@
-//! Gemini batch mode in the mock: state, the exact JSON it answers with, and
-//! the gate every Gemini batch/file route passes first (reference 5.2).
+//! Gemini batch mode in the mock: its store and the exact JSON it answers
+//! with (reference 5.2).
 //!
-//! Contract: one `GStore` behind a mutex, shared by the routes
-//! (`gemini_batches`, `gemini_files`, as an axum `Extension`) and each
-//! batch's lifecycle task (`gemini_batch_run`). A batch answers as a
+//! Contract: one `GStore` behind a mutex (`GemState`), shared by the routes
+//! (`batch::gemini::routes`, `files::gemini`, as an axum `Extension`) and each
+//! batch's lifecycle task (`batch::gemini::run`). A batch answers as a
 //! long-running Operation: `name: "batches/…"`, `metadata` (`@type`
 //! GenerateContentBatch, `name`, `model`, `displayName`, `state`
 //! `BATCH_STATE_*`, `createTime`, `updateTime`, `endTime`, `batchStats` with
@@ -12,28 +12,13 @@
 //! same results as `metadata.output`) or `error` (a google.rpc.Status).
 //! Inline input gives inline results (`inlinedResponses.inlinedResponses[]`,
 //! input order), file input a `responsesFile`.
-//!
-//! Gate, in order: a `key` query parameter is a 400 INVALID_ARGUMENT (and a
-//! `key_in_url` log entry), no `x-goog-api-key` a 403, `mode = unauthorized`
-//! a 403, the shared rpm bucket at a cost of 0 tokens a 429
-//! RESOURCE_EXHAUSTED with RetryInfo (counted as `batch_rate_limited`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio::time::Instant;
-
-use super::chat::has_value;
-use super::gemini::{MSG_KEY_IN_URL, render_error};
-use super::limits::Decision;
-use super::pipeline::{Event, Limited};
-use super::server::{Live, Mode, Shared, json_response, lock};
-use super::stats::{BatchCount, BatchEvent};
 
 pub(crate) const BATCH_TYPE: &str =
     "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch";
@@ -204,91 +189,4 @@ impl GStore {
             .map(|b| b.queued_tokens)
             .sum()
     }
-}
-
-/// `{"error":{"code","message","status","details"}}`.
-pub(crate) fn rpc(status: StatusCode, rpc_status: &str, message: &str) -> Response {
-    let body = json!({"error": {"code": status.as_u16(), "message": message, "status": rpc_status, "details": []}});
-    json_response(status, serde_json::to_vec(&body).unwrap_or_default())
-}
-
-pub(crate) fn not_found(what: &str) -> Response {
-    rpc(
-        StatusCode::NOT_FOUND,
-        "NOT_FOUND",
-        &format!("Requested entity was not found: {what}"),
-    )
-}
-
-pub(crate) fn ok(value: &Value) -> Response {
-    json_response(
-        StatusCode::OK,
-        serde_json::to_vec(value).unwrap_or_default(),
-    )
-}
-
-pub(crate) fn event(
-    shared: &Shared,
-    route: &str,
-    id: &str,
-    model: &str,
-    status: u16,
-    outcome: &str,
-) {
-    let e = BatchEvent {
-        provider: "gemini",
-        route,
-        batch_id: id,
-        client_request_id: None,
-        model,
-        status,
-        outcome,
-    };
-    shared.stats.event(&e, shared.live().config.log_capacity);
-}
-
-/// Auth, mode and the rpm bucket for every Gemini batch/file route.
-pub(crate) fn gate(
-    shared: &Shared,
-    route: &str,
-    query: &HashMap<String, String>,
-    headers: &HeaderMap,
-) -> Result<Arc<Live>, Box<Response>> {
-    let live = shared.live();
-    let render = |ev: &Event| {
-        let r = render_error(ev, "batch");
-        Box::new(json_response(r.status, r.body))
-    };
-    if query.contains_key("key") {
-        event(shared, route, "", "", 400, "key_in_url");
-        return Err(render(&Event::BadRequest(MSG_KEY_IN_URL.to_string())));
-    }
-    if !has_value(headers, "x-goog-api-key") {
-        return Err(render(&Event::NoAuth(
-            "Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.".to_string(),
-        )));
-    }
-    if live.mode == Mode::Unauthorized {
-        return Err(render(&Event::Unauthorized));
-    }
-    if live.limits_on
-        && let Decision::Limited {
-            kind,
-            limit,
-            used,
-            requested,
-            wait,
-            ..
-        } = lock(&shared.limits).check(0, Instant::now())
-    {
-        shared.stats.count(BatchCount::RateLimited);
-        return Err(render(&Event::RateLimited(Limited {
-            kind,
-            limit,
-            used,
-            requested,
-            wait,
-        })));
-    }
-    Ok(live)
 }

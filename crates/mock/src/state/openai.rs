@@ -5,8 +5,8 @@
 //! generated file (input, output, error) and every batch. Each file and batch
 //! belongs to the API it was made through (`Api`): OpenAI's routes never see
 //! Azure's objects and the other way round. The lifecycle task of a batch
-//! (`batch_run`) and the HTTP handlers (`files`, `batches`) both change a batch
-//! only under the lock. Objects serialize with the field names and order of
+//! (`batch::openai::run`) and the HTTP handlers (`files::openai`,
+//! `batch::openai::routes`) both change a batch only under the lock. Objects serialize with the field names and order of
 //! the OpenAI spec (`OpenAIFile`, `Batch`; reference section 2).
 
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ use axum::body::Bytes;
 use serde::{Serialize, Serializer};
 use tokio::sync::Notify;
 
-use super::pipeline::Route;
+use crate::wire::Route;
 
 /// Files expire 30 days after upload (OpenAI's default for batch files).
 const FILE_TTL_SECS: u64 = 30 * 86_400;

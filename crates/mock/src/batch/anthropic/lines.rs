@@ -17,13 +17,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::answer::Damage;
-use super::anthropic::render_answer;
-use super::infer;
-use super::json::Json;
-use super::pipeline::Answer;
-use super::server::Shared;
-use super::wire::{self, Content, MessageText, Prompt, id_hex};
+use crate::answer::Damage;
+use crate::chat::anthropic::render_answer;
+use crate::chat::infer;
+use crate::chat::pipeline::Answer;
+use crate::json::Json;
+use crate::state::Shared;
+use crate::wire::{self, Content, MessageText, Prompt, id_hex};
 
 const MAX_REQUESTS: usize = 100_000;
 
@@ -230,7 +230,7 @@ pub(crate) fn answer_line(
         max_tokens: Some(max),
     };
     let (_, seed) = prompt.hashes();
-    let content = super::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
+    let content = crate::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
     let (pt, ct) = (prompt.prompt_tokens(), wire::completion_tokens(&content));
     let a = Answer {
         id: next_hex(shared),

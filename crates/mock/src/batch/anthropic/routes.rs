@@ -25,7 +25,7 @@
 //!   For `batch_results_404_ms` after the results are made, a 404
 //!   `not_found_error` (logged `results_not_found`).
 //!
-//! Every route passes `anthropic_batch_store::gate` first; creates, cancels
+//! Every route passes `gate::anthropic::gate` first; creates, cancels
 //! and lifecycle transitions go into the log (provider "anthropic") and the
 //! shared batch counters.
 
@@ -43,15 +43,14 @@ use axum::routing::{get, post};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::anthropic_batch_lines::{parse, prompt_tokens};
-use super::anthropic_batch_run::{self as run, Plan};
-use super::anthropic_batch_store::{
-    Batch, BatchObject, Counts, Gate, Phase, ROUTE, ROUTE_ONE, event, gate, host,
-};
-use super::pipeline::Event;
-use super::server::{Mode, Shared, lock};
-use super::stats::BatchCount;
-use super::wire::id_hex;
+use super::lines::{parse, prompt_tokens};
+use super::run::{self, Plan};
+use crate::chat::pipeline::Event;
+use crate::gate::anthropic::{Gate, event, gate, host};
+use crate::state::anthropic::{Batch, BatchObject, Counts, Phase, ROUTE, ROUTE_ONE};
+use crate::state::{Mode, Shared, lock};
+use crate::stats::BatchCount;
+use crate::wire::id_hex;
 
 /// The whole create body (256 MB, the smaller reading).
 const MAX_CREATE: usize = 256_000_000;
@@ -314,7 +313,7 @@ async fn list(
 
 fn page(
     g: &Gate,
-    store: &super::anthropic_batch_store::Store,
+    store: &crate::state::anthropic::Store,
     query: &HashMap<String, String>,
     limit: usize,
     host: &str,

@@ -1,6 +1,6 @@
 //! The lifecycle of one Anthropic message batch, compressed to seconds
 //! (reference section 4, "Fake-server state machine"); its result lines
-//! come from `anthropic_batch_lines`.
+//! come from `batch::anthropic::lines`.
 //!
 //! Contract: the batch is `in_progress` from its create. It waits
 //! `batch_validating_ms`, answers its requests evenly over
@@ -20,7 +20,7 @@
 //! the rest `canceled`. Transitions are logged (status 0) and counted; with
 //! `batch_line_log` every request too (the billing log). The results answer
 //! 404 for `batch_results_404_ms` once made. `batch_result_anomalies`: the
-//! first N batches get `batch_lines::Anomaly`s (all of them, `expired` and
+//! first N batches get `lines::Anomaly`s (all of them, `expired` and
 //! `canceled` lines included) and a line for an unknown custom_id.
 
 use std::sync::Arc;
@@ -33,14 +33,15 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use super::MockConfig;
-use super::anthropic_batch_lines::{answer_line, errored, plain};
-use super::anthropic_batch_store::{Batch, Counts, Phase, ROUTE_ONE, event};
-use super::batch_clock::{Due, Schedule};
-use super::batch_lines::{self, Anomaly};
-use super::server::{Shared, lock};
-use super::stats::{BatchCount, BatchEvent};
-use super::wire::splitmix;
+use super::lines::{answer_line, errored, plain};
+use crate::MockConfig;
+use crate::batch::clock::{Due, Schedule};
+use crate::batch::lines::{self, Anomaly};
+use crate::gate::anthropic::event;
+use crate::state::anthropic::{Batch, Counts, Phase, ROUTE_ONE};
+use crate::state::{Shared, lock};
+use crate::stats::{BatchCount, BatchEvent};
+use crate::wire::splitmix;
 
 /// What a batch's lifecycle needs from the config, read once at create.
 pub(crate) struct Plan {
@@ -296,13 +297,8 @@ impl Run<'_> {
                 Ok((line, _, _)) => {
                     if anomaly == Some(Anomaly::Twice) {
                         let usage = "/result/message/usage";
-                        let copy = batch_lines::second_copy(
-                            self.shared,
-                            &line,
-                            usage,
-                            "output_tokens",
-                            "",
-                        );
+                        let copy =
+                            lines::second_copy(self.shared, &line, usage, "output_tokens", "");
                         self.extra.extend(copy);
                     }
                     if anomaly != Some(Anomaly::Dropped) {
@@ -355,12 +351,12 @@ impl Run<'_> {
         self.lines.shuffle(&mut self.rng);
         self.lines.append(&mut self.extra);
         if self.plan.anomalies {
-            let unknown = batch_lines::unknown_id(self.plan.seq);
+            let unknown = lines::unknown_id(self.plan.seq);
             let answered = self
                 .lines
                 .iter()
                 .find(|l| l.contains(r#""type":"succeeded""#))
-                .and_then(|l| batch_lines::with_id(l, "/custom_id", &unknown));
+                .and_then(|l| lines::with_id(l, "/custom_id", &unknown));
             self.lines.extend(answered);
         }
         let mut bytes = self.lines.join("\n");

@@ -9,13 +9,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::answer::Damage;
-use super::gemini::render_answer;
-use super::infer;
-use super::json::Json;
-use super::pipeline::Answer;
-use super::server::Shared;
-use super::wire::{MessageText, Prompt, completion_tokens, id_hex};
+use crate::answer::Damage;
+use crate::chat::gemini::render_answer;
+use crate::chat::infer;
+use crate::chat::pipeline::Answer;
+use crate::json::Json;
+use crate::state::Shared;
+use crate::wire::{MessageText, Prompt, completion_tokens, id_hex};
 
 #[derive(Deserialize)]
 struct GenerateRequest {
@@ -78,7 +78,7 @@ pub(crate) fn prompt_tokens(request: &Value) -> u64 {
     Prompt {
         model: "",
         messages,
-        format: super::wire::Format::Text,
+        format: crate::wire::Format::Text,
         max_tokens: None,
     }
     .prompt_tokens()
@@ -135,7 +135,7 @@ pub(crate) fn answer(
             .map(|n| n as u64),
     };
     let (_, seed) = prompt.hashes();
-    let content = super::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
+    let content = crate::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
     let (pt, ct) = (prompt.prompt_tokens(), completion_tokens(&content));
     let id = id_hex(
         shared

@@ -22,7 +22,7 @@
 //! - `GET /v1beta/batches?pageSize=&pageToken=` lists newest first (pageSize
 //!   default 50, at most 100) as `{"operations": [...], "nextPageToken"}`,
 //!   without inline results (as the real list).
-//! - Files: see `gemini_files`.
+//! - Files: see `files::gemini` (its routes are registered here, to share the store).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,17 +36,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
-use super::gemini::{self, MSG_QUOTA};
-use super::gemini_batch_answer;
-use super::gemini_batch_run::{self, Plan, Req};
-use super::gemini_batch_store::{
-    GBatch, GState, GemState, event, gate, not_found, now_rfc3339, ok, rpc,
-};
-use super::gemini_files;
-use super::pipeline::Event;
-use super::server::{Mode, Shared, json_response, lock};
-use super::stats::BatchCount;
-use super::wire::id_hex;
+use super::answer;
+use super::run::{self, Plan, Req};
+use crate::chat::gemini::{self, MSG_QUOTA};
+use crate::chat::pipeline::Event;
+use crate::files::gemini as files;
+use crate::gate::gemini::{event, gate, not_found, ok, rpc};
+use crate::state::gemini::{GBatch, GState, GemState, now_rfc3339};
+use crate::state::{Mode, Shared, json_response, lock};
+use crate::stats::BatchCount;
+use crate::wire::id_hex;
 
 const CREATE_ROUTE: &str = "/v1beta/models/{model}:batchGenerateContent";
 const BATCH_ROUTE: &str = "/v1beta/batches/{batch}";
@@ -64,13 +63,10 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         )
         .route(
             "/upload/v1beta/files",
-            post(gemini_files::upload).layer(DefaultBodyLimit::max(gemini_files::MAX_UPLOAD)),
+            post(files::upload).layer(DefaultBodyLimit::max(files::MAX_UPLOAD)),
         )
-        .route(
-            "/v1beta/files/{id}",
-            get(gemini_files::get).delete(gemini_files::delete),
-        )
-        .route("/download/v1beta/files/{id}", get(gemini_files::download))
+        .route("/v1beta/files/{id}", get(files::get).delete(files::delete))
+        .route("/download/v1beta/files/{id}", get(files::download))
         .layer(Extension(GemState::default()))
 }
 
@@ -204,7 +200,7 @@ fn create(
     let tokens: u64 = reqs
         .iter()
         .flatten()
-        .map(|r| gemini_batch_answer::prompt_tokens(&r.request))
+        .map(|r| answer::prompt_tokens(&r.request))
         .sum();
     let limit = cfg.batch_enqueued_token_limit;
     if limit > 0 && lock(&store).enqueued_tokens(&model) + tokens > limit {
@@ -294,7 +290,7 @@ fn create(
         });
     }
     let plan = Plan::from_config(cfg, file.is_none(), seq);
-    gemini_batch_run::spawn(Arc::clone(shared), store, name, reqs, plan, cancel);
+    run::spawn(Arc::clone(shared), store, name, reqs, plan, cancel);
     if lost {
         return (StatusCode::INTERNAL_SERVER_ERROR, Vec::<u8>::new()).into_response();
     }

@@ -18,7 +18,7 @@
 //! (`{"key", "response"|"error"}` per line) is shuffled from the seed.
 //! `batch_line_log`: every request is logged too (the billing log).
 //! `batch_results_404_ms`: a responses file answers 404 that long once made.
-//! `batch_result_anomalies`: the first N batches get `batch_lines::Anomaly`s
+//! `batch_result_anomalies`: the first N batches get `lines::Anomaly`s
 //! (no `expired` or `canceled` lines: Gemini writes none) and a result for
 //! an unknown key, after the others.
 
@@ -32,14 +32,14 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::MockConfig;
-use super::batch_clock::{Due, Schedule};
-use super::batch_lines::{self, Anomaly};
-use super::gemini_batch_answer::answer;
-use super::gemini_batch_store::{GBatch, GFile, GState, GemState, Results, now_rfc3339};
-use super::server::{Shared, lock};
-use super::stats::{BatchCount, BatchEvent};
-use super::wire::{id_hex, splitmix};
+use super::answer::answer;
+use crate::MockConfig;
+use crate::batch::clock::{Due, Schedule};
+use crate::batch::lines::{self, Anomaly};
+use crate::state::gemini::{GBatch, GFile, GState, GemState, Results, now_rfc3339};
+use crate::state::{Shared, lock};
+use crate::stats::{BatchCount, BatchEvent};
+use crate::wire::{id_hex, splitmix};
 
 const ROUTE: &str = "/v1beta/batches/{batch}";
 
@@ -228,7 +228,7 @@ impl Run<'_> {
     }
 
     fn log(&self, outcome: &str, model: &str) {
-        super::gemini_batch_store::event(self.shared, ROUTE, &self.name, model, 0, outcome);
+        crate::gate::gemini::event(self.shared, ROUTE, &self.name, model, 0, outcome);
     }
 
     /// One request in the billing log (`batch_line_log`).
@@ -285,7 +285,7 @@ impl Run<'_> {
                     if anomaly == Some(Anomaly::Twice) {
                         let mut copy = body.clone();
                         let (out, total) = ("candidatesTokenCount", "totalTokenCount");
-                        if batch_lines::more_output(&mut copy, "/usageMetadata", out, total) {
+                        if lines::more_output(&mut copy, "/usageMetadata", out, total) {
                             self.extra.push((r.key.clone(), "response", copy));
                         }
                     }
@@ -365,7 +365,7 @@ impl Run<'_> {
         let results = std::mem::take(&mut self.results);
         let mut extra = std::mem::take(&mut self.extra);
         if let Some(v) = self.unknown.take() {
-            extra.push((Some(batch_lines::unknown_id(self.plan.seq)), "response", v));
+            extra.push((Some(lines::unknown_id(self.plan.seq)), "response", v));
         }
         let mut store = lock(&self.store);
         let stored = if results.is_empty() {

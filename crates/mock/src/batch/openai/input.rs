@@ -17,8 +17,8 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::batch_store::BatchError;
-use super::wire::{ChatRequest, Prompt};
+use crate::state::openai::BatchError;
+use crate::wire::{ChatRequest, Prompt};
 
 const MAX_ERRORS: usize = 100;
 

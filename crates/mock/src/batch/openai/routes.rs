@@ -5,7 +5,7 @@
 //!   `batch`, an accepted `endpoint`, `completion_window: "24h"`, metadata of
 //!   at most 16 string pairs with keys ≤ 64 and values ≤ 512 chars; else 400,
 //!   or 404 for an unknown file; `mode = "quota"` is a 429 `insufficient_quota`),
-//!   then makes the batch in `validating`, starts its lifecycle (`batch_run`),
+//!   then makes the batch in `validating`, starts its lifecycle (`run`),
 //!   counts it and logs it. With `batch_lose_create = N` the next N creates make
 //!   the batch but answer a 500 with an empty body; with `batch_reject_input =
 //!   N` the next N batches fail validation naming an input line.
@@ -17,7 +17,7 @@
 //! - `GET …/batches?after=&limit=` lists newest first (`limit` 1..=100, default
 //!   20) with `first_id`, `last_id`, `has_more`.
 //!
-//! Every route goes through `batch_gate::gate` (auth, api-version, mode, rpm bucket).
+//! Every route goes through `gate::openai::gate` (auth, api-version, mode, rpm bucket).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,13 +31,13 @@ use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::batch_gate::{Gate, gate};
-use super::batch_run::{self, Plan};
-use super::batch_store::{Batch, BatchObject, Stamps, Status, unix_now};
-use super::pipeline::Event;
-use super::server::{Mode, Shared, lock};
-use super::stats::{BatchCount, BatchEvent};
-use super::wire::id_hex;
+use super::run::{self, Plan};
+use crate::chat::pipeline::Event;
+use crate::gate::openai::{Gate, gate};
+use crate::state::openai::{Batch, BatchObject, Stamps, Status, unix_now};
+use crate::state::{Mode, Shared, lock};
+use crate::stats::{BatchCount, BatchEvent};
+use crate::wire::id_hex;
 
 #[derive(Deserialize)]
 struct CreateBody {
@@ -179,7 +179,7 @@ pub(crate) async fn create(
     shared.stats.count(BatchCount::Created);
     let event = BatchEvent {
         provider: g.api.provider(),
-        route: if g.api == super::batch_store::Api::Azure {
+        route: if g.api == crate::state::openai::Api::Azure {
             "/openai/batches"
         } else {
             "/v1/batches"
@@ -206,7 +206,7 @@ pub(crate) async fn create(
     }
     let mut plan = Plan::from_config(cfg, g.api, endpoint, seq);
     plan.reject_input = reject;
-    batch_run::spawn(Arc::clone(&shared), id, input, plan, cancel);
+    run::spawn(Arc::clone(&shared), id, input, plan, cancel);
     if cfg.batch_create_delay_ms > 0 {
         // Made, but the answer is slow: a client that dies meanwhile has a
         // batch it never heard of.
@@ -230,7 +230,7 @@ pub(crate) async fn create(
 
 /// `batch_cancel_after_ms`: the provider cancels batch `id` on its own, as
 /// the cancel route does, if it is still in progress.
-fn provider_cancel(shared: &Shared, api: super::batch_store::Api, id: &str) {
+fn provider_cancel(shared: &Shared, api: crate::state::openai::Api, id: &str) {
     let mut store = lock(&shared.store);
     let Some(b) = store.batch_mut(api, id) else {
         return;
@@ -398,7 +398,7 @@ pub(crate) async fn list(
 
 fn list_page(
     g: &Gate,
-    store: &super::batch_store::Store,
+    store: &crate::state::openai::Store,
     after: Option<&str>,
     limit: usize,
 ) -> Response {

@@ -1,7 +1,7 @@
 //! The lifecycle of one batch, compressed to seconds: a tokio task per batch.
 //!
 //! Contract (reference 2.7): `validating` for `batch_validating_ms`, then the
-//! input is checked (`batch_input`) → `failed` with `errors.data[]`, or
+//! input is checked (`input`) → `failed` with `errors.data[]`, or
 //! `failed` with `token_limit_exceeded` when the open batches of the model
 //! plus this one queue more prompt tokens than `batch_enqueued_token_limit`;
 //! else `in_progress`: the lines are answered evenly over `batch_running_ms`
@@ -24,7 +24,7 @@
 //! With `batch_line_log` every line is logged too (the billing log: status
 //! 200 `batch_line_ok` when billed). `batch_results_404_ms`: the files
 //! answer 404 that long once published. `batch_result_anomalies`: the first
-//! N batches get `batch_lines::Anomaly`s and a line for an unknown custom_id.
+//! N batches get `lines::Anomaly`s and a line for an unknown custom_id.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,14 +34,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
-use super::MockConfig;
-use super::batch_clock::{Due, Schedule};
-use super::batch_input::{self, Line};
-use super::batch_lines::{self, Anomaly, Extras};
-use super::batch_store::{Api, Batch, BatchError, Status, Store, unix_now};
-use super::server::{Shared, lock};
-use super::stats::{BatchCount, BatchEvent};
-use super::wire::splitmix;
+use super::input::{self, Line};
+use crate::MockConfig;
+use crate::batch::clock::{Due, Schedule};
+use crate::batch::lines::{self, Anomaly, Extras};
+use crate::state::openai::{Api, Batch, BatchError, Status, Store, unix_now};
+use crate::state::{Shared, lock};
+use crate::stats::{BatchCount, BatchEvent};
+use crate::wire::splitmix;
 
 /// What a batch's lifecycle needs from the config, read once at create.
 pub(crate) struct Plan {
@@ -159,8 +159,7 @@ impl Run<'_> {
             self.plan.api.max_requests(),
         );
         let checked =
-            tokio::task::spawn_blocking(move || batch_input::validate(&input, &endpoint, max))
-                .await;
+            tokio::task::spawn_blocking(move || input::validate(&input, &endpoint, max)).await;
         let parsed = match checked {
             Ok(Ok(p)) => p,
             Ok(Err(errors)) => return self.fail(errors, None),
@@ -233,7 +232,7 @@ impl Run<'_> {
     }
 
     /// Validation passed: fail on the enqueued token limit, or go `in_progress`.
-    fn start(&mut self, parsed: batch_input::Parsed) -> Start {
+    fn start(&mut self, parsed: input::Parsed) -> Start {
         let mut store = lock(&self.shared.store);
         let queued = store.enqueued_tokens(self.plan.api, &parsed.model);
         let limit = self.plan.token_limit;
@@ -387,15 +386,15 @@ impl Run<'_> {
                 || anomaly == Some(Anomaly::Retryable);
             let answered = if anomaly == Some(Anomaly::Refused) {
                 let msg = "Invalid 'messages': the request was refused (mock anomaly).";
-                Err(batch_lines::refused(self.shared, &custom_id, msg))
+                Err(lines::refused(self.shared, &custom_id, msg))
             } else {
-                batch_lines::answer(self.shared, &custom_id, raw, fail)
+                lines::answer(self.shared, &custom_id, raw, fail)
             };
             match answered {
                 Ok((line, p, c)) => {
                     if anomaly == Some(Anomaly::Twice) {
                         let usage = "/response/body/usage";
-                        let copy = batch_lines::second_copy(
+                        let copy = lines::second_copy(
                             self.shared,
                             &line,
                             usage,
@@ -441,8 +440,7 @@ impl Run<'_> {
     fn expired(&mut self) {
         let mut expired = 0;
         for line in &self.lines[self.done..] {
-            self.err
-                .push(batch_lines::expired(self.shared, &line.custom_id));
+            self.err.push(lines::expired(self.shared, &line.custom_id));
             self.bill(&line.custom_id, 0, "batch_line_expired");
             expired += 1;
         }
@@ -485,14 +483,14 @@ impl Run<'_> {
                 .then(|| std::time::Instant::now() + self.plan.results_hidden),
         };
         if self.plan.anomalies {
-            let unknown = batch_lines::unknown_id(self.plan.seq);
+            let unknown = lines::unknown_id(self.plan.seq);
             let line = self.out.first();
             extras
                 .lines
-                .extend(line.and_then(|l| batch_lines::with_id(l, "/custom_id", &unknown)));
+                .extend(line.and_then(|l| lines::with_id(l, "/custom_id", &unknown)));
         }
         let (api, id) = (self.plan.api, self.id.as_str());
         let files = [(&mut self.out, "output"), (&mut self.err, "error")];
-        batch_lines::publish(self.shared, store, api, id, files, extras, &mut self.rng);
+        lines::publish(self.shared, store, api, id, files, extras, &mut self.rng);
     }
 }
