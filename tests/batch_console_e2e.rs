@@ -21,7 +21,6 @@ use rusqlite::Connection;
 use serde_json::Value;
 use support::tmux::{Pane, env_line, exit_code, poll, sh_quote};
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
 const KEY_ENV: &str = "DOCKET_TEST_KEY";
 /// How long to wait for a screen, ledger or mock state before failing.
 const WAIT: Duration = Duration::from_secs(20);
@@ -49,7 +48,7 @@ struct Mock {
 
 impl Mock {
     fn start() -> Mock {
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(support::procs::bin())
             .args(["mock-provider", "--port", "0"])
             .args(["--batch-validating-ms", "100"])
             .args(["--batch-running-ms", "15000"])
@@ -148,7 +147,7 @@ impl Home {
     }
 
     fn run(&self, args: &[&str]) -> String {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(support::procs::bin());
         c.env_remove("NO_COLOR")
             .env_remove("DOCKET_WORKSPACE")
             .env_remove("DOCKET_LOG")
@@ -211,7 +210,7 @@ impl Home {
         format!(
             "{} {} --workspace {} {args}",
             env_line(self.vars()),
-            sh_quote(BIN),
+            sh_quote(support::procs::bin()),
             sh_quote(&self.ws().display().to_string())
         )
     }

@@ -11,13 +11,12 @@
 
 use docket_testkit as support;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use serde_json::Value;
-use support::procs::{bin, Mock, Proc};
+use support::procs::{Mock, Proc, bin};
 use support::{Workspace, check_complete, count, events_of};
 
 // Not `sk-` shaped: the generic redaction of key-like words must not be
@@ -274,21 +273,6 @@ fn check_each_once_of(conn: &Connection, sid: &str, items: usize) {
     assert_eq!(ambiguous, 0, "the session counted ambiguous attempts");
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
 /// The canary key is in no output, export, ledger byte or log file.
 fn check_no_key(ws: &Ws, sid: &str, mut haystack: String) {
     for what in ["decisions", "results", "requests"] {
@@ -309,8 +293,8 @@ fn check_no_key(ws: &Ws, sid: &str, mut haystack: String) {
         ws.ws.path().join("docket.sqlite-wal"),
         ws.ws.path().join("docket.sqlite-shm"),
     ];
-    files.extend(walk(ws.ws.path()));
-    files.extend(walk(ws.home.path()));
+    files.extend(support::files_under(ws.ws.path()));
+    files.extend(support::files_under(ws.home.path()));
     let mut logs = 0;
     for f in files {
         if let Ok(bytes) = std::fs::read(&f) {

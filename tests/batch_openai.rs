@@ -6,8 +6,6 @@
 //! Every adapter gets a canary key, and the fake echoes it in its error
 //! messages: no error's Display may show it.
 
-use docket_testkit as support;
-
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

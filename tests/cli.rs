@@ -8,16 +8,8 @@ use std::time::{Duration, Instant};
 use docket::mock::MockConfig;
 use support::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
-
 fn docket(ws: &Workspace, home: &std::path::Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("--workspace")
-        .arg(ws.path())
-        .env("HOME", home)
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env_remove("DOCKET_WORKSPACE");
-    c
+    support::procs::docket_at(ws.path(), home)
 }
 
 fn processed(ws: &Workspace) -> i64 {
@@ -424,7 +416,7 @@ async fn the_api_key_reaches_no_ledger_log_or_export() {
         ws.path().join("docket.sqlite-wal"),
         ws.path().join("docket.sqlite-shm"),
     ];
-    for entry in walk(home.path()) {
+    for entry in support::files_under(home.path()) {
         files.push(entry);
     }
     for f in files {
@@ -448,27 +440,12 @@ async fn the_api_key_reaches_no_ledger_log_or_export() {
     assert!(snap.contains("DOCKET_TEST_KEY"));
 }
 
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p))
-            } else {
-                out.push(p)
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn init_then_dry_run_works_in_a_fresh_folder() {
     let dir = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
     let ws_dir = dir.path().join("ws");
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::bin())
         .env("HOME", home.path())
         .args(["init", ws_dir.to_str().unwrap()])
         .output()
@@ -479,7 +456,7 @@ fn init_then_dry_run_works_in_a_fresh_folder() {
         text.contains("wrote") && text.contains("docket.toml"),
         "{text}"
     );
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::bin())
         .env("HOME", home.path())
         .env("DOCKET_WORKSPACE", &ws_dir)
         .args([
@@ -493,7 +470,7 @@ fn init_then_dry_run_works_in_a_fresh_folder() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::bin())
         .env("HOME", home.path())
         .env("DOCKET_WORKSPACE", &ws_dir)
         .args(["run", "--dry-run"])
@@ -573,7 +550,7 @@ fn mock_provider_command_serves_openai_routes() {
         .local_addr()
         .unwrap()
         .port();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(support::procs::bin())
         .args([
             "mock-provider",
             "--port",
@@ -624,7 +601,7 @@ async fn on_a_terminal_it_asks_before_spending() {
     let cmd = format!(
         "{} {} --workspace {} batch-adjudicate",
         tmux::env_line([("HOME", home.path().display().to_string())]),
-        tmux::sh_quote(BIN),
+        tmux::sh_quote(support::procs::bin()),
         tmux::sh_quote(&ws.path().display().to_string())
     );
     // Open docket in a fresh terminal and wait for its question.
@@ -744,7 +721,7 @@ async fn run_controls_from_the_command_line_say_who_asked() {
 fn the_console_without_a_terminal_says_what_to_use_instead() {
     let home = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::bin())
         .arg("--workspace")
         .arg(dir.path())
         .env("HOME", home.path())
@@ -944,7 +921,7 @@ async fn model_text_reaches_a_terminal_as_text_and_csv_formulas_are_neutralised(
         format!("export --what results --format jsonl --session {sid}"),
     ] {
         // On a terminal: `script` gives docket a pseudo-terminal as stdout.
-        let line = format!("{BIN} --workspace {ws_s} {args}");
+        let line = format!("{} --workspace {ws_s} {args}", support::procs::bin());
         let on_tty = Command::new("script")
             .args(["-qec", &line, "/dev/null"])
             .env("HOME", home.path())
@@ -1101,7 +1078,7 @@ fn a_fifo_config_or_a_device_ledger_is_named_not_waited_on() {
     let dir = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
     let run = |ws: &std::path::Path, args: &[&str], name: &str| {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(support::procs::bin());
         c.arg("--workspace")
             .arg(ws)
             .args(args)
@@ -1150,8 +1127,9 @@ async fn a_ledger_that_cannot_be_written_stops_with_its_own_code_and_resumes() {
     let home = tempfile::tempdir().unwrap();
     let ledger_kb = std::fs::metadata(ws.ledger()).unwrap().len() / 1024;
     let line = format!(
-        "ulimit -f {}; trap '' XFSZ; exec '{BIN}' --workspace '{}' batch-adjudicate --yes --headless",
+        "ulimit -f {}; trap '' XFSZ; exec '{}' --workspace '{}' batch-adjudicate --yes --headless",
         ledger_kb + 1_000,
+        support::procs::bin(),
         ws.path().display()
     );
     let out = Command::new("bash")
@@ -1637,7 +1615,7 @@ exit $code
         disk = disk.display(),
         ws = ws.path().display(),
         out = out_dir.display(),
-        bin = BIN,
+        bin = support::procs::bin(),
     );
     let status = Command::new("unshare")
         .args(["-m", "bash", "-c", &script])
@@ -1795,7 +1773,10 @@ async fn d4_a_ledger_on_a_network_filesystem_is_warned_about() {
     let (_m, ws) = mocked(MockConfig::default(), 5, |_| {}).await;
     let home = tempfile::tempdir().unwrap();
     let shim = support::power_loss::preload_library(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/crates/testkit/src/fake_statfs.c"),
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/crates/testkit/src/fake_statfs.c"
+        ),
         "fake-statfs",
     );
     let root = ws.path().canonicalize().unwrap();

@@ -2,8 +2,6 @@
 //! and `Effect`s (data for the runner) come out. Fixtures are hand-built
 //! ledger snapshots with fixed times.
 
-use docket_testkit as support;
-
 use docket::ledger::store::SessionRow;
 use docket::tui::app::{
     App, BULK_CONFIRM, Control, Dialog, Effect, Mode, Overlay, Pane, QuitChoice, REVIEW_WINDOW,

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use support::tmux::{Pane, env_line, poll, sh_quote};
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
 /// How long to wait for a screen or ledger state before failing.
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -62,7 +61,7 @@ impl Home {
 
     /// docket as a plain child process (no terminal), with this home.
     fn docket(&self, user: &str) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(support::procs::bin());
         c.env_remove("NO_COLOR")
             .env_remove("DOCKET_WORKSPACE")
             .env_remove("DOCKET_LOG");
@@ -252,7 +251,7 @@ fn demo_console_review_pause_resume_cancel_quit() {
     let cmd = format!(
         "{} {} demo --items 4000",
         home.env_prefix("alice", &[]),
-        sh_quote(BIN)
+        sh_quote(support::procs::bin())
     );
     let pane = Pane::start("demo", &cmd, 120, 40);
     let ledger_path = home.data().join("docket/demo/docket.sqlite");
@@ -573,7 +572,7 @@ fn console_pauses_and_resumes_a_headless_run() {
     let cmd = format!(
         "{} {} --workspace {}",
         home.env_prefix("bob", &[]),
-        sh_quote(BIN),
+        sh_quote(support::procs::bin()),
         sh_quote(&ws_s)
     );
     let pane = Pane::start("headless", &cmd, 120, 40);
@@ -723,7 +722,7 @@ fn two_operators_share_the_review_queue() {
         let cmd = format!(
             "{} {} --workspace {}",
             home.env_prefix(user, &[]),
-            sh_quote(BIN),
+            sh_quote(support::procs::bin()),
             sh_quote(&ws_s)
         );
         let pane = Pane::start(&format!("op-{user}"), &cmd, 200, 40);
@@ -925,7 +924,7 @@ fn two_operators_on_postgres_share_the_review_queue() {
         let cmd = format!(
             "{} {} --workspace {} --ledger {}",
             home.env_prefix(user, &[("PGPASSWORD", server.password())]),
-            sh_quote(BIN),
+            sh_quote(support::procs::bin()),
             sh_quote(&ws_s),
             sh_quote(&url)
         );
@@ -1125,7 +1124,7 @@ fn read_only_console_changes_nothing() {
     let cmd = format!(
         "{} {} --workspace {} --read-only",
         home.env_prefix("alice", &[]),
-        sh_quote(BIN),
+        sh_quote(support::procs::bin()),
         sh_quote(&ws_s)
     );
     let pane = Pane::start("readonly", &cmd, 120, 40);
@@ -1178,7 +1177,7 @@ fn too_small_a_terminal_says_so_and_the_layout_returns() {
     let cmd = format!(
         "{} {} --workspace {}",
         home.env_prefix("alice", &[]),
-        sh_quote(BIN),
+        sh_quote(support::procs::bin()),
         sh_quote(&ws.display().to_string())
     );
     let pane = Pane::start("resize", &cmd, 120, 40);
@@ -1228,7 +1227,7 @@ fn sigterm_restores_the_terminal() {
     let cmd = format!(
         "{} {} --workspace {}; echo AFTER rc=$?",
         home.env_prefix("alice", &[]),
-        sh_quote(BIN),
+        sh_quote(support::procs::bin()),
         sh_quote(&ws.display().to_string())
     );
     let pane = Pane::start("sigterm", &cmd, 120, 40);
@@ -1303,7 +1302,7 @@ fn no_color_drops_colour_but_keeps_focus_visible() {
         let cmd = format!(
             "{} {} --workspace {}",
             home.env_prefix("alice", extra),
-            sh_quote(BIN),
+            sh_quote(support::procs::bin()),
             sh_quote(&ws_s)
         );
         let pane = Pane::start(tag, &cmd, 120, 40);
@@ -1362,7 +1361,7 @@ fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
     let cmd = format!(
         "{} {} --workspace {}",
         home.env_prefix("alice", &[]),
-        sh_quote(BIN),
+        sh_quote(support::procs::bin()),
         sh_quote(&ws_s)
     );
     let pane = Pane::start("keymap", &cmd, 120, 40);

@@ -3,8 +3,6 @@
 //! (`ledger::control::RunControls`) against a real ledger file, with
 //! fixtures written as plain SQL the way the engine writes them.
 
-use docket_testkit as support;
-
 use std::path::PathBuf;
 
 use docket::control::{ControlError, Desired};

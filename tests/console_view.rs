@@ -2,8 +2,6 @@
 //! and 120x40 (mono theme, fixed clock), a sanitizer test with hostile item
 //! and model text, and a test that focus and selection show without colour.
 
-use docket_testkit as support;
-
 use docket::ledger::console::WorkerRow;
 use docket::ledger::store::SessionRow;
 use docket::tui::app::{App, Dialog, Overlay, Pane, Snapshot};

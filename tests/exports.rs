@@ -17,7 +17,6 @@ use parquet::record::Field;
 use rusqlite::Connection;
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
 const TWO: &str = "batch_two";
 const TWO_SPARSE: &str = "batch_two_sparse";
 const GYM: &str = "batch_gym";
@@ -883,13 +882,8 @@ fn library_errors() {
 }
 
 fn docket(ws: &Ws) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("--workspace")
-        .arg(ws.path())
-        .env("HOME", ws.path())
-        .env("XDG_DATA_HOME", ws.path().join("data"))
-        .env("XDG_CONFIG_HOME", ws.path().join("config"))
-        .env_remove("DOCKET_WORKSPACE");
+    let mut c = support::procs::docket_at(ws.path(), ws.path());
+    c.env("XDG_CONFIG_HOME", ws.path().join("config"));
     c
 }
 

@@ -1,8 +1,6 @@
 //! `docket import`, `batch-results`, `sessions` and `export` against a real
 //! ledger in a temporary directory.
 
-use docket_testkit as support;
-
 use std::path::{Path, PathBuf};
 
 use docket::items::{ImportError, ImportFormat, ImportOptions, import_file, render_import_report};

@@ -14,24 +14,14 @@ use docket::mock::MockConfig;
 use support::pg::PgServer;
 use support::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
-
 fn docket(ws: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(BIN)
+    Command::new(support::procs::bin())
         .arg("--workspace")
         .arg(ws)
         .args(args)
         .env("HOME", ws)
         .output()
         .expect("docket")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Workers starting together on an empty database migrate it once: the
@@ -112,17 +102,29 @@ fn the_password_never_reaches_an_error_or_the_screen() {
     import_demo_items(&ws, 5);
     let out = docket(ws.path(), &["ledger", "copy", "--to", &no_db]);
     assert!(!out.status.success());
-    assert!(!text(&out).contains(canary), "{}", text(&out));
+    assert!(
+        !support::said(&out).contains(canary),
+        "{}",
+        support::said(&out)
+    );
     let out = docket(ws.path(), &["ledger", "copy", "--to", &url]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("docket:***@"), "{}", text(&out));
-    assert!(!text(&out).contains(canary), "{}", text(&out));
+    assert!(out.status.success(), "{}", support::said(&out));
+    assert!(
+        support::said(&out).contains("docket:***@"),
+        "{}",
+        support::said(&out)
+    );
+    assert!(
+        !support::said(&out).contains(canary),
+        "{}",
+        support::said(&out)
+    );
 
     // The password may come from PGPASSWORD instead of the URL.
     let bare = PgUrl::parse(&server.url_without_password()).unwrap();
     assert!(postgres::open(&bare).is_err());
     let other = server.fresh_database();
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::bin())
         .arg("--workspace")
         .arg(ws.path())
         .args(["ledger", "copy", "--to"])
@@ -130,8 +132,12 @@ fn the_password_never_reaches_an_error_or_the_screen() {
         .env("PGPASSWORD", canary)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(!text(&out).contains(canary), "{}", text(&out));
+    assert!(out.status.success(), "{}", support::said(&out));
+    assert!(
+        !support::said(&out).contains(canary),
+        "{}",
+        support::said(&out)
+    );
 }
 
 /// A ledger with a finished run (results in every band, review items, a
@@ -189,7 +195,7 @@ async fn copy_to_postgres_and_back_keeps_every_table() {
     }
 
     let out = docket(ws.path(), &["ledger", "copy", "--to", &url]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", support::said(&out));
     assert_eq!(
         server.psql(&url, "SELECT COUNT(*) FROM decision"),
         before["decision"].len().to_string()
@@ -222,11 +228,15 @@ async fn copy_to_postgres_and_back_keeps_every_table() {
     // Into a database that already holds a ledger: refused, nothing changed.
     let out = docket(ws.path(), &["ledger", "copy", "--to", &url]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("already holds"), "{}", text(&out));
+    assert!(
+        support::said(&out).contains("already holds"),
+        "{}",
+        support::said(&out)
+    );
 
     let back = tempfile::tempdir().unwrap();
     let out = docket(back.path(), &["ledger", "copy", "--from", &url]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", support::said(&out));
     let copy = docket::ledger::open(&back.path().join("docket.sqlite")).unwrap();
     let after = dump(&copy);
     for table in TABLES {
@@ -438,7 +448,11 @@ fn make_certificates(dir: &std::path::Path) {
 
 fn shell(program: &str, args: &[&str]) {
     let out = Command::new(program).args(args).output().expect(program);
-    assert!(out.status.success(), "{program} {args:?}: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        support::said(&out)
+    );
 }
 
 fn running_as_root() -> bool {

@@ -2,8 +2,6 @@
 //! loopback HTTP (raw reqwest, multipart built by hand): exact object shapes,
 //! the compressed lifecycle, and every fault switch.
 
-use docket_testkit as support;
-
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,6 @@
 //! the client), checking OpenAI wire compatibility, determinism, rate limits,
 //! faults and the admin endpoints.
 
-use docket_testkit as support;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,6 @@
 //! `omit_optional_first`, the `partial_answers` counter, determinism, config
 //! validation, and the OpenAI Files + Batches path honouring the same switches.
 
-use docket_testkit as support;
-
 use std::time::{Duration, Instant};
 
 use clap::Parser;

@@ -18,7 +18,6 @@ use docket::review::Operator;
 use docket::watch::ReviewQuery;
 use support::pg::PgServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_docket");
 const ITEMS: usize = 40;
 
 /// A scaffolded workspace (built-in mock provider) with `ITEMS` demo items
@@ -52,7 +51,7 @@ fn workspace_of(example: Option<docket::workspace::Example>) -> tempfile::TempDi
 
 /// `docket ARGS` in `ws`, on the PostgreSQL ledger at `url` when given.
 fn docket(ws: &Path, url: Option<&str>, args: &[&str]) -> Output {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(support::procs::bin());
     c.current_dir(ws)
         .arg("--workspace")
         .arg(ws)
@@ -71,14 +70,6 @@ fn docket(ws: &Path, url: Option<&str>, args: &[&str]) -> Output {
     c.output().expect("run docket")
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn ok(ws: &Path, url: Option<&str>, args: &[&str]) -> String {
     let out = docket(ws, url, args);
     assert!(
@@ -90,9 +81,9 @@ fn ok(ws: &Path, url: Option<&str>, args: &[&str]) -> String {
         } else {
             "SQLite"
         },
-        text(&out)
+        support::said(&out)
     );
-    text(&out)
+    support::said(&out)
 }
 
 /// Import and run the job; the session's id and every command's output.
@@ -248,8 +239,8 @@ fn docket_toml_names_the_ledger_but_never_its_password() {
     let text_before = std::fs::read_to_string(&toml).unwrap();
     std::fs::write(&toml, format!("{text_before}\n[ledger]\nurl = \"{url}\"\n")).unwrap();
     let out = docket(ws.path(), None, &["import", "items/test.jsonl"]);
-    assert!(!out.status.success(), "{}", text(&out));
-    let said = text(&out);
+    assert!(!out.status.success(), "{}", support::said(&out));
+    let said = support::said(&out);
     assert!(
         said.contains("docket.toml") && said.contains("PGPASSWORD"),
         "{said}"
@@ -263,7 +254,7 @@ fn docket_toml_names_the_ledger_but_never_its_password() {
         format!("{text_before}\n[ledger]\nurl = \"{bare}\"\n"),
     )
     .unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::bin())
         .current_dir(ws.path())
         .arg("--workspace")
         .arg(ws.path())
@@ -273,11 +264,11 @@ fn docket_toml_names_the_ledger_but_never_its_password() {
         .env("PGPASSWORD", PgServer::PASSWORD)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", support::said(&out));
     assert!(
-        text(&out).contains(&format!("{ITEMS} new items")),
+        support::said(&out).contains(&format!("{ITEMS} new items")),
         "{}",
-        text(&out)
+        support::said(&out)
     );
     assert!(!ws.path().join("docket.sqlite").exists());
     let handle = Ledger::open(LedgerLocation::parse(&url).unwrap()).unwrap();
@@ -385,7 +376,7 @@ async fn controls_and_results_are_heard_within_200_ms() {
             "0.0000001",
         ],
     );
-    let said = text(&out);
+    let said = support::said(&out);
     let sid = said
         .split_whitespace()
         .find(|w| w.starts_with("batch_"))

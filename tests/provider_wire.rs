@@ -5,8 +5,6 @@
 //! Every adapter gets a canary key; no `ProviderError` may show it in its
 //! Display or Debug output, even when the server echoes it back.
 
-use docket_testkit as support;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -132,13 +132,8 @@ fn p4_each_failpoint_armed_in_every_mode_has_its_result() {
 }
 
 fn docket(ws: &support::Workspace, home: &std::path::Path) -> std::process::Command {
-    let mut c = std::process::Command::new(support::procs::bin());
-    c.arg("--workspace")
-        .arg(ws.path())
-        .env("HOME", home)
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env_remove("DOCKET_WORKSPACE")
-        .env_remove(docket::failpoint::ENV);
+    let mut c = support::procs::docket_at(ws.path(), home);
+    c.env_remove(docket::failpoint::ENV);
     c
 }
 

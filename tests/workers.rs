@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
-use support::procs::{bin, Mock, Proc};
+use support::procs::{Mock, Proc, bin};
 use support::{Job, Workspace, check_complete, count};
 
 /// The longest any one docket child may take.

@@ -13,7 +13,7 @@ use docket::mock::{MockConfig, MockServer};
 use rusqlite::Connection;
 use serde_json::Value;
 
-use super::procs::{bin, Proc};
+use super::procs::{Proc, bin};
 use super::{Workspace, count};
 
 pub const KEY_ENV: &str = "DOCKET_FAULT_BATCH_KEY";

@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rusqlite::Connection;
 
 use super::Workspace;
-use super::procs::{bin, Mock, Proc};
+use super::procs::{Mock, Proc, bin};
 
 const KEY_ENV: &str = "DOCKET_SOAK_KEY";
 /// The longest one run of docket may take before the trial fails.
