@@ -383,7 +383,7 @@ impl App {
             }
             Ok(cmdline::Command::Nothing) => Vec::new(),
             Err(e) => {
-                self.set_toast(e);
+                self.set_toast(e.to_string());
                 Vec::new()
             }
         }
