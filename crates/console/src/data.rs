@@ -110,10 +110,7 @@ impl DataWorker {
         let mut last_read = Instant::now() - REFRESH;
         let mut said_missing = false;
         let mut last_sent: Option<(Snapshot, Instant)> = None;
-        loop {
-            let Some(mut dirty) = self.take_effects(&rx, ledger.as_ref(), &out) else {
-                break;
-            };
+        while let Some(mut dirty) = self.take_effects(&rx, ledger.as_ref(), &out) {
             if ledger.is_none() {
                 match self.wait_for_ledger(&mut said_missing, &out) {
                     Opening::Opened(l) => {
