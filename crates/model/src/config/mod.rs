@@ -3,6 +3,11 @@
 //! Parsing is strict: unknown keys, wrong types and out-of-range values are
 //! errors naming the file, line and key. Nothing here reads an API key: a
 //! provider names the environment variable that holds it (`api_key_env`).
+//!
+//! Here: the loaded config and its lookups. The parts: what the file can
+//! say (`types`, `defaults`), parse errors with their key paths
+//! (`toml_error`), the checks per section (`validate`) and the comparison
+//! with a session's snapshot (`diff`).
 
 use std::path::{Path, PathBuf};
 
