@@ -445,7 +445,7 @@ async fn invalid_values_are_refused() {
     ];
     let messages: Vec<String> = bad
         .iter()
-        .map(|c| c.validate().expect_err("invalid"))
+        .map(|c| c.validate().expect_err("invalid").to_string())
         .collect();
     assert!(
         messages[0].contains("verdict_disagree_rate"),

@@ -37,7 +37,33 @@ const EXPORT_WHAT: &[&str] = &["decisions", "results", "requests", "items"];
 const EXPORT_FORMAT: &[&str] = &["csv", "jsonl", "parquet"];
 const RETUNE_KEYS: &[&str] = &["rpm=", "tpm=", "concurrency="];
 
-pub fn parse(text: &str) -> Result<Command, String> {
+/// What is wrong with a `:` command line; its text is the toast.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("usage: session SESSION_ID")]
+    SessionUsage,
+    /// The first word, as typed.
+    #[error("unknown command {0:?} (Tab completes; `help` lists keys)")]
+    Unknown(String),
+    #[error(
+        "usage: retune rpm=N tpm=N concurrency=N (any of them; 0 = no client limit for rpm/tpm)"
+    )]
+    RetuneUsage,
+    /// The argument, as typed.
+    #[error("retune: {0:?} is not key=value")]
+    NotKeyValue(String),
+    #[error("retune: {key}={value:?} is not a whole number")]
+    NotWholeNumber { key: String, value: String },
+    #[error("retune: concurrency must be 1..=10000")]
+    ConcurrencyRange,
+    #[error("retune: unknown key {0:?} (rpm, tpm, concurrency)")]
+    UnknownRetuneKey(String),
+    /// An argument after the path, as typed.
+    #[error("export: unexpected {0:?}")]
+    ExportUnexpected(String),
+}
+
+pub fn parse(text: &str) -> Result<Command, CommandError> {
     let mut words = text.split_whitespace();
     let Some(head) = words.next() else {
         return Ok(Command::Nothing);
@@ -52,43 +78,42 @@ pub fn parse(text: &str) -> Result<Command, String> {
         "retune" => parse_retune(&rest),
         "session" => match rest.as_slice() {
             [id] => Ok(Command::Session((*id).to_string())),
-            _ => Err("usage: session SESSION_ID".into()),
+            _ => Err(CommandError::SessionUsage),
         },
         "export" => parse_export(&rest),
         other => Action::from_name(&other.replace('-', "_"))
             .map(Command::Action)
-            .ok_or_else(|| format!("unknown command {other:?} (Tab completes; `help` lists keys)")),
+            .ok_or_else(|| CommandError::Unknown(other.to_string())),
     }
 }
 
-fn parse_retune(args: &[&str]) -> Result<Command, String> {
+fn parse_retune(args: &[&str]) -> Result<Command, CommandError> {
     if args.is_empty() {
-        return Err("usage: retune rpm=N tpm=N concurrency=N (any of them; 0 = no client limit for rpm/tpm)".into());
+        return Err(CommandError::RetuneUsage);
     }
     let mut tune = Tune::default();
     for a in args {
         let (key, value) = a
             .split_once('=')
-            .ok_or_else(|| format!("retune: {a:?} is not key=value"))?;
-        let n: u64 = value
-            .parse()
-            .map_err(|_| format!("retune: {key}={value:?} is not a whole number"))?;
+            .ok_or_else(|| CommandError::NotKeyValue((*a).to_string()))?;
+        let n: u64 = value.parse().map_err(|_| CommandError::NotWholeNumber {
+            key: key.to_string(),
+            value: value.to_string(),
+        })?;
         match key {
             "rpm" => tune.rpm = Some(n),
             "tpm" => tune.tpm = Some(n),
             "concurrency" if (1..=10_000).contains(&n) => tune.concurrency = Some(n),
-            "concurrency" => return Err("retune: concurrency must be 1..=10000".into()),
+            "concurrency" => return Err(CommandError::ConcurrencyRange),
             _ => {
-                return Err(format!(
-                    "retune: unknown key {key:?} (rpm, tpm, concurrency)"
-                ));
+                return Err(CommandError::UnknownRetuneKey(key.to_string()));
             }
         }
     }
     Ok(Command::Control(Control::Retune(tune)))
 }
 
-fn parse_export(args: &[&str]) -> Result<Command, String> {
+fn parse_export(args: &[&str]) -> Result<Command, CommandError> {
     let mut what = "results".to_string();
     let mut format = "csv".to_string();
     let mut path = None;
@@ -100,7 +125,7 @@ fn parse_export(args: &[&str]) -> Result<Command, String> {
         } else if path.is_none() {
             path = Some((*a).to_string());
         } else {
-            return Err(format!("export: unexpected {a:?}"));
+            return Err(CommandError::ExportUnexpected((*a).to_string()));
         }
     }
     let path = path.unwrap_or_else(|| format!("docket-{what}.{format}"));
@@ -189,7 +214,12 @@ mod tests {
             })))
         );
         assert!(parse("retune concurrency=0").is_err());
-        assert!(parse("retune rpm=fast").unwrap_err().contains("rpm"));
+        assert!(
+            parse("retune rpm=fast")
+                .unwrap_err()
+                .to_string()
+                .contains("rpm")
+        );
         assert_eq!(
             parse("export requests jsonl /tmp/x.jsonl"),
             Ok(Command::Export {
@@ -207,7 +237,12 @@ mod tests {
             parse("session batch_1"),
             Ok(Command::Session("batch_1".into()))
         );
-        assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+        assert!(
+            parse("frobnicate")
+                .unwrap_err()
+                .to_string()
+                .contains("frobnicate")
+        );
         assert_eq!(parse("   "), Ok(Command::Nothing));
     }
 

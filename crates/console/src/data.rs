@@ -7,10 +7,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use super::app::{Control, Effect, Snapshot};
+use super::app::{Effect, Snapshot};
 use docket_ledger::console::ConsoleReads;
-use docket_ledger::control::{self, Desired, RunControls};
-use docket_ledger::review::{Applied, Claim, Operator, ReviewDecisions};
+use docket_ledger::review::{Operator, ReviewDecisions};
 use docket_ledger::watch::{ProviderBatchRow, ProviderBatchSummary, ReviewPage, ReviewQuery};
 use docket_ledger::{Ledger, LedgerError, LedgerLocation};
 
@@ -46,6 +45,17 @@ const CLAIM_RENEW: Duration = Duration::from_secs(10);
 /// An operator away from the keyboard this long lets go of the item, so it
 /// does not stay blocked for everyone; the next key takes it back.
 const IDLE_RELEASE: Duration = Duration::from_secs(300);
+
+/// Where waiting for the ledger got to.
+enum Opening {
+    Opened(Ledger),
+    /// Not there (or not openable) yet: look again next tick.
+    NotYet,
+    /// The UI is gone.
+    Stop,
+}
+
+mod writes;
 
 pub struct DataWorker {
     ledger_path: LedgerLocation,
@@ -100,51 +110,15 @@ impl DataWorker {
         let mut last_read = Instant::now() - REFRESH;
         let mut said_missing = false;
         let mut last_sent: Option<(Snapshot, Instant)> = None;
-        loop {
-            let mut dirty = false;
-            match rx.recv_timeout(TICK) {
-                Ok(fx) => {
-                    // A bare key press changes nothing to read.
-                    dirty = !matches!(fx, Effect::Activity);
-                    self.apply(ledger.as_ref(), fx, &out);
-                    while let Ok(fx) = rx.try_recv() {
-                        dirty |= !matches!(fx, Effect::Activity);
-                        self.apply(ledger.as_ref(), fx, &out);
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
+        while let Some(mut dirty) = self.take_effects(&rx, ledger.as_ref(), &out) {
             if ledger.is_none() {
-                // The console may open before the first import: wait for it.
-                if self.ledger_path.exists() {
-                    match self.open() {
-                        Ok(l) => ledger = Some(l),
-                        Err(e) => {
-                            if !said_missing {
-                                out(DataMsg::Toast(e));
-                                said_missing = true;
-                            }
-                            std::thread::sleep(Duration::from_millis(500));
-                            continue;
-                        }
+                match self.wait_for_ledger(&mut said_missing, &out) {
+                    Opening::Opened(l) => {
+                        ledger = Some(l);
+                        dirty = true;
                     }
-                    dirty = true;
-                } else {
-                    if !said_missing {
-                        said_missing = true;
-                        let msg = format!(
-                            "{}: no ledger yet (import items with `docket import FILE`)",
-                            self.ledger_path
-                        );
-                        if !out(DataMsg::Toast(msg)) {
-                            break;
-                        }
-                        if !out(DataMsg::Snapshot(Box::default())) {
-                            break;
-                        }
-                    }
-                    continue;
+                    Opening::NotYet => continue,
+                    Opening::Stop => break,
                 }
             }
             let Some(l) = ledger.as_mut() else { continue };
@@ -152,43 +126,119 @@ impl DataWorker {
             let changed = l.has_changed().unwrap_or(false);
             if changed || dirty || last_read.elapsed() >= REFRESH {
                 last_read = Instant::now();
-                match self.read(&*l, changed, dirty) {
-                    Ok(snap) => {
-                        let unchanged = last_sent.as_ref().is_some_and(|(prev, at)| {
-                            !dirty && at.elapsed() < RESEND && prev.same_data(&snap)
-                        });
-                        if !unchanged {
-                            last_sent = Some((snap.clone(), Instant::now()));
-                            if !out(DataMsg::Snapshot(Box::new(snap))) {
-                                break;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!("console read failed: {e}");
-                        if !out(DataMsg::Toast(format!("ledger read failed: {e}"))) {
-                            break;
-                        }
-                    }
+                if !self.send_read(&*l, changed, dirty, &mut last_sent, &out) {
+                    break;
                 }
             }
-            if let Some(id) = self.claim
-                && !self.claim_idle
-                && self.claim_at.elapsed() >= CLAIM_RENEW
-            {
-                self.claim_at = Instant::now();
-                if self.last_key.elapsed() >= IDLE_RELEASE {
-                    self.claim_idle = true;
-                    let _ = l.release(id, &self.operator);
-                } else {
-                    let _ = l.claim(id, &self.operator);
-                }
-            }
+            self.keep_claim(&*l);
         }
         if let Some(l) = ledger.as_ref()
             && !self.read_only
         {
             let _ = l.release_all(&self.operator);
+        }
+    }
+
+    /// Wait a tick for the UI's effects and carry out every one queued.
+    /// Some(whether one changes what to read), or None once the UI is gone.
+    fn take_effects(
+        &mut self,
+        rx: &Receiver<Effect>,
+        ledger: Option<&Ledger>,
+        out: &impl Fn(DataMsg) -> bool,
+    ) -> Option<bool> {
+        let mut dirty = false;
+        match rx.recv_timeout(TICK) {
+            Ok(fx) => {
+                // A bare key press changes nothing to read.
+                dirty = !matches!(fx, Effect::Activity);
+                self.apply(ledger, fx, out);
+                while let Ok(fx) = rx.try_recv() {
+                    dirty |= !matches!(fx, Effect::Activity);
+                    self.apply(ledger, fx, out);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+        Some(dirty)
+    }
+
+    /// The console may open before the first import: wait for the ledger,
+    /// saying once that it is missing (or cannot be opened).
+    fn wait_for_ledger(&self, said_missing: &mut bool, out: &impl Fn(DataMsg) -> bool) -> Opening {
+        if self.ledger_path.exists() {
+            return match self.open() {
+                Ok(l) => Opening::Opened(l),
+                Err(e) => {
+                    if !*said_missing {
+                        out(DataMsg::Toast(e));
+                        *said_missing = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                    Opening::NotYet
+                }
+            };
+        }
+        if !*said_missing {
+            *said_missing = true;
+            let msg = format!(
+                "{}: no ledger yet (import items with `docket import FILE`)",
+                self.ledger_path
+            );
+            if !out(DataMsg::Toast(msg)) {
+                return Opening::Stop;
+            }
+            if !out(DataMsg::Snapshot(Box::default())) {
+                return Opening::Stop;
+            }
+        }
+        Opening::NotYet
+    }
+
+    /// Read a snapshot and send it, unless it is the same as the last one
+    /// sent a short while ago; a failed read is a toast. False once the UI
+    /// is gone.
+    fn send_read(
+        &mut self,
+        l: &Ledger,
+        changed: bool,
+        dirty: bool,
+        last_sent: &mut Option<(Snapshot, Instant)>,
+        out: &impl Fn(DataMsg) -> bool,
+    ) -> bool {
+        match self.read(l, changed, dirty) {
+            Ok(snap) => {
+                let unchanged = last_sent.as_ref().is_some_and(|(prev, at)| {
+                    !dirty && at.elapsed() < RESEND && prev.same_data(&snap)
+                });
+                if !unchanged {
+                    *last_sent = Some((snap.clone(), Instant::now()));
+                    return out(DataMsg::Snapshot(Box::new(snap)));
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!("console read failed: {e}");
+                out(DataMsg::Toast(format!("ledger read failed: {e}")))
+            }
+        }
+    }
+
+    /// Renew the claim on the item in view well inside its lease, or let
+    /// it go when the operator has been away from the keyboard.
+    fn keep_claim(&mut self, l: &Ledger) {
+        if let Some(id) = self.claim
+            && !self.claim_idle
+            && self.claim_at.elapsed() >= CLAIM_RENEW
+        {
+            self.claim_at = Instant::now();
+            if self.last_key.elapsed() >= IDLE_RELEASE {
+                self.claim_idle = true;
+                let _ = l.release(id, &self.operator);
+            } else {
+                let _ = l.claim(id, &self.operator);
+            }
         }
     }
 
@@ -293,185 +343,5 @@ impl DataWorker {
         let page = db.review_page(&self.query)?;
         self.review_cache = Some((self.query.clone(), page.clone(), Instant::now()));
         Ok(page)
-    }
-
-    fn apply(&mut self, ledger: Option<&Ledger>, fx: Effect, out: &impl Fn(DataMsg) -> bool) {
-        let toast = |t: String| {
-            out(DataMsg::Toast(t));
-        };
-        match fx {
-            Effect::Activity => {
-                self.last_key = Instant::now();
-                if self.claim_idle
-                    && let (Some(l), Some(id)) = (ledger, self.claim)
-                    && !self.read_only
-                {
-                    self.claim_idle = false;
-                    self.claim_at = Instant::now();
-                    if let Ok(Claim::HeldByOther(who)) = l.claim(id, &self.operator) {
-                        toast(format!(
-                            "held by {who}: another operator took it while you were away"
-                        ));
-                    }
-                }
-            }
-            Effect::Watch(s) => self.watch = s,
-            Effect::Query(q) => self.query = q,
-            Effect::Detail(d) => self.detail = d,
-            Effect::Quit(_) => {}
-            other => {
-                let Some(l) = ledger else {
-                    toast("no ledger yet".into());
-                    return;
-                };
-                // A read-only console writes nothing to the ledger; it may
-                // still export (a file of its own).
-                if self.read_only && !matches!(other, Effect::Export { .. }) {
-                    return;
-                }
-                if let Some(t) = self.write(l, other) {
-                    toast(t);
-                }
-            }
-        }
-    }
-
-    /// Decisions and controls; returns what to tell the operator.
-    fn write(&mut self, ledger: &Ledger, fx: Effect) -> Option<String> {
-        let op = &self.operator;
-        let actor = format!("review:{}", op.user);
-        match fx {
-            Effect::Claim(id) => {
-                if let Some(old) = self.claim
-                    && Some(old) != id
-                {
-                    let _ = ledger.release(old, op);
-                }
-                self.claim = id;
-                self.claim_at = Instant::now();
-                let id = id?;
-                match ledger.claim(id, op) {
-                    Ok(Claim::HeldByOther(who)) => {
-                        Some(format!("held by {who}: another operator is on it"))
-                    }
-                    Ok(_) => None,
-                    Err(e) => Some(e.to_string()),
-                }
-            }
-            Effect::Accept(ids) => Some(match ledger.accept(&ids, op) {
-                Ok(a) => applied("Accepted", &a),
-                Err(e) => e.to_string(),
-            }),
-            Effect::Reject(ids) => Some(match ledger.reject(&ids, op) {
-                Ok(a) => applied("Rejected", &a),
-                Err(e) => e.to_string(),
-            }),
-            Effect::Undo => Some(match ledger.undo_last(op) {
-                Ok(Some(u)) => format!(
-                    "Undid {} of {}",
-                    u.action,
-                    docket_model::sanitize::truncate(&u.item_id, 40)
-                ),
-                Ok(None) => "Nothing to undo.".into(),
-                Err(e) => e.to_string(),
-            }),
-            Effect::Control {
-                session_id,
-                control: ctl,
-            } => Some(match do_control(ledger, &session_id, ctl, &actor) {
-                Ok(msg) => msg,
-                Err(e) => e,
-            }),
-            Effect::Export {
-                session,
-                what,
-                format,
-                path,
-            } => Some(export(
-                ledger,
-                &self.workspace,
-                session,
-                &what,
-                &format,
-                &path,
-            )),
-            Effect::Watch(_)
-            | Effect::Query(_)
-            | Effect::Detail(_)
-            | Effect::Quit(_)
-            | Effect::Activity => None,
-        }
-    }
-}
-
-/// `:export`: a file in the workspace (reads only, so a read-only console
-/// may export too).
-fn export(
-    ledger: &Ledger,
-    workspace: &std::path::Path,
-    session: Option<String>,
-    what: &str,
-    format: &str,
-    path: &str,
-) -> String {
-    use docket_ledger::report::{ExportFormat, ExportOptions, ExportWhat};
-    let opts = ExportOptions {
-        session: if what == "decisions" { None } else { session },
-        what: match what {
-            "decisions" => ExportWhat::Decisions,
-            "requests" => ExportWhat::Requests,
-            "items" => ExportWhat::Items,
-            _ => ExportWhat::Results,
-        },
-        format: match format {
-            "jsonl" => ExportFormat::Jsonl,
-            "parquet" => ExportFormat::Parquet,
-            _ => ExportFormat::Csv,
-        },
-    };
-    let target = workspace.join(path);
-    let result = docket_ledger::report::export_file(ledger, &opts, workspace, &target)
-        .map_err(|e| e.to_string());
-    match result {
-        Ok(n) => format!("Exported {n} rows to {}", target.display()),
-        Err(e) => format!("export to {} failed: {e}", target.display()),
-    }
-}
-
-fn applied(verb: &str, a: &Applied) -> String {
-    let mut msg = match a.done.len() {
-        0 => format!("{verb} nothing"),
-        1 => format!("{verb} 1 item (u undoes)"),
-        n => format!("{verb} {n} items (u undoes one at a time)"),
-    };
-    if let Some((_, why)) = a.skipped.first() {
-        msg.push_str(&format!("; skipped {}: {why}", a.skipped.len()));
-    }
-    msg
-}
-
-fn do_control(ledger: &Ledger, sid: &str, ctl: Control, actor: &str) -> Result<String, String> {
-    let e = |e: control::ControlError| e.to_string();
-    match ctl {
-        Control::Pause => ledger
-            .set_desired(sid, Desired::Paused, actor)
-            .map(|()| "Pause asked: no new requests; in-flight ones finish.".into())
-            .map_err(e),
-        Control::Resume => ledger
-            .set_desired(sid, Desired::Running, actor)
-            .map(|()| "Resume asked.".into())
-            .map_err(e),
-        Control::Cancel => ledger
-            .set_desired(sid, Desired::Cancelled, actor)
-            .map(|()| "Cancel asked: the session stops and stays resumable.".into())
-            .map_err(e),
-        Control::StopAtStage => ledger
-            .stop_after_stage(sid, actor)
-            .map(|stage| format!("Stops after stage {stage}."))
-            .map_err(e),
-        Control::Retune(t) => ledger
-            .retune(sid, t, actor)
-            .map(|()| "Retune asked: the engine follows within a second.".into())
-            .map_err(e),
     }
 }

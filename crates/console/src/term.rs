@@ -241,12 +241,7 @@ fn event_loop<W: Write>(
     figures: &mut Figures,
     started: Instant,
 ) -> color_eyre::Result<QuitChoice> {
-    let frame_gap = Duration::from_millis(1000 / MAX_FPS);
-    let mut dirty = true;
-    let mut last_draw = Instant::now() - frame_gap;
-    let mut key_at: Option<Instant> = None;
-    // Draw without waiting for the next frame slot (a key, the first data).
-    let mut urgent = false;
+    let mut pacing = Pacing::new();
     // A PostgreSQL ledger going away (or coming back) is news for the
     // footer even when no data arrives: the reader is busy reconnecting.
     let mut shown_unreachable = docket_ledger::db::unreachable();
@@ -254,75 +249,21 @@ fn event_loop<W: Write>(
         let unreachable = docket_ledger::db::unreachable();
         if unreachable != shown_unreachable {
             shown_unreachable = unreachable;
-            dirty = true;
+            pacing.dirty = true;
         }
-        if opts.terminate.load(Ordering::Relaxed) {
-            return Ok(if app.in_process_live {
-                QuitChoice::Cancel
-            } else {
-                QuitChoice::Close
-            });
+        if let Some(choice) = watch_the_run(app, opts, &mut pacing) {
+            return Ok(choice);
         }
-        if let Some(run) = &opts.in_process {
-            let live = !run.finished.load(Ordering::Relaxed);
-            if live != app.in_process_live {
-                app.in_process_live = live;
-                dirty = true;
-                // Its choices are about a run that is over now.
-                if !live && matches!(app.overlay, Overlay::Dialog(Dialog::QuitLive)) {
-                    app.overlay = Overlay::None;
-                    app.set_toast("The run has ended; q quits.");
-                }
-            }
+        if pacing.draw_now() {
+            draw_frame(terminal, app, theme, &mut pacing, figures, started)?;
         }
-        let due = last_draw + frame_gap;
-        if dirty && (urgent || key_at.is_some() || Instant::now() >= due) {
-            urgent = false;
-            terminal.backend_mut().execute_sync(true);
-            terminal.draw(|f| super::view::draw(f, app, theme))?;
-            terminal.backend_mut().execute_sync(false);
-            figures.frames += 1;
-            if let Some(t) = key_at.take() {
-                figures.key_latency_us.push(t.elapsed().as_micros() as u64);
-            }
-            if figures.first_loaded_frame.is_none() && app.loaded {
-                figures.first_loaded_frame = Some(started.elapsed());
-            }
-            dirty = false;
-            last_draw = Instant::now();
-        }
-        let wait = if dirty {
-            due.saturating_duration_since(Instant::now())
-        } else {
-            Duration::from_millis(500)
-        };
-        let ev = match rx.recv_timeout(wait) {
+        let ev = match rx.recv_timeout(pacing.wait()) {
             Ok(ev) => ev,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return Ok(QuitChoice::Close),
         };
-        let fx = match ev {
-            UiEvent::Term(TermEvent::Key(k)) => {
-                key_at.get_or_insert_with(Instant::now);
-                let _ = fx_tx.send(Effect::Activity);
-                app.handle_key(k)
-            }
-            UiEvent::Term(TermEvent::Resize(..)) => {
-                terminal.autoresize()?;
-                Vec::new()
-            }
-            UiEvent::Term(_) => Vec::new(),
-            UiEvent::Data(DataMsg::Snapshot(s)) => {
-                // The first data is drawn at once, like a key's answer.
-                urgent |= !app.loaded;
-                app.apply_snapshot(*s)
-            }
-            UiEvent::Data(DataMsg::Toast(t)) => {
-                app.set_toast(t);
-                Vec::new()
-            }
-        };
-        dirty = true;
+        let fx = apply_event(ev, terminal, app, fx_tx, &mut pacing)?;
+        pacing.dirty = true;
         for f in fx {
             if let Effect::Quit(choice) = f {
                 return Ok(choice);
@@ -333,6 +274,128 @@ fn event_loop<W: Write>(
             return Ok(choice);
         }
     }
+}
+
+/// When to draw: at most [`MAX_FPS`] frames a second, but a key's answer
+/// and the first data without waiting for the next frame slot.
+struct Pacing {
+    frame_gap: Duration,
+    dirty: bool,
+    last_draw: Instant,
+    /// When the oldest key not yet answered on screen came.
+    key_at: Option<Instant>,
+    /// Draw without waiting for the next frame slot (a key, the first data).
+    urgent: bool,
+}
+
+impl Pacing {
+    fn new() -> Pacing {
+        let frame_gap = Duration::from_millis(1000 / MAX_FPS);
+        Pacing {
+            frame_gap,
+            dirty: true,
+            last_draw: Instant::now() - frame_gap,
+            key_at: None,
+            urgent: false,
+        }
+    }
+
+    fn due(&self) -> Instant {
+        self.last_draw + self.frame_gap
+    }
+
+    fn draw_now(&self) -> bool {
+        self.dirty && (self.urgent || self.key_at.is_some() || Instant::now() >= self.due())
+    }
+
+    /// How long to wait for an event before looking again.
+    fn wait(&self) -> Duration {
+        if self.dirty {
+            self.due().saturating_duration_since(Instant::now())
+        } else {
+            Duration::from_millis(500)
+        }
+    }
+}
+
+/// A termination signal ends the console (cancelling a run this process
+/// drives); a run in this process ending changes what quitting asks.
+fn watch_the_run(app: &mut App, opts: &ConsoleOptions, pacing: &mut Pacing) -> Option<QuitChoice> {
+    if opts.terminate.load(Ordering::Relaxed) {
+        return Some(if app.in_process_live {
+            QuitChoice::Cancel
+        } else {
+            QuitChoice::Close
+        });
+    }
+    if let Some(run) = &opts.in_process {
+        let live = !run.finished.load(Ordering::Relaxed);
+        if live != app.in_process_live {
+            app.in_process_live = live;
+            pacing.dirty = true;
+            // Its choices are about a run that is over now.
+            if !live && matches!(app.overlay, Overlay::Dialog(Dialog::QuitLive)) {
+                app.overlay = Overlay::None;
+                app.set_toast("The run has ended; q quits.");
+            }
+        }
+    }
+    None
+}
+
+fn draw_frame<W: Write>(
+    terminal: &mut Terminal<CrosstermBackend<W>>,
+    app: &App,
+    theme: Theme,
+    pacing: &mut Pacing,
+    figures: &mut Figures,
+    started: Instant,
+) -> color_eyre::Result<()> {
+    pacing.urgent = false;
+    terminal.backend_mut().execute_sync(true);
+    terminal.draw(|f| super::view::draw(f, app, theme))?;
+    terminal.backend_mut().execute_sync(false);
+    figures.frames += 1;
+    if let Some(t) = pacing.key_at.take() {
+        figures.key_latency_us.push(t.elapsed().as_micros() as u64);
+    }
+    if figures.first_loaded_frame.is_none() && app.loaded {
+        figures.first_loaded_frame = Some(started.elapsed());
+    }
+    pacing.dirty = false;
+    pacing.last_draw = Instant::now();
+    Ok(())
+}
+
+/// One event into the state: a key, a resize, or data from the reader.
+fn apply_event<W: Write>(
+    ev: UiEvent,
+    terminal: &mut Terminal<CrosstermBackend<W>>,
+    app: &mut App,
+    fx_tx: &mpsc::Sender<Effect>,
+    pacing: &mut Pacing,
+) -> color_eyre::Result<Vec<Effect>> {
+    Ok(match ev {
+        UiEvent::Term(TermEvent::Key(k)) => {
+            pacing.key_at.get_or_insert_with(Instant::now);
+            let _ = fx_tx.send(Effect::Activity);
+            app.handle_key(k)
+        }
+        UiEvent::Term(TermEvent::Resize(..)) => {
+            terminal.autoresize()?;
+            Vec::new()
+        }
+        UiEvent::Term(_) => Vec::new(),
+        UiEvent::Data(DataMsg::Snapshot(s)) => {
+            // The first data is drawn at once, like a key's answer.
+            pacing.urgent |= !app.loaded;
+            app.apply_snapshot(*s)
+        }
+        UiEvent::Data(DataMsg::Toast(t)) => {
+            app.set_toast(t);
+            Vec::new()
+        }
+    })
 }
 
 trait SyncUpdate {

@@ -257,19 +257,32 @@ impl Default for MockConfig {
     }
 }
 
+/// A mock setting out of its range; the text names the setting.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MockConfigError {
+    /// The mode as given.
+    #[error("mode must be \"normal\", \"unauthorized\", \"forbidden\" or \"quota\", not {0:?}")]
+    Mode(String),
+    #[error("{name} must be a rate in [0,1], got {rate}")]
+    Rate { name: &'static str, rate: f64 },
+    #[error("verdict must be a non-empty label")]
+    EmptyVerdict,
+    #[error("verdict and verdict_disagree_rate exclude each other: set one")]
+    VerdictAndDisagreeRate,
+    #[error("{name} must be a finite number >= 0, got {ms}")]
+    Latency { name: &'static str, ms: f64 },
+}
+
 impl MockConfig {
     /// Check the values a human may get wrong: the mode name, fault rates in
     /// [0,1], finite non-negative latencies. `MockServer::start` and
     /// `POST /_mock/config` refuse an invalid config with this message.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), MockConfigError> {
         if !matches!(
             self.mode.as_str(),
             "normal" | "unauthorized" | "forbidden" | "quota"
         ) {
-            return Err(format!(
-                "mode must be \"normal\", \"unauthorized\", \"forbidden\" or \"quota\", not {:?}",
-                self.mode
-            ));
+            return Err(MockConfigError::Mode(self.mode.clone()));
         }
         let rates = [
             ("fail_500", self.fail_500),
@@ -289,17 +302,15 @@ impl MockConfig {
         ];
         for (name, rate) in rates {
             if !(0.0..=1.0).contains(&rate) {
-                return Err(format!("{name} must be a rate in [0,1], got {rate}"));
+                return Err(MockConfigError::Rate { name, rate });
             }
         }
         if let Some(label) = &self.verdict {
             if label.trim().is_empty() {
-                return Err("verdict must be a non-empty label".to_string());
+                return Err(MockConfigError::EmptyVerdict);
             }
             if self.verdict_disagree_rate > 0.0 {
-                return Err(
-                    "verdict and verdict_disagree_rate exclude each other: set one".to_string(),
-                );
+                return Err(MockConfigError::VerdictAndDisagreeRate);
             }
         }
         for (name, ms) in [
@@ -307,7 +318,7 @@ impl MockConfig {
             ("latency_p99_ms", self.latency_p99_ms),
         ] {
             if !ms.is_finite() || ms < 0.0 {
-                return Err(format!("{name} must be a finite number >= 0, got {ms}"));
+                return Err(MockConfigError::Latency { name, ms });
             }
         }
         Ok(())

@@ -1,0 +1,115 @@
+//! One function per command; each returns the process exit code. The
+//! commands live in groups: the ledger's opening and copying (`ledger`),
+//! setting a workspace up (`setup`), reading results out (`reports`),
+//! steering a session (`control`) and running one (`run`, `signals`).
+
+use std::io::{IsTerminal, Write};
+
+use docket::control::Desired;
+use docket::tui::app::Pane;
+
+use crate::cli::{Cli, Command, LedgerAction};
+
+mod control;
+mod ledger;
+mod reports;
+mod run;
+mod setup;
+mod signals;
+
+pub const EXIT_USAGE: i32 = 2;
+
+pub async fn run(cli: Cli) -> i32 {
+    let ws = docket::workspace::resolve(cli.workspace.as_deref());
+    let console_args = cli.console.clone();
+    if console_args.print_keymap {
+        let (keymap, warnings) = docket::tui::keymap::Keymap::load(console_args.keymap.as_deref());
+        for w in &warnings {
+            eprintln!("keymap: {w}");
+        }
+        print!("{}", keymap.to_toml());
+        return 0;
+    }
+    let Some(command) = cli.command else {
+        return crate::console::open(&ws, &console_args, Pane::Stages, None).await;
+    };
+    match command {
+        Command::Demo(args) => setup::demo(args, &console_args).await,
+        Command::Console { session } => {
+            crate::console::open(&ws, &console_args, Pane::Stages, session).await
+        }
+        Command::Review => crate::console::open(&ws, &console_args, Pane::Review, None).await,
+        Command::Init {
+            dir,
+            force,
+            example,
+        } => setup::init(dir.as_deref().unwrap_or(&ws), force, example),
+        Command::Import {
+            file,
+            id_field,
+            strict,
+            format,
+        } => setup::import(&ws, &file, id_field, strict, format),
+        Command::BatchAdjudicate(args) => {
+            ledger::warn_about_the_place(&ws);
+            run::batch_adjudicate(&ws, args, &console_args).await
+        }
+        Command::Worker(args) => {
+            ledger::warn_about_the_place(&ws);
+            run::worker(&ws, args).await
+        }
+        Command::Workers { session, format } => reports::workers(&ws, &session, format),
+        Command::BatchResults { session, format } => reports::batch_results(&ws, &session, format),
+        Command::Sessions { format } => reports::sessions(&ws, format),
+        Command::Export {
+            session,
+            what,
+            format,
+            output,
+        } => reports::export(&ws, session, what, format, output),
+        Command::Pause { session } => control::control(&ws, &session, Some(Desired::Paused)),
+        Command::Resume { session } => control::control(&ws, &session, Some(Desired::Running)),
+        Command::Cancel { session } => control::cancel(&ws, &session).await,
+        Command::StopAtStage { session } => control::control(&ws, &session, None),
+        Command::Ledger {
+            action: LedgerAction::Copy { to, from },
+        } => tokio::task::block_in_place(|| ledger::ledger_copy(&ws, to, from)),
+        Command::MockProvider { port, config } => mock_provider(port, *config).await,
+    }
+}
+
+/// `docket mock-provider`: the built-in mock on a loopback port until killed.
+async fn mock_provider(port: u16, config: docket::mock::MockConfig) -> i32 {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    match docket::mock::serve_forever(config, addr).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("docket mock-provider: {e}");
+            1
+        }
+    }
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    say_error(msg);
+    EXIT_USAGE
+}
+
+/// `docket: MESSAGE` on stderr, each line made safe for a terminal: a
+/// message can quote an argument, a file's line or a provider's answer.
+pub(crate) fn say_error(msg: impl std::fmt::Display) {
+    let text = msg.to_string();
+    let safe: Vec<String> = text.lines().map(docket::sanitize::for_terminal).collect();
+    eprintln!("docket: {}", safe.join("\n"));
+}
+
+/// Standard output for data (CSV, JSON): on a terminal, a line at a time
+/// through the terminal sanitizer; to a file or a pipe, exact.
+fn data_out() -> Box<dyn Write> {
+    let out = std::io::stdout();
+    if out.is_terminal() {
+        Box::new(docket::sanitize::TerminalLines::new(out.lock()))
+    } else {
+        Box::new(out.lock())
+    }
+}

@@ -1,0 +1,123 @@
+//! Setting a workspace up: `docket init`, `docket import` and `docket demo`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use docket::items;
+use docket::ledger::{LEDGER_FILE, Ledger, LedgerLocation};
+
+use super::{EXIT_USAGE, fail};
+use crate::cli::{ConsoleArgs, DemoArgs, ImportFormatArg, RunArgs};
+
+pub(super) fn init(dir: &Path, force: bool, example: Option<crate::cli::ExampleArg>) -> i32 {
+    let example = example.map(|e| match e {
+        crate::cli::ExampleArg::Critic => docket::workspace::Example::Critic,
+        crate::cli::ExampleArg::JudgeGym => docket::workspace::Example::JudgeGym,
+    });
+    match docket::workspace::init_example(dir, force, example) {
+        Ok(files) => {
+            println!("Initialized a docket workspace in {}:", dir.display());
+            for f in files {
+                println!("  wrote {}", f.display());
+            }
+            println!();
+            println!("Next:");
+            println!(
+                "  docket --workspace {} import {}",
+                dir.display(),
+                dir.join(docket::workspace::SAMPLE_ITEMS).display()
+            );
+            println!("  docket --workspace {} batch-adjudicate", dir.display());
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+pub(super) fn import(
+    ws: &Path,
+    file: &Path,
+    id_field: String,
+    strict: bool,
+    format: Option<ImportFormatArg>,
+) -> i32 {
+    let mut ledger = match LedgerLocation::for_workspace(ws).and_then(Ledger::open) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let opts = items::ImportOptions {
+        id_field,
+        strict,
+        format: format.map(|f| match f {
+            ImportFormatArg::Jsonl => items::ImportFormat::Jsonl,
+            ImportFormatArg::Csv => items::ImportFormat::Csv,
+        }),
+    };
+    match items::import_file(&mut ledger, file, &opts) {
+        Ok(r) => {
+            let _ = items::render_import_report(&r, &mut std::io::stdout().lock());
+            if r.bad_count > 0 { EXIT_USAGE } else { 0 }
+        }
+        Err(e) => fail(e),
+    }
+}
+
+pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
+    let dir = docket::workspace::demo_dir();
+    if !dir.join("docket.toml").exists()
+        && let Err(e) = docket::workspace::init(&dir, true)
+    {
+        return fail(e);
+    }
+    let ledger_path = dir.join(LEDGER_FILE);
+    if !args.keep {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ =
+                std::fs::remove_file(PathBuf::from(format!("{}{suffix}", ledger_path.display())));
+        }
+    }
+    let items_path = dir.join("items/demo.jsonl");
+    let written = (|| -> std::io::Result<()> {
+        // not a ledger file: the demo's items.
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&items_path)?);
+        docket::demo::write_chart_items(&mut f, args.items, 2026)?;
+        f.flush()
+    })();
+    if let Err(e) = written {
+        return fail(format!("{}: {e}", items_path.display()));
+    }
+    println!(
+        "docket demo: workspace {} (built-in mock provider, no key, no network)",
+        dir.display()
+    );
+    let code = import(&dir, &items_path, "id".into(), false, None);
+    if code != 0 {
+        return code;
+    }
+    println!();
+    let args = RunArgs {
+        limit: None,
+        min_confidence: None,
+        rate_limit: None,
+        dry_run: false,
+        no_preflight: false,
+        resume: None,
+        accept_changes: false,
+        force: false,
+        skip_reviewed: false,
+        auto_accept_threshold: None,
+        review_threshold: None,
+        yes: true,
+        cancel_remote: false,
+        headless: args.headless,
+        max_cost: None,
+        grace: 5.0,
+        rerun_stage: None,
+    };
+    let code = super::run::batch_adjudicate(&dir, args, console).await;
+    if code == 0 || code == docket::engine::EXIT_COMPLETED_WITH_ERRORS {
+        println!();
+        println!("Explore it: docket --workspace {} sessions", dir.display());
+    }
+    code
+}
