@@ -153,30 +153,9 @@ impl Run<'_> {
             Wake::Cancel => return self.cancelled().await,
             Wake::Time => {}
         }
-        let (input, endpoint, max) = (
-            self.input.clone(),
-            self.plan.endpoint.clone(),
-            self.plan.api.max_requests(),
-        );
-        let checked =
-            tokio::task::spawn_blocking(move || input::validate(&input, &endpoint, max)).await;
-        let parsed = match checked {
-            Ok(Ok(p)) => p,
-            Ok(Err(errors)) => return self.fail(errors, None),
-            Err(_) => return,
+        let Some(parsed) = self.validate_input().await else {
+            return;
         };
-        if self.plan.reject_input {
-            let line = parsed.lines.len().min(2) as u64;
-            let e = BatchError {
-                code: "invalid_json_line".to_string(),
-                message: format!(
-                    "This line is not parseable as valid JSON (mock: batch_reject_input, line {line})."
-                ),
-                param: None,
-                line: Some(line),
-            };
-            return self.fail(vec![e], Some(parsed.model));
-        }
         let n = parsed.lines.len();
         match self.start(parsed) {
             Start::Running => {}
@@ -184,27 +163,8 @@ impl Run<'_> {
             Start::Cancelled => return self.cancelled().await,
         }
 
-        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
-        loop {
-            match sched.now() {
-                Due::Expire(k) => {
-                    self.step(k);
-                    return self.expired();
-                }
-                Due::Run(target) => self.step(target),
-            }
-            if sched.finished(self.done) {
-                break;
-            }
-            match self.pause(sched.tick).await {
-                Wake::Stop => return,
-                Wake::Time => {}
-                Wake::Cancel => {
-                    // The lines in flight finish.
-                    self.step(sched.on_cancel(self.done));
-                    return self.cancelled().await;
-                }
-            }
+        if !self.run_lines(n).await {
+            return;
         }
 
         if !self.transition(Status::Finalizing, "batch_finalizing") {
@@ -229,6 +189,69 @@ impl Run<'_> {
             return self.cancelled().await;
         }
         self.shared.stats.count(BatchCount::Completed);
+    }
+
+    /// Validate the input file off the async threads; None when the batch
+    /// failed (a bad line, or `batch_reject_input`) or the check died.
+    async fn validate_input(&mut self) -> Option<input::Parsed> {
+        let (input, endpoint, max) = (
+            self.input.clone(),
+            self.plan.endpoint.clone(),
+            self.plan.api.max_requests(),
+        );
+        let checked =
+            tokio::task::spawn_blocking(move || input::validate(&input, &endpoint, max)).await;
+        let parsed = match checked {
+            Ok(Ok(p)) => p,
+            Ok(Err(errors)) => {
+                self.fail(errors, None);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        if self.plan.reject_input {
+            let line = parsed.lines.len().min(2) as u64;
+            let e = BatchError {
+                code: "invalid_json_line".to_string(),
+                message: format!(
+                    "This line is not parseable as valid JSON (mock: batch_reject_input, line {line})."
+                ),
+                param: None,
+                line: Some(line),
+            };
+            self.fail(vec![e], Some(parsed.model));
+            return None;
+        }
+        Some(parsed)
+    }
+
+    /// Run the `n` lines on the schedule; false when the batch ended on the
+    /// way (expired, cancelled) or the server stops.
+    async fn run_lines(&mut self, n: usize) -> bool {
+        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
+        loop {
+            match sched.now() {
+                Due::Expire(k) => {
+                    self.step(k);
+                    self.expired();
+                    return false;
+                }
+                Due::Run(target) => self.step(target),
+            }
+            if sched.finished(self.done) {
+                return true;
+            }
+            match self.pause(sched.tick).await {
+                Wake::Stop => return false,
+                Wake::Time => {}
+                Wake::Cancel => {
+                    // The lines in flight finish.
+                    self.step(sched.on_cancel(self.done));
+                    self.cancelled().await;
+                    return false;
+                }
+            }
+        }
     }
 
     /// Validation passed: fail on the enqueued token limit, or go `in_progress`.
