@@ -188,7 +188,8 @@ pub(crate) async fn run(
         request_id: id_hex(shared.ids.fetch_add(1, Relaxed), !shared.salt),
     };
     match serve(&mut reply, req, seed).await {
-        Ok(resp) | Err(resp) => resp,
+        Ok(resp) => resp,
+        Err(resp) => *resp,
     }
 }
 
@@ -198,7 +199,7 @@ async fn serve(
     reply: &mut Reply<'_>,
     req: Request<'_>,
     seed: [u8; 32],
-) -> Result<Response, Response> {
+) -> Result<Response, Box<Response>> {
     let prompt = admit(reply, req.reject.as_ref(), req.prompt)?;
     let prompt_tokens = prompt.prompt_tokens();
     check_model_and_context(reply, &prompt, prompt_tokens)?;
@@ -225,7 +226,7 @@ async fn serve(
     };
     // Serializing our own structs cannot fail in practice; a 500 if it ever does.
     let Ok(rendered) = (reply.wire.render_answer)(reply.route, &answer) else {
-        return Err(reply.fail(&Event::ServerError));
+        return Err(Box::new(reply.fail(&Event::ServerError)));
     };
     let usage = (prompt_tokens, generated.completion_tokens);
     let late = draw.early == Some(EarlyFault::Late);
@@ -237,17 +238,17 @@ fn admit<'a>(
     reply: &Reply<'_>,
     reject: Option<&Event>,
     prompt: Result<Prompt<'a>, String>,
-) -> Result<Prompt<'a>, Response> {
+) -> Result<Prompt<'a>, Box<Response>> {
     if let Some(ev) = reject {
-        return Err(reply.fail(ev));
+        return Err(Box::new(reply.fail(ev)));
     }
     match reply.live.mode {
         Mode::Normal => {}
-        Mode::Unauthorized => return Err(reply.fail(&Event::Unauthorized)),
-        Mode::Forbidden => return Err(reply.fail(&Event::Forbidden)),
-        Mode::Quota => return Err(reply.fail(&Event::Quota)),
+        Mode::Unauthorized => return Err(Box::new(reply.fail(&Event::Unauthorized))),
+        Mode::Forbidden => return Err(Box::new(reply.fail(&Event::Forbidden))),
+        Mode::Quota => return Err(Box::new(reply.fail(&Event::Quota))),
     }
-    prompt.map_err(|msg| reply.fail(&Event::BadRequest(msg)))
+    prompt.map_err(|msg| Box::new(reply.fail(&Event::BadRequest(msg))))
 }
 
 /// A model the mock serves (`models`), and a prompt within its context window.
@@ -255,23 +256,25 @@ fn check_model_and_context(
     reply: &Reply<'_>,
     prompt: &Prompt<'_>,
     prompt_tokens: u64,
-) -> Result<(), Response> {
+) -> Result<(), Box<Response>> {
     let served = &reply.live.config.models;
     if !served.trim().is_empty() && !served.split(',').any(|m| m.trim() == prompt.model) {
-        return Err(reply.fail(&Event::ModelNotFound(prompt.model.to_string())));
+        return Err(Box::new(
+            reply.fail(&Event::ModelNotFound(prompt.model.to_string())),
+        ));
     }
     let context = reply.live.config.context_tokens;
     if context > 0 && prompt_tokens > context {
-        return Err(reply.fail(&Event::BadRequest(format!(
+        return Err(Box::new(reply.fail(&Event::BadRequest(format!(
             "This model's maximum context length is {context} tokens. However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
-        ))));
+        )))));
     }
     Ok(())
 }
 
 /// The switches that refuse a request whatever the draw: the poison prompt
 /// (500), the 429 storm and the first sends of each prompt (429).
-fn refuse_by_switch(reply: &Reply<'_>, prompt: &Prompt<'_>) -> Result<(), Response> {
+fn refuse_by_switch(reply: &Reply<'_>, prompt: &Prompt<'_>) -> Result<(), Box<Response>> {
     let (shared, live) = (reply.shared, reply.live);
     let poison = live.config.poison.as_str();
     if !poison.is_empty()
@@ -282,7 +285,7 @@ fn refuse_by_switch(reply: &Reply<'_>, prompt: &Prompt<'_>) -> Result<(), Respon
     {
         // The same request fails the same way however often it is sent
         // (row S4); nothing is drawn, so the others' faults stay put.
-        return Err(reply.fail(&Event::ServerError));
+        return Err(Box::new(reply.fail(&Event::ServerError)));
     }
     let storm = live.set_at.elapsed() < Duration::from_millis(live.config.storm_429_ms);
     // The first sends of each prompt refused: every request meets that
@@ -296,7 +299,7 @@ fn refuse_by_switch(reply: &Reply<'_>, prompt: &Prompt<'_>) -> Result<(), Respon
         *n <= live.config.rate_limit_first
     };
     if storm || refused_first {
-        return Err(reply.unhinted_429());
+        return Err(Box::new(reply.unhinted_429()));
     }
     Ok(())
 }
@@ -307,7 +310,7 @@ fn take_rate_limits(
     reply: &mut Reply<'_>,
     prompt: &Prompt<'_>,
     prompt_tokens: u64,
-) -> Result<(), Response> {
+) -> Result<(), Box<Response>> {
     if !reply.live.limits_on {
         return Ok(());
     }
@@ -334,7 +337,7 @@ fn take_rate_limits(
                 requested,
                 wait,
             };
-            Err(reply.fail(&Event::RateLimited(l)))
+            Err(Box::new(reply.fail(&Event::RateLimited(l))))
         }
         Decision::TooLarge {
             limit,
@@ -342,7 +345,7 @@ fn take_rate_limits(
             headers,
         } => {
             reply.rate = Some(headers);
-            Err(reply.fail(&Event::TooLarge { limit, requested }))
+            Err(Box::new(reply.fail(&Event::TooLarge { limit, requested })))
         }
     }
 }
@@ -361,21 +364,21 @@ fn draw_faults(reply: &Reply<'_>) -> Draw {
 }
 
 /// The faults that strike before any latency: 500, 503 or a hang.
-async fn early_fault(reply: &Reply<'_>, early: Option<EarlyFault>) -> Result<(), Response> {
+async fn early_fault(reply: &Reply<'_>, early: Option<EarlyFault>) -> Result<(), Box<Response>> {
     match early {
         None | Some(EarlyFault::Late) => Ok(()),
-        Some(EarlyFault::ServerError) => Err(reply.fail(&Event::ServerError)),
-        Some(EarlyFault::Overloaded) => Err(reply.fail(&Event::Overloaded)),
+        Some(EarlyFault::ServerError) => Err(Box::new(reply.fail(&Event::ServerError))),
+        Some(EarlyFault::Overloaded) => Err(Box::new(reply.fail(&Event::Overloaded))),
         Some(EarlyFault::Hang) => {
             // Recorded now: the request never finishes from the client's point of view.
             reply.record(Outcome::Hang, 0, None);
             reply.sleep_or_stop(HANG).await;
-            Err(reply.build((reply.wire.render_error)(
+            Err(Box::new(reply.build((reply.wire.render_error)(
                 reply.route,
                 &Event::Overloaded,
                 reply.facts.model,
                 &reply.request_id,
-            )))
+            ))))
         }
     }
 }

@@ -101,7 +101,7 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         .to_string();
     let stored = match store_batch(&shared, &g, &headers, &requests, &model) {
         Ok(s) => s,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let lost = take_switch(&shared, |s| &mut s.lost_creates, cfg.batch_lose_create);
     shared.stats.count(BatchCount::Created);
@@ -167,7 +167,7 @@ fn store_batch(
     headers: &HeaderMap,
     requests: &[(String, Value)],
     model: &str,
-) -> Result<Stored, Response> {
+) -> Result<Stored, Box<Response>> {
     let cfg = &g.live.config;
     let tokens: u64 = requests.iter().map(|(_, p)| prompt_tokens(p)).sum();
     let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
@@ -187,7 +187,7 @@ fn store_batch(
         let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
         resp.headers_mut()
             .insert("retry-after", HeaderValue::from(secs));
-        return Err(resp);
+        return Err(Box::new(resp));
     }
     let seq = store.next_seq;
     store.next_seq += 1;

@@ -68,14 +68,14 @@ pub(crate) async fn create(
     }
     let valid = match validate_create(&g, &body) {
         Ok(v) => v,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let input = match input_bytes(&shared, &g, &valid.input_file_id) {
         Ok(bytes) => bytes,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     if let Err(resp) = refuse_by_switch(&shared, &g) {
-        return resp;
+        return *resp;
     }
     let endpoint = valid.endpoint.clone();
     let made = make_batch(&shared, &g, valid);
@@ -116,45 +116,45 @@ struct ValidCreate {
 }
 
 /// Check the create body's fields in the order OpenAI reports them (400s).
-fn validate_create(g: &Gate, body: &[u8]) -> Result<ValidCreate, Response> {
+fn validate_create(g: &Gate, body: &[u8]) -> Result<ValidCreate, Box<Response>> {
     let bad = |msg: &str, param: Option<&str>| g.error(StatusCode::BAD_REQUEST, msg, param, None);
     let req: CreateBody = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return Err(bad(&format!("Invalid request body: {e}"), None)),
+        Err(e) => return Err(Box::new(bad(&format!("Invalid request body: {e}"), None))),
     };
     let Some(input_file_id) = req.input_file_id.filter(|s| !s.is_empty()) else {
-        return Err(bad(
+        return Err(Box::new(bad(
             "Missing required parameter: 'input_file_id'.",
             Some("input_file_id"),
-        ));
+        )));
     };
     let Some(endpoint) = req.endpoint else {
-        return Err(bad(
+        return Err(Box::new(bad(
             "Missing required parameter: 'endpoint'.",
             Some("endpoint"),
-        ));
+        )));
     };
     if !g.api.endpoints().contains(&endpoint.as_str()) {
         let msg = format!(
             "Invalid value: '{endpoint}'. Supported values are: {:?} (the mock runs chat completions only).",
             g.api.endpoints()
         );
-        return Err(bad(&msg, Some("endpoint")));
+        return Err(Box::new(bad(&msg, Some("endpoint"))));
     }
     match req.completion_window.as_deref() {
         Some("24h") => {}
         None => {
-            return Err(bad(
+            return Err(Box::new(bad(
                 "Missing required parameter: 'completion_window'.",
                 Some("completion_window"),
-            ));
+            )));
         }
         Some(other) => {
             let msg = format!("Invalid value: '{other}'. Supported values are: '24h'.");
-            return Err(bad(&msg, Some("completion_window")));
+            return Err(Box::new(bad(&msg, Some("completion_window"))));
         }
     }
-    let metadata = metadata(req.metadata).map_err(|msg| bad(&msg, Some("metadata")))?;
+    let metadata = metadata(req.metadata).map_err(|msg| Box::new(bad(&msg, Some("metadata"))))?;
     Ok(ValidCreate {
         input_file_id,
         endpoint,
@@ -163,11 +163,11 @@ fn validate_create(g: &Gate, body: &[u8]) -> Result<ValidCreate, Response> {
 }
 
 /// The input file's bytes: a file of this API (else 404) with purpose `batch` (else 400).
-fn input_bytes(shared: &Shared, g: &Gate, input_file_id: &str) -> Result<Bytes, Response> {
+fn input_bytes(shared: &Shared, g: &Gate, input_file_id: &str) -> Result<Bytes, Box<Response>> {
     let store = lock(&shared.store);
     let Some(file) = store.file(g.api, input_file_id) else {
         drop(store);
-        return Err(g.not_found("File", input_file_id));
+        return Err(Box::new(g.not_found("File", input_file_id)));
     };
     if file.purpose != "batch" {
         let msg = format!(
@@ -175,23 +175,28 @@ fn input_bytes(shared: &Shared, g: &Gate, input_file_id: &str) -> Result<Bytes, 
             file.purpose
         );
         drop(store);
-        return Err(g.error(StatusCode::BAD_REQUEST, &msg, Some("input_file_id"), None));
+        return Err(Box::new(g.error(
+            StatusCode::BAD_REQUEST,
+            &msg,
+            Some("input_file_id"),
+            None,
+        )));
     }
     Ok(file.bytes.clone())
 }
 
 /// `batch_refuse_create`: the next N creates are refused with a 400.
-fn refuse_by_switch(shared: &Shared, g: &Gate) -> Result<(), Response> {
+fn refuse_by_switch(shared: &Shared, g: &Gate) -> Result<(), Box<Response>> {
     let mut store = lock(&shared.store);
     if store.refused_creates < g.live.config.batch_refuse_create {
         store.refused_creates += 1;
         drop(store);
-        return Err(g.error(
+        return Err(Box::new(g.error(
             StatusCode::BAD_REQUEST,
             "mock: this batch create is refused (batch_refuse_create)",
             None,
             None,
-        ));
+        )));
     }
     Ok(())
 }

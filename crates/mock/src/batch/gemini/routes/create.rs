@@ -40,7 +40,7 @@ pub(super) fn create(
     }
     let parsed = match parse_create(&store, &model, body) {
         Ok(p) => p,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let tokens: u64 = parsed
         .reqs
@@ -49,7 +49,7 @@ pub(super) fn create(
         .map(|r| answer::prompt_tokens(&r.request))
         .sum();
     if let Err(resp) = check_enqueued_tokens(shared, &store, &live, &parsed.model, tokens) {
-        return resp;
+        return *resp;
     }
     let cfg = &live.config;
     let made = make_batch(shared, &store, &live, &parsed, tokens);
@@ -90,35 +90,39 @@ struct ParsedCreate {
 }
 
 /// Read the create body; a 400 (or a 404 for an unknown file) on the first fault.
-fn parse_create(store: &GemState, model: &str, body: &[u8]) -> Result<ParsedCreate, Response> {
+fn parse_create(store: &GemState, model: &str, body: &[u8]) -> Result<ParsedCreate, Box<Response>> {
     let model = model.strip_prefix("models/").unwrap_or(model).to_string();
     if model.is_empty() {
-        return Err(bad(
+        return Err(Box::new(bad(
             "* BatchGenerateContentRequest.model: unexpected model name format\n",
-        ));
+        )));
     }
     if body.len() > INLINE_MAX {
-        return Err(bad(&format!(
+        return Err(Box::new(bad(&format!(
             "Request payload size exceeds the limit: {INLINE_MAX} bytes."
-        )));
+        ))));
     }
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
-        Err(e) => return Err(bad(&format!("Invalid JSON payload received. {e}"))),
+        Err(e) => {
+            return Err(Box::new(bad(&format!(
+                "Invalid JSON payload received. {e}"
+            ))));
+        }
     };
     let Some(batch) = pick(&v, &["batch"]) else {
-        return Err(bad(
+        return Err(Box::new(bad(
             "* BatchGenerateContentRequest.batch: batch is not specified\n",
-        ));
+        )));
     };
     let display_name = pick(batch, &["displayName", "display_name"])
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
     let Some(input) = pick(batch, &["inputConfig", "input_config"]) else {
-        return Err(bad(
+        return Err(Box::new(bad(
             "* GenerateContentBatch.input_config: input_config is not specified\n",
-        ));
+        )));
     };
     let file = pick(input, &["fileName", "file_name"])
         .and_then(Value::as_str)
@@ -126,13 +130,13 @@ fn parse_create(store: &GemState, model: &str, body: &[u8]) -> Result<ParsedCrea
     let reqs: Result<Vec<Req>, String> = match (&file, pick(input, &["requests"])) {
         (Some(f), _) => match lock(store).files.get(f) {
             Some(stored) => file_requests(&stored.bytes),
-            None => return Err(not_found(f)),
+            None => return Err(Box::new(not_found(f))),
         },
         (None, Some(r)) => Ok(inline_requests(r)?),
         (None, None) => {
-            return Err(bad(
+            return Err(Box::new(bad(
                 "* GenerateContentBatch.input_config: requests or file_name is required\n",
-            ));
+            )));
         }
     };
     Ok(ParsedCreate {
@@ -144,19 +148,19 @@ fn parse_create(store: &GemState, model: &str, body: &[u8]) -> Result<ParsedCrea
 }
 
 /// The inline `requests.requests` list: each entry's request and metadata key.
-fn inline_requests(r: &Value) -> Result<Vec<Req>, Response> {
+fn inline_requests(r: &Value) -> Result<Vec<Req>, Box<Response>> {
     let list = pick(r, &["requests"]).and_then(Value::as_array);
     let Some(list) = list.filter(|l| !l.is_empty()) else {
-        return Err(bad(
+        return Err(Box::new(bad(
             "* GenerateContentBatch.input_config.requests: requests is empty\n",
-        ));
+        )));
     };
     let mut out = Vec::with_capacity(list.len());
     for (i, item) in list.iter().enumerate() {
         let Some(request) = pick(item, &["request"]).filter(|r| r.is_object()) else {
-            return Err(bad(&format!(
+            return Err(Box::new(bad(&format!(
                 "* GenerateContentBatch.input_config.requests.requests[{i}].request: request is not specified\n"
-            )));
+            ))));
         };
         let key = pick(item, &["metadata"])
             .and_then(|m| m.get("key"))
@@ -179,7 +183,7 @@ fn check_enqueued_tokens(
     live: &Live,
     model: &str,
     tokens: u64,
-) -> Result<(), Response> {
+) -> Result<(), Box<Response>> {
     let limit = live.config.batch_enqueued_token_limit;
     if limit == 0 || lock(store).enqueued_tokens(model) + tokens <= limit {
         return Ok(());
@@ -193,10 +197,10 @@ fn check_enqueued_tokens(
                 "quotaId": "BatchEnqueuedTokensPerModelPerProject",
                 "quotaDimensions": {"location": "global", "model": model},
                 "quotaValue": limit.to_string()}]}]}});
-    Err(json_response(
+    Err(Box::new(json_response(
         StatusCode::TOO_MANY_REQUESTS,
         serde_json::to_vec(&body).unwrap_or_default(),
-    ))
+    )))
 }
 
 /// A batch just stored in PENDING.
