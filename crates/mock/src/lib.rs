@@ -45,16 +45,18 @@
 //! - `chat`: the synchronous routes, one file per wire (`chat::openai` for
 //!   OpenAI, Azure and OpenRouter, `chat::anthropic`, `chat::gemini`,
 //!   `chat::ollama`), the request `chat::pipeline` they share (each wire hands
-//!   it its renderers) and `chat::infer` (the answer format when a request
-//!   has no schema field);
+//!   it its renderers; `chat::pipeline::reply` builds, records and damages the
+//!   response) and `chat::infer` (the answer format when a request has no
+//!   schema field);
 //! - `gate`: the door of the Files/Batches APIs per wire (auth, limits, error
 //!   and event shapes): `gate::openai`, `gate::anthropic`, `gate::gemini`;
 //! - `files`: the Files APIs, `files::openai` (OpenAI and Azure) and
 //!   `files::gemini`;
 //! - `batch`: the Batch APIs, one folder per wire (`batch::openai` with
-//!   `routes`, `input` (JSONL validation) and `run` (the lifecycle task);
-//!   `batch::anthropic` with `routes`, `run`, `lines`; `batch::gemini` with
-//!   `routes`, `run`, `answer`), plus `batch::clock` (the lifecycle schedule)
+//!   `routes`, `input` (JSONL validation) and `run` (the lifecycle task, its
+//!   lines answered and published by `run::answering`); `batch::anthropic`
+//!   with `routes`, `run`, `lines`; `batch::gemini` with `routes` (the create
+//!   in `routes::create`), `run`, `answer`), plus `batch::clock` (the lifecycle schedule)
 //!   and `batch::lines` (result lines and files, and the result anomalies all
 //!   three share);
 //! - `server` (lifecycle, router, models lists and admin routes), on top.

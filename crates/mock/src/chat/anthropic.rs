@@ -202,7 +202,21 @@ const WIRE: Wire = Wire {
 };
 
 pub(crate) fn render_error(ev: &Event, _model: &str, request_id: &str) -> Rendered {
-    let (status, kind, message) = match ev {
+    let (status, kind, message) = classify(ev);
+    let r = error_body(status, kind, &message, request_id);
+    match ev {
+        Event::RateLimited(l) => r.with(
+            "retry-after",
+            ceil_ms(l.wait).max(1).div_ceil(1000).to_string(),
+        ),
+        Event::TooLarge { .. } => r.with("x-should-retry", "false".to_string()),
+        _ => r,
+    }
+}
+
+/// Anthropic's status, error type and message for each event.
+fn classify(ev: &Event) -> (StatusCode, &'static str, String) {
+    match ev {
         Event::NoAuth(msg) => (
             StatusCode::UNAUTHORIZED,
             "authentication_error",
@@ -256,7 +270,11 @@ pub(crate) fn render_error(ev: &Event, _model: &str, request_id: &str) -> Render
             "Internal server error".to_string(),
         ),
         Event::Overloaded => (overloaded(), "overloaded_error", "Overloaded".to_string()),
-    };
+    }
+}
+
+/// The error body: `{"type": "error", "error": {type, message}, "request_id"}`.
+fn error_body(status: StatusCode, kind: &str, message: &str, request_id: &str) -> Rendered {
     #[derive(Serialize)]
     struct Body<'a> {
         #[serde(rename = "type")]
@@ -272,21 +290,10 @@ pub(crate) fn render_error(ev: &Event, _model: &str, request_id: &str) -> Render
     }
     let body = Body {
         kind: "error",
-        error: Inner {
-            kind,
-            message: &message,
-        },
+        error: Inner { kind, message },
         request_id: format!("req_{request_id}"),
     };
-    let r = Rendered::json(status, serde_json::to_vec(&body).unwrap_or_default());
-    match ev {
-        Event::RateLimited(l) => r.with(
-            "retry-after",
-            ceil_ms(l.wait).max(1).div_ceil(1000).to_string(),
-        ),
-        Event::TooLarge { .. } => r.with("x-should-retry", "false".to_string()),
-        _ => r,
-    }
+    Rendered::json(status, serde_json::to_vec(&body).unwrap_or_default())
 }
 
 fn overloaded() -> StatusCode {

@@ -34,12 +34,12 @@ use tokio::time::Instant;
 
 use crate::chat::infer;
 use crate::chat::openai::has_value;
-use crate::chat::pipeline::{self, Answer, Event, Rendered, Request, Wire};
+use crate::chat::pipeline::{self, Answer, Event, Limited, Rendered, Request, Wire};
 use crate::json::Json;
 use crate::limits::{LimitKind, ceil_ms};
 use crate::state::{Shared, json_response};
 use crate::wire::Route;
-use crate::wire::{MessageText, Prompt};
+use crate::wire::{Format, MessageText, Prompt};
 
 pub(crate) const MSG_KEY_IN_URL: &str =
     "API key in URL is not accepted by this mock: send x-goog-api-key";
@@ -110,22 +110,8 @@ pub(crate) async fn handle(
     let started = Instant::now();
     shared.stats.request_received();
     let live = shared.live();
-    let reject = if query.contains_key("key") {
-        Some(Event::BadRequest(MSG_KEY_IN_URL.to_string()))
-    } else if !has_value(&headers, "x-goog-api-key") {
-        Some(Event::NoAuth(
-            "Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.".to_string(),
-        ))
-    } else {
-        None
-    };
-    let parsed: Result<GenerateRequest, String> = serde_json::from_slice(&body).map_err(|e| {
-        if e.is_data() {
-            format!("Invalid JSON payload received. {e}")
-        } else {
-            format!("Invalid JSON payload received. Unexpected token. {e}")
-        }
-    });
+    let reject = reject_of(&query, &headers);
+    let parsed = parse_body(&body);
     let config = parsed
         .as_ref()
         .ok()
@@ -138,15 +124,7 @@ pub(crate) async fn handle(
         .or(converted.as_ref());
     let json_mode =
         config.and_then(|c| c.response_mime_type.as_deref()) == Some("application/json");
-    let texts: Vec<MessageText<'_>> = match &parsed {
-        Ok(req) => req
-            .system_instruction
-            .iter()
-            .chain(req.contents.iter().flatten())
-            .map(text_of)
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let texts = texts_of(&parsed);
     let pieces = || texts.iter().flat_map(MessageText::pieces);
     let found = if explicit.is_none() {
         infer::schema_in_text(pieces())
@@ -159,24 +137,7 @@ pub(crate) async fn handle(
         json_mode,
         infer::mentions_json(pieces()),
     );
-    let prompt = match &parsed {
-        Err(msg) => Err(msg.clone()),
-        Ok(_) if model.is_empty() => {
-            Err("* GenerateContentRequest.model: unexpected model name format\n".to_string())
-        }
-        Ok(req) if req.contents.as_ref().is_none_or(Vec::is_empty) => {
-            Err("* GenerateContentRequest.contents: contents is not specified\n".to_string())
-        }
-        Ok(_) => Ok(Prompt {
-            model,
-            messages: texts,
-            format,
-            max_tokens: config
-                .and_then(|c| c.max_output_tokens)
-                .filter(|n| *n > 0)
-                .map(|n| n as u64),
-        }),
-    };
+    let prompt = prompt_of(&parsed, model, texts, format);
     let req = Request {
         route: Route::Gemini,
         wire: WIRE,
@@ -189,6 +150,72 @@ pub(crate) async fn handle(
         stream: false,
     };
     pipeline::run(&shared, &live, started, req).await
+}
+
+/// The key in the URL (400), or no `x-goog-api-key` (403).
+fn reject_of(query: &HashMap<String, String>, headers: &HeaderMap) -> Option<Event> {
+    if query.contains_key("key") {
+        Some(Event::BadRequest(MSG_KEY_IN_URL.to_string()))
+    } else if !has_value(headers, "x-goog-api-key") {
+        Some(Event::NoAuth(
+            "Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.".to_string(),
+        ))
+    } else {
+        None
+    }
+}
+
+/// The body, or the 400 message Gemini gives for it.
+fn parse_body(body: &[u8]) -> Result<GenerateRequest, String> {
+    serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            format!("Invalid JSON payload received. {e}")
+        } else {
+            format!("Invalid JSON payload received. Unexpected token. {e}")
+        }
+    })
+}
+
+/// The system instruction's and the contents' texts, one entry per content.
+fn texts_of(parsed: &Result<GenerateRequest, String>) -> Vec<MessageText<'_>> {
+    match parsed {
+        Ok(req) => req
+            .system_instruction
+            .iter()
+            .chain(req.contents.iter().flatten())
+            .map(text_of)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The validated prompt, or the 400 message (a model and contents are required).
+fn prompt_of<'a>(
+    parsed: &'a Result<GenerateRequest, String>,
+    model: &'a str,
+    texts: Vec<MessageText<'a>>,
+    format: Format<'a>,
+) -> Result<Prompt<'a>, String> {
+    match parsed {
+        Err(msg) => Err(msg.clone()),
+        Ok(_) if model.is_empty() => {
+            Err("* GenerateContentRequest.model: unexpected model name format\n".to_string())
+        }
+        Ok(req) if req.contents.as_ref().is_none_or(Vec::is_empty) => {
+            Err("* GenerateContentRequest.contents: contents is not specified\n".to_string())
+        }
+        Ok(req) => Ok(Prompt {
+            model,
+            messages: texts,
+            format,
+            max_tokens: req
+                .generation_config
+                .as_ref()
+                .and_then(|c| c.max_output_tokens)
+                .filter(|n| *n > 0)
+                .map(|n| n as u64),
+        }),
+    }
 }
 
 fn rpc_error(status: StatusCode, rpc_status: &str, message: &str, details: Vec<Value>) -> Rendered {
@@ -271,61 +298,9 @@ pub(crate) fn render_error(ev: &Event, model: &str) -> Rendered {
             ),
             Vec::new(),
         ),
-        Event::Quota => rpc_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "RESOURCE_EXHAUSTED",
-            &format!(
-                "{MSG_QUOTA}\n* Quota exceeded for metric: generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 250, model: {model}"
-            ),
-            vec![
-                quota_failure(
-                    "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
-                    "generate_content_free_tier_requests",
-                    model,
-                ),
-                help(),
-            ],
-        ),
-        Event::RateLimited(l) => {
-            let (quota_id, metric) = match l.kind {
-                LimitKind::Requests => (
-                    "GenerateRequestsPerMinutePerProjectPerModel",
-                    "generate_content_paid_tier_requests",
-                ),
-                LimitKind::Tokens => (
-                    "GenerateContentPaidTierInputTokensPerModelPerMinute",
-                    "generate_content_paid_tier_input_token_count",
-                ),
-            };
-            let delay = proto_duration(ceil_ms(l.wait).max(1));
-            let msg = format!(
-                "{MSG_QUOTA}\n* Quota exceeded for metric: generativelanguage.googleapis.com/{metric}, limit: {}, model: {model}\nPlease retry in {delay}.",
-                l.limit
-            );
-            let retry =
-                json!({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay});
-            rpc_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "RESOURCE_EXHAUSTED",
-                &msg,
-                vec![quota_failure(quota_id, metric, model), help(), retry],
-            )
-        }
-        Event::TooLarge { limit, requested } => rpc_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "RESOURCE_EXHAUSTED",
-            &format!(
-                "{MSG_QUOTA}\n* Quota exceeded for metric: generativelanguage.googleapis.com/generate_content_paid_tier_input_token_count, limit: {limit}, model: {model}\nThis request alone needs {requested} tokens."
-            ),
-            vec![
-                quota_failure(
-                    "GenerateContentPaidTierInputTokensPerModelPerMinute",
-                    "generate_content_paid_tier_input_token_count",
-                    model,
-                ),
-                help(),
-            ],
-        ),
+        Event::Quota => quota_error(model),
+        Event::RateLimited(l) => rate_limited_error(l, model),
+        Event::TooLarge { limit, requested } => too_large_error(*limit, *requested, model),
         Event::ServerError => rpc_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "INTERNAL",
@@ -339,6 +314,70 @@ pub(crate) fn render_error(ev: &Event, model: &str) -> Rendered {
             Vec::new(),
         ),
     }
+}
+
+/// `mode = "quota"`: the free tier's daily requests spent.
+fn quota_error(model: &str) -> Rendered {
+    rpc_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "RESOURCE_EXHAUSTED",
+        &format!(
+            "{MSG_QUOTA}\n* Quota exceeded for metric: generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 250, model: {model}"
+        ),
+        vec![
+            quota_failure(
+                "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+                "generate_content_free_tier_requests",
+                model,
+            ),
+            help(),
+        ],
+    )
+}
+
+/// A refused bucket: the paid tier's per-minute quota and when to retry.
+fn rate_limited_error(l: &Limited, model: &str) -> Rendered {
+    let (quota_id, metric) = match l.kind {
+        LimitKind::Requests => (
+            "GenerateRequestsPerMinutePerProjectPerModel",
+            "generate_content_paid_tier_requests",
+        ),
+        LimitKind::Tokens => (
+            "GenerateContentPaidTierInputTokensPerModelPerMinute",
+            "generate_content_paid_tier_input_token_count",
+        ),
+    };
+    let delay = proto_duration(ceil_ms(l.wait).max(1));
+    let msg = format!(
+        "{MSG_QUOTA}\n* Quota exceeded for metric: generativelanguage.googleapis.com/{metric}, limit: {}, model: {model}\nPlease retry in {delay}.",
+        l.limit
+    );
+    let retry = json!({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay});
+    rpc_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "RESOURCE_EXHAUSTED",
+        &msg,
+        vec![quota_failure(quota_id, metric, model), help(), retry],
+    )
+}
+
+/// One request above the whole per-minute token quota.
+fn too_large_error(limit: u64, requested: u64, model: &str) -> Rendered {
+    rpc_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "RESOURCE_EXHAUSTED",
+        &format!(
+            "{MSG_QUOTA}\n* Quota exceeded for metric: generativelanguage.googleapis.com/generate_content_paid_tier_input_token_count, limit: {limit}, model: {model}\nThis request alone needs {requested} tokens."
+        ),
+        vec![
+            quota_failure(
+                "GenerateContentPaidTierInputTokensPerModelPerMinute",
+                "generate_content_paid_tier_input_token_count",
+                model,
+            ),
+            help(),
+        ],
+    )
 }
 
 #[derive(Serialize)]

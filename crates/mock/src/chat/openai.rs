@@ -29,7 +29,7 @@ use axum::response::Response;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::chat::pipeline::{self, Answer, Event, Rendered, Request, Wire, put};
+use crate::chat::pipeline::{self, Answer, Event, Limited, Rendered, Request, Wire, put};
 use crate::limits::{BucketView, LimitKind, RateHeaders, ceil_ms, go_duration};
 use crate::state::Shared;
 use crate::wire::Route;
@@ -215,40 +215,8 @@ fn openai_error(ev: &Event, model: &str) -> Rendered {
             Some("insufficient_quota"),
         )
         .with("x-should-retry", "false".to_string()),
-        Event::RateLimited(l) => {
-            let (what, unit) = match l.kind {
-                LimitKind::Requests => ("requests", "RPM"),
-                LimitKind::Tokens => ("tokens", "TPM"),
-            };
-            let msg = format!(
-                "Rate limit reached for {model} in organization org-mock on {what} per min ({unit}): Limit {}, Used {}, Requested {}. Please try again in {}.",
-                l.limit,
-                l.used,
-                l.requested,
-                go_duration(l.wait)
-            );
-            let wait_ms = ceil_ms(l.wait).max(1);
-            e(
-                StatusCode::TOO_MANY_REQUESTS,
-                &msg,
-                Some(what),
-                Some("rate_limit_exceeded"),
-            )
-            .with("retry-after", wait_ms.div_ceil(1000).max(1).to_string())
-            .with("retry-after-ms", wait_ms.to_string())
-        }
-        Event::TooLarge { limit, requested } => {
-            let msg = format!(
-                "Request too large for {model} in organization org-mock on tokens per min (TPM): Limit {limit}, Requested {requested}. The input or output tokens must be reduced in order to run successfully."
-            );
-            e(
-                StatusCode::TOO_MANY_REQUESTS,
-                &msg,
-                Some("tokens"),
-                Some("rate_limit_exceeded"),
-            )
-            .with("x-should-retry", "false".to_string())
-        }
+        Event::RateLimited(l) => rate_limited_error(l, model),
+        Event::TooLarge { limit, requested } => too_large_error(*limit, *requested, model),
         Event::ServerError => e(
             StatusCode::INTERNAL_SERVER_ERROR,
             wire::MSG_500,
@@ -262,6 +230,40 @@ fn openai_error(ev: &Event, model: &str) -> Rendered {
             None,
         ),
     }
+}
+
+/// A refused bucket, with the wait in `retry-after` and `retry-after-ms`.
+fn rate_limited_error(l: &Limited, model: &str) -> Rendered {
+    let (what, unit) = match l.kind {
+        LimitKind::Requests => ("requests", "RPM"),
+        LimitKind::Tokens => ("tokens", "TPM"),
+    };
+    let msg = format!(
+        "Rate limit reached for {model} in organization org-mock on {what} per min ({unit}): Limit {}, Used {}, Requested {}. Please try again in {}.",
+        l.limit,
+        l.used,
+        l.requested,
+        go_duration(l.wait)
+    );
+    let wait_ms = ceil_ms(l.wait).max(1);
+    Rendered::json(
+        StatusCode::TOO_MANY_REQUESTS,
+        error_body(&msg, Some(what), Some("rate_limit_exceeded")),
+    )
+    .with("retry-after", wait_ms.div_ceil(1000).max(1).to_string())
+    .with("retry-after-ms", wait_ms.to_string())
+}
+
+/// One request above the whole per-minute token limit: retrying cannot help.
+fn too_large_error(limit: u64, requested: u64, model: &str) -> Rendered {
+    let msg = format!(
+        "Request too large for {model} in organization org-mock on tokens per min (TPM): Limit {limit}, Requested {requested}. The input or output tokens must be reduced in order to run successfully."
+    );
+    Rendered::json(
+        StatusCode::TOO_MANY_REQUESTS,
+        error_body(&msg, Some("tokens"), Some("rate_limit_exceeded")),
+    )
+    .with("x-should-retry", "false".to_string())
 }
 
 fn openrouter_error(ev: &Event, model: &str) -> Rendered {

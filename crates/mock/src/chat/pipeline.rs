@@ -14,8 +14,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use tokio::time::Instant;
 
 use crate::answer::Damage;
@@ -24,6 +24,11 @@ use crate::limits::{Decision, LimitKind, RateHeaders};
 use crate::state::{Live, Mode, Shared, lock};
 use crate::stats::{Outcome, RequestFacts};
 use crate::wire::{self, Prompt, Route, id_hex};
+
+mod reply;
+
+pub(crate) use reply::put;
+use reply::{Reply, malformed, reset_mid_body};
 
 /// A hung request is held this long (the client's timeout ends it first).
 const HANG: Duration = Duration::from_secs(3600);
@@ -182,32 +187,95 @@ pub(crate) async fn run(
         rate: None,
         request_id: id_hex(shared.ids.fetch_add(1, Relaxed), !shared.salt),
     };
+    match serve(&mut reply, req, seed).await {
+        Ok(resp) => resp,
+        Err(resp) => *resp,
+    }
+}
 
-    if let Some(ev) = &req.reject {
-        return reply.fail(ev);
-    }
-    match live.mode {
-        Mode::Normal => {}
-        Mode::Unauthorized => return reply.fail(&Event::Unauthorized),
-        Mode::Forbidden => return reply.fail(&Event::Forbidden),
-        Mode::Quota => return reply.fail(&Event::Quota),
-    }
-    let prompt = match req.prompt {
-        Ok(p) => p,
-        Err(msg) => return reply.fail(&Event::BadRequest(msg)),
-    };
-    let served = &live.config.models;
-    if !served.trim().is_empty() && !served.split(',').any(|m| m.trim() == prompt.model) {
-        return reply.fail(&Event::ModelNotFound(prompt.model.to_string()));
-    }
+/// The pipeline's steps in contract order; `Err` is a response that ends
+/// the request early.
+async fn serve(
+    reply: &mut Reply<'_>,
+    req: Request<'_>,
+    seed: [u8; 32],
+) -> Result<Response, Box<Response>> {
+    let prompt = admit(reply, req.reject.as_ref(), req.prompt)?;
     let prompt_tokens = prompt.prompt_tokens();
-    let context = live.config.context_tokens;
-    if context > 0 && prompt_tokens > context {
-        return reply.fail(&Event::BadRequest(format!(
-            "This model's maximum context length is {context} tokens. However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
-        )));
+    check_model_and_context(reply, &prompt, prompt_tokens)?;
+    refuse_by_switch(reply, &prompt)?;
+    take_rate_limits(reply, &prompt, prompt_tokens)?;
+
+    let draw = draw_faults(reply);
+    early_fault(reply, draw.early).await?;
+    if !draw.latency.is_zero() {
+        reply.sleep_or_stop(draw.latency).await;
     }
 
+    let generated = generate(reply, &prompt, seed, draw.late);
+    let answer = Answer {
+        id: id_hex(reply.shared.ids.fetch_add(1, Relaxed), reply.shared.salt),
+        model: prompt.model,
+        content: &generated.content,
+        truncated: generated.damage == Damage::Truncated,
+        refused: draw.late == Some(LateFault::Refused),
+        prompt_tokens,
+        completion_tokens: generated.completion_tokens,
+        elapsed: reply.started.elapsed(),
+        stream: req.stream,
+    };
+    // Serializing our own structs cannot fail in practice; a 500 if it ever does.
+    let Ok(rendered) = (reply.wire.render_answer)(reply.route, &answer) else {
+        return Err(Box::new(reply.fail(&Event::ServerError)));
+    };
+    let usage = (prompt_tokens, generated.completion_tokens);
+    let late = draw.early == Some(EarlyFault::Late);
+    Ok(deliver(reply, rendered, draw.late, generated.outcome, usage, late).await)
+}
+
+/// The route's own rejection, the server's mode, then the body's validity.
+fn admit<'a>(
+    reply: &Reply<'_>,
+    reject: Option<&Event>,
+    prompt: Result<Prompt<'a>, String>,
+) -> Result<Prompt<'a>, Box<Response>> {
+    if let Some(ev) = reject {
+        return Err(Box::new(reply.fail(ev)));
+    }
+    match reply.live.mode {
+        Mode::Normal => {}
+        Mode::Unauthorized => return Err(Box::new(reply.fail(&Event::Unauthorized))),
+        Mode::Forbidden => return Err(Box::new(reply.fail(&Event::Forbidden))),
+        Mode::Quota => return Err(Box::new(reply.fail(&Event::Quota))),
+    }
+    prompt.map_err(|msg| Box::new(reply.fail(&Event::BadRequest(msg))))
+}
+
+/// A model the mock serves (`models`), and a prompt within its context window.
+fn check_model_and_context(
+    reply: &Reply<'_>,
+    prompt: &Prompt<'_>,
+    prompt_tokens: u64,
+) -> Result<(), Box<Response>> {
+    let served = &reply.live.config.models;
+    if !served.trim().is_empty() && !served.split(',').any(|m| m.trim() == prompt.model) {
+        return Err(Box::new(
+            reply.fail(&Event::ModelNotFound(prompt.model.to_string())),
+        ));
+    }
+    let context = reply.live.config.context_tokens;
+    if context > 0 && prompt_tokens > context {
+        return Err(Box::new(reply.fail(&Event::BadRequest(format!(
+            "This model's maximum context length is {context} tokens. However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+        )))));
+    }
+    Ok(())
+}
+
+/// The switches that refuse a request whatever the draw: the poison prompt
+/// (500), the 429 storm and the first sends of each prompt (429).
+fn refuse_by_switch(reply: &Reply<'_>, prompt: &Prompt<'_>) -> Result<(), Box<Response>> {
+    let (shared, live) = (reply.shared, reply.live);
     let poison = live.config.poison.as_str();
     if !poison.is_empty()
         && prompt
@@ -217,125 +285,132 @@ pub(crate) async fn run(
     {
         // The same request fails the same way however often it is sent
         // (row S4); nothing is drawn, so the others' faults stay put.
-        return reply.fail(&Event::ServerError);
+        return Err(Box::new(reply.fail(&Event::ServerError)));
     }
     let storm = live.set_at.elapsed() < Duration::from_millis(live.config.storm_429_ms);
     // The first sends of each prompt refused: every request meets that
     // many 429s in a row, whatever the client's pacing (row S2's caps).
     let refused_first = live.config.rate_limit_first > 0 && {
         let mut seen = lock(&shared.refused_first);
-        let n = seen.entry(prompt_sha256.clone()).or_default();
+        let n = seen
+            .entry(reply.facts.prompt_sha256.to_string())
+            .or_default();
         *n += 1;
         *n <= live.config.rate_limit_first
     };
     if storm || refused_first {
-        // A 429 with no hint: the client must find its own pace (row S2).
-        let l = Limited {
-            kind: crate::limits::LimitKind::Requests,
-            limit: 0,
-            used: 0,
-            requested: 1,
-            wait: Duration::ZERO,
-        };
-        let mut rendered = (req.wire.render_error)(
-            req.route,
-            &Event::RateLimited(l),
-            prompt.model,
-            &reply.request_id,
-        );
-        rendered.headers.retain(|(name, _)| {
-            !(name.starts_with("retry-after")
-                || name.starts_with("x-ratelimit")
-                || name.starts_with("anthropic-ratelimit"))
-        });
-        reply.record(Outcome::RateLimited, 429, None);
-        return reply.build(rendered);
+        return Err(Box::new(reply.unhinted_429()));
     }
-    if live.limits_on {
-        let cost = prompt_tokens.saturating_add(prompt.max_tokens.unwrap_or(256));
-        let decision = lock(&shared.limits).check(cost, Instant::now());
-        match decision {
-            Decision::Allowed(h) => reply.rate = Some(h),
-            Decision::Limited {
+    Ok(())
+}
+
+/// The requests and tokens buckets, when limits are on; the rate state
+/// they report goes into every later response's headers.
+fn take_rate_limits(
+    reply: &mut Reply<'_>,
+    prompt: &Prompt<'_>,
+    prompt_tokens: u64,
+) -> Result<(), Box<Response>> {
+    if !reply.live.limits_on {
+        return Ok(());
+    }
+    let cost = prompt_tokens.saturating_add(prompt.max_tokens.unwrap_or(256));
+    let decision = lock(&reply.shared.limits).check(cost, Instant::now());
+    match decision {
+        Decision::Allowed(h) => {
+            reply.rate = Some(h);
+            Ok(())
+        }
+        Decision::Limited {
+            kind,
+            limit,
+            used,
+            requested,
+            wait,
+            headers,
+        } => {
+            reply.rate = Some(headers);
+            let l = Limited {
                 kind,
                 limit,
                 used,
                 requested,
                 wait,
-                headers,
-            } => {
-                reply.rate = Some(headers);
-                let l = Limited {
-                    kind,
-                    limit,
-                    used,
-                    requested,
-                    wait,
-                };
-                return reply.fail(&Event::RateLimited(l));
-            }
-            Decision::TooLarge {
-                limit,
-                requested,
-                headers,
-            } => {
-                reply.rate = Some(headers);
-                return reply.fail(&Event::TooLarge { limit, requested });
-            }
+            };
+            Err(Box::new(reply.fail(&Event::RateLimited(l))))
+        }
+        Decision::TooLarge {
+            limit,
+            requested,
+            headers,
+        } => {
+            reply.rate = Some(headers);
+            Err(Box::new(reply.fail(&Event::TooLarge { limit, requested })))
         }
     }
+}
 
-    let draw = if live.quiet {
+/// This request's faults and latency; none in quiet mode.
+fn draw_faults(reply: &Reply<'_>) -> Draw {
+    if reply.live.quiet {
         Draw {
             early: None,
             late: None,
             latency: Duration::ZERO,
         }
     } else {
-        lock(&shared.rng).draw(&live.plan)
-    };
-    let late = draw.early == Some(EarlyFault::Late);
-    match draw.early {
-        None | Some(EarlyFault::Late) => {}
-        Some(EarlyFault::ServerError) => return reply.fail(&Event::ServerError),
-        Some(EarlyFault::Overloaded) => return reply.fail(&Event::Overloaded),
+        lock(&reply.shared.rng).draw(&reply.live.plan)
+    }
+}
+
+/// The faults that strike before any latency: 500, 503 or a hang.
+async fn early_fault(reply: &Reply<'_>, early: Option<EarlyFault>) -> Result<(), Box<Response>> {
+    match early {
+        None | Some(EarlyFault::Late) => Ok(()),
+        Some(EarlyFault::ServerError) => Err(Box::new(reply.fail(&Event::ServerError))),
+        Some(EarlyFault::Overloaded) => Err(Box::new(reply.fail(&Event::Overloaded))),
         Some(EarlyFault::Hang) => {
             // Recorded now: the request never finishes from the client's point of view.
             reply.record(Outcome::Hang, 0, None);
-            tokio::select! {
-                _ = tokio::time::sleep(HANG) => {}
-                _ = shared.stopping() => {}
-            }
-            return reply.build((req.wire.render_error)(
-                req.route,
+            reply.sleep_or_stop(HANG).await;
+            Err(Box::new(reply.build((reply.wire.render_error)(
+                reply.route,
                 &Event::Overloaded,
-                model,
+                reply.facts.model,
                 &reply.request_id,
-            ));
+            ))))
         }
     }
-    if !draw.latency.is_zero() {
-        tokio::select! {
-            _ = tokio::time::sleep(draw.latency) => {}
-            _ = shared.stopping() => {}
-        }
-    }
+}
 
-    let damage = match draw.late {
+/// The answer's content, as the late fault shapes it, with its billing.
+struct Generated {
+    content: String,
+    damage: Damage,
+    completion_tokens: u64,
+    outcome: Outcome,
+}
+
+fn generate(
+    reply: &Reply<'_>,
+    prompt: &Prompt<'_>,
+    seed: [u8; 32],
+    late: Option<LateFault>,
+) -> Generated {
+    let damage = match late {
         Some(LateFault::Malformed | LateFault::ResetMidBody) => Damage::None,
         Some(LateFault::Truncated) => Damage::Truncated,
         Some(LateFault::WrongSchema) => Damage::WrongSchema,
         Some(LateFault::Refused | LateFault::Empty) | None => Damage::None,
     };
-    let refused = draw.late == Some(LateFault::Refused);
-    let blank = refused || draw.late == Some(LateFault::Empty);
+    let blank = matches!(late, Some(LateFault::Refused | LateFault::Empty));
     let content = if blank {
         String::new()
     } else {
-        crate::steer::answer(shared, live, &prompt, seed, damage)
+        crate::steer::answer(reply.shared, reply.live, prompt, seed, damage)
     };
     let full_tokens = wire::completion_tokens(&content);
-    let (completion_tokens, outcome) = match (draw.late, damage) {
+    let (completion_tokens, outcome) = match (late, damage) {
         // A refusal is a few words, billed like any answer.
         (Some(LateFault::Refused), _) => (wire::completion_tokens(REFUSAL), Outcome::Refused),
         (Some(LateFault::Empty), _) => (0, Outcome::Empty),
@@ -343,124 +418,40 @@ pub(crate) async fn run(
         (_, Damage::WrongSchema) => (full_tokens, Outcome::WrongSchema),
         (_, Damage::None) => (full_tokens, Outcome::Ok),
     };
-    let answer = Answer {
-        id: id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt),
-        model: prompt.model,
-        content: &content,
-        truncated: damage == Damage::Truncated,
-        refused,
-        prompt_tokens,
+    Generated {
+        content,
+        damage,
         completion_tokens,
-        elapsed: started.elapsed(),
-        stream: req.stream,
-    };
-    // Serializing our own structs cannot fail in practice; a 500 if it ever does.
-    let Ok(mut rendered) = (req.wire.render_answer)(req.route, &answer) else {
-        return reply.fail(&Event::ServerError);
-    };
-    if draw.late == Some(LateFault::Malformed) {
-        rendered.body = malformed(req.route, rendered.body);
+        outcome,
+    }
+}
+
+/// Send the rendered answer, damaged by the late fault that strikes after
+/// rendering (malformed, reset mid-body) or held back (the late fault).
+async fn deliver(
+    reply: &Reply<'_>,
+    mut rendered: Rendered,
+    late_fault: Option<LateFault>,
+    outcome: Outcome,
+    usage: (u64, u64),
+    late: bool,
+) -> Response {
+    if late_fault == Some(LateFault::Malformed) {
+        rendered.body = malformed(reply.route, rendered.body);
         reply.record(Outcome::Malformed, 200, None);
         return reply.build(rendered);
     }
-    if draw.late == Some(LateFault::ResetMidBody) {
+    if late_fault == Some(LateFault::ResetMidBody) {
         // Generated, so billed; the client gets half the bytes it was promised.
-        reply.record(
-            Outcome::ResetMidBody,
-            200,
-            Some((prompt_tokens, completion_tokens)),
-        );
+        reply.record(Outcome::ResetMidBody, 200, Some(usage));
         return reset_mid_body(reply.build(rendered)).await;
     }
-    reply.record(outcome, 200, Some((prompt_tokens, completion_tokens)));
+    reply.record(outcome, 200, Some(usage));
     if late {
         // Billed above, whether or not the client waits for it (row S6).
-        let hold = Duration::from_millis(live.config.late_ms);
-        tokio::select! {
-            _ = tokio::time::sleep(hold) => {}
-            _ = shared.stopping() => {}
-        }
+        reply
+            .sleep_or_stop(Duration::from_millis(reply.live.config.late_ms))
+            .await;
     }
     reply.build(rendered)
-}
-
-/// The same response, its Content-Length kept, but its body stream ends in
-/// an error halfway: the server drops the connection mid-body.
-async fn reset_mid_body(resp: Response) -> Response {
-    let (mut parts, body) = resp.into_parts();
-    let bytes = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .unwrap_or_default();
-    let half = bytes.slice(..bytes.len() / 2);
-    put(
-        &mut parts.headers,
-        "content-length",
-        bytes.len().to_string(),
-    );
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
-        Ok(half),
-        Err(std::io::Error::new(
-            std::io::ErrorKind::ConnectionReset,
-            "mock: reset mid-body",
-        )),
-    ];
-    Response::from_parts(
-        parts,
-        axum::body::Body::from_stream(futures::stream::iter(chunks)),
-    )
-}
-
-/// A 200 body that is not JSON: OpenAI's route keeps its historical fixed
-/// prefix, the others send the first half of their real answer.
-fn malformed(route: Route, body: Vec<u8>) -> Vec<u8> {
-    if route == Route::OpenAi {
-        return br#"{"id":"chatcmpl-x","object":"chat.compl"#.to_vec();
-    }
-    let mut body = body;
-    body.truncate(body.len() / 2);
-    body
-}
-
-struct Reply<'a> {
-    shared: &'a Shared,
-    live: &'a Live,
-    route: Route,
-    wire: Wire,
-    facts: RequestFacts<'a>,
-    started: Instant,
-    rate: Option<RateHeaders>,
-    /// 32 hex digits; routes add their prefix (`req_`)
-    request_id: String,
-}
-
-impl Reply<'_> {
-    fn record(&self, outcome: Outcome, status: u16, usage: Option<(u64, u64)>) {
-        let cap = self.live.config.log_capacity;
-        self.shared
-            .stats
-            .record(outcome, status, usage, &self.facts, cap);
-    }
-
-    fn fail(&self, ev: &Event) -> Response {
-        let rendered = (self.wire.render_error)(self.route, ev, self.facts.model, &self.request_id);
-        self.record(ev.outcome(), rendered.status.as_u16(), None);
-        self.build(rendered)
-    }
-
-    fn build(&self, r: Rendered) -> Response {
-        let mut resp = (r.status, [(header::CONTENT_TYPE, r.content_type)], r.body).into_response();
-        let h = resp.headers_mut();
-        let ms = self.started.elapsed().as_millis() as u64;
-        (self.wire.common_headers)(self.route, h, &self.request_id, ms, self.rate.as_ref());
-        for (name, value) in r.headers {
-            put(h, name, value);
-        }
-        resp
-    }
-}
-
-pub(crate) fn put(h: &mut HeaderMap, name: &'static str, value: String) {
-    if let Ok(v) = HeaderValue::try_from(value) {
-        h.insert(HeaderName::from_static(name), v);
-    }
 }

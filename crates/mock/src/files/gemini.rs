@@ -74,65 +74,82 @@ pub(crate) async fn upload(
         .to_ascii_lowercase();
     let commands: Vec<&str> = command.split(',').map(str::trim).collect();
     if commands == ["start"] {
-        if header_str(&headers, "x-goog-upload-protocol") != Some("resumable") {
-            return bad("X-Goog-Upload-Protocol must be 'resumable' for a start command.");
-        }
-        let meta: Value = if body.is_empty() {
-            Value::Null
-        } else {
-            match serde_json::from_slice(&body) {
-                Ok(v) => v,
-                Err(e) => return bad(&format!("Invalid JSON payload received. {e}")),
-            }
-        };
-        let file = meta.get("file").unwrap_or(&Value::Null);
-        let display_name = ["displayName", "display_name"]
-            .iter()
-            .find_map(|k| file.get(*k).and_then(Value::as_str))
-            .unwrap_or("")
-            .to_string();
-        let size = match header_str(&headers, "x-goog-upload-header-content-length") {
-            None => None,
-            Some(s) => match s.parse::<usize>() {
-                Ok(n) => Some(n),
-                Err(_) => return bad("Invalid X-Goog-Upload-Header-Content-Length."),
-            },
-        };
-        let mime = header_str(&headers, "x-goog-upload-header-content-type")
-            .unwrap_or("application/octet-stream")
-            .to_string();
-        let id = id_hex(shared.ids.fetch_add(1, Relaxed), !shared.salt);
-        lock(&store).uploads.insert(
-            id.clone(),
-            Upload {
-                display_name,
-                mime,
-                size,
-            },
-        );
-        let host = header_str(&headers, "host").unwrap_or("127.0.0.1");
-        let url =
-            format!("http://{host}/upload/v1beta/files?upload_id={id}&upload_protocol=resumable");
-        let resp = (StatusCode::OK, Body::empty()).into_response();
-        return with_headers(
-            resp,
-            &[
-                ("x-goog-upload-status", "active".into()),
-                ("x-goog-upload-url", url),
-                ("x-goog-upload-chunk-granularity", "8388608".into()),
-            ],
-        );
+        return start_upload(&shared, &store, &headers, &body);
     }
     if !commands.contains(&"upload") || !commands.contains(&"finalize") {
         return bad("X-Goog-Upload-Command must be 'start' or 'upload, finalize'.");
     }
+    finalize_upload(&shared, &store, &query, &headers, body)
+}
+
+/// The start command: the upload's name, type and declared size kept
+/// under a new upload id, and the URL to send its bytes to.
+fn start_upload(shared: &Shared, store: &GemState, headers: &HeaderMap, body: &[u8]) -> Response {
+    if header_str(headers, "x-goog-upload-protocol") != Some("resumable") {
+        return bad("X-Goog-Upload-Protocol must be 'resumable' for a start command.");
+    }
+    let meta: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return bad(&format!("Invalid JSON payload received. {e}")),
+        }
+    };
+    let file = meta.get("file").unwrap_or(&Value::Null);
+    let display_name = ["displayName", "display_name"]
+        .iter()
+        .find_map(|k| file.get(*k).and_then(Value::as_str))
+        .unwrap_or("")
+        .to_string();
+    let size = match header_str(headers, "x-goog-upload-header-content-length") {
+        None => None,
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) => Some(n),
+            Err(_) => return bad("Invalid X-Goog-Upload-Header-Content-Length."),
+        },
+    };
+    let mime = header_str(headers, "x-goog-upload-header-content-type")
+        .unwrap_or("application/octet-stream")
+        .to_string();
+    let id = id_hex(shared.ids.fetch_add(1, Relaxed), !shared.salt);
+    lock(store).uploads.insert(
+        id.clone(),
+        Upload {
+            display_name,
+            mime,
+            size,
+        },
+    );
+    let host = header_str(headers, "host").unwrap_or("127.0.0.1");
+    let url = format!("http://{host}/upload/v1beta/files?upload_id={id}&upload_protocol=resumable");
+    let resp = (StatusCode::OK, Body::empty()).into_response();
+    with_headers(
+        resp,
+        &[
+            ("x-goog-upload-status", "active".into()),
+            ("x-goog-upload-url", url),
+            ("x-goog-upload-chunk-granularity", "8388608".into()),
+        ],
+    )
+}
+
+/// The `upload, finalize` command: the whole file at offset 0, of the
+/// declared size, made a File.
+fn finalize_upload(
+    shared: &Shared,
+    store: &GemState,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
     let Some(id) = query.get("upload_id") else {
         return bad("Missing upload_id.");
     };
-    if header_str(&headers, "x-goog-upload-offset").is_some_and(|o| o != "0") {
+    if header_str(headers, "x-goog-upload-offset").is_some_and(|o| o != "0") {
         return bad("The mock takes the whole file at offset 0.");
     }
-    let Some(up) = lock(&store).uploads.remove(id) else {
+    let Some(up) = lock(store).uploads.remove(id) else {
         return rpc(StatusCode::NOT_FOUND, "NOT_FOUND", "Unknown upload id.");
     };
     if up.size.is_some_and(|n| n != body.len()) {
@@ -155,8 +172,8 @@ pub(crate) async fn upload(
     };
     let answer = json!({"file": file.object()});
     shared.stats.count(BatchCount::FileUploaded);
-    event(&shared, ROUTE, &file.name, "", 200, "file_uploaded");
-    lock(&store).files.insert(file.name.clone(), file);
+    event(shared, ROUTE, &file.name, "", 200, "file_uploaded");
+    lock(store).files.insert(file.name.clone(), file);
     with_headers(ok(&answer), &[("x-goog-upload-status", "final".into())])
 }
 

@@ -163,6 +163,29 @@ pub(crate) fn plain(custom_id: &str, kind: &str) -> String {
     serde_json::json!({"custom_id": custom_id, "result": {"type": kind}}).to_string()
 }
 
+/// The params a batch request must carry: its model and max_tokens (≥ 1),
+/// at least one message, and no streaming; `Err` is the 400 message.
+fn required(p: &Params) -> Result<(&str, u64), &'static str> {
+    let model = match p.model.as_deref() {
+        Some(m) if !m.is_empty() => m,
+        _ => return Err("params.model: Field required"),
+    };
+    let max = match p.max_tokens {
+        None => return Err("params.max_tokens: Field required"),
+        Some(n) if n < 1 => {
+            return Err("params.max_tokens: Input should be greater than or equal to 1");
+        }
+        Some(n) => n as u64,
+    };
+    if p.messages.as_ref().is_none_or(Vec::is_empty) {
+        return Err("params.messages: at least one message is required");
+    }
+    if p.stream == Some(true) {
+        return Err("params.stream: streaming is not supported in batches");
+    }
+    Ok((model, max))
+}
+
 /// Run one request: Ok(succeeded line, prompt, completion tokens) or Err(errored line).
 pub(crate) fn answer_line(
     shared: &Shared,
@@ -180,25 +203,7 @@ pub(crate) fn answer_line(
     }
     let bad = |msg: &str| errored(shared, custom_id, "invalid_request_error", msg);
     let p = Params::deserialize(params).map_err(|e| bad(&format!("params: {e}")))?;
-    let model = match p.model.as_deref() {
-        Some(m) if !m.is_empty() => m,
-        _ => return Err(bad("params.model: Field required")),
-    };
-    let max = match p.max_tokens {
-        None => return Err(bad("params.max_tokens: Field required")),
-        Some(n) if n < 1 => {
-            return Err(bad(
-                "params.max_tokens: Input should be greater than or equal to 1",
-            ));
-        }
-        Some(n) => n as u64,
-    };
-    if p.messages.as_ref().is_none_or(Vec::is_empty) {
-        return Err(bad("params.messages: at least one message is required"));
-    }
-    if p.stream == Some(true) {
-        return Err(bad("params.stream: streaming is not supported in batches"));
-    }
+    let (model, max) = required(&p).map_err(bad)?;
     let explicit: Option<Json> = p
         .output_config
         .as_ref()

@@ -89,15 +89,7 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     };
     drop(body);
     let cfg = &g.live.config;
-    let dropped = {
-        let mut store = lock(&shared.store);
-        let dropped = store.dropped_creates < cfg.batch_drop_create;
-        if dropped {
-            store.dropped_creates += 1;
-        }
-        dropped
-    };
-    if dropped {
+    if take_switch(&shared, |s| &mut s.dropped_creates, cfg.batch_drop_create) {
         // Lost before the provider acted on it: no batch.
         event(&shared, ROUTE, "", "", 500, "batch_create_dropped");
         return (StatusCode::INTERNAL_SERVER_ERROR, Vec::<u8>::new()).into_response();
@@ -107,90 +99,23 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         .find_map(|(_, p)| p.get("model").and_then(Value::as_str))
         .unwrap_or("")
         .to_string();
-    let tokens: u64 = requests.iter().map(|(_, p)| prompt_tokens(p)).sum();
-    let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
-    let id = format!("msgbatch_01{}", &hex[..24]);
-    let (object, seq, cancel) = {
-        let mut store = lock(&shared.anthropic_batches);
-        let limit = cfg.batch_enqueued_token_limit;
-        let queued = store.enqueued_tokens();
-        if limit > 0 && queued + tokens > limit {
-            drop(store);
-            let wait = Plan::from_config(cfg, 0).length();
-            let msg = format!(
-                "Number of queued batch tokens would exceed your rate limit of {limit} for the Message Batches API ({queued} queued, {tokens} in this batch). Please wait until some batches have ended and try again."
-            );
-            shared.stats.count(BatchCount::RateLimited);
-            event(&shared, ROUTE, "", &model, 429, "rate_limited");
-            let mut resp = g.error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &msg);
-            let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
-            resp.headers_mut()
-                .insert("retry-after", HeaderValue::from(secs));
-            return resp;
-        }
-        let seq = store.next_seq;
-        store.next_seq += 1;
-        let batch = Batch {
-            id: id.clone(),
-            model: model.clone(),
-            phase: Phase::InProgress,
-            counts: Counts {
-                processing: requests.len() as u64,
-                ..Counts::default()
-            },
-            created_at: chrono::Utc::now(),
-            ended_at: None,
-            cancel_initiated_at: None,
-            results: None,
-            downloads: 0,
-            results_hidden_until: None,
-            queued_tokens: tokens,
-            cancel: Arc::default(),
-        };
-        let object = serde_json::to_vec(&batch.object(&host(&headers))).unwrap_or_default();
-        let cancel = Arc::clone(&batch.cancel);
-        store.order.push(id.clone());
-        store.batches.insert(id.clone(), batch);
-        (object, seq, cancel)
+    let stored = match store_batch(&shared, &g, &headers, &requests, &model) {
+        Ok(s) => s,
+        Err(resp) => return *resp,
     };
-    let lost = {
-        let mut store = lock(&shared.store);
-        let lost = store.lost_creates < cfg.batch_lose_create;
-        if lost {
-            store.lost_creates += 1;
-        }
-        lost
-    };
+    let lost = take_switch(&shared, |s| &mut s.lost_creates, cfg.batch_lose_create);
     shared.stats.count(BatchCount::Created);
     let status = if lost { 500 } else { 200 };
-    event(&shared, ROUTE, &id, &model, status, "batch_created");
+    event(&shared, ROUTE, &stored.id, &model, status, "batch_created");
     if cfg.batch_cancel_after_ms > 0 {
-        let after = std::time::Duration::from_millis(cfg.batch_cancel_after_ms);
-        let (shared, id) = (Arc::clone(&shared), id.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(after) => {}
-                _ = shared.stopping() => return,
-            }
-            // The provider cancels it on its own, as the cancel route does.
-            let mut store = lock(&shared.anthropic_batches);
-            let Some(b) = store.batches.get_mut(&id) else {
-                return;
-            };
-            if b.phase == Phase::InProgress {
-                b.phase = Phase::Canceling;
-                b.cancel_initiated_at = Some(chrono::Utc::now());
-                b.cancel.notify_one();
-                event(&shared, ROUTE_ONE, &b.id, &b.model, 0, "batch_cancelling");
-            }
-        });
+        schedule_provider_cancel(&shared, cfg.batch_cancel_after_ms, &stored.id);
     }
     run::spawn(
         Arc::clone(&shared),
-        id,
+        stored.id,
         requests,
-        Plan::from_config(cfg, seq),
-        cancel,
+        Plan::from_config(cfg, stored.seq),
+        stored.cancel,
     );
     if lost {
         // The batch exists, but the client never learns its id.
@@ -201,11 +126,122 @@ async fn create(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     let mut resp = (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        object,
+        stored.object,
     )
         .into_response();
     g.headers(resp.headers_mut());
     resp
+}
+
+/// A create switch counted in the shared store (`batch_drop_create`,
+/// `batch_lose_create`): true, and counted, while fewer than `limit` were taken.
+fn take_switch(
+    shared: &Shared,
+    counter: impl FnOnce(&mut crate::state::openai::Store) -> &mut u32,
+    limit: u32,
+) -> bool {
+    let mut store = lock(&shared.store);
+    let taken = counter(&mut store);
+    let hit = *taken < limit;
+    if hit {
+        *taken += 1;
+    }
+    hit
+}
+
+/// A batch just stored in progress.
+struct Stored {
+    id: String,
+    /// the batch object as created, serialized
+    object: Vec<u8>,
+    seq: u64,
+    cancel: Arc<tokio::sync::Notify>,
+}
+
+/// Store the new batch, unless its tokens would take the queue over
+/// `batch_enqueued_token_limit` (a 429, counted and logged): the check and
+/// the insert under one lock, so two creates cannot both squeeze in.
+fn store_batch(
+    shared: &Shared,
+    g: &Gate,
+    headers: &HeaderMap,
+    requests: &[(String, Value)],
+    model: &str,
+) -> Result<Stored, Box<Response>> {
+    let cfg = &g.live.config;
+    let tokens: u64 = requests.iter().map(|(_, p)| prompt_tokens(p)).sum();
+    let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
+    let id = format!("msgbatch_01{}", &hex[..24]);
+    let mut store = lock(&shared.anthropic_batches);
+    let limit = cfg.batch_enqueued_token_limit;
+    let queued = store.enqueued_tokens();
+    if limit > 0 && queued + tokens > limit {
+        drop(store);
+        let wait = Plan::from_config(cfg, 0).length();
+        let msg = format!(
+            "Number of queued batch tokens would exceed your rate limit of {limit} for the Message Batches API ({queued} queued, {tokens} in this batch). Please wait until some batches have ended and try again."
+        );
+        shared.stats.count(BatchCount::RateLimited);
+        event(shared, ROUTE, "", model, 429, "rate_limited");
+        let mut resp = g.error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &msg);
+        let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
+        resp.headers_mut()
+            .insert("retry-after", HeaderValue::from(secs));
+        return Err(Box::new(resp));
+    }
+    let seq = store.next_seq;
+    store.next_seq += 1;
+    let batch = Batch {
+        id: id.clone(),
+        model: model.to_string(),
+        phase: Phase::InProgress,
+        counts: Counts {
+            processing: requests.len() as u64,
+            ..Counts::default()
+        },
+        created_at: chrono::Utc::now(),
+        ended_at: None,
+        cancel_initiated_at: None,
+        results: None,
+        downloads: 0,
+        results_hidden_until: None,
+        queued_tokens: tokens,
+        cancel: Arc::default(),
+    };
+    let object = serde_json::to_vec(&batch.object(&host(headers))).unwrap_or_default();
+    let cancel = Arc::clone(&batch.cancel);
+    store.order.push(id.clone());
+    store.batches.insert(id.clone(), batch);
+    Ok(Stored {
+        id,
+        object,
+        seq,
+        cancel,
+    })
+}
+
+/// `batch_cancel_after_ms`: the provider cancels the batch that long after
+/// its create, unless the server stops first.
+fn schedule_provider_cancel(shared: &Arc<Shared>, after_ms: u64, id: &str) {
+    let after = std::time::Duration::from_millis(after_ms);
+    let (shared, id) = (Arc::clone(shared), id.to_string());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(after) => {}
+            _ = shared.stopping() => return,
+        }
+        // The provider cancels it on its own, as the cancel route does.
+        let mut store = lock(&shared.anthropic_batches);
+        let Some(b) = store.batches.get_mut(&id) else {
+            return;
+        };
+        if b.phase == Phase::InProgress {
+            b.phase = Phase::Canceling;
+            b.cancel_initiated_at = Some(chrono::Utc::now());
+            b.cancel.notify_one();
+            event(&shared, ROUTE_ONE, &b.id, &b.model, 0, "batch_cancelling");
+        }
+    });
 }
 
 /// `GET /v1/messages/batches/{id}`

@@ -144,29 +144,8 @@ impl Run<'_> {
             Wake::Cancel => return self.canceled().await,
             Wake::Time => {}
         }
-        let n = self.requests.len();
-        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
-        loop {
-            match sched.now() {
-                Due::Expire(k) => {
-                    self.step(k);
-                    self.end("expired", "batch_expired", BatchCount::Expired);
-                    return;
-                }
-                Due::Run(target) => self.step(target),
-            }
-            if sched.finished(self.done) {
-                break;
-            }
-            match self.pause(sched.tick).await {
-                Wake::Stop => return,
-                Wake::Time => {}
-                Wake::Cancel => {
-                    // The lines in flight finish.
-                    self.step(sched.on_cancel(self.done));
-                    return self.canceled().await;
-                }
-            }
+        if !self.run_requests().await {
+            return;
         }
         match self.pause(self.plan.finalizing).await {
             Wake::Stop => return,
@@ -179,6 +158,42 @@ impl Run<'_> {
             }
             return;
         }
+        self.complete_before_output().await;
+    }
+
+    /// Run the requests on the schedule; false when the batch ended on the
+    /// way (expired, cancelled) or the server stops.
+    async fn run_requests(&mut self) -> bool {
+        let n = self.requests.len();
+        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
+        loop {
+            match sched.now() {
+                Due::Expire(k) => {
+                    self.step(k);
+                    self.end("expired", "batch_expired", BatchCount::Expired);
+                    return false;
+                }
+                Due::Run(target) => self.step(target),
+            }
+            if sched.finished(self.done) {
+                return true;
+            }
+            match self.pause(sched.tick).await {
+                Wake::Stop => return false,
+                Wake::Time => {}
+                Wake::Cancel => {
+                    // The lines in flight finish.
+                    self.step(sched.on_cancel(self.done));
+                    self.canceled().await;
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// `batch_output_late_ms`: the batch ends, but its results appear that
+    /// much later.
+    async fn complete_before_output(&mut self) {
         // Ended, but the results are not there yet.
         let results = self.results();
         let canceling = {

@@ -167,30 +167,8 @@ impl Run<'_> {
         };
         self.log("batch_in_progress", &model);
         self.model = model.clone();
-        let n = reqs.len();
-        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
-        loop {
-            match sched.now() {
-                Due::Expire(k) => {
-                    self.step(&reqs, &model, k);
-                    self.bill_rest(&reqs, "batch_line_expired");
-                    return self.finish(GState::Expired).await;
-                }
-                Due::Run(target) => self.step(&reqs, &model, target),
-            }
-            if sched.finished(self.done) {
-                break;
-            }
-            match self.pause(sched.tick).await {
-                Wake::Stop => return,
-                Wake::Time => {}
-                Wake::Cancel => {
-                    // The lines in flight finish.
-                    self.step(&reqs, &model, sched.on_cancel(self.done));
-                    self.bill_rest(&reqs, "batch_line_canceled");
-                    return self.finish(GState::Cancelled).await;
-                }
-            }
+        if !self.run_requests(&reqs, &model).await {
+            return;
         }
         match self.pause(self.plan.finalizing).await {
             Wake::Stop => return,
@@ -217,6 +195,37 @@ impl Run<'_> {
             self.log("batch_completed", &model);
         }
         self.shared.stats.count(BatchCount::Completed);
+    }
+
+    /// Run the requests on the schedule; false when the batch ended on the
+    /// way (expired, cancelled) or the server stops.
+    async fn run_requests(&mut self, reqs: &[Req], model: &str) -> bool {
+        let sched = Schedule::start(reqs.len(), self.plan.running, self.plan.expire);
+        loop {
+            match sched.now() {
+                Due::Expire(k) => {
+                    self.step(reqs, model, k);
+                    self.bill_rest(reqs, "batch_line_expired");
+                    self.finish(GState::Expired).await;
+                    return false;
+                }
+                Due::Run(target) => self.step(reqs, model, target),
+            }
+            if sched.finished(self.done) {
+                return true;
+            }
+            match self.pause(sched.tick).await {
+                Wake::Stop => return false,
+                Wake::Time => {}
+                Wake::Cancel => {
+                    // The lines in flight finish.
+                    self.step(reqs, model, sched.on_cancel(self.done));
+                    self.bill_rest(reqs, "batch_line_canceled");
+                    self.finish(GState::Cancelled).await;
+                    return false;
+                }
+            }
+        }
     }
 
     async fn pause(&self, d: Duration) -> Wake {

@@ -85,82 +85,13 @@ pub(crate) fn validate(
             continue;
         }
         let at = Some(number);
-        let head: Head = match serde_json::from_slice(raw) {
-            Ok(h) if raw.trim_ascii_start().first() == Some(&b'{') => h,
-            _ => {
-                let msg = "This line is not parseable as valid JSON.".to_string();
-                errors.push(error("invalid_json_line", msg, None, at));
+        let (custom_id, body) = match check_line(raw, at, endpoint, &mut seen, &mut model) {
+            Ok(checked) => checked,
+            Err(e) => {
+                errors.push(e);
                 continue;
             }
         };
-        let custom_id = match head.custom_id {
-            Some(Value::String(s)) if !s.is_empty() => s,
-            _ => {
-                let msg = "Missing required parameter: 'custom_id'. It must be a non-empty string."
-                    .to_string();
-                errors.push(error(
-                    "missing_required_parameter",
-                    msg,
-                    Some("custom_id"),
-                    at,
-                ));
-                continue;
-            }
-        };
-        if !seen.insert(custom_id.clone()) {
-            let msg = "The custom_id for this request is a duplicate of another request. The custom_id parameter must be unique for each request in a batch.".to_string();
-            errors.push(error("duplicate_custom_id", msg, Some("custom_id"), at));
-            continue;
-        }
-        if head.method.as_ref().and_then(Value::as_str) != Some("POST") {
-            let msg = "Invalid value for 'method': only 'POST' is supported.".to_string();
-            errors.push(error("invalid_method", msg, Some("method"), at));
-            continue;
-        }
-        if head.url.as_ref().and_then(Value::as_str) != Some(endpoint) {
-            let msg = format!(
-                "The URL provided for this request does not match the batch endpoint '{endpoint}'."
-            );
-            errors.push(error("invalid_url", msg, Some("url"), at));
-            continue;
-        }
-        let Some(body @ Value::Object(_)) = head.body else {
-            let msg = "Missing required parameter: 'body'. It must be an object.".to_string();
-            errors.push(error("missing_required_parameter", msg, Some("body"), at));
-            continue;
-        };
-        let Some(m) = body
-            .get("model")
-            .and_then(Value::as_str)
-            .filter(|m| !m.is_empty())
-        else {
-            let msg = "Missing required parameter: 'body.model'.".to_string();
-            errors.push(error(
-                "missing_required_parameter",
-                msg,
-                Some("body.model"),
-                at,
-            ));
-            continue;
-        };
-        match &model {
-            None => model = Some(m.to_string()),
-            Some(first) if first != m => {
-                let msg = format!(
-                    "The provided model '{m}' does not match the model '{first}' used in the other requests within this batch file. All requests in a batch file must use the same model."
-                );
-                errors.push(error("mismatched_model", msg, Some("body.model"), at));
-                continue;
-            }
-            Some(_) => {}
-        }
-        if body.get("stream").and_then(Value::as_bool) == Some(true) {
-            let msg =
-                "Streaming is not supported in the Batch API: 'body.stream' must not be true."
-                    .to_string();
-            errors.push(error("invalid_value", msg, Some("body.stream"), at));
-            continue;
-        }
         prompt_tokens += estimate_tokens(&body, raw.len());
         lines.push(Line {
             start: line_start,
@@ -187,6 +118,85 @@ pub(crate) fn validate(
         model,
         prompt_tokens,
     })
+}
+
+/// One non-blank line's checks, in the order OpenAI reports them: its
+/// custom_id (unique in `seen`), method, url, body and model (the first
+/// model seen is the batch's, kept in `model`); the first fault is its error.
+fn check_line(
+    raw: &[u8],
+    at: Option<u64>,
+    endpoint: &str,
+    seen: &mut HashSet<String>,
+    model: &mut Option<String>,
+) -> Result<(String, Value), BatchError> {
+    let head: Head = match serde_json::from_slice(raw) {
+        Ok(h) if raw.trim_ascii_start().first() == Some(&b'{') => h,
+        _ => {
+            let msg = "This line is not parseable as valid JSON.".to_string();
+            return Err(error("invalid_json_line", msg, None, at));
+        }
+    };
+    let custom_id = match head.custom_id {
+        Some(Value::String(s)) if !s.is_empty() => s,
+        _ => {
+            let msg = "Missing required parameter: 'custom_id'. It must be a non-empty string."
+                .to_string();
+            return Err(error(
+                "missing_required_parameter",
+                msg,
+                Some("custom_id"),
+                at,
+            ));
+        }
+    };
+    if !seen.insert(custom_id.clone()) {
+        let msg = "The custom_id for this request is a duplicate of another request. The custom_id parameter must be unique for each request in a batch.".to_string();
+        return Err(error("duplicate_custom_id", msg, Some("custom_id"), at));
+    }
+    if head.method.as_ref().and_then(Value::as_str) != Some("POST") {
+        let msg = "Invalid value for 'method': only 'POST' is supported.".to_string();
+        return Err(error("invalid_method", msg, Some("method"), at));
+    }
+    if head.url.as_ref().and_then(Value::as_str) != Some(endpoint) {
+        let msg = format!(
+            "The URL provided for this request does not match the batch endpoint '{endpoint}'."
+        );
+        return Err(error("invalid_url", msg, Some("url"), at));
+    }
+    let Some(body @ Value::Object(_)) = head.body else {
+        let msg = "Missing required parameter: 'body'. It must be an object.".to_string();
+        return Err(error("missing_required_parameter", msg, Some("body"), at));
+    };
+    let Some(m) = body
+        .get("model")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty())
+    else {
+        let msg = "Missing required parameter: 'body.model'.".to_string();
+        return Err(error(
+            "missing_required_parameter",
+            msg,
+            Some("body.model"),
+            at,
+        ));
+    };
+    match model.as_deref() {
+        None => *model = Some(m.to_string()),
+        Some(first) if first != m => {
+            let msg = format!(
+                "The provided model '{m}' does not match the model '{first}' used in the other requests within this batch file. All requests in a batch file must use the same model."
+            );
+            return Err(error("mismatched_model", msg, Some("body.model"), at));
+        }
+        Some(_) => {}
+    }
+    if body.get("stream").and_then(Value::as_bool) == Some(true) {
+        let msg = "Streaming is not supported in the Batch API: 'body.stream' must not be true."
+            .to_string();
+        return Err(error("invalid_value", msg, Some("body.stream"), at));
+    }
+    Ok((custom_id, body))
 }
 
 /// Prompt tokens as the sync route counts them; a body it would refuse counts a byte per 4.

@@ -66,153 +66,33 @@ pub(crate) async fn create(
     if g.live.mode == Mode::Quota {
         return g.event(&Event::Quota);
     }
-    let bad = |msg: &str, param: Option<&str>| g.error(StatusCode::BAD_REQUEST, msg, param, None);
-    let req: CreateBody = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return bad(&format!("Invalid request body: {e}"), None),
+    let valid = match validate_create(&g, &body) {
+        Ok(v) => v,
+        Err(resp) => return *resp,
     };
-    let Some(input_file_id) = req.input_file_id.filter(|s| !s.is_empty()) else {
-        return bad(
-            "Missing required parameter: 'input_file_id'.",
-            Some("input_file_id"),
-        );
+    let input = match input_bytes(&shared, &g, &valid.input_file_id) {
+        Ok(bytes) => bytes,
+        Err(resp) => return *resp,
     };
-    let Some(endpoint) = req.endpoint else {
-        return bad("Missing required parameter: 'endpoint'.", Some("endpoint"));
-    };
-    if !g.api.endpoints().contains(&endpoint.as_str()) {
-        let msg = format!(
-            "Invalid value: '{endpoint}'. Supported values are: {:?} (the mock runs chat completions only).",
-            g.api.endpoints()
-        );
-        return bad(&msg, Some("endpoint"));
+    if let Err(resp) = refuse_by_switch(&shared, &g) {
+        return *resp;
     }
-    match req.completion_window.as_deref() {
-        Some("24h") => {}
-        None => {
-            return bad(
-                "Missing required parameter: 'completion_window'.",
-                Some("completion_window"),
-            );
-        }
-        Some(other) => {
-            let msg = format!("Invalid value: '{other}'. Supported values are: '24h'.");
-            return bad(&msg, Some("completion_window"));
-        }
-    }
-    let metadata = match metadata(req.metadata) {
-        Ok(m) => m,
-        Err(msg) => return bad(&msg, Some("metadata")),
-    };
-    let input = {
-        let store = lock(&shared.store);
-        let Some(file) = store.file(g.api, &input_file_id) else {
-            drop(store);
-            return g.not_found("File", &input_file_id);
-        };
-        if file.purpose != "batch" {
-            let msg = format!(
-                "Invalid 'input_file_id': '{input_file_id}'. The file has purpose '{}'; a batch input needs purpose 'batch'.",
-                file.purpose
-            );
-            drop(store);
-            return bad(&msg, Some("input_file_id"));
-        }
-        file.bytes.clone()
-    };
-
-    let live = &g.live;
-    let cfg = &live.config;
-    {
-        let mut store = lock(&shared.store);
-        if store.refused_creates < cfg.batch_refuse_create {
-            store.refused_creates += 1;
-            drop(store);
-            return bad(
-                "mock: this batch create is refused (batch_refuse_create)",
-                None,
-            );
-        }
-    }
-    let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
-    let id = format!("batch_{hex}");
-    let (object, seq, cancel, lost, reject) = {
-        let mut store = lock(&shared.store);
-        let seq = store.next_seq;
-        store.next_seq += 1;
-        let lost = store.lost_creates < cfg.batch_lose_create;
-        if lost {
-            store.lost_creates += 1;
-        }
-        let reject = store.rejected_inputs < cfg.batch_reject_input;
-        if reject {
-            store.rejected_inputs += 1;
-        }
-        let batch = Batch {
-            api: g.api,
-            id: id.clone(),
-            endpoint: endpoint.clone(),
-            input_file_id,
-            metadata,
-            status: Status::Validating,
-            model: None,
-            errors: Vec::new(),
-            created_at: unix_now(),
-            at: Stamps::default(),
-            total: 0,
-            completed: 0,
-            failed: 0,
-            input_tokens: 0,
-            output_tokens: 0,
-            queued_tokens: 0,
-            output_file_id: None,
-            error_file_id: None,
-            cancel_requested: false,
-            cancel: Arc::default(),
-        };
-        let object = serde_json::to_vec(&batch.object()).unwrap_or_default();
-        let cancel = Arc::clone(&batch.cancel);
-        store.order.push(id.clone());
-        store.batches.insert(id.clone(), batch);
-        (object, seq, cancel, lost, reject)
-    };
-    shared.stats.count(BatchCount::Created);
-    let event = BatchEvent {
-        provider: g.api.provider(),
-        route: if g.api == crate::state::openai::Api::Azure {
-            "/openai/batches"
-        } else {
-            "/v1/batches"
-        },
-        batch_id: &id,
-        client_request_id: headers
-            .get("x-client-request-id")
-            .and_then(|v| v.to_str().ok()),
-        model: "",
-        status: if lost { 500 } else { 200 },
-        outcome: "batch_created",
-    };
-    shared.stats.event(&event, cfg.log_capacity);
+    let endpoint = valid.endpoint.clone();
+    let made = make_batch(&shared, &g, valid);
+    log_created(&shared, &g, &headers, &made);
+    let cfg = &g.live.config;
     if cfg.batch_cancel_after_ms > 0 {
-        let after = cfg.batch_validating_ms + cfg.batch_cancel_after_ms;
-        let (shared, api, id) = (Arc::clone(&shared), g.api, id.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(std::time::Duration::from_millis(after)) => {}
-                _ = shared.stopping() => return,
-            }
-            provider_cancel(&shared, api, &id);
-        });
+        schedule_provider_cancel(&shared, &g, &made.id);
     }
-    let mut plan = Plan::from_config(cfg, g.api, endpoint, seq);
-    plan.reject_input = reject;
-    run::spawn(Arc::clone(&shared), id, input, plan, cancel);
+    let mut plan = Plan::from_config(cfg, g.api, endpoint, made.seq);
+    plan.reject_input = made.reject;
+    run::spawn(Arc::clone(&shared), made.id, input, plan, made.cancel);
     if cfg.batch_create_delay_ms > 0 {
         // Made, but the answer is slow: a client that dies meanwhile has a
         // batch it never heard of.
         tokio::time::sleep(std::time::Duration::from_millis(cfg.batch_create_delay_ms)).await;
     }
-    if lost {
+    if made.lost {
         // The batch exists, but the client never learns its id.
         let mut resp = (StatusCode::INTERNAL_SERVER_ERROR, Vec::<u8>::new()).into_response();
         g.headers(resp.headers_mut());
@@ -221,11 +101,205 @@ pub(crate) async fn create(
     let mut resp = (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        object,
+        made.object,
     )
         .into_response();
     g.headers(resp.headers_mut());
     resp
+}
+
+/// A create body that passed validation.
+struct ValidCreate {
+    input_file_id: String,
+    endpoint: String,
+    metadata: Option<Vec<(String, String)>>,
+}
+
+/// Check the create body's fields in the order OpenAI reports them (400s).
+fn validate_create(g: &Gate, body: &[u8]) -> Result<ValidCreate, Box<Response>> {
+    let bad = |msg: &str, param: Option<&str>| g.error(StatusCode::BAD_REQUEST, msg, param, None);
+    let req: CreateBody = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return Err(Box::new(bad(&format!("Invalid request body: {e}"), None))),
+    };
+    let Some(input_file_id) = req.input_file_id.filter(|s| !s.is_empty()) else {
+        return Err(Box::new(bad(
+            "Missing required parameter: 'input_file_id'.",
+            Some("input_file_id"),
+        )));
+    };
+    let Some(endpoint) = req.endpoint else {
+        return Err(Box::new(bad(
+            "Missing required parameter: 'endpoint'.",
+            Some("endpoint"),
+        )));
+    };
+    if !g.api.endpoints().contains(&endpoint.as_str()) {
+        let msg = format!(
+            "Invalid value: '{endpoint}'. Supported values are: {:?} (the mock runs chat completions only).",
+            g.api.endpoints()
+        );
+        return Err(Box::new(bad(&msg, Some("endpoint"))));
+    }
+    match req.completion_window.as_deref() {
+        Some("24h") => {}
+        None => {
+            return Err(Box::new(bad(
+                "Missing required parameter: 'completion_window'.",
+                Some("completion_window"),
+            )));
+        }
+        Some(other) => {
+            let msg = format!("Invalid value: '{other}'. Supported values are: '24h'.");
+            return Err(Box::new(bad(&msg, Some("completion_window"))));
+        }
+    }
+    let metadata = metadata(req.metadata).map_err(|msg| Box::new(bad(&msg, Some("metadata"))))?;
+    Ok(ValidCreate {
+        input_file_id,
+        endpoint,
+        metadata,
+    })
+}
+
+/// The input file's bytes: a file of this API (else 404) with purpose `batch` (else 400).
+fn input_bytes(shared: &Shared, g: &Gate, input_file_id: &str) -> Result<Bytes, Box<Response>> {
+    let store = lock(&shared.store);
+    let Some(file) = store.file(g.api, input_file_id) else {
+        drop(store);
+        return Err(Box::new(g.not_found("File", input_file_id)));
+    };
+    if file.purpose != "batch" {
+        let msg = format!(
+            "Invalid 'input_file_id': '{input_file_id}'. The file has purpose '{}'; a batch input needs purpose 'batch'.",
+            file.purpose
+        );
+        drop(store);
+        return Err(Box::new(g.error(
+            StatusCode::BAD_REQUEST,
+            &msg,
+            Some("input_file_id"),
+            None,
+        )));
+    }
+    Ok(file.bytes.clone())
+}
+
+/// `batch_refuse_create`: the next N creates are refused with a 400.
+fn refuse_by_switch(shared: &Shared, g: &Gate) -> Result<(), Box<Response>> {
+    let mut store = lock(&shared.store);
+    if store.refused_creates < g.live.config.batch_refuse_create {
+        store.refused_creates += 1;
+        drop(store);
+        return Err(Box::new(g.error(
+            StatusCode::BAD_REQUEST,
+            "mock: this batch create is refused (batch_refuse_create)",
+            None,
+            None,
+        )));
+    }
+    Ok(())
+}
+
+/// A batch just stored in `validating`, with the switches drawn for it.
+struct Made {
+    id: String,
+    /// the Batch object as created, serialized
+    object: Vec<u8>,
+    seq: u64,
+    cancel: Arc<tokio::sync::Notify>,
+    /// `batch_lose_create`: made, but answered with a 500
+    lost: bool,
+    /// `batch_reject_input`: fails validation naming an input line
+    reject: bool,
+}
+
+/// Store the new batch in `validating` and draw its create switches.
+fn make_batch(shared: &Shared, g: &Gate, valid: ValidCreate) -> Made {
+    let cfg = &g.live.config;
+    let hex = id_hex(shared.ids.fetch_add(1, Relaxed), shared.salt);
+    let id = format!("batch_{hex}");
+    let mut store = lock(&shared.store);
+    let seq = store.next_seq;
+    store.next_seq += 1;
+    let lost = store.lost_creates < cfg.batch_lose_create;
+    if lost {
+        store.lost_creates += 1;
+    }
+    let reject = store.rejected_inputs < cfg.batch_reject_input;
+    if reject {
+        store.rejected_inputs += 1;
+    }
+    let batch = Batch {
+        api: g.api,
+        id: id.clone(),
+        endpoint: valid.endpoint,
+        input_file_id: valid.input_file_id,
+        metadata: valid.metadata,
+        status: Status::Validating,
+        model: None,
+        errors: Vec::new(),
+        created_at: unix_now(),
+        at: Stamps::default(),
+        total: 0,
+        completed: 0,
+        failed: 0,
+        input_tokens: 0,
+        output_tokens: 0,
+        queued_tokens: 0,
+        output_file_id: None,
+        error_file_id: None,
+        cancel_requested: false,
+        cancel: Arc::default(),
+    };
+    let object = serde_json::to_vec(&batch.object()).unwrap_or_default();
+    let cancel = Arc::clone(&batch.cancel);
+    store.order.push(id.clone());
+    store.batches.insert(id.clone(), batch);
+    Made {
+        id,
+        object,
+        seq,
+        cancel,
+        lost,
+        reject,
+    }
+}
+
+/// Count the create and log it (a lost create logs its 500).
+fn log_created(shared: &Shared, g: &Gate, headers: &HeaderMap, made: &Made) {
+    shared.stats.count(BatchCount::Created);
+    let event = BatchEvent {
+        provider: g.api.provider(),
+        route: if g.api == crate::state::openai::Api::Azure {
+            "/openai/batches"
+        } else {
+            "/v1/batches"
+        },
+        batch_id: &made.id,
+        client_request_id: headers
+            .get("x-client-request-id")
+            .and_then(|v| v.to_str().ok()),
+        model: "",
+        status: if made.lost { 500 } else { 200 },
+        outcome: "batch_created",
+    };
+    shared.stats.event(&event, g.live.config.log_capacity);
+}
+
+/// `batch_cancel_after_ms`: the provider cancels the batch that long after
+/// validation starts, unless the server stops first.
+fn schedule_provider_cancel(shared: &Arc<Shared>, g: &Gate, id: &str) {
+    let cfg = &g.live.config;
+    let after = cfg.batch_validating_ms + cfg.batch_cancel_after_ms;
+    let (shared, api, id) = (Arc::clone(shared), g.api, id.to_string());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(after)) => {}
+            _ = shared.stopping() => return,
+        }
+        provider_cancel(&shared, api, &id);
+    });
 }
 
 /// `batch_cancel_after_ms`: the provider cancels batch `id` on its own, as

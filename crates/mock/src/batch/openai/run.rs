@@ -31,17 +31,19 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use tokio::sync::Notify;
 
 use super::input::{self, Line};
 use crate::MockConfig;
 use crate::batch::clock::{Due, Schedule};
-use crate::batch::lines::{self, Anomaly, Extras};
+use crate::batch::lines;
 use crate::state::openai::{Api, Batch, BatchError, Status, Store, unix_now};
 use crate::state::{Shared, lock};
 use crate::stats::{BatchCount, BatchEvent};
 use crate::wire::splitmix;
+
+mod answering;
 
 /// What a batch's lifecycle needs from the config, read once at create.
 pub(crate) struct Plan {
@@ -153,30 +155,9 @@ impl Run<'_> {
             Wake::Cancel => return self.cancelled().await,
             Wake::Time => {}
         }
-        let (input, endpoint, max) = (
-            self.input.clone(),
-            self.plan.endpoint.clone(),
-            self.plan.api.max_requests(),
-        );
-        let checked =
-            tokio::task::spawn_blocking(move || input::validate(&input, &endpoint, max)).await;
-        let parsed = match checked {
-            Ok(Ok(p)) => p,
-            Ok(Err(errors)) => return self.fail(errors, None),
-            Err(_) => return,
+        let Some(parsed) = self.validate_input().await else {
+            return;
         };
-        if self.plan.reject_input {
-            let line = parsed.lines.len().min(2) as u64;
-            let e = BatchError {
-                code: "invalid_json_line".to_string(),
-                message: format!(
-                    "This line is not parseable as valid JSON (mock: batch_reject_input, line {line})."
-                ),
-                param: None,
-                line: Some(line),
-            };
-            return self.fail(vec![e], Some(parsed.model));
-        }
         let n = parsed.lines.len();
         match self.start(parsed) {
             Start::Running => {}
@@ -184,27 +165,8 @@ impl Run<'_> {
             Start::Cancelled => return self.cancelled().await,
         }
 
-        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
-        loop {
-            match sched.now() {
-                Due::Expire(k) => {
-                    self.step(k);
-                    return self.expired();
-                }
-                Due::Run(target) => self.step(target),
-            }
-            if sched.finished(self.done) {
-                break;
-            }
-            match self.pause(sched.tick).await {
-                Wake::Stop => return,
-                Wake::Time => {}
-                Wake::Cancel => {
-                    // The lines in flight finish.
-                    self.step(sched.on_cancel(self.done));
-                    return self.cancelled().await;
-                }
-            }
+        if !self.run_lines(n).await {
+            return;
         }
 
         if !self.transition(Status::Finalizing, "batch_finalizing") {
@@ -229,6 +191,69 @@ impl Run<'_> {
             return self.cancelled().await;
         }
         self.shared.stats.count(BatchCount::Completed);
+    }
+
+    /// Validate the input file off the async threads; None when the batch
+    /// failed (a bad line, or `batch_reject_input`) or the check died.
+    async fn validate_input(&mut self) -> Option<input::Parsed> {
+        let (input, endpoint, max) = (
+            self.input.clone(),
+            self.plan.endpoint.clone(),
+            self.plan.api.max_requests(),
+        );
+        let checked =
+            tokio::task::spawn_blocking(move || input::validate(&input, &endpoint, max)).await;
+        let parsed = match checked {
+            Ok(Ok(p)) => p,
+            Ok(Err(errors)) => {
+                self.fail(errors, None);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        if self.plan.reject_input {
+            let line = parsed.lines.len().min(2) as u64;
+            let e = BatchError {
+                code: "invalid_json_line".to_string(),
+                message: format!(
+                    "This line is not parseable as valid JSON (mock: batch_reject_input, line {line})."
+                ),
+                param: None,
+                line: Some(line),
+            };
+            self.fail(vec![e], Some(parsed.model));
+            return None;
+        }
+        Some(parsed)
+    }
+
+    /// Run the `n` lines on the schedule; false when the batch ended on the
+    /// way (expired, cancelled) or the server stops.
+    async fn run_lines(&mut self, n: usize) -> bool {
+        let sched = Schedule::start(n, self.plan.running, self.plan.expire);
+        loop {
+            match sched.now() {
+                Due::Expire(k) => {
+                    self.step(k);
+                    self.expired();
+                    return false;
+                }
+                Due::Run(target) => self.step(target),
+            }
+            if sched.finished(self.done) {
+                return true;
+            }
+            match self.pause(sched.tick).await {
+                Wake::Stop => return false,
+                Wake::Time => {}
+                Wake::Cancel => {
+                    // The lines in flight finish.
+                    self.step(sched.on_cancel(self.done));
+                    self.cancelled().await;
+                    return false;
+                }
+            }
+        }
     }
 
     /// Validation passed: fail on the enqueued token limit, or go `in_progress`.
@@ -352,91 +377,6 @@ impl Run<'_> {
         self.shared.stats.count(BatchCount::Failed);
     }
 
-    /// One line in the billing log (`batch_line_log`).
-    fn bill(&self, custom_id: &str, status: u16, outcome: &str) {
-        if !self.plan.line_log {
-            return;
-        }
-        let event = BatchEvent {
-            provider: self.plan.api.provider(),
-            route: self.plan.api.line_route(),
-            batch_id: &self.id,
-            client_request_id: Some(custom_id),
-            model: &self.model,
-            status,
-            outcome,
-        };
-        let cap = self.shared.live().config.log_capacity;
-        self.shared.stats.event(&event, cap);
-    }
-
-    /// Run lines `done..upto` and add them to the counts.
-    fn step(&mut self, upto: usize) {
-        let (mut ok, mut failed, mut input_tokens, mut output_tokens) = (0, 0, 0, 0);
-        while self.done < upto {
-            let line = &self.lines[self.done];
-            let custom_id = line.custom_id.clone();
-            let raw = &self.input[line.start..line.end];
-            let anomaly = self
-                .plan
-                .anomalies
-                .then(|| Anomaly::of_line(self.done, false))
-                .flatten();
-            let fail = self.rng.random::<f64>() < self.plan.fail_rate
-                || anomaly == Some(Anomaly::Retryable);
-            let answered = if anomaly == Some(Anomaly::Refused) {
-                let msg = "Invalid 'messages': the request was refused (mock anomaly).";
-                Err(lines::refused(self.shared, &custom_id, msg))
-            } else {
-                lines::answer(self.shared, &custom_id, raw, fail)
-            };
-            match answered {
-                Ok((line, p, c)) => {
-                    if anomaly == Some(Anomaly::Twice) {
-                        let usage = "/response/body/usage";
-                        let copy = lines::second_copy(
-                            self.shared,
-                            &line,
-                            usage,
-                            "completion_tokens",
-                            "total_tokens",
-                        );
-                        self.extra.extend(copy);
-                    }
-                    if anomaly != Some(Anomaly::Dropped) {
-                        self.out.push(line);
-                    }
-                    ok += 1;
-                    input_tokens += p;
-                    output_tokens += c;
-                    self.bill(&custom_id, 200, "batch_line_ok");
-                }
-                Err(line) => {
-                    self.err.push(line);
-                    failed += 1;
-                    self.bill(
-                        &custom_id,
-                        if fail { 500 } else { 400 },
-                        "batch_line_failed",
-                    );
-                }
-            }
-            self.done += 1;
-        }
-        if ok + failed == 0 {
-            return;
-        }
-        self.shared.stats.add(BatchCount::LineOk, ok);
-        self.shared.stats.add(BatchCount::LineFailed, failed);
-        let mut store = lock(&self.shared.store);
-        if let Some(b) = self.batch(&mut store) {
-            b.completed += ok;
-            b.failed += failed;
-            b.input_tokens += input_tokens;
-            b.output_tokens += output_tokens;
-        }
-    }
-
     fn expired(&mut self) {
         let mut expired = 0;
         for line in &self.lines[self.done..] {
@@ -474,23 +414,5 @@ impl Run<'_> {
             self.log(b, "batch_cancelled");
         }
         self.shared.stats.count(BatchCount::Cancelled);
-    }
-
-    fn publish(&mut self, store: &mut Store) {
-        let mut extras = Extras {
-            lines: std::mem::take(&mut self.extra),
-            hidden_until: (!self.plan.results_hidden.is_zero())
-                .then(|| std::time::Instant::now() + self.plan.results_hidden),
-        };
-        if self.plan.anomalies {
-            let unknown = lines::unknown_id(self.plan.seq);
-            let line = self.out.first();
-            extras
-                .lines
-                .extend(line.and_then(|l| lines::with_id(l, "/custom_id", &unknown)));
-        }
-        let (api, id) = (self.plan.api, self.id.as_str());
-        let files = [(&mut self.out, "output"), (&mut self.err, "error")];
-        lines::publish(self.shared, store, api, id, files, extras, &mut self.rng);
     }
 }
