@@ -45,7 +45,7 @@ pub struct AnthropicChat {
 
 impl AnthropicChat {
     /// `base_url` is `https://api.anthropic.com` (a trailing `/v1` is accepted).
-    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, crate::ClientError> {
         let base = base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base);
         Ok(Self {

@@ -39,7 +39,7 @@ pub struct GeminiChat {
 impl GeminiChat {
     /// `base_url` is `https://generativelanguage.googleapis.com` (a trailing
     /// `/v1beta` is accepted).
-    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, crate::ClientError> {
         let base = base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1beta").unwrap_or(base).to_string();
         Ok(Self {

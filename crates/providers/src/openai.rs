@@ -33,7 +33,11 @@ pub struct OpenAiChat {
 }
 
 impl OpenAiChat {
-    pub fn new(label: &str, base_url: &str, key: Option<ApiKey>) -> Result<Self, String> {
+    pub fn new(
+        label: &str,
+        base_url: &str,
+        key: Option<ApiKey>,
+    ) -> Result<Self, crate::ClientError> {
         let client = super::http_client()?;
         let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
         Ok(Self {

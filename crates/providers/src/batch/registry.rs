@@ -2,7 +2,7 @@
 //! adapter a config names.
 
 use super::{BatchProvider, anthropic, gemini, openai};
-use crate::{ApiKey, ProviderSetupError};
+use crate::{ApiKey, ClientError, ProviderSetupError};
 use docket_model::config::{ProviderConfig, ProviderKind};
 
 /// Whether docket has a Batch API adapter for `kind`. Ollama has no Batch
@@ -54,6 +54,10 @@ pub(crate) fn build_batch_with_key(
         provider: name.into(),
         message,
     };
+    let unbuilt = |source: ClientError| ProviderSetupError::Client {
+        provider: name.into(),
+        source,
+    };
     if !has_batch_api(cfg.kind) {
         return Ok(None);
     }
@@ -76,23 +80,23 @@ pub(crate) fn build_batch_with_key(
                 .ok_or_else(|| setup("api_version is required for kind = \"azure\"".into()))?;
             let key =
                 key.ok_or_else(|| setup("api_key_env is required for kind = \"azure\"".into()))?;
-            Box::new(openai::OpenAiBatch::azure(&base, &version, key).map_err(setup)?)
+            Box::new(openai::OpenAiBatch::azure(&base, &version, key).map_err(unbuilt)?)
         }
         ProviderKind::Anthropic => {
             let key = key
                 .ok_or_else(|| setup("api_key_env is required for kind = \"anthropic\"".into()))?;
-            Box::new(anthropic::AnthropicBatch::new(&base, key).map_err(setup)?)
+            Box::new(anthropic::AnthropicBatch::new(&base, key).map_err(unbuilt)?)
         }
         ProviderKind::Gemini => {
             let key =
                 key.ok_or_else(|| setup("api_key_env is required for kind = \"gemini\"".into()))?;
-            let g = gemini::GeminiBatch::new(&base, key).map_err(setup)?;
+            let g = gemini::GeminiBatch::new(&base, key).map_err(unbuilt)?;
             Box::new(match gemini_inline_limit() {
                 Some(n) => g.with_inline_limit(n),
                 None => g,
             })
         }
-        _ => Box::new(openai::OpenAiBatch::openai(cfg.kind.as_str(), &base, key).map_err(setup)?),
+        _ => Box::new(openai::OpenAiBatch::openai(cfg.kind.as_str(), &base, key).map_err(unbuilt)?),
     };
     Ok(Some(batch))
 }

@@ -109,7 +109,7 @@ pub struct AnthropicBatch {
 impl AnthropicBatch {
     /// `base_url` as for the sync adapter (`https://api.anthropic.com`, a
     /// trailing `/v1` accepted).
-    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, crate::ClientError> {
         let base = base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base).to_string();
         Ok(Self {

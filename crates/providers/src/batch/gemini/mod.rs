@@ -160,7 +160,7 @@ pub struct GeminiBatch {
 
 impl GeminiBatch {
     /// `base_url` as for the sync adapter (a trailing `/v1beta` is accepted).
-    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, crate::ClientError> {
         let base = base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1beta").unwrap_or(base).to_string();
         Ok(Self {

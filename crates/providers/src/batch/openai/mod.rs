@@ -153,7 +153,11 @@ pub struct OpenAiBatch {
 
 impl OpenAiBatch {
     /// `base_url` as for the sync adapter (`https://api.openai.com/v1`).
-    pub fn openai(label: &str, base_url: &str, key: Option<ApiKey>) -> Result<Self, String> {
+    pub fn openai(
+        label: &str,
+        base_url: &str,
+        key: Option<ApiKey>,
+    ) -> Result<Self, crate::ClientError> {
         Ok(Self {
             label: label.to_string(),
             flavour: Flavour::OpenAi,
@@ -168,7 +172,11 @@ impl OpenAiBatch {
 
     /// `base_url` is the resource endpoint, `https://RESOURCE.openai.azure.com`
     /// (with or without `/openai`).
-    pub fn azure(base_url: &str, api_version: &str, key: ApiKey) -> Result<Self, String> {
+    pub fn azure(
+        base_url: &str,
+        api_version: &str,
+        key: ApiKey,
+    ) -> Result<Self, crate::ClientError> {
         let base = base_url.trim_end_matches('/');
         let base = base.strip_suffix("/openai").unwrap_or(base).to_string();
         Ok(Self {
