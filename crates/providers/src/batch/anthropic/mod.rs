@@ -55,6 +55,7 @@ use super::{
     with_key_header,
 };
 use crate::anthropic::{ANTHROPIC_VERSION, classify_error, rate_headers_at, request_body};
+use crate::batch::jsonl::EncodeError;
 use crate::{ApiKey, ProviderError, RawAnswer};
 use poll::MessageBatch;
 
@@ -132,12 +133,12 @@ impl AnthropicBatch {
     }
 
     /// One request of the create body: `{"custom_id","params"}`.
-    pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, String> {
+    pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
         serde_json::to_vec(&json!({
             "custom_id": line.custom_id,
             "params": request_body(&line.request),
         }))
-        .map_err(|e| format!("cannot encode the request: {e}"))
+        .map_err(EncodeError::Request)
     }
 
     fn url(&self, path: &str) -> String {

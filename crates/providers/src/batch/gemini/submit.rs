@@ -11,6 +11,7 @@ use crate::RawAnswer;
 use crate::batch::http::{Measured, measure, not_understood, request_error, streamed_body_opening};
 #[cfg(test)]
 use crate::batch::jsonl::Chunk;
+use crate::batch::jsonl::EncodeError;
 use crate::batch::{BatchLine, LineSource, SubmitSpec, Submitted, keep_upload_after};
 use crate::gemini::request_body;
 use crate::limiter::RateHeaders;
@@ -18,12 +19,12 @@ use crate::openai::preview;
 
 impl GeminiBatch {
     /// One JSONL line of an input file, without its newline.
-    pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, String> {
+    pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
         serde_json::to_vec(&json!({
             "key": line.custom_id,
             "request": request_body(&line.request),
         }))
-        .map_err(|e| format!("cannot encode the request: {e}"))
+        .map_err(EncodeError::Request)
     }
 
     /// One entry of `inputConfig.requests.requests`.
@@ -35,9 +36,8 @@ impl GeminiBatch {
     }
 
     /// One entry of `inputConfig.requests.requests`, encoded.
-    fn encode_item(line: &BatchLine) -> Result<Vec<u8>, String> {
-        serde_json::to_vec(&Self::inline_item(line))
-            .map_err(|e| format!("cannot encode the request: {e}"))
+    fn encode_item(line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
+        serde_json::to_vec(&Self::inline_item(line)).map_err(EncodeError::Request)
     }
 
     /// The inline create body's length, its opening `open_len` bytes long,

@@ -8,19 +8,20 @@ use super::poll::BatchObject;
 use super::{CALL_TIMEOUT, OpenAiBatch, REQUESTS_KEY, TAG_KEY, parse_json};
 use crate::ProviderError;
 use crate::batch::http::{measure, request_error};
+use crate::batch::jsonl::EncodeError;
 use crate::batch::{BatchLine, SubmitSpec, Submitted, keep_upload_after};
 use crate::openai::request_body;
 
 impl OpenAiBatch {
     /// One input line, without its newline.
-    pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, String> {
+    pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
         serde_json::to_vec(&json!({
             "custom_id": line.custom_id,
             "method": "POST",
             "url": self.endpoint(),
             "body": request_body(&line.request),
         }))
-        .map_err(|e| format!("cannot encode the request: {e}"))
+        .map_err(EncodeError::Request)
     }
 
     pub(super) async fn submit_inner(
