@@ -3,10 +3,10 @@
 //! `ChatAnswer` or a classified `ProviderError`.
 //!
 //! This crate owns the providers' wire formats (one file per provider for
-//! chat, `batch/` for the Batch APIs), the shared rate limiter (`limiter`)
-//! and the retry rules and hints (`retry`). It may not touch the ledger,
-//! the engine or the terminal: it depends only on `docket-model`.
-
+//! chat, and under `batch/` a folder per provider for its Batch API), the
+//! shared rate limiter (`limiter`) and the retry rules and hints
+//! (`retry`). It may not touch the ledger, the engine or the terminal: it
+//! depends only on `docket-model`.
 //!
 //! Beside the providers' files, `keys` holds the API keys and their
 //! scrubbing, `preflight` the check before a session, and `registry` the

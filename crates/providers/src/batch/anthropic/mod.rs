@@ -27,7 +27,6 @@
 //!   Ambiguous and wait for the operator.
 //!
 //! Headers `x-api-key` and `anthropic-version: 2023-06-01`.
-
 //!
 //! This module holds the adapter, its settings, the create and the calls
 //! every part shares; `poll` reads and cancels, `results` reads the

@@ -20,7 +20,6 @@
 //! (`openai::request_body`), and a result line's `response.body` is read by
 //! the synchronous parser and error classifier, so a batch answer and a sync
 //! answer are the same thing to the rest of docket.
-
 //!
 //! This module holds the adapter, its flavours and settings and the calls
 //! every part shares; `submit` creates a batch, `files` owns the Files API
