@@ -23,7 +23,7 @@ pub struct AzureChat {
 
 impl AzureChat {
     /// `base_url` is the resource endpoint, `https://RESOURCE.openai.azure.com`.
-    pub fn new(base_url: &str, api_version: &str, key: ApiKey) -> Result<Self, String> {
+    pub fn new(base_url: &str, api_version: &str, key: ApiKey) -> Result<Self, crate::ClientError> {
         let base = base_url.trim_end_matches('/');
         // Accept the endpoint with or without the `/openai` suffix.
         let base = base.strip_suffix("/openai").unwrap_or(base).to_string();

@@ -29,7 +29,7 @@ pub struct OllamaChat {
 
 impl OllamaChat {
     /// `base_url` is the server root, `http://localhost:11434`.
-    pub fn new(base_url: &str, key: Option<ApiKey>) -> Result<Self, String> {
+    pub fn new(base_url: &str, key: Option<ApiKey>) -> Result<Self, crate::ClientError> {
         let base = base_url.trim_end_matches('/');
         let base = base.strip_suffix("/api").unwrap_or(base);
         Ok(Self {

@@ -34,7 +34,7 @@ pub struct OpenRouterChat {
 }
 
 impl OpenRouterChat {
-    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, String> {
+    pub fn new(base_url: &str, key: ApiKey) -> Result<Self, crate::ClientError> {
         Ok(Self {
             url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
             key,

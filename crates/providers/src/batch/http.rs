@@ -8,6 +8,7 @@
 
 #![allow(clippy::result_large_err)] // `ProviderError`, as everywhere in `provider`
 
+use std::fmt;
 use std::future::Future;
 
 use futures::SinkExt;
@@ -132,10 +133,10 @@ pub(super) const READ_PAGE: usize = 2_000;
 /// as `jsonl::split` checks it, and all of them in one file of `limits`
 /// (`per` after the byte limit, `unit` what a second one would start).
 /// What is held is one page and the ids seen, never the whole batch.
-pub(super) async fn measure(
+pub(super) async fn measure<E: fmt::Display>(
     spec: &SubmitSpec<'_>,
     limits: BatchLimits,
-    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String>,
+    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, E>,
     model_note: &str,
     per: &str,
     unit: &str,
@@ -215,21 +216,21 @@ pub(super) const JSONL: Framing = Framing {
 /// by `framing` a piece at a time as it is sent: the body to send, and the
 /// future that feeds it (to be run beside the send). A line that cannot be
 /// read or encoded fails the body.
-pub(super) fn streamed_body<'c>(
+pub(super) fn streamed_body<'c, E: fmt::Display + Send + 'c>(
     lines: &'c dyn LineSource,
     framing: &'c Framing,
-    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String> + 'c,
+    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, E> + 'c,
 ) -> (reqwest::Body, impl Future<Output = ()> + 'c) {
     streamed_body_opening(lines, framing.open, framing, encode)
 }
 
 /// As `streamed_body`, but the body opens with `open` (made at run time,
 /// say holding a name) in place of `framing.open`.
-pub(super) fn streamed_body_opening<'c>(
+pub(super) fn streamed_body_opening<'c, E: fmt::Display + Send + 'c>(
     lines: &'c dyn LineSource,
     open: &'c [u8],
     framing: &'c Framing,
-    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String> + 'c,
+    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, E> + 'c,
 ) -> (reqwest::Body, impl Future<Output = ()> + 'c) {
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
     let produce = async move {
@@ -254,6 +255,7 @@ pub(super) fn streamed_body_opening<'c>(
                 let encoded = match encode(line) {
                     Ok(v) => v,
                     Err(e) => {
+                        let e = e.to_string();
                         let _ = tx.send(Err(std::io::Error::other(e))).await;
                         return;
                     }

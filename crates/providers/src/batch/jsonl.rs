@@ -11,6 +11,18 @@ use std::fmt;
 
 use super::{BatchLimits, BatchLine};
 
+/// Why a line could not be encoded (a schema or a number serde_json cannot
+/// write). Each variant says it as the `String` it replaced did.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// An adapter's own encoding of a line, as it is sent.
+    #[error("cannot encode the request: {0}")]
+    Request(serde_json::Error),
+    /// The provider-neutral size estimate (`neutral_encoding`).
+    #[error("{0}")]
+    Estimate(serde_json::Error),
+}
+
 /// One input file's worth of lines, in the caller's order.
 #[derive(Debug, Clone, Copy)]
 pub struct Chunk<'a> {
@@ -60,10 +72,10 @@ impl std::error::Error for LineError {}
 /// newline). Refuses, naming the first bad line: an invalid or duplicate
 /// `custom_id`, a line `encode` cannot encode, or a single line that would
 /// not fit a file on its own. An empty slice gives no chunks.
-pub fn split<'a>(
+pub fn split<'a, E: fmt::Display>(
     lines: &'a [BatchLine],
     limits: BatchLimits,
-    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String>,
+    encode: impl Fn(&BatchLine) -> Result<Vec<u8>, E>,
 ) -> Result<Vec<Chunk<'a>>, LineError> {
     let max_requests = limits.max_requests.max(1);
     let mut check = LineCheck::new(limits);
@@ -111,11 +123,11 @@ impl LineCheck {
 
     /// Line `index`'s size in a file (its newline counted), or why it
     /// cannot go.
-    pub fn size(
+    pub fn size<E: fmt::Display>(
         &mut self,
         index: usize,
         line: &BatchLine,
-        encode: impl Fn(&BatchLine) -> Result<Vec<u8>, String>,
+        encode: impl Fn(&BatchLine) -> Result<Vec<u8>, E>,
     ) -> Result<u64, LineError> {
         let err = |reason: String| LineError {
             index,
@@ -131,7 +143,7 @@ impl LineCheck {
         if !self.seen.insert(line.custom_id.clone()) {
             return Err(err("duplicate custom_id".into()));
         }
-        let encoded = encode(line).map_err(err)?;
+        let encoded = encode(line).map_err(|e| err(e.to_string()))?;
         if encoded.contains(&b'\n') {
             return Err(err("encoded line contains a newline".into()));
         }
@@ -149,7 +161,7 @@ impl LineCheck {
 /// A provider-neutral size estimate for adapters without an exact encoder:
 /// the request's text fields as JSON (the default of
 /// `BatchProvider::split`). Real adapters encode exactly.
-pub fn neutral_encoding(line: &BatchLine) -> Result<Vec<u8>, String> {
+pub fn neutral_encoding(line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
     let r = &line.request;
     serde_json::to_vec(&serde_json::json!({
         "custom_id": line.custom_id,
@@ -160,7 +172,7 @@ pub fn neutral_encoding(line: &BatchLine) -> Result<Vec<u8>, String> {
         "temperature": r.temperature,
         "schema": r.response_schema.as_deref().map(|(n, s)| (n, s)),
     }))
-    .map_err(|e| e.to_string())
+    .map_err(EncodeError::Estimate)
 }
 
 #[cfg(test)]
@@ -221,7 +233,7 @@ mod tests {
             max_custom_id: 64,
         };
         // Each line encodes to 9 bytes + newline = 10: three fit in 30.
-        let fixed = |_: &BatchLine| Ok(vec![b'x'; 9]);
+        let fixed = |_: &BatchLine| Ok::<_, String>(vec![b'x'; 9]);
         let all = lines(7);
         let chunks = split(&all, limits, fixed).unwrap();
         let sizes: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
@@ -229,7 +241,7 @@ mod tests {
         assert!(chunks.iter().all(|c| c.bytes <= 30));
         assert_eq!(chunks[0].bytes, 30);
         // 10 bytes + newline = 11: only two fit in 30.
-        let fixed = |_: &BatchLine| Ok(vec![b'x'; 10]);
+        let fixed = |_: &BatchLine| Ok::<_, String>(vec![b'x'; 10]);
         let sizes: Vec<usize> = split(&all, limits, fixed)
             .unwrap()
             .iter()
@@ -244,14 +256,14 @@ mod tests {
         // limit: only one line is ever allocated at a time.
         const MB: usize = 1_000_000;
         let all = lines(201);
-        let chunks = split(&all, OPENAI, |_| Ok(vec![b'x'; MB - 1])).unwrap();
+        let chunks = split(&all, OPENAI, |_| Ok::<_, String>(vec![b'x'; MB - 1])).unwrap();
         assert_eq!(OPENAI.max_bytes, 200 * MB as u64);
         assert_eq!(chunks.len(), 2);
         assert_eq!(chunks[0].len(), 200);
         assert_eq!(chunks[0].bytes, 200 * MB as u64);
         assert_eq!(chunks[1].len(), 1);
         // One byte more per line and the first file holds 199.
-        let chunks = split(&all, OPENAI, |_| Ok(vec![b'x'; MB])).unwrap();
+        let chunks = split(&all, OPENAI, |_| Ok::<_, String>(vec![b'x'; MB])).unwrap();
         assert_eq!(chunks[0].len(), 199);
         assert!(chunks.iter().all(|c| c.bytes <= OPENAI.max_bytes));
         assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 201);
@@ -266,7 +278,7 @@ mod tests {
         };
         let all = lines(5);
         let e = split(&all, limits, |l| {
-            Ok(vec![b'x'; if l.custom_id == "r3" { 100 } else { 5 }])
+            Ok::<_, String>(vec![b'x'; if l.custom_id == "r3" { 100 } else { 5 }])
         })
         .unwrap_err();
         assert_eq!(e.index, 3);

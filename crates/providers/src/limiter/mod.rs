@@ -15,32 +15,26 @@
 //!   reset time (a cooldown), not just the request that was refused.
 //!
 //! Time comes from tokio's clock so tests run on a paused clock.
+//!
+//! `buckets` owns the governor buckets and their clock, `report` what the
+//! limiter tells the operator; this module holds the limiter itself.
+
+mod buckets;
+mod report;
+#[cfg(test)]
+mod tests;
 
 use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use governor::clock::Clock;
-use governor::middleware::NoOpMiddleware;
-use governor::state::{InMemoryState, NotKeyed};
-use governor::{Quota, RateLimiter};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// governor clock on top of tokio's (pausable) clock.
-#[derive(Clone, Copy, Debug)]
-pub struct TokioClock {
-    start: Instant,
-}
-
-impl Clock for TokioClock {
-    type Instant = Duration;
-    fn now(&self) -> Duration {
-        self.start.elapsed()
-    }
-}
-
-type Bucket = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
+pub use buckets::TokioClock;
+use buckets::{Bucket, effective, rebuild_buckets};
+pub use report::{LimiterSnapshot, SlowReason, Slowdown};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LimiterSettings {
@@ -49,64 +43,6 @@ pub struct LimiterSettings {
     /// 0 = no client-side limit.
     pub tokens_per_minute: u64,
     pub max_concurrency: usize,
-}
-
-/// Why sends are not going out faster right now (shown to the operator).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SlowReason {
-    #[default]
-    None,
-    /// All concurrency slots busy.
-    Concurrency,
-    /// Waiting for the requests/min bucket.
-    Requests,
-    /// Waiting for the tokens/min bucket.
-    Tokens,
-    /// Holding all sends after a 429/503 or an exhausted rate-limit header.
-    Cooldown,
-}
-
-impl SlowReason {
-    pub fn describe(self) -> &'static str {
-        match self {
-            SlowReason::None => "",
-            SlowReason::Concurrency => "all concurrency slots busy",
-            SlowReason::Requests => "waiting for requests/min",
-            SlowReason::Tokens => "waiting for tokens/min",
-            SlowReason::Cooldown => "backing off after rate limiting",
-        }
-    }
-}
-
-/// What slows the sends now, with the time left of a rate-limit hold: the
-/// operator sees "rate limited (waiting 12s)" (row S1), not only that the
-/// run is backing off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Slowdown {
-    pub reason: SlowReason,
-    /// While a hold (`retry-after`, an exhausted `x-ratelimit-remaining-*`)
-    /// lasts: how long it has left.
-    pub wait: Option<Duration>,
-}
-
-impl Slowdown {
-    /// A short text for the progress line and the console's gauges.
-    pub fn describe(&self) -> String {
-        match (self.reason, self.wait) {
-            (SlowReason::Cooldown, Some(wait)) => {
-                // Whole seconds, rounded up: a hold of 0.3 s still reads 1s.
-                let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
-                format!("rate limited (waiting {secs}s)")
-            }
-            (reason, _) => reason.describe().to_string(),
-        }
-    }
-}
-
-impl PartialEq<SlowReason> for Slowdown {
-    fn eq(&self, other: &SlowReason) -> bool {
-        self.reason == *other
-    }
 }
 
 /// Rate-limit facts a provider answer carried.
@@ -119,17 +55,6 @@ pub struct RateHeaders {
     pub reset_requests: Option<Duration>,
     pub reset_tokens: Option<Duration>,
     pub retry_after: Option<Duration>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimiterSnapshot {
-    pub concurrency_limit: usize,
-    pub max_concurrency: usize,
-    pub in_flight: usize,
-    pub requests_per_minute: u64,
-    pub tokens_per_minute: u64,
-    pub slow_reason: Slowdown,
-    pub cuts: u64,
 }
 
 struct Inner {
@@ -462,269 +387,5 @@ fn settle_tokens(g: &mut Inner, reserved: u64, used: u64) {
         g.token_debt -= cancel;
         back -= cancel;
         g.token_credit = (g.token_credit + back).min(u64::from(g.token_burst));
-    }
-}
-
-/// 0 means unlimited on our side; a server limit always applies.
-fn effective(ours: u64, server: Option<u64>) -> u64 {
-    match (ours, server) {
-        (0, Some(s)) => s,
-        (o, Some(s)) => o.min(s),
-        (o, None) => o,
-    }
-}
-
-fn rebuild_buckets(g: &mut Inner, clock: TokioClock) {
-    let rpm = effective(g.settings.requests_per_minute, g.server_rpm);
-    let tpm = effective(g.settings.tokens_per_minute, g.server_tpm);
-    // A fresh governor bucket starts full. Mid-run that would be a burst on
-    // top of what was just sent (right when the server said we are too
-    // fast), so a rebuilt bucket starts empty; only the first one is full.
-    let first = g.requests.is_none() && g.tokens.is_none();
-    g.requests = per_minute_bucket(rpm, 120, clock, !first);
-    g.token_burst = (tpm / 60).clamp(1, u64::from(u32::MAX)) as u32;
-    g.tokens = per_minute_bucket(tpm, 60, clock, !first);
-    g.token_credit = g.token_credit.min(u64::from(g.token_burst));
-}
-
-/// A bucket refilling `per_minute` cells a minute, holding 1/`burst_div` of a
-/// minute's worth (at least one cell).
-fn per_minute_bucket(
-    per_minute: u64,
-    burst_div: u64,
-    clock: TokioClock,
-    empty: bool,
-) -> Option<Bucket> {
-    if per_minute == 0 {
-        return None;
-    }
-    let period = Duration::from_secs_f64(60.0 / per_minute as f64);
-    let burst = NonZeroU32::new((per_minute / burst_div).clamp(1, u64::from(u32::MAX)) as u32)?;
-    let quota = Quota::with_period(period)?.allow_burst(burst);
-    let bucket = RateLimiter::direct_with_clock(quota, clock);
-    if empty {
-        let _ = bucket.check_n(burst);
-    }
-    Some(bucket)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(rpm: u64, tpm: u64, conc: usize) -> LimiterSettings {
-        LimiterSettings {
-            requests_per_minute: rpm,
-            tokens_per_minute: tpm,
-            max_concurrency: conc,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn requests_are_paced_not_burst() {
-        // 600/min = 10/s; the bucket holds half a second (5).
-        let l = Limiter::new(settings(600, 0, 100));
-        let start = Instant::now();
-        for _ in 0..65 {
-            l.reserve(0).await;
-        }
-        let took = start.elapsed();
-        // 5 at once, then 60 more at 10/s = 6 s.
-        assert!(
-            took >= Duration::from_millis(5_900) && took <= Duration::from_millis(6_100),
-            "{took:?}"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn tokens_are_reserved_and_credited_back() {
-        // 6,000 tokens/min = 100/s; bucket holds 100.
-        let l = Limiter::new(settings(0, 6_000, 10));
-        let start = Instant::now();
-        let r = l.reserve(100).await; // the full bucket
-        assert_eq!(start.elapsed(), Duration::ZERO);
-        // Only 20 of 100 were used: 80 come back as credit, so the next
-        // 80-token send needs no wait at all.
-        l.on_success(r, Some(20), &RateHeaders::default());
-        l.reserve(80).await;
-        assert!(
-            start.elapsed() < Duration::from_millis(5),
-            "{:?}",
-            start.elapsed()
-        );
-        // Without credit, another 100 tokens take a second.
-        l.reserve(100).await;
-        assert!(
-            start.elapsed() >= Duration::from_millis(990),
-            "{:?}",
-            start.elapsed()
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn sends_larger_than_the_bucket_are_paced_at_the_limit() {
-        // 6,000 tokens/min = 100/s, bucket of 100; each send is 250 tokens.
-        let l = Limiter::new(settings(0, 6_000, 10));
-        let start = Instant::now();
-        for _ in 0..9 {
-            let r = l.reserve(250).await;
-            l.on_success(r, Some(250), &RateHeaders::default());
-        }
-        // 2,250 tokens: the first 100 were in the bucket, 2,150 more at 100/s.
-        // (The ninth send goes once its tokens are paid.)
-        let took = start.elapsed();
-        assert!(
-            took >= Duration::from_millis(21_400) && took <= Duration::from_millis(21_600),
-            "{took:?}"
-        );
-        // Overspend is owed too: a send that used 600 of 100 reserved.
-        let r = l.reserve(100).await;
-        let t = Instant::now();
-        l.on_success(r, Some(600), &RateHeaders::default());
-        l.reserve(1).await;
-        assert!(
-            t.elapsed() >= Duration::from_millis(4_990),
-            "{:?}",
-            t.elapsed()
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn aimd_halves_on_throttle_once_per_second_and_grows_back() {
-        let l = std::sync::Arc::new(Limiter::new(settings(0, 0, 32)));
-        assert_eq!(l.snapshot().concurrency_limit, 32);
-        l.on_throttled(&RateHeaders::default());
-        l.on_throttled(&RateHeaders::default()); // same burst: no second cut
-        assert_eq!(l.snapshot().concurrency_limit, 16);
-        tokio::time::advance(Duration::from_millis(1_100)).await;
-        l.on_throttled(&RateHeaders::default());
-        assert_eq!(l.snapshot().concurrency_limit, 8);
-        // Additive increase: about +1 per window of `limit` successes.
-        for _ in 0..9 {
-            l.on_success(Reservation { tokens: 0 }, None, &RateHeaders::default());
-        }
-        assert_eq!(l.snapshot().concurrency_limit, 9);
-        for _ in 0..1_000 {
-            l.on_success(Reservation { tokens: 0 }, None, &RateHeaders::default());
-        }
-        assert_eq!(
-            l.snapshot().concurrency_limit,
-            32,
-            "never above the configured max"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn retry_after_holds_every_send() {
-        let l = Limiter::new(settings(0, 0, 4));
-        let start = Instant::now();
-        l.on_throttled(&RateHeaders {
-            retry_after: Some(Duration::from_secs(3)),
-            ..Default::default()
-        });
-        assert_eq!(l.snapshot().slow_reason, SlowReason::Cooldown);
-        l.reserve(0).await;
-        assert!(start.elapsed() >= Duration::from_secs(3));
-    }
-
-    /// Row S1: what the operator reads during a hold is the time it has
-    /// left, counting down, in whole seconds rounded up.
-    #[tokio::test(start_paused = true)]
-    async fn a_hold_says_how_long_it_has_left() {
-        let l = Limiter::new(settings(0, 0, 4));
-        assert_eq!(l.snapshot().slow_reason.describe(), "");
-        l.on_throttled(&RateHeaders {
-            retry_after: Some(Duration::from_secs(12)),
-            ..Default::default()
-        });
-        let slow = l.snapshot().slow_reason;
-        assert_eq!(slow.wait, Some(Duration::from_secs(12)));
-        assert_eq!(slow.describe(), "rate limited (waiting 12s)");
-        tokio::time::advance(Duration::from_millis(4_500)).await;
-        assert_eq!(
-            l.snapshot().slow_reason.describe(),
-            "rate limited (waiting 8s)"
-        );
-        tokio::time::advance(Duration::from_millis(7_400)).await;
-        assert_eq!(
-            l.snapshot().slow_reason.describe(),
-            "rate limited (waiting 1s)"
-        );
-        // An exhausted remaining-requests header holds the same way.
-        let l = Limiter::new(settings(0, 0, 4));
-        l.on_other(&RateHeaders {
-            remaining_requests: Some(0),
-            reset_requests: Some(Duration::from_secs(5)),
-            ..Default::default()
-        });
-        assert_eq!(
-            l.snapshot().slow_reason.describe(),
-            "rate limited (waiting 5s)"
-        );
-        // The other reasons keep their words.
-        let other = Slowdown {
-            reason: SlowReason::Requests,
-            wait: None,
-        };
-        assert_eq!(other.describe(), "waiting for requests/min");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn server_limits_lower_ours_and_exhausted_remaining_holds() {
-        let l = Limiter::new(settings(12_000, 0, 4));
-        l.on_success(
-            Reservation { tokens: 0 },
-            None,
-            &RateHeaders {
-                limit_requests: Some(6_000),
-                ..Default::default()
-            },
-        );
-        assert_eq!(l.snapshot().requests_per_minute, 6_000);
-        let start = Instant::now();
-        l.on_other(&RateHeaders {
-            remaining_requests: Some(0),
-            reset_requests: Some(Duration::from_millis(750)),
-            ..Default::default()
-        });
-        l.reserve(0).await;
-        assert!(start.elapsed() >= Duration::from_millis(750));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn slots_block_at_the_limit_and_free_on_drop() {
-        let l = std::sync::Arc::new(Limiter::new(settings(0, 0, 2)));
-        let a = l.acquire_slot().await;
-        let _b = l.acquire_slot().await;
-        assert_eq!(l.snapshot().in_flight, 2);
-        let l2 = l.clone();
-        let waiter = tokio::spawn(async move {
-            let _c = l2.acquire_slot().await;
-            Instant::now()
-        });
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert!(!waiter.is_finished());
-        let freed_at = Instant::now();
-        drop(a);
-        let got = waiter.await.unwrap();
-        assert!(got >= freed_at);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn retune_changes_the_pace() {
-        let l = Limiter::new(settings(60, 0, 4)); // 1/s
-        l.reserve(0).await;
-        l.retune(settings(6_000, 0, 4)); // 100/s
-        let start = Instant::now();
-        for _ in 0..51 {
-            l.reserve(0).await;
-        }
-        // The rebuilt bucket starts empty: 51 sends at 100/s take about 0.51 s.
-        assert!(
-            start.elapsed() >= Duration::from_millis(490)
-                && start.elapsed() <= Duration::from_millis(530),
-            "{:?}",
-            start.elapsed()
-        );
     }
 }
