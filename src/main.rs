@@ -4,7 +4,6 @@
 
 mod cli;
 mod commands;
-mod console;
 
 use clap::Parser;
 

@@ -10,6 +10,7 @@ use docket::tui::app::Pane;
 
 use crate::cli::{Cli, Command, LedgerAction};
 
+mod console;
 mod control;
 mod ledger;
 mod reports;
@@ -31,14 +32,14 @@ pub async fn run(cli: Cli) -> i32 {
         return 0;
     }
     let Some(command) = cli.command else {
-        return crate::console::open(&ws, &console_args, Pane::Stages, None).await;
+        return console::open(&ws, &console_args, Pane::Stages, None).await;
     };
     match command {
         Command::Demo(args) => setup::demo(args, &console_args).await,
         Command::Console { session } => {
-            crate::console::open(&ws, &console_args, Pane::Stages, session).await
+            console::open(&ws, &console_args, Pane::Stages, session).await
         }
-        Command::Review => crate::console::open(&ws, &console_args, Pane::Review, None).await,
+        Command::Review => console::open(&ws, &console_args, Pane::Review, None).await,
         Command::Init {
             dir,
             force,

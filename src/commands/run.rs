@@ -86,7 +86,7 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
         go
     };
     if tty && !args.headless && !args.dry_run {
-        return crate::console::run_with_console(
+        return super::console::run_with_console(
             opts,
             console,
             confirm_then_listen,

@@ -59,14 +59,14 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
         eprintln!(
             "docket: the console needs a terminal; for line output use `docket sessions`, `docket batch-results` or `docket batch-adjudicate --headless`"
         );
-        return crate::commands::EXIT_USAGE;
+        return super::EXIT_USAGE;
     }
     let config = ws.join(docket::config::CONFIG_FILE);
     let ledger = match docket::ledger::LedgerLocation::for_workspace(ws) {
         Ok(l) => l,
         Err(e) => {
-            crate::commands::say_error(&e);
-            return crate::commands::EXIT_USAGE;
+            super::say_error(&e);
+            return super::EXIT_USAGE;
         }
     };
     if !config.exists() && !ledger.exists() {
@@ -74,12 +74,12 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
             "docket: {} is not a docket workspace (no docket.toml, no docket.sqlite). Try `docket demo`, or `docket init DIR`.",
             ws.display()
         );
-        return crate::commands::EXIT_USAGE;
+        return super::EXIT_USAGE;
     }
     match run_console(options(ws, args, focus, session)).await {
         Ok(_) => 0,
         Err(e) => {
-            crate::commands::say_error(&e);
+            super::say_error(&e);
             1
         }
     }
@@ -195,7 +195,7 @@ pub async fn run_with_console(
         Ok(QuitChoice::Close) => {}
         Err(e) => {
             // The console failed: stop the run safely rather than run blind.
-            crate::commands::say_error(&e);
+            super::say_error(&e);
             interrupts.stop.cancel();
         }
     }
@@ -232,7 +232,7 @@ fn finish(
             report.exit_code()
         }
         Ok(Err(e)) => {
-            crate::commands::say_error(&e);
+            super::say_error(&e);
             e.exit_code()
         }
         Err(e) => {
