@@ -104,19 +104,19 @@ fn intents_commit_before_the_other_writes_of_their_group() {
     let conn = ledger_with_session(&path);
     conn.execute_batch(
         "INSERT INTO decision (item_id, evidence_json, imported_at, updated_at)
-             VALUES ('i1', '{}', 0, 0);
-         INSERT INTO llm_requests (request_id, item_id, stage, provider, model, request_version,
-             status, template_hash, params_hash, created_at, updated_at)
-             VALUES (7, 'i1', 'adjudicate', 'main', 'm', 1, 'pending', 't', 'p', 0, 0);",
+                 VALUES ('i1', '{}', 0, 0);
+             INSERT INTO llm_requests (request_id, item_id, stage, provider, model, request_version,
+                 status, template_hash, params_hash, created_at, updated_at)
+                 VALUES (7, 'i1', 'adjudicate', 'main', 'm', 1, 'pending', 't', 'p', 0, 0);",
     )
     .unwrap();
     // Triggers log each insert in the order the writer makes them.
     conn.execute_batch(
         "CREATE TABLE write_order (seq INTEGER PRIMARY KEY, what TEXT);
-         CREATE TRIGGER intent_written AFTER INSERT ON llm_messages
-             BEGIN INSERT INTO write_order (what) VALUES ('intent ' || NEW.attempt); END;
-         CREATE TRIGGER event_written AFTER INSERT ON session_event
-             BEGIN INSERT INTO write_order (what) VALUES ('event ' || NEW.message); END;",
+             CREATE TRIGGER intent_written AFTER INSERT ON llm_messages
+                 BEGIN INSERT INTO write_order (what) VALUES ('intent ' || NEW.attempt); END;
+             CREATE TRIGGER event_written AFTER INSERT ON session_event
+                 BEGIN INSERT INTO write_order (what) VALUES ('event ' || NEW.message); END;",
     )
     .unwrap();
     let intent = |attempt: i64| {
@@ -216,7 +216,7 @@ async fn heartbeat_gauges_events_and_controls_round_trip() {
     assert_eq!(c.tune, docket_model::live::Tune::default());
     conn.execute(
         "UPDATE llm_batch_session SET desired_state = 'paused', stop_after_stage = 'adjudicate',
-             tune_rpm = 1200, tune_tpm = -5, tune_concurrency = 3 WHERE session_id = 's1'",
+                 tune_rpm = 1200, tune_tpm = -5, tune_concurrency = 3 WHERE session_id = 's1'",
         params![],
     )
     .unwrap();
