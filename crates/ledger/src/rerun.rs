@@ -46,8 +46,6 @@ impl From<crate::db::Error> for RerunError {
 }
 
 /// Ask `stages[from]` and every stage after it again for every item of
-
-/// Ask `stages[from]` and every stage after it again for every item of
 /// `session_id` (`stages`: the job's stages, in order).
 pub(crate) fn rerun_stages(
     conn: &mut Connection,
