@@ -222,7 +222,7 @@ fn settle(conn: &Connection, tag: &str, now: f64) -> crate::db::Result<()> {
 
 /// Record lines of batch `batch_id`: each line, its attempt ('sent'), and
 /// its item let go (the batch's lease covers it from now on).
-pub(super) fn insert_lines(
+fn insert_lines(
     conn: &Connection,
     batch_id: i64,
     session_id: &str,

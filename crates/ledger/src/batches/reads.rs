@@ -79,7 +79,7 @@ pub(crate) fn adopt(
     Ok(out)
 }
 
-pub(super) fn open_batch(r: &crate::db::Row<'_>) -> crate::db::Result<OpenBatch> {
+fn open_batch(r: &crate::db::Row<'_>) -> crate::db::Result<OpenBatch> {
     {
         Ok(OpenBatch {
             batch_id: r.get(0)?,

@@ -222,7 +222,7 @@ fn mark_taken_over_ambiguous(
 /// - a claim whose worker stalls in it lets go of the rows it locked
 ///   (`postgres::END_STALLED_TRANSACTION`) instead of keeping them from
 ///   everyone until its process dies.
-pub(super) fn claim_settings(tx: &Connection) -> crate::db::Result<()> {
+fn claim_settings(tx: &Connection) -> crate::db::Result<()> {
     if tx.dialect() == Dialect::Postgres {
         tx.execute_batch(&format!(
             "SET LOCAL plan_cache_mode = force_custom_plan; {}",
@@ -234,7 +234,7 @@ pub(super) fn claim_settings(tx: &Connection) -> crate::db::Result<()> {
 
 /// The work of the items at the positions of `tokens` (position -> the
 /// token each was claimed with), in position order.
-pub(super) fn load_claimed(
+fn load_claimed(
     conn: &Connection,
     session_id: &str,
     tokens: &std::collections::HashMap<i64, i64>,
@@ -311,7 +311,7 @@ pub(crate) fn claim_requests(
 
 /// Appended to a claim's WHERE clause while the session has open provider
 /// batches: an item with a line waiting in one is the batch holder's.
-pub(super) const IN_OPEN_BATCH: &str = "AND NOT EXISTS (SELECT 1 FROM session_request sr
+const IN_OPEN_BATCH: &str = "AND NOT EXISTS (SELECT 1 FROM session_request sr
         JOIN provider_batch_item bi ON bi.request_id = sr.request_id
         JOIN provider_batch b ON b.batch_id = bi.batch_id
         JOIN llm_messages m ON m.request_id = bi.request_id AND m.attempt = bi.attempt
@@ -321,7 +321,7 @@ pub(super) const IN_OPEN_BATCH: &str = "AND NOT EXISTS (SELECT 1 FROM session_re
 /// An item's attempts of this session still marked 'sent' (never answered
 /// on record) become ambiguous; lines of a provider batch still open are
 /// not lost (their batch is collected) and stay as they are.
-pub(super) fn mark_in_flight_ambiguous(
+fn mark_in_flight_ambiguous(
     conn: &Connection,
     session_id: &str,
     item_id: &str,

@@ -147,7 +147,7 @@ pub(crate) fn for_each_candidate(
 /// Candidates read from PostgreSQL a page at a time, in import order
 /// (PostgreSQL's answers come whole: one query for a million candidates
 /// would hold every evidence in memory at once).
-pub(super) fn for_each_candidate_paged(
+fn for_each_candidate_paged(
     conn: &Connection,
     filter: CandidateFilter,
     cutoff: Option<f64>,

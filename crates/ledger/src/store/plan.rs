@@ -158,10 +158,7 @@ pub(crate) fn create_session(
 /// the write lock: still undecided (a session that ran meanwhile may have
 /// decided some: asking again would pay twice), and held by no live
 /// session.
-pub(super) fn still_free<'a>(
-    conn: &Connection,
-    item_ids: &'a [String],
-) -> crate::db::Result<Vec<&'a String>> {
+fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> crate::db::Result<Vec<&'a String>> {
     let cutoff = live_cutoff(conn)?;
     let mut undecided = conn
         .prepare_cached("SELECT 1 FROM decision WHERE item_id = ?1 AND state = 'indeterminate'")?;
@@ -189,7 +186,7 @@ pub(super) fn still_free<'a>(
 /// reused as it is when answered (stale answers were refused before, see
 /// `stale_answers`), made afresh when it never was; a new version when the
 /// stage is rerun.
-pub(super) fn request_for(
+fn request_for(
     conn: &Connection,
     item_id: &str,
     st: &NewStage<'_>,

@@ -79,7 +79,7 @@ pub(crate) fn work_between(
     with_stages(conn, session_id, items)
 }
 
-pub(super) fn work_item(r: &crate::db::Row<'_>) -> crate::db::Result<WorkItem> {
+fn work_item(r: &crate::db::Row<'_>) -> crate::db::Result<WorkItem> {
     Ok(WorkItem {
         position: r.get(0)?,
         item_id: r.get(1)?,
@@ -90,7 +90,7 @@ pub(super) fn work_item(r: &crate::db::Row<'_>) -> crate::db::Result<WorkItem> {
 }
 
 /// Fill in every stage's request of a page of items (in position order).
-pub(super) fn with_stages(
+fn with_stages(
     conn: &Connection,
     session_id: &str,
     mut items: Vec<WorkItem>,

@@ -73,7 +73,7 @@ pub(super) fn apply_fenced(
 /// for and is never applied: its tokens and cost go on the attempt's row
 /// (which the worker that took the item over marked ambiguous) and into the
 /// session's orphaned-spend counters.
-pub(super) fn record_orphan(
+fn record_orphan(
     conn: &Connection,
     op: &WriteOp,
     session_id: &str,

@@ -69,7 +69,7 @@ pub(super) fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>,
 /// Once the writer had to wait for another process's write lock past the
 /// busy timeout and got it (row D1), the session's events say so: the
 /// log said it while it lasted, the events keep it for the console.
-pub(super) fn note_busy(
+fn note_busy(
     conn: &mut Connection,
     session: Option<&str>,
     search: &mut search_index::Pacer,
@@ -95,7 +95,7 @@ pub(super) fn note_busy(
 }
 
 /// The session an operation writes to, when it names one.
-pub(super) fn session_of(op: &WriteOp) -> Option<&str> {
+fn session_of(op: &WriteOp) -> Option<&str> {
     match op {
         WriteOp::Send(s) => Some(&s.session_id),
         WriteOp::Attempt(r) | WriteOp::Final(Some(r), _) | WriteOp::Stage(Some(r), _) => {
@@ -122,7 +122,7 @@ pub(super) fn session_of(op: &WriteOp) -> Option<&str> {
 /// `synchronous = NORMAL` (the ledger's setting, kept for every other
 /// commit) can lose the last commits to an OS crash; for this one commit
 /// the WAL is synced (`FULL`). PostgreSQL commits are durable as they are.
-pub(super) fn commit_intents(
+fn commit_intents(
     conn: &mut Connection,
     group: &mut Vec<Queued>,
     intents: &mut Vec<Queued>,
@@ -148,7 +148,7 @@ pub(super) fn commit_intents(
 /// the upload and the create; a batch whose record a power loss took would
 /// be created again on resume, its lines paid twice). Every later write of
 /// a batch can be lost safely: the batch is found again by its tag.
-pub(super) fn is_intent(op: &WriteOp) -> bool {
+fn is_intent(op: &WriteOp) -> bool {
     matches!(
         op,
         WriteOp::Send(_)
@@ -167,7 +167,7 @@ const CONFLICT_TRIES: usize = 20;
 /// Apply `group` in one transaction and answer each sender; `group` is
 /// left empty. A transaction lost with its connection (PostgreSQL
 /// restarted) applied nothing: the group is applied again on the new one.
-pub(super) fn commit_and_answer(
+fn commit_and_answer(
     conn: &mut Connection,
     group: &mut Vec<Queued>,
     search: &mut search_index::Pacer,
@@ -247,7 +247,7 @@ pub(super) fn commit_and_answer(
 
 /// A write that failed for want of room: the disk (or the file's size
 /// limit) is full. SQLite says "database or disk is full" (SQLITE_FULL).
-pub(super) fn disk_full(message: &str) -> bool {
+fn disk_full(message: &str) -> bool {
     message.contains("database or disk is full")
 }
 

@@ -41,7 +41,7 @@ pub(super) fn apply_group(
 
 /// Every operation of `group` straight in one transaction; None (and
 /// nothing written) if one of them failed.
-pub(super) fn apply_all_or_none(
+fn apply_all_or_none(
     conn: &mut Connection,
     group: &[Queued],
     search: &mut search_index::Pacer,
@@ -86,7 +86,7 @@ pub(super) fn failure(conn: &Connection, step: &str, e: &dyn std::fmt::Display) 
     }
 }
 
-pub(super) fn commit_failed(
+fn commit_failed(
     conn: &Connection,
     group: &[Queued],
     e: &crate::db::Error,
@@ -101,7 +101,7 @@ pub(super) fn commit_failed(
 /// Index the review items this and earlier groups added, when due. In its
 /// own savepoint: a failure leaves them noted for a later try and costs the
 /// group's writes nothing.
-pub(super) fn index_new_reviews(tx: &Connection, search: &mut search_index::Pacer) {
+fn index_new_reviews(tx: &Connection, search: &mut search_index::Pacer) {
     let _ = (|| -> crate::db::Result<()> {
         tx.prepare_cached("SAVEPOINT search")?.execute(params![])?;
         let indexed = search.maybe_catch_up(tx);
@@ -116,13 +116,13 @@ pub(super) fn index_new_reviews(tx: &Connection, search: &mut search_index::Pace
 
 /// Consoles on a PostgreSQL ledger re-read when the group commits (a
 /// notification; nothing on SQLite, whose readers poll a counter).
-pub(super) fn notify_readers(tx: &Connection) {
+fn notify_readers(tx: &Connection) {
     let _ = tx.notify(crate::postgres::CHANGE_CHANNEL, "");
 }
 
 /// `group` with a savepoint per operation (none for a group of one: the
 /// transaction is its savepoint).
-pub(super) fn apply_each_isolated(
+fn apply_each_isolated(
     conn: &mut Connection,
     group: &[Queued],
     search: &mut search_index::Pacer,

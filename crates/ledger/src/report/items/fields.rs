@@ -70,7 +70,7 @@ pub(super) fn data_fields(
         .collect())
 }
 
-pub(super) fn observe(
+fn observe(
     map: &serde_json::Map<String, Value>,
     prefix: &mut Vec<String>,
     seen: &mut BTreeMap<Vec<String>, Option<FieldType>>,

@@ -1,10 +1,9 @@
 //! A JSON Schema read in its own key order, with `$ref`s resolved, and
 //! the flattened fields (with their column types) it describes.
 
-use super::{Field, FieldType};
 use serde::Deserialize;
 
-// ------------------------------------------------------------ JSON Schema
+use super::{Field, FieldType};
 
 /// JSON that keeps the order of object keys (serde_json's map sorts them
 /// here), so fields come out in the schema's order.
@@ -95,7 +94,7 @@ impl Ordered {
 }
 
 /// Follow a local `$ref` (`#/$defs/x`, `#/definitions/x`, any `#/a/b` pointer).
-pub(super) fn resolve<'a>(node: &'a Ordered, root: &'a Ordered) -> &'a Ordered {
+fn resolve<'a>(node: &'a Ordered, root: &'a Ordered) -> &'a Ordered {
     let mut cur = node;
     for _ in 0..16 {
         let Some(r) = cur.get("$ref").and_then(Ordered::as_str) else {
@@ -118,12 +117,12 @@ pub(super) fn resolve<'a>(node: &'a Ordered, root: &'a Ordered) -> &'a Ordered {
 }
 
 /// What a schema node holds: a leaf type, or an object with properties.
-pub(super) enum Shape {
+enum Shape {
     Leaf(FieldType),
     Object,
 }
 
-pub(super) fn value_type(v: &Ordered) -> Option<FieldType> {
+fn value_type(v: &Ordered) -> Option<FieldType> {
     match v {
         Ordered::Null => None,
         Ordered::Bool => Some(FieldType::Bool),
@@ -134,11 +133,11 @@ pub(super) fn value_type(v: &Ordered) -> Option<FieldType> {
     }
 }
 
-pub(super) fn unify_all(types: impl IntoIterator<Item = FieldType>) -> Option<FieldType> {
+fn unify_all(types: impl IntoIterator<Item = FieldType>) -> Option<FieldType> {
     types.into_iter().reduce(FieldType::unify)
 }
 
-pub(super) fn shape(node: &Ordered, root: &Ordered, depth: usize) -> Shape {
+fn shape(node: &Ordered, root: &Ordered, depth: usize) -> Shape {
     let node = resolve(node, root);
     let has_props = matches!(node.get("properties"), Some(Ordered::Obj(p)) if !p.is_empty());
     let named = |t: &str| -> Option<Shape> {
