@@ -482,7 +482,7 @@ impl Batcher {
         };
         let result = match fence {
             Some(f) => self.writer.write_fenced(op, f).await,
-            None => self.writer.write(op).await.map_err(WriteError::Failed),
+            None => self.writer.write(op).await,
         };
         match result {
             Ok(()) => true,

@@ -10,6 +10,10 @@ use crate::db::{Connection, params};
 use crate::watch::{Event, Level};
 use docket_model::sanitize::for_terminal;
 
+/// An event with what orders it: (at, source rank, id) orders ties the
+/// same way on every refresh.
+type Ranked = (f64, u8, i64, Event);
+
 /// The newest `limit` events of a session, newest first. Every text is made
 /// safe for a terminal (item ids and provider errors are untrusted).
 pub(super) fn events(
@@ -21,9 +25,17 @@ pub(super) fn events(
         return Ok(Vec::new());
     }
     let lim = i64::try_from(limit).unwrap_or(i64::MAX);
-    // (at, source rank, id) orders ties the same way on every refresh.
-    let mut all: Vec<(f64, u8, i64, Event)> = Vec::new();
+    let mut all: Vec<Ranked> = Vec::new();
+    all.extend(session_events(conn, session_id, lim)?);
+    all.extend(troubled_attempts(conn, session_id, lim)?);
+    all.extend(errored_items(conn, session_id, lim)?);
+    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
+    all.truncate(limit);
+    Ok(all.into_iter().map(|(_, _, _, e)| e).collect())
+}
 
+/// The session's own events (state changes, operator controls).
+fn session_events(conn: &Connection, session_id: &str, lim: i64) -> crate::db::Result<Vec<Ranked>> {
     let mut stmt = conn.prepare_cached(
         "SELECT event_id, at, level, kind, message FROM session_event
          WHERE session_id = ?1 ORDER BY at DESC, event_id DESC LIMIT ?2",
@@ -49,10 +61,15 @@ pub(super) fn events(
             },
         ))
     })?;
-    for row in rows {
-        all.push(row?);
-    }
+    rows.collect()
+}
 
+/// Failed or ambiguous attempts.
+fn troubled_attempts(
+    conn: &Connection,
+    session_id: &str,
+    lim: i64,
+) -> crate::db::Result<Vec<Ranked>> {
     // The WHERE repeats the partial index's condition word for word, which is
     // what lets SQLite use it.
     let mut stmt = conn.prepare_cached(
@@ -95,10 +112,11 @@ pub(super) fn events(
             },
         ))
     })?;
-    for row in rows {
-        all.push(row?);
-    }
+    rows.collect()
+}
 
+/// Items whose outcome is an error.
+fn errored_items(conn: &Connection, session_id: &str, lim: i64) -> crate::db::Result<Vec<Ranked>> {
     let mut stmt = conn.prepare_cached(
         "SELECT COALESCE(request_id, 0), processed_at, item_id, error_message FROM llm_batch_result
          WHERE session_id = ?1 AND outcome = 'error'
@@ -125,11 +143,5 @@ pub(super) fn events(
             },
         ))
     })?;
-    for row in rows {
-        all.push(row?);
-    }
-
-    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
-    all.truncate(limit);
-    Ok(all.into_iter().map(|(_, _, _, e)| e).collect())
+    rows.collect()
 }

@@ -21,7 +21,7 @@ mod value;
 use pg::WriteLock;
 pub use pg::{PgConnection, unreachable};
 pub use stmt::{MappedRows, Row, Rows, Statement};
-pub use value::{FromDb, NUL_STAND_IN, ToDb, Value};
+pub use value::{FromDb, FromDbError, NUL_STAND_IN, ToDb, Value};
 
 use std::cell::Cell;
 

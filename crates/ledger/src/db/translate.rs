@@ -20,103 +20,138 @@ pub fn to_postgres(sql: &str) -> String {
 /// parameters in the order of their numbers (`:a ... :b ... :a` is
 /// `$1 ... $2 ... $1`).
 pub fn translate(sql: &str) -> (String, Vec<String>) {
-    let chars: Vec<char> = sql.chars().collect();
-    let mut out = String::with_capacity(sql.len() + 16);
-    let mut names: Vec<String> = Vec::new();
-    let mut next_anonymous = 1;
+    let mut t = Translation {
+        chars: sql.chars().collect(),
+        out: String::with_capacity(sql.len() + 16),
+        names: Vec::new(),
+        next_anonymous: 1,
+    };
     let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
+    while i < t.chars.len() {
+        i = t.step(i);
+    }
+    (t.out, t.names)
+}
+
+/// A statement being rewritten, left to right.
+struct Translation {
+    chars: Vec<char>,
+    out: String,
+    /// The `:name` parameters met so far, in the order of their numbers.
+    names: Vec<String>,
+    /// The number the next bare `?` gets.
+    next_anonymous: usize,
+}
+
+impl Translation {
+    /// Rewrite what starts at `i`; returns the index after it.
+    fn step(&mut self, i: usize) -> usize {
+        let chars = &self.chars;
+        match chars[i] {
             '\'' | '"' => {
-                let end = quoted_end(&chars, i);
-                out.extend(&chars[i..end]);
-                i = end;
+                let end = quoted_end(chars, i);
+                self.copy(i, end)
             }
             '-' if chars.get(i + 1) == Some(&'-') => {
                 let end = chars[i..]
                     .iter()
                     .position(|&c| c == '\n')
                     .map_or(chars.len(), |p| i + p);
-                out.extend(&chars[i..end]);
-                i = end;
+                self.copy(i, end)
             }
-            '?' => {
-                let digits: String = chars[i + 1..]
-                    .iter()
-                    .take_while(|c| c.is_ascii_digit())
-                    .collect();
-                if digits.is_empty() {
-                    out.push_str(&format!("${next_anonymous}"));
-                    next_anonymous += 1;
-                } else {
-                    out.push('$');
-                    out.push_str(&digits);
-                }
-                i += 1 + digits.len();
-            }
-            '+' if is_unary_plus(&chars, i) => i += 1,
+            '?' => self.positional(i),
+            '+' if is_unary_plus(chars, i) => i + 1,
             ':' if i + 1 < chars.len()
                 && (chars[i + 1].is_ascii_alphabetic() || chars[i + 1] == '_')
                 && (i == 0 || chars[i - 1] != ':') =>
             {
-                let end = word_end(&chars, i + 1);
-                let name: String = chars[i..end].iter().collect();
-                let k = match names.iter().position(|n| *n == name) {
-                    Some(k) => k + 1,
-                    None => {
-                        names.push(name);
-                        names.len()
-                    }
-                };
-                out.push_str(&format!("${k}"));
-                i = end;
+                self.named(i)
             }
-            _ if is_word_start(&chars, i) => {
-                let end = word_end(&chars, i);
-                let word: String = chars[i..end].iter().collect();
-                let upper = word.to_ascii_uppercase();
-                match upper.as_str() {
-                    "LIKE" => out.push_str("ILIKE"),
-                    // SQLite sorts NULL lowest, so last in a DESC order;
-                    // PostgreSQL sorts it highest.
-                    "DESC" if !next_word_is(&chars, end, "NULLS") => {
-                        out.push_str(&word);
-                        out.push_str(" NULLS LAST");
-                    }
-                    // SQLite's `CROSS JOIN ... ON` is an inner join whose
-                    // order the planner keeps; PostgreSQL has no ON there.
-                    "CROSS" if next_word_is(&chars, end, "JOIN") => {
-                        i = end;
-                        while chars.get(i).is_some_and(|c| c.is_whitespace()) {
-                            i += 1;
-                        }
-                        continue;
-                    }
-                    // SQLite's TOTAL is a SUM that is 0.0 over no rows.
-                    "TOTAL" if chars.get(end) == Some(&'(') => {
-                        let close = call_extent(&chars, end).0;
-                        let inner: String = chars[end..close].iter().collect();
-                        out.push_str("COALESCE(SUM");
-                        out.push_str(&to_postgres(&inner));
-                        out.push_str(", 0)");
-                        i = close;
-                        continue;
-                    }
-                    "MAX" | "MIN" if has_two_arguments(&chars, end) => {
-                        out.push_str(if upper == "MAX" { "GREATEST" } else { "LEAST" })
-                    }
-                    _ => out.push_str(&word),
-                }
-                i = end;
-            }
+            _ if is_word_start(chars, i) => self.word(i),
             c => {
-                out.push(c);
-                i += 1;
+                self.out.push(c);
+                i + 1
             }
         }
     }
-    (out, names)
+
+    /// Copy `start..end` untouched (quoted text, a comment).
+    fn copy(&mut self, start: usize, end: usize) -> usize {
+        self.out.extend(&self.chars[start..end]);
+        end
+    }
+
+    /// `?1` becomes `$1`; a bare `?` takes the next number.
+    fn positional(&mut self, i: usize) -> usize {
+        let digits: String = self.chars[i + 1..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        if digits.is_empty() {
+            self.out.push_str(&format!("${}", self.next_anonymous));
+            self.next_anonymous += 1;
+        } else {
+            self.out.push('$');
+            self.out.push_str(&digits);
+        }
+        i + 1 + digits.len()
+    }
+
+    /// `:name` becomes `$k`, the same `k` wherever the name recurs.
+    fn named(&mut self, i: usize) -> usize {
+        let end = word_end(&self.chars, i + 1);
+        let name: String = self.chars[i..end].iter().collect();
+        let k = match self.names.iter().position(|n| *n == name) {
+            Some(k) => k + 1,
+            None => {
+                self.names.push(name);
+                self.names.len()
+            }
+        };
+        self.out.push_str(&format!("${k}"));
+        end
+    }
+
+    /// A keyword or function name whose spelling differs (see the module's
+    /// list); any other word as it is.
+    fn word(&mut self, i: usize) -> usize {
+        let chars = &self.chars;
+        let end = word_end(chars, i);
+        let word: String = chars[i..end].iter().collect();
+        let upper = word.to_ascii_uppercase();
+        match upper.as_str() {
+            "LIKE" => self.out.push_str("ILIKE"),
+            // SQLite sorts NULL lowest, so last in a DESC order;
+            // PostgreSQL sorts it highest.
+            "DESC" if !next_word_is(chars, end, "NULLS") => {
+                self.out.push_str(&word);
+                self.out.push_str(" NULLS LAST");
+            }
+            // SQLite's `CROSS JOIN ... ON` is an inner join whose
+            // order the planner keeps; PostgreSQL has no ON there.
+            "CROSS" if next_word_is(chars, end, "JOIN") => {
+                let mut i = end;
+                while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+                    i += 1;
+                }
+                return i;
+            }
+            // SQLite's TOTAL is a SUM that is 0.0 over no rows.
+            "TOTAL" if chars.get(end) == Some(&'(') => {
+                let close = call_extent(chars, end).0;
+                let inner: String = chars[end..close].iter().collect();
+                self.out.push_str("COALESCE(SUM");
+                self.out.push_str(&to_postgres(&inner));
+                self.out.push_str(", 0)");
+                return close;
+            }
+            "MAX" | "MIN" if has_two_arguments(chars, end) => self
+                .out
+                .push_str(if upper == "MAX" { "GREATEST" } else { "LEAST" }),
+            _ => self.out.push_str(&word),
+        }
+        end
+    }
 }
 
 /// The call whose `(` is at `open`: the index just after its `)`, and

@@ -279,15 +279,29 @@ fn numeric(raw: &[u8]) -> Result<Value, BoxError> {
 /// What a column may be read as: rusqlite's conversions on SQLite, and on
 /// PostgreSQL the same ones from a [`Value`].
 pub trait FromDb: rusqlite::types::FromSql + Sized {
-    fn from_value(v: Value) -> Result<Self, String>;
+    fn from_value(v: Value) -> Result<Self, FromDbError>;
 }
 
-fn wrong(v: &Value, what: &str) -> String {
-    format!("cannot read {v:?} as {what}")
+/// Why a PostgreSQL value could not be read as the type asked for.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FromDbError {
+    /// The value is of another kind (or out of the type's range).
+    #[error("cannot read {value:?} as {what}")]
+    Wrong { value: Value, what: &'static str },
+    /// Bytes read as text that are not UTF-8.
+    #[error(transparent)]
+    NotUtf8(#[from] std::string::FromUtf8Error),
+}
+
+fn wrong(v: &Value, what: &'static str) -> FromDbError {
+    FromDbError::Wrong {
+        value: v.clone(),
+        what,
+    }
 }
 
 impl FromDb for i64 {
-    fn from_value(v: Value) -> Result<Self, String> {
+    fn from_value(v: Value) -> Result<Self, FromDbError> {
         match v {
             Value::Integer(i) => Ok(i),
             Value::Real(f) if f.fract() == 0.0 => Ok(f as i64),
@@ -299,7 +313,7 @@ impl FromDb for i64 {
 macro_rules! from_db_narrow {
     ($($t:ty),*) => {$(
         impl FromDb for $t {
-            fn from_value(v: Value) -> Result<Self, String> {
+            fn from_value(v: Value) -> Result<Self, FromDbError> {
                 let what = v.clone();
                 i64::from_value(v).and_then(|i| <$t>::try_from(i).map_err(|_| wrong(&what, stringify!($t))))
             }
@@ -309,7 +323,7 @@ macro_rules! from_db_narrow {
 from_db_narrow!(i32, u32, u8, u16);
 
 impl FromDb for f64 {
-    fn from_value(v: Value) -> Result<Self, String> {
+    fn from_value(v: Value) -> Result<Self, FromDbError> {
         match v {
             Value::Integer(i) => Ok(i as f64),
             Value::Real(f) => Ok(f),
@@ -319,7 +333,7 @@ impl FromDb for f64 {
 }
 
 impl FromDb for bool {
-    fn from_value(v: Value) -> Result<Self, String> {
+    fn from_value(v: Value) -> Result<Self, FromDbError> {
         match v {
             Value::Integer(i) => Ok(i != 0),
             Value::Real(f) => Ok(f != 0.0),
@@ -329,17 +343,17 @@ impl FromDb for bool {
 }
 
 impl FromDb for String {
-    fn from_value(v: Value) -> Result<Self, String> {
+    fn from_value(v: Value) -> Result<Self, FromDbError> {
         match v {
             Value::Text(s) => Ok(s),
-            Value::Blob(b) => String::from_utf8(b).map_err(|e| e.to_string()),
+            Value::Blob(b) => Ok(String::from_utf8(b)?),
             v => Err(wrong(&v, "text")),
         }
     }
 }
 
 impl FromDb for Vec<u8> {
-    fn from_value(v: Value) -> Result<Self, String> {
+    fn from_value(v: Value) -> Result<Self, FromDbError> {
         match v {
             Value::Blob(b) => Ok(b),
             Value::Text(s) => Ok(s.into_bytes()),
@@ -349,7 +363,7 @@ impl FromDb for Vec<u8> {
 }
 
 impl<T: FromDb> FromDb for Option<T> {
-    fn from_value(v: Value) -> Result<Self, String> {
+    fn from_value(v: Value) -> Result<Self, FromDbError> {
         match v {
             Value::Null => Ok(None),
             v => T::from_value(v).map(Some),
@@ -371,7 +385,7 @@ impl rusqlite::types::FromSql for Value {
 }
 
 impl FromDb for Value {
-    fn from_value(v: Value) -> Result<Self, String> {
+    fn from_value(v: Value) -> Result<Self, FromDbError> {
         Ok(v)
     }
 }

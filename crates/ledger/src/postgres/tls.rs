@@ -17,20 +17,38 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::url::SslMode;
 
+/// Why no TLS connector could be made for a PostgreSQL ledger.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TlsError {
+    /// rustls refused its own configuration.
+    #[error("TLS set-up: {0}")]
+    SetUp(String),
+    /// `verify-ca` with the system's roots would trust any public CA.
+    #[error(
+        "sslmode=verify-ca needs sslrootcert=FILE (the CA that signed the server's certificate); \
+         with the system's roots use sslmode=verify-full"
+    )]
+    VerifyCaWithoutRoot,
+    /// The roots could not make a certificate verifier.
+    #[error("TLS roots: {0}")]
+    Roots(String),
+    /// The `sslrootcert` file could not be read, or holds no certificate.
+    #[error("sslrootcert {path}: {detail}")]
+    RootCert { path: String, detail: String },
+    #[error("no system root certificates found; name the server's CA with sslrootcert=FILE")]
+    NoSystemRoots,
+}
+
 /// The connector for `mode`; `Err` names what is wrong with the roots.
-pub fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeRustlsConnect, String> {
+pub fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeRustlsConnect, TlsError> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS set-up: {e}"))?;
+        .map_err(|e| TlsError::SetUp(e.to_string()))?;
     if mode == SslMode::VerifyCa && root_cert.is_none() {
         // Any public CA's certificate for any host would pass: anyone who
         // can get one could stand in for the server (libpq refuses this too).
-        return Err(
-            "sslmode=verify-ca needs sslrootcert=FILE (the CA that signed the server's certificate); \
-             with the system's roots use sslmode=verify-full"
-                .into(),
-        );
+        return Err(TlsError::VerifyCaWithoutRoot);
     }
     let check = match (mode, root_cert) {
         (SslMode::Prefer | SslMode::Require, None) => Check::Nothing,
@@ -39,10 +57,10 @@ pub fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeRustlsCo
         (SslMode::Prefer, Some(_)) => Check::Chain,
         (SslMode::Disable, _) => Check::Nothing,
     };
-    let webpki = || -> Result<Arc<WebPkiServerVerifier>, String> {
+    let webpki = || -> Result<Arc<WebPkiServerVerifier>, TlsError> {
         WebPkiServerVerifier::builder_with_provider(Arc::new(roots(root_cert)?), provider.clone())
             .build()
-            .map_err(|e| format!("TLS roots: {e}"))
+            .map_err(|e| TlsError::Roots(e.to_string()))
     };
     let builder = if check == Check::ChainAndName {
         builder.with_webpki_verifier(webpki()?)
@@ -66,33 +84,28 @@ enum Check {
 }
 
 /// The roots to trust: the PEM file, else the system's store.
-fn roots(root_cert: Option<&Path>) -> Result<RootCertStore, String> {
+fn roots(root_cert: Option<&Path>) -> Result<RootCertStore, TlsError> {
     let mut store = RootCertStore::empty();
     match root_cert {
         Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+            let bad = |detail: &dyn std::fmt::Display| TlsError::RootCert {
+                path: path.display().to_string(),
+                detail: detail.to_string(),
+            };
+            let certs = CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))?;
             for cert in certs {
-                let cert = cert.map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
-                store
-                    .add(cert)
-                    .map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+                let cert = cert.map_err(|e| bad(&e))?;
+                store.add(cert).map_err(|e| bad(&e))?;
             }
             if store.is_empty() {
-                return Err(format!(
-                    "sslrootcert {}: no certificate in it",
-                    path.display()
-                ));
+                return Err(bad(&"no certificate in it"));
             }
         }
         None => {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = store.add_parsable_certificates(found.certs);
             if added == 0 {
-                return Err(
-                    "no system root certificates found; name the server's CA with sslrootcert=FILE"
-                        .into(),
-                );
+                return Err(TlsError::NoSystemRoots);
             }
         }
     }

@@ -68,8 +68,3 @@ pub struct Undone {
     /// The action undone: `accept` or `reject`.
     pub action: String,
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-}

@@ -1,0 +1,325 @@
+//! Review decisions in the SQLite ledger: claims (short leases on one
+//! item), accept, reject and undo. Every decision runs in one write
+//! transaction that first checks the item is still pending and not held by
+//! someone else, and logs itself in `review_log` with the decision row it
+//! replaced, so the newest one can be undone, even after a restart.
+
+use crate::db::{Connection, params};
+
+mod rows;
+mod undo;
+
+use rows::{DecisionState, ItemRow, load_decision, load_item};
+use undo::undo_last;
+
+use crate::review::{Applied, CLAIM_LEASE_SECS, Claim, Operator, ReviewError, Undone};
+use crate::transaction::write_transaction;
+use crate::{Ledger, LedgerError, now_ts};
+
+/// What an operator decides about the review queue. Each call is one
+/// consistent step: checked and written in one write transaction, so two
+/// operators deciding the same item at once cannot both succeed.
+pub trait ReviewDecisions {
+    /// Take, or renew, the lease on a pending item: when it is unclaimed,
+    /// its lease expired, or it is already ours.
+    fn claim(&self, review_id: i64, op: &Operator) -> Result<Claim, ReviewError>;
+
+    /// Let go of our claim on one item. Returns whether we held it.
+    fn release(&self, review_id: i64, op: &Operator) -> Result<bool, ReviewError>;
+
+    /// Let go of every claim of ours (a console closing). Returns how many.
+    fn release_all(&self, op: &Operator) -> Result<usize, ReviewError>;
+
+    /// Accept the suggestions of these review items, decided by
+    /// `review:<user>`; items no longer pending, held by someone else, or
+    /// already decided are skipped, with the reason.
+    fn accept(&self, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError>;
+
+    /// Reject the suggestions: the review items close and each item stays
+    /// undecided (a later run may take it again).
+    fn reject(&self, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError>;
+
+    /// Undo this operator's newest decision not yet undone; `None` when
+    /// there is none. Refused, with nothing changed, when someone else
+    /// decided the item since.
+    fn undo_last(&self, op: &Operator) -> Result<Option<Undone>, ReviewError>;
+}
+
+impl ReviewDecisions for Ledger {
+    fn claim(&self, review_id: i64, op: &Operator) -> Result<Claim, ReviewError> {
+        claim(self.conn(), review_id, op)
+    }
+
+    fn release(&self, review_id: i64, op: &Operator) -> Result<bool, ReviewError> {
+        release(self.conn(), review_id, op)
+    }
+
+    fn release_all(&self, op: &Operator) -> Result<usize, ReviewError> {
+        release_all(self.conn(), op)
+    }
+
+    fn accept(&self, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError> {
+        accept(self.conn(), ids, op)
+    }
+
+    fn reject(&self, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError> {
+        reject(self.conn(), ids, op)
+    }
+
+    fn undo_last(&self, op: &Operator) -> Result<Option<Undone>, ReviewError> {
+        undo_last(self.conn(), op)
+    }
+}
+
+impl From<crate::db::Error> for ReviewError {
+    fn from(e: crate::db::Error) -> Self {
+        ReviewError::Ledger(LedgerError::Db(e))
+    }
+}
+
+// The functions below are the SQLite implementation behind the trait.
+
+/// Take, or renew, the lease on a pending item: when it is unclaimed, its
+/// lease expired, or it is already ours.
+pub(crate) fn claim(
+    conn: &Connection,
+    review_id: i64,
+    op: &Operator,
+) -> Result<Claim, ReviewError> {
+    write_transaction(conn, || {
+        let now = now_ts();
+        let Some(item) = load_item(conn, review_id)? else {
+            return Err(ReviewError::NotFound(review_id));
+        };
+        if item.status != "pending" {
+            return Ok(Claim::NotPending);
+        }
+        if let Some(other) = item.held_by_other(op, now) {
+            return Ok(Claim::HeldByOther(other.to_string()));
+        }
+        conn.prepare_cached(
+            "UPDATE review_item SET claimed_by = ?2, claim_expires_at = ?3 WHERE review_id = ?1",
+        )?
+        .execute(params![review_id, op.claimant, now + CLAIM_LEASE_SECS])?;
+        Ok(Claim::Held)
+    })
+}
+
+/// Let go of our claim on one item. Returns whether we held it.
+pub(crate) fn release(
+    conn: &Connection,
+    review_id: i64,
+    op: &Operator,
+) -> Result<bool, ReviewError> {
+    write_transaction(conn, || {
+        let n = conn
+            .prepare_cached(
+                "UPDATE review_item SET claimed_by = NULL, claim_expires_at = NULL
+                 WHERE review_id = ?1 AND claimed_by = ?2",
+            )?
+            .execute(params![review_id, op.claimant])?;
+        Ok(n > 0)
+    })
+}
+
+/// Let go of every claim of ours (a console closing). Returns how many.
+pub(crate) fn release_all(conn: &Connection, op: &Operator) -> Result<usize, ReviewError> {
+    write_transaction(conn, || {
+        let n = conn
+            .prepare_cached(
+                "UPDATE review_item SET claimed_by = NULL, claim_expires_at = NULL WHERE claimed_by = ?1",
+            )?
+            .execute(params![op.claimant])?;
+        Ok(n)
+    })
+}
+
+/// Accept the suggestions of these review items: each item's decision is
+/// recorded exactly as an auto-accept records it, decided by
+/// `review:<user>`. Items no longer pending, held by someone else, or whose
+/// decision was already made are skipped, with the reason.
+pub(crate) fn accept(
+    conn: &Connection,
+    ids: &[i64],
+    op: &Operator,
+) -> Result<Applied, ReviewError> {
+    decide(conn, ids, op, Action::Accept)
+}
+
+/// Reject the suggestions: the review items are closed and each decision
+/// stays indeterminate (a later run may take the item again).
+pub(crate) fn reject(
+    conn: &Connection,
+    ids: &[i64],
+    op: &Operator,
+) -> Result<Applied, ReviewError> {
+    decide(conn, ids, op, Action::Reject)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Accept,
+    Reject,
+}
+
+impl Action {
+    fn log_name(self) -> &'static str {
+        match self {
+            Action::Accept => "accept",
+            Action::Reject => "reject",
+        }
+    }
+    fn status(self) -> &'static str {
+        match self {
+            Action::Accept => "accepted",
+            Action::Reject => "rejected",
+        }
+    }
+}
+
+fn decide(
+    conn: &Connection,
+    ids: &[i64],
+    op: &Operator,
+    action: Action,
+) -> Result<Applied, ReviewError> {
+    let actor = op.actor();
+    write_transaction(conn, || {
+        let now = now_ts();
+        let mut applied = Applied::default();
+        for &id in ids {
+            if applied.done.contains(&id) || applied.skipped.iter().any(|(s, _)| *s == id) {
+                continue;
+            }
+            let (item, prev) = match decidable(conn, id, op, action, now)? {
+                Ok(found) => found,
+                Err(why) => {
+                    applied.skipped.push((id, why));
+                    continue;
+                }
+            };
+            write_decision(conn, id, &item, &prev, &actor, action, now)?;
+            applied.done.push(id);
+        }
+        Ok(applied)
+    })
+}
+
+/// The review item `id` and its decision row when `action` may be taken on
+/// it now, else why not (the item is skipped, with that reason).
+fn decidable(
+    conn: &Connection,
+    id: i64,
+    op: &Operator,
+    action: Action,
+    now: f64,
+) -> Result<Result<(ItemRow, DecisionState), String>, ReviewError> {
+    let Some(item) = load_item(conn, id)? else {
+        return Ok(Err("no such review item".to_string()));
+    };
+    if item.status != "pending" {
+        let by = item
+            .decided_by
+            .as_deref()
+            .map(|b| format!(" by {b}"))
+            .unwrap_or_default();
+        return Ok(Err(format!("already decided ({}{by})", item.status)));
+    }
+    if let Some(other) = item.held_by_other(op, now) {
+        return Ok(Err(format!("held by {other}")));
+    }
+    let Some(prev) = load_decision(conn, &item.item_id)? else {
+        return Ok(Err(format!("item {} is not in the ledger", item.item_id)));
+    };
+    if action == Action::Accept {
+        if item.suggestion.trim() == crate::review::NO_SUGGESTION {
+            // Row S7: every answer failed the gate; accepting would
+            // decide the item with no answer at all.
+            return Ok(Err(format!(
+                "item {}: no answer passed the gate, so there is nothing to accept (reject it: a later run asks again)",
+                item.item_id
+            )));
+        }
+        if prev.state != "indeterminate" {
+            // Never overwrite a decision someone made meanwhile (as the
+            // engine's auto-accept never does).
+            let by = prev.decided_by.as_deref().unwrap_or("someone");
+            return Ok(Err(format!(
+                "item {} was already decided by {by}",
+                item.item_id
+            )));
+        }
+    }
+    Ok(Ok((item, prev)))
+}
+
+/// Write `action` on the review item (and for an accept, the decision), and
+/// log it with the decision row it replaced.
+fn write_decision(
+    conn: &Connection,
+    id: i64,
+    item: &ItemRow,
+    prev: &DecisionState,
+    actor: &str,
+    action: Action,
+    now: f64,
+) -> Result<(), ReviewError> {
+    if action == Action::Accept {
+        // Exactly what the engine writes for an auto-accept, with the
+        // operator as the decider.
+        conn.prepare_cached(
+                    "UPDATE decision SET state = 'decided', decided_answer_json = ?2, decided_by = ?3,
+                         decided_at = ?4, confidence = ?5, model_id = ?6, adjudication_id = ?7, updated_at = ?4
+                     WHERE item_id = ?1 AND state = 'indeterminate'",
+                )?
+                .execute(params![
+                    item.item_id,
+                    item.suggestion,
+                    actor,
+                    now,
+                    item.confidence,
+                    item.model_id,
+                    item.request_id.map(|r| r.to_string())
+                ])?;
+    }
+    conn.prepare_cached(
+        "UPDATE review_item SET status = ?2, decided_by = ?3, decided_at = ?4,
+                     claimed_by = NULL, claim_expires_at = NULL
+                 WHERE review_id = ?1 AND status = 'pending'",
+    )?
+    .execute(params![id, action.status(), actor, now])?;
+    conn.prepare_cached(
+        "INSERT INTO review_log (review_id, item_id, action, actor, at, prev_decision_json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        id,
+        item.item_id,
+        action.log_name(),
+        actor,
+        now,
+        prev.to_json()
+    ])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_state_round_trips() {
+        let d = DecisionState {
+            state: "decided".into(),
+            decided_answer_json: Some(r#"{"a":1}"#.into()),
+            decided_by: Some("llm_auto_accept".into()),
+            decided_at: Some(1_700_000_000.123_456),
+            confidence: Some(0.9),
+            model_id: None,
+            adjudication_id: Some("7".into()),
+        };
+        assert_eq!(DecisionState::from_json(&d.to_json()), Some(d));
+        assert_eq!(DecisionState::from_json("{}"), None);
+        assert_eq!(DecisionState::from_json(r#"{"state":"weird"}"#), None);
+    }
+}

@@ -1,0 +1,185 @@
+//! Undo: this operator's newest decision not yet undone is taken back, when
+//! nobody changed the item since.
+
+use super::rows::{DecisionState, load_decision, load_item};
+use crate::db::{Connection, OptionalExtension, params};
+use crate::now_ts;
+use crate::review::{Operator, ReviewError, Undone};
+use crate::transaction::write_transaction;
+
+/// Undo this operator's newest decision not yet undone: the decision row is
+/// restored as it was, the review item is pending again, and the log says
+/// so. Each call walks one decision further back. Refused, with nothing
+/// changed, when the item was decided again since by someone else.
+pub(crate) fn undo_last(conn: &Connection, op: &Operator) -> Result<Option<Undone>, ReviewError> {
+    let actor = op.actor();
+    write_transaction(conn, || {
+        let now = now_ts();
+        let Some(entry) = newest_undoable(conn, &actor)? else {
+            return Ok(None);
+        };
+        let current = check_unchanged_since(conn, &entry, &actor)?;
+        if entry.action == "accept" {
+            restore_decision(conn, &entry, now)?;
+        }
+        reopen_and_log(conn, &entry, &actor, current, now)?;
+        Ok(Some(Undone {
+            review_id: entry.review_id,
+            item_id: entry.item_id,
+            action: entry.action,
+        }))
+    })
+}
+
+struct LogEntry {
+    log_id: i64,
+    review_id: i64,
+    item_id: String,
+    action: String,
+    at: f64,
+    prev_decision_json: Option<String>,
+}
+
+/// The newest accept or reject of `actor` not undone yet.
+fn newest_undoable(conn: &Connection, actor: &str) -> Result<Option<LogEntry>, ReviewError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT log_id, review_id, item_id, action, at, prev_decision_json FROM review_log
+                 WHERE actor = ?1 AND action IN ('accept', 'reject') AND undone_by_log_id IS NULL
+                 ORDER BY log_id DESC LIMIT 1",
+        )?
+        .query_row(params![actor], |r| {
+            Ok(LogEntry {
+                log_id: r.get(0)?,
+                review_id: r.get(1)?,
+                item_id: r.get(2)?,
+                action: r.get(3)?,
+                at: r.get(4)?,
+                prev_decision_json: r.get(5)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Why `entry` cannot be undone.
+fn conflict(entry: &LogEntry, why: String) -> ReviewError {
+    ReviewError::UndoConflict {
+        review_id: entry.review_id,
+        item_id: entry.item_id.clone(),
+        action: entry.action.clone(),
+        why,
+    }
+}
+
+/// The review item (and, for an accept, the decision) must still be as
+/// `entry` left them; the item's decision as it is now.
+fn check_unchanged_since(
+    conn: &Connection,
+    entry: &LogEntry,
+    actor: &str,
+) -> Result<Option<DecisionState>, ReviewError> {
+    let Some(item) = load_item(conn, entry.review_id)? else {
+        return Err(conflict(entry, "the review item is gone".to_string()));
+    };
+    let left_status = if entry.action == "accept" {
+        "accepted"
+    } else {
+        "rejected"
+    };
+    // The review item must still be as our decision left it.
+    if item.status != left_status
+        || item.decided_by.as_deref() != Some(actor)
+        || item.decided_at != Some(entry.at)
+    {
+        let now_state = match &item.decided_by {
+            Some(by) => format!("it is now {} by {by}", item.status),
+            None => format!("it is now {}", item.status),
+        };
+        return Err(conflict(entry, format!("{now_state}; it was not changed")));
+    }
+    let current = load_decision(conn, &entry.item_id)?;
+    if entry.action == "accept" {
+        // ...and so must the decision our accept wrote.
+        let ours = current.as_ref().is_some_and(|d| {
+            d.state == "decided"
+                && d.decided_by.as_deref() == Some(actor)
+                && d.decided_at == Some(entry.at)
+        });
+        if !ours {
+            let by = current
+                .as_ref()
+                .and_then(|d| d.decided_by.clone())
+                .unwrap_or_else(|| "someone else".to_string());
+            return Err(conflict(
+                entry,
+                format!("the item's decision was changed since by {by}; it was not changed"),
+            ));
+        }
+    }
+    Ok(current)
+}
+
+/// The decision row as it was before the accept, from the log.
+fn restore_decision(conn: &Connection, entry: &LogEntry, now: f64) -> Result<(), ReviewError> {
+    let prev = entry
+        .prev_decision_json
+        .as_deref()
+        .and_then(DecisionState::from_json)
+        .ok_or_else(|| ReviewError::BadLog {
+            log_id: entry.log_id,
+            why: "it has no readable previous decision".to_string(),
+        })?;
+    conn.prepare_cached(
+        "UPDATE decision SET state = ?2, decided_answer_json = ?3, decided_by = ?4, decided_at = ?5,
+                     confidence = ?6, model_id = ?7, adjudication_id = ?8, updated_at = ?9
+                 WHERE item_id = ?1",
+    )?
+    .execute(params![
+        entry.item_id,
+        prev.state,
+        prev.decided_answer_json,
+        prev.decided_by,
+        prev.decided_at,
+        prev.confidence,
+        prev.model_id,
+        prev.adjudication_id,
+        now
+    ])?;
+    Ok(())
+}
+
+/// The review item pending again, and the undo in the log (with the
+/// decision it replaced), linked from the entry it undoes.
+fn reopen_and_log(
+    conn: &Connection,
+    entry: &LogEntry,
+    actor: &str,
+    current: Option<DecisionState>,
+    now: f64,
+) -> Result<(), ReviewError> {
+    conn.prepare_cached(
+        "UPDATE review_item SET status = 'pending', decided_by = NULL, decided_at = NULL,
+                 claimed_by = NULL, claim_expires_at = NULL
+             WHERE review_id = ?1",
+    )?
+    .execute(params![entry.review_id])?;
+    let undo_id: i64 = conn
+        .prepare_cached(
+            "INSERT INTO review_log (review_id, item_id, action, actor, at, prev_decision_json, undoes_log_id)
+                 VALUES (?1, ?2, 'undo', ?3, ?4, ?5, ?6) RETURNING log_id",
+        )?
+        .query_row(
+            params![
+                entry.review_id,
+                entry.item_id,
+                actor,
+                now,
+                current.map(|d| d.to_json()),
+                entry.log_id
+            ],
+            |r| r.get(0),
+        )?;
+    conn.prepare_cached("UPDATE review_log SET undone_by_log_id = ?2 WHERE log_id = ?1")?
+        .execute(params![entry.log_id, undo_id])?;
+    Ok(())
+}

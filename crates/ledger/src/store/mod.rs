@@ -1,0 +1,20 @@
+//! Session planning and the reads the engine needs. Writes during a run go
+//! through `writer`; these run before it starts (planning, resume repair) or
+//! read-only alongside it.
+
+mod candidates;
+mod plan;
+mod sessions;
+mod work;
+
+pub use candidates::{Candidate, CandidateError, CandidateFilter};
+pub(crate) use candidates::{count_candidates, for_each_candidate};
+pub use plan::{NewSession, NewStage};
+pub(crate) use plan::{create_session, stale_answers};
+pub use sessions::{
+    Controls, LIVE_HEARTBEAT_SECS, RESUME_WINDOW_SECS, SessionRow, desired_state, latest_session,
+    load_session, run_by_live_process, set_desired_state,
+};
+pub(crate) use sessions::{hostname, orphaned_spend, process_alive, session_controls};
+pub use work::{StageWork, WorkItem};
+pub(crate) use work::{evidence_of, next_work, work_between};

@@ -1,0 +1,229 @@
+//! Planning a session: its row, stages, items and requests in one
+//! transaction, and the earlier answers a new plan would make stale.
+
+use super::candidates::live_cutoff;
+use super::sessions::hostname;
+use crate::db::{Connection, OptionalExtension, TransactionBehavior, params};
+
+/// A stage of a new session's job.
+pub struct NewStage<'a> {
+    pub name: &'a str,
+    pub provider: &'a str,
+    pub model: &'a str,
+    pub template_hash: &'a str,
+    pub params_hash: &'a str,
+    pub critic_of: Option<&'a str>,
+    /// `--rerun-stage` reached this stage: new requests (a new
+    /// request_version) instead of the answered ones.
+    pub rerun: bool,
+}
+
+/// What a new session is created with.
+pub struct NewSession<'a> {
+    pub session_id: &'a str,
+    pub config_snapshot_json: &'a str,
+    /// In job order; the first is the one `session_item` links.
+    pub stages: &'a [NewStage<'a>],
+    pub estimated_tokens: u64,
+    pub estimated_cost_usd: f64,
+    pub max_cost_usd: Option<f64>,
+    pub item_ids: &'a [String],
+}
+
+/// Answered requests a new session would reuse although they were made with
+/// another template or parameters, per stage: (stage, count). Such answers
+/// are never reused or sent again silently: the operator chooses
+/// (`--rerun-stage`, or restoring the template).
+pub(crate) fn stale_answers(
+    conn: &Connection,
+    stages: &[NewStage<'_>],
+    item_ids: &[String],
+) -> crate::db::Result<Vec<(String, u64)>> {
+    let wanted: std::collections::HashSet<&str> = item_ids.iter().map(String::as_str).collect();
+    // One pass per stage over its answered requests (newest version per
+    // item), checked against the planned items in memory.
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.item_id FROM llm_requests r
+         WHERE r.stage = ?1 AND r.provider = ?2 AND r.model = ?3 AND r.status = 'completed'
+           AND (r.template_hash != ?4 OR r.params_hash != ?5)
+           AND r.request_version = (SELECT MAX(v.request_version) FROM llm_requests v
+                                    WHERE v.item_id = r.item_id AND v.stage = r.stage
+                                      AND v.provider = r.provider AND v.model = r.model)",
+    )?;
+    let mut out = Vec::new();
+    for st in stages.iter().filter(|s| !s.rerun) {
+        let mut rows = stmt.query(params![
+            st.name,
+            st.provider,
+            st.model,
+            st.template_hash,
+            st.params_hash
+        ])?;
+        let mut n = 0u64;
+        while let Some(r) = rows.next()? {
+            let item: String = r.get(0)?;
+            if wanted.contains(item.as_str()) {
+                n += 1;
+            }
+        }
+        if n > 0 {
+            out.push((st.name.to_string(), n));
+        }
+    }
+    Ok(out)
+}
+
+/// Create the session, its requests for every stage (reusing answered ones
+/// made with the same template and parameters; `rerun` stages get a new
+/// request_version), its item list and stage checkpoints, in one
+/// transaction. Returns how many items it took: the planned items are
+/// checked again under the write lock, and any that a live session took or
+/// any session decided since the plan was read (two sessions started at the
+/// same instant) are left out, so choosing and claiming are one atomic
+/// step. With none left nothing is created.
+pub(crate) fn create_session(
+    conn: &mut Connection,
+    s: &NewSession<'_>,
+) -> crate::db::Result<usize> {
+    let now = conn.now()?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let item_ids = still_free(&tx, s.item_ids)?;
+    // Every planned item taken meanwhile (a plan of none still makes its
+    // empty session).
+    if item_ids.is_empty() && !s.item_ids.is_empty() {
+        tx.rollback()?;
+        return Ok(0);
+    }
+    tx.execute(
+        "INSERT INTO llm_batch_session (session_id, started_at, total_count, config_snapshot_json, state, desired_state,
+             estimated_tokens, estimated_cost_usd, max_cost_usd, owner_pid, owner_host, heartbeat_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, 'running', 'running', ?5, ?6, ?7, ?8, ?9, ?2, ?2)",
+        params![
+            s.session_id,
+            now,
+            item_ids.len() as i64,
+            s.config_snapshot_json,
+            s.estimated_tokens as i64,
+            s.estimated_cost_usd,
+            s.max_cost_usd,
+            std::process::id(),
+            hostname()
+        ],
+    )?;
+    {
+        let mut link = tx.prepare(
+            "INSERT INTO session_item (session_id, position, item_id, request_id) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let mut stage_row = tx.prepare(
+            "INSERT INTO session_request (session_id, item_id, stage, position, request_id, state, output_json, updated_at)
+             SELECT ?1, ?2, ?3, ?4, request_id, 'pending', NULL, ?5 FROM llm_requests WHERE request_id = ?6",
+        )?;
+        for (pos, st) in s.stages.iter().enumerate() {
+            tx.execute(
+                "INSERT INTO run_stages (session_id, stage, position, role, critic_of, total, state, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7)",
+                params![
+                    s.session_id,
+                    st.name,
+                    pos as i64,
+                    if st.critic_of.is_some() { "critic" } else { "generator" },
+                    st.critic_of,
+                    item_ids.len() as i64,
+                    now
+                ],
+            )?;
+        }
+        for (pos, item_id) in item_ids.iter().enumerate() {
+            for (si, st) in s.stages.iter().enumerate() {
+                let request_id = request_for(&tx, item_id, st, now)?;
+                if si == 0 {
+                    link.execute(params![s.session_id, pos as i64, item_id, request_id])?;
+                }
+                stage_row.execute(params![
+                    s.session_id,
+                    item_id,
+                    st.name,
+                    si as i64,
+                    now,
+                    request_id
+                ])?;
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(item_ids.len())
+}
+
+/// The planned items a new session may still take, checked again under
+/// the write lock: still undecided (a session that ran meanwhile may have
+/// decided some: asking again would pay twice), and held by no live
+/// session.
+fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> crate::db::Result<Vec<&'a String>> {
+    let cutoff = live_cutoff(conn)?;
+    let mut undecided = conn
+        .prepare_cached("SELECT 1 FROM decision WHERE item_id = ?1 AND state = 'indeterminate'")?;
+    let mut held = conn.prepare_cached(
+        "SELECT 1 FROM session_item si JOIN llm_batch_session s ON s.session_id = si.session_id
+         WHERE si.item_id = ?1 AND s.state IN ('running', 'paused') AND s.heartbeat_at >= ?2
+           AND NOT EXISTS (SELECT 1 FROM llm_batch_result b WHERE b.session_id = si.session_id AND b.item_id = si.item_id)
+         LIMIT 1",
+    )?;
+    let mut kept = Vec::with_capacity(item_ids.len());
+    for id in item_ids {
+        let free = undecided.exists(params![id])?
+            && match cutoff {
+                Some(cutoff) => !held.exists(params![id, cutoff])?,
+                None => true,
+            };
+        if free {
+            kept.push(id);
+        }
+    }
+    Ok(kept)
+}
+
+/// The request a new session uses for (item, stage): the newest version,
+/// reused as it is when answered (stale answers were refused before, see
+/// `stale_answers`), made afresh when it never was; a new version when the
+/// stage is rerun.
+fn request_for(
+    conn: &Connection,
+    item_id: &str,
+    st: &NewStage<'_>,
+    now: f64,
+) -> crate::db::Result<i64> {
+    let newest: Option<(i64, i64, String)> = conn
+        .prepare_cached(
+            "SELECT request_id, request_version, status FROM llm_requests
+             WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4
+             ORDER BY request_version DESC LIMIT 1",
+        )?
+        .query_row(params![item_id, st.name, st.provider, st.model], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()?;
+    match newest {
+        Some((id, _, status)) if !st.rerun && status == "completed" => Ok(id),
+        Some((id, _, _)) if !st.rerun => {
+            // Never answered: fresh budgets, today's template and parameters.
+            conn.prepare_cached(
+                "UPDATE llm_requests SET status = 'pending', parsed_output_json = NULL, result_message_id = NULL,
+                     gate_failures = 0, transport_retries = 0, template_hash = ?2, params_hash = ?3, updated_at = ?4
+                 WHERE request_id = ?1",
+            )?
+            .execute(params![id, st.template_hash, st.params_hash, now])?;
+            Ok(id)
+        }
+        newest => {
+            let version = newest.map_or(1, |(_, v, _)| v + 1);
+            conn.prepare_cached(
+                "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8) RETURNING request_id",
+            )?
+            .query_row(
+                params![item_id, st.name, st.provider, st.model, version, st.template_hash, st.params_hash, now],
+                |r| r.get(0),
+            )
+        }
+    }
+}
