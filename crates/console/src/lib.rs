@@ -5,6 +5,11 @@
 //!
 //! `app` is the state (pure), `keys` turns keys into actions, `view` draws,
 //! `data` is the ledger worker thread, `term` the terminal loop.
+//!
+//! This crate owns the terminal: ratatui and crossterm are used nowhere
+//! else. It may reach the ledger only through the ledger API (never SQL),
+//! and may not touch the engine or a provider's HTTP; it uses the providers
+//! crate only for how a batch's state reads (its stall window).
 
 pub mod action;
 pub mod app;

@@ -1,4 +1,15 @@
-//! The SQLite ledger: schema, migrations and connection set-up.
+//! The ledger: the source of truth every other part of docket reads and
+//! writes through, on SQLite (embedded) or PostgreSQL (one ledger for many
+//! machines).
+//!
+//! This crate owns every SQL statement and both databases' drivers (`db`,
+//! `postgres`), the migrations, the writer actor (`writer`), the work queue
+//! with its claims, leases and fencing tokens (`queue`, `work`), sessions
+//! (`store`), the console's reads (`console`, `watch`), review decisions
+//! (`review`), run controls (`control`), reports and exports (`report`) and
+//! item import. It may not touch the engine, the providers' HTTP or the
+//! terminal: it depends only on `docket-model`, and nothing outside it
+//! names rusqlite or postgres.
 //!
 //! The ledger is the source of truth and the bus between processes. Every
 //! connection uses WAL (many readers, one writer), foreign keys and a long busy

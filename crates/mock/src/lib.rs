@@ -27,6 +27,11 @@
 //! - `GET /_mock/stats`, `GET /_mock/log`, `GET|POST /_mock/config` and
 //!   `POST /_mock/reset` let tests and the demo observe and steer the server live.
 //!
+//! This crate is the only one that serves HTTP (axum lives here only). It
+//! depends on no docket crate but `docket-model` (for its settings,
+//! `MockConfig`): the engine never depends on it; the binary starts it for
+//! `kind = "mock"` and for `docket mock-provider`.
+//!
 //! Layout, from the bottom up (each module uses only those above it, and
 //! no two modules import each other, in any folder):
 //! - `json` (an order-preserving JSON value used for schemas), `limits`
