@@ -4,7 +4,7 @@
 //! third of the writer's time, because every transaction wrote (and later
 //! merged) its own index segment. Now an insert only notes the new id in
 //! `review_search_pending` (migration 0007); the writer calls
-//! [`Pacer::maybe_catch_up`] in its transactions and indexes the noted rows
+//! `Pacer::maybe_catch_up` in its transactions and indexes the noted rows
 //! once enough have gathered or enough time has passed. Searches read the
 //! noted rows directly (the console's review queue), so nothing is ever
 //! missing from a search.

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 /// Runtime knobs of the mock provider. Usable as clap arguments
 /// (`docket mock-provider --rpm-limit 600 …`) and as the JSON body of
 /// `POST /_mock/config` (missing fields take their defaults).
+// The field docs are also `docket mock-provider --help`, where a rate "in
+// [0,1]" is an interval, not a link: rustdoc is told so.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MockConfig {
@@ -275,7 +278,7 @@ pub enum MockConfigError {
 
 impl MockConfig {
     /// Check the values a human may get wrong: the mode name, fault rates in
-    /// [0,1], finite non-negative latencies. `MockServer::start` and
+    /// 0..=1, finite non-negative latencies. `MockServer::start` and
     /// `POST /_mock/config` refuse an invalid config with this message.
     pub fn validate(&self) -> Result<(), MockConfigError> {
         if !matches!(

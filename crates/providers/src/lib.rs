@@ -195,7 +195,7 @@ pub trait ChatProvider: Send + Sync {
     fn send<'a>(&'a self, request: &'a ChatRequest) -> ChatFuture<'a>;
     /// One cheap request (the provider's models list or its nearest
     /// equivalent) before a session is created: `Err` when the provider
-    /// cannot be reached or refuses the key (see [`probe`]); else the
+    /// cannot be reached or refuses the key (see `probe`); else the
     /// models it listed, if its answer was a whole list.
     fn preflight(&self) -> PreflightFuture<'_>;
 }

@@ -25,7 +25,7 @@ pub trait RunControls {
     /// quit dialog stops its own process's run directly), or that was
     /// carried out with no engine running (`docket cancel` cancelling an
     /// idle session's provider batches), so the session's events still say
-    /// who asked: "<message> by <actor>".
+    /// who asked: `"<message> by <actor>"`.
     fn note(&self, session_id: &str, message: &str, actor: &str) -> Result<(), ControlError>;
 
     /// Ask the engine to finish the stage it is in and then stop; returns
