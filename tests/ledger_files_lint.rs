@@ -48,11 +48,16 @@ fn product_code(text: &str) -> Vec<&str> {
 
 #[test]
 fn no_ledger_file_is_opened_with_std_fs() {
-    // The binary's src/ and every crate's.
+    // The binary's src/ and every product crate's (the test kit is test
+    // code: it reads the logs a test's preloaded shim writes).
     let top = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     sources(&top.join("src"), &mut files);
-    sources(&top.join("crates"), &mut files);
+    for e in std::fs::read_dir(top.join("crates")).unwrap().flatten() {
+        if e.file_name() != "testkit" {
+            sources(&e.path().join("src"), &mut files);
+        }
+    }
     assert!(files.len() > 50, "found {} source files", files.len());
     let mut found = Vec::new();
     let mut opens = 0;
