@@ -114,6 +114,19 @@ pub(super) async fn on_error(
         };
         return Next::Done(StageEnd::Failed(msg, Some(rec)));
     }
+    retry_later(ctx, job, rec, err, retry_no, resend).await
+}
+
+/// The attempt on record as one to retry; then sent again at once (after
+/// a cut) or after its backoff.
+async fn retry_later(
+    ctx: &Ctx,
+    job: &mut Job<'_>,
+    rec: AttemptRecord,
+    err: &ProviderError,
+    retry_no: u32,
+    resend: Resend,
+) -> Next {
     ctx.stats.retries.fetch_add(1, Relaxed);
     if !ctx
         .write(
