@@ -43,125 +43,171 @@ pub(super) async fn fill_criteria(
         .cloned()
         .collect();
     for criterion in missing {
-        let name = format!("{}:{criterion}", stage.name);
-        let mut made_attempts = 0;
-        let (request_id, sw) = match stage_work(item, &name) {
+        let follow_up = FollowUp {
+            ctx,
+            item,
+            stage,
+            name: format!("{}:{criterion}", stage.name),
+            criterion,
+        };
+        let (request_id, counters) = match follow_up.request().await {
+            Request::Answered(v) => {
+                merge(output, &follow_up.criterion, v);
+                continue;
+            }
+            Request::Stopped => return Filled::Stopped,
+            Request::Ask(request_id, counters) => (request_id, counters),
+        };
+        match follow_up.ask(extra, request_id, counters).await {
+            Ok(v) => merge(output, &follow_up.criterion, v),
+            Err(filled) => return filled,
+        }
+    }
+    Filled::All
+}
+
+/// One criterion asked on its own, as request `name` ("STAGE:CRITERION").
+struct FollowUp<'a> {
+    ctx: &'a Ctx,
+    item: &'a WorkItem,
+    stage: &'a Stage,
+    criterion: String,
+    name: String,
+}
+
+/// Where a follow-up request stands before it is asked.
+enum Request {
+    /// Answered before (this session, or the same question earlier): the
+    /// criterion's value, reused.
+    Answered(Value),
+    /// To ask, as this request, numbering its attempts after these.
+    Ask(i64, Counters),
+    Stopped,
+}
+
+impl FollowUp<'_> {
+    /// The follow-up's request: the item's own when it has one, else made
+    /// now (or found made before, and answered, by another session).
+    async fn request(&self) -> Request {
+        let (ctx, item, criterion) = (self.ctx, self.item, &self.criterion);
+        match stage_work(item, &self.name) {
             Some(sw) if sw.state == "passed" => {
                 if let Some(v) = sw
                     .output_json
                     .as_deref()
                     .and_then(|s| serde_json::from_str::<Value>(s).ok())
-                    .and_then(|v| v.get(&criterion).cloned())
+                    .and_then(|v| v.get(criterion).cloned())
                 {
-                    merge(output, &criterion, v);
-                    continue;
+                    return Request::Answered(v);
                 }
-                (sw.request_id, Some(sw))
+                Request::Ask(sw.request_id, counters(sw))
             }
-            Some(sw) => (sw.request_id, Some(sw)),
-            None => match ctx.follow_up(item, stage, &name).await {
+            Some(sw) => Request::Ask(sw.request_id, counters(sw)),
+            None => match ctx.follow_up(item, self.stage, &self.name).await {
                 Some(docket_ledger::writer::MadeRequest {
                     request_id: id,
                     answered: Some(parsed),
                     attempts,
                 }) => {
-                    made_attempts = attempts;
                     // The same question was answered before: reused.
                     let v = serde_json::from_str::<Value>(&parsed)
                         .ok()
-                        .and_then(|a| a.get(&criterion).cloned())
+                        .and_then(|a| a.get(criterion).cloned())
                         .filter(|v| !v.is_null());
-                    if let Some(v) = v {
-                        let reused = StageDone {
-                            output_json: Some(parsed),
-                            ..request_done(ctx, item, &name, id, true, None)
-                        };
-                        if !ctx.write(item, WriteOp::Stage(None, reused)).await {
-                            return Filled::Stopped;
-                        }
-                        merge(output, &criterion, v);
-                        continue;
+                    let Some(v) = v else {
+                        return Request::Ask(id, made_counters(attempts));
+                    };
+                    let reused = StageDone {
+                        output_json: Some(parsed),
+                        ..request_done(ctx, item, &self.name, id, true, None)
+                    };
+                    if !ctx.write(item, WriteOp::Stage(None, reused)).await {
+                        return Request::Stopped;
                     }
-                    (id, None)
+                    Request::Answered(v)
                 }
-                Some(made) => {
-                    made_attempts = made.attempts;
-                    (made.request_id, None)
-                }
-                None => return Filled::Stopped,
+                Some(made) => Request::Ask(made.request_id, made_counters(made.attempts)),
+                None => Request::Stopped,
             },
-        };
+        }
+    }
+
+    /// Ask the criterion alone (synchronously) and record the answer; its
+    /// value, or how filling the criteria ends.
+    async fn ask(
+        &self,
+        extra: &Map<String, Value>,
+        request_id: i64,
+        counters: Counters,
+    ) -> Result<Value, Filled> {
+        let (ctx, item, stage, criterion) = (self.ctx, self.item, self.stage, &self.criterion);
         let mut extra = extra.clone();
         extra.insert(
             "criteria".into(),
             Value::Array(vec![Value::String(criterion.clone())]),
         );
-        // A request made now may have attempts from an earlier session:
-        // new ones are numbered after them.
-        let counters = sw.map(counters).unwrap_or(Counters {
-            attempt: made_attempts,
-            gate_failures: 0,
-            transport_retries: 0,
-        });
         let job = match Job::new(item, stage, request_id, counters, extra) {
             Ok(job) => job
-                .with_schema(criterion_schema(stage, &criterion))
+                .with_schema(criterion_schema(stage, criterion))
                 .sync_only(),
-            Err(message) => return Filled::Failed(message, None, false),
+            Err(message) => return Err(Filled::Failed(message, None, false)),
         };
         let done = |passed: bool, parsed: Option<String>, error: Option<String>| StageDone {
             output_json: parsed.clone(),
             error_message: error,
-            ..request_done(ctx, item, &name, request_id, passed, parsed)
+            ..request_done(ctx, item, &self.name, request_id, passed, parsed)
         };
         let end = Box::pin(run_request(ctx, job, None)).await;
         let gate_spent = matches!(end, StageEnd::GateSpent(..));
-        match end {
+        let (rec, failure) = match end {
             // (A follow-up never waits in a batch: it is sync only.)
-            StageEnd::Stopped | StageEnd::Parked => return Filled::Stopped,
-            StageEnd::Failed(message, rec) | StageEnd::GateSpent(message, rec) => {
-                let m = format!("criterion {criterion}, asked on its own: {message}");
-                if !ctx
-                    .write(
-                        item,
-                        WriteOp::Stage(rec, done(false, None, Some(m.clone()))),
-                    )
-                    .await
-                {
-                    return Filled::Stopped;
-                }
-                return Filled::Failed(m, None, gate_spent);
-            }
+            StageEnd::Stopped | StageEnd::Parked => return Err(Filled::Stopped),
+            StageEnd::Failed(message, rec) | StageEnd::GateSpent(message, rec) => (
+                rec,
+                format!("criterion {criterion}, asked on its own: {message}"),
+            ),
             StageEnd::Passed(out, rec) => {
-                let Some(v) = out.answer.get(&criterion).filter(|v| !v.is_null()).cloned() else {
-                    // Asked for it alone and still left out: that answer
-                    // does not do; the stage fails rather than guess.
-                    let m = format!(
-                        "criterion {criterion}: asked on its own, the answer still leaves it out"
-                    );
+                if let Some(v) = out.answer.get(criterion).filter(|v| !v.is_null()).cloned() {
+                    let parsed = serde_json::to_string(&out.answer).ok();
                     if !ctx
-                        .write(
-                            item,
-                            WriteOp::Stage(Some(rec), done(false, None, Some(m.clone()))),
-                        )
+                        .write(item, WriteOp::Stage(Some(rec), done(true, parsed, None)))
                         .await
                     {
-                        return Filled::Stopped;
+                        return Err(Filled::Stopped);
                     }
-                    return Filled::Failed(m, None, false);
-                };
-                let parsed = serde_json::to_string(&out.answer).ok();
-                if !ctx
-                    .write(item, WriteOp::Stage(Some(rec), done(true, parsed, None)))
-                    .await
-                {
-                    return Filled::Stopped;
+                    return Ok(v);
                 }
-                merge(output, &criterion, v);
+                // Asked for it alone and still left out: that answer
+                // does not do; the stage fails rather than guess.
+                (
+                    Some(rec),
+                    format!(
+                        "criterion {criterion}: asked on its own, the answer still leaves it out"
+                    ),
+                )
             }
+        };
+        if !ctx
+            .write(
+                item,
+                WriteOp::Stage(rec, done(false, None, Some(failure.clone()))),
+            )
+            .await
+        {
+            return Err(Filled::Stopped);
         }
+        Err(Filled::Failed(failure, None, gate_spent))
     }
-    Filled::All
+}
+
+/// A request made now may have attempts from an earlier session: new ones
+/// are numbered after them.
+fn made_counters(attempts: i64) -> Counters {
+    Counters {
+        attempt: attempts,
+        gate_failures: 0,
+        transport_retries: 0,
+    }
 }
 
 /// The stage's structured-output schema narrowed to one criterion, now

@@ -9,7 +9,7 @@
 mod criteria;
 mod ending;
 
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 
 use serde_json::{Map, Value};
 
@@ -133,7 +133,11 @@ pub(super) async fn process(
 ) -> Ended {
     let p = &ctx.p;
     let n = p.stages.len();
-    let mut outputs: Vec<Option<Value>> = vec![None; n];
+    let mut run = ItemRun {
+        ctx,
+        item: &item,
+        outputs: vec![None; n],
+    };
     let mut slot = slot;
     let mut delivered = delivered;
     for k in 0..n {
@@ -145,16 +149,12 @@ pub(super) async fn process(
         };
         match sw.state.as_str() {
             "passed" => {
-                outputs[k] = sw
-                    .output_json
-                    .as_deref()
-                    .or(sw.parsed_output_json.as_deref())
-                    .and_then(|s| serde_json::from_str(s).ok());
-                if outputs[k].is_some() {
+                run.outputs[k] = passed_output(sw);
+                if run.outputs[k].is_some() {
                     if k + 1 == n {
                         // Every stage passed but the outcome was never
                         // written (a crash between): route it now.
-                        return finish(ctx, &item, &outputs, None, None).await;
+                        return finish(ctx, &item, &run.outputs, None, None).await;
                     }
                     continue;
                 }
@@ -171,98 +171,163 @@ pub(super) async fn process(
             // Stop after stage k-1: the item waits here for a resume.
             return Ended::Open;
         }
-        let extra = context(p, k, &outputs);
-        let end = if sw.status == "completed"
-            && let Some(parsed) = sw.parsed_output_json.as_deref()
-            && let Ok(answer) = serde_json::from_str::<Value>(parsed)
-        {
-            // Answered before with the same template and parameters (this
-            // session before a stop, or an earlier one): reused, not paid again.
-            let (cf, rf) = stage.gate.fields();
-            StageEnd::Passed(
-                GateOutput {
-                    confidence: answer.get(cf).and_then(Value::as_f64),
-                    rationale: answer.get(rf).and_then(Value::as_str).map(str::to_string),
-                    answer,
-                },
-                AttemptRecord::default(),
-            )
-        } else {
-            // A batch line's result is for the request it answered.
-            let d = delivered.take_if(|d| d.request_id == sw.request_id);
-            run_confined(ctx, &item, stage, sw, &extra, d, slot.take()).await
+        let extra = context(p, k, &run.outputs);
+        let end = match reused_answer(stage, sw) {
+            Some(end) => end,
+            None => {
+                // A batch line's result is for the request it answered.
+                let d = delivered.take_if(|d| d.request_id == sw.request_id);
+                run_confined(ctx, &item, stage, sw, &extra, d, slot.take()).await
+            }
         };
         let reused = sw.status == "completed";
-        match end {
-            StageEnd::Stopped => return Ended::Open,
-            StageEnd::Parked => return Ended::Parked,
+        let step = match end {
+            StageEnd::Stopped => ControlFlow::Break(Ended::Open),
+            StageEnd::Parked => ControlFlow::Break(Ended::Parked),
             StageEnd::Failed(message, rec) => {
-                return fail(ctx, &item, k, sw, message, rec).await;
+                ControlFlow::Break(fail(ctx, &item, k, sw, message, rec).await)
             }
             StageEnd::GateSpent(message, rec) => {
-                let to_review = FailedAs::Review(answered_before(p, k, &outputs));
-                return fail_with(ctx, &item, k, sw, message, rec, true, to_review).await;
+                let to_review = FailedAs::Review(answered_before(p, k, &run.outputs));
+                ControlFlow::Break(
+                    fail_with(ctx, &item, k, sw, message, rec, true, to_review).await,
+                )
             }
             StageEnd::Passed(out, rec) => {
                 let rec = (!reused).then_some(rec);
-                let parsed = serde_json::to_string(&out.answer).ok();
-                let mut output = out.answer;
-                if !stage.criteria.is_empty() {
-                    // Structured batching: the request's own answer is kept
-                    // on it; the criteria it left out are asked one by one.
-                    let first = StageDone {
-                        output_json: None,
-                        settle_item: false,
-                        ..stage_done(ctx, &item, stage, sw, true, parsed.clone())
-                    };
-                    if !ctx.write(&item, WriteOp::Stage(rec, first)).await {
-                        return Ended::Open;
-                    }
-                    match Box::pin(fill_criteria(ctx, &item, stage, &extra, &mut output)).await {
-                        Filled::All => {}
-                        Filled::Stopped => return Ended::Open,
-                        Filled::Failed(message, rec, gate_spent) => {
-                            // The stage's own answer passed (and was paid
-                            // for): it stays reusable; only the item fails
-                            // (or, its follow-up's answers all failing the
-                            // gate, goes to review: row S7).
-                            let ends = if gate_spent {
-                                FailedAs::Review(answered_before(p, k, &outputs))
-                            } else {
-                                FailedAs::Error
-                            };
-                            return fail_with(ctx, &item, k, sw, message, rec, false, ends).await;
-                        }
-                    }
-                    let merged = StageDone {
-                        parsed_json: None,
-                        output_json: serde_json::to_string(&output).ok(),
-                        ..stage_done(ctx, &item, stage, sw, true, None)
-                    };
-                    outputs[k] = Some(output);
-                    if k + 1 == n {
-                        return finish(ctx, &item, &outputs, None, Some(merged)).await;
-                    }
-                    if !ctx.write(&item, WriteOp::Stage(None, merged)).await {
-                        return Ended::Open;
-                    }
-                    continue;
-                }
-                let done = StageDone {
-                    output_json: parsed.clone(),
-                    ..stage_done(ctx, &item, stage, sw, true, parsed)
-                };
-                outputs[k] = Some(output);
-                if k + 1 == n {
-                    return finish(ctx, &item, &outputs, rec, Some(done)).await;
-                }
-                if !ctx.write(&item, WriteOp::Stage(rec, done)).await {
-                    return Ended::Open;
-                }
+                run.passed(k, sw, out, rec, &extra).await
             }
+        };
+        if let ControlFlow::Break(ended) = step {
+            return ended;
         }
     }
     Ended::Open
+}
+
+/// The output a stage passed with before (None when it cannot be read).
+fn passed_output(sw: &StageWork) -> Option<Value> {
+    sw.output_json
+        .as_deref()
+        .or(sw.parsed_output_json.as_deref())
+        .and_then(|s| serde_json::from_str(s).ok())
+}
+
+/// Answered before with the same template and parameters (this session
+/// before a stop, or an earlier one): reused, not paid again.
+fn reused_answer(stage: &Stage, sw: &StageWork) -> Option<StageEnd> {
+    if sw.status != "completed" {
+        return None;
+    }
+    let answer = serde_json::from_str::<Value>(sw.parsed_output_json.as_deref()?).ok()?;
+    let (cf, rf) = stage.gate.fields();
+    Some(StageEnd::Passed(
+        GateOutput {
+            confidence: answer.get(cf).and_then(Value::as_f64),
+            rationale: answer.get(rf).and_then(Value::as_str).map(str::to_string),
+            answer,
+        },
+        AttemptRecord::default(),
+    ))
+}
+
+/// One item on its way through the stages: the outputs of the stages it
+/// passed so far.
+struct ItemRun<'a> {
+    ctx: &'a Ctx,
+    item: &'a WorkItem,
+    outputs: Vec<Option<Value>>,
+}
+
+impl ItemRun<'_> {
+    /// Stage `k` passed: its end on record (with the outcome, at the last
+    /// stage); with criteria, the ones its answer left out asked first.
+    /// Break with how the item's turn ended, or go on to the next stage.
+    async fn passed(
+        &mut self,
+        k: usize,
+        sw: &StageWork,
+        out: GateOutput,
+        rec: Option<AttemptRecord>,
+        extra: &Map<String, Value>,
+    ) -> ControlFlow<Ended> {
+        let (ctx, item) = (self.ctx, self.item);
+        let stage = &ctx.p.stages[k];
+        let parsed = serde_json::to_string(&out.answer).ok();
+        if !stage.criteria.is_empty() {
+            return self
+                .passed_with_criteria(k, sw, out.answer, parsed, rec, extra)
+                .await;
+        }
+        let done = StageDone {
+            output_json: parsed.clone(),
+            ..stage_done(ctx, item, stage, sw, true, parsed)
+        };
+        self.outputs[k] = Some(out.answer);
+        if k + 1 == ctx.p.stages.len() {
+            return ControlFlow::Break(finish(ctx, item, &self.outputs, rec, Some(done)).await);
+        }
+        if !ctx.write(item, WriteOp::Stage(rec, done)).await {
+            return ControlFlow::Break(Ended::Open);
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Structured batching: the request's own answer is kept on it; the
+    /// criteria it left out are asked one by one and merged into the
+    /// stage's output.
+    async fn passed_with_criteria(
+        &mut self,
+        k: usize,
+        sw: &StageWork,
+        mut output: Value,
+        parsed: Option<String>,
+        rec: Option<AttemptRecord>,
+        extra: &Map<String, Value>,
+    ) -> ControlFlow<Ended> {
+        let (ctx, item) = (self.ctx, self.item);
+        let p = &ctx.p;
+        let stage = &p.stages[k];
+        let first = StageDone {
+            output_json: None,
+            settle_item: false,
+            ..stage_done(ctx, item, stage, sw, true, parsed)
+        };
+        if !ctx.write(item, WriteOp::Stage(rec, first)).await {
+            return ControlFlow::Break(Ended::Open);
+        }
+        match Box::pin(fill_criteria(ctx, item, stage, extra, &mut output)).await {
+            Filled::All => {}
+            Filled::Stopped => return ControlFlow::Break(Ended::Open),
+            Filled::Failed(message, rec, gate_spent) => {
+                // The stage's own answer passed (and was paid
+                // for): it stays reusable; only the item fails
+                // (or, its follow-up's answers all failing the
+                // gate, goes to review: row S7).
+                let ends = if gate_spent {
+                    FailedAs::Review(answered_before(p, k, &self.outputs))
+                } else {
+                    FailedAs::Error
+                };
+                return ControlFlow::Break(
+                    fail_with(ctx, item, k, sw, message, rec, false, ends).await,
+                );
+            }
+        }
+        let merged = StageDone {
+            parsed_json: None,
+            output_json: serde_json::to_string(&output).ok(),
+            ..stage_done(ctx, item, stage, sw, true, None)
+        };
+        self.outputs[k] = Some(output);
+        if k + 1 == p.stages.len() {
+            return ControlFlow::Break(finish(ctx, item, &self.outputs, None, Some(merged)).await);
+        }
+        if !ctx.write(item, WriteOp::Stage(None, merged)).await {
+            return ControlFlow::Break(Ended::Open);
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 fn stage_work<'a>(item: &'a WorkItem, stage: &str) -> Option<&'a StageWork> {
