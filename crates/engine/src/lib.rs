@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use batch_cancel::{BatchCancelReport, cancel_open_batches};
+pub use batch_cancel::{BatchCancelError, BatchCancelReport, cancel_open_batches};
 pub use budget::Budget;
 pub use plan::{Estimate, Plan};
 pub use prepare::{config_path, prepare};
