@@ -168,35 +168,48 @@ pub(super) async fn submit(
                 if !pause(b, backoff(tries).min(Duration::from_secs(10))).await {
                     return Submitting::Stopped;
                 }
-                match find_ours(b, tag, created_at, lines.len()).await {
-                    Ok(Found::One(id)) => {
-                        b.event(
-                            "info",
-                            "batch_found",
-                            format!(
-                                "batch {tag}: the create answer was lost ({}); found the batch at the provider as {}: not submitted again",
-                                e.message,
-                                docket_model::sanitize::for_terminal(&id)
-                            ),
-                        );
-                        return Submitting::Done(Submitted {
-                            provider_batch_id: id,
-                            input_file_id: None,
-                        });
-                    }
-                    Ok(Found::None) if tries < MAX_SUBMITS => {}
-                    Ok(Found::None) => return Submitting::Failed(e),
-                    Ok(Found::Ambiguous(c)) => return Submitting::Ambiguous(c),
-                    Err(fe) => {
-                        return Submitting::Held(format!(
-                            "the create answer was lost ({}) and the provider's batch list could not be read ({fe}): its requests wait rather than risk paying twice; resume later",
-                            e.message
-                        ));
-                    }
+                if let Some(end) = look_for_lost(b, tag, created_at, lines, e, tries).await {
+                    return end;
                 }
             }
             _ => return Submitting::Failed(e),
         }
+    }
+}
+
+/// The create's answer was lost: look for the batch at the provider before
+/// submitting again. How submitting ends, or None to submit again.
+async fn look_for_lost(
+    b: &Arc<Batcher>,
+    tag: &str,
+    created_at: f64,
+    lines: &dyn LineSource,
+    e: ProviderError,
+    tries: u32,
+) -> Option<Submitting> {
+    match find_ours(b, tag, created_at, lines.len()).await {
+        Ok(Found::One(id)) => {
+            b.event(
+                "info",
+                "batch_found",
+                format!(
+                    "batch {tag}: the create answer was lost ({}); found the batch at the provider as {}: not submitted again",
+                    e.message,
+                    docket_model::sanitize::for_terminal(&id)
+                ),
+            );
+            Some(Submitting::Done(Submitted {
+                provider_batch_id: id,
+                input_file_id: None,
+            }))
+        }
+        Ok(Found::None) if tries < MAX_SUBMITS => None,
+        Ok(Found::None) => Some(Submitting::Failed(e)),
+        Ok(Found::Ambiguous(c)) => Some(Submitting::Ambiguous(c)),
+        Err(fe) => Some(Submitting::Held(format!(
+            "the create answer was lost ({}) and the provider's batch list could not be read ({fe}): its requests wait rather than risk paying twice; resume later",
+            e.message
+        ))),
     }
 }
 
