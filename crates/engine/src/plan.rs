@@ -357,6 +357,16 @@ impl Estimate {
                 ));
             }
         }
+        let notes = self.notes();
+        if !notes.is_empty() {
+            lines.push(format!("  note: {}", notes.join("; ")));
+        }
+        lines
+    }
+
+    /// What the estimate rests on that the operator should know: counted
+    /// approximately, on a sample, or at default prices.
+    fn notes(&self) -> Vec<String> {
         let mut notes = Vec::new();
         if !self.exact_tokenizer {
             notes.push(
@@ -375,9 +385,6 @@ impl Estimate {
                     .to_string(),
             );
         }
-        if !notes.is_empty() {
-            lines.push(format!("  note: {}", notes.join("; ")));
-        }
-        lines
+        notes
     }
 }
