@@ -5,16 +5,11 @@
 use serde_json::{Map, Value};
 
 use super::{counters, request_done, stage_work};
-use crate::attempt::Counters;
-use crate::attempt::Job;
-use crate::attempt::StageEnd;
-use crate::attempt::run_request;
+use crate::attempt::{Counters, Job, StageEnd, run_request};
 use crate::ctx::Ctx;
 use crate::stages::Stage;
 use docket_ledger::store::WorkItem;
-use docket_ledger::writer::AttemptRecord;
-use docket_ledger::writer::StageDone;
-use docket_ledger::writer::WriteOp;
+use docket_ledger::writer::{AttemptRecord, StageDone, WriteOp};
 
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Filled {

@@ -7,14 +7,9 @@ use serde_json::Value;
 use super::{Ended, stage_done, stage_work};
 use crate::ctx::Ctx;
 use crate::gate::GateOutput;
-use crate::stages::Routed;
-use crate::stages::route;
-use docket_ledger::store::StageWork;
-use docket_ledger::store::WorkItem;
-use docket_ledger::writer::AttemptRecord;
-use docket_ledger::writer::FinalResult;
-use docket_ledger::writer::StageDone;
-use docket_ledger::writer::WriteOp;
+use crate::stages::{Routed, route};
+use docket_ledger::store::{StageWork, WorkItem};
+use docket_ledger::writer::{AttemptRecord, FinalResult, StageDone, WriteOp};
 use docket_model::routing::Outcome;
 
 /// Stage `k` failed: the item's outcome is `error`, the later stages are
