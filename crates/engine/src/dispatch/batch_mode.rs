@@ -4,6 +4,7 @@
 //! at the provider.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use crate::EngineError;
@@ -17,24 +18,19 @@ use docket_ledger::writer::WriteOp;
 use docket_model::config::BatchMode;
 use docket_providers::batch::BatchProvider;
 
-/// Every stage's batch mode, numbering new batches after those the session
-/// already has.
+/// Every stage's batch mode, with its batches still `open` (per stage) and
+/// new batches numbered from `tags`.
 pub(super) async fn attach_batchers(
     ctx: &Arc<Ctx>,
-    read: &Ledger,
+    (open, tags): (Vec<u64>, Arc<AtomicU64>),
     batch_adapters: &HashMap<String, Arc<dyn BatchProvider>>,
     reporter: &Arc<dyn Reporter>,
 ) -> Result<(), EngineError> {
-    let open_batches = read.open_batches(&ctx.session_id)?;
-    let tags = Arc::new(std::sync::atomic::AtomicU64::new(
-        read.batch_count(&ctx.session_id)? + 1,
-    ));
     for (k, st) in ctx.p.stages.iter().enumerate() {
-        let open = open_batches.iter().filter(|b| b.stage == st.name).count() as u64;
         start_batching(
             ctx,
             k,
-            open,
+            open[k],
             tags.clone(),
             batch_adapters.get(&st.provider_name).cloned(),
             reporter,
@@ -42,6 +38,24 @@ pub(super) async fn attach_batchers(
         .await?;
     }
     Ok(())
+}
+
+/// Each stage's batches still open, and the counter new batches' tags
+/// start from. (Read before the batchers start: a `Ledger` is not `Sync`,
+/// so a borrowed one is never held across their awaits.)
+pub(super) fn open_per_stage(
+    ctx: &Ctx,
+    read: &Ledger,
+) -> Result<(Vec<u64>, Arc<AtomicU64>), EngineError> {
+    let open_batches = read.open_batches(&ctx.session_id)?;
+    let tags = Arc::new(AtomicU64::new(read.batch_count(&ctx.session_id)? + 1));
+    let open = ctx
+        .p
+        .stages
+        .iter()
+        .map(|st| open_batches.iter().filter(|b| b.stage == st.name).count() as u64)
+        .collect();
+    Ok((open, tags))
 }
 
 /// Set up batch mode: the batcher, with the open batches of an earlier run

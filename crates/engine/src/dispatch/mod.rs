@@ -26,7 +26,7 @@ use super::feed::feed;
 use super::progress::{Reporter, spawn_progress};
 use super::stats::Stats;
 use super::{EngineError, Interrupts, Prepared, RunEnd};
-use batch_mode::{attach_batchers, end_batching, settle_batches};
+use batch_mode::{attach_batchers, end_batching, open_per_stage, settle_batches};
 use docket_ledger::Ledger;
 use docket_ledger::queue;
 use docket_ledger::store::SessionRow;
@@ -73,7 +73,13 @@ pub(super) async fn dispatch(
             worker: Some(worker_beat(&ctx, 0.0, None)),
         })
         .await;
-    attach_batchers(&ctx, &read, &batch_adapters, &reporter).await?;
+    attach_batchers(
+        &ctx,
+        open_per_stage(&ctx, &read)?,
+        &batch_adapters,
+        &reporter,
+    )
+    .await?;
     announce_start(&ctx, resumed);
     let progress = spawn_progress(
         ctx.stats.clone(),
