@@ -4,10 +4,19 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{DETERMINISTIC_STREAK, Job, MAX_UNREACHED_RETRIES, Next, StageEnd, Via};
+use super::{Job, Next, StageEnd, Via};
 use crate::ctx::{Ctx, StopCause};
 use docket_ledger::writer::{AttemptRecord, WriteOp};
 use docket_providers::{ErrorClass, ProviderError};
+
+/// A request whose last this-many failures (at most its transport attempts)
+/// were alike when its attempts run out failed deterministically (row S4):
+/// named apart from a run of bad luck.
+const DETERMINISTIC_STREAK: u32 = 3;
+
+/// Sends of one item that reached nothing (they spend none of its transport
+/// attempts; a provider that is gone opens the breaker long before this).
+const MAX_UNREACHED_RETRIES: u32 = 30;
 
 /// A refused request for the early watch: true when the stage's first
 /// requests were all refused alike and the session pauses (row S3).

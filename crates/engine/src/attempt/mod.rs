@@ -32,13 +32,6 @@ use docket_providers::{ChatAnswer, ErrorClass, ProviderError};
 const TRUNCATION_GROWTH: u64 = 4;
 /// ... and never past this many output tokens.
 const TRUNCATION_CEILING: u64 = 8_192;
-/// Sends of one item that reached nothing (they spend none of its transport
-/// attempts; a provider that is gone opens the breaker long before this).
-const MAX_UNREACHED_RETRIES: u32 = 30;
-/// A request whose last this-many failures (at most its transport attempts)
-/// were alike when its attempts run out failed deterministically (row S4):
-/// named apart from a run of bad luck.
-const DETERMINISTIC_STREAK: u32 = 3;
 
 /// How a stage's request ended.
 pub(super) enum StageEnd {

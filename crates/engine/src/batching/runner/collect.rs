@@ -6,15 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::poll::{backoff, pause};
-use super::{
-    RESULTS_TRIES_BEFORE_EVENT, RESULTS_TRIES_MAX, Tracked, deliver_in_chunks, failed_batch_error,
-    hold, line_ids, settle, waiting_ids,
-};
+use super::{Tracked, deliver_in_chunks, failed_batch_error, hold, line_ids, settle, waiting_ids};
 use crate::batching::{Batcher, Delivered, Reply};
 use docket_ledger::batches::{BatchOp, LineId};
 use docket_ledger::writer::WriteOp;
 use docket_providers::batch::{BatchState, BatchStatus, ResultsSummary};
 use docket_providers::{ErrorClass, ProviderError};
+
+/// Results fetches after which the lines are held for the operator (the
+/// results may be gone at the provider): about an hour of tries.
+const RESULTS_TRIES_MAX: u32 = 70;
+
+/// Results fetches tried (a cut stream, a file not there yet) before the
+/// operator is told; fetching goes on, slower, until the run stops.
+const RESULTS_TRIES_BEFORE_EVENT: u32 = 5;
 
 /// Read the results of a finished batch and apply them to their items, a
 /// chunk at a time; every line not answered by a result line hears why

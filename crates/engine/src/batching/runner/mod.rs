@@ -28,16 +28,6 @@ use poll::{drive, pause};
 pub(super) use reattach::reattach;
 use submit::{Submitting, not_submitted, record_submitted, submit_resolved};
 
-/// Submissions tried before a batch's requests are failed back to their
-/// items (which retry them within their own budgets).
-const MAX_SUBMITS: u32 = 5;
-/// Results fetches tried (a cut stream, a file not there yet) before the
-/// operator is told; fetching goes on, slower, until the run stops.
-const RESULTS_TRIES_BEFORE_EVENT: u32 = 5;
-const MAX_BACKOFF: Duration = Duration::from_secs(300);
-/// Results fetches after which the lines are held for the operator (the
-/// results may be gone at the provider): about an hour of tries.
-const RESULTS_TRIES_MAX: u32 = 70;
 /// Results handed to their items at once: what the engine holds of a
 /// batch's results besides the replies read and not yet applied.
 pub(super) const DELIVER_CHUNK: usize = 512;

@@ -7,13 +7,15 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::collect::collect;
-use super::{MAX_BACKOFF, Tracked, hold_base};
+use super::{Tracked, hold_base};
 use crate::batching::Batcher;
 use docket_ledger::batches::BatchOp;
 use docket_ledger::now_ts;
 use docket_ledger::writer::WriteOp;
 use docket_providers::ProviderError;
 use docket_providers::batch::{BatchState, BatchStatus};
+
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 /// Poll until the batch is over (cancelling it when asked), then collect.
 pub(super) async fn drive(b: &Arc<Batcher>, mut t: Tracked) {

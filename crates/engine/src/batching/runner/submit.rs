@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::poll::{backoff, pause};
 use super::resolve::{Resolved, resolve_by_custom_ids};
-use super::{MAX_SUBMITS, end_unrun, hold, hold_base, mark_unknown, waiting_ids};
+use super::{end_unrun, hold, hold_base, mark_unknown, waiting_ids};
 use crate::batching::{Batcher, Reply};
 use docket_ledger::Ledger;
 use docket_ledger::batches::BatchOp;
@@ -15,6 +15,10 @@ use docket_ledger::work::BatchLedger;
 use docket_ledger::writer::WriteOp;
 use docket_providers::batch::{Found, LineSource, SubmitSpec, Submitted};
 use docket_providers::{ErrorClass, ProviderError};
+
+/// Submissions tried before a batch's requests are failed back to their
+/// items (which retry them within their own budgets).
+const MAX_SUBMITS: u32 = 5;
 
 fn held_message(candidates: &[String]) -> String {
     format!(
