@@ -16,6 +16,7 @@ use docket_ledger::queue::ClaimScope;
 use docket_ledger::store::WorkItem;
 use docket_ledger::work::WorkQueue;
 use docket_ledger::writer::WriteOp;
+use docket_providers::limiter::Slot;
 
 /// How often a worker with nothing left to claim looks again while other
 /// workers still hold items (to take over any whose lease runs out).
@@ -61,167 +62,236 @@ async fn feed_group(
     read: &Arc<Mutex<Ledger>>,
     group: std::ops::Range<usize>,
 ) -> Result<(), EngineError> {
-    // Bound the tasks alive at once (in flight plus waiting to retry) so a
-    // long 429 storm cannot pile up the whole session in memory.
-    let outstanding = ctx.outstanding.clone();
-    let mut workers = JoinSet::new();
-    let mut scope = ClaimScope::After(-1);
-    // The next page, claimed while this one is handed out.
-    let mut next_page: Option<Claiming> = None;
-    'pages: loop {
+    let mut f = GroupFeed {
+        ctx,
+        read,
+        group,
+        workers: JoinSet::new(),
+        scope: ClaimScope::After(-1),
+        next_page: None,
+    };
+    loop {
         if ctx.soft_stop.is_cancelled() {
             break;
         }
         if !ctx.wait_unpaused().await {
             break;
         }
-        let page = match next_page.take() {
+        let page = match f.next_page.take() {
             Some(claiming) => claimed(claiming).await?,
             None => {
-                // Claim only what can start soon (a claimed item waiting
-                // here is one another worker cannot take): top the claims
-                // up once half of what this worker may hold ahead has been
-                // worked off.
-                let ahead = ctx.claim_ahead();
-                // Synchronously, top up once half is worked off (one claim
-                // per half, not per item); in batch mode keep the buffer
-                // full, or the COUNT trigger could never fire.
-                let low_water = if ctx.batchers().any(|b| b.takes_new()) {
-                    ahead.saturating_sub(1)
-                } else {
-                    ahead / 2
+                let Some(n) = room_to_claim(ctx).await else {
+                    break;
                 };
-                while ctx.held_ahead() > low_water {
-                    tokio::select! {
-                        _ = ctx.claim_room.notified() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                        _ = ctx.soft_stop.cancelled() => break 'pages,
-                    }
-                }
-                let n = ahead.saturating_sub(ctx.held_ahead()).clamp(1, PAGE);
-                claimed(start_claim(ctx, read, scope, n)).await?
+                claimed(start_claim(ctx, read, f.scope, n)).await?
             }
         };
         if page.is_empty() {
-            match scope {
-                ClaimScope::After(_) => {
-                    // The first pass is over: cut what waits for a batch
-                    // without waiting for the TIME trigger, and once this
-                    // worker's own items are done, look for what others let
-                    // go or lost.
-                    for b in ctx.batchers() {
-                        b.feed_done();
-                    }
-                    while let Some(done) = workers.join_next().await {
-                        note_crash(ctx, done);
-                    }
-                    ctx.flush().await;
-                    scope = ClaimScope::Takeover;
-                    continue;
+            if f.on_empty_page().await? {
+                continue;
+            }
+            break;
+        }
+        if !f.hand_out(page).await {
+            break;
+        }
+    }
+    f.finish().await;
+    Ok(())
+}
+
+/// Claim only what can start soon (a claimed item waiting here is one
+/// another worker cannot take): wait until the claims held ahead are low
+/// enough, then say how many to claim. None when the run stops meanwhile.
+async fn room_to_claim(ctx: &Ctx) -> Option<usize> {
+    // Top the claims up once half of what this worker may hold ahead has
+    // been worked off.
+    let ahead = ctx.claim_ahead();
+    // Synchronously, top up once half is worked off (one claim
+    // per half, not per item); in batch mode keep the buffer
+    // full, or the COUNT trigger could never fire.
+    let low_water = if ctx.batchers().any(|b| b.takes_new()) {
+        ahead.saturating_sub(1)
+    } else {
+        ahead / 2
+    };
+    while ctx.held_ahead() > low_water {
+        tokio::select! {
+            _ = ctx.claim_room.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = ctx.soft_stop.cancelled() => return None,
+        }
+    }
+    Some(ahead.saturating_sub(ctx.held_ahead()).clamp(1, PAGE))
+}
+
+/// The run stopped: what was not started goes back.
+struct Stopped;
+
+/// One group's feed: the tasks it started, where its claims stand, and the
+/// next page when it is claimed ahead.
+struct GroupFeed<'a> {
+    ctx: &'a Arc<Ctx>,
+    read: &'a Arc<Mutex<Ledger>>,
+    group: std::ops::Range<usize>,
+    /// The tasks started for the group's items.
+    workers: JoinSet<()>,
+    scope: ClaimScope,
+    /// The next page, claimed while this one is handed out.
+    next_page: Option<Claiming>,
+}
+
+impl GroupFeed<'_> {
+    /// No item came: after the first pass, look for what other workers let
+    /// go or lost; after that, wait while another worker still holds work.
+    /// False when the group is over for this worker (or the run stops).
+    async fn on_empty_page(&mut self) -> Result<bool, EngineError> {
+        let ctx = self.ctx;
+        match self.scope {
+            ClaimScope::After(_) => {
+                // The first pass is over: cut what waits for a batch
+                // without waiting for the TIME trigger, and once this
+                // worker's own items are done, look for what others let
+                // go or lost.
+                for b in ctx.batchers() {
+                    b.feed_done();
                 }
-                ClaimScope::Takeover => {
-                    // The ledger first: a batch adopted from another
-                    // worker is counted as this worker's (`adopting`)
-                    // before the ledger hands it over, so it is seen by
-                    // one check or the other, never missed by both.
-                    if !others_hold_work(ctx, read).await? && !mine_in_batches(ctx) {
-                        break;
-                    }
-                    // Another worker still works on items: wait for it to
-                    // finish them, or for its lease to run out.
-                    tokio::select! {
-                        _ = tokio::time::sleep(TAKEOVER_POLL) => {}
-                        _ = ctx.soft_stop.cancelled() => break,
-                    }
-                    continue;
+                while let Some(done) = self.workers.join_next().await {
+                    note_crash(ctx, done);
+                }
+                ctx.flush().await;
+                self.scope = ClaimScope::Takeover;
+                Ok(true)
+            }
+            ClaimScope::Takeover => {
+                // The ledger first: a batch adopted from another
+                // worker is counted as this worker's (`adopting`)
+                // before the ledger hands it over, so it is seen by
+                // one check or the other, never missed by both.
+                if !others_hold_work(ctx, self.read).await? && !mine_in_batches(ctx) {
+                    return Ok(false);
+                }
+                // Another worker still works on items: wait for it to
+                // finish them, or for its lease to run out.
+                tokio::select! {
+                    _ = tokio::time::sleep(TAKEOVER_POLL) => Ok(true),
+                    _ = ctx.soft_stop.cancelled() => Ok(false),
                 }
             }
         }
+    }
+
+    /// Hand each item of the page to a task of its own, claiming the next
+    /// page ahead when it is time. False when the run stopped (what was
+    /// not started is let go).
+    async fn hand_out(&mut self, page: Vec<WorkItem>) -> bool {
+        let ctx = self.ctx;
         ctx.claims.fetch_add(page.len() as u64, Ordering::Relaxed);
         docket_model::failpoint::hit("after_claim");
         let last_position = page.last().map_or(-1, |i| i.position);
         let mut page = page.into_iter();
         while let Some(item) = page.next() {
-            if let ClaimScope::After(after) = &mut scope {
+            if let ClaimScope::After(after) = &mut self.scope {
                 *after = item.position;
             }
             if !ctx.wait_unpaused().await {
                 release_unstarted(ctx, std::iter::once(item).chain(page));
-                break 'pages;
+                return false;
             }
+            // Bound the tasks alive at once (in flight plus waiting to retry)
+            // so a long 429 storm cannot pile up the whole session in memory.
             let permit = tokio::select! {
-                p = outstanding.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'pages },
+                p = ctx.outstanding.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return false },
                 _ = ctx.soft_stop.cancelled() => {
                     release_unstarted(ctx, std::iter::once(item).chain(page));
-                    break 'pages;
+                    return false;
                 }
             };
-            // The stage this item runs first: when it goes synchronously,
-            // its slot is taken here, in order, so waiting tasks do not pile
-            // up on the limiter (one waiter, not hundreds, on every release).
-            let next = item
-                .stages
-                .iter()
-                .filter_map(|sw| {
-                    ctx.p
-                        .stages
-                        .iter()
-                        .position(|s| s.name == sw.stage)
-                        .map(|k| (k, sw))
-                })
-                .find(|(_, sw)| sw.state != "passed")
-                .map(|(k, sw)| (k, sw.status == "completed"));
-            let slot = match next {
-                Some((k, false))
-                    if group.contains(&k)
-                        && !ctx.batcher(k).is_some_and(|b| b.takes_new())
-                        && !(k > 0 && ctx.stops_before(k)) =>
-                {
-                    tokio::select! {
-                        s = ctx.rt(k).limiter.acquire_slot() => Some(s),
-                        _ = ctx.soft_stop.cancelled() => {
-                            release_unstarted(ctx, std::iter::once(item).chain(page));
-                            break 'pages;
-                        }
-                    }
-                }
-                _ => None,
+            let Ok(slot) = first_slot(ctx, &item, &self.group).await else {
+                release_unstarted(ctx, std::iter::once(item).chain(page));
+                return false;
             };
             let ctx2 = ctx.clone();
-            let group = group.clone();
-            workers.spawn(async move {
+            let group = self.group.clone();
+            self.workers.spawn(async move {
                 run_item(&ctx2, item, group, slot, None).await;
                 drop(permit);
             });
-            while let Some(done) = workers.try_join_next() {
+            while let Some(done) = self.workers.try_join_next() {
                 note_crash(ctx, done);
             }
-            if next_page.is_none()
-                && matches!(scope, ClaimScope::After(_))
+            if self.next_page.is_none()
+                && matches!(self.scope, ClaimScope::After(_))
                 && let Some(n) = claim_next_now(ctx, page.len())
             {
-                next_page = Some(start_claim(ctx, read, ClaimScope::After(last_position), n));
+                self.next_page = Some(start_claim(
+                    ctx,
+                    self.read,
+                    ClaimScope::After(last_position),
+                    n,
+                ));
             }
         }
+        true
     }
-    // Stopped with the next page claimed: let its items go.
-    if let Some(claiming) = next_page.take()
-        && let Ok(items) = claimed(claiming).await
-    {
-        ctx.claims.fetch_add(items.len() as u64, Ordering::Relaxed);
-        release_unstarted(ctx, items.into_iter());
+
+    /// The group is handed out (or the run stopped): let go of a page
+    /// claimed ahead, and wait for the tasks started.
+    async fn finish(mut self) {
+        let ctx = self.ctx;
+        // Stopped with the next page claimed: let its items go.
+        if let Some(claiming) = self.next_page.take()
+            && let Ok(items) = claimed(claiming).await
+        {
+            ctx.claims.fetch_add(items.len() as u64, Ordering::Relaxed);
+            release_unstarted(ctx, items.into_iter());
+        }
+        // Every item of the group is handed out: cut what waits without
+        // waiting for the TIME trigger.
+        for b in ctx.batchers() {
+            b.feed_done();
+        }
+        while let Some(done) = self.workers.join_next().await {
+            note_crash(ctx, done);
+        }
+        // The items let go above are free before the next group claims them.
+        ctx.flush().await;
     }
-    // Every item of the group is handed out: cut what waits without
-    // waiting for the TIME trigger.
-    for b in ctx.batchers() {
-        b.feed_done();
+}
+
+/// The stage this item runs first: when it goes synchronously, its slot is
+/// taken here, in order, so waiting tasks do not pile up on the limiter
+/// (one waiter, not hundreds, on every release).
+async fn first_slot(
+    ctx: &Ctx,
+    item: &WorkItem,
+    group: &std::ops::Range<usize>,
+) -> Result<Option<Slot>, Stopped> {
+    let next = item
+        .stages
+        .iter()
+        .filter_map(|sw| {
+            ctx.p
+                .stages
+                .iter()
+                .position(|s| s.name == sw.stage)
+                .map(|k| (k, sw))
+        })
+        .find(|(_, sw)| sw.state != "passed")
+        .map(|(k, sw)| (k, sw.status == "completed"));
+    match next {
+        Some((k, false))
+            if group.contains(&k)
+                && !ctx.batcher(k).is_some_and(|b| b.takes_new())
+                && !(k > 0 && ctx.stops_before(k)) =>
+        {
+            tokio::select! {
+                s = ctx.rt(k).limiter.acquire_slot() => Ok(Some(s)),
+                _ = ctx.soft_stop.cancelled() => Err(Stopped),
+            }
+        }
+        _ => Ok(None),
     }
-    while let Some(done) = workers.join_next().await {
-        note_crash(ctx, done);
-    }
-    // The items let go above are free before the next group claims them.
-    ctx.flush().await;
-    Ok(())
 }
 
 /// One claimed item through the stages of `group`, then let go of. The

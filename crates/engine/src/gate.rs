@@ -219,82 +219,112 @@ impl Gate {
                 rationale_field,
                 needs_confidence,
                 ..
-            } => {
-                let value: Value =
-                    serde_json::from_str(text).map_err(|e| GateFailure::NotJson(e.to_string()))?;
-                if !value.is_object() {
-                    return Err(GateFailure::NotObject);
-                }
-                if let Some(err) = validator.iter_errors(&value).next() {
-                    let path = err.instance_path().as_str().to_string();
-                    return Err(GateFailure::Schema {
-                        path: if path.is_empty() { "/".into() } else { path },
-                        message: err.to_string(),
-                    });
-                }
-                let confidence = match value.get(confidence_field.as_str()) {
-                    None | Some(Value::Null) if *needs_confidence => {
-                        return Err(GateFailure::MissingConfidence(confidence_field.clone()));
-                    }
-                    None | Some(Value::Null) => None,
-                    Some(v) => Some(
-                        v.as_f64()
-                            .ok_or_else(|| GateFailure::BadConfidence(v.to_string()))?,
-                    ),
-                };
-                if let Some(c) = confidence {
-                    check_confidence(c)?;
-                }
-                let rationale = value
-                    .get(rationale_field.as_str())
-                    .and_then(Value::as_str)
-                    .map(str::to_string);
-                Ok(GateOutput {
-                    answer: value,
-                    confidence,
-                    rationale,
-                })
-            }
+            } => Self::check_json(
+                text,
+                validator,
+                confidence_field,
+                rationale_field,
+                *needs_confidence,
+            ),
             Gate::Regex {
                 regex,
                 confidence_field,
                 rationale_field,
                 needs_confidence,
-            } => {
-                let caps = regex.captures(text).ok_or(GateFailure::NoMatch)?;
-                let mut answer = Map::new();
-                for name in regex.capture_names().flatten() {
-                    if let Some(m) = caps.name(name) {
-                        answer.insert(
-                            name.to_string(),
-                            Value::String(m.as_str().trim().to_string()),
-                        );
-                    }
-                }
-                let confidence = match caps.name(confidence_field).map(|m| m.as_str().trim()) {
-                    Some(raw) => {
-                        let c: f64 = raw
-                            .parse()
-                            .map_err(|_| GateFailure::BadConfidence(raw.to_string()))?;
-                        check_confidence(c)?;
-                        answer.insert(confidence_field.clone(), serde_json::json!(c));
-                        Some(c)
-                    }
-                    None if *needs_confidence => {
-                        return Err(GateFailure::MissingConfidence(confidence_field.clone()));
-                    }
-                    None => None,
-                };
-                let rationale = caps
-                    .name(rationale_field)
-                    .map(|m| m.as_str().trim().to_string());
-                Ok(GateOutput {
-                    answer: Value::Object(answer),
-                    confidence,
-                    rationale,
-                })
+            } => Self::check_regex(
+                text,
+                regex,
+                confidence_field,
+                rationale_field,
+                *needs_confidence,
+            ),
+        }
+    }
+
+    /// A JSON-schema gate: the text is a JSON object the schema accepts.
+    fn check_json(
+        text: &str,
+        validator: &jsonschema::Validator,
+        confidence_field: &str,
+        rationale_field: &str,
+        needs_confidence: bool,
+    ) -> Result<GateOutput, GateFailure> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| GateFailure::NotJson(e.to_string()))?;
+        if !value.is_object() {
+            return Err(GateFailure::NotObject);
+        }
+        if let Some(err) = validator.iter_errors(&value).next() {
+            let path = err.instance_path().as_str().to_string();
+            return Err(GateFailure::Schema {
+                path: if path.is_empty() { "/".into() } else { path },
+                message: err.to_string(),
+            });
+        }
+        let confidence = match value.get(confidence_field) {
+            None | Some(Value::Null) if needs_confidence => {
+                return Err(GateFailure::MissingConfidence(confidence_field.to_string()));
+            }
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .ok_or_else(|| GateFailure::BadConfidence(v.to_string()))?,
+            ),
+        };
+        if let Some(c) = confidence {
+            check_confidence(c)?;
+        }
+        let rationale = value
+            .get(rationale_field)
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        Ok(GateOutput {
+            answer: value,
+            confidence,
+            rationale,
+        })
+    }
+
+    /// A regex gate: the text matches, and its named groups are the answer.
+    fn check_regex(
+        text: &str,
+        regex: &Regex,
+        confidence_field: &str,
+        rationale_field: &str,
+        needs_confidence: bool,
+    ) -> Result<GateOutput, GateFailure> {
+        let caps = regex.captures(text).ok_or(GateFailure::NoMatch)?;
+        let mut answer = Map::new();
+        for name in regex.capture_names().flatten() {
+            if let Some(m) = caps.name(name) {
+                answer.insert(
+                    name.to_string(),
+                    Value::String(m.as_str().trim().to_string()),
+                );
             }
         }
+        let confidence = match caps.name(confidence_field).map(|m| m.as_str().trim()) {
+            Some(raw) => {
+                let c: f64 = raw
+                    .parse()
+                    .map_err(|_| GateFailure::BadConfidence(raw.to_string()))?;
+                check_confidence(c)?;
+                answer.insert(confidence_field.to_string(), serde_json::json!(c));
+                Some(c)
+            }
+            None if needs_confidence => {
+                return Err(GateFailure::MissingConfidence(confidence_field.to_string()));
+            }
+            None => None,
+        };
+        let rationale = caps
+            .name(rationale_field)
+            .map(|m| m.as_str().trim().to_string());
+        Ok(GateOutput {
+            answer: Value::Object(answer),
+            confidence,
+            rationale,
+        })
     }
 }
 

@@ -82,71 +82,17 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
         limit,
         skip_reviewed,
     };
-    let total: u64 = ledger.count_candidates(filter)?;
-    // Sample every `stride`-th prompt for the token count when large.
-    let stride = (total / EXACT_COUNT_MAX).max(1);
-    let mut item_ids = Vec::with_capacity(total as usize);
-    let mut counted_tokens = 0u64;
-    let mut counted = 0u64;
-    let mut first_prompt = None;
-    let mut unsendable = Vec::new();
-    let mut unsendable_count = 0u64;
-    let mut render_error: Option<EngineError> = None;
-    let mut each = |c: Candidate| {
-        let evidence: Value = serde_json::from_str(&c.evidence_json)
-            .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
-        match first.template.render(&c.item_id, &evidence) {
-            Ok(prompt) => {
-                // Tokens never outnumber bytes: only a prompt whose bytes
-                // pass the limit is counted to see whether it can be sent.
-                let bytes =
-                    (prompt.user.len() + prompt.system.as_deref().map_or(0, str::len)) as u64;
-                if first.tpm > 0
-                    && bytes + 12 + first.max_tokens > first.tpm
-                    && let Some(why) = super::attempt::over_token_limit(
-                        first,
-                        super::attempt::prompt_tokens(first, &prompt),
-                    )
-                {
-                    unsendable_count += 1;
-                    if unsendable.len() < UNSENDABLE_SHOWN {
-                        unsendable.push((c.item_id.clone(), why));
-                    }
-                }
-                if (item_ids.len() as u64).is_multiple_of(stride) {
-                    counted_tokens += counter.count_prompt(&prompt);
-                    counted += 1;
-                }
-                if first_prompt.is_none() {
-                    first_prompt = Some(prompt);
-                }
-            }
-            Err(e) => {
-                render_error = Some(EngineError::Template(e));
-                return Err("template".into());
-            }
-        }
-        item_ids.push(c.item_id);
-        Ok(())
-    };
-    ledger
-        .for_each_candidate(filter, &mut each)
-        .map_err(|e| match render_error.take() {
-            Some(err) => err,
-            None => match e {
-                CandidateError::Stopped(m) => EngineError::Ledger(m),
-                CandidateError::Ledger(e) => EngineError::Ledger(e.to_string()),
-            },
-        })?;
+    let scan = Scan::candidates(p, &ledger, filter, &counter)?;
+    let item_ids = scan.item_ids;
     let items = item_ids.len() as u64;
-    let prompt_tokens = if counted == 0 {
+    let prompt_tokens = if scan.counted == 0 {
         0
     } else {
-        (counted_tokens as f64 * items as f64 / counted as f64).round() as u64
+        (scan.counted_tokens as f64 * items as f64 / scan.counted as f64).round() as u64
     };
     let first_item = item_ids.first().cloned();
     let mut stages = Vec::with_capacity(p.stages.len());
-    for (k, st) in p.stages.iter().enumerate() {
+    for k in 0..p.stages.len() {
         let per_item = if k == 0 {
             None
         } else {
@@ -156,26 +102,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
             None => prompt_tokens,
             Some(t) => t * items,
         };
-        let expected = st.expected_output_tokens.min(st.max_tokens) * items;
-        // `auto` batches only when enough requests are pending.
-        let factor = st.batch_price_factor.filter(|_| {
-            st.batch.mode != docket_model::config::BatchMode::Auto
-                || items >= *st.batch.min_batch_size.get_ref()
-        });
-        let f = factor.unwrap_or(1.0);
-        stages.push((
-            StageEstimate {
-                name: st.name.clone(),
-                model: st.model.clone(),
-                critic: st.is_critic(),
-                prompt_tokens: prompt,
-                expected_output_tokens: expected,
-                cost_usd: st.price.cost(prompt, 0, expected) * f,
-                batch_price_factor: factor,
-            },
-            st.price.cost(prompt, 0, st.max_tokens * items) * f,
-            st.max_tokens * items,
-        ));
+        stages.push(stage_estimate(p, k, items, prompt));
     }
     let sum = |f: &dyn Fn(&(StageEstimate, f64, u64)) -> f64| stages.iter().map(f).sum::<f64>();
     let cost_usd = sum(&|s| s.0.cost_usd);
@@ -199,7 +126,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
             price_output: first.price.output,
             price_known: p.stages.iter().all(|s| s.price_known),
             exact_tokenizer: counter.is_exact(),
-            counted_prompts: counted,
+            counted_prompts: scan.counted,
             batch_price_factor: factor,
             batch_mode: (first.batch.mode != docket_model::config::BatchMode::Sync)
                 .then_some(first.batch.mode),
@@ -208,11 +135,126 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
             } else {
                 Vec::new()
             },
-            unsendable,
-            unsendable_count,
-            first_prompt,
+            unsendable: scan.unsendable,
+            unsendable_count: scan.unsendable_count,
+            first_prompt: scan.first_prompt,
         },
     })
+}
+
+/// What a pass over the candidates found: their ids, the first stage's
+/// prompt tokens of a sample, and the prompts that cannot be sent.
+#[derive(Default)]
+struct Scan {
+    item_ids: Vec<String>,
+    counted_tokens: u64,
+    counted: u64,
+    first_prompt: Option<Prompt>,
+    unsendable: Vec<(String, String)>,
+    unsendable_count: u64,
+}
+
+impl Scan {
+    /// Render the first stage's prompt of every candidate.
+    fn candidates(
+        p: &Prepared,
+        ledger: &Ledger,
+        filter: CandidateFilter,
+        counter: &TokenCounter,
+    ) -> Result<Scan, EngineError> {
+        let first = p.first();
+        let total: u64 = ledger.count_candidates(filter)?;
+        // Sample every `stride`-th prompt for the token count when large.
+        let stride = (total / EXACT_COUNT_MAX).max(1);
+        let mut scan = Scan {
+            item_ids: Vec::with_capacity(total as usize),
+            ..Scan::default()
+        };
+        let mut render_error: Option<EngineError> = None;
+        let mut each = |c: Candidate| {
+            let evidence: Value = serde_json::from_str(&c.evidence_json)
+                .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
+            match first.template.render(&c.item_id, &evidence) {
+                Ok(prompt) => scan.take(first, &c.item_id, prompt, stride, counter),
+                Err(e) => {
+                    render_error = Some(EngineError::Template(e));
+                    return Err("template".into());
+                }
+            }
+            scan.item_ids.push(c.item_id);
+            Ok(())
+        };
+        ledger
+            .for_each_candidate(filter, &mut each)
+            .map_err(|e| match render_error.take() {
+                Some(err) => err,
+                None => match e {
+                    CandidateError::Stopped(m) => EngineError::Ledger(m),
+                    CandidateError::Ledger(e) => EngineError::Ledger(e.to_string()),
+                },
+            })?;
+        Ok(scan)
+    }
+
+    /// One candidate's rendered prompt: checked against the token limit,
+    /// counted when sampled, kept when it is the first.
+    fn take(
+        &mut self,
+        first: &crate::stages::Stage,
+        item_id: &str,
+        prompt: Prompt,
+        stride: u64,
+        counter: &TokenCounter,
+    ) {
+        // Tokens never outnumber bytes: only a prompt whose bytes
+        // pass the limit is counted to see whether it can be sent.
+        let bytes = (prompt.user.len() + prompt.system.as_deref().map_or(0, str::len)) as u64;
+        if first.tpm > 0
+            && bytes + 12 + first.max_tokens > first.tpm
+            && let Some(why) = super::attempt::over_token_limit(
+                first,
+                super::attempt::prompt_tokens(first, &prompt),
+            )
+        {
+            self.unsendable_count += 1;
+            if self.unsendable.len() < UNSENDABLE_SHOWN {
+                self.unsendable.push((item_id.to_string(), why));
+            }
+        }
+        if (self.item_ids.len() as u64).is_multiple_of(stride) {
+            self.counted_tokens += counter.count_prompt(&prompt);
+            self.counted += 1;
+        }
+        if self.first_prompt.is_none() {
+            self.first_prompt = Some(prompt);
+        }
+    }
+}
+
+/// Stage `k`'s estimate for `items` items and `prompt` prompt tokens in
+/// all; with its worst cost and its most output tokens.
+fn stage_estimate(p: &Prepared, k: usize, items: u64, prompt: u64) -> (StageEstimate, f64, u64) {
+    let st = &p.stages[k];
+    let expected = st.expected_output_tokens.min(st.max_tokens) * items;
+    // `auto` batches only when enough requests are pending.
+    let factor = st.batch_price_factor.filter(|_| {
+        st.batch.mode != docket_model::config::BatchMode::Auto
+            || items >= *st.batch.min_batch_size.get_ref()
+    });
+    let f = factor.unwrap_or(1.0);
+    (
+        StageEstimate {
+            name: st.name.clone(),
+            model: st.model.clone(),
+            critic: st.is_critic(),
+            prompt_tokens: prompt,
+            expected_output_tokens: expected,
+            cost_usd: st.price.cost(prompt, 0, expected) * f,
+            batch_price_factor: factor,
+        },
+        st.price.cost(prompt, 0, st.max_tokens * items) * f,
+        st.max_tokens * items,
+    )
 }
 
 /// Stage `k`'s prompt for the first item, with stand-ins for the earlier
@@ -315,6 +357,16 @@ impl Estimate {
                 ));
             }
         }
+        let notes = self.notes();
+        if !notes.is_empty() {
+            lines.push(format!("  note: {}", notes.join("; ")));
+        }
+        lines
+    }
+
+    /// What the estimate rests on that the operator should know: counted
+    /// approximately, on a sample, or at default prices.
+    fn notes(&self) -> Vec<String> {
         let mut notes = Vec::new();
         if !self.exact_tokenizer {
             notes.push(
@@ -333,9 +385,6 @@ impl Estimate {
                     .to_string(),
             );
         }
-        if !notes.is_empty() {
-            lines.push(format!("  note: {}", notes.join("; ")));
-        }
-        lines
+        notes
     }
 }

@@ -263,40 +263,48 @@ pub fn format_summary(s: &SessionRow, end: &RunEnd) -> Vec<String> {
     if s.ambiguous_count > 0 {
         lines.push(possible_duplicate_charges(s));
     }
+    lines.extend(what_next(s, end));
+    lines
+}
+
+/// What the operator can do next, as the run ended: read the results, or
+/// resume the session.
+fn what_next(s: &SessionRow, end: &RunEnd) -> Vec<String> {
+    let mut next = Vec::new();
     let resume = format!("  docket batch-adjudicate --resume {}", s.session_id);
     match end {
         RunEnd::Completed => {
-            lines.push(String::new());
-            lines.push(format!("Results: docket batch-results {}", s.session_id));
+            next.push(String::new());
+            next.push(format!("Results: docket batch-results {}", s.session_id));
         }
         RunEnd::Cancelled => {
-            lines.push(String::new());
-            lines.push("Session saved. Resume with:".into());
-            lines.push(resume);
+            next.push(String::new());
+            next.push("Session saved. Resume with:".into());
+            next.push(resume);
         }
         RunEnd::Stopped(why) | RunEnd::LedgerFailed(why) => {
-            lines.push(String::new());
-            lines.push(format!(
+            next.push(String::new());
+            next.push(format!(
                 "Stopped: {}",
                 docket_model::sanitize::for_terminal(why)
             ));
-            lines.push("Session saved. Resume with:".into());
-            lines.push(resume);
+            next.push("Session saved. Resume with:".into());
+            next.push(resume);
         }
         RunEnd::Paused(why) => {
-            lines.push(String::new());
-            lines.push(format!(
+            next.push(String::new());
+            next.push(format!(
                 "Paused: {}",
                 docket_model::sanitize::for_terminal(why)
             ));
-            lines.push(
+            next.push(
                 "Session saved. Resume with (raise --max-cost if the budget stopped it):".into(),
             );
-            lines.push(resume);
+            next.push(resume);
         }
         _ => {}
     }
-    lines
+    next
 }
 
 #[cfg(test)]

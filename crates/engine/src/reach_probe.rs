@@ -103,37 +103,17 @@ impl ReachProbes {
                 continue;
             };
             if let Some(probe) = o.probe.take_if(|p| p.is_finished()) {
-                match probe.await {
-                    // Any HTTP answer (even a refused key: the sends will
-                    // say so) means the provider is there.
-                    Ok(Ok(()))
-                    | Ok(Err(ProviderError {
-                        http_status: Some(_),
-                        ..
-                    })) => {
-                        ctx.reach_watch.close(stage);
-                        *o = Opened::default();
-                        resumed(ctx, &provider, since.elapsed(), operator_paused);
-                        continue;
-                    }
-                    _ => {
-                        o.gap = (o.gap * 2).min(MAX_PROBE_GAP);
-                        o.next = Some(now + o.gap);
-                    }
+                if reached(probe).await {
+                    ctx.reach_watch.close(stage);
+                    *o = Opened::default();
+                    resumed(ctx, &provider, since.elapsed(), operator_paused);
+                    continue;
                 }
+                o.gap = (o.gap * 2).min(MAX_PROBE_GAP);
+                o.next = Some(now + o.gap);
             }
             if since.elapsed() >= self.give_up {
-                let state = match cause {
-                    Cause::Unreached => "unreachable",
-                    Cause::Failing => "failing",
-                };
-                ctx.stop(StopCause::Paused(format!(
-                    "provider {provider} {state} for {}, given up: {why}. Nothing more is sent \
-                     and no item is failed for it; once the provider is back, resume the session: \
-                     docket batch-adjudicate --resume {}",
-                    minutes_or_seconds(self.give_up),
-                    ctx.session_id
-                )));
+                pause_given_up(ctx, &provider, cause, &why, self.give_up);
                 continue;
             }
             if cause == Cause::Failing {
@@ -186,6 +166,35 @@ impl ReachProbes {
             ))
         })
     }
+}
+
+/// Whether a finished probe reached the provider: any HTTP answer (even a
+/// refused key: the sends will say so) means the provider is there.
+async fn reached(probe: Probe) -> bool {
+    matches!(
+        probe.await,
+        Ok(Ok(()))
+            | Ok(Err(ProviderError {
+                http_status: Some(_),
+                ..
+            }))
+    )
+}
+
+/// The provider stayed unreachable (or failing) past `after`: the session
+/// pauses, nothing more is sent and no item is failed for it.
+fn pause_given_up(ctx: &Ctx, provider: &str, cause: Cause, why: &str, after: Duration) {
+    let state = match cause {
+        Cause::Unreached => "unreachable",
+        Cause::Failing => "failing",
+    };
+    ctx.stop(StopCause::Paused(format!(
+        "provider {provider} {state} for {}, given up: {why}. Nothing more is sent \
+         and no item is failed for it; once the provider is back, resume the session: \
+         docket batch-adjudicate --resume {}",
+        minutes_or_seconds(after),
+        ctx.session_id
+    )));
 }
 
 /// Why a stage's sends are held while its breaker is open: the session's

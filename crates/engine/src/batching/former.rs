@@ -231,45 +231,7 @@ async fn record(b: &Arc<Batcher>, f: &mut Forming) -> bool {
             }))
             .await
         }
-        None => {
-            let permit = tokio::select! {
-                p = b.open_slots.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return false,
-                },
-                // Not recorded, not sent: the requests stay pending.
-                _ = b.stop_forming.cancelled() => return false,
-            };
-            let tag = b.new_tag();
-            let created_at = now_ts();
-            let record = NewBatch {
-                tag: tag.clone(),
-                session_id: b.session_id.clone(),
-                stage: b.stage().name.clone(),
-                provider: b.stage().provider_name.clone(),
-                provider_kind: b.stage().provider_kind.as_str().to_string(),
-                model: b.stage().model.clone(),
-                input_bytes: bytes,
-                request_count: total as u64,
-                lines,
-                claimed_by: b.lease.worker_id.to_string(),
-                lease_until: now_ts() + b.lease.secs,
-            };
-            let written = b.write(WriteOp::Batch(BatchOp::Create(record))).await;
-            if written {
-                b.open.fetch_add(1, Ordering::Relaxed);
-                f.recorded = Some(Recorded {
-                    tag,
-                    created_at,
-                    lines: 0,
-                    bytes: 0,
-                    tokens: 0,
-                    reserved: 0.0,
-                    permit,
-                });
-            }
-            written
-        }
+        None => create_batch(b, f, lines, total, bytes).await,
     };
     if !written {
         return false;
@@ -290,6 +252,55 @@ async fn record(b: &Arc<Batcher>, f: &mut Forming) -> bool {
     b.stats.in_flight.fetch_add(n as u64, Ordering::Relaxed);
     b.stats.batched.fetch_add(n as u64, Ordering::Relaxed);
     true
+}
+
+/// The first lines of a new batch: it takes an open slot, gets its tag and
+/// goes on record with them (not yet sent). False when the run stops or
+/// the write fails.
+async fn create_batch(
+    b: &Arc<Batcher>,
+    f: &mut Forming,
+    lines: Vec<NewBatchLine>,
+    total: usize,
+    bytes: u64,
+) -> bool {
+    let permit = tokio::select! {
+        p = b.open_slots.clone().acquire_owned() => match p {
+            Ok(p) => p,
+            Err(_) => return false,
+        },
+        // Not recorded, not sent: the requests stay pending.
+        _ = b.stop_forming.cancelled() => return false,
+    };
+    let tag = b.new_tag();
+    let created_at = now_ts();
+    let record = NewBatch {
+        tag: tag.clone(),
+        session_id: b.session_id.clone(),
+        stage: b.stage().name.clone(),
+        provider: b.stage().provider_name.clone(),
+        provider_kind: b.stage().provider_kind.as_str().to_string(),
+        model: b.stage().model.clone(),
+        input_bytes: bytes,
+        request_count: total as u64,
+        lines,
+        claimed_by: b.lease.worker_id.to_string(),
+        lease_until: now_ts() + b.lease.secs,
+    };
+    let written = b.write(WriteOp::Batch(BatchOp::Create(record))).await;
+    if written {
+        b.open.fetch_add(1, Ordering::Relaxed);
+        f.recorded = Some(Recorded {
+            tag,
+            created_at,
+            lines: 0,
+            bytes: 0,
+            tokens: 0,
+            reserved: 0.0,
+            permit,
+        });
+    }
+    written
 }
 
 /// Cut the batch being formed: record its last lines and hand it to a

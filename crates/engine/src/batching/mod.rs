@@ -16,11 +16,13 @@
 //! ledger. A resume (or another worker) adopts open batches instead of
 //! sending their requests again.
 
+mod adopt;
 mod applying;
 mod enqueued;
 mod former;
 mod lines;
 mod runner;
+mod settings;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -35,13 +37,13 @@ use super::Prepared;
 use super::budget::Budget;
 use super::progress::Reporter;
 use super::stats::Stats;
-use docket_ledger::batches::BatchOp;
-use docket_ledger::work::BatchLedger;
 use docket_ledger::writer::{Fence, LedgerWriter, WriteError, WriteOp};
-use docket_ledger::{Ledger, LedgerError};
 use docket_model::config::BatchMode;
 use docket_providers::batch::BatchProvider;
 use docket_providers::{ChatAnswer, ChatRequest, ProviderError};
+
+pub(super) use adopt::Adoption;
+pub(super) use settings::{Settings, settings_for};
 
 /// What became of one line handed to the batcher.
 #[derive(Debug)]
@@ -114,27 +116,6 @@ impl Drop for Ticket {
             self.budget.settle(self.reserved, 0.0);
         }
     }
-}
-
-/// The triggers and bounds of a stage's batching.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Settings {
-    pub mode: BatchMode,
-    pub min_batch_size: usize,
-    /// COUNT trigger (at most the provider's requests per batch).
-    pub max_requests: usize,
-    /// SIZE trigger, in bytes of JSONL (at most the provider's file size).
-    pub max_bytes: u64,
-    /// TIME trigger.
-    pub max_wait: Duration,
-    pub max_open: usize,
-    /// A fixed poll interval instead of the provider's cadence.
-    pub poll_interval: Option<Duration>,
-    /// The provider's enqueued-token limit for the model, when configured.
-    pub max_enqueued_tokens: Option<u64>,
-    /// A batch still running this long after its submission is stalled
-    /// (None: the provider's completion window).
-    pub stall_after: Option<Duration>,
 }
 
 /// With the feed done, a buffer that got nothing new for this long is cut
@@ -495,110 +476,5 @@ impl Batcher {
                 false
             }
         }
-    }
-
-    /// Re-attach the session's open batches that no live worker holds (a
-    /// resume, a worker joining, or one whose worker died): their lines wait
-    /// for results, never for a second submission.
-    pub(super) async fn reattach(self: &Arc<Self>) -> Result<usize, String> {
-        let path = self.p.ledger.clone();
-        let sid = self.session_id.clone();
-        let stage_name = self.stage().name.clone();
-        let lease = self.lease.clone();
-        let _looking = Adoption::new(self);
-        let found = tokio::task::spawn_blocking(move || -> Result<_, LedgerError> {
-            let mut ledger = Ledger::open(&path)?;
-            // Only the batches nobody holds: each is polled by one worker.
-            let mut out = Vec::new();
-            for b in ledger.adopt_batches(&sid, &stage_name, &lease.worker_id, lease.secs)? {
-                let waiting = ledger.waiting_ids(&b.tag)?.len();
-                out.push((b, waiting));
-            }
-            Ok(out)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("ledger: {e}"))?;
-        let mut n = 0;
-        for (batch, waiting) in found {
-            if waiting == 0 {
-                // Every line has its outcome: only the mark was missing
-                // (and, maybe, the deletion of its input file: row B2).
-                self.writer.post(WriteOp::Batch(BatchOp::Settle {
-                    tag: batch.tag.clone(),
-                }));
-                if let Some(pid) = batch.provider_batch_id.clone() {
-                    let me = self.clone();
-                    self.spawn(async move {
-                        let input = batch.input_file_id.as_deref();
-                        runner::delete_files(&me, &batch.tag, &pid, input, None).await;
-                    });
-                }
-                continue;
-            }
-            n += 1;
-            let me = self.clone();
-            let adoption = Adoption::new(self);
-            self.spawn(async move { runner::reattach(me, batch, waiting, adoption).await });
-        }
-        Ok(n)
-    }
-}
-
-/// One adoption under way, counted in `Batcher::adopting` until dropped.
-pub(super) struct Adoption(Arc<Batcher>);
-
-impl Adoption {
-    fn new(b: &Arc<Batcher>) -> Self {
-        b.adopting.fetch_add(1, Ordering::AcqRel);
-        Self(b.clone())
-    }
-}
-
-impl Drop for Adoption {
-    fn drop(&mut self) {
-        self.0.adopting.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The batch settings of a stage for its provider's limits; `None` when
-/// batching is off and no batch of the session is open.
-pub(super) fn settings_for(p: &super::stages::Stage, adapter: &dyn BatchProvider) -> Settings {
-    let b = &p.batch;
-    let limits = adapter.limits();
-    let max_requests = b
-        .max_requests
-        .as_ref()
-        .map(|n| *n.get_ref() as usize)
-        .unwrap_or(limits.max_requests)
-        .clamp(1, limits.max_requests.max(1));
-    let max_bytes = b
-        .max_bytes
-        .as_ref()
-        .map(|n| *n.get_ref())
-        .unwrap_or(limits.max_bytes)
-        .clamp(1, limits.max_bytes.max(1));
-    let poll_interval = b
-        .poll_interval_secs
-        .as_ref()
-        .map(|s| Duration::from_secs_f64(*s.get_ref()))
-        // The built-in mock runs a batch in seconds: poll it like that.
-        .or(
-            (p.provider_kind == docket_model::config::ProviderKind::Mock)
-                .then(|| Duration::from_millis(250)),
-        );
-    Settings {
-        mode: b.mode,
-        min_batch_size: (*b.min_batch_size.get_ref()).min(usize::MAX as u64) as usize,
-        max_requests,
-        max_bytes,
-        max_wait: Duration::from_secs_f64(*b.max_wait_secs.get_ref()),
-        max_open: (*b.max_open_batches.get_ref()).clamp(1, 1_000) as usize,
-        poll_interval,
-        max_enqueued_tokens: b.max_enqueued_tokens.as_ref().map(|n| *n.get_ref()),
-        stall_after: b
-            .stall_after_secs
-            .as_ref()
-            .map(|s| Duration::from_secs_f64(*s.get_ref())),
     }
 }

@@ -1,0 +1,207 @@
+//! The live gauges a worker writes with its heartbeat: its own (in flight,
+//! limits, rates over the last minute, stage, reason it is slow), and the
+//! session's, added up over every live worker.
+
+use std::collections::VecDeque;
+
+use tokio::time::Instant;
+
+use super::RATE_WINDOW;
+use crate::ctx::{Ctx, PAUSED_BY_OPERATOR};
+use docket_ledger::watch::LiveGauges;
+
+/// Requests and tokens sent over the last minute, for the gauges.
+pub(super) struct Window {
+    started: Instant,
+    first_done: u64,
+    /// (when, attempts sent, tokens used) at each tick.
+    samples: VecDeque<(Instant, u64, u64)>,
+}
+
+impl Window {
+    pub(super) fn new(stats: &crate::stats::StatsSnapshot) -> Self {
+        Window {
+            started: Instant::now(),
+            first_done: stats.done,
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// Add a sample; per-minute requests and tokens over the last minute (or
+    /// since the start, scaled, when that is shorter).
+    fn rates(&mut self, now: Instant, sent: u64, tokens: u64) -> (f64, f64) {
+        self.samples.push_back((now, sent, tokens));
+        // Keep the newest sample at least a minute old as the window's start.
+        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= RATE_WINDOW {
+            self.samples.pop_front();
+        }
+        let (t0, sent0, tokens0) = self.samples[0];
+        let secs = now.duration_since(t0).as_secs_f64();
+        if secs < 0.05 {
+            return (0.0, 0.0);
+        }
+        let scale = 60.0 / secs;
+        (
+            sent.saturating_sub(sent0) as f64 * scale,
+            tokens.saturating_sub(tokens0) as f64 * scale,
+        )
+    }
+}
+
+/// The gauges this engine writes with its heartbeat.
+pub(super) fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
+    let now = Instant::now();
+    let s = ctx.stats.snapshot();
+    let frontier = ctx.frontier();
+    let lim = ctx.rt(frontier).limiter.snapshot();
+    let (rpm_used, tpm_used) = window.rates(now, s.sent, s.input_tokens + s.output_tokens);
+    let elapsed = now.duration_since(window.started).as_secs_f64();
+    let done_here = s.done.saturating_sub(window.first_done);
+    let eta_secs = (!paused && done_here > 0 && s.total > s.done)
+        .then(|| elapsed / done_here as f64 * (s.total - s.done) as f64);
+    let slow_reason = if paused {
+        PAUSED_BY_OPERATOR.to_string()
+    } else if ctx
+        .batchers()
+        .any(|b| b.is_cancelling() && b.open_count() > 0)
+    {
+        format!(
+            "cancelling {} provider batch(es): collecting what they finished",
+            ctx.batchers().map(|b| b.open_count()).sum::<usize>()
+        )
+    } else if ctx.soft_stop.is_cancelled() {
+        "stopping: requests in flight are finishing".to_string()
+    } else if ctx.batchers().any(|b| b.open_count() > 0) {
+        format!(
+            "waiting on {} provider batch(es): results come when the provider finishes them",
+            ctx.batchers().map(|b| b.open_count()).sum::<usize>()
+        )
+    } else {
+        lim.slow_reason.describe().to_string()
+    };
+    let deadline = ctx.rt(frontier).deadline.gauge();
+    LiveGauges {
+        deadline_secs: deadline.deadline_secs,
+        latency_p99_secs: deadline.p99_secs,
+        deadline_cuts: deadline.cuts,
+        in_flight: lim.in_flight as u64,
+        concurrency_limit: lim.concurrency_limit as u64,
+        max_concurrency: lim.max_concurrency as u64,
+        rpm_limit: lim.requests_per_minute,
+        tpm_limit: lim.tokens_per_minute,
+        rpm_used,
+        tpm_used,
+        slow_reason,
+        paused,
+        stage: ctx.p.stages[frontier].name.clone(),
+        elapsed_secs: elapsed,
+        eta_secs,
+    }
+}
+
+/// The session's gauges from this worker's and the other live workers':
+/// what is in flight, the limits (their shares add up to the session's)
+/// and the rates add up; the stage, the reason it is slow and the elapsed
+/// time are this worker's view.
+pub(super) fn combine(mine: &LiveGauges, others: &[LiveGauges]) -> LiveGauges {
+    let mut all = mine.clone();
+    for g in others {
+        all.in_flight += g.in_flight;
+        all.concurrency_limit += g.concurrency_limit;
+        all.max_concurrency += g.max_concurrency;
+        all.rpm_limit += g.rpm_limit;
+        all.tpm_limit += g.tpm_limit;
+        all.rpm_used += g.rpm_used;
+        all.tpm_used += g.tpm_used;
+        all.paused |= g.paused;
+        all.elapsed_secs = all.elapsed_secs.max(g.elapsed_secs);
+        // The longest deadline of any worker: none of them cuts sooner.
+        all.deadline_secs = all.deadline_secs.max(g.deadline_secs);
+        all.latency_p99_secs = match (all.latency_p99_secs, g.latency_p99_secs) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        all.deadline_cuts += g.deadline_cuts;
+    }
+    // Each worker's ETA is for the whole session at its own pace; together
+    // they go faster than any one of them.
+    all.eta_secs = None;
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_sessions_gauges_add_up_its_workers() {
+        let mine = LiveGauges {
+            in_flight: 3,
+            concurrency_limit: 8,
+            max_concurrency: 8,
+            rpm_limit: 600,
+            rpm_used: 500.0,
+            stage: "adjudicate".into(),
+            elapsed_secs: 10.0,
+            eta_secs: Some(30.0),
+            deadline_secs: 2.0,
+            latency_p99_secs: None,
+            deadline_cuts: 1,
+            ..LiveGauges::default()
+        };
+        let other = LiveGauges {
+            in_flight: 5,
+            concurrency_limit: 8,
+            max_concurrency: 8,
+            rpm_limit: 600,
+            rpm_used: 550.0,
+            stage: "critic".into(),
+            elapsed_secs: 40.0,
+            deadline_secs: 3.0,
+            latency_p99_secs: Some(1.5),
+            deadline_cuts: 2,
+            ..LiveGauges::default()
+        };
+        let all = combine(&mine, &[other]);
+        assert_eq!(
+            (all.deadline_secs, all.latency_p99_secs, all.deadline_cuts),
+            (3.0, Some(1.5), 3),
+            "the longest deadline, the p99 it came from, every cut"
+        );
+        assert_eq!(
+            (all.in_flight, all.max_concurrency, all.rpm_limit),
+            (8, 16, 1_200)
+        );
+        assert!((all.rpm_used - 1_050.0).abs() < 1e-9);
+        assert_eq!(all.stage, "adjudicate");
+        assert_eq!(all.elapsed_secs, 40.0);
+        assert_eq!(all.eta_secs, None);
+        assert!(all.rpm_used <= all.rpm_limit as f64);
+    }
+
+    #[test]
+    fn rates_scale_a_short_window_and_keep_a_minute() {
+        let t = Instant::now();
+        let mut w = Window {
+            started: t,
+            first_done: 0,
+            samples: VecDeque::new(),
+        };
+        assert_eq!(w.rates(t, 0, 0), (0.0, 0.0));
+        // 10 requests and 1,000 tokens in 10 s: 60/min and 6,000/min.
+        let (r, k) = w.rates(t + Duration::from_secs(10), 10, 1_000);
+        assert!(
+            (r - 60.0).abs() < 1e-9 && (k - 6_000.0).abs() < 1e-6,
+            "{r} {k}"
+        );
+        // Past a minute, the oldest samples leave the window.
+        for i in 1..=200u64 {
+            w.rates(t + Duration::from_secs(10 + i), 10 + i, 1_000);
+        }
+        let (r, _) = w.rates(t + Duration::from_secs(211), 211, 1_000);
+        assert!((r - 60.0).abs() < 1.5, "{r}");
+        assert!(w.samples.len() <= 63, "{}", w.samples.len());
+    }
+}

@@ -1,0 +1,110 @@
+//! The import's report as the operator reads it: counts grouped in
+//! thousands, and the bad rows shown printable.
+
+use std::io;
+
+use super::{ImportReport, RENDERED_BAD_ROWS};
+
+pub(super) fn plural(n: u64, one: &'static str, many: &'static str) -> &'static str {
+    if n == 1 { one } else { many }
+}
+
+/// 1234567 -> "1,234,567".
+pub(crate) fn group_thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// What `docket import` prints: one summary line, then up to 20 bad rows.
+pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> io::Result<()> {
+    // A file's name is the operator's, but may hold anything (row X4).
+    let file = docket_model::sanitize::for_terminal(&report.file.display().to_string());
+    let read = format!(
+        "{} {} read",
+        group_thousands(report.rows_read),
+        plural(report.rows_read, "row", "rows")
+    );
+    if report.committed {
+        let differing = if report.differing > 0 {
+            format!(
+                " ({} of them with different content: the ledger keeps what it has)",
+                group_thousands(report.differing)
+            )
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "Imported {} new {} from {file} ({read}; {} already present{differing}; {} bad {} skipped)",
+            group_thousands(report.imported),
+            plural(report.imported, "item", "items"),
+            group_thousands(report.already_present),
+            group_thousands(report.bad_count),
+            plural(report.bad_count, "row", "rows"),
+        )?;
+        for (line, id) in &report.differing_rows {
+            writeln!(
+                out,
+                "  {file}:{line}: {} differs from the ledger's copy (kept as first imported)",
+                printable(&format!("{:?}", docket_model::sanitize::for_terminal(id)))
+            )?;
+        }
+        if report.differing > report.differing_rows.len() as u64 {
+            writeln!(
+                out,
+                "  … and {} more with different content",
+                group_thousands(report.differing - report.differing_rows.len() as u64)
+            )?;
+        }
+    } else {
+        writeln!(
+            out,
+            "Imported nothing from {file} ({read}; {} bad {}; strict mode rolls back on any bad row)",
+            group_thousands(report.bad_count),
+            plural(report.bad_count, "row", "rows"),
+        )?;
+    }
+    for bad in report.bad_rows.iter().take(RENDERED_BAD_ROWS) {
+        writeln!(out, "  {file}:{}: {}", bad.line, printable(&bad.reason))?;
+    }
+    let shown = report.bad_rows.len().min(RENDERED_BAD_ROWS) as u64;
+    if report.bad_count > shown {
+        writeln!(
+            out,
+            "  … and {} more",
+            group_thousands(report.bad_count - shown)
+        )?;
+    }
+    Ok(())
+}
+
+/// Reasons quote bits of the input; keep terminal escapes out of them.
+fn printable(s: &str) -> String {
+    s.chars()
+        .filter_map(|c| match c {
+            '\n' | '\t' | '\r' => Some(' '),
+            c if c.is_control() => None,
+            c => Some(c),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands() {
+        assert_eq!(group_thousands(0), "0");
+        assert_eq!(group_thousands(999), "999");
+        assert_eq!(group_thousands(1000), "1,000");
+        assert_eq!(group_thousands(1234567), "1,234,567");
+    }
+}

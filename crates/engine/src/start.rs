@@ -1,0 +1,200 @@
+//! A new session: planned, estimated, confirmed by the operator, and
+//! created in the ledger with its items and requests (or only described,
+//! in a dry run).
+
+use crate::session_keys::key_fingerprints;
+use crate::{
+    EngineError, Estimate, Plan, Prepared, Reporter, RunEnd, RunOptions, new_session_id,
+    open_ledger, plan,
+};
+use docket_ledger::store::{self};
+use docket_ledger::work::RunSessions;
+
+pub(crate) enum Started {
+    Session(String),
+    /// Nothing to do, a dry run, or the operator said no.
+    Ended(RunEnd),
+}
+
+/// Plan, estimate, ask, and create the session with its items and requests.
+pub(crate) fn start_session(
+    prepared: &Prepared,
+    opts: &RunOptions,
+    reporter: &dyn Reporter,
+    confirm: impl FnOnce(&Estimate) -> bool,
+) -> Result<Started, EngineError> {
+    reporter.line("Batch LLM Adjudication");
+    reporter.line("======================");
+    reporter.line("");
+    let plan =
+        tokio::task::block_in_place(|| plan::plan(prepared, opts.limit, opts.skip_reviewed))?;
+    reporter.line(&format!(
+        "Querying INDETERMINATE decisions... {} found",
+        plan.estimate.items
+    ));
+    if plan.estimate.items == 0 {
+        reporter
+            .line("Nothing to do: no indeterminate items (import some with `docket import FILE`).");
+        return Ok(Started::Ended(RunEnd::NothingToDo));
+    }
+    for l in plan.estimate.describe() {
+        reporter.line(&l);
+    }
+    if opts.dry_run {
+        dry_run_report(prepared, &plan, reporter);
+        return Ok(Started::Ended(RunEnd::DryRun));
+    }
+    if let Some(max) = opts.max_cost {
+        reporter.line(&format!(
+            "Budget: at most ${max:.4} (dispatch pauses before the spend could pass it)"
+        ));
+    }
+    refuse_stale_answers(prepared, &plan)?;
+    if !confirm(&plan.estimate) {
+        reporter.line("Not started.");
+        return Ok(Started::Ended(RunEnd::Declined));
+    }
+    let id = new_session_id();
+    let snapshot = session_snapshot(prepared, opts);
+    let new_stages = new_stages(prepared);
+    let taken = tokio::task::block_in_place(|| -> Result<usize, EngineError> {
+        let mut ledger = open_ledger(&prepared.ledger)?;
+        Ok(ledger.create_session(&store::NewSession {
+            session_id: &id,
+            config_snapshot_json: &snapshot,
+            stages: &new_stages,
+            estimated_tokens: plan.estimate.prompt_tokens + plan.estimate.expected_output_tokens,
+            estimated_cost_usd: plan.estimate.cost_usd,
+            max_cost_usd: opts.max_cost,
+            item_ids: &plan.item_ids,
+        })?)
+    })?;
+    if taken == 0 {
+        reporter.line(
+            "Nothing to do: every planned item was taken or decided meanwhile by another session started at the same time \
+             (see `docket sessions`).",
+        );
+        return Ok(Started::Ended(RunEnd::NothingToDo));
+    }
+    reporter.line("");
+    if taken < plan.item_ids.len() {
+        reporter.line(&format!(
+            "{} of the {} planned items were taken or decided meanwhile by another session started at the same time; this session takes the other {taken}.",
+            plan.item_ids.len() - taken,
+            plan.item_ids.len()
+        ));
+    }
+    reporter.line(&format!("Creating batch session: {id}"));
+    Ok(Started::Session(id))
+}
+
+/// Refuse to start over answers made with another template or parameters.
+fn refuse_stale_answers(prepared: &Prepared, plan: &Plan) -> Result<(), EngineError> {
+    // Answers made with another template or parameters are neither reused
+    // nor asked again behind the operator's back.
+    let stale = tokio::task::block_in_place(|| -> Result<_, EngineError> {
+        let ledger = open_ledger(&prepared.ledger)?;
+        Ok(ledger.stale_answers(&new_stages(prepared), &plan.item_ids)?)
+    })?;
+    if !stale.is_empty() {
+        let list: Vec<String> = stale
+            .iter()
+            .map(|(stage, n)| format!("stage {stage}: {n} item(s)"))
+            .collect();
+        Err(EngineError::Usage(format!(
+            "answers exist that were made with another prompt template or other stage parameters ({}). \
+             They are not reused and not asked again silently: pass `--rerun-stage {}` to ask that stage (and the ones after it) again \
+             with a new request_version, or restore the template and parameters to reuse them.",
+            list.join("; "),
+            stale[0].0
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+/// The session's record of its job: the config, the flags, each stage's
+/// template and parameters, and the keys' fingerprints.
+fn session_snapshot(prepared: &Prepared, opts: &RunOptions) -> String {
+    // Names of key variables only: no key is ever read into the config.
+    serde_json::json!({
+        "config": prepared.config.snapshot_json(),
+        "flags": {
+            "limit": opts.limit, "min_confidence": opts.min_confidence, "rate_limit": opts.rate_limit,
+            "skip_reviewed": opts.skip_reviewed, "force": opts.force,
+            "auto_accept_threshold": prepared.thresholds.auto_accept,
+            "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
+        },
+        "template_hash": prepared.first().template.hash,
+        "params_hash": prepared.first().params_hash,
+        "stages": prepared.stages.iter().map(|s| serde_json::json!({
+            "name": s.name, "provider": s.provider_name, "model": s.model,
+            "template_hash": s.template.hash, "params_hash": s.params_hash,
+        })).collect::<Vec<_>>(),
+        "rerun_stage": prepared.rerun_from.map(|i| prepared.stages[i].name.clone()),
+        "keys": key_fingerprints(prepared),
+    })
+    .to_string()
+}
+
+/// The stages as a new session records them.
+fn new_stages(p: &Prepared) -> Vec<store::NewStage<'_>> {
+    p.stages
+        .iter()
+        .map(|s| store::NewStage {
+            name: &s.name,
+            provider: &s.provider_name,
+            model: &s.model,
+            template_hash: &s.template.hash,
+            params_hash: &s.params_hash,
+            critic_of: s.critic_of.map(|c| p.stages[c].name.as_str()),
+            rerun: p.rerun_from.is_some_and(|r| s.index >= r),
+        })
+        .collect()
+}
+
+fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
+    reporter.line("");
+    let stages: Vec<String> = p
+        .stages
+        .iter()
+        .map(|s| {
+            format!(
+                "\"{}\" ({} {}{})",
+                s.name,
+                s.provider_name,
+                s.model,
+                s.critic_of
+                    .map(|c| format!(", critic of {}", p.stages[c].name))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    reporter.line(&format!(
+        "Dry run: nothing was sent. A session would run {} items through {} stage(s): {}; \
+         routing on stage \"{}\": accept ≥ {:.2}, review ≥ {:.2}, reject below.",
+        plan.estimate.items,
+        p.stages.len(),
+        stages.join(" → "),
+        p.answer_stage().name,
+        p.thresholds.effective_accept(),
+        p.thresholds.review
+    ));
+    if let Some(prompt) = &plan.estimate.first_prompt {
+        reporter.line(&format!(
+            "First rendered prompt (item {}):",
+            plan.item_ids.first().map(String::as_str).unwrap_or("")
+        ));
+        if let Some(s) = &prompt.system {
+            reporter.line("--- system ---");
+            for l in s.lines() {
+                reporter.line(&docket_model::sanitize::for_terminal(l));
+            }
+        }
+        reporter.line("--- user ---");
+        for l in prompt.user.lines() {
+            reporter.line(&docket_model::sanitize::for_terminal(l));
+        }
+        reporter.line("--------------");
+    }
+}
