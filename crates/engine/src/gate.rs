@@ -30,6 +30,13 @@ pub enum GateBuildError {
     NoConfidenceCapture { path: String, field: String },
 }
 
+/// Why a JSON value read as a schema cannot be one (`Gate::json_schema`).
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error("{0}")]
+    NotASchema(String),
+}
+
 /// Why an answer failed its gate. Recorded as the attempt's error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GateFailure {
@@ -117,9 +124,9 @@ impl Gate {
                         detail: e.to_string(),
                     })?;
                 Self::json_schema(schema, confidence_field, rationale_field, needs_confidence)
-                    .map_err(|detail| GateBuildError::SchemaInvalid {
+                    .map_err(|e| GateBuildError::SchemaInvalid {
                         path: shown,
-                        detail,
+                        detail: e.to_string(),
                     })
             }
             GateConfig::Regex {
@@ -160,8 +167,9 @@ impl Gate {
         confidence_field: &str,
         rationale_field: &str,
         needs_confidence: bool,
-    ) -> Result<Self, String> {
-        let validator = jsonschema::validator_for(&schema).map_err(|e| e.to_string())?;
+    ) -> Result<Self, SchemaError> {
+        let validator = jsonschema::validator_for(&schema)
+            .map_err(|e| SchemaError::NotASchema(e.to_string()))?;
         Ok(Gate::JsonSchema {
             schema,
             validator: Box::new(validator),

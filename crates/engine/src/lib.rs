@@ -4,6 +4,14 @@
 //! is sent (config, template, gate, thresholds, key); `run` plans or resumes a
 //! session, asks to continue, then dispatches under the shared limiter and
 //! records every attempt and outcome in the ledger.
+//!
+//! This crate owns running a job: planning, dispatch and the work queue's
+//! use (claims, leases, heartbeats), each attempt through the gate and the
+//! critic, retries under the limiter, routing, cost, templates and item
+//! import. It reaches the ledger only through the ledger API and the
+//! providers only through their traits; it may not touch SQL, a provider's
+//! wire format or the terminal, and it does not depend on the mock (a
+//! `kind = "mock"` job gets its server from `RunOptions::mock`).
 
 mod attempt;
 mod batch_cancel;
@@ -83,7 +91,7 @@ pub enum EngineError {
     Preflight(String),
 }
 
-/// A read or write on an open ledger that failed: "ledger: <what failed>".
+/// A read or write on an open ledger that failed: `"ledger: <what failed>"`.
 /// (Opening it fails with an error that names the ledger file itself: see
 /// `EngineError::opening`.)
 impl From<LedgerError> for EngineError {
