@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use docket::ledger::work::RunSessions;
-use support::procs::{bin, Mock, Proc};
+use support::procs::{Mock, Proc, bin};
 use support::{Job, Workspace, check_complete, count};
 
 fn verdict(ok: bool) -> &'static str {

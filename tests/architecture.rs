@@ -338,10 +338,9 @@ fn long_functions(text: &str) -> Vec<(usize, usize, String)> {
         if let Some(len) = lines[i + 1..end_of_product]
             .iter()
             .position(|l| *l == close)
+            && len + 2 > MAX_FN_LINES
         {
-            if len + 2 > MAX_FN_LINES {
-                long.push((i + 1, len + 2, line.trim().to_string()));
-            }
+            long.push((i + 1, len + 2, line.trim().to_string()));
         }
     }
     long
