@@ -69,6 +69,7 @@ async fn feed_group(
         workers: JoinSet::new(),
         scope: ClaimScope::After(-1),
         next_page: None,
+        looked_last: false,
     };
     loop {
         if ctx.soft_stop.is_cancelled() {
@@ -139,6 +140,9 @@ struct GroupFeed<'a> {
     scope: ClaimScope,
     /// The next page, claimed while this one is handed out.
     next_page: Option<Claiming>,
+    /// Taking over, no other worker held anything at the last look: one
+    /// more claim is made before leaving (see `on_empty_page`).
+    looked_last: bool,
 }
 
 impl GroupFeed<'_> {
@@ -169,8 +173,16 @@ impl GroupFeed<'_> {
                 // before the ledger hands it over, so it is seen by
                 // one check or the other, never missed by both.
                 if !others_hold_work(ctx, self.read).await? && !mine_in_batches(ctx) {
-                    return Ok(false);
+                    // A lease that ran out between the empty claim and
+                    // this look is no longer counted as held, yet nobody
+                    // took its item: claim once more, at once, and leave
+                    // only when that finds nothing either (row C2: a
+                    // stalled worker's items were left behind).
+                    let leave = self.looked_last;
+                    self.looked_last = true;
+                    return Ok(!leave);
                 }
+                self.looked_last = false;
                 // Another worker still works on items: wait for it to
                 // finish them, or for its lease to run out.
                 tokio::select! {
@@ -186,6 +198,7 @@ impl GroupFeed<'_> {
     /// not started is let go).
     async fn hand_out(&mut self, page: Vec<WorkItem>) -> bool {
         let ctx = self.ctx;
+        self.looked_last = false;
         ctx.claims.fetch_add(page.len() as u64, Ordering::Relaxed);
         docket_model::failpoint::hit("after_claim");
         let last_position = page.last().map_or(-1, |i| i.position);
