@@ -163,8 +163,6 @@ pub fn init_example(
 
 /// The workspace to use: the flag, else `DOCKET_WORKSPACE`, else the current
 /// folder. (clap already folds the env var into the flag.)
-pub use docket_model::files::read_text_file;
-
 pub fn resolve(flag: Option<&Path>) -> PathBuf {
     flag.map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
