@@ -1434,8 +1434,7 @@ fn session_soon(ws: &Ws, pg: Option<&support::pg::PgServer>) -> String {
 const C1_ITEMS: usize = 2_000;
 
 /// Row C1: four processes on one session of `C1_ITEMS` items against a mock
-/// with no latency, the three joiners started the moment the session
-/// exists: claims race all the time. The mock's log is the oracle: every
+/// with no latency once all four have joined: claims race all the time. The mock's log is the oracle: every
 /// attempt went out once, each request was answered once, nothing was
 /// ambiguous; every item has exactly one result, no lease is left, and
 /// each of the four claimed and sent some.
@@ -1454,7 +1453,10 @@ fn c1_four_workers_at_once_send_each_attempt_once_on_postgres() {
 
 fn claim_race_on(pg: Option<&support::pg::PgServer>) {
     const WORKERS: usize = 4;
-    let mock = Mock::start(&["--latency-median-ms", "0", "--latency-p99-ms", "0"]);
+    // The mock answers slowly until all four have joined, then at once: a
+    // process starting late on a loaded machine would otherwise find the
+    // items gone (2,000 at no latency take about 3 s) and prove nothing.
+    let mock = Mock::start(&["--latency-median-ms", "1000", "--latency-p99-ms", "1000"]);
     let ws = Ws::on(pg, &mock, C1_ITEMS, |j| j.concurrency = 64);
     let started = Instant::now();
     let mut procs = vec![ws.spawn("w0", &RUN, None)];
@@ -1462,6 +1464,15 @@ fn claim_race_on(pg: Option<&support::pg::PgServer>) {
     for k in 1..WORKERS {
         procs.push(ws.spawn(&format!("w{k}"), &["worker", "--session", &sid], None));
     }
+    wait_for("all four workers to join", || {
+        let sql = format!("SELECT COUNT(*) FROM session_worker WHERE session_id = '{sid}'");
+        (ask_count(&ws, pg, &sql) == WORKERS as i64).then_some(())
+    });
+    mock.http(
+        "POST",
+        "/_mock/config",
+        r#"{"latency_median_ms": 0, "latency_p99_ms": 0}"#,
+    );
     let mut said = Vec::new();
     for (k, mut p) in procs.into_iter().enumerate() {
         let (code, out) = p.wait(RUN_TIMEOUT);
