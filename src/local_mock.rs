@@ -29,9 +29,7 @@ impl RunningMock for Running {
 impl StartMock for BuiltIn {
     fn start(&self, config: MockConfig) -> Starting<'_> {
         Box::pin(async move {
-            let server = MockServer::start(config, SocketAddr::from(([127, 0, 0, 1], 0)))
-                .await
-                .map_err(|e| e.to_string())?;
+            let server = MockServer::start(config, SocketAddr::from(([127, 0, 0, 1], 0))).await?;
             Ok(Box::new(Running(server)) as Box<dyn RunningMock>)
         })
     }

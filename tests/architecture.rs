@@ -388,35 +388,74 @@ fn the_length_checker_measures_functions() {
     assert!(long_functions(&tests_only).is_empty());
 }
 
+/// The public signatures in `code` whose error is a bare `String`: `pub`
+/// functions, every method of a `pub trait` (its implementors and callers
+/// are outside the module), and `pub type` aliases.
+fn stringly_signatures(code: &str) -> Vec<String> {
+    let stringly = regex::Regex::new(r"Result<[^;{]*,\s*String>").unwrap();
+    let public = regex::Regex::new(r"^\s*pub (async )?fn |^\s*pub type ").unwrap();
+    let mut found = Vec::new();
+    let mut trait_end: Option<String> = None;
+    let mut lines = code.lines();
+    while let Some(line) = lines.next() {
+        if trait_end.as_deref() == Some(line) {
+            trait_end = None;
+        } else if line.trim_start().starts_with("pub trait ") && !line.ends_with('}') {
+            let indent = line.len() - line.trim_start().len();
+            trait_end = Some(format!("{}}}", &line[..indent]));
+        }
+        let in_trait_fn = trait_end.is_some() && line.trim_start().starts_with("fn ");
+        if !(public.is_match(line) || in_trait_fn) {
+            continue;
+        }
+        // A signature may span lines: read on to its body or its end.
+        let mut sig = line.trim().to_string();
+        while !sig.contains('{') && !sig.ends_with(';') {
+            let Some(next) = lines.next() else { break };
+            sig.push(' ');
+            sig.push_str(next.trim());
+        }
+        let head = sig.split('{').next().unwrap_or_default();
+        if stringly.is_match(head) {
+            found.push(head.trim().to_string());
+        }
+    }
+    found
+}
+
 #[test]
 fn every_public_error_is_a_typed_enum() {
-    let stringly =
-        regex::Regex::new(r"^\s*pub(\([a-z]+\))? (async )?fn [^;{]*Result<[^;{]*,\s*String>")
-            .unwrap();
     let mut found = Vec::new();
     for f in product_sources() {
         let text = std::fs::read_to_string(&f).unwrap();
         let code = product_code(&text).join("\n");
-        // A signature may span lines: join each `fn` up to its body.
-        for sig in code.split('{') {
-            let sig = sig
-                .split('\n')
-                .skip_while(|l| !l.contains("fn "))
-                .collect::<Vec<_>>()
-                .join(" ");
-            if stringly.is_match(&sig) && !sig.contains("pub(crate)") && !sig.contains("pub(super)")
-            {
-                found.push(format!(
-                    "{}: {}",
-                    f.strip_prefix(root()).unwrap().display(),
-                    sig.trim()
-                ));
-            }
+        for sig in stringly_signatures(&code) {
+            found.push(format!(
+                "{}: {sig}",
+                f.strip_prefix(root()).unwrap().display()
+            ));
         }
     }
     assert!(
         found.is_empty(),
-        "public functions that return a String error:\n{}",
+        "public signatures with a String error:\n{}",
         found.join("\n")
     );
+}
+
+#[test]
+fn the_error_checker_sees_functions_traits_and_aliases() {
+    let code = "pub fn a(\n    x: u8,\n) -> Result<(), String> {\n}\n\
+                pub(crate) fn b() -> Result<(), String> {\n}\n\
+                fn c() -> Result<(), String> {\n}\n\
+                pub trait T: Send {\n    fn d(&self) -> Result<Vec<u8>, String>;\n    \
+                fn e(&self) -> Result<(), E> {\n        Ok(())\n    }\n}\n\
+                fn f() -> Result<(), String> {\n}\n\
+                pub type Page<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + 'a>>;\n\
+                pub type Fine = Result<(), E>;\n";
+    let found = stringly_signatures(code);
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(found[0].starts_with("pub fn a("), "{found:?}");
+    assert!(found[1].starts_with("fn d("), "{found:?}");
+    assert!(found[2].starts_with("pub type Page"), "{found:?}");
 }

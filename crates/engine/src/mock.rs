@@ -18,9 +18,10 @@ pub trait RunningMock: Send + Sync {
     fn shutdown(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
-/// A mock provider on its way up (Err: why it could not listen).
+/// A mock provider on its way up (Err: why it could not listen, or its
+/// settings were refused, as `InvalidInput`).
 pub type Starting<'a> =
-    Pin<Box<dyn Future<Output = Result<Box<dyn RunningMock>, String>> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = std::io::Result<Box<dyn RunningMock>>> + Send + 'a>>;
 
 /// Starts a mock provider with the job's `[providers.NAME.mock]` settings.
 pub trait StartMock: Send + Sync {

@@ -2,6 +2,8 @@
 //! broken template or a missing variable stops the run before anything is
 //! sent), and estimate tokens and cost.
 
+use std::ops::ControlFlow;
+
 use serde_json::Value;
 
 use super::{EngineError, Prepared};
@@ -170,28 +172,33 @@ impl Scan {
             item_ids: Vec::with_capacity(total as usize),
             ..Scan::default()
         };
-        let mut render_error: Option<EngineError> = None;
+        // Why the visit stopped, when this visitor stopped it.
+        let mut stopped: Option<EngineError> = None;
         let mut each = |c: Candidate| {
-            let evidence: Value = serde_json::from_str(&c.evidence_json)
-                .map_err(|e| format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id))?;
+            let evidence: Value = match serde_json::from_str(&c.evidence_json) {
+                Ok(v) => v,
+                Err(e) => {
+                    let why = format!("item \"{}\": stored evidence is not JSON: {e}", c.item_id);
+                    stopped = Some(EngineError::Ledger(why));
+                    return ControlFlow::Break(());
+                }
+            };
             match first.template.render(&c.item_id, &evidence) {
                 Ok(prompt) => scan.take(first, &c.item_id, prompt, stride, counter),
                 Err(e) => {
-                    render_error = Some(EngineError::Template(e));
-                    return Err("template".into());
+                    stopped = Some(EngineError::Template(e));
+                    return ControlFlow::Break(());
                 }
             }
             scan.item_ids.push(c.item_id);
-            Ok(())
+            ControlFlow::Continue(())
         };
         ledger
             .for_each_candidate(filter, &mut each)
-            .map_err(|e| match render_error.take() {
-                Some(err) => err,
-                None => match e {
-                    CandidateError::Stopped(m) => EngineError::Ledger(m),
-                    CandidateError::Ledger(e) => EngineError::Ledger(e.to_string()),
-                },
+            .map_err(|e| match (stopped.take(), e) {
+                (Some(why), _) => why,
+                (None, e @ CandidateError::Stopped) => EngineError::Ledger(e.to_string()),
+                (None, CandidateError::Ledger(e)) => EngineError::Ledger(e.to_string()),
             })?;
         Ok(scan)
     }

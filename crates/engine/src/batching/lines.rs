@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::Batcher;
 use docket_ledger::Ledger;
 use docket_ledger::work::BatchLedger;
-use docket_providers::batch::{BatchLine, LinePage, LineSource};
+use docket_providers::batch::{BatchLine, LinePage, LineReadError, LineSource};
 
 /// The waiting lines of batch `tag`, in `custom_id` order.
 pub(super) struct LedgerLines {
@@ -34,7 +34,7 @@ impl LedgerLines {
         }
     }
 
-    fn after(&self, from: usize) -> Result<String, String> {
+    fn after(&self, from: usize) -> Result<String, LineReadError> {
         if from == 0 {
             return Ok(String::new());
         }
@@ -43,11 +43,9 @@ impl LedgerLines {
             .unwrap_or_else(|p| p.into_inner())
             .get(&from)
             .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "batch {}: line {from} read before the lines before it",
-                    self.tag
-                )
+            .ok_or_else(|| LineReadError::OutOfOrder {
+                batch: self.tag.clone(),
+                line: from,
             })
     }
 }
@@ -67,15 +65,17 @@ impl LineSource for LedgerLines {
                 let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
                 let ledger = match ledger.as_mut() {
                     Some(l) => l,
-                    None => ledger
-                        .insert(Ledger::open_read_only(&path).map_err(|e| format!("ledger: {e}"))?),
+                    None => ledger.insert(Ledger::open_read_only(&path).map_err(in_ledger)?),
                 };
                 ledger
                     .waiting_lines_after(&tag, &after, max)
-                    .map_err(|e| format!("ledger: {e}"))
+                    .map_err(in_ledger)
             })
             .await
-            .map_err(|e| format!("ledger read: {e}"))??;
+            .map_err(|e| LineReadError::Store {
+                store: "ledger read",
+                source: Box::new(e),
+            })??;
             if let Some(last) = rows.last() {
                 self.ends
                     .lock()
@@ -92,5 +92,13 @@ impl LineSource for LedgerLines {
                 })
                 .collect())
         })
+    }
+}
+
+/// A ledger error as the reason a page could not be read.
+fn in_ledger(e: docket_ledger::LedgerError) -> LineReadError {
+    LineReadError::Store {
+        store: "ledger",
+        source: Box::new(e),
     }
 }

@@ -1,6 +1,8 @@
 //! Candidates: the indeterminate items a new session may take, counted or
 //! visited in pages, leaving out what live sessions still have to answer.
 
+use std::ops::ControlFlow;
+
 use super::sessions::LIVE_HEARTBEAT_SECS;
 use crate::db::{Connection, Dialect, Value, params};
 
@@ -100,9 +102,9 @@ pub enum CandidateError {
     /// The ledger could not be read.
     #[error(transparent)]
     Ledger(#[from] crate::LedgerError),
-    /// The visitor stopped the visit, saying why.
-    #[error("{0}")]
-    Stopped(String),
+    /// The visitor stopped the visit (it keeps its own reason).
+    #[error("the visit of the candidates was stopped")]
+    Stopped,
 }
 
 impl From<crate::db::Error> for CandidateError {
@@ -115,7 +117,7 @@ impl From<crate::db::Error> for CandidateError {
 pub(crate) fn for_each_candidate(
     conn: &Connection,
     filter: CandidateFilter,
-    mut visit: impl FnMut(Candidate) -> Result<(), String>,
+    mut visit: impl FnMut(Candidate) -> ControlFlow<()>,
 ) -> Result<u64, CandidateError> {
     let cutoff = live_cutoff(conn)?;
     if conn.dialect() == Dialect::Postgres {
@@ -134,11 +136,13 @@ pub(crate) fn for_each_candidate(
     }?;
     let mut n = 0;
     while let Some(row) = rows.next()? {
-        visit(Candidate {
+        let candidate = Candidate {
             item_id: row.get(0)?,
             evidence_json: row.get(1)?,
-        })
-        .map_err(CandidateError::Stopped)?;
+        };
+        if visit(candidate).is_break() {
+            return Err(CandidateError::Stopped);
+        }
         n += 1;
     }
     Ok(n)
@@ -151,7 +155,7 @@ fn for_each_candidate_paged(
     conn: &Connection,
     filter: CandidateFilter,
     cutoff: Option<f64>,
-    mut visit: impl FnMut(Candidate) -> Result<(), String>,
+    mut visit: impl FnMut(Candidate) -> ControlFlow<()>,
 ) -> Result<u64, CandidateError> {
     const PAGE: u64 = 2_000;
     let base = filter.sql(
@@ -186,11 +190,13 @@ fn for_each_candidate_paged(
         let mut got = 0;
         while let Some(row) = rows.next()? {
             after = row.get(2)?;
-            visit(Candidate {
+            let candidate = Candidate {
                 item_id: row.get(0)?,
                 evidence_json: row.get(1)?,
-            })
-            .map_err(CandidateError::Stopped)?;
+            };
+            if visit(candidate).is_break() {
+                return Err(CandidateError::Stopped);
+            }
             got += 1;
         }
         n += got;

@@ -4,6 +4,8 @@
 //! back (the operator's controls, the counters, the work left).
 
 use crate::queue::Repair;
+use std::ops::ControlFlow;
+
 use crate::rerun::{self, Rerun, RerunError, RerunStage};
 use crate::store::{
     self, Candidate, CandidateError, CandidateFilter, Controls, NewSession, NewStage, SessionRow,
@@ -17,11 +19,12 @@ pub trait RunSessions {
     fn count_candidates(&self, filter: CandidateFilter) -> Result<u64, LedgerError>;
 
     /// Visit the items a new session would take, in import order; returns
-    /// how many. An error from `each` stops the visit and is returned.
+    /// how many. `each` breaking stops the visit with
+    /// `CandidateError::Stopped` (the visitor keeps its reason).
     fn for_each_candidate(
         &self,
         filter: CandidateFilter,
-        each: &mut dyn FnMut(Candidate) -> Result<(), String>,
+        each: &mut dyn FnMut(Candidate) -> ControlFlow<()>,
     ) -> Result<u64, CandidateError>;
 
     /// An item's evidence as stored (JSON text); None for an unknown item.
@@ -96,7 +99,7 @@ impl RunSessions for Ledger {
     fn for_each_candidate(
         &self,
         filter: CandidateFilter,
-        each: &mut dyn FnMut(Candidate) -> Result<(), String>,
+        each: &mut dyn FnMut(Candidate) -> ControlFlow<()>,
     ) -> Result<u64, CandidateError> {
         store::for_each_candidate(self.conn(), filter, each)
     }

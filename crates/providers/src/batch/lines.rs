@@ -62,7 +62,24 @@ pub trait LineSource: Send + Sync {
 }
 
 /// A page of a `LineSource`; an error says why the lines cannot be read.
-pub type LinePage<'a> = Pin<Box<dyn Future<Output = Result<Vec<BatchLine>, String>> + Send + 'a>>;
+pub type LinePage<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<BatchLine>, LineReadError>> + Send + 'a>>;
+
+/// Why a page of a batch's lines could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LineReadError {
+    /// A page asked for before the pages before it were read (a source
+    /// that reads on by key cannot start in the middle).
+    #[error("batch {batch}: line {line} read before the lines before it")]
+    OutOfOrder { batch: String, line: usize },
+    /// The store the lines are kept in (`store` names it) failed.
+    #[error("{store}: {source}")]
+    Store {
+        store: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
 
 /// Lines already in memory (tests, tools).
 impl LineSource for Vec<BatchLine> {

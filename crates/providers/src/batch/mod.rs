@@ -125,7 +125,9 @@ use std::time::Duration;
 
 use super::{ApiKey, ProviderError};
 
-pub use lines::{BatchLimits, BatchLine, LinePage, LineSlice, LineSource, SubmitSpec, Submitted};
+pub use lines::{
+    BatchLimits, BatchLine, LinePage, LineReadError, LineSlice, LineSource, SubmitSpec, Submitted,
+};
 pub use registry::{build_batch, has_batch_api};
 pub(crate) use status::verdict;
 pub use status::{
