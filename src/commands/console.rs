@@ -55,12 +55,6 @@ async fn run_console(opts: ConsoleOptions) -> Result<QuitChoice, String> {
 
 /// `docket`, `docket console`, `docket review`.
 pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<String>) -> i32 {
-    if !std::io::stdout().is_terminal_checked() {
-        eprintln!(
-            "docket: the console needs a terminal; for line output use `docket sessions`, `docket batch-results` or `docket batch-adjudicate --headless`"
-        );
-        return super::EXIT_USAGE;
-    }
     let config = ws.join(docket::config::CONFIG_FILE);
     let ledger = match docket::ledger::LedgerLocation::for_workspace(ws) {
         Ok(l) => l,
@@ -76,12 +70,38 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
         );
         return super::EXIT_USAGE;
     }
+    if let Some(id) = &session
+        && let Err(e) = known_session(&ledger, id)
+    {
+        return super::fail(e);
+    }
+    if !std::io::stdout().is_terminal_checked() {
+        eprintln!(
+            "docket: the console needs a terminal; for line output use `docket sessions`, `docket batch-results` or `docket batch-adjudicate --headless`"
+        );
+        return super::EXIT_USAGE;
+    }
     match run_console(options(ws, args, focus, session)).await {
         Ok(_) => 0,
         Err(e) => {
             super::say_error(&e);
             1
         }
+    }
+}
+
+/// `--session ID` names a session of this ledger (checked before the
+/// screen is taken, so a typo is an error, not an empty console).
+fn known_session(ledger: &docket::ledger::LedgerLocation, id: &str) -> Result<(), String> {
+    use docket::ledger::work::RunSessions;
+    if !ledger.exists() {
+        return Err(docket::ids::unknown_session(id));
+    }
+    let l = docket::ledger::Ledger::open_read_only(ledger.clone()).map_err(|e| e.to_string())?;
+    match l.load_session(id) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(docket::ids::unknown_session(id)),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -1,9 +1,11 @@
 //! Reading results out of the ledger: `workers`, `batch-results`,
 //! `sessions` and `export`.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use docket::ledger::console::ConsoleReads;
+use docket::ledger::work::RunSessions;
 use docket::report;
 
 use super::data_out;
@@ -14,12 +16,18 @@ use crate::cli::{ExportFormat, ExportWhat, FormatArg};
 pub(super) fn workers(ws: &Path, session: &str, format: FormatArg) -> i32 {
     with_ledger_reading(ws, |l| {
         let rows = l.workers(session).map_err(|e| e.to_string())?;
+        if rows.is_empty()
+            && l.load_session(session)
+                .map_err(|e| e.to_string())?
+                .is_none()
+        {
+            return Err(docket::ids::unknown_session(session));
+        }
         let out = match format {
             FormatArg::Json => workers_json(&rows),
             FormatArg::Table | FormatArg::Csv => workers_table(session, &rows),
         };
-        print!("{out}");
-        Ok(())
+        quiet_when_unread(data_out().write_all(out.as_bytes()).map_err(Into::into))
     })
 }
 
@@ -31,7 +39,7 @@ pub(super) fn batch_results(ws: &Path, session: &str, format: FormatArg) -> i32 
             FormatArg::Csv => report::OutputFormat::Csv,
             FormatArg::Json => report::OutputFormat::Json,
         };
-        report::write_results(l, session, f, &mut data_out()).map_err(|e| e.to_string())
+        quiet_when_unread(report::write_results(l, session, f, &mut data_out()))
     })
 }
 
@@ -42,7 +50,7 @@ pub(super) fn sessions(ws: &Path, format: FormatArg) -> i32 {
             FormatArg::Table | FormatArg::Csv => report::OutputFormat::Table,
             FormatArg::Json => report::OutputFormat::Json,
         };
-        report::write_sessions(l, f, &mut data_out()).map_err(|e| e.to_string())
+        quiet_when_unread(report::write_sessions(l, f, &mut data_out()))
     })
 }
 
@@ -81,12 +89,17 @@ pub(super) fn export(
             println!("Exported {n} rows to {}", p.display());
             Ok(())
         }
-        None => match report::export_in(l, &opts, ws, &mut data_out()) {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_broken_pipe() => Ok(()),
-            Err(e) => Err(e.to_string()),
-        },
+        None => quiet_when_unread(report::export_in(l, &opts, ws, &mut data_out()).map(drop)),
     })
+}
+
+/// A report's outcome, where a reader that went away (`docket sessions |
+/// head`) is no error: the output it wanted was written.
+fn quiet_when_unread(r: Result<(), report::ReportError>) -> Result<(), String> {
+    match r {
+        Err(e) if e.is_broken_pipe() => Ok(()),
+        r => r.map_err(|e| e.to_string()),
+    }
 }
 
 /// `docket workers SESSION` as a table; ids and hosts made safe for a

@@ -21,12 +21,10 @@ pub(crate) fn resume_session(
         let Some(s) = ledger.load_session(id)? else {
             let hint = ledger
                 .latest_session()?
-                .map(|l| format!(" (newest: {l})"))
+                .map(|l| format!(" (the newest is {l})"))
                 .unwrap_or_default();
-            return Err(EngineError::Usage(format!(
-                "no session {id} in {}{hint}; list them with `docket sessions`",
-                p.ledger
-            )));
+            let unknown = docket_model::ids::unknown_session(id);
+            return Err(EngineError::Usage(format!("{unknown}{hint}")));
         };
         check_resumable(p, id, opts, &s)?;
         check_same_job(p, &s)?;

@@ -24,3 +24,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     }
     s
 }
+
+/// How every command says that a session id is not in the ledger (resume,
+/// the controls, the reports, the console): one wording, one way out.
+pub fn unknown_session(id: &str) -> String {
+    format!("unknown session {id:?}; list the sessions in this ledger with `docket sessions`")
+}

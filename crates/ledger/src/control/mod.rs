@@ -52,7 +52,7 @@ impl std::fmt::Display for Desired {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("no session {0} in this ledger")]
+    #[error("{}", docket_model::ids::unknown_session(.0))]
     NoSession(String),
     #[error("session {0} is completed; there is nothing left to control")]
     Completed(String),

@@ -49,7 +49,7 @@ impl fmt::Display for OutputFormat {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("unknown session {0:?}; list the sessions in this ledger with `docket sessions`")]
+    #[error("{}", docket_model::ids::unknown_session(.0))]
     UnknownSession(String),
     #[error("reading the ledger failed: {0}")]
     Ledger(#[from] LedgerError),

@@ -22,6 +22,9 @@
 
 use super::material::{Material, VerdictChoice};
 use crate::json::Json;
+use ids::{IdTuple, is_id_like};
+
+mod ids;
 
 const MAX_DEPTH: usize = 24;
 /// Most values generated per answer: a schema with several recursive or large
@@ -35,6 +38,7 @@ pub(crate) fn generate(schema: &Json, m: &mut Material<'_>, drop_required: bool)
         root: schema,
         m,
         budget: MAX_VALUES,
+        ids: None,
     };
     let mut value = g.value(schema, None, 0);
     let optional = optional_properties(schema);
@@ -125,6 +129,9 @@ struct Gen<'s, 'm, 'p> {
     root: &'s Json,
     m: &'m mut Material<'p>,
     budget: usize,
+    /// The id fields of the object being generated, answered as one
+    /// candidate's ids (see `IdTuple`).
+    ids: Option<IdTuple>,
 }
 
 fn is_null_schema(s: &Json) -> bool {
@@ -262,6 +269,17 @@ impl<'s> Gen<'s, '_, '_> {
         let Some(Json::Obj(props)) = s.get("properties") else {
             return Json::Obj(Vec::new());
         };
+        let width = props
+            .iter()
+            .filter(|(k, v)| {
+                is_id_like(k) && v.get("type").and_then(Json::as_str) == Some("string")
+            })
+            .count();
+        let outer = self.ids.replace(IdTuple {
+            width,
+            start: None,
+            next: 0,
+        });
         let pairs = props
             .iter()
             .map(|(k, v)| {
@@ -272,6 +290,7 @@ impl<'s> Gen<'s, '_, '_> {
                 (k.clone(), value)
             })
             .collect();
+        self.ids = outer;
         Json::Obj(pairs)
     }
 
@@ -373,12 +392,8 @@ impl<'s> Gen<'s, '_, '_> {
 
     fn string(&mut self, s: &'s Json, name: Option<&str>) -> Json {
         let lname = name.unwrap_or("").to_ascii_lowercase();
-        let id_like =
-            lname.ends_with("_id") || lname.ends_with("_mbid") || lname == "id" || lname == "mbid";
-        let mut out = if id_like && !self.m.uuids().is_empty() {
-            let n = self.m.uuids().len();
-            let i = self.m.rng.below(n);
-            self.m.uuids()[i].to_string()
+        let mut out = if is_id_like(&lname) && !self.m.uuids().is_empty() {
+            self.prompt_id()
         } else if ["rationale", "reason", "explanation", "justification"]
             .iter()
             .any(|k| lname.contains(k))
@@ -393,7 +408,7 @@ impl<'s> Gen<'s, '_, '_> {
             self.m.label()
         } else if let Some(formatted) = self.formatted(s.get("format").and_then(Json::as_str)) {
             formatted
-        } else if id_like {
+        } else if is_id_like(&lname) {
             format!("id-{:08x}", self.m.rng.next_u64() as u32)
         } else {
             self.short_word()

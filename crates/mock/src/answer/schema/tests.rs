@@ -72,3 +72,51 @@ fn wrong_schema_drops_a_required_field_or_breaks_the_type() {
     let no_required = r#"{"type":"object","properties":{"a":{"type":"boolean"}}}"#;
     assert_eq!(run(no_required, true, 0), serde_json::json!([]));
 }
+
+/// The demo's answers name one candidate's release group and recording
+/// together: ids come from the same candidate, in schema order.
+#[test]
+fn id_fields_take_one_candidates_ids() {
+    let ids = [
+        (
+            "e23bc1ec-a8c7-46a6-acea-a8c60ddc65f1",
+            "a3020925-6e35-49fb-a417-a2d8d9ed086c",
+        ),
+        (
+            "22b69d66-7e5a-4805-ad00-a3f57027bcb1",
+            "053242a9-719d-4a48-ab4f-4910fa60671f",
+        ),
+        (
+            "39327b06-4110-40cf-abfc-917b69eee67a",
+            "2228e00b-7d66-4b74-af69-d68956ca1f3f",
+        ),
+    ];
+    let schema: Json = serde_json::from_str(
+        r#"{"type":"object","properties":{"crg_mbid":{"type":"string"},"rr_mbid":{"type":"string"}}}"#,
+    )
+    .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..60 {
+        let mut content = format!("case {k}\n");
+        for (crg, rr) in ids {
+            content.push_str(&format!("  - {crg}: \"t\"\n    recording {rr}: \"r\"\n"));
+        }
+        let body =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": content}]});
+        let req: ChatRequest = serde_json::from_value(body).expect("request");
+        let prompt = Prompt::from_request(&req).expect("valid");
+        let (_, seed) = prompt.hashes();
+        let mut m = Material::new(&prompt, seed);
+        let v: serde_json::Value = serde_json::from_str(&generate(&schema, &mut m, false)).unwrap();
+        let pair = (
+            v["crg_mbid"].as_str().unwrap(),
+            v["rr_mbid"].as_str().unwrap(),
+        );
+        assert!(
+            ids.contains(&pair),
+            "{pair:?} is not one candidate's"
+        );
+        seen.insert(pair.0.to_string());
+    }
+    assert_eq!(seen.len(), ids.len(), "every candidate is chosen sometimes");
+}
