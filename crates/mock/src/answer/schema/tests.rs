@@ -112,10 +112,7 @@ fn id_fields_take_one_candidates_ids() {
             v["crg_mbid"].as_str().unwrap(),
             v["rr_mbid"].as_str().unwrap(),
         );
-        assert!(
-            ids.contains(&pair),
-            "{pair:?} is not one candidate's"
-        );
+        assert!(ids.contains(&pair), "{pair:?} is not one candidate's");
         seen.insert(pair.0.to_string());
     }
     assert_eq!(seen.len(), ids.len(), "every candidate is chosen sometimes");

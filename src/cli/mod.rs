@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod examples;
+
 /// The exit codes, for `--help` (the README's list).
 const EXIT_CODES: &str = "Exit codes:
   0    done (a session completed with every item accepted, in review or rejected)
@@ -69,16 +71,20 @@ pub struct ConsoleArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Demo workspace + built-in mock provider + a live run in the console. No key, no network.
+    #[command(after_help = examples::DEMO)]
     Demo(DemoArgs),
     /// The console on the workspace: live view of any running session (also plain `docket`).
+    #[command(after_help = examples::CONSOLE)]
     Console {
         /// Watch this session (default: the newest).
         #[arg(long)]
         session: Option<String>,
     },
     /// The console opened on the review queue.
+    #[command(after_help = examples::REVIEW)]
     Review,
     /// Write a working workspace (docket.toml, prompt, schema, sample items).
+    #[command(after_help = examples::INIT)]
     Init {
         /// Folder to create it in (default: the workspace, else the current folder).
         dir: Option<PathBuf>,
@@ -97,7 +103,10 @@ pub enum Command {
     /// Bad rows are reported as FILE:LINE: reason and skipped; the good rows
     /// are imported, and the exit code is 2 when any row was bad. With
     /// --strict nothing is imported when any row is bad.
+    #[command(after_help = examples::IMPORT)]
     Import {
+        /// The items: a .jsonl file (one JSON object per line) or a .csv
+        /// file with a header row; each row's fields are its evidence.
         file: PathBuf,
         /// The field (JSONL) or column (CSV) holding the item id.
         #[arg(long, default_value = "id")]
@@ -110,35 +119,41 @@ pub enum Command {
         format: Option<ImportFormatArg>,
     },
     /// Adjudicate every indeterminate item: render, send, gate, route, record.
-    #[command(visible_alias = "run")]
+    #[command(visible_alias = "run", after_help = examples::RUN)]
     BatchAdjudicate(RunArgs),
     /// Join a running or paused session as one more worker (from any
     /// terminal on a machine that sees the ledger): it claims items from the
     /// ledger, shares the provider's limits with the other workers, obeys
     /// pause / stop-at-stage / cancel, and exits 0 once the session's work
     /// is done.
+    #[command(after_help = examples::WORKER)]
     Worker(WorkerArgs),
     /// The workers of a session: id, host, claims held, requests sent and
     /// per second, orphaned answers, last heartbeat, alive or gone.
+    #[command(after_help = examples::WORKERS)]
     Workers {
+        /// The session's id (`docket sessions` lists them).
         session: String,
         #[arg(long, value_enum, default_value_t = FormatArg::Table)]
         format: FormatArg,
     },
     /// A session's results.
-    #[command(visible_alias = "results")]
+    #[command(visible_alias = "results", after_help = examples::RESULTS)]
     BatchResults {
+        /// The session's id (`docket sessions` lists them).
         session: String,
         #[arg(long, value_enum, default_value_t = FormatArg::Table)]
         format: FormatArg,
     },
     /// List sessions with state and counters.
+    #[command(after_help = examples::SESSIONS)]
     Sessions {
         #[arg(long, value_enum, default_value_t = FormatArg::Table)]
         format: FormatArg,
     },
     /// Export decisions, results, requests or a session's items as CSV, JSONL
     /// or Parquet (stable snake_case columns; see the README's Exports).
+    #[command(after_help = examples::EXPORT)]
     Export {
         /// Only this session (required for items).
         #[arg(long)]
@@ -155,13 +170,29 @@ pub enum Command {
         output: Option<PathBuf>,
     },
     /// Ask a running session to pause (in-flight requests finish).
-    Pause { session: String },
+    #[command(after_help = examples::PAUSE)]
+    Pause {
+        /// The session's id (`docket sessions` lists them).
+        session: String,
+    },
     /// Ask a paused session to continue.
-    Resume { session: String },
+    #[command(after_help = examples::RESUME)]
+    Resume {
+        /// The session's id (`docket sessions` lists them).
+        session: String,
+    },
     /// Ask a running session to stop; it stays resumable.
-    Cancel { session: String },
+    #[command(after_help = examples::CANCEL)]
+    Cancel {
+        /// The session's id (`docket sessions` lists them).
+        session: String,
+    },
     /// Ask a running session to finish its current stage, then stop.
-    StopAtStage { session: String },
+    #[command(after_help = examples::STOP_AT_STAGE)]
+    StopAtStage {
+        /// The session's id (`docket sessions` lists them).
+        session: String,
+    },
     /// The workspace's ledger itself: `copy` moves it between the SQLite
     /// file and a PostgreSQL database.
     Ledger {
@@ -169,6 +200,7 @@ pub enum Command {
         action: LedgerAction,
     },
     /// Serve the built-in mock provider on 127.0.0.1 (OpenAI wire format).
+    #[command(after_help = examples::MOCK_PROVIDER)]
     MockProvider {
         #[arg(long, default_value_t = 8089)]
         port: u16,
@@ -184,6 +216,7 @@ pub enum LedgerAction {
     /// (--from): every item, session, request, attempt, result, review and
     /// event, in one transaction. The password comes from the URL or
     /// PGPASSWORD and is never printed.
+    #[command(after_help = examples::LEDGER_COPY)]
     Copy {
         /// postgres://user[:password]@host[:port]/database
         #[arg(
@@ -334,3 +367,6 @@ pub enum ImportFormatArg {
     Jsonl,
     Csv,
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,74 @@
+//! The "Examples:" block under each command's `--help`: the commands a
+//! new user would type, with a session id shaped like the ones docket makes.
+
+pub const DEMO: &str = "Examples:
+  docket demo                        the demo in the console (q quits)
+  docket demo --headless --items 50  line output, 50 items
+  docket demo --keep                 watch the last demo's ledger again";
+
+pub const CONSOLE: &str = "Examples:
+  docket                                         the console on this workspace
+  docket console --session batch_20261126_b7rj84
+  docket console --read-only                     watch only: no decisions, no controls";
+
+pub const REVIEW: &str = "Examples:
+  docket review
+  docket review --workspace ~/jobs/charts";
+
+pub const INIT: &str = "Examples:
+  docket init charts                 a one-stage job in ./charts
+  docket init --example critic pair  adjudicate, then a critic stage
+  docket init --force                rewrite the scaffold files here";
+
+pub const IMPORT: &str = "Examples:
+  docket import items.jsonl
+  docket import chart_rows.csv --id-field chart_id
+  docket import dump.txt --format jsonl --strict   all rows or none";
+
+pub const RUN: &str = "Examples:
+  docket batch-adjudicate --dry-run                 counts, cost estimate, first prompt
+  docket batch-adjudicate --yes --max-cost 5        stop (resumable) before $5 is spent
+  docket batch-adjudicate --headless --limit 100    line output, 100 items
+  docket batch-adjudicate --resume batch_20261126_b7rj84";
+
+pub const WORKER: &str = "Examples:
+  docket worker --session batch_20261126_b7rj84
+  docket worker --session batch_20261126_b7rj84 --ledger postgres://docket@db/charts";
+
+pub const WORKERS: &str = "Examples:
+  docket workers batch_20261126_b7rj84
+  docket workers batch_20261126_b7rj84 --format json";
+
+pub const RESULTS: &str = "Examples:
+  docket batch-results batch_20261126_b7rj84
+  docket batch-results batch_20261126_b7rj84 --format csv > results.csv";
+
+pub const SESSIONS: &str = "Examples:
+  docket sessions
+  docket sessions --format json | jq '.[0].session_id'";
+
+pub const EXPORT: &str = "Examples:
+  docket export > results.csv
+  docket export --what decisions --format jsonl -o decisions.jsonl
+  docket export --what items --session batch_20261126_b7rj84 --format parquet -o items.parquet";
+
+pub const PAUSE: &str = "Examples:
+  docket pause batch_20261126_b7rj84     (docket resume ID continues it)";
+
+pub const RESUME: &str = "Examples:
+  docket resume batch_20261126_b7rj84
+  (a session no process works on any more: docket batch-adjudicate --resume ID)";
+
+pub const CANCEL: &str = "Examples:
+  docket cancel batch_20261126_b7rj84";
+
+pub const STOP_AT_STAGE: &str = "Examples:
+  docket stop-at-stage batch_20261126_b7rj84";
+
+pub const LEDGER_COPY: &str = "Examples:
+  PGPASSWORD=... docket ledger copy --to postgres://docket@db.internal/charts
+  PGPASSWORD=... docket ledger copy --from postgres://docket@db.internal/charts";
+
+pub const MOCK_PROVIDER: &str = "Examples:
+  docket mock-provider --port 8089
+  docket mock-provider --latency-median-ms 200 --rpm-limit 600 --fail-500 0.02";
