@@ -102,6 +102,9 @@ const JUDGE_GYM_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+mod provider;
+pub use provider::{RealProvider, point_at};
+
 /// Sample items written by `docket init`.
 pub const SAMPLE_ITEMS: &str = "items/sample.jsonl";
 const SAMPLE_COUNT: usize = 50;
@@ -129,6 +132,17 @@ pub fn init_example(
     force: bool,
     example: Option<Example>,
 ) -> Result<Vec<PathBuf>, WorkspaceError> {
+    init_for(dir, force, example, None)
+}
+
+/// `init_example`, its job pointed at a real provider instead of the mock
+/// when `provider` is given.
+pub fn init_for(
+    dir: &Path,
+    force: bool,
+    example: Option<Example>,
+    provider: Option<RealProvider>,
+) -> Result<Vec<PathBuf>, WorkspaceError> {
     let files = match example {
         None => TEMPLATE_FILES,
         Some(Example::Critic) => CRITIC_FILES,
@@ -147,7 +161,11 @@ pub fn init_example(
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(io(parent))?;
         }
-        std::fs::write(&path, body).map_err(io(&path))?;
+        let body = match provider {
+            Some(p) if *rel == "docket.toml" => std::borrow::Cow::Owned(point_at(body, p)),
+            _ => std::borrow::Cow::Borrowed(*body),
+        };
+        std::fs::write(&path, body.as_bytes()).map_err(io(&path))?;
         written.push(path);
     }
     let items = dir.join(SAMPLE_ITEMS);
@@ -208,5 +226,34 @@ mod tests {
             Err(WorkspaceError::Exists(_))
         ));
         assert!(init(d.path(), true).is_ok());
+    }
+
+    /// `--provider`: every scaffold loads with the provider's kind, model
+    /// and key variable, and without the mock's settings.
+    #[test]
+    fn init_for_a_real_provider_writes_a_loadable_job_without_the_mock() {
+        use crate::config::ProviderKind;
+        for example in [None, Some(Example::Critic), Some(Example::JudgeGym)] {
+            for p in [
+                RealProvider::Openai,
+                RealProvider::Anthropic,
+                RealProvider::Gemini,
+                RealProvider::Openrouter,
+                RealProvider::Ollama,
+            ] {
+                let d = tempfile::tempdir().unwrap();
+                init_for(d.path(), false, example, Some(p)).unwrap();
+                let toml = d.path().join("docket.toml");
+                let text = std::fs::read_to_string(&toml).unwrap();
+                assert!(!text.contains(".mock]"), "{p:?} {example:?}:\n{text}");
+                let cfg = crate::config::LoadedConfig::load(&toml)
+                    .unwrap_or_else(|e| panic!("{p:?} {example:?}: {e}\n{text}"));
+                let main = &cfg.config.providers["main"];
+                assert_ne!(main.kind, ProviderKind::Mock, "{p:?}");
+                assert_eq!(main.kind.as_str(), p.kind());
+                assert_eq!(main.model, p.model());
+                assert_eq!(main.api_key_env.as_deref(), p.key_env(), "{p:?}");
+            }
+        }
     }
 }

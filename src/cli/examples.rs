@@ -18,6 +18,7 @@ pub const REVIEW: &str = "Examples:
 pub const INIT: &str = "Examples:
   docket init charts                 a one-stage job in ./charts
   docket init --example critic pair  adjudicate, then a critic stage
+  docket init myjob --provider openai   OpenAI instead of the mock (key in OPENAI_API_KEY)
   docket init --force                rewrite the scaffold files here";
 
 pub const IMPORT: &str = "Examples:

@@ -96,6 +96,11 @@ pub enum Command {
         /// rubric_critic, score_gen, score_critic).
         #[arg(long, value_enum)]
         example: Option<ExampleArg>,
+        /// Point the job at a real provider instead of the built-in mock:
+        /// its kind, a small model and the name of the environment variable
+        /// its key is read from (the key itself is never written).
+        #[arg(long, value_enum, value_name = "KIND")]
+        provider: Option<ProviderArg>,
     },
     /// Load JSONL or CSV items as undecided (indeterminate) decisions.
     ///
@@ -338,6 +343,15 @@ pub struct DemoArgs {
 pub enum ExampleArg {
     Critic,
     JudgeGym,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProviderArg {
+    Openai,
+    Anthropic,
+    Gemini,
+    Openrouter,
+    Ollama,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -44,7 +44,8 @@ pub async fn run(cli: Cli) -> i32 {
             dir,
             force,
             example,
-        } => setup::init(dir.as_deref().unwrap_or(&ws), force, example),
+            provider,
+        } => setup::init(dir.as_deref().unwrap_or(&ws), force, example, provider),
         Command::Import {
             file,
             id_field,

@@ -9,12 +9,26 @@ use docket::ledger::{LEDGER_FILE, Ledger, LedgerLocation};
 use super::{EXIT_USAGE, fail};
 use crate::cli::{ConsoleArgs, DemoArgs, ImportFormatArg, RunArgs};
 
-pub(super) fn init(dir: &Path, force: bool, example: Option<crate::cli::ExampleArg>) -> i32 {
+pub(super) fn init(
+    dir: &Path,
+    force: bool,
+    example: Option<crate::cli::ExampleArg>,
+    provider: Option<crate::cli::ProviderArg>,
+) -> i32 {
+    use crate::cli::ProviderArg;
+    use docket::workspace::RealProvider;
     let example = example.map(|e| match e {
         crate::cli::ExampleArg::Critic => docket::workspace::Example::Critic,
         crate::cli::ExampleArg::JudgeGym => docket::workspace::Example::JudgeGym,
     });
-    match docket::workspace::init_example(dir, force, example) {
+    let provider = provider.map(|p| match p {
+        ProviderArg::Openai => RealProvider::Openai,
+        ProviderArg::Anthropic => RealProvider::Anthropic,
+        ProviderArg::Gemini => RealProvider::Gemini,
+        ProviderArg::Openrouter => RealProvider::Openrouter,
+        ProviderArg::Ollama => RealProvider::Ollama,
+    });
+    match docket::workspace::init_for(dir, force, example, provider) {
         Ok(files) => {
             println!("Initialized a docket workspace in {}:", dir.display());
             for f in files {
@@ -22,6 +36,11 @@ pub(super) fn init(dir: &Path, force: bool, example: Option<crate::cli::ExampleA
             }
             println!();
             println!("Next:");
+            if let Some(env) = provider.and_then(RealProvider::key_env) {
+                println!(
+                    "  export {env}=...   # your key: docket reads it from the environment only"
+                );
+            }
             println!(
                 "  docket --workspace {} import {}",
                 dir.display(),
