@@ -467,3 +467,55 @@ fn console_batches_overlay_then_cancel_cancels_the_batch() {
     let (code, text) = pane.wait_exit(WAIT);
     assert_eq!(code, 130, "{text}");
 }
+
+/// While the provider works on a batch, the overlay shows the provider's own
+/// count of the requests it has finished (the mock answers the 50 lines
+/// evenly over 15 s) and how long ago that count last moved, not `0/50`
+/// until the batch ends; the ledger keeps when the counts moved.
+#[test]
+fn console_batches_overlay_shows_the_providers_progress() {
+    let mock = Mock::start();
+    let home = Home::new(&mock);
+    let pane = Pane::start(
+        "progress",
+        &home.command_line("batch-adjudicate --yes"),
+        120,
+        40,
+    );
+    let batch = wait_running_batch(&home, &pane);
+    let sid = batch.session_id.clone();
+    pane.wait("the console on the session", WAIT, |s| {
+        s.lines().next().is_some_and(|h| h.contains(&sid))
+    });
+    pane.keys(&["b"]);
+    let row = poll("the provider's progress in the overlay", WAIT, || {
+        let s = pane.text();
+        let row = s
+            .lines()
+            .find(|l| l.contains("▶ in_progress"))
+            .map(str::to_string);
+        let done = row.as_deref().and_then(|r| {
+            r.split_whitespace()
+                .find_map(|w| w.strip_suffix("/50"))
+                .and_then(|n| n.parse::<u64>().ok())
+        });
+        match (row, done) {
+            (Some(r), Some(n)) if n > 0 && n < 50 && r.contains("s ago") => Ok(r),
+            _ => Err(format!("no batch part done yet:\n{s}")),
+        }
+    });
+    assert_eq!(mock.stat("batches_created"), 1, "{row}");
+    let conn = Connection::open(home.ledger()).unwrap();
+    let (completed, changed, submitted): (i64, Option<f64>, Option<f64>) = conn
+        .query_row(
+            "SELECT completed_count, counts_changed_at, submitted_at FROM provider_batch",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert!(completed > 0, "the provider's count in the ledger");
+    assert!(
+        changed.zip(submitted).is_some_and(|(c, s)| c > s),
+        "counts_changed_at {changed:?} after submission {submitted:?}"
+    );
+}

@@ -788,6 +788,21 @@ fn batches() -> (Vec<ProviderBatchRow>, ProviderBatchSummary) {
         None,
     );
     failed.error_message = Some(HOSTILE_BATCH_ERROR.into());
+    // In progress: the provider has finished 117 of 300 (3 of them failed),
+    // nothing read back yet, and the counts last moved 4 s ago.
+    let mut running = batch(
+        6,
+        "openai-main",
+        "in_progress",
+        Some("batch_6f1e2d3c4b5a69788796a5b4c3d2e1f0"),
+        (0, 300, 0),
+        720.0,
+        Some(12.0),
+    );
+    running.completed_count = 114;
+    running.failed_count = 3;
+    running.submitted_at = Some(NOW - 700.0);
+    running.counts_changed_at = Some(NOW - 4.0);
     let mut cancelling = batch(
         3,
         "anthropic",
@@ -810,15 +825,7 @@ fn batches() -> (Vec<ProviderBatchRow>, ProviderBatchSummary) {
             45.0,
             None,
         ),
-        batch(
-            6,
-            "openai-main",
-            "in_progress",
-            Some("batch_6f1e2d3c4b5a69788796a5b4c3d2e1f0"),
-            (0, 300, 0),
-            720.0,
-            Some(12.0),
-        ),
+        running,
         unknown,
         failed,
         cancelling,
@@ -1012,7 +1019,7 @@ fn odd_batch_rows_draw_without_panicking() {
         let text = screen_text(buf);
         assert!(text.contains("· mystery_st…"), "{text}");
         assert!(
-            text.contains("0/0      0     ?  due"),
+            text.contains("0/0      0     ?        —  due"),
             "no age from NaN: {text}"
         );
         assert!(text.contains("id id ·"), "sanitized id: {text}");

@@ -48,6 +48,9 @@ pub(crate) fn apply(conn: &Connection, op: &BatchOp, now: f64) -> crate::db::Res
                      last_polled_at = CASE WHEN ?9 THEN ?11 ELSE last_polled_at END,
                      poll_count = poll_count + CASE WHEN ?9 THEN 1 ELSE 0 END,
                      ended_at = CASE WHEN ?10 THEN COALESCE(ended_at, ?11) ELSE ended_at END,
+                     counts_changed_at = CASE
+                         WHEN completed_count != ?3 OR failed_count != ?4 THEN ?11
+                         ELSE counts_changed_at END,
                      updated_at = ?11
                  WHERE tag = ?1 AND state != 'ingested'",
             )?

@@ -8,7 +8,7 @@
 use crate::db::{Connection, Row, params};
 
 use super::columns::{count, real, signed, text};
-use super::schema::has_table;
+use super::schema::{has_column, has_table};
 use crate::watch::{ProviderBatchRow, ProviderBatchSummary, state_rank};
 use docket_model::sanitize::for_terminal;
 
@@ -27,14 +27,20 @@ pub(super) fn provider_batches(
         return Ok(Vec::new());
     }
     let lim = i64::try_from(limit).unwrap_or(i64::MAX);
-    let mut stmt = conn.prepare_cached(
+    // A ledger opened read-only may predate the column (migration 9).
+    let changed = if has_column(conn, TABLE, "counts_changed_at")? {
+        "counts_changed_at"
+    } else {
+        "NULL"
+    };
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT batch_id, tag, stage, provider, provider_kind, model, state, provider_batch_id,
                 request_count, completed_count, failed_count, ingested_count, quarantined_count,
                 poll_count, error_message, cancel_requested_at, created_at, submitted_at, ended_at,
-                last_polled_at, next_poll_at
+                last_polled_at, next_poll_at, {changed}
          FROM provider_batch WHERE session_id = ?1
-         ORDER BY state = 'ingested', created_at DESC, batch_id DESC LIMIT ?2",
-    )?;
+         ORDER BY state = 'ingested', created_at DESC, batch_id DESC LIMIT ?2"
+    ))?;
     let rows = stmt.query_map(params![session_id, lim], |r| {
         Ok(ProviderBatchRow {
             batch_id: signed(r, 0)?,
@@ -58,6 +64,7 @@ pub(super) fn provider_batches(
             ended_at: real(r, 18)?,
             last_polled_at: real(r, 19)?,
             next_poll_at: real(r, 20)?,
+            counts_changed_at: real(r, 21)?,
         })
     })?;
     rows.collect()

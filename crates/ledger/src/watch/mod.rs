@@ -131,6 +131,9 @@ pub struct ProviderBatchRow {
     pub ended_at: Option<f64>,
     pub last_polled_at: Option<f64>,
     pub next_poll_at: Option<f64>,
+    /// When the provider's counts last moved (None: not since submission,
+    /// or a ledger from before this was kept).
+    pub counts_changed_at: Option<f64>,
 }
 
 /// Every provider batch of a session, counted.

@@ -47,6 +47,28 @@ fn stall_window(app: &App, stage: &str) -> Option<std::time::Duration> {
     (secs.is_finite() && secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs))
 }
 
+/// Lines done: while the provider works on the batch, its own count of the
+/// requests it finished (completed or failed), so progress shows before the
+/// results come; once they are read into the ledger, the lines applied.
+fn done_lines(b: &ProviderBatchRow) -> u64 {
+    match b.state.as_str() {
+        "ingested" => b.ingested_count,
+        _ => (b.completed_count + b.failed_count).max(b.ingested_count),
+    }
+}
+
+/// How long ago the provider's counts last moved (`12s ago`), for a batch
+/// still at the provider; `—` once it has ended or before its first count.
+fn moved(b: &ProviderBatchRow, now: f64) -> String {
+    if is_terminal_state(&b.state) {
+        return "—".into();
+    }
+    match b.counts_changed_at.or(b.submitted_at) {
+        Some(at) if at.is_finite() => format!("{} ago", human_secs((now - at).max(0.0))),
+        _ => "—".into(),
+    }
+}
+
 /// `in 12s`, `due`, or `—` when nothing will be polled.
 fn next_poll(b: &ProviderBatchRow, now: f64) -> String {
     match b.next_poll_at {
@@ -118,8 +140,8 @@ fn header_lines<'a>(app: &App, inner: usize, theme: Theme) -> Vec<Line<'a>> {
         lines.push(Line::from(""));
         lines.push(Line::from(styled(
             format!(
-                "{:<14} {:<13} {:>13} {:>6} {:>5}  {}",
-                "provider", "state", "ingested/all", "failed", "age", "next poll"
+                "{:<14} {:<13} {:>13} {:>6} {:>5} {:>8}  {}",
+                "provider", "state", "done/all", "failed", "age", "moved", "next poll"
             ),
             theme.dim(),
         )));
@@ -141,10 +163,11 @@ fn batch_lines<'a>(b: &ProviderBatchRow, inner: usize, now: f64, theme: Theme) -
         ),
         batch_state(&b.state, theme),
         Span::raw(format!(
-            " {:>13} {:>6} {:>5}  {}",
-            format!("{}/{}", b.ingested_count, b.request_count),
+            " {:>13} {:>6} {:>5} {:>8}  {}",
+            format!("{}/{}", done_lines(b), b.request_count),
             b.failed_count,
             age,
+            moved(b, now),
             next_poll(b, now)
         )),
     ];
