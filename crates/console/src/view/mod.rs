@@ -6,6 +6,7 @@ mod lists;
 mod overlays;
 mod panes;
 mod workers;
+mod wrap;
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -32,10 +33,12 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
         draw_too_small(frame, area, theme);
         return;
     }
+    let footer_lines = footer::footer_lines(app, area.width, footer::max_rows(area.height), theme);
+    let footer_rows = u16::try_from(footer_lines.len()).unwrap_or(1);
     let [header, body, footer_area] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(10),
-        Constraint::Length(1),
+        Constraint::Length(footer_rows),
     ])
     .areas(area);
     panes::draw_header(frame, header, app, theme);
@@ -43,11 +46,14 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
         Overlay::Detail { scroll } => overlays::draw_detail(frame, body, app, *scroll, theme),
         _ => draw_dashboard(frame, body, app, theme),
     }
-    footer::draw_footer(frame, footer_area, app, theme);
+    footer::draw_footer(frame, footer_area, footer_lines);
     match &app.overlay {
         Overlay::Help { scroll } => overlays::draw_help(frame, body, app, *scroll, theme),
         Overlay::Batches { scroll } => overlays::draw_batches(frame, body, app, *scroll, theme),
         Overlay::Workers { scroll } => workers::draw_workers(frame, body, app, *scroll, theme),
+        Overlay::Event { event, scroll } => {
+            overlays::draw_event(frame, body, app, event, *scroll, theme)
+        }
         Overlay::Dialog(d) => overlays::draw_dialog(frame, body, app, d, theme),
         _ => {}
     }
