@@ -1673,3 +1673,33 @@ fn one_undo_takes_back_a_bulk_reject_and_the_cursor_returns() {
     let s = pane.wait_for("EXIT=", WAIT);
     assert!(s.contains("EXIT=0"), "{s}");
 }
+
+/// Quitting a live run with `p` (pause it) ends with why it paused and how
+/// to resume it, and says nothing of --max-cost: the budget did not stop it.
+#[test]
+fn an_operator_pause_says_how_to_resume_not_to_raise_max_cost() {
+    let home = Home::new();
+    let cmd = format!(
+        "{} {} demo --items 4000",
+        home.env_prefix("alice", &[]),
+        sh_quote(support::procs::bin())
+    );
+    let pane = Pane::start("pause-hint", &cmd, 120, 40);
+    pane.wait("the demo running", Duration::from_secs(40), |s| {
+        header(s).contains("▶ RUNNING") && accepted_on_screen(s).is_some()
+    });
+    pane.keys(&["q"]);
+    pane.wait_for("Quit while the run is live?", WAIT);
+    pane.keys(&["p"]);
+    let s = pane.wait_text("the run's end", Duration::from_secs(30), |s| {
+        s.contains("EXIT=")
+    });
+    assert!(s.contains("EXIT=4"), "paused is exit 4: {s}");
+    assert!(s.contains("Paused: paused by operator"), "{s}");
+    assert!(s.contains("Session saved. Resume with:"), "{s}");
+    assert!(s.contains("docket batch-adjudicate --resume batch_"), "{s}");
+    assert!(
+        !s.contains("max-cost"),
+        "an operator pause is not the budget: {s}"
+    );
+}
