@@ -1029,6 +1029,35 @@ fn two_operators_on_postgres_share_the_review_queue() {
     alice.wait("the filter cleared", WAIT, |s| {
         review_title(s).is_some_and(|(_, t)| t == pending0)
     });
+    // A bulk reject of three marked items is one decision on the server
+    // too: one u takes all of it back (an item Bob holds is skipped).
+    alice.keys(&["Space", "Space", "Space"]);
+    alice.wait("three marked", WAIT, |s| footer(s).contains("3 marked"));
+    alice.keys(&["r"]);
+    alice.wait_for("Rejected ", WAIT);
+    let rejected = || -> u64 {
+        sql("SELECT COUNT(*) FROM review_item WHERE status = 'rejected' AND decided_by = 'review:alice'")
+            .parse()
+            .unwrap()
+    };
+    let n = poll("the bulk reject on the server", WAIT, || match rejected() {
+        n if n >= 2 => Ok(n),
+        n => Err(format!("{n} rejected")),
+    });
+    alice.keys(&["u"]);
+    alice.wait_for(&format!("Undid reject of {n} items"), WAIT);
+    poll("every rejected item pending again", WAIT, || match rejected() {
+        0 => Ok(()),
+        n => Err(format!("{n} still rejected")),
+    });
+    assert_eq!(
+        sql("SELECT COUNT(*) FROM review_log WHERE action = 'undo' AND actor = 'review:alice'"),
+        (1 + n).to_string()
+    );
+    alice.wait("the queue whole again", WAIT, |s| {
+        review_title(s).is_some_and(|(_, t)| t == pending0)
+    });
+
     // The workers and provider batches overlays read the server too.
     for (key, title) in [("w", " Workers · "), ("b", " Provider batches · ")] {
         alice.keys(&[key]);
