@@ -1046,10 +1046,14 @@ fn two_operators_on_postgres_share_the_review_queue() {
     });
     alice.keys(&["u"]);
     alice.wait_for(&format!("Undid reject of {n} items"), WAIT);
-    poll("every rejected item pending again", WAIT, || match rejected() {
-        0 => Ok(()),
-        n => Err(format!("{n} still rejected")),
-    });
+    poll(
+        "every rejected item pending again",
+        WAIT,
+        || match rejected() {
+            0 => Ok(()),
+            n => Err(format!("{n} still rejected")),
+        },
+    );
     assert_eq!(
         sql("SELECT COUNT(*) FROM review_log WHERE action = 'undo' AND actor = 'review:alice'"),
         (1 + n).to_string()

@@ -1517,6 +1517,26 @@ fn an_event_opens_in_full_with_its_message_wrapped() {
     }
 }
 
+/// An event opened in full, with hostile text in every field (kind, item,
+/// message with escapes, bidi overrides and newlines), draws none of it.
+#[test]
+fn a_hostile_event_opened_in_full_reaches_no_cell() {
+    let mut snap = hostile_snapshot();
+    snap.events[0].kind = hostile("kind");
+    snap.events[0].item_id = Some(hostile("eventitem"));
+    snap.events[0].message = format!("{}\n{}", hostile("event"), hostile("second"));
+    let mut a = app_with(false, snap);
+    a.handle_key(key('4'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    assert!(matches!(a.overlay, Overlay::Event { .. }));
+    for (w, h) in SIZES {
+        let buf = render(&a, w, h).backend().buffer().clone();
+        assert_clean(&buf, &format!("event {w}x{h}"));
+        let text = screen_text(&buf);
+        assert!(text.contains("Event (Esc closes)"), "{text}");
+    }
+}
+
 /// A message wider than the footer wraps onto more footer rows: the
 /// session id in it is never cut, and the panes make room.
 #[test]

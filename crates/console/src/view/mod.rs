@@ -78,9 +78,14 @@ fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
         panes::draw_stages(frame, stages, app, compact, theme);
         panes::draw_outcomes(frame, outcomes, app, theme);
         panes::draw_gauges(frame, gauges, app, theme);
-        let [review, events] =
-            Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
-                .areas(middle);
+        // On a very wide screen the events pane takes half: its rows are
+        // messages, and a review row reads well in 80 columns.
+        let events_pct = if area.width >= 160 { 50 } else { 40 };
+        let [review, events] = Layout::horizontal([
+            Constraint::Percentage(100 - events_pct),
+            Constraint::Percentage(events_pct),
+        ])
+        .areas(middle);
         lists::draw_review(frame, review, app, theme);
         lists::draw_events(frame, events, app, theme);
         lists::draw_sessions(frame, bottom, app, theme);
