@@ -1642,10 +1642,11 @@ fn one_undo_takes_back_a_bulk_reject_and_the_cursor_returns() {
         review_title(s) == Some((2, pending - 1)) && !cursor_on(s, &accepted)
     });
     pane.keys(&["u"]);
-    let s = pane.wait("the cursor back on the restored item", WAIT, |s| {
-        review_title(s) == Some((2, pending)) && cursor_on(s, &accepted)
+    pane.wait("the cursor back on the restored item", WAIT, |s| {
+        review_title(s) == Some((2, pending))
+            && cursor_on(s, &accepted)
+            && s.contains(&format!("Undid accept of {accepted}"))
     });
-    assert!(s.contains(&format!("Undid accept of {accepted}")), "{s}");
 
     // Mark all: the count shows once in the footer.
     pane.keys(&["V"]);
