@@ -1435,3 +1435,162 @@ fn a_worker_age_is_new_data_only_when_its_drawn_age_changes() {
     joined.workers.push(worker("bob@build-02:2#b", true, 0.4));
     assert!(!base.same_data(&joined));
 }
+
+// ---------------------------------------------------------------- issue 16: text you can read
+
+fn event(i: usize, message: &str) -> Event {
+    Event {
+        at: NOW - i as f64,
+        level: Level::Warn,
+        kind: "attempt_failed".into(),
+        message: message.into(),
+        item_id: Some(format!("item-{i:04}")),
+    }
+}
+
+/// Enter on the events pane opens the selected event in full (a copy: the
+/// pane's list moves on underneath); j/k scroll it; Esc closes it.
+#[test]
+fn enter_on_the_events_pane_opens_the_selected_event() {
+    let mut snap = snapshot(3);
+    let long = format!(
+        "item item-0001 attempt 1: http 503 {}",
+        "upstream busy ".repeat(30)
+    );
+    snap.events = vec![event(0, "first"), event(1, &long), event(2, "third")];
+    let mut a = app_with(Keymap::default_map(), false, snap.clone());
+    a.handle_key(ch('4'));
+    a.handle_key(ch('j'));
+    assert_eq!(a.handle_key(enter()), vec![]);
+    assert_eq!(a.mode(), Mode::Event);
+    match &a.overlay {
+        Overlay::Event { event, scroll } => {
+            assert_eq!(event.message, long);
+            assert_eq!(*scroll, 0);
+        }
+        other => panic!("no event open: {other:?}"),
+    }
+    // New events arrive: the open one stays what it was.
+    snap.events.insert(0, event(9, "newer"));
+    a.apply_snapshot(snap);
+    assert!(matches!(&a.overlay, Overlay::Event { event, .. } if event.message == long));
+    // Review keys do nothing here.
+    assert_eq!(a.handle_key(ch('a')), vec![]);
+    a.handle_key(esc());
+    assert_eq!(a.mode(), Mode::Normal);
+    assert_eq!(a.focus, Pane::Events);
+    assert_eq!(a.quit, None);
+}
+
+/// `/` filters the focused pane: the events pane and the sessions pane
+/// filter their own lists (no ledger query, focus stays); anywhere else it
+/// searches the review queue. Esc clears the focused pane's filter.
+#[test]
+fn slash_filters_the_focused_pane() {
+    let mut snap = snapshot(3);
+    snap.events = vec![
+        event(0, "item item-0000 attempt 1: http 429"),
+        event(1, "stage triage started"),
+        event(2, "item item-0002 attempt 2: http 429"),
+    ];
+    let mut a = app_with(Keymap::default_map(), false, snap);
+    a.handle_key(ch('4'));
+    a.handle_key(ch('G'));
+    assert_eq!(a.events_scroll, 2);
+    assert_eq!(a.handle_key(ch('/')), vec![]);
+    assert_eq!(a.mode(), Mode::Filter);
+    assert_eq!(a.focus, Pane::Events, "the filter stays on the events pane");
+    for fx in type_text(&mut a, "HTTP 429") {
+        assert_eq!(fx, vec![], "an events filter asks the ledger nothing");
+    }
+    a.handle_key(enter());
+    assert_eq!(a.events_filter.as_deref(), Some("HTTP 429"));
+    assert_eq!(a.filter, None, "the review queue's filter is untouched");
+    let shown: Vec<&str> = a
+        .visible_events()
+        .iter()
+        .map(|e| e.message.as_str())
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            "item item-0000 attempt 1: http 429",
+            "item item-0002 attempt 2: http 429"
+        ]
+    );
+    assert_eq!(a.events_scroll, 0, "a new filter starts at the top");
+    a.handle_key(ch('j'));
+    a.handle_key(ch('j'));
+    assert_eq!(
+        a.events_scroll, 1,
+        "the cursor stays inside the filtered list"
+    );
+    a.handle_key(enter());
+    assert!(
+        matches!(&a.overlay, Overlay::Event { event, .. } if event.message.contains("item-0002"))
+    );
+    a.handle_key(esc());
+    assert_eq!(a.handle_key(esc()), vec![]);
+    assert_eq!(a.events_filter, None, "Esc clears the events filter");
+
+    // The sessions pane: Enter watches the filtered list's session.
+    a.handle_key(ch('6'));
+    a.handle_key(ch('/'));
+    type_text(&mut a, "complete");
+    a.handle_key(enter());
+    assert_eq!(a.visible_sessions().len(), 1);
+    assert_eq!(
+        a.handle_key(enter()),
+        vec![Effect::Watch(Some(OTHER_SESSION.into()))]
+    );
+
+    // From the stages pane, `/` is still the review queue's search.
+    let mut a = app(3);
+    a.handle_key(ch('/'));
+    assert_eq!(a.focus, Pane::Review);
+    assert_eq!(type_text(&mut a, "x"), vec![vec![query(Some("x"), 0)]]);
+}
+
+/// After `u` the cursor goes to the item the undo made pending again, as
+/// soon as a read shows it back in the queue.
+#[test]
+fn the_cursor_returns_to_the_item_an_undo_restored() {
+    let mut a = review_app(6);
+    a.handle_key(ch('j'));
+    a.handle_key(ch('j'));
+    let fx = a.handle_key(ch('a'));
+    assert!(fx.contains(&Effect::Accept(vec![id_at(2)])), "{fx:?}");
+    // The ledger's answer: item 2 left the queue; the cursor is on item 3.
+    let mut gone = page(6, 0, 6);
+    gone.rows.remove(2);
+    gone.total = 5;
+    a.apply_snapshot(snapshot_with(gone, Some(view("running", "running"))));
+    assert_eq!(a.cursor_row().map(|r| r.review_id), Some(id_at(3)));
+    assert_eq!(a.handle_key(ch('u')), vec![Effect::Undo]);
+    // The worker says what came back, then the next read has it again.
+    assert_eq!(a.undone(vec![id_at(2)]), vec![]);
+    let fx = a.apply_snapshot(snapshot_with(
+        page(6, 0, 6),
+        Some(view("running", "running")),
+    ));
+    assert_eq!(a.review_cursor, 2);
+    assert_eq!(a.cursor_row().map(|r| r.review_id), Some(id_at(2)));
+    assert!(fx.contains(&Effect::Claim(Some(id_at(2)))), "{fx:?}");
+    // Later reads keep it there (the restore was used up).
+    a.handle_key(ch('j'));
+    a.apply_snapshot(snapshot_with(
+        page(6, 0, 6),
+        Some(view("running", "running")),
+    ));
+    assert_eq!(a.review_cursor, 3);
+}
+
+/// Marking everything says how many once (the footer badge and the queue
+/// title), not again in a message.
+#[test]
+fn mark_all_is_counted_once() {
+    let mut a = review_app(7);
+    a.handle_key(ch('V'));
+    assert_eq!(a.marks.len(), 7);
+    assert_eq!(a.toast, None);
+}

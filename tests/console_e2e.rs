@@ -1029,6 +1029,39 @@ fn two_operators_on_postgres_share_the_review_queue() {
     alice.wait("the filter cleared", WAIT, |s| {
         review_title(s).is_some_and(|(_, t)| t == pending0)
     });
+    // A bulk reject of three marked items is one decision on the server
+    // too: one u takes all of it back (an item Bob holds is skipped).
+    alice.keys(&["Space", "Space", "Space"]);
+    alice.wait("three marked", WAIT, |s| footer(s).contains("3 marked"));
+    alice.keys(&["r"]);
+    alice.wait_for("Rejected ", WAIT);
+    let rejected = || -> u64 {
+        sql("SELECT COUNT(*) FROM review_item WHERE status = 'rejected' AND decided_by = 'review:alice'")
+            .parse()
+            .unwrap()
+    };
+    let n = poll("the bulk reject on the server", WAIT, || match rejected() {
+        n if n >= 2 => Ok(n),
+        n => Err(format!("{n} rejected")),
+    });
+    alice.keys(&["u"]);
+    alice.wait_for(&format!("Undid reject of {n} items"), WAIT);
+    poll(
+        "every rejected item pending again",
+        WAIT,
+        || match rejected() {
+            0 => Ok(()),
+            n => Err(format!("{n} still rejected")),
+        },
+    );
+    assert_eq!(
+        sql("SELECT COUNT(*) FROM review_log WHERE action = 'undo' AND actor = 'review:alice'"),
+        (1 + n).to_string()
+    );
+    alice.wait("the queue whole again", WAIT, |s| {
+        review_title(s).is_some_and(|(_, t)| t == pending0)
+    });
+
     // The workers and provider batches overlays read the server too.
     for (key, title) in [("w", " Workers · "), ("b", " Provider batches · ")] {
         alice.keys(&[key]);
@@ -1365,10 +1398,17 @@ fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
         sh_quote(&ws_s)
     );
     let pane = Pane::start("keymap", &cmd, 120, 40);
+    // The warning is longer than a row: the footer wraps it, whole.
     let s = pane.wait("the keymap warning", WAIT, |s| {
-        footer(s).contains("keymap.toml:4")
+        footer_rows(s).concat().contains("keymap.toml:4")
     });
-    assert!(footer(&s).contains("review.reject"), "{s}");
+    assert!(footer_rows(&s).concat().contains("review.reject"), "{s}");
+    assert!(
+        footer_rows(&s)
+            .concat()
+            .contains("the default binding stays"),
+        "{s}"
+    );
     pane.keys(&["5"]);
     pane.wait("the review queue focused", WAIT, |s| {
         s.contains("▶ 5 Review queue") && footer(s).contains("y accept")
@@ -1413,4 +1453,287 @@ fn a_user_keymap_rebinds_keys_and_names_its_bad_line() {
     pane.keys(&["q"]);
     let s = pane.wait_for("EXIT=", WAIT);
     assert!(s.contains("EXIT=0"), "{s}");
+}
+
+// ---------------------------------------------- 7. text you can read (issue 16)
+
+/// The review pane's row under the cursor (`›`), if it shows `item`.
+fn cursor_on(screen: &str, item: &str) -> bool {
+    screen
+        .lines()
+        .any(|l| l.contains('›') && l.contains(item) && !l.contains("batch_"))
+}
+
+/// The footer's rows: from the last row starting with a mode badge down.
+fn footer_rows(screen: &str) -> Vec<&str> {
+    let lines: Vec<&str> = screen.lines().collect();
+    let start = lines
+        .iter()
+        .rposition(|l| l.starts_with(" NORMAL ") || l.starts_with(" EVENT "))
+        .unwrap_or(lines.len().saturating_sub(1));
+    lines[start..]
+        .iter()
+        .copied()
+        .filter(|l| !l.trim().is_empty())
+        .collect()
+}
+
+/// At 80x24: Enter on the events pane opens the newest event in full, its
+/// long message wrapped to its last word; `/` filters the events pane;
+/// a footer message longer than the screen wraps and keeps the session id
+/// whole.
+#[test]
+fn an_event_opens_in_full_and_a_long_footer_message_wraps() {
+    let home = Home::new();
+    let (ws, sid) = home.completed_workspace();
+    let ws_s = ws.display().to_string();
+    let rw = docket::ledger::open(&ws.join("docket.sqlite")).unwrap();
+    // No engine runs it: `p` answers with how to resume, a long message.
+    rw.execute(
+        "UPDATE llm_batch_session SET state = 'paused', desired_state = 'paused' WHERE session_id = ?1",
+        [&sid],
+    )
+    .unwrap();
+    let message = format!(
+        "attempt 1: http 503 from the provider: {}FINAL-WORD",
+        "the upstream model is overloaded, try again later; ".repeat(4)
+    );
+    rw.execute(
+        "INSERT INTO session_event (session_id, at, level, kind, message)
+         VALUES (?1, (SELECT MAX(at) + 100 FROM session_event), 'warn', 'attempt_failed', ?2)",
+        rusqlite::params![sid, message],
+    )
+    .unwrap();
+    drop(rw);
+
+    let cmd = format!(
+        "{} {} --workspace {}",
+        home.env_prefix("alice", &[]),
+        sh_quote(support::procs::bin()),
+        sh_quote(&ws_s)
+    );
+    let pane = Pane::start("event", &cmd, 80, 24);
+    pane.wait("the console loaded", WAIT, |s| {
+        header(s).contains(&sid) && footer(s).starts_with(" NORMAL ")
+    });
+    pane.keys(&["4"]);
+    let s = pane.wait("the events pane with the event, cut", WAIT, |s| {
+        s.contains("▶ 4 Events") && s.contains("attempt 1: http 503")
+    });
+    assert!(!s.contains("FINAL-WORD"), "the pane's row is one line: {s}");
+
+    pane.keys(&["Enter"]);
+    let s = pane.wait("the event in full", WAIT, |s| {
+        s.contains("Event (Esc closes)") && s.contains("FINAL-WORD")
+    });
+    // The message, read back across its wrapped rows, is whole; each
+    // continuation row is indented.
+    let rows: Vec<String> = s
+        .lines()
+        .filter_map(|l| {
+            let a = l.find('║')?;
+            let b = l.rfind('║')?;
+            (b > a).then(|| l[a + '║'.len_utf8()..b].trim_end().to_string())
+        })
+        .collect();
+    let first = rows
+        .iter()
+        .position(|r| r.starts_with("attempt 1: http 503"))
+        .unwrap_or_else(|| panic!("{s}"));
+    let last = rows
+        .iter()
+        .position(|r| r.ends_with("FINAL-WORD"))
+        .unwrap_or_else(|| panic!("{s}"));
+    assert!(last > first, "{s}");
+    for r in &rows[first + 1..=last] {
+        assert!(r.starts_with("  "), "continuation not indented: {r:?}\n{s}");
+    }
+    let joined: Vec<&str> = rows[first..=last].iter().map(|r| r.trim()).collect();
+    assert_eq!(joined.join(" "), message, "{s}");
+    assert!(footer(&s).starts_with(" EVENT "), "{s}");
+
+    pane.keys(&["Escape"]);
+    pane.wait("the event closed", WAIT, |s| {
+        !s.contains("Event (Esc closes)") && footer(s).starts_with(" NORMAL ")
+    });
+
+    // `/` filters the events pane itself: its title says so.
+    pane.keys(&["/"]);
+    pane.keys(&["FINAL-WORD"]);
+    pane.keys(&["Enter"]);
+    let s = pane.wait("the events pane filtered", WAIT, |s| {
+        s.contains("4 Events 1/") && s.contains("/FINAL-WORD")
+    });
+    assert!(s.contains("▶ 4 Events"), "the focus stayed on events: {s}");
+    pane.keys(&["Escape"]);
+    pane.wait("the events filter cleared", WAIT, |s| {
+        s.contains("▶ 4 Events") && !s.contains("/FINAL-WORD")
+    });
+
+    // p on a session no engine runs: the answer is longer than the screen.
+    pane.keys(&["p"]);
+    let s = pane.wait("the long message", WAIT, |s| {
+        footer_rows(s).concat().contains("No engine runs")
+            && footer_rows(s).iter().any(|l| l.contains("`docket"))
+    });
+    let rows = footer_rows(&s);
+    assert!(rows.len() >= 2, "the message wrapped: {rows:?}");
+    let whole: usize = rows.iter().map(|l| l.matches(sid.as_str()).count()).sum();
+    assert_eq!(whole, 2, "the session id is cut: {rows:?}");
+    let text = rows.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+    assert!(
+        text.contains(&format!("--resume {sid}`")),
+        "the resume command is whole: {text}"
+    );
+    for l in &rows {
+        assert!(l.chars().count() <= 80, "{l:?}");
+    }
+    // The next key clears it and the footer is one row again.
+    pane.keys(&["4"]);
+    pane.wait("a one-row footer", WAIT, |s| {
+        footer_rows(s).len() == 1 && !s.contains("No engine runs")
+    });
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
+    assert!(s.contains("EXIT=0"), "{s}");
+}
+
+/// After `u` the cursor is back on the item the undo restored; a bulk
+/// reject of every marked item is undone by one `u`; the footer counts the
+/// marks once.
+#[test]
+fn one_undo_takes_back_a_bulk_reject_and_the_cursor_returns() {
+    let home = Home::new();
+    let (ws, _sid) = home.completed_workspace();
+    let ws_s = ws.display().to_string();
+    let conn = ledger_ro(&ws.join("docket.sqlite"));
+    let pending = count(
+        &conn,
+        "SELECT COUNT(*) FROM review_item WHERE status = 'pending'",
+    ) as u64;
+    // Enough for the bulk reject to ask first (5 or more).
+    assert!(pending >= 5, "only {pending} pending review items");
+    let cmd = format!(
+        "{} {} --workspace {}",
+        home.env_prefix("alice", &[]),
+        sh_quote(support::procs::bin()),
+        sh_quote(&ws_s)
+    );
+    let pane = Pane::start("undo", &cmd, 120, 40);
+    pane.keys(&["5"]);
+    pane.wait("the review queue", WAIT, |s| {
+        review_title(s) == Some((1, pending))
+    });
+    pane.keys(&["j"]);
+    pane.wait("the cursor on the second item", WAIT, |s| {
+        review_title(s) == Some((2, pending))
+    });
+    pane.keys(&["a"]);
+    pane.wait_for("Accepted 1 item (u undoes)", WAIT);
+    let accepted = poll("the accept in the ledger", WAIT, || {
+        query_string(
+            &conn,
+            "SELECT item_id FROM review_item WHERE status = 'accepted'",
+            [],
+        )
+        .ok_or_else(|| "not yet".to_string())
+    });
+    pane.wait("the queue one shorter", WAIT, |s| {
+        review_title(s) == Some((2, pending - 1)) && !cursor_on(s, &accepted)
+    });
+    pane.keys(&["u"]);
+    pane.wait("the cursor back on the restored item", WAIT, |s| {
+        review_title(s) == Some((2, pending))
+            && cursor_on(s, &accepted)
+            && s.contains(&format!("Undid accept of {accepted}"))
+    });
+
+    // Mark all: the count shows once in the footer.
+    pane.keys(&["V"]);
+    let s = pane.wait("everything marked", WAIT, |s| {
+        footer(s).contains(&format!("{pending} marked"))
+    });
+    assert_eq!(
+        footer(&s).matches("marked").count(),
+        1,
+        "the count twice: {}",
+        footer(&s)
+    );
+    pane.keys(&["r"]);
+    pane.wait_for("Reject many?", WAIT);
+    assert!(pane.screen().contains("one u undoes them all"));
+    pane.keys(&["y"]);
+    pane.wait_for(&format!("Rejected {pending} items"), WAIT);
+    poll("the bulk reject in the ledger", WAIT, || {
+        let n = count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status = 'rejected'",
+        );
+        if n as u64 == pending {
+            Ok(())
+        } else {
+            Err(format!("{n} rejected"))
+        }
+    });
+
+    pane.keys(&["u"]);
+    pane.wait_for(&format!("Undid reject of {pending} items"), WAIT);
+    poll("every item pending again", WAIT, || {
+        let n = count(
+            &conn,
+            "SELECT COUNT(*) FROM review_item WHERE status = 'pending'",
+        );
+        if n as u64 == pending {
+            Ok(())
+        } else {
+            Err(format!("{n} pending"))
+        }
+    });
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM review_log WHERE action = 'undo' AND actor = 'review:alice'"
+        ) as u64,
+        pending + 1,
+        "one undo row per item, from one u (and the accept's)"
+    );
+    pane.wait("the queue whole again", WAIT, |s| {
+        review_title(s).is_some_and(|(_, t)| t == pending)
+    });
+    // Nothing left to undo: the accept was undone already.
+    pane.keys(&["u"]);
+    pane.wait_for("Nothing to undo.", WAIT);
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
+    assert!(s.contains("EXIT=0"), "{s}");
+}
+
+/// Quitting a live run with `p` (pause it) ends with why it paused and how
+/// to resume it, and says nothing of --max-cost: the budget did not stop it.
+#[test]
+fn an_operator_pause_says_how_to_resume_not_to_raise_max_cost() {
+    let home = Home::new();
+    let cmd = format!(
+        "{} {} demo --items 4000",
+        home.env_prefix("alice", &[]),
+        sh_quote(support::procs::bin())
+    );
+    let pane = Pane::start("pause-hint", &cmd, 120, 40);
+    pane.wait("the demo running", Duration::from_secs(40), |s| {
+        header(s).contains("▶ RUNNING") && accepted_on_screen(s).is_some()
+    });
+    pane.keys(&["q"]);
+    pane.wait_for("Quit while the run is live?", WAIT);
+    pane.keys(&["p"]);
+    let s = pane.wait_text("the run's end", Duration::from_secs(30), |s| {
+        s.contains("EXIT=")
+    });
+    assert!(s.contains("EXIT=4"), "paused is exit 4: {s}");
+    assert!(s.contains("Paused: paused by operator"), "{s}");
+    assert!(s.contains("Session saved. Resume with:"), "{s}");
+    assert!(s.contains("docket batch-adjudicate --resume batch_"), "{s}");
+    assert!(
+        !s.contains("max-cost"),
+        "an operator pause is not the budget: {s}"
+    );
 }

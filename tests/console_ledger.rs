@@ -1212,6 +1212,107 @@ fn undo_is_refused_when_someone_else_decided_since() {
     assert_eq!(l.decision("y").state, "indeterminate");
 }
 
+/// A bulk decision is one decision: one undo takes every item of it back,
+/// in one transaction, and the next undo walks on to the decision before.
+#[test]
+fn one_undo_takes_back_a_whole_bulk_decision() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let ids: Vec<i64> = (0..6)
+        .map(|i| l.reviewable(&format!("b{i}"), "s1", 0.9 - f64::from(i) * 0.01))
+        .collect();
+    let single = l.reviewable("single", "s1", 0.5);
+    l.db.accept(&[single], &alice()).expect("accept one");
+    // Bob's bulk decision in between is not Alice's to undo.
+    let bobs = l.reviewable("bobs", "s1", 0.4);
+    l.db.reject(&[bobs], &bob()).expect("bob rejects");
+    // The bulk accept of three, then the bulk reject of the other three.
+    assert_eq!(
+        l.db.accept(&ids[..3], &alice())
+            .expect("bulk accept")
+            .done
+            .len(),
+        3
+    );
+    assert_eq!(
+        l.db.reject(&ids[3..], &alice())
+            .expect("bulk reject")
+            .done
+            .len(),
+        3
+    );
+
+    let u =
+        l.db.undo_last(&alice())
+            .expect("undo")
+            .expect("the bulk reject");
+    assert_eq!(u.action, "reject");
+    let mut back = u.review_ids.clone();
+    back.sort_unstable();
+    assert_eq!(back, ids[3..].to_vec());
+    for &id in &ids[3..] {
+        assert_eq!(l.review_status(id).0, "pending");
+    }
+    for &id in &ids[..3] {
+        assert_eq!(
+            l.review_status(id).0,
+            "accepted",
+            "the bulk accept is still there"
+        );
+    }
+    let u =
+        l.db.undo_last(&alice())
+            .expect("undo")
+            .expect("the bulk accept");
+    assert_eq!((u.action.as_str(), u.review_ids.len()), ("accept", 3));
+    for (i, &id) in ids[..3].iter().enumerate() {
+        assert_eq!(l.review_status(id).0, "pending");
+        assert_eq!(l.decision(&format!("b{i}")).state, "indeterminate");
+    }
+    let u =
+        l.db.undo_last(&alice())
+            .expect("undo")
+            .expect("the single accept");
+    assert_eq!(u.review_ids, vec![single]);
+    assert_eq!(l.db.undo_last(&alice()).expect("undo"), None);
+    assert_eq!(l.review_status(bobs).0, "rejected", "Bob's decision stands");
+    // Every undo is logged against the entry it undid.
+    let (undos, undone): (i64, i64) = l
+        .conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM review_log WHERE action = 'undo'),
+                    (SELECT COUNT(*) FROM review_log WHERE undone_by_log_id IS NOT NULL)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("count");
+    assert_eq!((undos, undone), (7, 7));
+}
+
+/// A bulk decision with one item changed since by someone else is refused
+/// whole: nothing of it is undone, and the error names the item.
+#[test]
+fn a_bulk_undo_is_refused_whole_when_one_item_changed_since() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let ids: Vec<i64> = (0..3)
+        .map(|i| l.reviewable(&format!("c{i}"), "s1", 0.8))
+        .collect();
+    l.db.accept(&ids, &alice()).expect("bulk accept");
+    l.conn
+        .execute(
+            "UPDATE decision SET decided_by = 'review:bob', decided_at = decided_at + 10 WHERE item_id = 'c1'",
+            [],
+        )
+        .expect("bob re-decides c1");
+    let err = l.db.undo_last(&alice()).expect_err("refused");
+    assert!(err.to_string().contains("c1"), "{err}");
+    for &id in &ids {
+        assert_eq!(l.review_status(id).0, "accepted", "nothing undone");
+    }
+    assert_eq!(l.decision("c0").decided_by.as_deref(), Some("review:alice"));
+}
+
 // ---------------------------------------------------------------- control
 
 fn session_controls(

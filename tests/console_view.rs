@@ -674,9 +674,14 @@ fn hostile_text_never_reaches_a_cell() {
             saw_raw_end |= text.contains("raw2-end");
             saw_evidence |= text.contains("evidence-end");
             // The detail frame: header row, then the double border from the
-            // first body row to the row above the footer.
+            // first body row to the row above the footer (the long toast
+            // wraps onto more than one footer row).
+            let footer = (0..h)
+                .rev()
+                .find(|&y| row_text(buf, y).starts_with(" DETAIL "))
+                .unwrap_or_else(|| panic!("{ctx}: no footer: {text}"));
             let top = row_text(buf, 1);
-            let bottom = row_text(buf, h - 2);
+            let bottom = row_text(buf, footer - 1);
             assert!(
                 top.starts_with('╔') && top.ends_with('╗'),
                 "{ctx}: top {top:?}"
@@ -685,7 +690,7 @@ fn hostile_text_never_reaches_a_cell() {
                 bottom.starts_with('╚') && bottom.ends_with('╝'),
                 "{ctx}: bottom {bottom:?}"
             );
-            for y in 2..h - 2 {
+            for y in 2..footer - 1 {
                 let row = row_text(buf, y);
                 assert!(
                     row.starts_with('║') && row.ends_with('║'),
@@ -1385,4 +1390,212 @@ fn critic_columns_keep_to_their_width() {
         }
     }
     assert!(rows_with_y > 5, "the rationale wraps in its column");
+}
+
+// ---------------------------------------------------------------- issue 16: text you can read
+
+/// The text of the rows inside the (double-bordered) overlay box, between
+/// its side borders.
+fn inner_rows(buf: &Buffer) -> Vec<String> {
+    (1..buf.area.height.saturating_sub(1))
+        .map(|y| row_text(buf, y))
+        .filter_map(|r| {
+            let chars: Vec<char> = r.chars().collect();
+            let first = chars.iter().position(|&c| c == '║')?;
+            let last = chars.iter().rposition(|&c| c == '║')?;
+            (last > first).then(|| chars[first + 1..last].iter().collect())
+        })
+        .collect()
+}
+
+/// The review detail wraps long JSON under its own indent (never back at
+/// column 0), pretty-printed one key per line, so the parsed answer's
+/// values are never cut at the border.
+#[test]
+fn review_detail_wraps_json_under_its_indent() {
+    let mut d = detail();
+    let long_reason = "the sender is not in the contacts and the message body links to a domain registered yesterday with a prize claim";
+    d.stages[0].parsed_output_json = Some(format!(
+        r#"{{"label":"spam","reason":"{long_reason}","confidence":0.91}}"#
+    ));
+    d.evidence_json = format!(
+        r#"{{"from":"promo@example.com","body":"{}"}}"#,
+        "Click here ".repeat(20)
+    );
+    let mut snap = snapshot();
+    snap.detail = Some(d);
+    let mut a = app_with(false, snap);
+    a.handle_key(key('5'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    for (w, h) in [(80u16, 60u16), (120, 60)] {
+        let rows = inner_rows(render(&a, w, h).backend().buffer());
+        let text = rows.join("\n");
+        // Every key of the parsed answer on its own line, its value whole.
+        assert!(text.contains(r#"      "confidence": 0.91"#), "{w}: {text}");
+        assert!(text.contains(r#"      "label": "spam","#), "{w}: {text}");
+        // The long value wraps; every row after its first is indented past
+        // the key, and no word of it is cut.
+        let start = rows
+            .iter()
+            .position(|r| r.contains(r#""reason": "the sender"#))
+            .unwrap_or_else(|| panic!("{w}: no reason line: {text}"));
+        let mut joined = rows[start].trim().to_string();
+        for r in &rows[start + 1..] {
+            if r.trim_start().starts_with('"') || r.trim().is_empty() {
+                break;
+            }
+            assert!(
+                r.starts_with("        "),
+                "{w}: continuation at column {r:?}"
+            );
+            joined.push(' ');
+            joined.push_str(r.trim());
+        }
+        assert!(joined.contains(long_reason), "{w}: {joined}");
+        // Below the item's summary nothing starts at column 0 but the
+        // headings.
+        let body = rows.iter().position(|r| r.starts_with("── ")).unwrap();
+        for r in &rows[body..] {
+            assert!(
+                r.starts_with(' ') || r.starts_with("── ") || r.trim().is_empty(),
+                "{w}: a row back at column 0: {r:?}"
+            );
+        }
+    }
+}
+
+fn long_event() -> Event {
+    Event {
+        at: NOW - 3.0,
+        level: Level::Warn,
+        kind: "attempt_failed".into(),
+        message: format!(
+            "item item-0042 attempt 1: http 503 server_error: {}END-OF-MESSAGE",
+            "upstream temporarily unavailable, retry later; ".repeat(6)
+        ),
+        item_id: Some("item-0042".into()),
+    }
+}
+
+/// Enter on an event draws it whole: its message word-wrapped inside the
+/// overlay, continuation rows indented, to its last word.
+#[test]
+fn an_event_opens_in_full_with_its_message_wrapped() {
+    let mut snap = snapshot();
+    snap.events.insert(0, long_event());
+    let mut a = app_with(false, snap);
+    a.handle_key(key('4'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    assert!(matches!(a.overlay, Overlay::Event { .. }));
+    for (w, h) in SIZES {
+        let buf = render(&a, w, h).backend().buffer().clone();
+        let text = screen_text(&buf);
+        assert!(text.contains("Event (Esc closes)"), "{w}x{h}: {text}");
+        assert!(text.contains("item item-0042"), "{w}x{h}: {text}");
+        let rows: Vec<String> = inner_rows(&buf)
+            .into_iter()
+            .map(|r| r.trim_end().to_string())
+            .collect();
+        let first = rows
+            .iter()
+            .position(|r| r.starts_with("item item-0042 attempt 1"))
+            .unwrap_or_else(|| panic!("{w}x{h}: {text}"));
+        let last = rows
+            .iter()
+            .position(|r| r.ends_with("END-OF-MESSAGE"))
+            .unwrap_or_else(|| panic!("{w}x{h}: the message is cut: {text}"));
+        assert!(last > first, "{w}x{h}: not wrapped: {text}");
+        for r in &rows[first + 1..=last] {
+            assert!(
+                r.starts_with("  ") && !r.starts_with("   "),
+                "{w}x{h}: {r:?}"
+            );
+        }
+        let words: String = rows[first..=last]
+            .iter()
+            .map(|r| r.trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_eq!(words, long_event().message, "{w}x{h}");
+        assert!(
+            text.lines().last().unwrap().contains(" EVENT "),
+            "{w}x{h}: {text}"
+        );
+    }
+}
+
+/// An event opened in full, with hostile text in every field (kind, item,
+/// message with escapes, bidi overrides and newlines), draws none of it.
+#[test]
+fn a_hostile_event_opened_in_full_reaches_no_cell() {
+    let mut snap = hostile_snapshot();
+    snap.events[0].kind = hostile("kind");
+    snap.events[0].item_id = Some(hostile("eventitem"));
+    snap.events[0].message = format!("{}\n{}", hostile("event"), hostile("second"));
+    let mut a = app_with(false, snap);
+    a.handle_key(key('4'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    assert!(matches!(a.overlay, Overlay::Event { .. }));
+    for (w, h) in SIZES {
+        let buf = render(&a, w, h).backend().buffer().clone();
+        assert_clean(&buf, &format!("event {w}x{h}"));
+        let text = screen_text(&buf);
+        assert!(text.contains("Event (Esc closes)"), "{text}");
+    }
+}
+
+/// A message wider than the footer wraps onto more footer rows: the
+/// session id in it is never cut, and the panes make room.
+#[test]
+fn a_long_footer_message_wraps_and_keeps_the_session_id() {
+    let mut a = app();
+    a.set_toast(format!(
+        "No engine runs {SESSION} now; continue it with `docket batch-adjudicate --resume {SESSION}`"
+    ));
+    for (w, h) in SIZES {
+        let text = screen_text(render(&a, w, h).backend().buffer());
+        let lines: Vec<&str> = text.lines().collect();
+        let footer_start = lines
+            .iter()
+            .rposition(|l| l.starts_with(" NORMAL "))
+            .unwrap_or_else(|| panic!("{w}x{h}: {text}"));
+        let footer: Vec<&str> = lines[footer_start..].to_vec();
+        if w == 80 {
+            assert!(footer.len() >= 2, "{w}x{h}: one row: {text}");
+        }
+        let joined = footer
+            .iter()
+            .map(|l| l.trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            joined.contains(&format!("--resume {SESSION}`")),
+            "{w}x{h}: {joined}"
+        );
+        // Both mentions of the session id whole, each on one row.
+        let whole: usize = footer.iter().map(|l| l.matches(SESSION).count()).sum();
+        assert_eq!(whole, 2, "{w}x{h}: the session id is split: {footer:?}");
+        assert!(!joined.contains('…'), "{w}x{h}: {joined}");
+        // The panes are still drawn above it.
+        assert!(text.contains("Review queue"), "{w}x{h}: {text}");
+    }
+    // A short message keeps the one-row footer with its key hints.
+    a.set_toast("Resume asked.");
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    let last = text.lines().last().unwrap();
+    assert!(
+        last.contains("Resume asked.") && last.contains("p pause"),
+        "{last}"
+    );
+}
+
+/// Marking every item shows the count once in the footer.
+#[test]
+fn mark_all_counts_once_in_the_footer() {
+    let mut a = app();
+    a.handle_key(key('5'));
+    a.handle_key(KeyEvent::new(KeyCode::Char('V'), KeyModifiers::SHIFT));
+    let text = screen_text(render(&a, 120, 40).backend().buffer());
+    let footer = text.lines().last().unwrap();
+    assert_eq!(footer.matches("12 marked").count(), 1, "{footer}");
 }

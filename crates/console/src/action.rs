@@ -47,7 +47,8 @@ pub enum Action {
     CommandLine,
     /// Quit the console (the run keeps going).
     Quit,
-    /// Quit immediately (ctrl-c); behaves like quit.
+    /// Quit (ctrl-c): as quit; pressed again in the quit dialog of a live
+    /// run, it cancels the run (resumable), as ctrl-c does headless.
     ForceQuit,
     /// Accept the suggestion for the selected (or marked) items.
     Accept,
@@ -219,12 +220,12 @@ impl Action {
             Action::Filter => "filter the list",
             Action::Help => "show this help",
             Action::CommandLine => "command line",
-            Action::Quit => "quit (the run continues)",
-            Action::ForceQuit => "quit now",
+            Action::Quit => "quit (asks first while this console runs a live session)",
+            Action::ForceQuit => "quit as q does (asks first too); twice: cancel the run",
             Action::Accept => "accept the suggestion",
             Action::Reject => "reject the suggestion",
             Action::Skip => "skip this item",
-            Action::Undo => "undo the last decision",
+            Action::Undo => "undo the last decision (all of a bulk one)",
             Action::ToggleMark => "mark / unmark the item",
             Action::MarkAll => "mark all items",
             Action::ClearMarks => "clear all marks",

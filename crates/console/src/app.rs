@@ -7,6 +7,8 @@ use std::collections::BTreeSet;
 use tui_input::Input;
 
 use super::keymap::{KeyPress, Keymap};
+
+mod lists;
 use docket_ledger::console::WorkerRow;
 use docket_ledger::watch::{
     Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, SessionSummary,
@@ -88,6 +90,11 @@ pub enum Overlay {
     Workers {
         scroll: u16,
     },
+    /// One event of the events pane in full (a copy: the pane moves on).
+    Event {
+        event: Box<Event>,
+        scroll: u16,
+    },
     Dialog(Dialog),
     Filter(Input),
     Command(Input),
@@ -101,6 +108,7 @@ pub enum Mode {
     Help,
     Batches,
     Workers,
+    Event,
     Filter,
     Command,
     Confirm,
@@ -114,6 +122,7 @@ impl Mode {
             Mode::Help => "HELP",
             Mode::Batches => "BATCHES",
             Mode::Workers => "WORKERS",
+            Mode::Event => "EVENT",
             Mode::Filter => "FILTER",
             Mode::Command => "CMD",
             Mode::Confirm => "CONFIRM",
@@ -243,14 +252,24 @@ pub struct App {
     pub snap: Snapshot,
     /// The session chosen in the sessions pane (None: follow the newest).
     pub chosen_session: Option<String>,
+    /// The selected row of the (filtered) sessions list.
     pub sessions_cursor: usize,
+    /// The selected row of the (filtered) events list.
     pub events_scroll: usize,
     /// Absolute index in the filtered pending queue.
     pub review_cursor: u64,
     /// The review item under the cursor, kept across refreshes.
     pub review_cursor_id: Option<i64>,
     pub marks: BTreeSet<i64>,
+    /// The review queue's filter (a ledger search).
     pub filter: Option<String>,
+    /// The events pane's filter.
+    pub events_filter: Option<String>,
+    /// The sessions pane's filter.
+    pub sessions_filter: Option<String>,
+    /// Review items an undo just made pending again: the cursor goes to the
+    /// first of them the queue shows.
+    pub(super) restored: Vec<i64>,
     /// A run this process started (the console opened on it).
     pub in_process_session: Option<String>,
     /// Its engine is still dispatching.
@@ -285,6 +304,9 @@ impl App {
             review_cursor_id: None,
             marks: BTreeSet::new(),
             filter: None,
+            events_filter: None,
+            sessions_filter: None,
+            restored: Vec::new(),
             in_process_session: None,
             in_process_live: false,
             toast: None,
@@ -304,6 +326,7 @@ impl App {
             Overlay::Detail { .. } => Mode::Detail,
             Overlay::Batches { .. } => Mode::Batches,
             Overlay::Workers { .. } => Mode::Workers,
+            Overlay::Event { .. } => Mode::Event,
             Overlay::Dialog(_) => Mode::Confirm,
             Overlay::Filter(_) => Mode::Filter,
             Overlay::Command(_) => Mode::Command,
@@ -355,6 +378,17 @@ impl App {
         self.loaded = true;
         self.snap = snap;
         let total = self.snap.review.total;
+        let restored = self
+            .snap
+            .review
+            .rows
+            .iter()
+            .find(|r| self.restored.contains(&r.review_id))
+            .map(|r| r.review_id);
+        if restored.is_some() {
+            self.review_cursor_id = restored;
+            self.restored.clear();
+        }
         if let Some(id) = self.review_cursor_id
             && let Some(i) = self.snap.review.rows.iter().position(|r| r.review_id == id)
         {
@@ -372,9 +406,7 @@ impl App {
         if self.snap.review.total == 0 {
             self.marks.clear();
         }
-        if self.sessions_cursor >= self.snap.sessions.len() {
-            self.sessions_cursor = self.snap.sessions.len().saturating_sub(1);
-        }
+        self.clamp_list_cursors();
         self.after_cursor_move()
     }
 
@@ -419,5 +451,26 @@ impl App {
 
     pub fn set_toast(&mut self, text: impl Into<String>) {
         self.toast = Some(docket_model::sanitize::for_terminal(&text.into()));
+    }
+
+    /// An undo made these review items pending again: the cursor goes to
+    /// the first of them the queue shows, as soon as a read shows it.
+    pub fn undone(&mut self, review_ids: Vec<i64>) -> Vec<Effect> {
+        self.restored = review_ids;
+        let found = self
+            .snap
+            .review
+            .rows
+            .iter()
+            .position(|r| self.restored.contains(&r.review_id));
+        match found {
+            Some(i) => {
+                self.review_cursor = self.snap.review.offset + i as u64;
+                self.review_cursor_id = None;
+                self.restored.clear();
+                self.after_cursor_move()
+            }
+            None => Vec::new(),
+        }
     }
 }

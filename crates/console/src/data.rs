@@ -18,6 +18,8 @@ use docket_ledger::{Ledger, LedgerError, LedgerLocation};
 pub enum DataMsg {
     Snapshot(Box<Snapshot>),
     Toast(String),
+    /// An undo made these review items pending again.
+    Undone(Vec<i64>),
 }
 
 /// How many events the events pane keeps.

@@ -25,9 +25,13 @@ impl App {
             _ => {}
         }
         let sections: &[Section] = match (&self.overlay, self.focus) {
-            (Overlay::Help { .. } | Overlay::Batches { .. } | Overlay::Workers { .. }, _) => {
-                &[Section::Global]
-            }
+            (
+                Overlay::Help { .. }
+                | Overlay::Batches { .. }
+                | Overlay::Workers { .. }
+                | Overlay::Event { .. },
+                _,
+            ) => &[Section::Global],
             (Overlay::Detail { .. }, _) | (_, Pane::Review) => &[Section::Review, Section::Global],
             _ => &[Section::Global],
         };
@@ -169,11 +173,33 @@ impl App {
         }
     }
 
-    fn set_filter(&mut self, filter: Option<String>) -> Vec<Effect> {
-        self.filter = filter;
-        self.review_cursor = 0;
-        self.review_cursor_id = None;
-        self.marks.clear();
-        vec![Effect::Query(self.review_query())]
+    /// Filter the focused list: the events or sessions pane filters what
+    /// it holds; any other pane's `/` is the review queue's search.
+    pub(super) fn set_filter(&mut self, filter: Option<String>) -> Vec<Effect> {
+        self.set_filter_of(self.focus, filter)
+    }
+
+    /// Set `pane`'s filter (the review queue's for a pane without one).
+    pub(super) fn set_filter_of(&mut self, pane: Pane, filter: Option<String>) -> Vec<Effect> {
+        match pane {
+            Pane::Events => {
+                self.events_filter = filter;
+                self.events_scroll = 0;
+                Vec::new()
+            }
+            Pane::Sessions => {
+                self.sessions_filter = filter;
+                self.sessions_cursor = 0;
+                Vec::new()
+            }
+            _ => {
+                self.filter = filter;
+                self.review_cursor = 0;
+                self.review_cursor_id = None;
+                self.restored.clear();
+                self.marks.clear();
+                vec![Effect::Query(self.review_query())]
+            }
+        }
     }
 }

@@ -395,6 +395,7 @@ fn apply_event<W: Write>(
             app.set_toast(t);
             Vec::new()
         }
+        UiEvent::Data(DataMsg::Undone(ids)) => app.undone(ids),
     })
 }
 

@@ -10,6 +10,10 @@
 
 use std::sync::Mutex;
 
+/// How a stop for the budget begins: the run's end says to raise
+/// `--max-cost` only after this one, not after any other pause.
+pub(crate) const BUDGET_REACHED: &str = "budget reached";
+
 #[derive(Debug, Default)]
 struct State {
     spent: f64,

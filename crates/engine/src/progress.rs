@@ -263,19 +263,19 @@ pub fn format_summary(s: &SessionRow, end: &RunEnd) -> Vec<String> {
     if s.ambiguous_count > 0 {
         lines.push(possible_duplicate_charges(s));
     }
-    lines.extend(what_next(s, end));
+    lines.extend(what_next(&s.session_id, end));
     lines
 }
 
 /// What the operator can do next, as the run ended: read the results, or
 /// resume the session.
-fn what_next(s: &SessionRow, end: &RunEnd) -> Vec<String> {
+fn what_next(session_id: &str, end: &RunEnd) -> Vec<String> {
     let mut next = Vec::new();
-    let resume = format!("  docket batch-adjudicate --resume {}", s.session_id);
+    let resume = format!("  docket batch-adjudicate --resume {session_id}");
     match end {
         RunEnd::Completed => {
             next.push(String::new());
-            next.push(format!("Results: docket batch-results {}", s.session_id));
+            next.push(format!("Results: docket batch-results {session_id}"));
         }
         RunEnd::Cancelled => {
             next.push(String::new());
@@ -297,9 +297,13 @@ fn what_next(s: &SessionRow, end: &RunEnd) -> Vec<String> {
                 "Paused: {}",
                 docket_model::sanitize::for_terminal(why)
             ));
-            next.push(
-                "Session saved. Resume with (raise --max-cost if the budget stopped it):".into(),
-            );
+            // Only the budget is helped by a higher --max-cost; an operator's
+            // pause, a full disk or an unknown model are not.
+            next.push(if why.starts_with(crate::budget::BUDGET_REACHED) {
+                "Session saved. Raise --max-cost, then resume with:".into()
+            } else {
+                "Session saved. Resume with:".into()
+            });
             next.push(resume);
         }
         _ => {}
@@ -346,6 +350,27 @@ mod tests {
         assert!(
             line.ends_with(" | provider main unreachable: sends held"),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn only_a_budget_pause_says_to_raise_max_cost() {
+        let text =
+            |why: &str| what_next("batch_20261124_5u8", &RunEnd::Paused(why.into())).join("\n");
+        let by_operator = text("paused by operator");
+        assert!(!by_operator.contains("--max-cost"), "{by_operator}");
+        assert!(
+            by_operator
+                .contains("Resume with:\n  docket batch-adjudicate --resume batch_20261124_5u8"),
+            "{by_operator}"
+        );
+        let budget = text(&format!(
+            "{}: $0.0010 spent of $0.0010",
+            crate::budget::BUDGET_REACHED
+        ));
+        assert!(
+            budget.contains("Raise --max-cost, then resume with:"),
+            "{budget}"
         );
     }
 

@@ -49,6 +49,14 @@ impl DataWorker {
                 if self.read_only && !matches!(other, Effect::Export { .. }) {
                     return;
                 }
+                if other == Effect::Undo {
+                    let (said, restored) = undo(l, &self.operator);
+                    if !restored.is_empty() {
+                        out(DataMsg::Undone(restored));
+                    }
+                    toast(said);
+                    return;
+                }
                 if let Some(t) = self.write(l, other) {
                     toast(t);
                 }
@@ -86,15 +94,8 @@ impl DataWorker {
                 Ok(a) => applied("Rejected", &a),
                 Err(e) => e.to_string(),
             }),
-            Effect::Undo => Some(match ledger.undo_last(op) {
-                Ok(Some(u)) => format!(
-                    "Undid {} of {}",
-                    u.action,
-                    docket_model::sanitize::truncate(&u.item_id, 40)
-                ),
-                Ok(None) => "Nothing to undo.".into(),
-                Err(e) => e.to_string(),
-            }),
+            // Carried out in `apply`, which also tells the UI what came back.
+            Effect::Undo => None,
             Effect::Control {
                 session_id,
                 control: ctl,
@@ -158,11 +159,28 @@ fn export(
     }
 }
 
+/// Undo the operator's last decision: what to say, and the review items
+/// pending again (the cursor goes to them).
+fn undo(ledger: &Ledger, op: &docket_ledger::review::Operator) -> (String, Vec<i64>) {
+    match ledger.undo_last(op) {
+        Ok(Some(u)) => {
+            let item = docket_model::sanitize::truncate(&u.item_id, 40);
+            let said = match u.review_ids.len() {
+                0 | 1 => format!("Undid {} of {item}", u.action),
+                n => format!("Undid {} of {n} items", u.action),
+            };
+            (said, u.review_ids)
+        }
+        Ok(None) => ("Nothing to undo.".into(), Vec::new()),
+        Err(e) => (e.to_string(), Vec::new()),
+    }
+}
+
 fn applied(verb: &str, a: &Applied) -> String {
     let mut msg = match a.done.len() {
         0 => format!("{verb} nothing"),
         1 => format!("{verb} 1 item (u undoes)"),
-        n => format!("{verb} {n} items (u undoes one at a time)"),
+        n => format!("{verb} {n} items (one u undoes them all)"),
     };
     if let Some((_, why)) = a.skipped.first() {
         msg.push_str(&format!("; skipped {}: {why}", a.skipped.len()));

@@ -42,8 +42,9 @@ impl App {
             A::Undo => self.undo(),
             A::ToggleMark => self.toggle_mark(),
             A::MarkAll => {
+                // The footer and the queue's title count the marks: no
+                // toast to say it a third time.
                 self.marks = self.snap.review.rows.iter().map(|r| r.review_id).collect();
-                self.set_toast(format!("{} marked", self.marks.len()));
                 Vec::new()
             }
             A::ClearMarks => {
@@ -86,9 +87,15 @@ impl App {
         self.focus_on(Pane::ORDER[next])
     }
 
+    /// `/` filters the focused list (events, sessions); from any other
+    /// pane it searches the review queue.
     fn open_filter(&mut self) -> Vec<Effect> {
-        let mut fx = self.focus_on(Pane::Review);
-        self.overlay = Overlay::Filter(Input::new(self.filter.clone().unwrap_or_default()));
+        let mut fx = Vec::new();
+        if !matches!(self.focus, Pane::Events | Pane::Sessions) {
+            fx = self.focus_on(Pane::Review);
+        }
+        let current = self.filter_of(self.focus).unwrap_or_default().to_string();
+        self.overlay = Overlay::Filter(Input::new(current));
         fx.extend(self.after_cursor_move());
         fx
     }
@@ -190,7 +197,8 @@ impl App {
         if let Overlay::Help { scroll }
         | Overlay::Detail { scroll }
         | Overlay::Batches { scroll }
-        | Overlay::Workers { scroll } = &mut self.overlay
+        | Overlay::Workers { scroll }
+        | Overlay::Event { scroll, .. } = &mut self.overlay
         {
             // In the detail view j/k scroll; the cursor moves with s/a/r.
             *scroll = delta(scroll_len, i64::from(*scroll)) as u16;
@@ -201,15 +209,16 @@ impl App {
                 let total = self.snap.review.total as i64;
                 self.review_cursor = delta(total, self.review_cursor as i64) as u64;
                 self.review_cursor_id = None;
+                self.restored.clear();
                 self.after_cursor_move()
             }
             Pane::Sessions => {
-                let len = self.snap.sessions.len() as i64;
+                let len = self.visible_sessions().len() as i64;
                 self.sessions_cursor = delta(len, self.sessions_cursor as i64) as usize;
                 Vec::new()
             }
             Pane::Events => {
-                let len = self.snap.events.len() as i64;
+                let len = self.visible_events().len() as i64;
                 self.events_scroll = delta(len, self.events_scroll as i64) as usize;
                 Vec::new()
             }
@@ -224,8 +233,17 @@ impl App {
                 self.detail_wanted = None;
                 self.after_cursor_move()
             }
+            Pane::Events => {
+                if let Some(e) = self.visible_events().get(self.events_scroll) {
+                    self.overlay = Overlay::Event {
+                        event: Box::new((*e).clone()),
+                        scroll: 0,
+                    };
+                }
+                Vec::new()
+            }
             Pane::Sessions => {
-                let Some(s) = self.snap.sessions.get(self.sessions_cursor) else {
+                let Some(s) = self.visible_sessions().get(self.sessions_cursor).copied() else {
                     return Vec::new();
                 };
                 let id = s.session_id.clone();
@@ -248,8 +266,12 @@ impl App {
                 return self.after_cursor_move();
             }
         }
-        if self.filter.is_some() {
+        // Esc clears the focused list's filter first, then the queue's.
+        if self.filter_of(self.focus).is_some() {
             return self.set_filter(None);
+        }
+        if self.filter.is_some() {
+            return self.set_filter_of(Pane::Review, None);
         }
         if !self.marks.is_empty() {
             self.marks.clear();
@@ -288,6 +310,7 @@ impl App {
         let to = (self.review_cursor as i64 + delta).clamp(0, (total - 1).max(0));
         self.review_cursor = to as u64;
         self.review_cursor_id = None;
+        self.restored.clear();
         self.after_cursor_move()
     }
 

@@ -1,5 +1,8 @@
 //! The footer: mode, badges, the most useful keys for the focused pane (from
-//! the live keymap), and the latest message.
+//! the live keymap), and the latest message. A message too long for one row
+//! is never cut: the footer grows, the message word-wrapped onto the rows
+//! above the panes' bottom (a session id in it stays whole), and the key
+//! hints step aside until the next key clears it.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -7,12 +10,48 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::styled;
+use super::wrap::{cells, wrap_line};
 use crate::action::Action;
 use crate::app::{App, Mode, Overlay, Pane};
 use crate::keymap::Section;
 use crate::theme::Theme;
+use docket_model::sanitize::truncate;
 
-pub(super) fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
+/// The most rows the footer takes for a long message: a third of the screen.
+pub(super) fn max_rows(screen_height: u16) -> u16 {
+    (screen_height / 3).max(1)
+}
+
+/// The footer's rows for a screen `width` wide, at most `max_rows` of them
+/// (the last one ends in `…` only when even that many cannot hold it).
+pub(super) fn footer_lines<'a>(
+    app: &App,
+    width: u16,
+    max_rows: u16,
+    theme: Theme,
+) -> Vec<Line<'a>> {
+    let line = footer_line(app, width, theme);
+    let mut rows = wrap_line(line, usize::from(width));
+    let max = usize::from(max_rows.max(1));
+    if rows.len() > max {
+        rows.truncate(max);
+        if let Some(last) = rows.last_mut() {
+            last.spans.push(Span::raw("…"));
+            let text: String = last.spans.iter().map(|s| s.content.as_ref()).collect();
+            if cells(&text) > usize::from(width) {
+                *last = Line::from(truncate(&text, usize::from(width)));
+            }
+        }
+    }
+    rows
+}
+
+pub(super) fn draw_footer(frame: &mut Frame, area: Rect, lines: Vec<Line>) {
+    frame.render_widget(Paragraph::new(lines), area);
+}
+
+/// The footer as one line, maybe wider than the screen (then wrapped).
+fn footer_line<'a>(app: &App, width: u16, theme: Theme) -> Line<'a> {
     let mode = app.mode();
     let mut spans = vec![
         styled(format!(" {} ", mode.label()), theme.badge()),
@@ -55,15 +94,15 @@ pub(super) fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             if let Some(t) = &app.toast {
                 spans.push(styled(format!("{t} │ "), theme.warn()));
             }
-            let mut used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+            let mut used: usize = spans.iter().map(|s| cells(&s.content)).sum();
             for (section, action, label) in hints(app) {
                 if let Some(k) = app.keymap.first_key(section, action) {
                     let hint = format!(" {label}  ");
-                    let width = k.chars().count() + hint.chars().count();
-                    if used + width > usize::from(area.width) {
+                    let hint_width = cells(&k) + cells(&hint);
+                    if used + hint_width > usize::from(width) {
                         break;
                     }
-                    used += width;
+                    used += hint_width;
                     spans.push(styled(k, theme.key()));
                     spans.push(Span::raw(hint));
                 }
@@ -73,7 +112,7 @@ pub(super) fn draw_footer(frame: &mut Frame, area: Rect, app: &App, theme: Theme
     if let (Some(t), Overlay::Filter(_) | Overlay::Command(_)) = (&app.toast, &app.overlay) {
         spans.push(styled(format!("  │ {t}"), theme.warn()));
     }
-    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+    Line::from(spans)
 }
 
 /// The keys worth showing now, most useful first.
@@ -81,9 +120,13 @@ fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
     use Action as A;
     use Section::{Global as G, Review as R};
     match (&app.overlay, app.focus) {
-        (Overlay::Help { .. } | Overlay::Batches { .. } | Overlay::Workers { .. }, _) => {
-            vec![(G, A::Back, "close"), (G, A::Down, "scroll")]
-        }
+        (
+            Overlay::Help { .. }
+            | Overlay::Batches { .. }
+            | Overlay::Workers { .. }
+            | Overlay::Event { .. },
+            _,
+        ) => vec![(G, A::Back, "close"), (G, A::Down, "scroll")],
         (Overlay::Dialog(_), _) => Vec::new(),
         (Overlay::Detail { .. }, _) => vec![
             (R, A::Accept, "accept"),
@@ -103,8 +146,16 @@ fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
             (G, A::Filter, "filter"),
             (G, A::Help, "help"),
         ],
+        (_, Pane::Events) => vec![
+            (G, A::Open, "open"),
+            (G, A::Filter, "filter"),
+            (G, A::FocusNext, "next pane"),
+            (G, A::Help, "help"),
+            (G, A::Quit, "quit"),
+        ],
         (_, Pane::Sessions) => vec![
             (G, A::Open, "watch"),
+            (G, A::Filter, "filter"),
             (G, A::FocusNext, "next pane"),
             (G, A::Help, "help"),
             (G, A::Quit, "quit"),

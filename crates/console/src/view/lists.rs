@@ -107,59 +107,80 @@ fn summarize(json: &str) -> String {
 }
 
 pub(super) fn draw_events(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
-    let block = pane_block(
-        app,
-        Pane::Events,
-        format!(" {}", app.snap.events.len()),
-        theme,
-    );
+    let events = app.visible_events();
+    let mut extra = match &app.events_filter {
+        Some(_) => format!(" {}/{}", events.len(), app.snap.events.len()),
+        None => format!(" {}", events.len()),
+    };
+    if let Some(f) = &app.events_filter {
+        extra.push_str(&format!(" · /{}", truncate(f, 20)));
+    }
+    let block = pane_block(app, Pane::Events, extra, theme);
     let width = area.width.saturating_sub(2) as usize;
     let rows = area.height.saturating_sub(2) as usize;
+    let focused =
+        app.focus == Pane::Events && matches!(app.overlay, Overlay::None | Overlay::Filter(_));
     let mut lines = Vec::new();
     if app.snap.events.is_empty() {
         lines.push(Line::from(styled("no events yet", theme.dim())));
+    } else if events.is_empty() {
+        lines.push(Line::from(styled(
+            "nothing matches the filter (Esc clears it)",
+            theme.dim(),
+        )));
     }
-    for e in app.snap.events.iter().skip(app.events_scroll).take(rows) {
+    let start = page_start(app.events_scroll as u64, rows as u64) as usize;
+    for (i, e) in events.iter().enumerate().skip(start).take(rows) {
         let (tag, style) = match e.level {
             Level::Info => ("·", theme.dim()),
             Level::Warn => ("⚠", theme.warn()),
             Level::Error => ("✗", theme.error()),
         };
         let time = time_of_day(e.at);
+        // The whole row is the message's: `HH:MM:SS ⚠ ` is 11 cells. What
+        // does not fit is one Enter away (the event in full).
         let text = truncate(&e.message, width.saturating_sub(11).max(1));
-        lines.push(Line::from(vec![
+        let mut line = Line::from(vec![
             styled(format!("{time} {tag} "), style),
             Span::raw(text),
-        ]));
+        ]);
+        if i == app.events_scroll && focused {
+            line = line.style(theme.selected());
+        }
+        lines.push(line);
     }
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
 
 /// `HH:MM:SS` in UTC (the ledger's clock).
-fn time_of_day(ts: f64) -> String {
+pub(super) fn time_of_day(ts: f64) -> String {
     chrono::DateTime::from_timestamp(ts as i64, 0)
         .map(|t| t.format("%H:%M:%S").to_string())
         .unwrap_or_else(|| "--:--:--".into())
 }
 
 pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
-    let block = pane_block(
-        app,
-        Pane::Sessions,
-        format!(" {}", app.snap.sessions.len()),
-        theme,
-    );
+    let sessions = app.visible_sessions();
+    let extra = match &app.sessions_filter {
+        Some(f) => format!(
+            " {}/{} · /{}",
+            sessions.len(),
+            app.snap.sessions.len(),
+            truncate(f, 20)
+        ),
+        None => format!(" {}", sessions.len()),
+    };
+    let block = pane_block(app, Pane::Sessions, extra, theme);
     let rows_h = u64::from(area.height.saturating_sub(3));
     let watched = app.session_id();
-    let focused = app.focus == Pane::Sessions && matches!(app.overlay, Overlay::None);
+    let focused =
+        app.focus == Pane::Sessions && matches!(app.overlay, Overlay::None | Overlay::Filter(_));
     let mut lines = vec![Line::from(styled(
         "  session                  state          done/total   acc   rev   rej   err      cost  age",
         theme.dim(),
     ))];
     let start = page_start(app.sessions_cursor as u64, rows_h) as usize;
-    for (i, s) in app
-        .snap
-        .sessions
+    for (i, s) in sessions
         .iter()
         .enumerate()
         .skip(start)
@@ -194,6 +215,11 @@ pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: The
     if app.snap.sessions.is_empty() {
         lines.push(Line::from(styled(
             "  no sessions in this workspace yet",
+            theme.dim(),
+        )));
+    } else if sessions.is_empty() {
+        lines.push(Line::from(styled(
+            "  nothing matches the filter (Esc clears it)",
             theme.dim(),
         )));
     }

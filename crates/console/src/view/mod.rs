@@ -6,6 +6,7 @@ mod lists;
 mod overlays;
 mod panes;
 mod workers;
+mod wrap;
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -32,10 +33,12 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
         draw_too_small(frame, area, theme);
         return;
     }
+    let footer_lines = footer::footer_lines(app, area.width, footer::max_rows(area.height), theme);
+    let footer_rows = u16::try_from(footer_lines.len()).unwrap_or(1);
     let [header, body, footer_area] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(10),
-        Constraint::Length(1),
+        Constraint::Length(footer_rows),
     ])
     .areas(area);
     panes::draw_header(frame, header, app, theme);
@@ -43,11 +46,14 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
         Overlay::Detail { scroll } => overlays::draw_detail(frame, body, app, *scroll, theme),
         _ => draw_dashboard(frame, body, app, theme),
     }
-    footer::draw_footer(frame, footer_area, app, theme);
+    footer::draw_footer(frame, footer_area, footer_lines);
     match &app.overlay {
         Overlay::Help { scroll } => overlays::draw_help(frame, body, app, *scroll, theme),
         Overlay::Batches { scroll } => overlays::draw_batches(frame, body, app, *scroll, theme),
         Overlay::Workers { scroll } => workers::draw_workers(frame, body, app, *scroll, theme),
+        Overlay::Event { event, scroll } => {
+            overlays::draw_event(frame, body, app, event, *scroll, theme)
+        }
         Overlay::Dialog(d) => overlays::draw_dialog(frame, body, app, d, theme),
         _ => {}
     }
@@ -72,9 +78,14 @@ fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
         panes::draw_stages(frame, stages, app, compact, theme);
         panes::draw_outcomes(frame, outcomes, app, theme);
         panes::draw_gauges(frame, gauges, app, theme);
-        let [review, events] =
-            Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
-                .areas(middle);
+        // On a very wide screen the events pane takes half: its rows are
+        // messages, and a review row reads well in 80 columns.
+        let events_pct = if area.width >= 160 { 50 } else { 40 };
+        let [review, events] = Layout::horizontal([
+            Constraint::Percentage(100 - events_pct),
+            Constraint::Percentage(events_pct),
+        ])
+        .areas(middle);
         lists::draw_review(frame, review, app, theme);
         lists::draw_events(frame, events, app, theme);
         lists::draw_sessions(frame, bottom, app, theme);

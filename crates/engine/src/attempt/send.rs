@@ -19,7 +19,8 @@ fn reserve(ctx: &Ctx, worst: f64) -> bool {
         return true;
     }
     ctx.stop(StopCause::Budget(format!(
-        "budget reached: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
+        "{}: ${:.4} spent of ${:.4}; the next request could cost up to ${:.4}",
+        crate::budget::BUDGET_REACHED,
         ctx.budget.spent(),
         ctx.budget.max().unwrap_or(0.0),
         worst

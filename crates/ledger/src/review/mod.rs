@@ -60,11 +60,15 @@ pub struct Applied {
     pub skipped: Vec<(i64, String)>,
 }
 
-/// What `undo_last` reversed.
+/// What `undo_last` reversed: one decision, of one item or of many (a bulk
+/// accept or reject is undone whole).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Undone {
+    /// The newest item the decision took (the only one, for a single item).
     pub review_id: i64,
     pub item_id: String,
     /// The action undone: `accept` or `reject`.
     pub action: String,
+    /// Every review item the decision took, pending again now.
+    pub review_ids: Vec<i64>,
 }

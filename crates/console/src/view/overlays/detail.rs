@@ -5,12 +5,13 @@
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, BorderType, Borders, Paragraph, Wrap};
+use ratatui::widgets::{Block, BorderType, Borders, Paragraph};
 
 use super::clamp_scroll;
 use crate::app::App;
 use crate::theme::Theme;
 use crate::view::styled;
+use crate::view::wrap::{wrap, wrap_indented, wrap_line};
 use docket_ledger::watch::{ReviewDetail, StageVerdict};
 use docket_model::sanitize::{for_terminal, truncate};
 
@@ -19,11 +20,25 @@ use docket_model::sanitize::{for_terminal, truncate};
 const FIELD_LIMIT: usize = 20_000;
 
 /// Text from an item or a model as safe lines: each source line sanitized.
+/// Long lines are wrapped when drawn ([`wrap_line`]), indented past their
+/// own indent.
 fn safe_lines<'a>(text: &str, indent: &str) -> Vec<Line<'a>> {
     let text: String = text.chars().take(FIELD_LIMIT).collect();
     text.lines()
         .map(|l| Line::from(format!("{indent}{}", for_terminal(l))))
         .collect()
+}
+
+/// JSON from an item or a model, one key per line (pretty-printed), so a
+/// long answer reads as its fields; text that is not JSON as it is.
+fn safe_json_lines<'a>(text: &str, indent: &str) -> Vec<Line<'a>> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
+            let pretty = serde_json::to_string_pretty(&v).unwrap_or_else(|_| text.to_string());
+            safe_lines(&pretty, indent)
+        }
+        _ => safe_lines(text, indent),
+    }
 }
 
 fn heading<'a>(text: &str, theme: Theme) -> Line<'a> {
@@ -55,11 +70,15 @@ pub(in crate::view) fn draw_detail(
     let inner = usize::from(area.width.saturating_sub(2));
     lines.extend(answer_lines(d, inner, theme));
     lines.push(heading("Evidence", theme));
-    lines.extend(safe_lines(&d.evidence_json, "  "));
+    lines.extend(safe_json_lines(&d.evidence_json, "  "));
     lines.extend(stage_lines(d, theme));
-    let p = Paragraph::new(lines)
-        .block(block)
-        .wrap(Wrap { trim: false });
+    // Wrapped here, not by the paragraph: a long JSON value or model line
+    // continues indented under itself, never back at column 0.
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .flat_map(|l| wrap_line(l, inner))
+        .collect();
+    let p = Paragraph::new(lines).block(block);
     let scroll = clamp_scroll(app, &p, area, scroll);
     frame.render_widget(p.scroll((scroll, 0)), area);
 }
@@ -127,7 +146,7 @@ fn answer_lines<'a>(d: &ReviewDetail, inner: usize, theme: Theme) -> Vec<Line<'a
                     theme.review(),
                 )));
             } else {
-                lines.extend(safe_lines(&d.suggestion_json, "  "));
+                lines.extend(safe_json_lines(&d.suggestion_json, "  "));
             }
             lines.push(heading("Rationale", theme));
             lines.extend(safe_lines(d.rationale.as_deref().unwrap_or("(none)"), "  "));
@@ -156,7 +175,7 @@ fn stage_lines<'a>(d: &ReviewDetail, theme: Theme) -> Vec<Line<'a>> {
         ));
         if let Some(p) = &s.parsed_output_json {
             lines.push(Line::from(styled("  parsed:", theme.dim())));
-            lines.extend(safe_lines(p, "    "));
+            lines.extend(safe_json_lines(p, "    "));
         }
         if let Some(raw) = &s.raw_output {
             let finish = s.finish_reason.as_deref().unwrap_or("?");
@@ -249,7 +268,7 @@ fn verdict_column<'a>(v: &StageVerdict, width: usize, theme: Theme) -> Vec<Line<
     let mut lines = Vec::new();
     if let Some(verdict) = &v.verdict {
         let text = format!(" VERDICT: {} ", for_terminal(verdict).to_uppercase());
-        for row in wrap(&text, width) {
+        for row in wrap(text.trim_start(), width) {
             lines.push(Line::from(styled(row, theme.alert_badge())));
         }
     }
@@ -275,13 +294,17 @@ fn verdict_column<'a>(v: &StageVerdict, width: usize, theme: Theme) -> Vec<Line<
                     other => other.to_string(),
                 };
                 let text = format!("{}: {}", for_terminal(k), for_terminal(&val));
-                lines.extend(wrap(&text, width).into_iter().map(Line::from));
+                lines.extend(wrap_indented(&text, width, 2).into_iter().map(Line::from));
             }
         }
         (_, Some(raw)) => {
             let raw: String = raw.chars().take(COLUMN_LIMIT).collect();
             for l in raw.lines() {
-                lines.extend(wrap(&for_terminal(l), width).into_iter().map(Line::from));
+                lines.extend(
+                    wrap_indented(&for_terminal(l), width, 2)
+                        .into_iter()
+                        .map(Line::from),
+                );
             }
         }
         (_, None) => lines.push(Line::from(styled("(no output)", theme.dim()))),
@@ -298,50 +321,4 @@ fn verdict_column<'a>(v: &StageVerdict, width: usize, theme: Theme) -> Vec<Line<
         lines.extend(rows.into_iter().map(|r| Line::from(format!("  {r}"))));
     }
     lines
-}
-
-/// `text` (already safe) in rows of at most `width` cells: at spaces where
-/// it can, inside a word longer than a row where it must.
-fn wrap(text: &str, width: usize) -> Vec<String> {
-    let cells = |s: &str| Span::raw(s).width();
-    let mut rows = Vec::new();
-    let mut row = String::new();
-    for word in text.split(' ') {
-        let sep = usize::from(!row.is_empty());
-        if cells(&row) + sep + cells(word) <= width {
-            if sep == 1 {
-                row.push(' ');
-            }
-            row.push_str(word);
-            continue;
-        }
-        if !row.is_empty() {
-            rows.push(std::mem::take(&mut row));
-        }
-        // A word longer than a row: cut it by cells.
-        let mut rest = word;
-        while cells(rest) > width {
-            let mut cut = 0;
-            let mut used = 0;
-            for (i, c) in rest.char_indices() {
-                let w = cells(&rest[i..i + c.len_utf8()]);
-                if used + w > width {
-                    break;
-                }
-                used += w;
-                cut = i + c.len_utf8();
-            }
-            if cut == 0 {
-                // One character wider than the row: keep it whole.
-                cut = rest.chars().next().map_or(rest.len(), char::len_utf8);
-            }
-            rows.push(rest[..cut].to_string());
-            rest = &rest[cut..];
-        }
-        row.push_str(rest);
-    }
-    if !row.is_empty() || rows.is_empty() {
-        rows.push(row);
-    }
-    rows
 }

@@ -46,7 +46,7 @@ pub(in crate::view) fn draw_dialog(
             " Reject many? ",
             vec![
                 format!("Reject {} marked suggestions?", ids.len()),
-                "Their decisions stay undecided; u undoes them one by one.".into(),
+                "Their decisions stay undecided; one u undoes them all.".into(),
             ],
             format!(
                 "{} yes   {} no (default)",

@@ -9,6 +9,7 @@ use super::{centered, clamp_scroll};
 use crate::app::App;
 use crate::theme::Theme;
 use crate::view::styled;
+use crate::view::wrap::wrap_line;
 use docket_model::sanitize::truncate;
 
 pub(in crate::view) fn draw_help(
@@ -64,6 +65,11 @@ pub(in crate::view) fn draw_help(
             " Help: keys from the live keymap (Esc closes) ",
             theme.title(true),
         ));
+    let inner = usize::from(popup.width.saturating_sub(2));
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .flat_map(|l| wrap_line(l, inner))
+        .collect();
     let p = Paragraph::new(lines).block(block);
     let scroll = clamp_scroll(app, &p, popup, scroll);
     frame.render_widget(p.scroll((scroll, 0)), popup);

@@ -1,5 +1,5 @@
-//! Views over the panes: the review item detail, the generated help, the
-//! provider batches and the confirmation dialogs, one module each; here the
+//! Views over the panes: the review item detail, one event in full, the
+//! generated help, the provider batches and the confirmation dialogs, one module each; here the
 //! placing and scrolling they share.
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
@@ -10,11 +10,13 @@ use crate::app::App;
 mod batches;
 mod detail;
 mod dialog;
+mod event;
 mod help;
 
 pub(super) use batches::draw_batches;
 pub(super) use detail::draw_detail;
 pub(super) use dialog::draw_dialog;
+pub(super) use event::draw_event;
 pub(super) use help::draw_help;
 
 /// Record how far this overlay can scroll (its wrapped lines past one

@@ -4,7 +4,7 @@
 //! someone else, and logs itself in `review_log` with the decision row it
 //! replaced, so the newest one can be undone, even after a restart.
 
-use crate::db::{Connection, params};
+use crate::db::{Connection, OptionalExtension, params};
 
 mod rows;
 mod undo;
@@ -185,7 +185,7 @@ fn decide(
 ) -> Result<Applied, ReviewError> {
     let actor = op.actor();
     write_transaction(conn, || {
-        let now = now_ts();
+        let now = decision_time(conn, &actor, now_ts())?;
         let mut applied = Applied::default();
         for &id in ids {
             if applied.done.contains(&id) || applied.skipped.iter().any(|(s, _)| *s == id) {
@@ -202,6 +202,26 @@ fn decide(
             applied.done.push(id);
         }
         Ok(applied)
+    })
+}
+
+/// The time a decision is written with: `now`, or just after the actor's
+/// previous decision when the clock has not moved past it. Every row of one
+/// decision shares this time, and no other decision of the actor has it, so
+/// undo knows a bulk decision's rows by it (see `undo`).
+fn decision_time(conn: &Connection, actor: &str, now: f64) -> Result<f64, ReviewError> {
+    let last: Option<f64> = conn
+        .prepare_cached(
+            "SELECT at FROM review_log WHERE actor = ?1 AND action IN ('accept', 'reject')
+                 ORDER BY log_id DESC LIMIT 1",
+        )?
+        .query_row(params![actor], |r| r.get(0))
+        .optional()?;
+    Ok(match last {
+        // A microsecond is well above an f64's step at today's epoch
+        // seconds (about 0.24 µs), so the two stay apart.
+        Some(last) if last >= now => last + 1e-6,
+        _ => now,
     })
 }
 

@@ -1,5 +1,10 @@
 //! Undo: this operator's newest decision not yet undone is taken back, when
-//! nobody changed the item since.
+//! nobody changed the item since. A bulk decision (many marked items
+//! accepted or rejected at once) is one decision: its log rows share the
+//! actor, the action and the time of the transaction that wrote them
+//! (`decide` keeps that time unique per actor), and one undo takes them all
+//! back. Ledgers from before keep working: their bulk rows also share one
+//! time, and a single decision is a group of one.
 
 use super::rows::{DecisionState, load_decision, load_item};
 use crate::db::{Connection, OptionalExtension, params};
@@ -7,26 +12,33 @@ use crate::now_ts;
 use crate::review::{Operator, ReviewError, Undone};
 use crate::transaction::write_transaction;
 
-/// Undo this operator's newest decision not yet undone: the decision row is
-/// restored as it was, the review item is pending again, and the log says
-/// so. Each call walks one decision further back. Refused, with nothing
-/// changed, when the item was decided again since by someone else.
+/// Undo this operator's newest decision not yet undone (every item of a
+/// bulk decision): each decision row is restored as it was, the review
+/// items are pending again, and the log says so. Each call walks one
+/// decision further back. Refused, with nothing changed, when any of its
+/// items was decided again since by someone else.
 pub(crate) fn undo_last(conn: &Connection, op: &Operator) -> Result<Option<Undone>, ReviewError> {
     let actor = op.actor();
     write_transaction(conn, || {
         let now = now_ts();
-        let Some(entry) = newest_undoable(conn, &actor)? else {
+        let Some(newest) = newest_undoable(conn, &actor)? else {
             return Ok(None);
         };
-        let current = check_unchanged_since(conn, &entry, &actor)?;
-        if entry.action == "accept" {
-            restore_decision(conn, &entry, now)?;
+        let group = same_decision(conn, &newest, &actor)?;
+        let mut review_ids = Vec::with_capacity(group.len());
+        for entry in &group {
+            let current = check_unchanged_since(conn, entry, &actor)?;
+            if entry.action == "accept" {
+                restore_decision(conn, entry, now)?;
+            }
+            reopen_and_log(conn, entry, &actor, current, now)?;
+            review_ids.push(entry.review_id);
         }
-        reopen_and_log(conn, &entry, &actor, current, now)?;
         Ok(Some(Undone {
-            review_id: entry.review_id,
-            item_id: entry.item_id,
-            action: entry.action,
+            review_id: newest.review_id,
+            item_id: newest.item_id,
+            action: newest.action,
+            review_ids,
         }))
     })
 }
@@ -40,25 +52,58 @@ struct LogEntry {
     prev_decision_json: Option<String>,
 }
 
+const LOG_COLUMNS: &str = "log_id, review_id, item_id, action, at, prev_decision_json";
+
+fn log_entry(r: &crate::db::Row<'_>) -> crate::db::Result<LogEntry> {
+    Ok(LogEntry {
+        log_id: r.get(0)?,
+        review_id: r.get(1)?,
+        item_id: r.get(2)?,
+        action: r.get(3)?,
+        at: r.get(4)?,
+        prev_decision_json: r.get(5)?,
+    })
+}
+
 /// The newest accept or reject of `actor` not undone yet.
 fn newest_undoable(conn: &Connection, actor: &str) -> Result<Option<LogEntry>, ReviewError> {
     Ok(conn
-        .prepare_cached(
-            "SELECT log_id, review_id, item_id, action, at, prev_decision_json FROM review_log
+        .prepare_cached(&format!(
+            "SELECT {LOG_COLUMNS} FROM review_log
                  WHERE actor = ?1 AND action IN ('accept', 'reject') AND undone_by_log_id IS NULL
-                 ORDER BY log_id DESC LIMIT 1",
-        )?
-        .query_row(params![actor], |r| {
-            Ok(LogEntry {
-                log_id: r.get(0)?,
-                review_id: r.get(1)?,
-                item_id: r.get(2)?,
-                action: r.get(3)?,
-                at: r.get(4)?,
-                prev_decision_json: r.get(5)?,
-            })
-        })
+                 ORDER BY log_id DESC LIMIT 1"
+        ))?
+        .query_row(params![actor], log_entry)
         .optional()?)
+}
+
+/// Every row of the decision `newest` belongs to (one bulk accept or
+/// reject), newest first; just `newest` for a single decision.
+fn same_decision(
+    conn: &Connection,
+    newest: &LogEntry,
+    actor: &str,
+) -> Result<Vec<LogEntry>, ReviewError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {LOG_COLUMNS} FROM review_log
+             WHERE actor = ?1 AND action = ?2 AND at = ?3 AND undone_by_log_id IS NULL
+                 AND log_id <= ?4
+             ORDER BY log_id DESC"
+    ))?;
+    let rows = stmt.query_map(
+        params![actor, newest.action, newest.at, newest.log_id],
+        log_entry,
+    )?;
+    let group = rows.collect::<crate::db::Result<Vec<LogEntry>>>()?;
+    if group.is_empty() {
+        // Cannot happen (newest matches itself), but an empty undo must
+        // not report success.
+        return Err(ReviewError::BadLog {
+            log_id: newest.log_id,
+            why: "its own decision was not found again".to_string(),
+        });
+    }
+    Ok(group)
 }
 
 /// Why `entry` cannot be undone.
