@@ -216,9 +216,10 @@ async fn limit_and_skip_reviewed_choose_the_items() {
         "SELECT COUNT(*) FROM decision WHERE state = 'indeterminate'",
         [],
     );
-    // --skip-reviewed leaves out the items waiting for review.
-    let mut o = options(&ws);
-    o.skip_reviewed = true;
+    // By default (what --skip-reviewed asked for before) a new session
+    // leaves out the items waiting for review.
+    let o = options(&ws);
+    assert!(!o.rereview_pending);
     let (r2, _) = run(o).await;
     let s2 = r2.session.unwrap();
     assert_eq!(s2.total_count as i64, indeterminate - pending_reviews);
