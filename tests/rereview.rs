@@ -491,3 +491,88 @@ fn migration_8_repairs_a_postgres_ledger_with_two_pending_review_items_for_one_i
     assert_eq!(card.replaced.len(), 1);
     assert_eq!(card.replaced[0].session_id.as_deref(), Some("s1"));
 }
+
+// ---------------------------------------------------------------- undo
+
+/// A reject undone after the item got a newer suggestion (a later session
+/// took the rejected item and sent it to review again): the undone one
+/// does not come back beside it, it is superseded by it.
+#[test]
+fn undoing_a_reject_after_a_newer_suggestion_leaves_the_old_one_superseded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("docket.sqlite");
+    let conn = docket::ledger::open(&path).unwrap();
+    conn.execute_batch(
+        "INSERT INTO decision (item_id, state, evidence_json, imported_at, updated_at)
+         VALUES ('x', 'indeterminate', '{}', 1, 1);
+         INSERT INTO llm_batch_session (session_id, started_at, total_count, config_snapshot_json, state, updated_at)
+         VALUES ('s1', 1, 1, '{}', 'completed', 1), ('s2', 2, 1, '{}', 'completed', 2);
+         INSERT INTO review_item (review_id, item_id, session_id, source, status, llm_suggestion_json, confidence, created_at)
+         VALUES (1, 'x', 's1', 'LLM_REVIEW', 'pending', '{\"label\":\"old\"}', 0.8, 10);",
+    )
+    .unwrap();
+    let ledger = Ledger::open(LedgerLocation::File(path.clone())).unwrap();
+    let op = Operator {
+        user: "ann".into(),
+        claimant: "ann@host:1".into(),
+    };
+    assert_eq!(ledger.reject(&[1], &op).unwrap().done, vec![1]);
+    // The later session's suggestion, as the writer makes it.
+    conn.execute(
+        "INSERT INTO review_item (review_id, item_id, session_id, source, status, llm_suggestion_json, confidence, created_at)
+         VALUES (2, 'x', 's2', 'LLM_REVIEW', 'pending', '{\"label\":\"new\"}', 0.7, 20)",
+        [],
+    )
+    .unwrap();
+    let undone = ledger
+        .undo_last(&op)
+        .unwrap()
+        .expect("the reject is undone");
+    assert_eq!(undone.review_id, 1);
+    let rows = strings(
+        &conn,
+        "SELECT review_id || '|' || status || '|' || COALESCE(superseded_by, '') || '|' || COALESCE(decided_by, '')
+         FROM review_item ORDER BY review_id",
+        [],
+    );
+    assert_eq!(rows, vec!["1|superseded|2|", "2|pending||"]);
+    let queue = ledger.review_page(&ReviewQuery::default()).unwrap();
+    assert_eq!(queue.total, 1);
+    assert_eq!(queue.rows[0].review_id, 2);
+    let card = ledger.review_detail(2).unwrap().unwrap();
+    assert_eq!(card.replaced.len(), 1);
+    assert_eq!(card.replaced[0].review_id, 1);
+    // Without a newer suggestion, an undone reject is pending again.
+    assert_eq!(ledger.reject(&[2], &op).unwrap().done, vec![2]);
+    ledger.undo_last(&op).unwrap().expect("undone");
+    let queue = ledger.review_page(&ReviewQuery::default()).unwrap();
+    assert_eq!(
+        queue.rows.iter().map(|r| r.review_id).collect::<Vec<_>>(),
+        vec![2]
+    );
+}
+
+/// `--skip-reviewed` and `--rereview-pending` say opposite things: refused.
+#[test]
+fn skip_reviewed_and_rereview_pending_together_are_refused() {
+    let ws = workspace();
+    let out = Command::new(support::procs::bin())
+        .arg("--workspace")
+        .arg(ws.path())
+        .args([
+            "batch-adjudicate",
+            "--dry-run",
+            "--skip-reviewed",
+            "--rereview-pending",
+        ])
+        .env("HOME", ws.path())
+        .env_remove("DOCKET_LEDGER_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", support::said(&out));
+    assert!(
+        support::said(&out).contains("cannot be used with"),
+        "{}",
+        support::said(&out)
+    );
+}
