@@ -137,6 +137,7 @@ fn page(total: u64, offset: u64, len: u64) -> ReviewPage {
         total,
         offset,
         rows: (offset..end).map(review_row).collect(),
+        several_sessions: false,
     }
 }
 

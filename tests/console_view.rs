@@ -214,6 +214,7 @@ fn page(total: u64) -> ReviewPage {
         total,
         offset: 0,
         rows: (0..total).map(review_row).collect(),
+        several_sessions: false,
     }
 }
 
@@ -402,6 +403,7 @@ fn filter_mode_footer() {
         total: 3,
         offset: 0,
         rows: vec![review_row(0), review_row(4), review_row(8)],
+        several_sessions: false,
     };
     a.apply_snapshot(snap);
     snap_both("filter_mode", &a);
@@ -1598,4 +1600,58 @@ fn mark_all_counts_once_in_the_footer() {
     let text = screen_text(render(&a, 120, 40).backend().buffer());
     let footer = text.lines().last().unwrap();
     assert_eq!(footer.matches("12 marked").count(), 1, "{footer}");
+}
+
+/// Issue 16: with items of two sessions in the queue, each row names its
+/// session's tail (at 80 columns, the answer still readable); with one
+/// session the rows stay as they were. A re-asked item's card names the
+/// suggestion it replaced: session, confidence and answer.
+#[test]
+fn queue_rows_name_their_session_when_several_share_the_queue() {
+    const OTHER: &str = "batch_20231115_x9y8z7";
+    let mut snap = snapshot();
+    snap.review = page(6);
+    for r in snap.review.rows.iter_mut().skip(3) {
+        r.session_id = Some(OTHER.into());
+    }
+    snap.review.several_sessions = true;
+    let mut a = app_with(false, snap.clone());
+    a.focus = Pane::Review;
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("item-00")).collect();
+    assert_eq!(rows.len(), 6, "{text}");
+    for (i, row) in rows.iter().enumerate() {
+        let tail = if i < 3 { "…221000 " } else { "…x9y8z7 " };
+        assert!(row.contains(tail), "row {i} names no session:\n{text}");
+        assert!(row.contains("label="), "row {i} lost its answer:\n{text}");
+    }
+    snap.review.several_sessions = false;
+    let a = app_with(false, snap.clone());
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(
+        !text.contains("…221000") && !text.contains("…x9y8z7"),
+        "{text}"
+    );
+
+    snap.detail = Some(ReviewDetail {
+        replaced: vec![docket::watch::ReplacedSuggestion {
+            review_id: 7,
+            session_id: Some(OTHER.into()),
+            suggestion: r#"{"label":"ham"}"#.into(),
+            confidence: Some(0.84),
+            created_at: NOW - 60.0,
+        }],
+        ..detail()
+    });
+    let mut a = app_with(false, snap);
+    a.handle_key(key('5'));
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    // (Wrapped at 80 columns: the answer comes on the next line, indented.)
+    assert!(
+        text.contains(&format!(
+            "replaces an earlier suggestion: session {OTHER} · 0.84 ·"
+        )) && text.contains("║  label=ham"),
+        "{text}"
+    );
 }

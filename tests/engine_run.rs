@@ -216,9 +216,10 @@ async fn limit_and_skip_reviewed_choose_the_items() {
         "SELECT COUNT(*) FROM decision WHERE state = 'indeterminate'",
         [],
     );
-    // --skip-reviewed leaves out the items waiting for review.
-    let mut o = options(&ws);
-    o.skip_reviewed = true;
+    // By default (what --skip-reviewed asked for before) a new session
+    // leaves out the items waiting for review.
+    let o = options(&ws);
+    assert!(!o.rereview_pending);
     let (r2, _) = run(o).await;
     let s2 = r2.session.unwrap();
     assert_eq!(s2.total_count as i64, indeterminate - pending_reviews);
@@ -855,8 +856,14 @@ async fn a_changed_template_is_not_reused_or_sent_again_unless_asked() {
     let s1 = first.session.unwrap();
     let left = s1.reviewed_count + s1.rejected_count;
     assert!(left > 0);
+    // Every undecided item, those awaiting review included (by default a
+    // new session leaves them out).
+    let every_undecided = || docket::engine::RunOptions {
+        rereview_pending: true,
+        ..options(&ws)
+    };
     // Same job: the second session reuses every answer, sends nothing.
-    let (second, _) = run(options(&ws)).await;
+    let (second, _) = run(every_undecided()).await;
     assert_eq!(second.session.unwrap().total_count, left);
     assert_eq!(m.stats().ok, 30);
     // A new prompt: the answers made with the old one are neither reused
@@ -865,7 +872,7 @@ async fn a_changed_template_is_not_reused_or_sent_again_unless_asked() {
     let text = std::fs::read_to_string(&tpl).unwrap();
     std::fs::write(&tpl, format!("{text}\nThink twice.")).unwrap();
     let refused = docket::engine::run(
-        options(&ws),
+        every_undecided(),
         std::sync::Arc::new(docket::engine::StdoutReporter),
         |_| true,
         Default::default(),
@@ -878,7 +885,7 @@ async fn a_changed_template_is_not_reused_or_sent_again_unless_asked() {
     );
     assert_eq!(m.stats().ok, 30, "nothing was sent");
     // Asked again on purpose: a new request_version for the remaining items.
-    let mut opts = options(&ws);
+    let mut opts = every_undecided();
     opts.rerun_stage = Some("adjudicate".into());
     let (third, _) = run(opts).await;
     let s3 = third.session.unwrap();

@@ -703,10 +703,15 @@ async fn rerun_stage_asks_the_critic_again() {
     let tpl = ws.path().join("prompts/critic.j2");
     let text = std::fs::read_to_string(&tpl).unwrap();
     std::fs::write(&tpl, format!("{text}\nBe strict.")).unwrap();
+    // (Every undecided item: those awaiting review too, which a new
+    // session leaves out by default.)
     let refused = tokio::time::timeout(
         RUN_LIMIT,
         docket::engine::run(
-            opts(&ws, &m),
+            RunOptions {
+                rereview_pending: true,
+                ..opts(&ws, &m)
+            },
             std::sync::Arc::new(Lines::default()),
             |_| true,
             Default::default(),

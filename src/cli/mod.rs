@@ -292,9 +292,18 @@ pub struct RunArgs {
     /// Run even when job.enabled = false.
     #[arg(long)]
     pub force: bool,
-    /// Skip items that already have a pending review item.
-    #[arg(long)]
+    /// Leave out items that already have a pending review item. This is
+    /// now the default (they await a human; asking again would make a
+    /// second suggestion for one item): the flag is kept for scripts.
+    #[arg(long, conflicts_with = "rereview_pending")]
     pub skip_reviewed: bool,
+    /// Take items that already have a pending review item too: the new
+    /// answer supersedes the old suggestion (kept in the ledger as history,
+    /// named on the new one's review card). A completed answer made with the
+    /// same template and parameters is reused, not paid again; add
+    /// --rerun-stage to ask the provider anew.
+    #[arg(long)]
+    pub rereview_pending: bool,
     /// Auto-accept at or above this confidence (default: routing.auto_accept_threshold).
     #[arg(long, value_name = "FLOAT")]
     pub auto_accept_threshold: Option<f64>,

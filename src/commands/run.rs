@@ -43,7 +43,8 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
         dry_run: args.dry_run,
         resume: args.resume.clone(),
         force: args.force,
-        skip_reviewed: args.skip_reviewed,
+        // `--skip-reviewed` is the default; only `--rereview-pending` changes it.
+        rereview_pending: args.rereview_pending,
         auto_accept_threshold: args.auto_accept_threshold,
         review_threshold: args.review_threshold,
         max_cost: args.max_cost,

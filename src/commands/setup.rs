@@ -124,6 +124,7 @@ pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         accept_changes: false,
         force: false,
         skip_reviewed: false,
+        rereview_pending: false,
         auto_accept_threshold: None,
         review_threshold: None,
         yes: true,

@@ -136,7 +136,10 @@ pub struct RunOptions {
     pub dry_run: bool,
     pub resume: Option<String>,
     pub force: bool,
-    pub skip_reviewed: bool,
+    /// `--rereview-pending`: take items that already have a pending review
+    /// item too (their new suggestion supersedes the old one). By default a
+    /// new session leaves them out.
+    pub rereview_pending: bool,
     pub auto_accept_threshold: Option<f64>,
     pub review_threshold: Option<f64>,
     pub max_cost: Option<f64>,

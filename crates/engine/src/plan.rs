@@ -76,13 +76,13 @@ pub struct Plan {
 
 /// Pick and render the candidates. Rendering errors name the template file,
 /// line and item.
-pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Plan, EngineError> {
+pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<Plan, EngineError> {
     let ledger = super::open_ledger(&p.ledger)?;
     let first = p.first();
     let counter = TokenCounter::for_model(&first.model);
     let filter = CandidateFilter {
         limit,
-        skip_reviewed,
+        rereview_pending,
     };
     let scan = Scan::candidates(p, &ledger, filter, &counter)?;
     let item_ids = scan.item_ids;

@@ -27,14 +27,24 @@ pub(crate) fn start_session(
     reporter.line("======================");
     reporter.line("");
     let plan =
-        tokio::task::block_in_place(|| plan::plan(prepared, opts.limit, opts.skip_reviewed))?;
+        tokio::task::block_in_place(|| plan::plan(prepared, opts.limit, opts.rereview_pending))?;
     reporter.line(&format!(
         "Querying INDETERMINATE decisions... {} found",
         plan.estimate.items
     ));
+    let awaiting = left_awaiting_review(prepared, opts)?;
+    if awaiting > 0 {
+        reporter.line(&format!(
+            "  {awaiting} item(s) awaiting review left out (they have a pending review item; \
+             --rereview-pending routes them again, the new suggestion replacing the old)"
+        ));
+    }
     if plan.estimate.items == 0 {
-        reporter
-            .line("Nothing to do: no indeterminate items (import some with `docket import FILE`).");
+        reporter.line(if awaiting > 0 {
+            "Nothing to do: every indeterminate item awaits review (decide them in `docket review`)."
+        } else {
+            "Nothing to do: no indeterminate items (import some with `docket import FILE`)."
+        });
         return Ok(Started::Ended(RunEnd::NothingToDo));
     }
     for l in plan.estimate.describe() {
@@ -88,6 +98,18 @@ pub(crate) fn start_session(
     Ok(Started::Session(id))
 }
 
+/// How many items the plan left out because they await review (none when
+/// `--rereview-pending` takes them).
+fn left_awaiting_review(prepared: &Prepared, opts: &RunOptions) -> Result<u64, EngineError> {
+    if opts.rereview_pending {
+        return Ok(0);
+    }
+    tokio::task::block_in_place(|| {
+        let ledger = open_ledger(&prepared.ledger)?;
+        Ok(ledger.count_awaiting_review()?)
+    })
+}
+
 /// Refuse to start over answers made with another template or parameters.
 fn refuse_stale_answers(prepared: &Prepared, plan: &Plan) -> Result<(), EngineError> {
     // Answers made with another template or parameters are neither reused
@@ -121,7 +143,7 @@ fn session_snapshot(prepared: &Prepared, opts: &RunOptions) -> String {
         "config": prepared.config.snapshot_json(),
         "flags": {
             "limit": opts.limit, "min_confidence": opts.min_confidence, "rate_limit": opts.rate_limit,
-            "skip_reviewed": opts.skip_reviewed, "force": opts.force,
+            "rereview_pending": opts.rereview_pending, "force": opts.force,
             "auto_accept_threshold": prepared.thresholds.auto_accept,
             "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
         },

@@ -16,6 +16,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("migrations/0005_stages.sql")),
     (6, include_str!("migrations/0006_work_queue.sql")),
     (7, include_str!("migrations/0007_search_catch_up.sql")),
+    (8, include_str!("migrations/0008_superseded_reviews.sql")),
     (9, include_str!("migrations/0009_batch_progress.sql")),
 ];
 
@@ -32,6 +33,18 @@ pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
     if current == known {
         return Ok(());
     }
+    // A table rebuilt to change a CHECK (0008) is dropped and made again
+    // while other tables point at it: SQLite's own procedure for that turns
+    // foreign keys off around the transaction (the pragma does nothing
+    // inside one) and checks them before the commit instead.
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    let result = migrate_in_transaction(conn, path);
+    let back_on = conn.pragma_update(None, "foreign_keys", "ON");
+    result?;
+    Ok(back_on?)
+}
+
+fn migrate_in_transaction(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
     // A plain Connection has no `transaction_with_behavior` without &mut, so
     // drive the immediate transaction by hand.
     let _ = TransactionBehavior::Immediate;
@@ -43,6 +56,19 @@ pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
             conn.execute_batch(sql)?;
             docket_model::failpoint::hit("mid_migration");
             conn.pragma_update(None, "user_version", version)?;
+        }
+        let dangling: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_foreign_key_check('review_log')",
+            [],
+            |r| r.get(0),
+        )?;
+        if dangling > 0 {
+            return Err(LedgerError::Corrupt {
+                path: path.display().to_string(),
+                detail: format!(
+                    "{dangling} review_log row(s) point at review items the ledger does not have"
+                ),
+            });
         }
         Ok(())
     })();

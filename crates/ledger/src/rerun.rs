@@ -227,6 +227,13 @@ fn supersede_outcome(
             params![item, adj, now],
         )?;
     }
+    // What that suggestion superseded waits, unlinked, for the one the
+    // item's new answer makes (the writer links it then).
+    tx.execute(
+        "UPDATE review_item SET superseded_by = NULL WHERE item_id = ?2 AND superseded_by IN
+             (SELECT review_id FROM review_item WHERE session_id = ?1 AND item_id = ?2 AND status = 'pending')",
+        params![session_id, item],
+    )?;
     tx.execute(
         "DELETE FROM review_item WHERE session_id = ?1 AND item_id = ?2 AND status = 'pending'",
         params![session_id, item],

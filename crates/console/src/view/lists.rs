@@ -9,7 +9,7 @@ use super::panes::state_word;
 use super::{pane_block, styled};
 use crate::app::{App, Overlay, Pane};
 use crate::theme::Theme;
-use docket_ledger::watch::Level;
+use docket_ledger::watch::{Level, ReviewRow};
 use docket_model::sanitize::truncate;
 
 /// The first row shown so that `cursor` is visible: whole pages, so the
@@ -56,30 +56,7 @@ pub(super) fn draw_review(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             continue;
         };
         let is_cursor = abs == app.review_cursor;
-        let marked = app.marks.contains(&r.review_id);
-        let pointer = if is_cursor { "›" } else { " " };
-        let mark = if marked { "●" } else { " " };
-        let conf = r
-            .confidence
-            .map_or("  -- ".to_string(), |c| format!("{c:.2} "));
-        let held = match app.held_by_other(r.claimed_by.as_deref()) {
-            Some(who) => format!(" [held: {}]", truncate(who, 24)),
-            None => String::new(),
-        };
-        let id = truncate(&r.item_id, 18);
-        let fixed = 2 + 2 + conf.len() + id.chars().count() + 1 + held.chars().count();
-        let summary = truncate(
-            &summarize(&r.suggestion),
-            width.saturating_sub(fixed).max(1),
-        );
-        let mut line = Line::from(vec![
-            Span::raw(pointer),
-            styled(format!("{mark} "), theme.marked()),
-            styled(conf, theme.review()),
-            styled(format!("{id} "), theme.title(false)),
-            Span::raw(summary),
-            styled(held, theme.warn()),
-        ]);
+        let mut line = queue_row(app, r, page.several_sessions, is_cursor, width, theme);
         if is_cursor && focused {
             line = line.style(theme.selected());
         }
@@ -88,8 +65,74 @@ pub(super) fn draw_review(frame: &mut Frame, area: Rect, app: &App, theme: Theme
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
 
+/// One row of the queue: pointer, mark, confidence, item id, the session
+/// (with several in the queue), the answer at a glance, and who holds it.
+fn queue_row<'a>(
+    app: &App,
+    r: &ReviewRow,
+    several_sessions: bool,
+    is_cursor: bool,
+    width: usize,
+    theme: Theme,
+) -> Line<'a> {
+    let marked = app.marks.contains(&r.review_id);
+    let pointer = if is_cursor { "›" } else { " " };
+    let mark = if marked { "●" } else { " " };
+    let conf = r
+        .confidence
+        .map_or("  -- ".to_string(), |c| format!("{c:.2} "));
+    let held = match app.held_by_other(r.claimed_by.as_deref()) {
+        Some(who) => format!(" [held: {}]", truncate(who, 24)),
+        None => String::new(),
+    };
+    let id = truncate(&r.item_id, 18);
+    // With items of several sessions in the queue, each row says whose
+    // it is (the id's random tail, as the sessions pane ends it).
+    let session = match (&r.session_id, several_sessions) {
+        (Some(s), true) => format!("{} ", short_session(s)),
+        _ => String::new(),
+    };
+    let fixed = 2
+        + 2
+        + conf.len()
+        + id.chars().count()
+        + 1
+        + session.chars().count()
+        + held.chars().count();
+    let summary = truncate(
+        &summarize(&r.suggestion),
+        width.saturating_sub(fixed).max(1),
+    );
+    Line::from(vec![
+        Span::raw(pointer),
+        styled(format!("{mark} "), theme.marked()),
+        styled(conf, theme.review()),
+        styled(format!("{id} "), theme.title(false)),
+        styled(session, theme.dim()),
+        Span::raw(summary),
+        styled(held, theme.warn()),
+    ])
+}
+
+/// A session id short enough for a queue row: `batch_20261120_ab12cd` →
+/// `…ab12cd` (its random tail; the sessions pane shows it whole), a short
+/// id as it is. Sanitized: ids come from the ledger.
+pub(in crate::view) fn short_session(id: &str) -> String {
+    const KEEP: usize = 8;
+    let id = docket_model::sanitize::for_terminal(id);
+    if id.chars().count() <= KEEP {
+        return id;
+    }
+    let tail = id.rsplit('_').next().unwrap_or("");
+    if !tail.is_empty() && tail.chars().count() < KEEP {
+        return format!("…{tail}");
+    }
+    let skip = id.chars().count() - (KEEP - 1);
+    format!("…{}", id.chars().skip(skip).collect::<String>())
+}
+
 /// `{"a":"x","b":1}` → `a=x b=1`: the answer at a glance.
-fn summarize(json: &str) -> String {
+pub(in crate::view) fn summarize(json: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(json) {
         Ok(serde_json::Value::Object(map)) => map
             .iter()

@@ -7,7 +7,7 @@ use crate::db::{Connection, OptionalExtension, params};
 use super::columns::{real, text};
 use super::schema::{has_column, has_table};
 use crate::now_ts;
-use crate::watch::{ReviewDetail, StageOutput, StageVerdict};
+use crate::watch::{ReplacedSuggestion, ReviewDetail, StageOutput, StageVerdict};
 
 /// One review item in full: its evidence, the suggestion and what every
 /// stage of every request for the item answered. Texts are returned as
@@ -79,7 +79,50 @@ pub(super) fn review_detail(
     if let Some(session) = detail.session_id.clone() {
         routed(conn, &session, &mut detail)?;
     }
+    if has_column(conn, "review_item", "superseded_by")? {
+        supersessions(conn, &mut detail)?;
+    }
     Ok(Some(detail))
+}
+
+/// How many earlier suggestions the card names.
+const REPLACED_SHOWN: i64 = 5;
+
+/// The earlier suggestions this review item superseded, newest first, and
+/// the one that superseded it.
+fn supersessions(conn: &Connection, d: &mut ReviewDetail) -> crate::db::Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT review_id, session_id, llm_suggestion_json, confidence, created_at
+         FROM review_item WHERE superseded_by = ?1
+         ORDER BY created_at DESC, review_id DESC LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![d.review_id, REPLACED_SHOWN], |r| {
+        let suggestion: String = r.get(2)?;
+        Ok(ReplacedSuggestion {
+            review_id: r.get(0)?,
+            session_id: r.get(1)?,
+            suggestion: compact_json(&suggestion),
+            confidence: r.get(3)?,
+            created_at: r.get(4)?,
+        })
+    })?;
+    d.replaced = rows.collect::<crate::db::Result<_>>()?;
+    d.superseded_by = conn
+        .prepare_cached(
+            "SELECT n.review_id, n.session_id FROM review_item r JOIN review_item n ON n.review_id = r.superseded_by
+             WHERE r.review_id = ?1",
+        )?
+        .query_row(params![d.review_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(())
+}
+
+/// Compact JSON, or the text as it is when it is not JSON.
+fn compact_json(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| serde_json::to_string(&v).ok())
+        .unwrap_or_else(|| text.to_string())
 }
 
 /// The fields of a critic's answer read for its verdict, confidence and
@@ -123,7 +166,7 @@ fn routed(conn: &Connection, session: &str, d: &mut ReviewDetail) -> crate::db::
         .prepare_cached(
             "SELECT stage FROM run_stages
              WHERE session_id = ?1 AND (role = 'critic' OR critic_of IS NOT NULL)
-             ORDER BY (critic_of IS ?2) DESC, position LIMIT 1",
+             ORDER BY (critic_of IS NOT DISTINCT FROM ?2) DESC, position LIMIT 1",
         )?
         .query_row(params![session, answer_stage], |r| text(r, 0))
         .optional()?

@@ -181,7 +181,22 @@ fn read_page(
         total: u64::try_from(total).unwrap_or(0),
         offset: q.offset,
         rows: out,
+        several_sessions: several_sessions(conn)?,
     })
+}
+
+/// Whether more than one session has items in the queue: its smallest and
+/// largest session ids differ (each one lookup in the (status, session_id)
+/// index of migration 0008; a separate MIN and MAX, as SQLite answers only
+/// a lone one from an index).
+fn several_sessions(conn: &Connection) -> crate::db::Result<bool> {
+    let (first, last): (Option<String>, Option<String>) = conn
+        .prepare_cached(
+            "SELECT (SELECT MIN(session_id) FROM review_item WHERE status = 'pending'),
+                    (SELECT MAX(session_id) FROM review_item WHERE status = 'pending')",
+        )?
+        .query_row(params![], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(first.is_some() && first != last)
 }
 
 /// How many pending items match. Counting walks every matching index entry
@@ -189,9 +204,10 @@ fn read_page(
 /// asks twice a second, so the count is kept per (ledger, session, filter)
 /// with a fingerprint of what can change it: review items are only ever
 /// appended (the highest review id grows) and leave or re-enter the queue
-/// only by a decision or an undo, each of which appends to `review_log`.
-/// New items are counted incrementally by their id range; any decision
-/// recounts in full.
+/// only by a decision or an undo, each of which appends to `review_log`, or
+/// by being superseded (migration 0008), which the number of superseded
+/// rows tells. New items are counted incrementally by their id range; any
+/// decision or supersession recounts in full.
 fn pending_count(
     conn: &Connection,
     from: &str,
@@ -205,18 +221,7 @@ fn pending_count(
     let Some(path) = conn.location() else {
         return full(conn);
     };
-    let max_review_id: i64 = conn
-        .prepare_cached("SELECT COALESCE(MAX(review_id), 0) FROM review_item")?
-        .query_row(params![], |r| r.get(0))?;
-    // Tells a ledger recreated at the same path from the one counted.
-    let first_created_at: Option<f64> = conn
-        .prepare_cached("SELECT created_at FROM review_item ORDER BY review_id LIMIT 1")?
-        .query_row(params![], |r| r.get(0))
-        .optional()?;
-    let first_created_bits = first_created_at.map(f64::to_bits);
-    let max_log_id: i64 = conn
-        .prepare_cached("SELECT COALESCE(MAX(log_id), 0) FROM review_log")?
-        .query_row(params![], |r| r.get(0))?;
+    let seen = fingerprint(conn)?;
     let key = CountKey {
         path: path.to_string(),
         session: binds.session.map(str::to_string),
@@ -227,12 +232,13 @@ fn pending_count(
         .ok()
         .and_then(|c| c.get(&key).copied())
         .filter(|c| {
-            c.max_log_id == max_log_id
-                && c.first_created_bits == first_created_bits
-                && c.max_review_id <= max_review_id
+            c.seen.max_log_id == seen.max_log_id
+                && c.seen.superseded == seen.superseded
+                && c.seen.first_created_bits == seen.first_created_bits
+                && c.seen.max_review_id <= seen.max_review_id
         });
     let count = match cached {
-        Some(c) if c.max_review_id == max_review_id => c.count,
+        Some(c) if c.seen.max_review_id == seen.max_review_id => c.count,
         Some(c) => {
             // Only new items since: count those by id (`+` keeps SQLite on
             // the id range rather than the status or session index).
@@ -248,8 +254,8 @@ fn pending_count(
             }
             let mut stmt = conn.prepare_cached(&sql)?;
             let mut named = binds.named().to_vec();
-            named.push((":lo", &c.max_review_id));
-            named.push((":hi", &max_review_id));
+            named.push((":lo", &c.seen.max_review_id));
+            named.push((":hi", &seen.max_review_id));
             c.count + count_row(stmt.query_named(&named)?)?
         }
         None => full(conn)?,
@@ -259,17 +265,35 @@ fn pending_count(
         if counts.len() >= MAX_CACHED_COUNTS && !counts.contains_key(&key) {
             counts.clear();
         }
-        counts.insert(
-            key,
-            CachedCount {
-                max_review_id,
-                max_log_id,
-                first_created_bits,
-                count,
-            },
-        );
+        counts.insert(key, CachedCount { seen, count });
     }
     Ok(count)
+}
+
+/// What can change the queue's count, read cheaply.
+fn fingerprint(conn: &Connection) -> crate::db::Result<Fingerprint> {
+    let max_review_id: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(review_id), 0) FROM review_item")?
+        .query_row(params![], |r| r.get(0))?;
+    // Tells a ledger recreated at the same path from the one counted.
+    let first_created_at: Option<f64> = conn
+        .prepare_cached("SELECT created_at FROM review_item ORDER BY review_id LIMIT 1")?
+        .query_row(params![], |r| r.get(0))
+        .optional()?;
+    let max_log_id: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(log_id), 0) FROM review_log")?
+        .query_row(params![], |r| r.get(0))?;
+    // Rows leave the queue without a log entry when a newer suggestion
+    // supersedes them (a range of the status index: cheap).
+    let superseded: i64 = conn
+        .prepare_cached("SELECT COUNT(*) FROM review_item WHERE status = 'superseded'")?
+        .query_row(params![], |r| r.get(0))?;
+    Ok(Fingerprint {
+        max_review_id,
+        max_log_id,
+        superseded,
+        first_created_bits: first_created_at.map(f64::to_bits),
+    })
 }
 
 fn count_row(mut rows: crate::db::Rows<'_>) -> crate::db::Result<i64> {
@@ -289,10 +313,16 @@ struct CountKey {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct CachedCount {
+struct Fingerprint {
     max_review_id: i64,
     max_log_id: i64,
+    superseded: i64,
     first_created_bits: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CachedCount {
+    seen: Fingerprint,
     count: i64,
 }
 

@@ -16,6 +16,7 @@ pub const PG_MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("migrations/0005_stages.sql")),
     (6, include_str!("migrations/0006_work_queue.sql")),
     (7, include_str!("migrations/0007_search_catch_up.sql")),
+    (8, include_str!("migrations/0008_superseded_reviews.sql")),
     (9, include_str!("migrations/0009_batch_progress.sql")),
 ];
 

@@ -17,8 +17,10 @@ pub struct Candidate {
 #[derive(Debug, Clone, Copy)]
 pub struct CandidateFilter {
     pub limit: Option<u64>,
-    /// Leave out items with a pending review item.
-    pub skip_reviewed: bool,
+    /// Take items that already have a pending review item too (by default
+    /// they are left out: they await a human, and asking again would cost
+    /// a request and replace the suggestion in the queue).
+    pub rereview_pending: bool,
 }
 
 impl CandidateFilter {
@@ -26,7 +28,7 @@ impl CandidateFilter {
     /// never taken twice.
     fn sql(&self, select: &str, live_sessions: bool, dialect: Dialect) -> String {
         let mut sql = format!("{select} FROM decision d WHERE d.state = 'indeterminate'");
-        if self.skip_reviewed {
+        if !self.rereview_pending {
             sql.push_str(
                 " AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')",
             );
@@ -94,6 +96,18 @@ pub(crate) fn count_candidates(
         None => conn.query_row(&sql, params![limit], |r| r.get(0))?,
     };
     Ok(n as u64)
+}
+
+/// Indeterminate items that a new session leaves out by default because
+/// they have a pending review item (one per item: the queue's index).
+pub(crate) fn count_awaiting_review(conn: &Connection) -> crate::db::Result<u64> {
+    let n: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM review_item r JOIN decision d ON d.item_id = r.item_id
+         WHERE r.status = 'pending' AND d.state = 'indeterminate'",
+        params![],
+        |r| r.get(0),
+    )?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Why visiting the candidates stopped.

@@ -8,7 +8,7 @@ mod sessions;
 mod work;
 
 pub use candidates::{Candidate, CandidateError, CandidateFilter};
-pub(crate) use candidates::{count_candidates, for_each_candidate};
+pub(crate) use candidates::{count_awaiting_review, count_candidates, for_each_candidate};
 pub use plan::{NewSession, NewStage};
 pub(crate) use plan::{create_session, stale_answers};
 pub use sessions::{

@@ -216,6 +216,9 @@ pub struct ReviewPage {
     pub total: u64,
     pub offset: u64,
     pub rows: Vec<ReviewRow>,
+    /// More than one session has items in the queue (whatever the filter):
+    /// rows then show their session.
+    pub several_sessions: bool,
 }
 
 /// What one stage produced for the item (every request of the item).
@@ -271,6 +274,23 @@ pub struct ReviewDetail {
     pub generator: Option<StageVerdict>,
     /// What a critic of the answer stage said (None: no critic).
     pub critic: Option<StageVerdict>,
+    /// The earlier suggestions for the item that this one superseded,
+    /// newest first (asked again while they were still pending).
+    pub replaced: Vec<ReplacedSuggestion>,
+    /// The review item that superseded this one, and its session.
+    pub superseded_by: Option<(i64, Option<String>)>,
+}
+
+/// An earlier suggestion a review item superseded: kept in the ledger as
+/// history, named on the newer one's card. Texts as stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplacedSuggestion {
+    pub review_id: i64,
+    pub session_id: Option<String>,
+    /// The suggestion as compact JSON.
+    pub suggestion: String,
+    pub confidence: Option<f64>,
+    pub created_at: f64,
 }
 
 #[cfg(test)]

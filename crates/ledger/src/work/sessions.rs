@@ -18,6 +18,10 @@ pub trait RunSessions {
     /// How many indeterminate items a new session would take.
     fn count_candidates(&self, filter: CandidateFilter) -> Result<u64, LedgerError>;
 
+    /// Indeterminate items a new session leaves out by default because
+    /// they await review (they have a pending review item).
+    fn count_awaiting_review(&self) -> Result<u64, LedgerError>;
+
     /// Visit the items a new session would take, in import order; returns
     /// how many. `each` breaking stops the visit with
     /// `CandidateError::Stopped` (the visitor keeps its reason).
@@ -94,6 +98,10 @@ pub trait RunSessions {
 impl RunSessions for Ledger {
     fn count_candidates(&self, filter: CandidateFilter) -> Result<u64, LedgerError> {
         Ok(store::count_candidates(self.conn(), filter)?)
+    }
+
+    fn count_awaiting_review(&self) -> Result<u64, LedgerError> {
+        Ok(store::count_awaiting_review(self.conn())?)
     }
 
     fn for_each_candidate(

@@ -4,7 +4,7 @@
 
 use super::counters::Counters;
 use super::{AttemptRecord, FinalResult, MadeRequest, NO_SUGGESTION, NewRequest, StageDone};
-use crate::db::{Connection, OptionalExtension, params};
+use crate::db::{Connection, Dialect, OptionalExtension, params};
 use docket_model::routing::Outcome;
 
 /// Record what came back for one attempt on its message row.
@@ -290,21 +290,64 @@ fn settle_outcome(
     match f.outcome {
         Outcome::Accepted => {
             // Never overwrite a decision someone made meanwhile.
-            conn.prepare_cached(
+            let decided = conn.prepare_cached(
                 "UPDATE decision SET state = 'decided', decided_answer_json = ?2, decided_by = 'llm_auto_accept',
                      decided_at = ?3, confidence = ?4, model_id = ?5, adjudication_id = ?6, updated_at = ?3
                  WHERE item_id = ?1 AND state = 'indeterminate'",
             )?
             .execute(params![f.item_id, f.answer_json, now, f.confidence, f.model_id, adjudication_id])?;
+            if decided > 0 {
+                // The item is decided: an older suggestion still pending
+                // review is out of date (kept as history, out of the queue).
+                conn.prepare_cached(
+                    "UPDATE review_item SET status = 'superseded', superseded_at = ?2,
+                         claimed_by = NULL, claim_expires_at = NULL
+                     WHERE item_id = ?1 AND status = 'pending'",
+                )?
+                .execute(params![f.item_id, now])?;
+            }
         }
-        Outcome::Review => {
-            conn.prepare_cached(
-                "INSERT INTO review_item (item_id, session_id, source, status, llm_suggestion_json, confidence, rationale,
-                     model_id, request_id, created_at)
-                 VALUES (?1, ?2, 'LLM_REVIEW', 'pending', ?3, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT (session_id, item_id) DO NOTHING",
-            )?
-            .execute(params![
+        Outcome::Review => open_review_item(conn, f, now)?,
+        Outcome::Rejected | Outcome::Error => {}
+    }
+    Ok(())
+}
+
+/// The item's review item for this session. An item never has two pending
+/// review items: an older one still pending (another session's answer) is
+/// superseded by this one, kept as history and named by it. A session that
+/// already has a review item for the item (a replayed or re-asked outcome)
+/// keeps the one it has.
+fn open_review_item(conn: &Connection, f: &FinalResult, now: f64) -> crate::db::Result<()> {
+    if conn.dialect() == Dialect::Postgres {
+        // Writers of two sessions may settle the same item at once: the
+        // item's row lock orders them, so the second supersedes the first
+        // instead of meeting it in the one-pending index.
+        conn.prepare_cached("SELECT item_id FROM decision WHERE item_id = ?1 FOR UPDATE")?
+            .query_row(params![f.item_id], |r| r.get::<_, String>(0))
+            .optional()?;
+    }
+    let has_one = conn
+        .prepare_cached("SELECT review_id FROM review_item WHERE session_id = ?1 AND item_id = ?2")?
+        .query_row(params![f.session_id, f.item_id], |r| r.get::<_, i64>(0))
+        .optional()?;
+    if has_one.is_some() {
+        return Ok(());
+    }
+    conn.prepare_cached(
+        "UPDATE review_item SET status = 'superseded', superseded_at = ?2, superseded_by = NULL,
+             claimed_by = NULL, claim_expires_at = NULL
+         WHERE item_id = ?1 AND status = 'pending'",
+    )?
+    .execute(params![f.item_id, now])?;
+    let review_id: i64 = conn
+        .prepare_cached(
+            "INSERT INTO review_item (item_id, session_id, source, status, llm_suggestion_json, confidence, rationale,
+                 model_id, request_id, created_at)
+             VALUES (?1, ?2, 'LLM_REVIEW', 'pending', ?3, ?4, ?5, ?6, ?7, ?8) RETURNING review_id",
+        )?
+        .query_row(
+            params![
                 f.item_id,
                 f.session_id,
                 // No answer passed the gate (row S7): nothing to accept.
@@ -314,9 +357,14 @@ fn settle_outcome(
                 f.model_id,
                 f.request_id,
                 now
-            ])?;
-        }
-        Outcome::Rejected | Outcome::Error => {}
-    }
+            ],
+            |r| r.get(0),
+        )?;
+    // Also links a suggestion whose successor a `--rerun-stage` removed.
+    conn.prepare_cached(
+        "UPDATE review_item SET superseded_by = ?2
+         WHERE item_id = ?1 AND status = 'superseded' AND superseded_by IS NULL",
+    )?
+    .execute(params![f.item_id, review_id])?;
     Ok(())
 }

@@ -10,6 +10,7 @@ use ratatui::widgets::{Block, BorderType, Borders, Paragraph};
 use super::clamp_scroll;
 use crate::app::App;
 use crate::theme::Theme;
+use crate::view::lists::summarize;
 use crate::view::styled;
 use crate::view::wrap::{wrap, wrap_indented, wrap_line};
 use docket_ledger::watch::{ReviewDetail, StageVerdict};
@@ -107,6 +108,38 @@ fn summary_lines<'a>(app: &App, d: &ReviewDetail, theme: Theme) -> Vec<Line<'a>>
         (None, None) => {}
     }
     lines.push(Line::from(styled(who.join(" · "), theme.dim())));
+    lines.extend(supersession_lines(d, theme));
+    lines
+}
+
+/// The earlier suggestions this one replaced (asked again while they were
+/// pending), or the newer one that replaced it.
+fn supersession_lines<'a>(d: &ReviewDetail, theme: Theme) -> Vec<Line<'a>> {
+    let session = |s: &Option<String>| truncate(s.as_deref().unwrap_or("?"), 30);
+    let mut lines: Vec<Line<'a>> = d
+        .replaced
+        .iter()
+        .map(|r| {
+            Line::from(styled(
+                format!(
+                    "replaces an earlier suggestion: session {} · {} · {}",
+                    session(&r.session_id),
+                    r.confidence.map_or("--".into(), |c| format!("{c:.2}")),
+                    truncate(&summarize(&r.suggestion), 60),
+                ),
+                theme.review(),
+            ))
+        })
+        .collect();
+    if let Some((_, by)) = &d.superseded_by {
+        lines.push(Line::from(styled(
+            format!(
+                "superseded by a newer suggestion of session {}",
+                session(by)
+            ),
+            theme.review(),
+        )));
+    }
     lines
 }
 

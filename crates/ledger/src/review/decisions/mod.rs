@@ -237,6 +237,12 @@ fn decidable(
     let Some(item) = load_item(conn, id)? else {
         return Ok(Err("no such review item".to_string()));
     };
+    if item.status == "superseded" {
+        return Ok(Err(format!(
+            "item {}: this suggestion was superseded by a newer one (decide that one)",
+            item.item_id
+        )));
+    }
     if item.status != "pending" {
         let by = item
             .decided_by

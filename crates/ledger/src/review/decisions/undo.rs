@@ -194,7 +194,10 @@ fn restore_decision(conn: &Connection, entry: &LogEntry, now: f64) -> Result<(),
 }
 
 /// The review item pending again, and the undo in the log (with the
-/// decision it replaced), linked from the entry it undoes.
+/// decision it replaced), linked from the entry it undoes. When the item
+/// got a newer suggestion meanwhile (a later session's, after a reject),
+/// the undone one is superseded by it instead: an item never has two
+/// pending review items.
 fn reopen_and_log(
     conn: &Connection,
     entry: &LogEntry,
@@ -202,12 +205,26 @@ fn reopen_and_log(
     current: Option<DecisionState>,
     now: f64,
 ) -> Result<(), ReviewError> {
-    conn.prepare_cached(
-        "UPDATE review_item SET status = 'pending', decided_by = NULL, decided_at = NULL,
-                 claimed_by = NULL, claim_expires_at = NULL
-             WHERE review_id = ?1",
-    )?
-    .execute(params![entry.review_id])?;
+    let newer: Option<i64> = conn
+        .prepare_cached(
+            "SELECT review_id FROM review_item WHERE item_id = ?1 AND status = 'pending' AND review_id != ?2",
+        )?
+        .query_row(params![entry.item_id, entry.review_id], |r| r.get(0))
+        .optional()?;
+    match newer {
+        None => conn.prepare_cached(
+            "UPDATE review_item SET status = 'pending', decided_by = NULL, decided_at = NULL,
+                     claimed_by = NULL, claim_expires_at = NULL
+                 WHERE review_id = ?1",
+        )?
+        .execute(params![entry.review_id])?,
+        Some(newer) => conn.prepare_cached(
+            "UPDATE review_item SET status = 'superseded', superseded_by = ?2, superseded_at = ?3,
+                     decided_by = NULL, decided_at = NULL, claimed_by = NULL, claim_expires_at = NULL
+                 WHERE review_id = ?1",
+        )?
+        .execute(params![entry.review_id, newer, now])?,
+    };
     let undo_id: i64 = conn
         .prepare_cached(
             "INSERT INTO review_log (review_id, item_id, action, actor, at, prev_decision_json, undoes_log_id)
