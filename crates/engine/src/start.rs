@@ -30,9 +30,9 @@ pub(crate) fn start_session(
         tokio::task::block_in_place(|| plan::plan(prepared, opts.limit, opts.skip_reviewed))?;
     reporter.line(&format!(
         "Querying INDETERMINATE decisions... {} found",
-        plan.estimate.items
+        plan.item_ids.len()
     ));
-    if plan.estimate.items == 0 {
+    if plan.item_ids.is_empty() {
         reporter
             .line("Nothing to do: no indeterminate items (import some with `docket import FILE`).");
         return Ok(Started::Ended(RunEnd::NothingToDo));
@@ -183,7 +183,7 @@ fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
     if let Some(prompt) = &plan.estimate.first_prompt {
         reporter.line(&format!(
             "First rendered prompt (item {}):",
-            plan.item_ids.first().map(String::as_str).unwrap_or("")
+            docket_model::sanitize::for_terminal(plan.estimate.first_item.as_deref().unwrap_or(""))
         ));
         if let Some(s) = &prompt.system {
             reporter.line("--- system ---");
