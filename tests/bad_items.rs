@@ -449,3 +449,124 @@ fn items_rm_help_has_an_example() {
         "{text}"
     );
 }
+
+/// The same on a PostgreSQL ledger (a server the test starts): the bad
+/// item ends in error with the variable named and no attempt sent, the
+/// others are answered; `items rm` keeps an item the session ran and
+/// removes a fresh one.
+#[test]
+fn on_postgresql_an_unrenderable_item_fails_alone_and_items_rm_keeps_history() {
+    let server = support::pg::PgServer::start();
+    let url = server.fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    docket::workspace::init(ws, false).unwrap();
+    let toml = ws.join("docket.toml");
+    let quiet: String = std::fs::read_to_string(&toml)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let key = line.split('=').next().unwrap_or("").trim();
+            if ["fail_500", "malformed", "truncated", "wrong_schema"].contains(&key) {
+                format!("{key} = 0.0\n")
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect();
+    std::fs::write(&toml, quiet).unwrap();
+    let file = items_file(ws, 5, &[3]);
+    let bad = item_id(&file, 3);
+    let on_pg = |args: &[&str]| {
+        let out = support::procs::docket_at(ws, home.path())
+            .env("DOCKET_LEDGER_URL", &url)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            support::said(&out),
+        )
+    };
+    let (code, out, said) = on_pg(&["import", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        out.contains("warning: 1 new item cannot be rendered"),
+        "{said}"
+    );
+    assert!(
+        !ws.join("docket.sqlite").exists(),
+        "the ledger is on the server"
+    );
+
+    let (code, out, said) = on_pg(&["run", "--yes", "--headless"]);
+    assert_eq!(
+        code,
+        Some(docket::engine::EXIT_COMPLETED_WITH_ERRORS),
+        "{said}"
+    );
+    let sid = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Results: docket batch-results "))
+        .expect("the session's id")
+        .trim()
+        .to_string();
+    let (code, out, said) = on_pg(&["batch-results", &sid, "--format", "json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let results: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = results.as_array().expect("an array of results");
+    assert_eq!(rows.len(), 5, "{out}");
+    for row in rows {
+        let error = row["outcome"] == "error";
+        assert_eq!(error, row["item_id"] == bad.as_str(), "{row}");
+        if error {
+            let message = row["error_message"].as_str().unwrap();
+            assert!(
+                message.contains("undefined variable \"item.title\""),
+                "{message}"
+            );
+        }
+    }
+    let (code, out, said) = on_pg(&[
+        "export",
+        "--what",
+        "requests",
+        "--format",
+        "jsonl",
+        "--session",
+        &sid,
+    ]);
+    assert_eq!(code, Some(0), "{said}");
+    for line in out.lines() {
+        let request: serde_json::Value = serde_json::from_str(line).unwrap();
+        let attempts = request["attempt"].as_i64().unwrap();
+        if request["item_id"] == bad.as_str() {
+            assert_eq!(attempts, 0, "nothing sent for it: {request}");
+            assert_eq!(request["state"], "failed", "{request}");
+        } else {
+            assert!(attempts >= 1, "{request}");
+        }
+    }
+
+    let (code, _, said) = on_pg(&["items", "rm", &bad]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains(&format!("kept {bad}: session {sid} ran it")),
+        "{said}"
+    );
+    let fresh = ws.join("items/fresh.jsonl");
+    std::fs::write(&fresh, "{\"id\":\"fresh-1\",\"title\":\"t\"}\n").unwrap();
+    let (code, _, said) = on_pg(&["import", fresh.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, out, said) = on_pg(&["items", "rm", "fresh-1"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        out.contains("removed fresh-1") && out.contains("Removed 1 item"),
+        "{said}"
+    );
+    let (code, _, said) = on_pg(&["items", "rm", "fresh-1"]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("no item fresh-1 in this ledger"), "{said}");
+}
