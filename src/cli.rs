@@ -109,7 +109,7 @@ pub enum Command {
         #[arg(long, value_enum)]
         format: Option<ImportFormatArg>,
     },
-    /// The workspace's items: `docket items rm` removes items no session has run yet.
+    /// The workspace's items: `docket items rm` removes items nothing was sent for yet.
     Items {
         #[command(subcommand)]
         action: ItemsAction,
@@ -206,15 +206,17 @@ pub enum LedgerAction {
 
 #[derive(Debug, Subcommand)]
 pub enum ItemsAction {
-    /// Remove items that no session has run yet: by id, from a file of ids,
-    /// by a field their evidence lacks, or because the job's templates
-    /// cannot render their prompt.
+    /// Remove items nothing was sent for yet: by id, from a file of ids, by
+    /// a field their evidence lacks, or because the job's templates cannot
+    /// render their prompt.
     ///
-    /// An item a session has taken is kept and named with that session (its
-    /// requests and outcome are the session's history). Each removed id is
-    /// printed; the exit code is 2 when an id is unknown or an item is kept.
-    /// Items are matched in docket, not by SQL: --missing walks a dotted
-    /// path into each undecided item's fields.
+    /// An item that ended in error without a request (its prompt could not
+    /// be rendered) is taken out of the sessions that ran it too, their
+    /// counts with it. An item anything was sent for, or that was reviewed
+    /// or decided, is kept and named with its session (that is its
+    /// history). Each removed id is printed; the exit code is 2 when an id
+    /// is unknown or an item is kept. Items are matched in docket, not by
+    /// SQL: --missing walks a dotted path into each undecided item's fields.
     #[command(after_help = "Examples:
   docket items rm ok-1 ok-7                remove two items by id
   docket items rm --unrenderable --dry-run list the items the templates cannot render

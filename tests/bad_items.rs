@@ -2,7 +2,8 @@
 //! template needs fails alone (outcome `error`, the variable named, no
 //! request sent for it) while the others run; `docket import` warns about
 //! such rows (and refuses them with --strict) and refuses to run outside a
-//! workspace; `docket items rm` takes items out. The real binary, a real
+//! workspace; `docket items rm` takes items out (one that ended in error
+//! without a request out of its session too, its counts with it). The real binary, a real
 //! SQLite ledger, the mock's own log.
 
 use docket_testkit as support;
@@ -166,6 +167,58 @@ async fn an_item_lacking_a_template_field_fails_alone_and_nothing_is_sent_for_it
             .any(|c| c.starts_with(&format!("{sid}-{bad_request}-"))),
         "{sent_ids:?}"
     );
+
+    // The way out: remove it (out of the session too, its counts with
+    // it), fix the row, import it again; the next run answers it.
+    let (code, out, said) = docket(ws.path(), home.path(), &["items", "rm", &bad]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        out.contains(&format!(
+            "removed {bad} (and its error outcome from session {sid}: nothing was ever sent for it"
+        )),
+        "{said}"
+    );
+    check_invariants(&conn, &sid);
+    let (total, processed, errors): (i64, i64, i64) = conn
+        .query_row(
+            "SELECT total_count, processed_count, error_count FROM llm_batch_session",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((total, processed, errors), (5, 5, 0));
+    for table in [
+        "decision",
+        "llm_requests",
+        "session_request",
+        "session_item",
+    ] {
+        assert_eq!(
+            0,
+            count(
+                &conn,
+                &format!("SELECT COUNT(*) FROM {table} WHERE item_id = ?1"),
+                [&bad]
+            ),
+            "{table}"
+        );
+    }
+    let (stage_total, stage_failed): (i64, i64) = conn
+        .query_row("SELECT total, failed FROM run_stages", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!((stage_total, stage_failed), (5, 0));
+    let fixed = items_file(ws.path(), 6, &[]);
+    let (code, out, said) = docket(ws.path(), home.path(), &["import", fixed.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        out.contains("Imported 1 new item") && !out.contains("warning"),
+        "{said}"
+    );
+    let (code, _, said) = docket(ws.path(), home.path(), &["run", "--yes", "--headless"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(m.stats().requests, 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,6 +349,29 @@ fn an_item_a_later_stage_cannot_render_fails_before_its_first_stage_is_sent() {
             "SELECT COUNT(*) FROM session_request WHERE state = 'passed'",
             []
         )
+    );
+    check_invariants(&conn, &sid);
+
+    // Removed, it leaves both stages' counts as if it never was there.
+    let (code, _, said) = docket(ws, home.path(), &["items", "rm", &bad]);
+    assert_eq!(code, Some(0), "{said}");
+    let stage_counts: Vec<(String, i64, i64, i64, i64)> = conn
+        .prepare(
+            "SELECT stage, total, completed, failed, skipped FROM run_stages ORDER BY position",
+        )
+        .unwrap()
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        stage_counts,
+        vec![
+            ("adjudicate".to_string(), 3, 3, 0, 0),
+            ("critic".to_string(), 3, 3, 0, 0)
+        ]
     );
     check_invariants(&conn, &sid);
 }
@@ -550,12 +626,28 @@ fn on_postgresql_an_unrenderable_item_fails_alone_and_items_rm_keeps_history() {
         }
     }
 
-    let (code, _, said) = on_pg(&["items", "rm", &bad]);
+    let good = item_id(&file, 0);
+    let (code, _, said) = on_pg(&["items", "rm", &good]);
     assert_eq!(code, Some(2), "{said}");
     assert!(
-        said.contains(&format!("kept {bad}: session {sid} ran it")),
+        said.contains(&format!("kept {good}: session {sid} ran it")),
         "{said}"
     );
+    let (code, out, said) = on_pg(&["items", "rm", &bad]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        out.contains(&format!(
+            "removed {bad} (and its error outcome from session {sid}"
+        )),
+        "{said}"
+    );
+    let (code, out, said) = on_pg(&["sessions", "--format", "json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let sessions: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let session = &sessions.as_array().expect("an array of sessions")[0];
+    assert_eq!(session["total"], 4, "{session}");
+    assert_eq!(session["processed"], 4, "{session}");
+    assert_eq!(session["errors"], 0, "{session}");
     let fresh = ws.join("items/fresh.jsonl");
     std::fs::write(&fresh, "{\"id\":\"fresh-1\",\"title\":\"t\"}\n").unwrap();
     let (code, _, said) = on_pg(&["import", fresh.to_str().unwrap()]);

@@ -1,4 +1,4 @@
-//! `docket items rm`: removing items no session has run yet, chosen by id,
+//! `docket items rm`: removing items nothing was sent for yet, chosen by id,
 //! from a file of ids, by a field their evidence lacks, or because the
 //! job's templates cannot render their prompt. Items are matched in docket
 //! (a JSON path walked in Rust, the templates rendered), never by SQL the
@@ -128,8 +128,16 @@ fn remove(ledger: &Ledger, ids: &[String], dry_run: bool) -> Result<i32, String>
         .remove_items(ids, dry_run)
         .map_err(|e| e.to_string())?;
     let verb = if dry_run { "would remove" } else { "removed" };
-    for id in &done.removed {
-        println!("{verb} {}", for_terminal(id));
+    for (id, sessions) in &done.removed {
+        let from = if sessions.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (and its error outcome from session {}: nothing was ever sent for it; the session's counts drop by one)",
+                sessions.join(", ")
+            )
+        };
+        println!("{verb} {}{from}", for_terminal(id));
     }
     for (id, why) in &done.kept {
         say_error(format!("kept {}: {why}", for_terminal(id)));
@@ -145,7 +153,7 @@ fn remove(ledger: &Ledger, ids: &[String], dry_run: bool) -> Result<i32, String>
         if done.kept.is_empty() {
             String::new()
         } else {
-            format!("; {} kept (a session ran them)", done.kept.len())
+            format!("; {} kept", done.kept.len())
         },
         if done.unknown.is_empty() {
             String::new()
