@@ -237,7 +237,9 @@ async fn a_template_no_item_renders_still_stops_the_run_before_anything_is_sent(
     let (code, _, said) = docket(ws.path(), home.path(), &["run", "--yes", "--headless"]);
     assert_eq!(code, Some(2), "{said}");
     assert!(
-        said.contains("adjudicate.j2:2: undefined variable \"item.singer\""),
+        said.contains("adjudicate.j2:2: undefined variable \"item.singer\"")
+            && said.contains("not one of the 3 items to run renders")
+            && said.contains("fix the template"),
         "{said}"
     );
     assert_eq!(m.stats().requests, 0);

@@ -98,10 +98,20 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
     };
     let mut scan = Scan::candidates(p, &ledger, filter, &counter)?;
     if scan.item_ids.is_empty()
-        && let Some(e) = scan.first_unrenderable.take()
+        && let Some((item, why)) = scan.first_unrenderable.take()
     {
         // Not one item renders: the template is wrong, not the items.
-        return Err(EngineError::Template(e.error));
+        return Err(EngineError::Usage(format!(
+            "{}: not one of the {} item{} to run renders (the first: item \"{}\"), so nothing was sent; fix the template (or the items)",
+            why.reason(),
+            scan.unrenderable_count,
+            if scan.unrenderable_count == 1 {
+                ""
+            } else {
+                "s"
+            },
+            docket_model::sanitize::for_terminal(&item)
+        )));
     }
     let items = scan.item_ids.len() as u64;
     let prompt_tokens = if scan.counted == 0 {
@@ -180,8 +190,8 @@ struct Scan {
     unsendable_count: u64,
     unrenderable: Vec<(String, String)>,
     unrenderable_count: u64,
-    /// The first item's whose prompt cannot be rendered, whole.
-    first_unrenderable: Option<Unrenderable>,
+    /// The first item whose prompt cannot be rendered, and why.
+    first_unrenderable: Option<(String, Unrenderable)>,
 }
 
 impl Scan {
@@ -241,7 +251,7 @@ impl Scan {
             self.unrenderable.push((item_id.to_string(), why.reason()));
         }
         if self.first_unrenderable.is_none() {
-            self.first_unrenderable = Some(why);
+            self.first_unrenderable = Some((item_id.to_string(), why));
         }
     }
 
