@@ -97,22 +97,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, skip_reviewed: bool) -> Result<Pla
         skip_reviewed,
     };
     let mut scan = Scan::candidates(p, &ledger, filter, &counter)?;
-    if scan.item_ids.is_empty()
-        && let Some((item, why)) = scan.first_unrenderable.take()
-    {
-        // Not one item renders: the template is wrong, not the items.
-        return Err(EngineError::Usage(format!(
-            "{}: not one of the {} item{} to run renders (the first: item \"{}\"), so nothing was sent; fix the template (or the items)",
-            why.reason(),
-            scan.unrenderable_count,
-            if scan.unrenderable_count == 1 {
-                ""
-            } else {
-                "s"
-            },
-            docket_model::sanitize::for_terminal(&item)
-        )));
-    }
+    scan.some_render()?;
     let items = scan.item_ids.len() as u64;
     let prompt_tokens = if scan.counted == 0 {
         0
@@ -241,6 +226,25 @@ impl Scan {
                 (None, CandidateError::Ledger(e)) => EngineError::Ledger(e.to_string()),
             })?;
         Ok(scan)
+    }
+
+    /// Not one candidate renders: the template is wrong, not the items,
+    /// and the run stops before anything is sent.
+    fn some_render(&mut self) -> Result<(), EngineError> {
+        let Some((item, why)) = self
+            .first_unrenderable
+            .take()
+            .filter(|_| self.item_ids.is_empty())
+        else {
+            return Ok(());
+        };
+        let n = self.unrenderable_count;
+        Err(EngineError::Usage(format!(
+            "{}: not one of the {n} item{} to run renders (the first: item \"{}\"), so nothing was sent; fix the template (or the items)",
+            why.reason(),
+            if n == 1 { "" } else { "s" },
+            docket_model::sanitize::for_terminal(&item)
+        )))
     }
 
     /// A candidate whose prompt cannot be rendered: named (the first few)
