@@ -314,8 +314,9 @@ fn an_item_a_later_stage_cannot_render_fails_before_its_first_stage_is_sent() {
         )
         .unwrap();
     assert!(
-        message.contains("prompt for stage critic cannot be rendered")
-            && message.contains("critic.j2")
+        message.starts_with(
+            "stage adjudicate: not sent, since its prompt for stage critic cannot be rendered: "
+        ) && message.contains("critic.j2")
             && message.contains("undefined variable \"item.label\""),
         "{message}"
     );

@@ -31,13 +31,14 @@ pub struct Unrenderable {
 
 impl Unrenderable {
     /// The item's error: the template's, with the stage named when it is
-    /// not the first.
+    /// not the first (the item's error is recorded on its first stage,
+    /// which says so: "stage adjudicate: not sent, since ...").
     pub fn message(&self) -> String {
         if self.stage == 0 {
             self.error.to_string()
         } else {
             format!(
-                "its prompt for stage {} cannot be rendered (checked before anything was sent for it): {}",
+                "not sent, since its prompt for stage {} cannot be rendered: {}",
                 self.stage_name, self.error
             )
         }
