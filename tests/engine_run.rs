@@ -1559,15 +1559,32 @@ async fn an_unreachable_provider_holds_the_run_and_probes_resume_it() {
     );
     let s = report.session.unwrap();
     assert_eq!(s.error_count, 0, "no item failed for it");
-    assert_eq!(s.ambiguous_count, 0, "a refused connect sent nothing");
+    let ambiguous: Vec<String> = conn
+        .prepare("SELECT COALESCE(error_kind, '') || ': ' || COALESCE(error_message, '') FROM llm_messages WHERE state = 'ambiguous'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    // A refused connect sent nothing, so it is never ambiguous. A request
+    // written on a kept-alive connection the stopping mock closed at that
+    // very moment may have reached it: ambiguous, rightly (seen on a loaded
+    // machine), at most one per concurrent send.
+    assert_eq!(s.ambiguous_count as usize, ambiguous.len());
+    assert!(
+        ambiguous.len() <= 4
+            && ambiguous
+                .iter()
+                .all(|e| e.contains("connection closed before message completed")),
+        "a refused connect sent nothing: {ambiguous:?}"
+    );
     check_complete(&conn, &s.session_id);
-    assert_eq!(
+    assert!(
         count(
             &conn,
-            "SELECT COALESCE(MAX(transport_retries), 0) FROM llm_requests",
+            "SELECT COALESCE(SUM(transport_retries), 0) FROM llm_requests",
             []
-        ),
-        0,
+        ) <= ambiguous.len() as i64,
         "refused sends spend none of an item's transport attempts"
     );
     assert!(back.stats().ok > 0);

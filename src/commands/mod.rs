@@ -1,6 +1,6 @@
 //! One function per command; each returns the process exit code. The
 //! commands live in groups: the ledger's opening and copying (`ledger`),
-//! setting a workspace up (`setup`), reading results out (`reports`),
+//! setting a workspace up (`setup`), removing items (`items`), reading results out (`reports`),
 //! steering a session (`control`) and running one (`run`, `signals`).
 
 use std::io::{IsTerminal, Write};
@@ -8,10 +8,11 @@ use std::io::{IsTerminal, Write};
 use docket::control::Desired;
 use docket::tui::app::Pane;
 
-use crate::cli::{Cli, Command, LedgerAction};
+use crate::cli::{Cli, Command, ItemsAction, LedgerAction};
 
 mod console;
 mod control;
+mod items;
 mod ledger;
 mod reports;
 mod run;
@@ -52,6 +53,9 @@ pub async fn run(cli: Cli) -> i32 {
             strict,
             format,
         } => setup::import(&ws, &file, id_field, strict, format),
+        Command::Items {
+            action: ItemsAction::Rm(args),
+        } => items::rm(&ws, args),
         Command::BatchAdjudicate(args) => {
             ledger::warn_about_the_place(&ws);
             run::batch_adjudicate(&ws, args, &console_args).await

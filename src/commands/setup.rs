@@ -60,6 +60,26 @@ pub(super) fn import(
     strict: bool,
     format: Option<ImportFormatArg>,
 ) -> i32 {
+    // Outside a workspace an import would leave a stray ledger behind
+    // (and nothing could run its items): refuse, creating nothing.
+    let config = ws.join(docket::config::CONFIG_FILE);
+    if !config.exists() {
+        return fail(format!(
+            "{}: no docket.toml here, so this is not a docket workspace; nothing was imported. \
+             Create one with `docket init {}` (or pass --workspace DIR to import into another)",
+            ws.display(),
+            ws.display()
+        ));
+    }
+    let check = match items::TemplateCheck::load(&config) {
+        Ok(check) => Some(check),
+        Err(e) => {
+            super::say_error(format!(
+                "warning: new rows not checked against the job's templates: {e}"
+            ));
+            None
+        }
+    };
     let mut ledger = match LedgerLocation::for_workspace(ws).and_then(Ledger::open) {
         Ok(l) => l,
         Err(e) => return fail(e),
@@ -72,7 +92,7 @@ pub(super) fn import(
             ImportFormatArg::Csv => items::ImportFormat::Csv,
         }),
     };
-    match items::import_file(&mut ledger, file, &opts) {
+    match items::import_file_checked(&mut ledger, file, &opts, check.as_ref()) {
         Ok(r) => {
             let _ = items::render_import_report(&r, &mut std::io::stdout().lock());
             if r.bad_count > 0 { EXIT_USAGE } else { 0 }

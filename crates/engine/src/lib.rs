@@ -34,6 +34,7 @@ mod plan;
 mod prepare;
 mod reach_probe;
 mod reach_watch;
+pub mod renders;
 mod resume;
 mod session_keys;
 pub use plan::EXACT_COUNT_MAX;
@@ -179,6 +180,9 @@ pub struct Prepared {
     pub flag_injection: bool,
     /// `--rerun-stage`: this stage and the later ones get new requests.
     pub rerun_from: Option<usize>,
+    /// Per stage, what its template sees besides the item while an item's
+    /// prompts are checked before anything is sent (see `renders`).
+    pub stand_ins: Vec<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Prepared {
@@ -188,6 +192,18 @@ impl Prepared {
 
     pub fn answer_stage(&self) -> &stages::Stage {
         &self.stages[self.answer]
+    }
+
+    /// Each stage's template with its stand-ins, for `renders::render_all`.
+    pub fn stage_checks(&self) -> impl Iterator<Item = renders::StageCheck<'_>> {
+        self.stages
+            .iter()
+            .zip(&self.stand_ins)
+            .map(|(s, stand_ins)| renders::StageCheck {
+                name: &s.name,
+                template: &s.template,
+                stand_ins,
+            })
     }
 }
 

@@ -1,6 +1,9 @@
-//! Planning a session: choose the items, render every prompt once (so a
-//! broken template or a missing variable stops the run before anything is
-//! sent), and estimate tokens and cost.
+//! Planning a session: choose the items, render every prompt once, and
+//! estimate tokens and cost. An item whose prompt cannot be rendered (a
+//! field it lacks) is named and counted: it ends in `error` without a
+//! request while the others run. A template that renders for no item at
+//! all (a typo, a variable no item has) stops the run before anything is
+//! sent, naming its file and line.
 
 use std::ops::ControlFlow;
 
@@ -8,6 +11,7 @@ use serde_json::Value;
 
 use super::{EngineError, Prepared};
 use crate::cost::TokenCounter;
+use crate::renders::Unrenderable;
 use crate::template::Prompt;
 use docket_ledger::Ledger;
 use docket_ledger::store::{Candidate, CandidateError, CandidateFilter};
@@ -49,7 +53,13 @@ pub struct Estimate {
     /// (the first few, with why), and how many there are.
     pub unsendable: Vec<(String, String)>,
     pub unsendable_count: u64,
+    /// Items whose prompt cannot be rendered (a field they lack): they end
+    /// in error without a request. The first few (id, why), and how many.
+    pub unrenderable: Vec<(String, String)>,
+    pub unrenderable_count: u64,
     pub first_prompt: Option<Prompt>,
+    /// The item `first_prompt` is for (the first one that renders).
+    pub first_item: Option<String>,
 }
 
 /// One stage's share of the estimate. A later stage's prompts depend on
@@ -66,10 +76,12 @@ pub struct StageEstimate {
     pub batch_price_factor: Option<f64>,
 }
 
-/// How many unsendable items the estimate names.
+/// How many unsendable (or unrenderable) items the estimate names.
 const UNSENDABLE_SHOWN: usize = 5;
 
 pub struct Plan {
+    /// Every item of the session, those that cannot be rendered included
+    /// (they end in error, with why, once the session runs).
     pub item_ids: Vec<String>,
     pub estimate: Estimate,
 }
@@ -84,15 +96,15 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
         limit,
         rereview_pending,
     };
-    let scan = Scan::candidates(p, &ledger, filter, &counter)?;
-    let item_ids = scan.item_ids;
-    let items = item_ids.len() as u64;
+    let mut scan = Scan::candidates(p, &ledger, filter, &counter)?;
+    scan.some_render()?;
+    let items = scan.item_ids.len() as u64;
     let prompt_tokens = if scan.counted == 0 {
         0
     } else {
         (scan.counted_tokens as f64 * items as f64 / scan.counted as f64).round() as u64
     };
-    let first_item = item_ids.first().cloned();
+    let first_item = scan.item_ids.first().cloned();
     let mut stages = Vec::with_capacity(p.stages.len());
     for k in 0..p.stages.len() {
         let per_item = if k == 0 {
@@ -115,7 +127,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
     let factor = stages[0].0.batch_price_factor;
     let several = stages.len() > 1;
     Ok(Plan {
-        item_ids,
+        item_ids: scan.all_ids,
         estimate: Estimate {
             items,
             prompt_tokens: all_prompt,
@@ -139,25 +151,36 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
             },
             unsendable: scan.unsendable,
             unsendable_count: scan.unsendable_count,
+            unrenderable: scan.unrenderable,
+            unrenderable_count: scan.unrenderable_count,
             first_prompt: scan.first_prompt,
+            first_item,
         },
     })
 }
 
 /// What a pass over the candidates found: their ids, the first stage's
-/// prompt tokens of a sample, and the prompts that cannot be sent.
+/// prompt tokens of a sample, and the prompts that cannot be sent or
+/// rendered.
 #[derive(Default)]
 struct Scan {
+    /// Every candidate, in order.
+    all_ids: Vec<String>,
+    /// The candidates whose prompts render at every stage.
     item_ids: Vec<String>,
     counted_tokens: u64,
     counted: u64,
     first_prompt: Option<Prompt>,
     unsendable: Vec<(String, String)>,
     unsendable_count: u64,
+    unrenderable: Vec<(String, String)>,
+    unrenderable_count: u64,
+    /// The first item whose prompt cannot be rendered, and why.
+    first_unrenderable: Option<(String, Unrenderable)>,
 }
 
 impl Scan {
-    /// Render the first stage's prompt of every candidate.
+    /// Render every candidate's prompts (the later stages' with stand-ins).
     fn candidates(
         p: &Prepared,
         ledger: &Ledger,
@@ -183,14 +206,16 @@ impl Scan {
                     return ControlFlow::Break(());
                 }
             };
-            match first.template.render(&c.item_id, &evidence) {
-                Ok(prompt) => scan.take(first, &c.item_id, prompt, stride, counter),
-                Err(e) => {
-                    stopped = Some(EngineError::Template(e));
-                    return ControlFlow::Break(());
+            match crate::renders::render_job(p, &c.item_id, &evidence) {
+                Ok(prompt) => {
+                    if let Some(prompt) = prompt {
+                        scan.take(first, &c.item_id, prompt, stride, counter);
+                    }
+                    scan.item_ids.push(c.item_id.clone());
                 }
+                Err(why) => scan.unrenderable(&c.item_id, why),
             }
-            scan.item_ids.push(c.item_id);
+            scan.all_ids.push(c.item_id);
             ControlFlow::Continue(())
         };
         ledger
@@ -201,6 +226,37 @@ impl Scan {
                 (None, CandidateError::Ledger(e)) => EngineError::Ledger(e.to_string()),
             })?;
         Ok(scan)
+    }
+
+    /// Not one candidate renders: the template is wrong, not the items,
+    /// and the run stops before anything is sent.
+    fn some_render(&mut self) -> Result<(), EngineError> {
+        let Some((item, why)) = self
+            .first_unrenderable
+            .take()
+            .filter(|_| self.item_ids.is_empty())
+        else {
+            return Ok(());
+        };
+        let n = self.unrenderable_count;
+        Err(EngineError::Usage(format!(
+            "{}: not one of the {n} item{} to run renders (the first: item \"{}\"), so nothing was sent; fix the template (or the items)",
+            why.reason(),
+            if n == 1 { "" } else { "s" },
+            docket_model::sanitize::for_terminal(&item)
+        )))
+    }
+
+    /// A candidate whose prompt cannot be rendered: named (the first few)
+    /// and counted.
+    fn unrenderable(&mut self, item_id: &str, why: Unrenderable) {
+        self.unrenderable_count += 1;
+        if self.unrenderable.len() < UNSENDABLE_SHOWN {
+            self.unrenderable.push((item_id.to_string(), why.reason()));
+        }
+        if self.first_unrenderable.is_none() {
+            self.first_unrenderable = Some((item_id.to_string(), why));
+        }
     }
 
     /// One candidate's rendered prompt: checked against the token limit,
@@ -281,19 +337,7 @@ fn later_prompt_tokens(
         .and_then(|e| serde_json::from_str(&e).ok())
         .unwrap_or(Value::Null);
     let st = &p.stages[k];
-    let mut stages = serde_json::Map::new();
-    for earlier in &p.stages[..k] {
-        stages.insert(earlier.name.clone(), earlier.placeholder_output());
-    }
-    let mut extra = serde_json::Map::new();
-    if let Some(c) = st.critic_of {
-        extra.insert("target".into(), p.stages[c].placeholder_output());
-    }
-    extra.insert("stages".into(), Value::Object(stages));
-    extra.insert(
-        "criteria".into(),
-        Value::Array(st.criteria.iter().cloned().map(Value::String).collect()),
-    );
+    let extra = p.stand_ins[k].clone();
     let prompt = st.template.render_with(item, &evidence, extra.clone())?;
     if let Some(r) = &st.repair {
         let mut extra = extra;
@@ -352,6 +396,7 @@ impl Estimate {
                 }
             ));
         }
+        self.describe_unrenderable(&mut lines);
         if self.unsendable_count > 0 {
             lines.push(format!(
                 "  warning: {} item(s) can never be sent under tokens_per_minute; they will end in error without a request:",
@@ -369,6 +414,43 @@ impl Estimate {
             lines.push(format!("  note: {}", notes.join("; ")));
         }
         lines
+    }
+
+    /// The items whose prompt cannot be rendered: how many, the first few
+    /// with why, and how to deal with them.
+    fn describe_unrenderable(&self, lines: &mut Vec<String>) {
+        if self.unrenderable_count == 0 {
+            return;
+        }
+        let n = self.unrenderable_count;
+        lines.push(format!(
+            "  warning: {n} item{} cannot be rendered: {} end in error without a request (nothing is sent for {}); the others run:",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "it will" } else { "they will" },
+            if n == 1 { "it" } else { "them" },
+        ));
+        for (item, why) in &self.unrenderable {
+            lines.push(format!(
+                "    item {}: {}",
+                docket_model::sanitize::for_terminal(item),
+                docket_model::sanitize::for_terminal(why)
+            ));
+        }
+        let named = self.unrenderable.len() as u64;
+        if n > named {
+            lines.push(format!("    ... and {} more", n - named));
+        }
+        let ids: Vec<String> = self
+            .unrenderable
+            .iter()
+            .map(|(id, _)| crate::template::shell_word(&docket_model::sanitize::for_terminal(id)))
+            .collect();
+        lines.push(format!(
+            "  to take {} out: `docket items rm {}{}` (then fix the rows and import them again), or fix the template",
+            if n == 1 { "it" } else { "them" },
+            ids.join(" "),
+            if n > named { " ..." } else { "" }
+        ));
     }
 
     /// What the estimate rests on that the operator should know: counted

@@ -65,7 +65,9 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
             ))
         })?),
     };
+    let stand_ins = crate::renders::stand_ins_for(&stages);
     Ok(Prepared {
+        stand_ins,
         ledger: LedgerLocation::for_workspace(&opts.workspace).map_err(EngineError::opening)?,
         thresholds,
         critic: stages::critic_routing(&config),

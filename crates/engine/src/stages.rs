@@ -81,29 +81,35 @@ impl Stage {
     /// A stand-in for this stage's output, shaped by its gate: what a later
     /// stage's template sees while planning checks it renders.
     pub fn placeholder_output(&self) -> Value {
-        let mut m = Map::new();
-        match self.gate.response_schema() {
-            Some(schema) => {
-                if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-                    for (k, v) in props {
-                        m.insert(k.clone(), placeholder(v, schema, 0));
-                    }
-                }
-            }
-            None => {
-                for name in self.gate.capture_names() {
-                    m.insert(name, Value::String("…".into()));
-                }
-            }
-        }
-        let (c, r) = self.gate.fields();
-        m.entry(c.to_string()).or_insert(Value::from(0.5));
-        m.entry(r.to_string()).or_insert(Value::String("…".into()));
-        for c in &self.criteria {
-            m.entry(c.clone()).or_insert(Value::Object(Map::new()));
-        }
-        Value::Object(m)
+        placeholder_output_of(&self.gate, &self.criteria)
     }
+}
+
+/// A stand-in for the output of a stage with this gate and these criteria
+/// (see [`Stage::placeholder_output`]).
+pub fn placeholder_output_of(gate: &Gate, criteria: &[String]) -> Value {
+    let mut m = Map::new();
+    match gate.response_schema() {
+        Some(schema) => {
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, v) in props {
+                    m.insert(k.clone(), placeholder(v, schema, 0));
+                }
+            }
+        }
+        None => {
+            for name in gate.capture_names() {
+                m.insert(name, Value::String("…".into()));
+            }
+        }
+    }
+    let (c, r) = gate.fields();
+    m.entry(c.to_string()).or_insert(Value::from(0.5));
+    m.entry(r.to_string()).or_insert(Value::String("…".into()));
+    for c in criteria {
+        m.entry(c.clone()).or_insert(Value::Object(Map::new()));
+    }
+    Value::Object(m)
 }
 
 /// A stand-in value for `schema` (local `$ref`s resolved against `root`).

@@ -30,7 +30,7 @@ pub(crate) fn start_session(
         tokio::task::block_in_place(|| plan::plan(prepared, opts.limit, opts.rereview_pending))?;
     reporter.line(&format!(
         "Querying INDETERMINATE decisions... {} found",
-        plan.estimate.items
+        plan.item_ids.len()
     ));
     let awaiting = left_awaiting_review(prepared, opts)?;
     if awaiting > 0 {
@@ -39,7 +39,7 @@ pub(crate) fn start_session(
              --rereview-pending routes them again, the new suggestion replacing the old)"
         ));
     }
-    if plan.estimate.items == 0 {
+    if plan.item_ids.is_empty() {
         reporter.line(if awaiting > 0 {
             "Nothing to do: every indeterminate item awaits review (decide them in `docket review`)."
         } else {
@@ -205,7 +205,7 @@ fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
     if let Some(prompt) = &plan.estimate.first_prompt {
         reporter.line(&format!(
             "First rendered prompt (item {}):",
-            plan.item_ids.first().map(String::as_str).unwrap_or("")
+            docket_model::sanitize::for_terminal(plan.estimate.first_item.as_deref().unwrap_or(""))
         ));
         if let Some(s) = &prompt.system {
             reporter.line("--- system ---");

@@ -24,13 +24,52 @@ pub enum TemplateError {
         line: usize,
         detail: String,
     },
-    #[error("{path}:{line}: {detail} (rendering item \"{item_id}\")")]
+    /// One item's prompt cannot be rendered (a field it lacks): the item
+    /// fails alone, and the message says how to get it out of the way.
+    #[error("{path}:{line}: {detail} (item \"{item_id}\"); {}", fix_hint(item_id))]
     Render {
         path: String,
         line: usize,
+        /// `undefined variable "item.title"` when the failing expression is
+        /// known, else minijinja's own words.
         detail: String,
         item_id: String,
     },
+}
+
+impl TemplateError {
+    /// Where and why, without the item and the hint: `FILE:LINE: DETAIL`
+    /// (for lists that name many items at once).
+    pub fn reason(&self) -> String {
+        match self {
+            TemplateError::Render {
+                path, line, detail, ..
+            } => format!("{path}:{line}: {detail}"),
+            e => e.to_string(),
+        }
+    }
+}
+
+/// How to get an item whose prompt cannot be rendered out of the way. The
+/// id is quoted for a shell when it needs it.
+pub fn fix_hint(item_id: &str) -> String {
+    format!(
+        "remove it with `docket items rm {}` (then fix the row and import it again), or fix the template",
+        shell_word(item_id)
+    )
+}
+
+/// `word` as one shell word: as it is when plain, else single-quoted.
+pub fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/@+=,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 /// A stage's prompt: the user template and an optional system prompt, both
@@ -70,6 +109,10 @@ impl PromptTemplate {
         let system_src = system_path.map(read).transpose()?;
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // The same words in debug and release builds (minijinja's debug
+        // mode, on by default in debug builds, rewords undefined errors);
+        // `undefined_detail` names the expression from the error's span.
+        env.set_debug(false);
         // Prompts are plain text: no HTML escaping of evidence.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         let mut hasher_input = user_src.clone();
@@ -151,7 +194,7 @@ impl PromptTemplate {
         tpl.render(ctx).map_err(|e| TemplateError::Render {
             path: path.display().to_string(),
             line: e.line().unwrap_or(0),
-            detail: describe(&e),
+            detail: undefined_detail(&e, tpl.source()).unwrap_or_else(|| describe(&e)),
             item_id: item_id.to_string(),
         })
     }
@@ -163,6 +206,26 @@ fn syntax(path: &Path, e: &minijinja::Error) -> TemplateError {
         line: e.line().unwrap_or(0),
         detail: describe(e),
     }
+}
+
+/// `undefined variable "item.title"`: an undefined-value error named by
+/// the template text its span covers (the expression that failed).
+fn undefined_detail(e: &minijinja::Error, source: &str) -> Option<String> {
+    if e.kind() != minijinja::ErrorKind::UndefinedError {
+        return None;
+    }
+    let text = source.get(e.range()?)?;
+    let expr = text
+        .trim()
+        .trim_start_matches("{{")
+        .trim_end_matches("}}")
+        .trim();
+    let expr: String = expr.split_whitespace().collect::<Vec<_>>().join(" ");
+    if expr.is_empty() {
+        return None;
+    }
+    let shown = docket_model::sanitize::truncate(&expr, 80);
+    Some(format!("undefined variable \"{shown}\""))
 }
 
 fn describe(e: &minijinja::Error) -> String {
@@ -209,8 +272,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("t.j2:2"), "{err}");
-        assert!(err.contains("item-7"), "{err}");
-        assert!(err.contains("undefined"), "{err}");
+        assert!(err.contains("undefined variable \"item.nope\""), "{err}");
+        assert!(err.contains("(item \"item-7\")"), "{err}");
+        assert!(err.contains("docket items rm item-7"), "{err}");
+    }
+
+    #[test]
+    fn the_missing_variable_is_named_wherever_it_is_used() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "t.j2",
+            "a\nb {{ evidence.title }}\n{% if item.flag %}x{% endif %}\n",
+        );
+        let t = PromptTemplate::load(&p, None).unwrap();
+        let err = t.render("ok 1", &json!({"item_title": "x"})).unwrap_err();
+        assert_eq!(
+            err.reason(),
+            format!("{}:2: undefined variable \"evidence.title\"", p.display())
+        );
+        // An id that is not one shell word is quoted in the hint.
+        assert!(err.to_string().contains("docket items rm 'ok 1'"), "{err}");
+        let err = t
+            .render("x", &json!({"evidence": {"title": "t"}}))
+            .unwrap_err();
+        assert!(
+            err.reason()
+                .ends_with(":3: undefined variable \"item.flag\""),
+            "{err}"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod copy;
 pub mod db;
 mod handle;
 pub mod import;
+pub mod items;
 pub mod location;
 mod migrate;
 pub mod place;

@@ -7,5 +7,6 @@ mod import;
 pub use import::import_from;
 pub use import::{
     BadRow, ImportError, ImportFormat, ImportOptions, ImportReport, MAX_BAD_ROW_DETAILS,
-    MAX_ID_CHARS, MAX_ITEM_BYTES, import_file, render_import_report,
+    MAX_ID_CHARS, MAX_ITEM_BYTES, TemplateCheck, TemplateCheckError, UnrenderableRow, import_file,
+    import_file_checked, render_import_report,
 };

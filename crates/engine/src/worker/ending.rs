@@ -213,3 +213,28 @@ async fn record_final(
         Ended::Open
     }
 }
+
+/// Before anything is sent for an item: its prompts must render at every
+/// stage (the later ones with stand-ins for the earlier outputs, as
+/// planning checked them). One that lacks a field a template needs ends
+/// in error here, with why, costing nothing; the other items go on. Only
+/// an item nothing was sent for yet, from its first stage.
+pub(super) async fn unrenderable(
+    ctx: &Ctx,
+    item: &WorkItem,
+    from_first_stage: bool,
+    delivered: bool,
+) -> Option<Ended> {
+    if !from_first_stage || delivered {
+        return None;
+    }
+    let first = ctx.p.stages.first()?;
+    let sw = stage_work(item, &first.name)?;
+    if sw.state != "pending" || sw.attempt > 0 || sw.status == "completed" {
+        return None;
+    }
+    // Evidence that is not JSON: the first stage's request says so.
+    let evidence: Value = serde_json::from_str(&item.evidence_json).ok()?;
+    let why = crate::renders::render_job(&ctx.p, &item.item_id, &evidence).err()?;
+    Some(fail(ctx, item, 0, sw, why.message(), None).await)
+}

@@ -22,7 +22,7 @@ use criteria::{Filled, fill_criteria};
 use docket_ledger::store::{StageWork, WorkItem};
 use docket_ledger::writer::{AttemptRecord, StageDone, WriteOp};
 use docket_providers::limiter::Slot;
-use ending::{FailedAs, answered_before, fail, fail_with, finish};
+use ending::{FailedAs, answered_before, fail, fail_with, finish, unrenderable};
 
 /// How an item's turn through [`process`] ended, for its claim.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -125,6 +125,20 @@ async fn run_confined(
 }
 
 pub(super) async fn process(
+    ctx: &Ctx,
+    item: WorkItem,
+    group: Range<usize>,
+    slot: Option<Slot>,
+    delivered: Option<Delivered>,
+) -> Ended {
+    if let Some(ended) = unrenderable(ctx, &item, group.start == 0, delivered.is_some()).await {
+        return ended;
+    }
+    run_stages(ctx, item, group, slot, delivered).await
+}
+
+/// `process` once the item's prompts are known to render.
+async fn run_stages(
     ctx: &Ctx,
     item: WorkItem,
     group: Range<usize>,

@@ -9,21 +9,25 @@
 //! ([`docket_ledger::import::Import`]), reading line by line through a
 //! `BufReader`, so a million items import in a few seconds with flat memory.
 
+mod check;
 mod csv_rows;
 mod jsonl;
 mod report;
+mod sink;
 
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
+pub use check::{TemplateCheck, TemplateCheckError};
 use csv_rows::import_csv;
 use docket_ledger::LedgerError;
-use docket_ledger::import::{Added, Import, ItemBatch};
+use docket_ledger::import::{Import, ItemBatch};
 use jsonl::import_jsonl;
 use report::plural;
 pub use report::render_import_report;
+use sink::Sink;
 
 /// At most this many bad rows are kept with their details; all are counted.
 pub const MAX_BAD_ROW_DETAILS: usize = 1000;
@@ -79,6 +83,15 @@ pub struct BadRow {
     pub reason: String,
 }
 
+/// A new row whose prompt cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnrenderableRow {
+    pub line: u64,
+    pub item_id: String,
+    /// `FILE:LINE: undefined variable "..."` (with the stage, when not the first).
+    pub reason: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct ImportReport {
     pub file: PathBuf,
@@ -97,6 +110,12 @@ pub struct ImportReport {
     pub bad_rows: Vec<BadRow>,
     /// Every bad row, including those beyond `bad_rows`.
     pub bad_count: u64,
+    /// New rows whose prompt the job's templates cannot render, imported
+    /// all the same (a run fails them alone): the first
+    /// `MAX_BAD_ROW_DETAILS`, in file order.
+    pub unrenderable: Vec<UnrenderableRow>,
+    /// Every such row.
+    pub unrenderable_count: u64,
     /// False when strict mode rolled the import back (then `imported` and
     /// `already_present` are 0: nothing was written).
     pub committed: bool,
@@ -113,6 +132,8 @@ impl ImportReport {
             differing_rows: Vec::new(),
             bad_rows: Vec::new(),
             bad_count: 0,
+            unrenderable: Vec::new(),
+            unrenderable_count: 0,
             committed: true,
         }
     }
@@ -200,6 +221,18 @@ pub fn import_file(
     path: &Path,
     opts: &ImportOptions,
 ) -> Result<ImportReport, ImportError> {
+    import_file_checked(ledger, path, opts, None)
+}
+
+/// `import_file`, with each new row checked against the job's templates:
+/// one that cannot be rendered is listed in the report (and, with
+/// `opts.strict`, is a bad row: nothing is imported).
+pub fn import_file_checked(
+    ledger: &mut dyn Import,
+    path: &Path,
+    opts: &ImportOptions,
+    check: Option<&TemplateCheck>,
+) -> Result<ImportReport, ImportError> {
     let format = match opts.format {
         Some(f) => f,
         None => format_from_extension(path).ok_or_else(|| ImportError::UnknownFormat {
@@ -234,30 +267,18 @@ pub fn import_file(
     };
     let mut batch = ledger.begin_import(&source_file).map_err(ledger_err)?;
     let mut report = ImportReport::new(path);
-    let mut sink = Sink { batch: &mut *batch };
+    let mut sink = Sink {
+        batch: &mut *batch,
+        check,
+        strict: opts.strict,
+    };
     match format {
         ImportFormat::Jsonl => import_jsonl(reader, path, &opts.id_field, &mut sink, &mut report)?,
         ImportFormat::Csv => import_csv(reader, path, &opts.id_field, &mut sink, &mut report)?,
     }
     if opts.strict && report.bad_count > 0 {
         batch.rollback().map_err(ledger_err)?;
-        report.imported = 0;
-        report.already_present = 0;
-        report.differing = 0;
-        report.differing_rows.clear();
-        report.committed = false;
-        let (first_line, first_reason) = report
-            .bad_rows
-            .first()
-            .map(|b| (b.line, b.reason.clone()))
-            .unwrap_or((0, String::new()));
-        return Err(ImportError::StrictRejected {
-            file: path.to_path_buf(),
-            bad_count: report.bad_count,
-            first_line,
-            first_reason,
-            report: Box::new(report),
-        });
+        return Err(strict_rejection(path, report));
     }
     batch.commit().map_err(ledger_err)?;
     tracing::info!(
@@ -272,6 +293,30 @@ pub fn import_file(
     Ok(report)
 }
 
+/// Strict mode met a bad row: the import was rolled back, and the report
+/// says so.
+fn strict_rejection(path: &Path, mut report: ImportReport) -> ImportError {
+    report.imported = 0;
+    report.already_present = 0;
+    report.differing = 0;
+    report.differing_rows.clear();
+    report.unrenderable.clear();
+    report.unrenderable_count = 0;
+    report.committed = false;
+    let (first_line, first_reason) = report
+        .bad_rows
+        .first()
+        .map(|b| (b.line, b.reason.clone()))
+        .unwrap_or((0, String::new()));
+    ImportError::StrictRejected {
+        file: path.to_path_buf(),
+        bad_count: report.bad_count,
+        first_line,
+        first_reason,
+        report: Box::new(report),
+    }
+}
+
 fn format_from_extension(path: &Path) -> Option<ImportFormat> {
     let ext = path.extension()?.to_str()?.to_ascii_lowercase();
     match ext.as_str() {
@@ -281,7 +326,6 @@ fn format_from_extension(path: &Path) -> Option<ImportFormat> {
     }
 }
 
-/// Where good rows go: the ledger's open import, counted in the report.
 /// Read items from `reader` into `batch` as `import_file` does, without a
 /// file or a ledger (the fuzz targets use it: `crate::fuzzing`).
 pub fn import_from<R: Read>(
@@ -292,65 +336,16 @@ pub fn import_from<R: Read>(
     let path = Path::new("input");
     let reader = BufReader::new(reader);
     let mut report = ImportReport::new(path);
-    let mut sink = Sink { batch };
+    let mut sink = Sink {
+        batch,
+        check: None,
+        strict: false,
+    };
     match format {
         ImportFormat::Jsonl => import_jsonl(reader, path, "id", &mut sink, &mut report)?,
         ImportFormat::Csv => import_csv(reader, path, "id", &mut sink, &mut report)?,
     }
     Ok(report)
-}
-
-struct Sink<'a, 'b> {
-    batch: &'a mut (dyn ItemBatch + 'b),
-}
-
-impl Sink<'_, '_> {
-    fn insert(
-        &mut self,
-        item_id: &str,
-        evidence_json: &str,
-        line: u64,
-        report: &mut ImportReport,
-    ) -> Result<(), LedgerError> {
-        match self.batch.add(item_id, evidence_json, line)? {
-            Added::New => report.imported += 1,
-            Added::AlreadyPresent {
-                same_evidence: true,
-            } => report.already_present += 1,
-            // An edited row of an item the ledger has: the ledger keeps
-            // what it has (a session works on its items as imported), and
-            // the report says so.
-            Added::AlreadyPresent {
-                same_evidence: false,
-            } => {
-                report.already_present += 1;
-                report.differing += 1;
-                if report.differing_rows.len() < MAX_DIFFERING_DETAILS {
-                    report.differing_rows.push((line, item_id.to_string()));
-                }
-            }
-            // The first line's item stands; this one is a mistake in the
-            // file unless it says exactly the same.
-            Added::EarlierLine {
-                line: first,
-                same_evidence: true,
-            } => {
-                report.already_present += 1;
-                tracing::debug!(item_id, line, first, "a repeated line of the same item");
-            }
-            Added::EarlierLine {
-                line: first,
-                same_evidence: false,
-            } => report.bad(
-                line,
-                format!(
-                    "duplicate id {:?}: line {first} has the same id with other evidence (line {first} was imported; this line was not)",
-                    docket_model::sanitize::for_terminal(item_id)
-                ),
-            ),
-        }
-        Ok(())
-    }
 }
 
 /// Checks shared by both formats. `Err` is the bad-row reason.

@@ -71,6 +71,7 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
             plural(report.bad_count, "row", "rows"),
         )?;
     }
+    render_unrenderable(report, &file, out)?;
     for bad in report.bad_rows.iter().take(RENDERED_BAD_ROWS) {
         writeln!(out, "  {file}:{}: {}", bad.line, printable(&bad.reason))?;
     }
@@ -81,6 +82,44 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
             "  … and {} more",
             group_thousands(report.bad_count - shown)
         )?;
+    }
+    Ok(())
+}
+
+/// The new rows the job's templates cannot render: imported, but a run
+/// will fail them (each alone); how many, the first few, and the way out.
+fn render_unrenderable(
+    report: &ImportReport,
+    file: &str,
+    out: &mut dyn io::Write,
+) -> io::Result<()> {
+    let n = report.unrenderable_count;
+    if n == 0 {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "warning: {} new {} cannot be rendered by the job's templates: a run ends {} in error without a request \
+         (remove with `docket items rm ID...`, then fix the rows and import again; or fix the template; --strict refuses such rows)",
+        group_thousands(n),
+        plural(n, "item", "items"),
+        plural(n, "it", "them"),
+    )?;
+    for row in report.unrenderable.iter().take(RENDERED_BAD_ROWS) {
+        writeln!(
+            out,
+            "  {file}:{}: item {}: {}",
+            row.line,
+            printable(&format!(
+                "{:?}",
+                docket_model::sanitize::for_terminal(&row.item_id)
+            )),
+            printable(&row.reason)
+        )?;
+    }
+    let shown = report.unrenderable.len().min(RENDERED_BAD_ROWS) as u64;
+    if n > shown {
+        writeln!(out, "  … and {} more", group_thousands(n - shown))?;
     }
     Ok(())
 }
