@@ -19,10 +19,10 @@ pub(in crate::view) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, the
         return;
     };
     let g = v.gauges.clone().unwrap_or_default();
-    let mut lines = limit_lines(v, &g, theme);
+    let width = usize::from(area.width.saturating_sub(2));
+    let mut lines = limit_lines(v, &g, width, theme);
     lines.extend(run_lines(app, v, &g));
     lines.push(Line::from(status_span(v, &g, theme)));
-    let width = usize::from(area.width.saturating_sub(2));
     if let Some(text) = batch_summary_text(&app.snap.batch_summary, width) {
         let style = if app.snap.batch_summary.in_state("unknown") > 0 {
             theme.warn()
@@ -39,7 +39,7 @@ pub(in crate::view) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, the
 
 /// Three lines: the rate limits and concurrency in use when an engine runs
 /// the session, else what is in flight and pending.
-fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, theme: Theme) -> Vec<Line<'a>> {
+fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, width: usize, theme: Theme) -> Vec<Line<'a>> {
     let live = v.live;
     let limit = |n: u64| {
         if n == 0 {
@@ -63,13 +63,7 @@ fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, theme: Theme) -> Vec<Line<'a
             rate(g.tpm_used),
             limit(g.tpm_limit)
         )));
-        lines.push(Line::from(format!(
-            "concurrency {}/{} AIMD · {} in flight{}",
-            g.concurrency_limit,
-            g.max_concurrency,
-            v.in_flight,
-            at_provider(v)
-        )));
+        lines.push(Line::from(concurrency_text(v, g, width)));
     } else {
         lines.push(Line::from(styled(
             "no engine running this session",
@@ -84,6 +78,24 @@ fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, theme: Theme) -> Vec<Line<'a
         lines.push(Line::from(""));
     }
     lines
+}
+
+/// The concurrency in use and what is in flight (and at the provider),
+/// the most detailed form that fits `width`: the counts are never cut.
+fn concurrency_text(v: &SessionView, g: &LiveGauges, width: usize) -> String {
+    let limit = format!("{}/{}", g.concurrency_limit, g.max_concurrency);
+    let counts = format!("{} in flight{}", v.in_flight, at_provider(v));
+    let candidates = [
+        format!("concurrency {limit} AIMD · {counts}"),
+        format!("concurrency {limit} · {counts}"),
+        format!("conc {limit} · {counts}"),
+        counts,
+    ];
+    candidates
+        .iter()
+        .find(|c| c.chars().count() <= width)
+        .unwrap_or(&candidates[3])
+        .clone()
 }
 
 /// Batch lines waiting at the provider: counted apart from what is in

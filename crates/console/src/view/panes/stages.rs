@@ -17,7 +17,20 @@ use docket_model::sanitize::truncate;
 /// being worked, the session's (see `session_state::stage_word`); None when
 /// the ledger has no checkpoint for it.
 fn stage_state(s: &StageProgress, session: ShownState) -> Option<&'static str> {
-    s.state.as_deref().map(|st| stage_word(st, session))
+    s.state.as_deref().map(|st| {
+        // Requests out for a stage its checkpoint still calls pending (a
+        // provider batch submitted before the checkpoint moved): it is
+        // being worked.
+        let open = s.in_flight > 0 || s.at_provider > 0;
+        stage_word(
+            if st == "pending" && open {
+                "running"
+            } else {
+                st
+            },
+            session,
+        )
+    })
 }
 
 /// A stage's state as a glyph (the session's glyph for its words); empty
