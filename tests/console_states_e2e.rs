@@ -278,6 +278,7 @@ fn all_say(home: &Home, ws: &Path, pane: &Pane, sid: &str, glyph: &str, word: &s
 fn check_gauges_while_running(pane: &Pane, sid: &str) {
     let started = Instant::now();
     let mut seen_in_flight = 0;
+    let mut disagreed = 0;
     let mut text = String::new();
     while started.elapsed() < Duration::from_secs(8) || seen_in_flight == 0 {
         assert!(
@@ -293,7 +294,15 @@ fn check_gauges_while_running(pane: &Pane, sid: &str) {
         let gauge = in_flight(&conc).unwrap_or_else(|| panic!("{conc}"));
         let rows = s.stage_rows();
         let stage = rows.first().and_then(|r| in_flight(r));
-        assert_eq!(Some(gauge), stage, "gauge and stage row disagree:\n{text}");
+        // A capture can catch a frame half drawn: only a disagreement that
+        // lasts three captures is one (the old one lasted the whole run).
+        if Some(gauge) != stage {
+            disagreed += 1;
+            assert!(disagreed < 3, "gauge and stage row disagree:\n{text}");
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        disagreed = 0;
         // `req/min  N / 240`: the limiter's own count of the last minute.
         let used: f64 = rate
             .trim_start_matches("req/min")
