@@ -403,6 +403,13 @@ fn console_batches_overlay_then_cancel_cancels_the_batch() {
                 .is_some_and(|f| f.starts_with(" NORMAL "))
     });
 
+    // Lines waiting in the provider's batch are not in flight: the gauges
+    // and the stage row count them apart, as waiting at the provider.
+    pane.wait("the lines counted at the provider", WAIT, |s| {
+        s.contains("· 0 in flight · 50 at provider")
+            && s.contains("0/50 · 50 at provider · RUNNING")
+    });
+
     pane.keys(&["b"]);
     let s = pane.wait("the batches overlay with the batch", WAIT, |s| {
         s.contains("Provider batches") && s.contains(&format!("id {id}"))

@@ -9,8 +9,8 @@ use docket::tui::app::{
 };
 use docket::tui::keymap::Keymap;
 use docket::watch::{
-    Event, Level, LiveGauges, ReviewPage, ReviewQuery, ReviewRow, SessionSummary, SessionView,
-    StageProgress, Tune,
+    Engine, Event, Level, LiveGauges, ReviewPage, ReviewQuery, ReviewRow, SessionSummary,
+    SessionView, ShownState, StageProgress, StateFacts, Tune, shown_state,
 };
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
@@ -48,10 +48,20 @@ fn session_row(id: &str, state: &str, desired: &str) -> SessionRow {
     }
 }
 
+/// The state the ledger's reads would derive for these facts.
+fn shown_of(state: &str, desired: &str, stop_after_stage: bool, live: bool) -> ShownState {
+    shown_state(StateFacts {
+        stored: state,
+        desired,
+        stop_after_stage,
+        engine: if live { Engine::Live } else { Engine::Released },
+    })
+}
+
 fn view(state: &str, desired: &str) -> SessionView {
+    let stop_after_stage: Option<String> = None;
     SessionView {
         row: session_row(SESSION, state, desired),
-        stop_after_stage: None,
         tune: Tune::default(),
         gauges: Some(LiveGauges {
             in_flight: 8,
@@ -87,9 +97,12 @@ fn view(state: &str, desired: &str) -> SessionView {
             },
         ],
         live: true,
+        shown: shown_of(state, desired, stop_after_stage.is_some(), true),
         heartbeat_age_secs: Some(1.0),
         in_flight: 8,
+        at_provider: 0,
         pending: 592,
+        stop_after_stage,
     }
 }
 
@@ -110,6 +123,7 @@ fn summary(id: &str, state: &str, live: bool, started_ago: f64) -> SessionSummar
         estimated_cost_usd: 1.08,
         stop_reason: None,
         live,
+        shown: shown_of(state, state, false, live),
     }
 }
 
@@ -1183,6 +1197,7 @@ fn skip_mark_and_next_move_the_cursor_in_the_detail_view() {
 fn controls_on_a_session_without_an_engine_point_to_resume() {
     let mut v = view("paused", "paused");
     v.live = false;
+    v.shown = shown_of("paused", "paused", false, false);
     let mut a = app_with(
         Keymap::default_map(),
         false,

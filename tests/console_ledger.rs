@@ -674,13 +674,14 @@ fn review_page_total_follows_new_items_and_decisions() {
     l.reviewable("e-hit", "s1", 0.5);
     assert_eq!(total(None, None), 2);
     assert_eq!(total(Some("hit"), None), 1);
+    // One undo takes back alice's whole bulk accept: a and c are back.
     l.db.undo_last(&alice()).expect("undo").expect("undone");
-    assert_eq!(total(None, None), 3);
-    assert_eq!(total(Some("hit"), None), 2);
+    assert_eq!(total(None, None), 4);
+    assert_eq!(total(Some("hit"), None), 3);
     assert_eq!(total(None, Some("s2")), 2);
     let page = l.db.review_page(&queries(None, None)).expect("page");
     assert_eq!(page.rows.len(), 2);
-    assert_eq!(page.total, 3);
+    assert_eq!(page.total, 4);
 }
 
 #[test]
@@ -2453,4 +2454,85 @@ fn review_detail_pairs_the_generator_with_its_critic() {
     let rid3 = l.review("song-3", "one", None, "x", None);
     let d3 = l.db.review_detail(rid3).expect("detail").expect("exists");
     assert!(d3.generator.is_none() && d3.critic.is_none());
+}
+
+/// One "in flight": the header gauge's count and the stage rows' are the
+/// same synchronous attempts sent and not answered, whatever the engine's
+/// own gauge says (16 slots held while 3 were sent); batch lines waiting
+/// at the provider are counted apart and never as in flight. A paused
+/// session's stage that was running reads paused.
+#[test]
+fn in_flight_is_one_count_and_batch_lines_wait_at_the_provider() {
+    let l = Ledger::new();
+    let now = now_ts();
+    l.session("s1", 1000.0, Some(now - 1.0), "paused");
+    l.counters("s1", 20, 2, 0);
+    l.run_stage("s1", "triage", 0, None, (20, 2, 0, 0), "running");
+    l.run_stage("s1", "verify", 1, Some("triage"), (20, 0, 0, 0), "pending");
+    let mut requests = Vec::new();
+    for i in 0..8 {
+        l.item(&format!("i{i}"));
+        requests.push(l.request(&format!("i{i}"), "triage", 1.0));
+    }
+    // Three synchronous attempts in flight, one answered.
+    for r in &requests[..3] {
+        l.message(*r, 1, "s1", "sent", None, None, None, None);
+    }
+    l.message(
+        requests[3],
+        1,
+        "s1",
+        "answered",
+        Some(5.0),
+        Some(200),
+        None,
+        None,
+    );
+    // Four lines of an open provider batch, waiting at the provider.
+    l.conn
+        .execute(
+            "INSERT INTO provider_batch (batch_id, tag, session_id, stage, provider, provider_kind, model, state,
+                 request_count, input_bytes, created_at, updated_at)
+             VALUES (1, 'tag-1', 's1', 'triage', 'mock', 'openai', 'mock-1', 'in_progress', 4, 100, 1, 1)",
+            [],
+        )
+        .expect("insert provider_batch");
+    for r in &requests[4..] {
+        l.message(*r, 1, "s1", "sent", None, None, None, None);
+        l.conn
+            .execute(
+                "INSERT INTO provider_batch_item (batch_id, custom_id, request_id, attempt) VALUES (1, ?1, ?2, 1)",
+                params![format!("s1-{r}-1"), r],
+            )
+            .expect("insert provider_batch_item");
+    }
+    l.conn
+        .execute(
+            "UPDATE llm_batch_session SET desired_state = 'paused',
+                 live_json = '{\"in_flight\":16,\"stage\":\"triage\"}' WHERE session_id = 's1'",
+            [],
+        )
+        .expect("live_json");
+
+    let v = l.db.session_view("s1").expect("view").expect("s1 exists");
+    assert_eq!((v.in_flight, v.at_provider), (3, 4));
+    assert_eq!(v.pending, 20 - 2 - 3 - 4);
+    let triage = &v.stages[0];
+    assert_eq!(
+        (triage.in_flight, triage.at_provider),
+        (v.in_flight, v.at_provider),
+        "the stage row and the gauge say the same"
+    );
+    assert_eq!((v.stages[1].in_flight, v.stages[1].at_provider), (0, 0));
+    assert_eq!(v.shown.word(), "paused");
+    let words: Vec<&str> = v
+        .stages
+        .iter()
+        .map(|s| docket::watch::stage_word(s.state.as_deref().unwrap_or(""), v.shown))
+        .collect();
+    assert_eq!(words, ["paused", "paused"]);
+    assert!(
+        !triage.is_finished(),
+        "lines at the provider are not finished"
+    );
 }

@@ -8,8 +8,9 @@ use docket::tui::app::{App, Dialog, Overlay, Pane, Snapshot};
 use docket::tui::keymap::Keymap;
 use docket::tui::theme::Theme;
 use docket::watch::{
-    Event, Level, LiveGauges, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage,
-    ReviewRow, SessionSummary, SessionView, StageOutput, StageProgress, StageVerdict, Tune,
+    Engine, Event, Level, LiveGauges, ProviderBatchRow, ProviderBatchSummary, ReviewDetail,
+    ReviewPage, ReviewRow, SessionSummary, SessionView, ShownState, StageOutput, StageProgress,
+    StageVerdict, StateFacts, Tune, shown_state,
 };
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -51,10 +52,20 @@ fn session_row(state: &str, desired: &str) -> SessionRow {
     }
 }
 
+/// The state the ledger's reads would derive for these facts.
+fn shown_of(state: &str, desired: &str, stop_after_stage: bool, live: bool) -> ShownState {
+    shown_state(StateFacts {
+        stored: state,
+        desired,
+        stop_after_stage,
+        engine: if live { Engine::Live } else { Engine::Released },
+    })
+}
+
 fn view(state: &str, desired: &str) -> SessionView {
+    let stop_after_stage: Option<String> = Some("triage".into());
     SessionView {
         row: session_row(state, desired),
-        stop_after_stage: Some("triage".into()),
         tune: Tune::default(),
         gauges: Some(LiveGauges {
             in_flight: 8,
@@ -92,9 +103,12 @@ fn view(state: &str, desired: &str) -> SessionView {
             },
         ],
         live: true,
+        shown: shown_of(state, desired, stop_after_stage.is_some(), true),
         heartbeat_age_secs: Some(1.0),
         in_flight: 8,
+        at_provider: 0,
         pending: 592,
+        stop_after_stage,
     }
 }
 
@@ -122,6 +136,9 @@ fn summary(
         estimated_cost_usd: cost * 2.0,
         stop_reason: None,
         live,
+        // The watched session's view asks it to stop after a stage: its
+        // line says so as its header does.
+        shown: shown_of(state, state, id == SESSION, live),
     }
 }
 
@@ -375,6 +392,7 @@ fn paused_session() {
     snap.view = Some(view("paused", "paused"));
     snap.sessions[0].state = "paused".into();
     snap.sessions[0].live = true;
+    snap.sessions[0].shown = ShownState::Paused;
     let a = app_with(false, snap);
     assert!(a.paused());
     snap_both("paused", &a);
@@ -1162,6 +1180,7 @@ fn stage(
         .into(),
         critic_of: critic_of.map(str::to_string),
         state: Some(state.into()),
+        at_provider: 0,
     }
 }
 

@@ -628,7 +628,8 @@ fn results_table_shows_counters_and_strips_controls() {
 fn results_table_for_an_error_shows_the_error() {
     let (_dir, conn) = seeded();
     let text = results(&conn, "batch_20260430_old000", OutputFormat::Table).unwrap();
-    assert!(text.contains("[error]"), "{text}");
+    // Stored as `error`: the one vocabulary says failed.
+    assert!(text.contains("[failed]"), "{text}");
     assert!(text.contains("⨯ Errors:        1 (100%)"), "{text}");
     assert!(text.contains("HTTP 500 from provider"), "{text}");
 }
@@ -745,8 +746,9 @@ fn sessions_list_newest_first_with_resumable() {
         lines[0].starts_with("session_id") && lines[0].contains("429s"),
         "{text}"
     );
+    // A pause asked of a live engine that has not obeyed yet.
     assert!(
-        lines[1].starts_with("batch_live") && lines[1].contains("running→paused"),
+        lines[1].starts_with("batch_live") && lines[1].contains("pausing"),
         "{text}"
     );
     assert!(lines[1].trim_end().ends_with("yes"), "{text}");
@@ -776,6 +778,105 @@ fn sessions_list_newest_first_with_resumable() {
     assert_eq!(arr[1]["cost_usd"], json!(0.0123));
     assert_eq!(arr[1]["started_at"], json!("2026-05-01T12:00:00Z"));
     assert_eq!(arr[1]["resumable"], json!(false));
+}
+
+/// `docket sessions` and the console's sessions pane name every state with
+/// the same word, from the same columns: a killed engine (a heartbeat 10 s
+/// old) reads interrupted in both, not running.
+#[test]
+fn sessions_and_the_console_name_states_alike() {
+    use docket::ledger::console::ConsoleReads;
+    let dir = tempfile::tempdir().unwrap();
+    let conn = ledger(dir.path());
+    let now = docket::ledger::now_ts();
+    // (id, state, desired, stop after, heartbeat age; None: let go), word.
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        Option<&'a str>,
+        Option<f64>,
+        &'a str,
+    );
+    let cases: &[Case] = &[
+        ("s_run", "running", "running", None, Some(0.5), "running"),
+        ("s_pausing", "running", "paused", None, Some(0.5), "pausing"),
+        ("s_paused", "paused", "paused", None, Some(0.5), "paused"),
+        (
+            "s_stop",
+            "running",
+            "running",
+            Some("a"),
+            Some(0.5),
+            "stopping at stage",
+        ),
+        (
+            "s_cancelling",
+            "running",
+            "cancelled",
+            None,
+            Some(0.5),
+            "cancelling",
+        ),
+        (
+            "s_cancelled",
+            "cancelled",
+            "cancelled",
+            None,
+            None,
+            "cancelled",
+        ),
+        (
+            "s_killed",
+            "running",
+            "running",
+            None,
+            Some(10.0),
+            "interrupted",
+        ),
+        (
+            "s_killed_paused",
+            "paused",
+            "paused",
+            None,
+            Some(10.0),
+            "interrupted",
+        ),
+        ("s_let_go", "paused", "running", Some("a"), None, "paused"),
+        ("s_done", "completed", "running", None, None, "completed"),
+        ("s_error", "error", "running", None, None, "failed"),
+    ];
+    for (i, (id, state, desired, stop, age, _)) in cases.iter().enumerate() {
+        conn.execute(
+            "INSERT INTO llm_batch_session (session_id, started_at, total_count, config_snapshot_json, \
+             state, desired_state, stop_after_stage, updated_at, heartbeat_at) \
+             VALUES (?1, ?2, 10, '{}', ?3, ?4, ?5, ?2, ?6)",
+            rusqlite::params![id, now - 100.0 + i as f64, state, desired, stop, age.map(|a| now - a)],
+        )
+        .unwrap();
+    }
+    let v: Value = serde_json::from_str(&sessions(&conn, OutputFormat::Json)).unwrap();
+    let cli: std::collections::HashMap<String, String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["session_id"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let console = handle(&conn).sessions().unwrap();
+    assert_eq!(console.len(), cases.len());
+    for (id, .., word) in cases {
+        let pane = console.iter().find(|s| s.session_id == *id).unwrap();
+        assert_eq!(pane.shown.word(), *word, "console, {id}");
+        assert_eq!(cli[*id], *word, "docket sessions, {id}");
+    }
+    let table = sessions(&conn, OutputFormat::Table);
+    let killed = table.lines().find(|l| l.starts_with("s_killed ")).unwrap();
+    assert!(killed.contains("interrupted"), "{table}");
 }
 
 fn export_text(

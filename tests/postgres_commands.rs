@@ -486,3 +486,42 @@ fn a_nul_in_an_item_does_not_stop_a_run_on_postgres() {
         assert!(prompt.contains(expected), "{prompt:?}");
     }
 }
+
+/// The state words and the one "in flight" read the same on PostgreSQL:
+/// an attempt sent and one line of an open provider batch are one in
+/// flight and one at the provider (the header and its stage row alike),
+/// and a session whose engine's heartbeat went stale is interrupted in the
+/// console's reads and in `docket sessions`.
+#[test]
+fn states_and_in_flight_read_alike_on_postgres() {
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    let pg = workspace();
+    let (sid, _) = run_job(pg.path(), Some(&url));
+    server.psql(
+        &url,
+        &format!(
+            "UPDATE llm_batch_session SET state = 'running', completed_at = NULL,
+                 heartbeat_at = extract(epoch from now()) - 10 WHERE session_id = '{sid}';
+             INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state, user_prompt, sent_at)
+                 SELECT request_id, 9, '{sid}', 'x-' || request_id, 'sent', 'p', 1
+                 FROM llm_requests ORDER BY request_id LIMIT 2;
+             INSERT INTO provider_batch (batch_id, tag, session_id, stage, provider, provider_kind, model, state,
+                 request_count, input_bytes, created_at, updated_at)
+                 VALUES (1, 'tag-1', '{sid}', 'adjudicate', 'mock', 'openai', 'mock-1', 'in_progress', 1, 1, 1, 1);
+             INSERT INTO provider_batch_item (batch_id, custom_id, request_id, attempt)
+                 SELECT 1, 'line-1', MIN(request_id), 9 FROM llm_requests;"
+        ),
+    );
+    let handle = Ledger::open(LedgerLocation::parse(&url).unwrap()).unwrap();
+    let v = handle.session_view(&sid).unwrap().expect("the session");
+    assert_eq!((v.in_flight, v.at_provider), (1, 1));
+    let stage = &v.stages[0];
+    assert_eq!((stage.in_flight, stage.at_provider), (1, 1));
+    assert_eq!(v.shown.word(), "interrupted");
+    let pane = handle.sessions().unwrap();
+    assert_eq!(pane[0].shown.word(), "interrupted");
+    let json = ok(pg.path(), Some(&url), &["sessions", "--format", "json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&json).expect(&json);
+    assert_eq!(rows[0]["state"], "interrupted", "{json}");
+}

@@ -346,12 +346,17 @@ impl App {
         self.snap.view.as_ref().map(|v| v.row.session_id.as_str())
     }
 
-    /// Paused as asked or as it is.
+    /// Paused or pausing, as the header says it (`ShownState`): the footer's
+    /// badge and the pause key agree with it (an interrupted session whose
+    /// engine died paused is not shown as paused).
     pub fn paused(&self) -> bool {
-        self.snap
-            .view
-            .as_ref()
-            .is_some_and(|v| v.row.desired_state == "paused" || v.row.state == "paused")
+        self.snap.view.as_ref().is_some_and(|v| {
+            matches!(
+                v.shown,
+                docket_ledger::watch::ShownState::Paused
+                    | docket_ledger::watch::ShownState::Pausing
+            )
+        })
     }
 
     pub fn review_query(&self) -> docket_ledger::watch::ReviewQuery {

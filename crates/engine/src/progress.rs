@@ -146,9 +146,11 @@ fn progress_line(
         s.errors,
         s.total.saturating_sub(s.done + s.in_flight),
         rate,
-        s.in_flight,
+        // One "in flight" with the console: requests sent and not answered;
+        // batch lines wait at the provider, counted apart.
+        s.in_flight.saturating_sub(s.batched),
         if s.batched > 0 {
-            format!("{} in provider batches", s.batched)
+            format!("limit {concurrency}; {} at provider", s.batched)
         } else {
             format!("limit {concurrency}")
         },

@@ -2,7 +2,8 @@
 //!
 //! Owns the job configuration (`config`: docket.toml parsed, checked and
 //! explained), the mock provider's settings (`mock_config`), routing
-//! outcomes (`routing`), a live run's gauges and tuning (`live`), who is
+//! outcomes (`routing`), a live run's gauges and tuning (`live`), the one
+//! vocabulary of session states (`session_state`), who is
 //! deciding (`operator`), the Batch API's quarantined lines (`batch`), ids
 //! and hashes (`ids`), making model and item text safe for a terminal or a
 //! log (`sanitize`), spotting prompt injections in evidence (`injection`),
@@ -23,3 +24,4 @@ pub mod mock_config;
 pub mod operator;
 pub mod routing;
 pub mod sanitize;
+pub mod session_state;

@@ -5,13 +5,18 @@
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct LiveGauges {
+    /// Concurrency slots held (sent, or waiting for the rate limit). Not
+    /// the console's "in flight": that is the ledger's count of requests
+    /// sent and not answered.
     pub in_flight: u64,
     pub concurrency_limit: u64,
     pub max_concurrency: u64,
     /// Effective limits (ours or the server's, the lower); 0 = none.
     pub rpm_limit: u64,
     pub tpm_limit: u64,
-    /// Requests and tokens per minute over the last minute (or since start).
+    /// Requests and tokens the limiter let go over the last 60 seconds,
+    /// counted when let go: never above the limits (batch lines are not
+    /// counted: they are not requests against them).
     pub rpm_used: f64,
     pub tpm_used: f64,
     /// Empty when nothing is slowing the run; else a short reason.

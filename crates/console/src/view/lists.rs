@@ -219,10 +219,11 @@ pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: The
     let focused =
         app.focus == Pane::Sessions && matches!(app.overlay, Overlay::None | Overlay::Filter(_));
     let mut lines = vec![Line::from(styled(
-        "  session                  state          done/total   acc   rev   rej   err      cost  age",
+        "  session               state               done/total   acc   rev   rej   err      cost  age",
         theme.dim(),
     ))];
     let start = page_start(app.sessions_cursor as u64, rows_h) as usize;
+    let state_w = 2 + docket_model::session_state::LONGEST_WORD;
     for (i, s) in sessions
         .iter()
         .enumerate()
@@ -235,11 +236,11 @@ pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: The
             " "
         };
         let pointer = if i == app.sessions_cursor { "›" } else { " " };
-        let state = state_word(&s.state, s.live);
-        let state: String = state.chars().take(14).collect();
+        // As wide as the longest state word with its glyph: never cut.
+        let state = state_word(s.shown);
         let mut line = Line::from(format!(
-            "{pointer}{here}{:<23} {:<14} {:>5}/{:<5} {:>5} {:>5} {:>5} {:>5} {:>9} {}",
-            truncate(&s.session_id, 23),
+            "{pointer}{here}{:<21} {:<state_w$} {:>5}/{:<5} {:>5} {:>5} {:>5} {:>5} {:>9} {}",
+            truncate(&s.session_id, 21),
             state,
             s.processed,
             s.total,

@@ -2,20 +2,15 @@
 //! limits, rates over the last minute, stage, reason it is slow), and the
 //! session's, added up over every live worker.
 
-use std::collections::VecDeque;
-
 use tokio::time::Instant;
 
-use super::RATE_WINDOW;
 use crate::ctx::{Ctx, PAUSED_BY_OPERATOR};
 use docket_ledger::watch::LiveGauges;
 
-/// Requests and tokens sent over the last minute, for the gauges.
+/// Since when this engine dispatches, for the elapsed time and the ETA.
 pub(super) struct Window {
     started: Instant,
     first_done: u64,
-    /// (when, attempts sent, tokens used) at each tick.
-    samples: VecDeque<(Instant, u64, u64)>,
 }
 
 impl Window {
@@ -23,38 +18,25 @@ impl Window {
         Window {
             started: Instant::now(),
             first_done: stats.done,
-            samples: VecDeque::new(),
         }
-    }
-
-    /// Add a sample; per-minute requests and tokens over the last minute (or
-    /// since the start, scaled, when that is shorter).
-    fn rates(&mut self, now: Instant, sent: u64, tokens: u64) -> (f64, f64) {
-        self.samples.push_back((now, sent, tokens));
-        // Keep the newest sample at least a minute old as the window's start.
-        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= RATE_WINDOW {
-            self.samples.pop_front();
-        }
-        let (t0, sent0, tokens0) = self.samples[0];
-        let secs = now.duration_since(t0).as_secs_f64();
-        if secs < 0.05 {
-            return (0.0, 0.0);
-        }
-        let scale = 60.0 / secs;
-        (
-            sent.saturating_sub(sent0) as f64 * scale,
-            tokens.saturating_sub(tokens0) as f64 * scale,
-        )
     }
 }
 
 /// The gauges this engine writes with its heartbeat.
-pub(super) fn gauges(ctx: &Ctx, window: &mut Window, paused: bool) -> LiveGauges {
+pub(super) fn gauges(ctx: &Ctx, window: &Window, paused: bool) -> LiveGauges {
     let now = Instant::now();
     let s = ctx.stats.snapshot();
     let frontier = ctx.frontier();
     let lim = ctx.rt(frontier).limiter.snapshot();
-    let (rpm_used, tpm_used) = window.rates(now, s.sent, s.input_tokens + s.output_tokens);
+    // The limiter's own count of the last 60 seconds' sends, taken when it
+    // let them go: it never holds more than the limit, so the gauge never
+    // reads above it (a rate scaled from a short span, or counted at the
+    // answer, would). Batch lines never pass the limiter: they are not
+    // requests against the synchronous limits.
+    let (rpm_used, tpm_used) = (
+        lim.requests_last_minute as f64,
+        lim.tokens_last_minute as f64,
+    );
     let elapsed = now.duration_since(window.started).as_secs_f64();
     let done_here = s.done.saturating_sub(window.first_done);
     let eta_secs = (!paused && done_here > 0 && s.total > s.done)
@@ -131,8 +113,6 @@ pub(super) fn combine(mine: &LiveGauges, others: &[LiveGauges]) -> LiveGauges {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
@@ -179,29 +159,5 @@ mod tests {
         assert_eq!(all.elapsed_secs, 40.0);
         assert_eq!(all.eta_secs, None);
         assert!(all.rpm_used <= all.rpm_limit as f64);
-    }
-
-    #[test]
-    fn rates_scale_a_short_window_and_keep_a_minute() {
-        let t = Instant::now();
-        let mut w = Window {
-            started: t,
-            first_done: 0,
-            samples: VecDeque::new(),
-        };
-        assert_eq!(w.rates(t, 0, 0), (0.0, 0.0));
-        // 10 requests and 1,000 tokens in 10 s: 60/min and 6,000/min.
-        let (r, k) = w.rates(t + Duration::from_secs(10), 10, 1_000);
-        assert!(
-            (r - 60.0).abs() < 1e-9 && (k - 6_000.0).abs() < 1e-6,
-            "{r} {k}"
-        );
-        // Past a minute, the oldest samples leave the window.
-        for i in 1..=200u64 {
-            w.rates(t + Duration::from_secs(10 + i), 10 + i, 1_000);
-        }
-        let (r, _) = w.rates(t + Duration::from_secs(211), 211, 1_000);
-        assert!((r - 60.0).abs() < 1.5, "{r}");
-        assert!(w.samples.len() <= 63, "{}", w.samples.len());
     }
 }

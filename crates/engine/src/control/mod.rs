@@ -29,9 +29,6 @@ use obey::obey;
 
 const CONTROL_POLL: Duration = Duration::from_millis(400);
 
-/// The window of the gauges' requests/min and tokens/min.
-const RATE_WINDOW: Duration = Duration::from_secs(60);
-
 /// At most one `rate_limited` event this often.
 const RATE_EVENT_SPACING: Duration = Duration::from_secs(10);
 
@@ -279,7 +276,7 @@ impl Controller {
         let paused = *self.pause_tx.borrow();
         self.probes.tick(ctx, paused).await;
         self.disk.tick(ctx, &*self.reporter, paused);
-        let mut live = gauges(ctx, &mut self.window, paused);
+        let mut live = gauges(ctx, &self.window, paused);
         if let Some(why) = self
             .disk
             .slow_reason(ctx)

@@ -56,7 +56,10 @@ async fn raising_concurrency_after_a_lower_retune_lets_it_climb_again() {
     // Additive increase from where the lower retune left it.
     for _ in 0..3 {
         l.on_success(
-            docket_providers::limiter::Reservation { tokens: 0 },
+            docket_providers::limiter::Reservation {
+                tokens: 0,
+                sent_at: None,
+            },
             None,
             &Default::default(),
         );
@@ -68,7 +71,10 @@ async fn raising_concurrency_after_a_lower_retune_lets_it_climb_again() {
         .unwrap();
     for _ in 0..500 {
         l.on_success(
-            docket_providers::limiter::Reservation { tokens: 0 },
+            docket_providers::limiter::Reservation {
+                tokens: 0,
+                sent_at: None,
+            },
             None,
             &Default::default(),
         );

@@ -7,7 +7,8 @@ use crate::db::{Connection, OptionalExtension, params};
 use super::columns::{clamp, count, text};
 use super::schema::has_table;
 use crate::now_ts;
-use crate::store::{LIVE_HEARTBEAT_SECS, load_session};
+use crate::store::shown_state_of as shown;
+use crate::store::{LIVE_HEARTBEAT_SECS, SessionRow, load_session};
 use crate::watch::{
     LiveGauges, SessionSummary, SessionView, StageProgress, Tune, configured_stage,
 };
@@ -18,14 +19,23 @@ pub(super) fn sessions(conn: &Connection) -> crate::db::Result<Vec<SessionSummar
     let mut stmt = conn.prepare_cached(
         "SELECT session_id, state, desired_state, started_at, completed_at, total_count, processed_count,
                 accepted_count, reviewed_count, rejected_count, error_count, cost_usd, estimated_cost_usd,
-                stop_reason, heartbeat_at
+                stop_reason, heartbeat_at, stop_after_stage
          FROM llm_batch_session ORDER BY started_at DESC, session_id DESC",
     )?;
     let rows = stmt.query_map(params![], |r| {
+        let state: String = r.get(1)?;
+        let desired_state: String = r.get(2)?;
+        let heartbeat_at: Option<f64> = r.get(14)?;
+        let stop_after_stage: Option<String> = r.get(15)?;
+        let shown = shown(
+            &state,
+            &desired_state,
+            stop_after_stage.is_some(),
+            heartbeat_at,
+            now,
+        );
         Ok(SessionSummary {
             session_id: r.get(0)?,
-            state: r.get(1)?,
-            desired_state: r.get(2)?,
             started_at: r.get(3)?,
             completed_at: r.get(4)?,
             total: clamp(r.get(5)?),
@@ -37,7 +47,10 @@ pub(super) fn sessions(conn: &Connection) -> crate::db::Result<Vec<SessionSummar
             cost_usd: r.get(11)?,
             estimated_cost_usd: r.get(12)?,
             stop_reason: r.get(13)?,
-            live: is_live(r.get(14)?, now),
+            live: is_live(heartbeat_at, now),
+            shown,
+            state,
+            desired_state,
         })
     })?;
     rows.collect()
@@ -73,39 +86,25 @@ pub(super) fn session_view(
     let Some((stop_after_stage, rpm, tpm, concurrency, live_json, heartbeat_at)) = extra else {
         return Ok(None);
     };
-    let in_flight = in_flight(conn, session_id)?;
+    let open = open_attempts(conn, session_id)?;
+    let (in_flight, at_provider) = open
+        .iter()
+        .fold((0, 0), |(s, b), o| (s + o.in_flight, b + o.at_provider));
     let gauges = live_json.as_deref().and_then(LiveGauges::from_json);
     let live = is_live(heartbeat_at, now);
-    let mut stages = run_stages(conn, session_id)?;
-    if stages.is_empty() {
-        // No checkpoint (a ledger from before stages, read read-only): the
-        // one stage, counted from the session.
-        stages.push(StageProgress {
-            name: configured_stage(&row.config_snapshot_json),
-            total: row.total_count,
-            done: row.processed_count,
-            failed: row.error_count,
-            in_flight,
-            ..StageProgress::default()
-        });
-    } else {
-        let per_stage = in_flight_by_stage(conn, session_id)?;
-        for s in &mut stages {
-            s.in_flight = per_stage
-                .iter()
-                .filter(|(name, _)| name == &s.name)
-                .map(|(_, n)| n)
-                .sum();
-            // The engine's own count for the stage it dispatches now.
-            if let Some(g) = gauges.as_ref().filter(|g| live && g.stage == s.name) {
-                s.in_flight = s.in_flight.max(g.in_flight);
-            }
-        }
-    }
+    let shown = shown(
+        &row.state,
+        &row.desired_state,
+        stop_after_stage.is_some(),
+        heartbeat_at,
+        now,
+    );
+    let stages = stages_with_open(conn, &row, &open, (in_flight, at_provider))?;
     let pending = row
         .total_count
         .saturating_sub(row.processed_count)
-        .saturating_sub(in_flight);
+        .saturating_sub(in_flight)
+        .saturating_sub(at_provider);
     Ok(Some(SessionView {
         stop_after_stage,
         tune: Tune {
@@ -116,11 +115,46 @@ pub(super) fn session_view(
         gauges,
         stages,
         live,
+        shown,
         heartbeat_age_secs: heartbeat_at.map(|h| (now - h).max(0.0)),
         in_flight,
+        at_provider,
         pending,
         row,
     }))
+}
+
+/// The session's stages with what each has open. From the same rows as the
+/// session's totals (`totals`: in flight, at the provider), so a stage row
+/// and the gauges never disagree about what is in flight.
+fn stages_with_open(
+    conn: &Connection,
+    row: &SessionRow,
+    open: &[OpenAttempts],
+    (in_flight, at_provider): (u64, u64),
+) -> crate::db::Result<Vec<StageProgress>> {
+    let mut stages = run_stages(conn, &row.session_id)?;
+    if stages.is_empty() {
+        // No checkpoint (a ledger from before stages, read read-only): the
+        // one stage, counted from the session.
+        stages.push(StageProgress {
+            name: configured_stage(&row.config_snapshot_json),
+            total: row.total_count,
+            done: row.processed_count,
+            failed: row.error_count,
+            in_flight,
+            at_provider,
+            ..StageProgress::default()
+        });
+        return Ok(stages);
+    }
+    for s in &mut stages {
+        for o in open.iter().filter(|o| o.stage == s.name) {
+            s.in_flight += o.in_flight;
+            s.at_provider += o.at_provider;
+        }
+    }
+    Ok(stages)
 }
 
 /// Every stage of the session from its `run_stages` checkpoint, in job
@@ -151,43 +185,57 @@ pub(super) fn run_stages(
             failed,
             skipped,
             in_flight: 0,
+            at_provider: 0,
             state: Some(text(r, 8)?.unwrap_or_else(|| "pending".into())),
         })
     })?;
     rows.collect()
 }
 
-/// Open attempts by stage. A criterion asked on its own is a request of
-/// stage `STAGE:CRITERION`: it counts for STAGE.
-fn in_flight_by_stage(
-    conn: &Connection,
-    session_id: &str,
-) -> crate::db::Result<Vec<(String, u64)>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT q.stage, COUNT(*) FROM llm_messages m JOIN llm_requests q ON q.request_id = m.request_id
-         WHERE m.session_id = ?1 AND m.state = 'sent' GROUP BY q.stage",
-    )?;
+/// A stage's open attempts: synchronous requests in flight, and batch
+/// lines waiting at the provider.
+struct OpenAttempts {
+    stage: String,
+    in_flight: u64,
+    at_provider: u64,
+}
+
+/// The session's attempts sent and not answered yet ('sent'), by stage and
+/// by how they went: a line of a provider batch waits at the provider, any
+/// other attempt is in flight. A criterion asked on its own is a request of
+/// stage `STAGE:CRITERION`: it counts for STAGE. The partial index
+/// `idx_llm_messages_open` holds only open attempts, so this is cheap
+/// however many messages the session has.
+fn open_attempts(conn: &Connection, session_id: &str) -> crate::db::Result<Vec<OpenAttempts>> {
+    // A ledger from before provider batches (read read-only) has no lines.
+    let batched = if has_table(conn, "provider_batch_item")? {
+        "CASE WHEN EXISTS (SELECT 1 FROM provider_batch_item bi
+                           WHERE bi.request_id = m.request_id AND bi.attempt = m.attempt)
+              THEN 1 ELSE 0 END"
+    } else {
+        "0"
+    };
+    let sql = format!(
+        "SELECT q.stage, {batched}, COUNT(*) FROM llm_messages m
+         JOIN llm_requests q ON q.request_id = m.request_id
+         WHERE m.session_id = ?1 AND m.state = 'sent' GROUP BY 1, 2"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params![session_id], |r| {
         let stage = text(r, 0)?.unwrap_or_default();
         let stage = match stage.split_once(':') {
             Some((base, _)) => base.to_string(),
             None => stage,
         };
-        Ok((stage, count(r, 1)?))
+        let n = count(r, 2)?;
+        let at_provider = count(r, 1)? > 0;
+        Ok(OpenAttempts {
+            stage,
+            in_flight: if at_provider { 0 } else { n },
+            at_provider: if at_provider { n } else { 0 },
+        })
     })?;
     rows.collect()
-}
-
-/// Attempts of the session sent and not answered yet. The partial index
-/// `idx_llm_messages_open` holds only open attempts, so this is cheap
-/// however many messages the session has.
-fn in_flight(conn: &Connection, session_id: &str) -> crate::db::Result<u64> {
-    let n: i64 = conn
-        .prepare_cached(
-            "SELECT COUNT(*) FROM llm_messages WHERE session_id = ?1 AND state = 'sent'",
-        )?
-        .query_row(params![session_id], |r| r.get(0))?;
-    Ok(clamp(n))
 }
 
 fn is_live(heartbeat_at: Option<f64>, now: f64) -> bool {

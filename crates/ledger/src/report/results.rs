@@ -104,17 +104,8 @@ pub struct SessionHead {
     pub estimated_cost_usd: f64,
     pub max_cost_usd: Option<f64>,
     pub stop_reason: Option<String>,
-}
-
-/// `running→paused` when an operator asked for something the engine has not
-/// reached yet; just the state otherwise.
-pub(crate) fn state_label(state: &str, desired: &str) -> String {
-    let live = matches!(state, "running" | "paused");
-    if live && desired != state {
-        format!("{state}→{desired}")
-    } else {
-        state.to_string()
-    }
+    /// The state every view shows (`store::shown_state_of`).
+    pub shown: crate::watch::ShownState,
 }
 
 /// Rounded percentage of `part` in `whole`; never claims 100% for less than all.
@@ -216,7 +207,7 @@ fn write_head(h: &SessionHead, out: &mut dyn Write) -> io::Result<()> {
         out,
         "Session {}  [{}]",
         strip_controls(&h.session_id),
-        state_label(&h.state, &h.desired_state)
+        h.shown.word()
     )?;
     writeln!(out, "  Started:    {} UTC", table_time(h.started_at))?;
     match h.completed_at {
@@ -298,12 +289,5 @@ mod tests {
         assert_eq!(percent(0, 0), 0);
         assert_eq!(percent(999, 1000), 99);
         assert_eq!(percent(1000, 1000), 100);
-    }
-
-    #[test]
-    fn labels() {
-        assert_eq!(state_label("running", "paused"), "running→paused");
-        assert_eq!(state_label("running", "running"), "running");
-        assert_eq!(state_label("completed", "running"), "completed");
     }
 }

@@ -3,16 +3,12 @@
 use std::io::{self, Write};
 
 use super::columns::{Cell, Kind, RecordWriter};
-use super::results::state_label;
 use super::{OutputFormat, ReportError, strip_controls, table_time};
 use crate::now_ts;
 use crate::report::reads::Reports;
 
 /// A session can be resumed for this long after it started.
 pub const RESUMABLE_FOR_SECS: f64 = 7.0 * 24.0 * 3600.0;
-
-/// A live engine writes a heartbeat every half second.
-const STALE_HEARTBEAT_SECS: f64 = 15.0;
 
 /// Keys of `sessions --format json` (and csv), in order.
 pub const SESSION_COLUMNS: &[&str] = &[
@@ -92,16 +88,14 @@ pub fn write_sessions(
         OutputFormat::Csv => RecordWriter::csv(out, SESSION_COLUMNS)?,
         OutputFormat::Json => RecordWriter::json_array(out, SESSION_COLUMNS)?,
     };
-    let live_since = now_ts() - STALE_HEARTBEAT_SECS;
-    ledger.for_each_session(cutoff, live_since, SESSION_KINDS, &mut |c| w.write(c))?;
+    ledger.for_each_session(cutoff, now_ts(), SESSION_KINDS, &mut |c| w.write(c))?;
     w.finish()
 }
 
 fn write_table(ledger: &dyn Reports, cutoff: f64, out: &mut dyn Write) -> Result<(), ReportError> {
     // Sessions are few (one per run): collect them to size the columns.
     let mut rows: Vec<Vec<String>> = Vec::new();
-    let live_since = now_ts() - STALE_HEARTBEAT_SECS;
-    ledger.for_each_session(cutoff, live_since, SESSION_KINDS, &mut |c| {
+    ledger.for_each_session(cutoff, now_ts(), SESSION_KINDS, &mut |c| {
         rows.push(table_row(c));
         Ok(())
     })?;
@@ -171,7 +165,7 @@ fn table_row(c: &[Cell]) -> Vec<String> {
     };
     vec![
         text(0),
-        state_label(&text(1), &text(2)),
+        text(1),
         started,
         int(5),
         int(6),

@@ -13,7 +13,7 @@ pub use plan::{NewSession, NewStage};
 pub(crate) use plan::{create_session, stale_answers};
 pub use sessions::{
     Controls, LIVE_HEARTBEAT_SECS, RESUME_WINDOW_SECS, SessionRow, desired_state, latest_session,
-    load_session, run_by_live_process, set_desired_state,
+    load_session, run_by_live_process, set_desired_state, shown_state_of,
 };
 pub(crate) use sessions::{hostname, orphaned_spend, process_alive, session_controls};
 pub use work::{StageWork, WorkItem};

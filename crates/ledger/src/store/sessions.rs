@@ -2,6 +2,7 @@
 //! runs it, its desired state, and the newest session.
 
 use crate::db::{Connection, OptionalExtension, params};
+use docket_model::session_state::{Engine, ShownState, StateFacts, shown_state};
 
 /// The maximum age of a resumable session.
 pub const RESUME_WINDOW_SECS: f64 = 7.0 * 24.0 * 3600.0;
@@ -9,6 +10,25 @@ pub const RESUME_WINDOW_SECS: f64 = 7.0 * 24.0 * 3600.0;
 /// A session whose heartbeat is younger than this is being run by a live
 /// process (the engine beats every 400 ms).
 pub const LIVE_HEARTBEAT_SECS: f64 = 5.0;
+
+/// The state every view shows (the console's header, stage rows and
+/// sessions pane, `docket sessions`), from the session's columns: the
+/// stored state, the operator's wishes, and whether an engine beats
+/// (`LIVE_HEARTBEAT_SECS`).
+pub fn shown_state_of(
+    state: &str,
+    desired: &str,
+    stop_after_stage: bool,
+    heartbeat_at: Option<f64>,
+    now: f64,
+) -> ShownState {
+    shown_state(StateFacts {
+        stored: state,
+        desired,
+        stop_after_stage,
+        engine: Engine::from_heartbeat(heartbeat_at, now, LIVE_HEARTBEAT_SECS),
+    })
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionRow {

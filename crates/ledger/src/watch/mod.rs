@@ -34,9 +34,13 @@ pub struct SessionSummary {
     pub stop_reason: Option<String>,
     /// An engine's heartbeat is fresh (the run is live in some process).
     pub live: bool,
+    /// The state every view shows (`session_state::shown_state` of the
+    /// stored state, the wishes and the engine's heartbeat).
+    pub shown: ShownState,
 }
 
 pub use docket_model::live::{LiveGauges, Tune};
+pub use docket_model::session_state::{Engine, ShownState, StateFacts, shown_state, stage_word};
 
 /// One stage of a session's job. From its `run_stages` checkpoint when the
 /// session has one (every stage, in job order), else counted from the
@@ -49,9 +53,11 @@ pub struct StageProgress {
     pub done: u64,
     /// Their budgets spent.
     pub failed: u64,
-    /// Attempts sent and not answered yet (the engine's gauge for the
-    /// stage it is dispatching, while live).
+    /// Requests sent and not answered yet (synchronous ones; from the
+    /// ledger, the same count as the session's `in_flight`).
     pub in_flight: u64,
+    /// Batch lines submitted and waiting at the provider (not in flight).
+    pub at_provider: u64,
     /// Never ran because an earlier stage failed for the item.
     pub skipped: u64,
     /// Its place in the job, from 0.
@@ -74,6 +80,7 @@ impl StageProgress {
     /// engine (when it checkpoints the stage) says it is done.
     pub fn is_finished(&self) -> bool {
         self.in_flight == 0
+            && self.at_provider == 0
             && self.done >= self.total
             && self.state.as_deref().is_none_or(|s| s == "done")
     }
@@ -90,10 +97,15 @@ pub struct SessionView {
     pub stages: Vec<StageProgress>,
     /// An engine's heartbeat is fresh.
     pub live: bool,
+    /// The state every view shows (see `SessionSummary::shown`).
+    pub shown: ShownState,
     pub heartbeat_age_secs: Option<f64>,
-    /// Attempts sent and not answered yet (from the ledger).
+    /// Synchronous requests sent and not answered yet (from the ledger):
+    /// the one "in flight" every pane shows.
     pub in_flight: u64,
-    /// total - processed - in_flight, never negative.
+    /// Batch lines submitted and waiting at the provider, counted apart.
+    pub at_provider: u64,
+    /// total - processed - in_flight - at_provider, never negative.
     pub pending: u64,
 }
 

@@ -23,6 +23,7 @@ mod buckets;
 mod report;
 #[cfg(test)]
 mod tests;
+mod window;
 
 use std::num::NonZeroU32;
 use std::sync::Mutex;
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 pub use buckets::TokioClock;
 use buckets::{Bucket, effective, rebuild_buckets};
 pub use report::{LimiterSnapshot, SlowReason, Slowdown};
+use window::SentWindow;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LimiterSettings {
@@ -83,6 +85,9 @@ struct Inner {
     /// the requests bucket is a requests wait, not a concurrency one).
     last_rate_wait: Option<(Instant, SlowReason)>,
     last_slot_wait: Option<Instant>,
+    /// The sends let go over the last minute: no 60-second window holds
+    /// more than the per-minute limits, and the gauges read this count.
+    sent: SentWindow,
 }
 
 pub struct Limiter {
@@ -110,6 +115,9 @@ impl Drop for Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reservation {
     pub tokens: u64,
+    /// When the limiter let the send go (to correct its count in the
+    /// last minute's window); None for a reservation made elsewhere.
+    pub sent_at: Option<Instant>,
 }
 
 const CUT_SPACING: Duration = Duration::from_secs(1);
@@ -136,6 +144,7 @@ impl Limiter {
             cuts: 0,
             last_rate_wait: None,
             last_slot_wait: None,
+            sent: SentWindow::default(),
         };
         rebuild_buckets(&mut inner, clock);
         Self {
@@ -184,16 +193,23 @@ impl Limiter {
         loop {
             let wait = {
                 let mut g = self.lock();
-                self.try_reserve(&mut g)
+                self.try_reserve(&mut g, tokens)
             };
             match wait {
-                Ok(()) => return Reservation { tokens },
+                Ok(sent_at) => {
+                    return Reservation {
+                        tokens,
+                        sent_at: Some(sent_at),
+                    };
+                }
                 Err(d) => tokio::time::sleep(d.max(Duration::from_millis(1))).await,
             }
         }
     }
 
-    fn try_reserve(&self, g: &mut Inner) -> Result<(), Duration> {
+    /// Let a send of `tokens` go now (returns when), or say how long to
+    /// wait.
+    fn try_reserve(&self, g: &mut Inner, tokens: u64) -> Result<Instant, Duration> {
         let now = Instant::now();
         if let Some(until) = g.cooldown_until {
             if until > now {
@@ -205,6 +221,20 @@ impl Limiter {
             }
             g.cooldown_until = None;
             g.cooldown_spread = Duration::ZERO;
+        }
+        // The last minute's window first: a send it holds back must not
+        // have spent bucket cells it then does not use.
+        g.sent.prune(now);
+        let rpm = effective(g.settings.requests_per_minute, g.server_rpm);
+        let tpm = effective(g.settings.tokens_per_minute, g.server_tpm);
+        if let Some(wait) = g.sent.wait_for(now, rpm, tpm, tokens) {
+            let why = if rpm > 0 && g.sent.requests() >= rpm {
+                SlowReason::Requests
+            } else {
+                SlowReason::Tokens
+            };
+            g.last_rate_wait = Some((now, why));
+            return Err(wait);
         }
         while g.token_debt > 0 {
             let Some(bucket) = &g.tokens else {
@@ -231,7 +261,8 @@ impl Limiter {
             g.last_rate_wait = Some((now, SlowReason::Requests));
             return Err(not_until.wait_time_from(self.clock.now()));
         }
-        Ok(())
+        g.sent.admit(now, tokens);
+        Ok(now)
     }
 
     /// A successful answer: raise concurrency a little and settle the tokens.
@@ -246,6 +277,9 @@ impl Limiter {
         g.limit = (g.limit + 1.0 / g.limit.max(1.0)).min(max);
         if let Some(used) = used_tokens {
             settle_tokens(&mut g, reservation.tokens, used);
+            if let Some(at) = reservation.sent_at {
+                g.sent.correct(at, reservation.tokens, used);
+            }
         }
         self.observe(&mut g, headers);
         drop(g);
@@ -328,8 +362,9 @@ impl Limiter {
     }
 
     pub fn snapshot(&self) -> LimiterSnapshot {
-        let g = self.lock();
+        let mut g = self.lock();
         let now = Instant::now();
+        g.sent.prune(now);
         let recent = |t: Instant| now.duration_since(t) <= Duration::from_secs(1);
         let reason = |reason| Slowdown { reason, wait: None };
         let slow_reason = match (g.cooldown_until, g.last_rate_wait, g.last_slot_wait) {
@@ -349,6 +384,8 @@ impl Limiter {
             tokens_per_minute: effective(g.settings.tokens_per_minute, g.server_tpm),
             slow_reason,
             cuts: g.cuts,
+            requests_last_minute: g.sent.requests(),
+            tokens_last_minute: g.sent.tokens(),
         }
     }
 }

@@ -70,4 +70,9 @@ pub struct LimiterSnapshot {
     pub tokens_per_minute: u64,
     pub slow_reason: Slowdown,
     pub cuts: u64,
+    /// Sends let go over the last 60 seconds, counted when let go: never
+    /// more than `requests_per_minute` (unless it was just lowered).
+    pub requests_last_minute: u64,
+    /// Their tokens (reserved, then corrected by the usage reported).
+    pub tokens_last_minute: u64,
 }

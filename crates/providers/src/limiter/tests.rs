@@ -91,11 +91,25 @@ async fn aimd_halves_on_throttle_once_per_second_and_grows_back() {
     assert_eq!(l.snapshot().concurrency_limit, 8);
     // Additive increase: about +1 per window of `limit` successes.
     for _ in 0..9 {
-        l.on_success(Reservation { tokens: 0 }, None, &RateHeaders::default());
+        l.on_success(
+            Reservation {
+                tokens: 0,
+                sent_at: None,
+            },
+            None,
+            &RateHeaders::default(),
+        );
     }
     assert_eq!(l.snapshot().concurrency_limit, 9);
     for _ in 0..1_000 {
-        l.on_success(Reservation { tokens: 0 }, None, &RateHeaders::default());
+        l.on_success(
+            Reservation {
+                tokens: 0,
+                sent_at: None,
+            },
+            None,
+            &RateHeaders::default(),
+        );
     }
     assert_eq!(
         l.snapshot().concurrency_limit,
@@ -163,7 +177,10 @@ async fn a_hold_says_how_long_it_has_left() {
 async fn server_limits_lower_ours_and_exhausted_remaining_holds() {
     let l = Limiter::new(settings(12_000, 0, 4));
     l.on_success(
-        Reservation { tokens: 0 },
+        Reservation {
+            tokens: 0,
+            sent_at: None,
+        },
         None,
         &RateHeaders {
             limit_requests: Some(6_000),
@@ -216,4 +233,57 @@ async fn retune_changes_the_pace() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// The gauges' req/min and tok/min are the limiter's own count of the last
+/// 60 seconds: sent flat out for three minutes (a burst at the start and
+/// one after a retune up), no 60-second window ever holds more than the
+/// limit, by the gauge or by the send times themselves, and the gauge
+/// reaches the limit (the test would see a gauge stuck at 0).
+#[tokio::test(start_paused = true)]
+async fn req_min_and_tok_min_never_read_above_their_limits() {
+    let l = Limiter::new(settings(1_200, 60_000, 100));
+    let start = Instant::now();
+    let mut sent: Vec<Instant> = Vec::new();
+    let (mut top_rpm, mut top_tpm) = (0, 0);
+    while start.elapsed() < Duration::from_secs(180) {
+        let r = l.reserve(40).await;
+        sent.push(Instant::now());
+        // Half the tokens are used: the window counts what was used.
+        l.on_success(r, Some(20), &RateHeaders::default());
+        let snap = l.snapshot();
+        assert!(
+            snap.requests_last_minute <= snap.requests_per_minute,
+            "{snap:?}"
+        );
+        assert!(
+            snap.tokens_last_minute <= snap.tokens_per_minute,
+            "{snap:?}"
+        );
+        top_rpm = top_rpm.max(snap.requests_last_minute);
+        top_tpm = top_tpm.max(snap.tokens_last_minute);
+        if sent.len() == 2_000 {
+            // A retune rebuilds the buckets; the window still holds.
+            l.retune(settings(1_500, 60_000, 100));
+        }
+    }
+    // Every window of 60 s, by the send times.
+    for (i, t) in sent.iter().enumerate() {
+        let within = sent[i..]
+            .iter()
+            .take_while(|u| u.duration_since(*t) < Duration::from_secs(60))
+            .count();
+        assert!(
+            within <= 1_500,
+            "{within} sends in the minute from send {i}"
+        );
+        if i + within <= 2_000 {
+            assert!(
+                within <= 1_200,
+                "{within} sends in the minute from send {i}"
+            );
+        }
+    }
+    assert!(top_rpm >= 1_490, "the gauge reached {top_rpm} of 1,500");
+    assert!(top_tpm >= 20 * 1_490, "tok/min reached {top_tpm}");
 }

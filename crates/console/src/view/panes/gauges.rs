@@ -9,7 +9,7 @@ use ratatui::widgets::Paragraph;
 use crate::app::{App, Pane};
 use crate::theme::Theme;
 use crate::view::{batch_summary_text, clock, compact, pane_block, styled};
-use docket_ledger::watch::{LiveGauges, SessionView};
+use docket_ledger::watch::{LiveGauges, SessionView, ShownState};
 use docket_model::sanitize::truncate;
 
 pub(in crate::view) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
@@ -19,10 +19,10 @@ pub(in crate::view) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, the
         return;
     };
     let g = v.gauges.clone().unwrap_or_default();
-    let mut lines = limit_lines(v, &g, theme);
-    lines.extend(run_lines(app, v, &g));
-    lines.push(Line::from(status_span(app, v, &g, theme)));
     let width = usize::from(area.width.saturating_sub(2));
+    let mut lines = limit_lines(v, &g, width, theme);
+    lines.extend(run_lines(app, v, &g));
+    lines.push(Line::from(status_span(v, &g, theme)));
     if let Some(text) = batch_summary_text(&app.snap.batch_summary, width) {
         let style = if app.snap.batch_summary.in_state("unknown") > 0 {
             theme.warn()
@@ -39,7 +39,7 @@ pub(in crate::view) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, the
 
 /// Three lines: the rate limits and concurrency in use when an engine runs
 /// the session, else what is in flight and pending.
-fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, theme: Theme) -> Vec<Line<'a>> {
+fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, width: usize, theme: Theme) -> Vec<Line<'a>> {
     let live = v.live;
     let limit = |n: u64| {
         if n == 0 {
@@ -49,15 +49,9 @@ fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, theme: Theme) -> Vec<Line<'a
         }
     };
     let mut lines = Vec::new();
-    // A rate over the first seconds is mostly the start-up burst scaled to a
-    // minute: it would read as the limiter failing, so it waits.
-    let rate = |n: f64| {
-        if g.elapsed_secs < 5.0 {
-            "--".to_string()
-        } else {
-            compact(n)
-        }
-    };
+    // The limiter's count of the sends of the last 60 seconds, taken when
+    // it let them go (not a short span scaled up): never above the limit.
+    let rate = compact;
     if live {
         lines.push(Line::from(format!(
             "req/min  {:>7} / {}",
@@ -69,22 +63,49 @@ fn limit_lines<'a>(v: &SessionView, g: &LiveGauges, theme: Theme) -> Vec<Line<'a
             rate(g.tpm_used),
             limit(g.tpm_limit)
         )));
-        lines.push(Line::from(format!(
-            "concurrency {}/{} AIMD · {} in flight",
-            g.concurrency_limit, g.max_concurrency, v.in_flight
-        )));
+        lines.push(Line::from(concurrency_text(v, g, width)));
     } else {
         lines.push(Line::from(styled(
             "no engine running this session",
             theme.dim(),
         )));
         lines.push(Line::from(format!(
-            "in flight {} · pending {}",
-            v.in_flight, v.pending
+            "in flight {}{} · pending {}",
+            v.in_flight,
+            at_provider(v),
+            v.pending
         )));
         lines.push(Line::from(""));
     }
     lines
+}
+
+/// The concurrency in use and what is in flight (and at the provider),
+/// the most detailed form that fits `width`: the counts are never cut.
+fn concurrency_text(v: &SessionView, g: &LiveGauges, width: usize) -> String {
+    let limit = format!("{}/{}", g.concurrency_limit, g.max_concurrency);
+    let counts = format!("{} in flight{}", v.in_flight, at_provider(v));
+    let candidates = [
+        format!("concurrency {limit} AIMD · {counts}"),
+        format!("concurrency {limit} · {counts}"),
+        format!("conc {limit} · {counts}"),
+        counts,
+    ];
+    candidates
+        .iter()
+        .find(|c| c.chars().count() <= width)
+        .unwrap_or(&candidates[3])
+        .clone()
+}
+
+/// Batch lines waiting at the provider: counted apart from what is in
+/// flight (they hold no concurrency slot and no request/min).
+fn at_provider(v: &SessionView) -> String {
+    if v.at_provider > 0 {
+        format!(" · {} at provider", v.at_provider)
+    } else {
+        String::new()
+    }
 }
 
 /// Rate-limit refusals and retries, time and tokens, cost.
@@ -119,11 +140,16 @@ fn run_lines<'a>(app: &App, v: &SessionView, g: &LiveGauges) -> Vec<Line<'a>> {
 }
 
 /// Paused, slow (and why) while live, or why a finished run stopped.
-fn status_span<'a>(app: &App, v: &SessionView, g: &LiveGauges, theme: Theme) -> Span<'a> {
+fn status_span<'a>(v: &SessionView, g: &LiveGauges, theme: Theme) -> Span<'a> {
     let r = &v.row;
     let live = v.live;
-    if app.paused() {
+    if v.shown == ShownState::Paused {
         styled("⏸ PAUSED: no new requests", theme.alert_badge())
+    } else if v.shown == ShownState::Pausing {
+        styled(
+            "⏸ PAUSING: no new requests; in-flight ones finish",
+            theme.alert_badge(),
+        )
     } else if live && !g.slow_reason.is_empty() {
         styled(
             format!("slow: {}", truncate(&g.slow_reason, 60)),

@@ -11,6 +11,7 @@ use super::{pane_block, share, styled};
 use crate::app::{App, Pane};
 use crate::theme::Theme;
 use docket_model::sanitize::truncate;
+use docket_model::session_state::ShownState;
 
 mod gauges;
 mod stages;
@@ -24,17 +25,9 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         Some(v) => {
             spans.push(styled(truncate(&v.row.session_id, 40), theme.title(true)));
             spans.push(Span::raw("  "));
-            spans.push(styled(
-                state_word(&v.row.state, v.live),
-                state_style(&v.row.state, theme),
-            ));
-            // A wish only matters while an engine can still act on it.
-            let open = matches!(v.row.state.as_str(), "running" | "paused");
-            if open && v.row.desired_state != v.row.state {
-                spans.push(styled(
-                    format!(" (asked: {})", truncate(&v.row.desired_state, 20)),
-                    theme.warn(),
-                ));
+            spans.push(styled(state_word(v.shown), state_style(v.shown, theme)));
+            if v.shown == ShownState::Interrupted {
+                spans.push(styled(" · no engine; resumable", theme.dim()));
             }
             if app.chosen_session.is_none() {
                 spans.push(styled("  · newest session", theme.dim()));
@@ -53,30 +46,23 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
-/// A state as a word with a glyph, so it reads without colour.
-pub(super) fn state_word(state: &str, live: bool) -> String {
-    let glyph = match state {
-        "running" if live => "▶",
-        "running" => "◌",
-        "paused" => "⏸",
-        "completed" => "✓",
-        "cancelled" => "■",
-        "error" => "!",
-        _ => "·",
-    };
-    let note = match state {
-        "running" if !live => " (no engine: interrupted, resumable)",
-        _ => "",
-    };
-    format!("{glyph} {}{note}", state.to_uppercase())
+/// A session's state as its glyph and word (the one vocabulary of
+/// `session_state`), so it reads without colour.
+pub(super) fn state_word(shown: ShownState) -> String {
+    format!("{} {}", shown.glyph(), shown.word().to_uppercase())
 }
 
-pub(super) fn state_style(state: &str, theme: Theme) -> ratatui::style::Style {
-    match state {
-        "running" => theme.accepted(),
-        "paused" | "cancelled" => theme.warn(),
-        "error" => theme.error(),
-        _ => theme.text(),
+pub(super) fn state_style(shown: ShownState, theme: Theme) -> ratatui::style::Style {
+    match shown {
+        ShownState::Running => theme.accepted(),
+        ShownState::Completed => theme.text(),
+        ShownState::Pausing
+        | ShownState::Paused
+        | ShownState::StoppingAtStage
+        | ShownState::Cancelling
+        | ShownState::Cancelled
+        | ShownState::Interrupted => theme.warn(),
+        ShownState::Failed | ShownState::Unknown => theme.error(),
     }
 }
 

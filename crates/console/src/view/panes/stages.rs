@@ -10,18 +10,37 @@ use super::{bar, percent};
 use crate::app::{App, Pane};
 use crate::theme::Theme;
 use crate::view::{pane_block, styled};
-use docket_ledger::watch::{SessionView, StageProgress};
+use docket_ledger::watch::{SessionView, ShownState, StageProgress, stage_word};
 use docket_model::sanitize::truncate;
 
-/// A stage's state as a glyph (the words the header uses for sessions);
-/// empty when the ledger has no checkpoint for it.
-fn stage_glyph(s: &StageProgress) -> &'static str {
-    match s.state.as_deref() {
-        None => "",
-        Some("done") => "✓ ",
-        Some("running") => "▶ ",
-        Some("pending") => "· ",
-        Some(_) => "? ",
+/// A stage's state word: its own (`done`, `pending`) or, for the stage
+/// being worked, the session's (see `session_state::stage_word`); None when
+/// the ledger has no checkpoint for it.
+fn stage_state(s: &StageProgress, session: ShownState) -> Option<&'static str> {
+    s.state.as_deref().map(|st| {
+        // Requests out for a stage its checkpoint still calls pending (a
+        // provider batch submitted before the checkpoint moved): it is
+        // being worked.
+        let open = s.in_flight > 0 || s.at_provider > 0;
+        stage_word(
+            if st == "pending" && open {
+                "running"
+            } else {
+                st
+            },
+            session,
+        )
+    })
+}
+
+/// A stage's state as a glyph (the session's glyph for its words); empty
+/// when the ledger has no checkpoint for it.
+fn stage_glyph(s: &StageProgress, session: ShownState) -> String {
+    match stage_state(s, session) {
+        None => String::new(),
+        Some("done") => "✓ ".into(),
+        Some("pending") => "· ".into(),
+        Some(_) => format!("{} ", session.glyph()),
     }
 }
 
@@ -38,12 +57,16 @@ fn shown_done(s: &StageProgress) -> (u64, u64) {
 }
 
 /// The counts line of a stage on two rows: the most detailed that fits.
-fn stage_counts(s: &StageProgress, width: usize) -> String {
+fn stage_counts(s: &StageProgress, session: ShownState, width: usize) -> String {
     if s.state.is_none() && !s.is_critic() && s.skipped == 0 {
         // A session without a checkpoint: its one stage, as always.
         let counts = format!(
-            "{}/{} done · {} failed · {} in flight",
-            s.done, s.total, s.failed, s.in_flight
+            "{}/{} done · {} failed · {} in flight{}",
+            s.done,
+            s.total,
+            s.failed,
+            s.in_flight,
+            at_provider(s)
         );
         // On a narrow pane "done" goes first, so "in flight" stays whole.
         return if counts.chars().count() > width {
@@ -53,10 +76,15 @@ fn stage_counts(s: &StageProgress, width: usize) -> String {
         };
     }
     let all = format!(
-        "{}/{} done · {} failed · {} skipped · {} in flight",
-        s.done, s.total, s.failed, s.skipped, s.in_flight
+        "{}/{} done · {} failed · {} skipped · {} in flight{}",
+        s.done,
+        s.total,
+        s.failed,
+        s.skipped,
+        s.in_flight,
+        at_provider(s)
     );
-    let state = s.state.as_deref().map(|st| truncate(st, 10).to_uppercase());
+    let state = stage_state(s, session).map(str::to_uppercase);
     let with_state = match &state {
         Some(st) => format!("{all} · {st}"),
         None => all.clone(),
@@ -73,6 +101,7 @@ fn stage_counts(s: &StageProgress, width: usize) -> String {
             (s.failed, "failed", "fail"),
             (s.skipped, "skipped", "skip"),
             (s.in_flight, "in flight", "in flight"),
+            (s.at_provider, "at provider", "at prov"),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {}", if long { word } else { short }));
@@ -80,9 +109,16 @@ fn stage_counts(s: &StageProgress, width: usize) -> String {
         }
         parts
     };
+    // The state word outlives the zero counts: it is what the header says.
+    let stated = |parts: Vec<String>| match &state {
+        Some(st) => format!("{} · {st}", parts.join(" · ")),
+        None => parts.join(" · "),
+    };
     let candidates = [
         format!("{with_state}{of}"),
         with_state,
+        stated(some(true)),
+        stated(some(false)),
         all,
         some(true).join(" · "),
         some(false).join(" · "),
@@ -92,7 +128,16 @@ fn stage_counts(s: &StageProgress, width: usize) -> String {
         .iter()
         .find(|c| c.chars().count() <= width)
         .cloned()
-        .unwrap_or_else(|| truncate(&candidates[5], width.max(1)))
+        .unwrap_or_else(|| truncate(&candidates[7], width.max(1)))
+}
+
+/// Batch lines waiting at the provider, said apart from what is in flight.
+fn at_provider(s: &StageProgress) -> String {
+    if s.at_provider > 0 {
+        format!(" · {} at provider", s.at_provider)
+    } else {
+        String::new()
+    }
 }
 
 /// How many rows the stages pane wants for `n` stages: two each, or one
@@ -126,7 +171,7 @@ pub(in crate::view) fn draw_stages(
         }
         Some(v) => {
             for s in &v.stages {
-                let glyph = stage_glyph(s);
+                let glyph = stage_glyph(s, v.shown);
                 let role = if s.is_critic() { "↳ " } else { "" };
                 let mut label = truncate(&s.name, 16);
                 let (done, pending) = shown_done(s);
@@ -173,7 +218,7 @@ pub(in crate::view) fn draw_stages(
                     Span::raw(pct),
                     styled(mark, theme.warn()),
                 ]));
-                lines.push(Line::from(stage_counts(s, inner_w)));
+                lines.push(Line::from(stage_counts(s, v.shown, inner_w)));
             }
         }
         None => lines.push(Line::from(styled("no session", theme.dim()))),
@@ -212,8 +257,8 @@ fn compact_stages<'a>(
     let bar_w = inner_w.saturating_sub(3 + name_w + 1 + tail_w).max(3);
     let mut rows = Vec::new();
     for (s, (tail, stop)) in v.stages.iter().zip(tails) {
-        let glyph = match stage_glyph(s) {
-            "" => "  ",
+        let glyph = match stage_glyph(s, v.shown) {
+            g if g.is_empty() => "  ".to_string(),
             g => g,
         };
         let role = if s.is_critic() { "↳" } else { " " };
@@ -237,6 +282,7 @@ struct Shown {
     failed: bool,
     skipped: bool,
     in_flight: bool,
+    at_provider: bool,
     critic: bool,
     stop: bool,
 }
@@ -265,6 +311,10 @@ fn compact_tails(v: &SessionView, same_total: Option<u64>) -> (Vec<(String, &'st
                 shown.in_flight = true;
                 tail.push_str(&format!(" ⇡{}", s.in_flight));
             }
+            if s.at_provider > 0 {
+                shown.at_provider = true;
+                tail.push_str(&format!(" ◷{}", s.at_provider));
+            }
             let stopping = v.stop_after_stage.as_deref() == Some(s.name.as_str());
             shown.stop |= stopping;
             shown.critic |= s.is_critic();
@@ -281,6 +331,7 @@ fn legend(shown: Shown, inner_w: usize) -> String {
         (shown.failed, "✗ failed"),
         (shown.skipped, "⊘ skipped"),
         (shown.in_flight, "⇡ in flight"),
+        (shown.at_provider, "◷ at provider"),
         (shown.stop, "⏹ stop after"),
         (shown.critic, "↳ critic"),
     ] {

@@ -33,12 +33,13 @@ pub trait Reports {
     fn session_exists(&self, session_id: &str) -> Result<bool, LedgerError>;
 
     /// Every session (`report::SESSION_COLUMNS`), newest first. A session
-    /// started at `resumable_since` or later may be resumed; one whose
-    /// owner's heartbeat is older than `live_since` reads `interrupted`.
+    /// started at `resumable_since` or later may be resumed. Its `state` is
+    /// the word every view shows at `now` (`store::shown_state_of`): one
+    /// whose engine's heartbeat went stale reads `interrupted`.
     fn for_each_session(
         &self,
         resumable_since: f64,
-        live_since: f64,
+        now: f64,
         kinds: &[Kind],
         each: EachRow<'_>,
     ) -> Result<u64, ReportError>;
@@ -112,11 +113,11 @@ impl Reports for Ledger {
     fn for_each_session(
         &self,
         resumable_since: f64,
-        live_since: f64,
+        now: f64,
         kinds: &[Kind],
         each: EachRow<'_>,
     ) -> Result<u64, ReportError> {
-        sessions::for_each_session(self.conn(), resumable_since, live_since, kinds, each)
+        sessions::for_each_session(self.conn(), resumable_since, now, kinds, each)
     }
 
     fn session_head(&self, session_id: &str) -> Result<Option<SessionHead>, LedgerError> {

@@ -5,7 +5,9 @@ use crate::db::{Connection, OptionalExtension, params};
 
 use super::EachRow;
 use super::rows::stream_rows;
+use crate::now_ts;
 use crate::report::{Kind, ReportError, SessionHead};
+use crate::store::shown_state_of;
 
 /// The select list matching `report::RESULT_COLUMNS` (table alias `r`).
 const RESULT_SELECT: &str = "SELECT r.session_id, r.item_id, r.outcome, r.confidence, \
@@ -17,18 +19,24 @@ pub(super) fn session_head(
     conn: &Connection,
     session_id: &str,
 ) -> crate::db::Result<Option<SessionHead>> {
+    let now = now_ts();
     conn.query_row(
         "SELECT session_id, state, desired_state, started_at, completed_at, total_count, \
          processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
          retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, \
-         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason \
+         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason, stop_after_stage, heartbeat_at \
          FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
         |r| {
+            let state: String = r.get(1)?;
+            let desired_state: String = r.get(2)?;
+            let stop_after_stage = r.get::<_, Option<String>>(20)?.is_some();
+            let heartbeat_at: Option<f64> = r.get(21)?;
             Ok(SessionHead {
                 session_id: r.get(0)?,
-                state: r.get(1)?,
-                desired_state: r.get(2)?,
+                shown: shown_state_of(&state, &desired_state, stop_after_stage, heartbeat_at, now),
+                state,
+                desired_state,
                 started_at: r.get(3)?,
                 completed_at: r.get(4)?,
                 total: r.get(5)?,

@@ -3,35 +3,56 @@
 use crate::db::{Connection, params};
 
 use super::EachRow;
-use super::rows::stream_rows;
-use crate::report::{Kind, ReportError};
+use super::rows::read_cells;
+use crate::report::{Cell, Kind, ReportError};
+use crate::store::shown_state_of;
 
-/// The columns of `report::SESSION_COLUMNS`, in order. `?1` is the oldest
-/// start time that is still resumable. `?2` is the oldest heartbeat of a
-/// live engine: a session still owned by a process whose heartbeat is older
-/// is shown as `interrupted` (killed, or the machine went down); it can be
-/// resumed.
-const SESSIONS_SQL: &str = "SELECT session_id, \
-     CASE WHEN state IN ('running', 'paused') AND owner_pid IS NOT NULL AND COALESCE(heartbeat_at, 0) < ?2 THEN 'interrupted' ELSE state END, \
+/// The columns of `report::SESSION_COLUMNS`, in order, then what the state
+/// shown is derived from (`stop_after_stage`, `heartbeat_at`). `?1` is the
+/// oldest start time that is still resumable.
+const SESSIONS_SQL: &str = "SELECT session_id, state, \
      desired_state, started_at, completed_at, \
      total_count, processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
      retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, cost_usd, \
      estimated_cost_usd, stop_reason, \
-     (state IN ('running', 'paused', 'cancelled', 'error') AND started_at >= ?1) \
+     (state IN ('running', 'paused', 'cancelled', 'error') AND started_at >= ?1), \
+     stop_after_stage, heartbeat_at \
      FROM llm_batch_session ORDER BY started_at DESC, session_id DESC";
 
+/// Where the state and the wish sit among the report's columns.
+const STATE: usize = 1;
+const DESIRED: usize = 2;
+/// Where the facts after the report's columns sit.
+const STOP_AFTER_STAGE: usize = 20;
+const HEARTBEAT_AT: usize = 21;
+
+/// Every session as `kinds` (the report's columns), its `state` the word
+/// every view shows (`store::shown_state_of` at `now`: a session whose
+/// engine died reads `interrupted` within seconds, as in the console).
 pub(super) fn for_each_session(
     conn: &Connection,
     resumable_since: f64,
-    live_since: f64,
+    now: f64,
     kinds: &[Kind],
     each: EachRow<'_>,
 ) -> Result<u64, ReportError> {
-    stream_rows(
-        conn,
-        SESSIONS_SQL,
-        params![resumable_since, live_since],
-        kinds,
-        each,
-    )
+    let mut stmt = conn.prepare(SESSIONS_SQL)?;
+    let mut rows = stmt.query_large(params![resumable_since])?;
+    let kinds = &kinds[..kinds.len().min(STOP_AFTER_STAGE)];
+    let mut cells: Vec<Cell> = Vec::with_capacity(kinds.len());
+    let mut count = 0u64;
+    while let Some(row) = rows.next()? {
+        read_cells(&row, kinds, &mut cells)?;
+        let stop_after_stage = row.get::<_, Option<String>>(STOP_AFTER_STAGE)?.is_some();
+        let heartbeat_at = row.get::<_, Option<f64>>(HEARTBEAT_AT)?;
+        if kinds.len() > DESIRED {
+            let stored = cells[STATE].as_str().unwrap_or("").to_string();
+            let desired = cells[DESIRED].as_str().unwrap_or("");
+            let shown = shown_state_of(&stored, desired, stop_after_stage, heartbeat_at, now);
+            cells[STATE] = Cell::Text(shown.word().to_string());
+        }
+        each(&cells)?;
+        count += 1;
+    }
+    Ok(count)
 }
