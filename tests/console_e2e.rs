@@ -938,8 +938,11 @@ fn two_operators_on_postgres_share_the_review_queue() {
     let bob = console("bob");
 
     alice.keys(&["5"]);
-    alice.wait("alice's queue", WAIT, |s| {
+    // At 200 columns the queue previews its item: the card read from PostgreSQL.
+    alice.wait("alice's queue and its preview", WAIT, |s| {
         review_title(s) == Some((1, pending0))
+            && s.contains("Preview (Enter opens it)")
+            && s.contains("── Evidence")
     });
     let claimant = poll("alice's claim", WAIT, || {
         let by = of_top("COALESCE(claimed_by, '')");

@@ -119,11 +119,13 @@ fn routed(conn: &Connection, session: &str, d: &mut ReviewDetail) -> crate::db::
         result.unwrap_or_default();
     d.routing_note = note.filter(|n| !n.trim().is_empty());
     // The critic of the answer stage (any critic when it is not named).
+    // `x IS ?2` compares values only in SQLite; PostgreSQL refuses it.
     let critic_stage: Option<String> = conn
         .prepare_cached(
             "SELECT stage FROM run_stages
              WHERE session_id = ?1 AND (role = 'critic' OR critic_of IS NOT NULL)
-             ORDER BY (critic_of IS ?2) DESC, position LIMIT 1",
+             ORDER BY CASE WHEN critic_of = ?2 OR (critic_of IS NULL AND ?2 IS NULL)
+                 THEN 0 ELSE 1 END, position LIMIT 1",
         )?
         .query_row(params![session, answer_stage], |r| text(r, 0))
         .optional()?
