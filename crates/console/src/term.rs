@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{
-    self, DisableMouseCapture, EnableMouseCapture, Event as TermEvent,
-};
+use ratatui::crossterm::event::{self, DisableMouseCapture, Event as TermEvent};
 use ratatui::crossterm::terminal::{
     BeginSynchronizedUpdate, Clear, ClearType, EndSynchronizedUpdate, EnterAlternateScreen,
     LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
@@ -92,6 +90,15 @@ impl Drop for TerminalGuard {
     }
 }
 
+/// Ask for presses, releases and the wheel in SGR form (1000, 1006), not
+/// every motion (1002/1003, what crossterm's `EnableMouseCapture` asks
+/// for): the console acts on none, and over SSH each move would be a report.
+fn enable_mouse_reports() -> io::Result<()> {
+    let mut out = io::stdout();
+    out.write_all(b"\x1b[?1000h\x1b[?1006h")?;
+    out.flush()
+}
+
 /// The console asked the terminal for mouse events (given back on the way out).
 static MOUSE_CAPTURED: AtomicBool = AtomicBool::new(false);
 
@@ -163,7 +170,7 @@ pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
     execute!(io::stdout(), EnterAlternateScreen, Clear(ClearType::All))?;
     if app.screen.mouse {
         MOUSE_CAPTURED.store(true, Ordering::Relaxed);
-        execute!(io::stdout(), EnableMouseCapture)?;
+        enable_mouse_reports()?;
     }
     let backend = CrosstermBackend::new(CountingWriter {
         inner: io::stdout(),
