@@ -938,8 +938,11 @@ fn two_operators_on_postgres_share_the_review_queue() {
     let bob = console("bob");
 
     alice.keys(&["5"]);
-    alice.wait("alice's queue", WAIT, |s| {
+    // At 200 columns the queue previews its item: the card read from PostgreSQL.
+    alice.wait("alice's queue and its preview", WAIT, |s| {
         review_title(s) == Some((1, pending0))
+            && s.contains("Preview (Enter opens it)")
+            && s.contains("── Evidence")
     });
     let claimant = poll("alice's claim", WAIT, || {
         let by = of_top("COALESCE(claimed_by, '')");
@@ -1258,13 +1261,18 @@ fn sigterm_restores_the_terminal() {
     let ws = home.init_workspace();
     home.import_items(&ws, 5);
     let cmd = format!(
-        "{} {} --workspace {}; echo AFTER rc=$?",
+        "{} {} --workspace {} --mouse; echo AFTER rc=$?",
         home.env_prefix("alice", &[]),
         sh_quote(support::procs::bin()),
         sh_quote(&ws.display().to_string())
     );
     let pane = Pane::start("sigterm", &cmd, 120, 40);
     pane.wait("the console", WAIT, |s| footer(s).starts_with(" NORMAL "));
+    assert_eq!(
+        pane.display("#{mouse_standard_flag}"),
+        "1",
+        "--mouse asks for the mouse"
+    );
     assert_eq!(
         pane.display("#{alternate_on}"),
         "1",
@@ -1287,6 +1295,11 @@ fn sigterm_restores_the_terminal() {
         pane.display("#{cursor_flag}"),
         "1",
         "the cursor is shown again"
+    );
+    assert_eq!(
+        pane.display("#{mouse_any_flag}"),
+        "0",
+        "the mouse is given back to the terminal"
     );
     assert!(
         !s.contains("NORMAL"),
@@ -1736,4 +1749,218 @@ fn an_operator_pause_says_how_to_resume_not_to_raise_max_cost() {
         !s.contains("max-cost"),
         "an operator pause is not the budget: {s}"
     );
+}
+
+// ---------------------------------------------------------------- 12. space and mouse
+
+/// Where `needle` starts on the screen: (column, row), 0-based cells.
+fn locate(screen: &str, needle: &str) -> Option<(u16, u16)> {
+    screen.lines().enumerate().find_map(|(y, line)| {
+        let at = line.find(needle)?;
+        Some((line[..at].chars().count() as u16, y as u16))
+    })
+}
+
+/// Send an SGR mouse report for `button` at the 0-based cell (`x`, `y`),
+/// as a terminal with mouse reporting on would (press, then release for a
+/// click; the wheel only presses).
+fn mouse(pane: &Pane, button: u8, x: u16, y: u16) {
+    let (x, y) = (x + 1, y + 1);
+    pane.keys(&["-l", &format!("\u{1b}[<{button};{x};{y}M")]);
+    if button < 64 {
+        pane.keys(&["-l", &format!("\u{1b}[<{button};{x};{y}m")]);
+    }
+}
+
+const LEFT: u8 = 0;
+const WHEEL_DOWN: u8 = 65;
+const WHEEL_UP: u8 = 64;
+
+/// The item id on screen row `y` of the review queue (left of the preview).
+fn queue_item_on_row(screen: &str, y: u16) -> String {
+    let line = screen.lines().nth(usize::from(y)).unwrap_or("");
+    let re = regex::Regex::new(r"[║│][› ][● ] +(?:\d\.\d\d|--) +(\S+)").unwrap();
+    re.captures(line)
+        .map(|c| c[1].to_string())
+        .unwrap_or_else(|| panic!("no queue row on line {y}: {line:?}\n{screen}"))
+}
+
+/// With `--mouse` at 200x60: the console asks tmux for mouse reports; a
+/// click focuses the queue and selects the row it hit (claimed in the
+/// ledger, its card in the preview), the wheel moves three rows a notch,
+/// clicks focus other panes, and quitting gives the mouse back.
+#[test]
+fn mouse_clicks_focus_and_select_and_the_wheel_scrolls_with_the_preview_beside() {
+    let home = Home::new();
+    let (ws, sid) = home.completed_workspace();
+    let conn = ledger_ro(&ws.join("docket.sqlite"));
+    let cmd = format!(
+        "{} {} --workspace {} --mouse",
+        home.env_prefix("alice", &[]),
+        sh_quote(support::procs::bin()),
+        sh_quote(&ws.display().to_string())
+    );
+    let pane = Pane::start("mouse", &cmd, 200, 60);
+    let first = pane.wait("the console loaded", WAIT, |s| {
+        header(s).contains(&sid) && footer(s).starts_with(" NORMAL ") && review_title(s).is_some()
+    });
+    assert_eq!(
+        pane.display("#{mouse_sgr_flag}"),
+        "1",
+        "no SGR mouse reports asked"
+    );
+    assert_eq!(
+        pane.display("#{mouse_standard_flag}"),
+        "1",
+        "no presses asked"
+    );
+    // Not every motion: over SSH each move would be a report.
+    assert_eq!(pane.display("#{mouse_all_flag}"), "0");
+    assert_eq!(pane.display("#{mouse_button_flag}"), "0");
+    // The sessions pane uses its width.
+    assert!(first.contains("started (UTC)"), "{first}");
+
+    // Click the third row of the queue.
+    let (qx, qy) = locate(&first, "5 Review queue").expect("the queue's title");
+    let item = queue_item_on_row(&first, qy + 3);
+    mouse(&pane, LEFT, qx + 6, qy + 3);
+    let s = pane.wait("the queue focused on its third row, previewed", WAIT, |s| {
+        s.contains("▶ 5 Review queue")
+            && review_title(s).is_some_and(|(c, _)| c == 3)
+            && s.contains("Preview (Enter opens it)")
+            && s.contains("── Evidence")
+    });
+    let (px, py) = locate(&s, "Preview (Enter opens it)").unwrap();
+    assert!(px > qx + 40, "the preview is beside the queue: {s}");
+    let card_top = s.lines().nth(usize::from(py) + 1).unwrap();
+    assert!(card_top.contains(&item), "the preview shows {item}: {s}");
+    assert!(!s.contains("4 Events"), "the events pane makes way: {s}");
+    poll(
+        "alice's claim on the clicked item",
+        WAIT,
+        || match query_string(
+            &conn,
+            "SELECT item_id FROM review_item WHERE status = 'pending' AND claimed_by LIKE 'alice@%'",
+            [],
+        ) {
+            Some(i) if i == item => Ok(()),
+            other => Err(format!("claimed {other:?}")),
+        },
+    );
+
+    // The wheel: three rows down a notch, then back up.
+    let (_, total) = review_title(&s).unwrap();
+    mouse(&pane, WHEEL_DOWN, qx + 6, qy + 2);
+    let down = (3 + 3).min(total);
+    let s = pane.wait("the wheel moved the cursor down", WAIT, |s| {
+        review_title(s).is_some_and(|(c, _)| c == down)
+    });
+    let below = queue_item_on_row(&s, qy + u16::try_from(down).unwrap());
+    pane.wait("the preview followed the wheel", WAIT, |s| {
+        locate(s, "Preview (Enter opens it)")
+            .and_then(|(_, py)| s.lines().nth(usize::from(py) + 1))
+            .is_some_and(|l| l.contains(&below))
+    });
+    mouse(&pane, WHEEL_UP, qx + 6, qy + 2);
+    pane.wait("the wheel moved the cursor up", WAIT, |s| {
+        review_title(s).is_some_and(|(c, _)| c == down.saturating_sub(3).max(1))
+    });
+
+    // A click on the sessions pane focuses it (the preview goes, the events
+    // pane returns); one on the stages pane focuses that.
+    let (sx, sy) = locate(&s, "6 Sessions").unwrap();
+    mouse(&pane, LEFT, sx + 4, sy + 2);
+    pane.wait("the sessions pane focused", WAIT, |s| {
+        s.contains("▶ 6 Sessions") && s.contains("4 Events") && !s.contains("Preview (")
+    });
+    let (tx, ty) = locate(&s, "1 Stages").unwrap();
+    mouse(&pane, LEFT, tx + 2, ty + 1);
+    pane.wait_for("▶ 1 Stages", WAIT);
+
+    // Narrower than 160 columns the queue has no preview; wide again, the
+    // preview's card is read anew for the item under the cursor.
+    pane.keys(&["5"]);
+    pane.wait_for("Preview (Enter opens it)", WAIT);
+    pane.resize(120, 40);
+    pane.wait("no preview at 120 columns", WAIT, |s| {
+        s.contains("▶ 5 Review queue") && s.contains("4 Events") && !s.contains("Preview (")
+    });
+    pane.resize(200, 60);
+    pane.wait("the preview back with its card", WAIT, |s| {
+        s.contains("Preview (Enter opens it)") && s.contains("── Evidence")
+    });
+
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
+    assert!(s.contains("EXIT=0"), "{s}");
+    assert_eq!(
+        pane.display("#{mouse_any_flag}"),
+        "0",
+        "the mouse was not given back"
+    );
+    assert_eq!(pane.display("#{mouse_sgr_flag}"), "0");
+}
+
+/// Without `--mouse` the console leaves the mouse to the terminal (text
+/// selection over SSH keeps working): no mouse reporting is asked for, and
+/// a mouse report that arrives anyway does nothing. console.toml's
+/// `mouse = true` turns it on as the flag does.
+#[test]
+fn without_mouse_the_console_leaves_the_mouse_alone_and_console_toml_turns_it_on() {
+    let home = Home::new();
+    let (ws, sid) = home.completed_workspace();
+    let cmd = format!(
+        "{} {} --workspace {}",
+        home.env_prefix("alice", &[]),
+        sh_quote(support::procs::bin()),
+        sh_quote(&ws.display().to_string())
+    );
+    let pane = Pane::start("nomouse", &cmd, 200, 60);
+    let first = pane.wait("the console loaded", WAIT, |s| {
+        header(s).contains(&sid) && footer(s).starts_with(" NORMAL ") && review_title(s).is_some()
+    });
+    assert_eq!(pane.display("#{mouse_any_flag}"), "0");
+    assert_eq!(pane.display("#{mouse_sgr_flag}"), "0");
+    assert_eq!(pane.display("#{mouse_standard_flag}"), "0");
+    let (qx, qy) = locate(&first, "5 Review queue").unwrap();
+    mouse(&pane, LEFT, qx + 6, qy + 3);
+    mouse(&pane, WHEEL_DOWN, qx + 6, qy + 3);
+    // Keys are read in order: the queue focused by `5` shows the click and
+    // the wheel did not move its cursor (nor focus it).
+    pane.keys(&["5"]);
+    let s = pane.wait("the queue focused by its key", WAIT, |s| {
+        s.contains("▶ 5 Review queue") && review_title(s).is_some()
+    });
+    assert_eq!(review_title(&s).unwrap().0, 1, "{s}");
+    pane.keys(&["q"]);
+    let s = pane.wait_for("EXIT=", WAIT);
+    assert!(s.contains("EXIT=0"), "{s}");
+
+    // The same console with `mouse = true` in console.toml.
+    let config = home.path().join("config/docket");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("console.toml"), "mouse = true\n").unwrap();
+    let pane = Pane::start("tomlmouse", &cmd, 200, 60);
+    let first = pane.wait("the console loaded", WAIT, |s| {
+        footer(s).starts_with(" NORMAL ") && review_title(s).is_some()
+    });
+    assert_eq!(pane.display("#{mouse_sgr_flag}"), "1");
+    let (qx, qy) = locate(&first, "5 Review queue").unwrap();
+    mouse(&pane, LEFT, qx + 6, qy + 2);
+    pane.wait("the click selected the second row", WAIT, |s| {
+        s.contains("▶ 5 Review queue") && review_title(s).is_some_and(|(c, _)| c == 2)
+    });
+    pane.keys(&["q"]);
+    pane.wait_for("EXIT=0", WAIT);
+
+    // A bad value is named with its file and line, and the mouse stays off.
+    std::fs::write(config.join("console.toml"), "# settings\nmouse = \"yes\"\n").unwrap();
+    let pane = Pane::start("badmouse", &cmd, 200, 60);
+    let s = pane.wait("the bad setting named", WAIT, |s| {
+        s.contains("console.toml:2: mouse must be true or false")
+    });
+    assert!(s.contains("mouse off"), "{s}");
+    assert_eq!(pane.display("#{mouse_sgr_flag}"), "0");
+    pane.keys(&["q"]);
+    pane.wait_for("EXIT=0", WAIT);
 }

@@ -22,6 +22,8 @@ use ratatui::style::Modifier;
 const NOW: f64 = 1_700_000_000.0;
 const SESSION: &str = "batch_20231114_221000";
 const SIZES: [(u16, u16); 2] = [(80, 24), (120, 40)];
+/// A big terminal: the panes grow, and the focused queue has a preview.
+const WIDE: (u16, u16) = (200, 60);
 
 // ---------------------------------------------------------------- fixtures
 
@@ -270,6 +272,15 @@ fn detail() -> ReviewDetail {
     }
 }
 
+/// The card of review row `i` (the detail fixture under its id).
+fn detail_of(i: i64) -> ReviewDetail {
+    ReviewDetail {
+        review_id: 100 + i,
+        item_id: format!("item-{i:04}"),
+        ..detail()
+    }
+}
+
 fn snapshot() -> Snapshot {
     Snapshot {
         sessions: sessions(),
@@ -306,7 +317,11 @@ fn render(app: &App, w: u16, h: u16) -> Terminal<TestBackend> {
 
 /// Snapshot `app` at both sizes as `{name}_{w}x{h}`.
 fn snap_both(name: &str, app: &App) {
-    for (w, h) in SIZES {
+    snap_sizes(name, app, &SIZES);
+}
+
+fn snap_sizes(name: &str, app: &App, sizes: &[(u16, u16)]) {
+    for &(w, h) in sizes {
         let terminal = render(app, w, h);
         insta::assert_snapshot!(format!("{name}_{w}x{h}"), terminal.backend());
     }
@@ -335,6 +350,8 @@ fn dashboard_focused_on_each_pane() {
         if pane == Pane::Review {
             // The cursor on the second item; the held row (3) shows its holder.
             a.handle_key(key('j'));
+            // Its card, as the data worker reads it for the preview.
+            a.snap.detail = Some(detail_of(1));
         }
         if pane == Pane::Sessions {
             a.sessions_cursor = 1;
@@ -343,7 +360,7 @@ fn dashboard_focused_on_each_pane() {
             "dashboard_{}",
             pane.title().to_lowercase().replace(' ', "_")
         );
-        snap_both(&name, &a);
+        snap_sizes(&name, &a, &[SIZES[0], SIZES[1], WIDE]);
     }
 }
 
@@ -726,11 +743,20 @@ fn hostile_text_never_reaches_a_cell() {
     a.overlay = Overlay::None;
     for pane in Pane::ORDER {
         a.focus = pane;
-        for (w, h) in SIZES {
+        // At 200x60 the focused queue previews the hostile item's card.
+        for (w, h) in [SIZES[0], SIZES[1], WIDE] {
             let terminal = render(&a, w, h);
             let buf = terminal.backend().buffer();
             let ctx = format!("dashboard {pane:?} {w}x{h}");
             assert_clean(buf, &ctx);
+            if pane == Pane::Review && (w, h) == WIDE {
+                let text = screen_text(buf);
+                assert!(
+                    text.contains(" Preview (Enter opens it) ")
+                        && text.contains("── Suggested answer"),
+                    "{ctx}: no preview of the hostile card: {text}"
+                );
+            }
             // Every pane border row keeps its corners where it started.
             let first = row_text(buf, 1);
             assert!(
@@ -1673,4 +1699,168 @@ fn queue_rows_name_their_session_when_several_share_the_queue() {
         )) && text.contains("║  label=ham"),
         "{text}"
     );
+}
+
+// ---------------------------------------------------------------- space
+
+/// The pane whose title row holds `title`, as (x, y) of its top-left corner.
+fn pane_corner(buf: &Buffer, title: &str) -> (u16, u16) {
+    for y in 0..buf.area.height {
+        let row = row_text(buf, y);
+        if let Some(at) = row.find(title) {
+            // The corner is the last border corner before the title.
+            let before = &row[..at];
+            let x = before
+                .char_indices()
+                .filter(|(_, c)| matches!(c, '┌' | '╔'))
+                .map(|(i, _)| before[..i].chars().count())
+                .next_back()
+                .unwrap_or_else(|| panic!("no corner before {title:?} in {row:?}"));
+            return (x as u16, y);
+        }
+    }
+    panic!("{title:?} not on the screen:\n{}", screen_text(buf));
+}
+
+#[test]
+fn at_200x60_the_panes_use_their_width() {
+    let mut a = app();
+    a.focus = Pane::Sessions;
+    let terminal = render(&a, WIDE.0, WIDE.1);
+    let buf = terminal.backend().buffer();
+    let text = screen_text(buf);
+    // The outcome bars are wider than the 30 cells they were held to.
+    let bar_row = text
+        .lines()
+        .find(|l| l.contains("✓ accepted"))
+        .expect("accepted row");
+    let longest_bar = bar_row
+        .split(|c| c != '█' && c != '░')
+        .map(|run| run.chars().count())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        longest_bar > 50,
+        "outcome bar {longest_bar} cells: {bar_row}"
+    );
+    // The gauges pane has two columns: the counts beside the limits.
+    assert!(
+        text.lines()
+            .any(|l| l.contains("req/min") && l.contains("429s")),
+        "gauges in one column:\n{text}"
+    );
+    // The sessions pane lists when each session started, and why it stopped.
+    assert!(
+        text.contains("started (UTC)") && text.contains("stop reason"),
+        "{text}"
+    );
+    assert!(text.contains("2023-11-14"), "{text}");
+    // 120 columns keep the base columns.
+    let narrow = screen_text(render(&a, 120, 40).backend().buffer());
+    assert!(!narrow.contains("started (UTC)"), "{narrow}");
+}
+
+#[test]
+fn the_preview_follows_the_cursor_and_only_where_it_fits() {
+    use docket::tui::app::{Effect, PREVIEW_MIN_WIDTH};
+    let mut a = app();
+    let _ = a.resized(WIDE.0, WIDE.1);
+    // Focusing the queue asks for its cursor item's card; moving, the next.
+    let fx = a.handle_key(key('5'));
+    assert!(fx.contains(&Effect::Detail(Some(100))), "{fx:?}");
+    let fx = a.handle_key(key('j'));
+    assert!(fx.contains(&Effect::Detail(Some(101))), "{fx:?}");
+    // Until that card is read the preview says so (not the old card).
+    a.snap.detail = Some(detail_of(0));
+    let text = screen_text(render(&a, WIDE.0, WIDE.1).backend().buffer());
+    assert!(text.contains(" Preview (Enter opens it) "), "{text}");
+    assert!(text.contains("loading..."), "{text}");
+    assert!(!text.contains("Unknown sender, prize language"), "{text}");
+    a.snap.detail = Some(detail_of(1));
+    let text = screen_text(render(&a, WIDE.0, WIDE.1).backend().buffer());
+    assert!(
+        text.contains("── Suggested answer") && text.contains("Unknown sender, prize language"),
+        "{text}"
+    );
+    // The events pane makes way while the queue has the focus.
+    assert!(!text.contains("4 Events"), "{text}");
+    // Another pane focused: no preview, no card wanted, the events are back.
+    let fx = a.handle_key(key('4'));
+    assert!(fx.contains(&Effect::Detail(None)), "{fx:?}");
+    let text = screen_text(render(&a, WIDE.0, WIDE.1).backend().buffer());
+    assert!(
+        !text.contains(" Preview ") && text.contains("4 Events"),
+        "{text}"
+    );
+    // One column short of the threshold: no preview and no read for it.
+    let mut b = app();
+    let _ = b.resized(PREVIEW_MIN_WIDTH - 1, 60);
+    let fx = b.handle_key(key('5'));
+    assert!(
+        !fx.iter().any(|f| matches!(f, Effect::Detail(Some(_)))),
+        "{fx:?}"
+    );
+    b.snap.detail = Some(detail_of(0));
+    let text = screen_text(render(&b, PREVIEW_MIN_WIDTH - 1, 60).backend().buffer());
+    assert!(!text.contains(" Preview "), "{text}");
+    let text = screen_text(render(&b, PREVIEW_MIN_WIDTH, 60).backend().buffer());
+    assert!(text.contains(" Preview "), "{text}");
+}
+
+fn mouse(
+    kind: ratatui::crossterm::event::MouseEventKind,
+    x: u16,
+    y: u16,
+) -> ratatui::crossterm::event::MouseEvent {
+    ratatui::crossterm::event::MouseEvent {
+        kind,
+        column: x,
+        row: y,
+        modifiers: KeyModifiers::NONE,
+    }
+}
+
+#[test]
+fn clicks_focus_and_select_and_the_wheel_scrolls_only_with_the_mouse_on() {
+    use ratatui::crossterm::event::{MouseButton, MouseEventKind as K};
+    let click = |x, y| mouse(K::Down(MouseButton::Left), x, y);
+    for (w, h) in [SIZES[0], SIZES[1], WIDE] {
+        let mut a = app();
+        let ctx = format!("{w}x{h}");
+        let terminal = render(&a, w, h);
+        let buf = terminal.backend().buffer().clone();
+        let (qx, qy) = pane_corner(&buf, "5 Review queue");
+        // Off (the default): a click does nothing.
+        a.handle_mouse(click(qx + 5, qy + 3));
+        assert_eq!((a.focus, a.review_cursor), (Pane::Stages, 0), "{ctx}");
+        a.screen.mouse = true;
+        // The third row of the queue: focused, and its item selected.
+        a.handle_mouse(click(qx + 5, qy + 3));
+        assert_eq!((a.focus, a.review_cursor), (Pane::Review, 2), "{ctx}");
+        // The border selects nothing.
+        a.handle_mouse(click(qx + 5, qy));
+        assert_eq!(a.review_cursor, 2, "{ctx}");
+        // The wheel: three rows a notch, within the list.
+        a.handle_mouse(mouse(K::ScrollDown, qx + 5, qy + 2));
+        assert_eq!(a.review_cursor, 5, "{ctx}");
+        for _ in 0..5 {
+            a.handle_mouse(mouse(K::ScrollDown, qx + 5, qy + 2));
+        }
+        assert_eq!(a.review_cursor, 11, "{ctx}: the last of 12");
+        a.handle_mouse(mouse(K::ScrollUp, qx + 5, qy + 2));
+        assert_eq!(a.review_cursor, 8, "{ctx}");
+        let (sx, sy) = pane_corner(&buf, "1 Stages");
+        a.handle_mouse(click(sx + 3, sy + 1));
+        assert_eq!(a.focus, Pane::Stages, "{ctx}");
+        if (w, h) != SIZES[0] {
+            // The sessions pane: its rows start under the column header.
+            let terminal = render(&a, w, h);
+            let buf = terminal.backend().buffer().clone();
+            let (x, y) = pane_corner(&buf, "6 Sessions");
+            a.handle_mouse(click(x + 4, y + 3));
+            assert_eq!((a.focus, a.sessions_cursor), (Pane::Sessions, 1), "{ctx}");
+            a.handle_mouse(click(x + 4, y + 1));
+            assert_eq!(a.sessions_cursor, 1, "{ctx}: the header selects nothing");
+        }
+    }
 }

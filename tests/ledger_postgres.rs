@@ -608,3 +608,57 @@ fn statements_after_a_lost_transaction_fail_until_it_ends() {
         .unwrap();
     assert_eq!(n, 0, "nothing of the lost transaction was applied");
 }
+
+/// The review item card the console shows (detail view and preview) reads
+/// from PostgreSQL as from SQLite: a critic job's item comes with its
+/// generator's answer and its critic's verdict. (`critic_of IS $2` in the
+/// critic lookup was SQLite-only: every detail read failed on PostgreSQL.)
+#[test]
+fn a_critic_jobs_review_card_reads_from_postgres() {
+    use docket::ledger::console::ConsoleReads;
+    use docket::ledger::{Ledger, LedgerLocation};
+    let server = PgServer::start();
+    let full_url = server.fresh_database();
+    let url = support::pg::without_password(&full_url);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let run = |args: &[&str]| {
+        let out = Command::new(support::procs::bin())
+            .args(["--workspace", &ws.display().to_string(), "--ledger", &url])
+            .args(args)
+            .env("HOME", dir.path())
+            .env("DOCKET_CONFIG_DIR", dir.path().join("config"))
+            .env("PGPASSWORD", server.password())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "docket {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["init", "--example", "critic", &ws.display().to_string()]);
+    run(&[
+        "import",
+        &ws.join("items/sample.jsonl").display().to_string(),
+    ]);
+    run(&["batch-adjudicate", "--headless", "--yes"]);
+    let rid: i64 = server
+        .psql(
+            &full_url,
+            "SELECT review_id FROM review_item WHERE status = 'pending' ORDER BY review_id LIMIT 1",
+        )
+        .parse()
+        .expect("a pending review item");
+    let ledger = Ledger::open(LedgerLocation::parse(&full_url).unwrap()).unwrap();
+    let d = ledger
+        .review_detail(rid)
+        .expect("the card reads")
+        .expect("the item");
+    let generator = d.generator.expect("the generator's answer");
+    let critic = d.critic.expect("the critic's verdict");
+    assert_eq!(generator.stage, "adjudicate");
+    assert_eq!(critic.stage, "critic");
+    assert!(critic.verdict.is_some(), "{critic:?}");
+}

@@ -63,6 +63,11 @@ pub struct ConsoleArgs {
     /// (default: keymap.toml in the config dir).
     #[arg(long, global = true, value_name = "PATH")]
     pub keymap: Option<PathBuf>,
+    /// Clicks focus a pane and select a row, the wheel scrolls (off by
+    /// default, so the terminal's text selection works; `mouse = true` in
+    /// console.toml in the config dir turns it on too).
+    #[arg(long, global = true)]
+    pub mouse: bool,
     /// Print the effective keymap (defaults plus overrides) and exit.
     #[arg(long)]
     pub print_keymap: bool,

@@ -43,6 +43,7 @@ fn options(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<String>) 
         session,
         in_process: None,
         terminate: terminate_flag(),
+        mouse: args.mouse,
     }
 }
 

@@ -9,11 +9,14 @@ use tui_input::Input;
 use super::keymap::{KeyPress, Keymap};
 
 mod lists;
+mod mouse;
+mod screen;
 use docket_ledger::console::WorkerRow;
 use docket_ledger::watch::{
     Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, SessionSummary,
     SessionView, Tune,
 };
+pub use screen::{PREVIEW_MIN_HEIGHT, PREVIEW_MIN_WIDTH, Screen, preview_fits};
 
 /// How many review rows the console keeps loaded around the cursor.
 pub const REVIEW_WINDOW: u64 = 200;
@@ -286,6 +289,8 @@ pub struct App {
     /// The furthest an open overlay can scroll, as the last frame measured.
     pub scroll_max: std::cell::Cell<u16>,
     pub(super) detail_wanted: Option<i64>,
+    /// The terminal's size, the mouse, and where the panes were drawn.
+    pub screen: Screen,
 }
 
 impl App {
@@ -316,6 +321,7 @@ impl App {
             claimant: None,
             scroll_max: std::cell::Cell::new(0),
             detail_wanted: None,
+            screen: Screen::default(),
         }
     }
 
@@ -435,8 +441,10 @@ impl App {
             self.claimed = claim;
             fx.push(Effect::Claim(claim));
         }
+        // The detail view and the preview show the same item card.
         let detail = match self.overlay {
             Overlay::Detail { .. } => id,
+            _ if self.preview_shown() => id,
             _ => None,
         };
         if detail != self.detail_wanted && !outside {

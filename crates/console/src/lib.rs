@@ -18,6 +18,7 @@ pub mod data;
 mod human;
 pub mod keymap;
 mod keys;
+pub mod settings;
 pub mod term;
 pub mod theme;
 pub mod view;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{self, Event as TermEvent};
+use ratatui::crossterm::event::{self, DisableMouseCapture, Event as TermEvent};
 use ratatui::crossterm::terminal::{
     BeginSynchronizedUpdate, Clear, ClearType, EndSynchronizedUpdate, EnterAlternateScreen,
     LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
@@ -22,6 +22,7 @@ use ratatui::crossterm::{cursor, execute};
 use super::app::{App, Dialog, Effect, Overlay, Pane, QuitChoice};
 use super::data::{DataMsg, DataWorker};
 use super::keymap::Keymap;
+use super::settings::ConsoleSettings;
 use super::theme::Theme;
 use docket_ledger::review::Operator;
 
@@ -40,6 +41,8 @@ pub struct ConsoleOptions {
     pub in_process: Option<InProcessRun>,
     /// Set by a SIGTERM handler: leave now, restoring the terminal.
     pub terminate: Arc<AtomicBool>,
+    /// Capture the mouse (`--mouse`); console.toml's `mouse = true` also does.
+    pub mouse: bool,
 }
 
 pub struct InProcessRun {
@@ -87,7 +90,22 @@ impl Drop for TerminalGuard {
     }
 }
 
+/// Ask for presses, releases and the wheel in SGR form (1000, 1006), not
+/// every motion (1002/1003, what crossterm's `EnableMouseCapture` asks
+/// for): the console acts on none, and over SSH each move would be a report.
+fn enable_mouse_reports() -> io::Result<()> {
+    let mut out = io::stdout();
+    out.write_all(b"\x1b[?1000h\x1b[?1006h")?;
+    out.flush()
+}
+
+/// The console asked the terminal for mouse events (given back on the way out).
+static MOUSE_CAPTURED: AtomicBool = AtomicBool::new(false);
+
 fn restore_terminal() {
+    if MOUSE_CAPTURED.swap(false, Ordering::Relaxed) {
+        let _ = execute!(io::stdout(), DisableMouseCapture);
+    }
     let _ = disable_raw_mode();
     let _ = execute!(io::stdout(), LeaveAlternateScreen, cursor::Show);
 }
@@ -126,30 +144,9 @@ fn console_closed() {
 /// Open the console; returns how the operator left it.
 pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
     let started = Instant::now();
-    // With no --keymap, `load` reads the config dir's keymap.toml when present.
-    let (keymap, warnings) = Keymap::load(opts.keymap_path.as_deref());
-    for w in &warnings {
-        tracing::warn!("keymap: {w}");
-    }
     let theme = Theme::detect(opts.no_color);
     let operator = Operator::current();
-    let mut app = App::new(keymap, opts.read_only);
-    app.claimant = Some(operator.claimant.clone());
-    app.focus = opts.focus;
-    app.chosen_session = opts.session.clone();
-    if let Some(run) = &opts.in_process {
-        app.in_process_session = Some(run.session_id.clone());
-        app.chosen_session = Some(run.session_id.clone());
-        app.in_process_live = !run.finished.load(Ordering::Relaxed);
-    }
-    if let Some(first) = warnings.first() {
-        let more = if warnings.len() > 1 {
-            format!(" (+{} more in the log)", warnings.len() - 1)
-        } else {
-            String::new()
-        };
-        app.set_toast(format!("keymap: {first}{more}; the default binding stays"));
-    }
+    let mut app = new_app(&opts, operator.claimant.clone());
 
     let (ui_tx, ui_rx) = mpsc::channel::<UiEvent>();
     let (fx_tx, fx_rx) = mpsc::channel::<Effect>();
@@ -171,6 +168,10 @@ pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
     // cursor is, and waits for the answer (seconds, on a terminal that never
     // gives one).
     execute!(io::stdout(), EnterAlternateScreen, Clear(ClearType::All))?;
+    if app.screen.mouse {
+        MOUSE_CAPTURED.store(true, Ordering::Relaxed);
+        enable_mouse_reports()?;
+    }
     let backend = CrosstermBackend::new(CountingWriter {
         inner: io::stdout(),
         bytes: bytes.clone(),
@@ -202,6 +203,46 @@ pub fn run(opts: ConsoleOptions) -> color_eyre::Result<QuitChoice> {
     let _ = worker_thread.join();
     write_figures(&figures, bytes.load(Ordering::Relaxed), started.elapsed());
     result
+}
+
+/// The console's state as it opens: the keymap and console.toml read (a
+/// problem in either is the first toast), the terminal's size, the pane
+/// and session to open on.
+fn new_app(opts: &ConsoleOptions, claimant: String) -> App {
+    // With no --keymap, `load` reads the config dir's keymap.toml when present.
+    let (keymap, warnings) = Keymap::load(opts.keymap_path.as_deref());
+    let (settings, settings_warnings) = ConsoleSettings::load(None);
+    for w in &settings_warnings {
+        tracing::warn!("{w}");
+    }
+    for w in &warnings {
+        tracing::warn!("keymap: {w}");
+    }
+    let mut app = App::new(keymap, opts.read_only);
+    app.screen.mouse = opts.mouse || settings.mouse;
+    if let Ok((width, height)) = ratatui::crossterm::terminal::size() {
+        app.resized(width, height);
+    }
+    app.claimant = Some(claimant);
+    app.focus = opts.focus;
+    app.chosen_session = opts.session.clone();
+    if let Some(run) = &opts.in_process {
+        app.in_process_session = Some(run.session_id.clone());
+        app.chosen_session = Some(run.session_id.clone());
+        app.in_process_live = !run.finished.load(Ordering::Relaxed);
+    }
+    if let Some(first) = warnings.first() {
+        let more = if warnings.len() > 1 {
+            format!(" (+{} more in the log)", warnings.len() - 1)
+        } else {
+            String::new()
+        };
+        app.set_toast(format!("keymap: {first}{more}; the default binding stays"));
+    }
+    if let (None, Some(first)) = (&app.toast, settings_warnings.first()) {
+        app.set_toast(first.clone());
+    }
+    app
 }
 
 fn spawn_input(
@@ -381,9 +422,14 @@ fn apply_event<W: Write>(
             let _ = fx_tx.send(Effect::Activity);
             app.handle_key(k)
         }
-        UiEvent::Term(TermEvent::Resize(..)) => {
+        UiEvent::Term(TermEvent::Resize(width, height)) => {
             terminal.autoresize()?;
-            Vec::new()
+            app.resized(width, height)
+        }
+        UiEvent::Term(TermEvent::Mouse(m)) if app.screen.mouse => {
+            pacing.key_at.get_or_insert_with(Instant::now);
+            let _ = fx_tx.send(Effect::Activity);
+            app.handle_mouse(m)
         }
         UiEvent::Term(_) => Vec::new(),
         UiEvent::Data(DataMsg::Snapshot(s)) => {

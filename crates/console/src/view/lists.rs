@@ -6,7 +6,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::panes::state_word;
-use super::{pane_block, styled};
+use super::{pane_block, session_columns, styled};
 use crate::app::{App, Overlay, Pane};
 use crate::theme::Theme;
 use docket_ledger::watch::{Level, ReviewRow};
@@ -218,8 +218,12 @@ pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: The
     let watched = app.session_id();
     let focused =
         app.focus == Pane::Sessions && matches!(app.overlay, Overlay::None | Overlay::Filter(_));
+    let width = usize::from(area.width.saturating_sub(2));
     let mut lines = vec![Line::from(styled(
-        "  session               state               done/total   acc   rev   rej   err      cost  age",
+        session_columns::header(
+            "  session               state               done/total   acc   rev   rej   err      cost  age",
+            width,
+        ),
         theme.dim(),
     ))];
     let start = page_start(app.sessions_cursor as u64, rows_h) as usize;
@@ -238,7 +242,7 @@ pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: The
         let pointer = if i == app.sessions_cursor { "›" } else { " " };
         // As wide as the longest state word with its glyph: never cut.
         let state = state_word(s.shown);
-        let mut line = Line::from(format!(
+        let row = format!(
             "{pointer}{here}{:<21} {:<state_w$} {:>5}/{:<5} {:>5} {:>5} {:>5} {:>5} {:>9} {}",
             truncate(&s.session_id, 21),
             state,
@@ -250,7 +254,8 @@ pub(super) fn draw_sessions(frame: &mut Frame, area: Rect, app: &App, theme: The
             s.errors,
             format!("${:.4}", s.cost_usd),
             age(app.snap.now - s.started_at),
-        ));
+        );
+        let mut line = Line::from(session_columns::row(row, s, app.snap.now, width));
         if i == app.sessions_cursor && focused {
             line = line.style(theme.selected());
         }

@@ -5,6 +5,8 @@ mod footer;
 mod lists;
 mod overlays;
 mod panes;
+mod preview;
+mod session_columns;
 mod workers;
 mod wrap;
 
@@ -42,6 +44,8 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
     ])
     .areas(area);
     panes::draw_header(frame, header, app, theme);
+    // Clicks go to what this frame draws (nothing, under the detail view).
+    app.screen.areas.borrow_mut().clear();
     match &app.overlay {
         Overlay::Detail { scroll } => overlays::draw_detail(frame, body, app, *scroll, theme),
         _ => draw_dashboard(frame, body, app, theme),
@@ -75,19 +79,32 @@ fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
             Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
         let [stages, outcomes] =
             Layout::vertical([Constraint::Length(stages_h), Constraint::Min(6)]).areas(left);
-        panes::draw_stages(frame, stages, app, compact, theme);
-        panes::draw_outcomes(frame, outcomes, app, theme);
-        panes::draw_gauges(frame, gauges, app, theme);
-        // On a very wide screen the events pane takes half: its rows are
-        // messages, and a review row reads well in 80 columns.
-        let events_pct = if area.width >= 160 { 50 } else { 40 };
-        let [review, events] = Layout::horizontal([
-            Constraint::Percentage(100 - events_pct),
-            Constraint::Percentage(events_pct),
-        ])
-        .areas(middle);
-        lists::draw_review(frame, review, app, theme);
-        lists::draw_events(frame, events, app, theme);
+        draw_run_panes(frame, app, [stages, outcomes, gauges], compact, theme);
+        if preview::shown(app, area) {
+            // lazygit-style: the queue on the left, its cursor item's card
+            // on the right; the events pane makes way while the queue has
+            // the focus.
+            let [review, card] =
+                Layout::horizontal([Constraint::Percentage(45), Constraint::Percentage(55)])
+                    .areas(middle);
+            placed(app, Pane::Review, review);
+            lists::draw_review(frame, review, app, theme);
+            preview::draw_preview(frame, card, app, theme);
+        } else {
+            // On a very wide screen the events pane takes half: its rows are
+            // messages, and a review row reads well in 80 columns.
+            let events_pct = if area.width >= 160 { 50 } else { 40 };
+            let [review, events] = Layout::horizontal([
+                Constraint::Percentage(100 - events_pct),
+                Constraint::Percentage(events_pct),
+            ])
+            .areas(middle);
+            placed(app, Pane::Review, review);
+            placed(app, Pane::Events, events);
+            lists::draw_review(frame, review, app, theme);
+            lists::draw_events(frame, events, app, theme);
+        }
+        placed(app, Pane::Sessions, bottom);
         lists::draw_sessions(frame, bottom, app, theme);
     } else {
         let [top, bottom] =
@@ -96,21 +113,36 @@ fn draw_dashboard(frame: &mut Frame, area: Rect, app: &App, theme: Theme) {
             Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(top);
         let [stages, outcomes] =
             Layout::vertical([Constraint::Length(stages_h), Constraint::Min(6)]).areas(left);
-        panes::draw_stages(frame, stages, app, compact, theme);
-        panes::draw_outcomes(frame, outcomes, app, theme);
-        panes::draw_gauges(frame, gauges, app, theme);
+        draw_run_panes(frame, app, [stages, outcomes, gauges], compact, theme);
         // The lower half shows the focused list, the review queue otherwise.
         let shown = if app.focus.is_list() {
             app.focus
         } else {
             Pane::Review
         };
+        placed(app, shown, bottom);
         match shown {
             Pane::Events => lists::draw_events(frame, bottom, app, theme),
             Pane::Sessions => lists::draw_sessions(frame, bottom, app, theme),
             _ => lists::draw_review(frame, bottom, app, theme),
         }
     }
+}
+
+/// The stages, outcomes and gauges panes, where the layout put them.
+fn draw_run_panes(frame: &mut Frame, app: &App, areas: [Rect; 3], compact: bool, theme: Theme) {
+    let [stages, outcomes, gauges] = areas;
+    placed(app, Pane::Stages, stages);
+    placed(app, Pane::Outcomes, outcomes);
+    placed(app, Pane::Gauges, gauges);
+    panes::draw_stages(frame, stages, app, compact, theme);
+    panes::draw_outcomes(frame, outcomes, app, theme);
+    panes::draw_gauges(frame, gauges, app, theme);
+}
+
+/// Remember where `pane` is drawn, for the mouse.
+fn placed(app: &App, pane: Pane, area: Rect) {
+    app.screen.areas.borrow_mut().push((pane, area));
 }
 
 /// Rows the list panes keep below the run panes, at least.

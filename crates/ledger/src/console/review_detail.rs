@@ -162,6 +162,7 @@ fn routed(conn: &Connection, session: &str, d: &mut ReviewDetail) -> crate::db::
         result.unwrap_or_default();
     d.routing_note = note.filter(|n| !n.trim().is_empty());
     // The critic of the answer stage (any critic when it is not named).
+    // `x IS ?2` compares values only in SQLite; PostgreSQL refuses it.
     let critic_stage: Option<String> = conn
         .prepare_cached(
             "SELECT stage FROM run_stages

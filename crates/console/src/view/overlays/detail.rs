@@ -67,21 +67,32 @@ pub(in crate::view) fn draw_detail(
         frame.render_widget(Paragraph::new(styled(msg, theme.dim())).block(block), area);
         return;
     };
+    let lines = card_lines(app, d, usize::from(area.width.saturating_sub(2)), theme);
+    let p = Paragraph::new(lines).block(block);
+    let scroll = clamp_scroll(app, &p, area, scroll);
+    frame.render_widget(p.scroll((scroll, 0)), area);
+}
+
+/// A review item's card, every line at most `inner` cells: who it belongs
+/// to, why it is in review, the answer, the evidence, each stage's output.
+/// The detail view and the queue's preview both draw it.
+pub(in crate::view) fn card_lines<'a>(
+    app: &App,
+    d: &ReviewDetail,
+    inner: usize,
+    theme: Theme,
+) -> Vec<Line<'a>> {
     let mut lines = summary_lines(app, d, theme);
-    let inner = usize::from(area.width.saturating_sub(2));
     lines.extend(answer_lines(d, inner, theme));
     lines.push(heading("Evidence", theme));
     lines.extend(safe_json_lines(&d.evidence_json, "  "));
     lines.extend(stage_lines(d, theme));
     // Wrapped here, not by the paragraph: a long JSON value or model line
     // continues indented under itself, never back at column 0.
-    let lines: Vec<Line> = lines
+    lines
         .into_iter()
         .flat_map(|l| wrap_line(l, inner))
-        .collect();
-    let p = Paragraph::new(lines).block(block);
-    let scroll = clamp_scroll(app, &p, area, scroll);
-    frame.render_widget(p.scroll((scroll, 0)), area);
+        .collect()
 }
 
 /// The item's id, confidence, model and status, then who it belongs to.

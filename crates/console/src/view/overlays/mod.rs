@@ -14,7 +14,7 @@ mod event;
 mod help;
 
 pub(super) use batches::draw_batches;
-pub(super) use detail::draw_detail;
+pub(super) use detail::{card_lines, draw_detail};
 pub(super) use dialog::draw_dialog;
 pub(super) use event::draw_event;
 pub(super) use help::draw_help;

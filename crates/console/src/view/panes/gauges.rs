@@ -6,6 +6,7 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
+use super::gauge_columns;
 use crate::app::{App, Pane};
 use crate::theme::Theme;
 use crate::view::{batch_summary_text, clock, compact, pane_block, styled};
@@ -19,8 +20,10 @@ pub(in crate::view) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, the
         return;
     };
     let g = v.gauges.clone().unwrap_or_default();
-    let width = usize::from(area.width.saturating_sub(2));
+    let columns = gauge_columns::Columns::for_pane(block.inner(area));
+    let width = columns.width();
     let mut lines = limit_lines(v, &g, width, theme);
+    let limits = lines.len();
     lines.extend(run_lines(app, v, &g));
     lines.push(Line::from(status_span(v, &g, theme)));
     if let Some(text) = batch_summary_text(&app.snap.batch_summary, width) {
@@ -34,7 +37,7 @@ pub(in crate::view) fn draw_gauges(frame: &mut Frame, area: Rect, app: &App, the
     if v.live && g.deadline_secs > 0.0 {
         lines.push(Line::from(deadline_text(&g)));
     }
-    frame.render_widget(Paragraph::new(lines).block(block), area);
+    columns.draw(frame, area, block, lines, limits, (v, &g), theme);
 }
 
 /// Three lines: the rate limits and concurrency in use when an engine runs

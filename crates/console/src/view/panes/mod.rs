@@ -13,6 +13,7 @@ use crate::theme::Theme;
 use docket_model::sanitize::truncate;
 use docket_model::session_state::ShownState;
 
+mod gauge_columns;
 mod gauges;
 mod stages;
 
@@ -103,9 +104,8 @@ pub(super) fn draw_outcomes(frame: &mut Frame, area: Rect, app: &App, theme: The
     };
     let r = &v.row;
     let processed = r.processed_count;
-    let bar_w = (area.width.saturating_sub(2) as usize)
-        .saturating_sub(30)
-        .clamp(0, 30);
+    // The bars take the width the pane has (the counts take 26 cells).
+    let bar_w = (area.width.saturating_sub(2) as usize).saturating_sub(27);
     let row = |glyph: &str, name: &str, n: u64, style| {
         Line::from(vec![
             styled(format!("{glyph} {name:<9}"), style),
