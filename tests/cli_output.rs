@@ -102,3 +102,38 @@ async fn an_unknown_session_is_said_one_way_by_every_command() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// `--dry-run` gives the shortest duration beside the cost: the requests
+/// under the binding requests/min limit (`--rate-limit` counts), or says the
+/// provider's speed decides when it has no limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dry_run_gives_a_duration_beside_the_cost() {
+    let (_m, ws) = mocked(MockConfig::default(), 50, |_| {}).await;
+    let home = tempfile::tempdir().unwrap();
+    let dry = |extra: &[&str]| {
+        let out = docket(&ws, home.path())
+            .args(["batch-adjudicate", "--dry-run"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let said = dry(&["--rate-limit", "60"]);
+    assert!(
+        said.contains(
+            "duration: at least ~50s (50 requests under provider main's requests_per_minute = 60)"
+        ),
+        "{said}"
+    );
+    let said = dry(&["--rate-limit", "6"]);
+    assert!(said.contains("duration: at least ~8m"), "{said}");
+    // The job's own provider has no limits.
+    let said = dry(&[]);
+    assert!(
+        said.contains(
+            "duration: provider main has no requests/min or tokens/min limit, so its speed decides"
+        ),
+        "{said}"
+    );
+}

@@ -387,3 +387,48 @@ fn a_killed_engine_reads_interrupted_everywhere_within_seconds() {
     );
     assert!(text.contains("resumable"), "{text}");
 }
+
+/// The ETA of a four-stage run (judge-gym) is on the gauges from its first
+/// seconds, before any item has been through every stage (it read `--:--`
+/// from start to end): every stage's remaining requests at the binding
+/// `RPM`, then at the session's measured pace. 40 items, 160 requests at 4
+/// a second: the ETA reads at least half a minute at first.
+#[test]
+fn a_multi_stage_run_shows_its_eta_from_the_start() {
+    let home = Home::new();
+    let ws = home.workspace(Some("judge-gym"), 40);
+    let _run = home.headless(&ws);
+    let sid = session_id(&ws);
+    let pane = home.console(&ws, "eta");
+    let ledger = ws.join("docket.sqlite");
+    let (eta, processed) = poll("an ETA on the gauges", WAIT, || {
+        let text = pane.text();
+        let s = Screen {
+            text: &text,
+            sid: &sid,
+        };
+        let line = s
+            .gauge("elapsed")
+            .ok_or_else(|| format!("no elapsed line:\n{text}"))?;
+        let eta = line
+            .split("ETA ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .filter(|e| e.contains(':') && !e.contains('-'))
+            .ok_or_else(|| format!("no ETA yet: {line}"))?
+            .to_string();
+        let conn = docket::ledger::open_read_only(&ledger).map_err(|e| e.to_string())?;
+        let processed: i64 = conn
+            .query_row(
+                "SELECT processed_count FROM llm_batch_session WHERE session_id = ?1",
+                [&sid],
+                |r| r.get(0),
+            )
+            .map_err(|e| e.to_string())?;
+        Ok((eta, processed))
+    });
+    assert_eq!(processed, 0, "no item through every stage yet; ETA {eta}");
+    let (m, s) = eta.split_once(':').unwrap();
+    let secs = m.parse::<u64>().unwrap() * 60 + s.parse::<u64>().unwrap();
+    assert!(secs >= 30, "160 requests at 4 a second: ETA {eta}");
+}

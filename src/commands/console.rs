@@ -64,14 +64,10 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
             return super::EXIT_USAGE;
         }
     };
-    if !config.exists() && !ledger.exists() {
-        eprintln!(
-            "docket: {} is not a docket workspace (no docket.toml, no docket.sqlite). Try `docket demo`, or `docket init DIR`.",
-            ws.display()
-        );
-        return super::EXIT_USAGE;
-    }
+    // A session named that the ledger does not hold is the error to report,
+    // terminal or not.
     if let Some(id) = &session
+        && ledger.exists()
         && let Err(e) = known_session(&ledger, id)
     {
         return super::fail(e);
@@ -79,6 +75,13 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
     if !std::io::stdout().is_terminal_checked() {
         eprintln!(
             "docket: the console needs a terminal; for line output use `docket sessions`, `docket batch-results` or `docket batch-adjudicate --headless`"
+        );
+        return super::EXIT_USAGE;
+    }
+    if !config.exists() && !ledger.exists() {
+        eprintln!(
+            "docket: {} is not a docket workspace (no docket.toml, no docket.sqlite). Try `docket demo`, or `docket init DIR`.",
+            ws.display()
         );
         return super::EXIT_USAGE;
     }
@@ -95,9 +98,6 @@ pub async fn open(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<St
 /// screen is taken, so a typo is an error, not an empty console).
 fn known_session(ledger: &docket::ledger::LedgerLocation, id: &str) -> Result<(), String> {
     use docket::ledger::work::RunSessions;
-    if !ledger.exists() {
-        return Err(docket::ids::unknown_session(id));
-    }
     let l = docket::ledger::Ledger::open_read_only(ledger.clone()).map_err(|e| e.to_string())?;
     match l.load_session(id) {
         Ok(Some(_)) => Ok(()),

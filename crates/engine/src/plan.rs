@@ -17,6 +17,9 @@ use docket_ledger::Ledger;
 use docket_ledger::store::{Candidate, CandidateError, CandidateFilter};
 use docket_ledger::work::RunSessions;
 
+mod duration;
+pub use duration::RunDuration;
+
 /// Above this many items the estimate tokenizes a uniform sample (every
 /// k-th prompt, at least this many) and scales it, and says so; below it
 /// every prompt is counted. Tokenizing is most of planning's time (about
@@ -60,6 +63,8 @@ pub struct Estimate {
     pub first_prompt: Option<Prompt>,
     /// The item `first_prompt` is for (the first one that renders).
     pub first_item: Option<String>,
+    /// How long the run takes at least, under the providers' limits.
+    pub duration: RunDuration,
 }
 
 /// One stage's share of the estimate. A later stage's prompts depend on
@@ -126,6 +131,8 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
     let max_output_tokens: u64 = stages.iter().map(|s| s.2).sum();
     let factor = stages[0].0.batch_price_factor;
     let several = stages.len() > 1;
+    let per_stage: Vec<StageEstimate> = stages.iter().map(|s| s.0.clone()).collect();
+    let duration = duration::run_duration(p, &per_stage, items);
     Ok(Plan {
         item_ids: scan.all_ids,
         estimate: Estimate {
@@ -155,6 +162,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
             unrenderable_count: scan.unrenderable_count,
             first_prompt: scan.first_prompt,
             first_item,
+            duration,
         },
     })
 }
@@ -369,6 +377,7 @@ impl Estimate {
             self.max_output_tokens,
             self.worst_cost_usd
         ));
+        lines.extend(self.duration.describe());
         match (self.batch_price_factor, self.batch_mode) {
             (Some(f), _) => lines.push(format!(
                 "  batch: requests go to the provider's Batch API at {:.0}% of the synchronous price (included above); results come when the provider finishes (up to 24 h)",

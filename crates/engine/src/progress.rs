@@ -60,16 +60,10 @@ pub(super) fn spawn_progress(
             }
             let (t0, n0) = window[0];
             let rate = (s.sent - n0) as f64 / now.duration_since(t0).as_secs_f64().max(0.001);
-            let done_here = s.done.saturating_sub(first.done);
             let elapsed = now.duration_since(started);
-            let eta = if done_here > 0 && s.total > s.done {
-                let per_item = elapsed.as_secs_f64() / done_here as f64;
-                Some(Duration::from_secs_f64(
-                    per_item * (s.total - s.done) as f64,
-                ))
-            } else {
-                None
-            };
+            // The control loop's ETA: every stage's remaining requests at
+            // the session's pace, the same the console shows.
+            let eta = stats.eta().map(Duration::from_secs_f64);
             let lim = limiter.snapshot();
             // Sends held by a breaker (row S5): why, once, in full; then
             // the progress line says they are held.

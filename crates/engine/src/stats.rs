@@ -30,6 +30,10 @@ pub struct Stats {
     /// Why the run's sends are held right now, when a breaker holds them
     /// (an unreachable or failing provider, row S5): for the progress line.
     held: std::sync::Mutex<Option<String>>,
+    /// The session's ETA in seconds as the control loop last worked it out
+    /// (`control::eta`), as f64 bits; 0 (the default): none. One ETA for
+    /// the console's gauges and the progress line.
+    eta_bits: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -95,6 +99,20 @@ impl Stats {
     /// Say why sends are held now (None: they are not).
     pub fn set_held(&self, why: Option<String>) {
         *self.held.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    /// Publish the session's ETA (None: unknown, or nothing left).
+    pub fn set_eta(&self, secs: Option<f64>) {
+        let bits = secs
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(0, f64::to_bits);
+        self.eta_bits.store(bits, Relaxed);
+    }
+
+    /// The session's ETA in seconds, when known.
+    pub fn eta(&self) -> Option<f64> {
+        let bits = self.eta_bits.load(Relaxed);
+        (bits != 0).then(|| f64::from_bits(bits))
     }
 
     /// Why sends are held now, if they are.

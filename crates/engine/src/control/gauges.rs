@@ -7,17 +7,15 @@ use tokio::time::Instant;
 use crate::ctx::{Ctx, PAUSED_BY_OPERATOR};
 use docket_ledger::watch::LiveGauges;
 
-/// Since when this engine dispatches, for the elapsed time and the ETA.
+/// Since when this engine dispatches, for the elapsed time.
 pub(super) struct Window {
     started: Instant,
-    first_done: u64,
 }
 
 impl Window {
-    pub(super) fn new(stats: &crate::stats::StatsSnapshot) -> Self {
+    pub(super) fn new() -> Self {
         Window {
             started: Instant::now(),
-            first_done: stats.done,
         }
     }
 }
@@ -25,7 +23,6 @@ impl Window {
 /// The gauges this engine writes with its heartbeat.
 pub(super) fn gauges(ctx: &Ctx, window: &Window, paused: bool) -> LiveGauges {
     let now = Instant::now();
-    let s = ctx.stats.snapshot();
     let frontier = ctx.frontier();
     let lim = ctx.rt(frontier).limiter.snapshot();
     // The limiter's own count of the last 60 seconds' sends, taken when it
@@ -38,9 +35,6 @@ pub(super) fn gauges(ctx: &Ctx, window: &Window, paused: bool) -> LiveGauges {
         lim.tokens_last_minute as f64,
     );
     let elapsed = now.duration_since(window.started).as_secs_f64();
-    let done_here = s.done.saturating_sub(window.first_done);
-    let eta_secs = (!paused && done_here > 0 && s.total > s.done)
-        .then(|| elapsed / done_here as f64 * (s.total - s.done) as f64);
     let slow_reason = if paused {
         PAUSED_BY_OPERATOR.to_string()
     } else if ctx
@@ -77,7 +71,8 @@ pub(super) fn gauges(ctx: &Ctx, window: &Window, paused: bool) -> LiveGauges {
         paused,
         stage: ctx.p.stages[frontier].name.clone(),
         elapsed_secs: elapsed,
-        eta_secs,
+        // The controller sets it from the stages (`eta.rs`).
+        eta_secs: None,
     }
 }
 
@@ -105,9 +100,8 @@ pub(super) fn combine(mine: &LiveGauges, others: &[LiveGauges]) -> LiveGauges {
         };
         all.deadline_cuts += g.deadline_cuts;
     }
-    // Each worker's ETA is for the whole session at its own pace; together
-    // they go faster than any one of them.
-    all.eta_secs = None;
+    // The ETA is the session's already (every stage's remaining requests
+    // at the session's pace, `eta.rs`): the same from every worker.
     all
 }
 
@@ -157,7 +151,11 @@ mod tests {
         assert!((all.rpm_used - 1_050.0).abs() < 1e-9);
         assert_eq!(all.stage, "adjudicate");
         assert_eq!(all.elapsed_secs, 40.0);
-        assert_eq!(all.eta_secs, None);
+        assert_eq!(
+            all.eta_secs,
+            Some(30.0),
+            "the session's, as this worker has it"
+        );
         assert!(all.rpm_used <= all.rpm_limit as f64);
     }
 }

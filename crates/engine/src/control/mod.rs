@@ -4,6 +4,7 @@
 //! worker's leases, adopts provider batches no live worker holds, and
 //! writes the heartbeat with the live gauges.
 
+mod eta;
 mod gauges;
 mod obey;
 
@@ -19,6 +20,7 @@ use super::batching::Batcher;
 use super::ctx::{Ctx, PAUSED_BY_OPERATOR, StopCause, worker_beat};
 use super::progress::Reporter;
 use super::reach_probe::ReachProbes;
+use docket_ledger::console::ConsoleReads;
 use docket_ledger::watch::{LiveGauges, Tune};
 use docket_ledger::work::{RunSessions, WorkQueue};
 use docket_ledger::writer::WriteOp;
@@ -82,7 +84,9 @@ pub(super) async fn control_loop(
             workers: ctx.workers.load(Ordering::Relaxed),
             ..Seen::default()
         },
-        window: Window::new(&ctx.stats.snapshot()),
+        window: Window::new(),
+        pace: eta::Pace::default(),
+        remaining: None,
         hard_deadline: None,
         last_renewal: Instant::now(),
         last_adoption: Instant::now(),
@@ -136,6 +140,10 @@ struct Controller {
     reporter: Arc<dyn Reporter>,
     seen: Seen,
     window: Window,
+    /// The session's stage answers over time, for the ETA.
+    pace: eta::Pace,
+    /// Requests every stage still has to answer, as last read.
+    remaining: Option<u64>,
     /// When in-flight requests are abandoned, once a stop came.
     hard_deadline: Option<Instant>,
     last_renewal: Instant,
@@ -216,6 +224,7 @@ impl Controller {
                 let l = ledger.lock().unwrap_or_else(|p| p.into_inner());
                 let controls = l.session_controls(&sid)?;
                 let workers = l.live_workers(&sid)?;
+                let stages = l.run_stages(&sid)?;
                 // With others on the session, its counters and spend are
                 // theirs too: read them back for the progress and budget.
                 let (row, others) = if workers > 1 {
@@ -223,12 +232,14 @@ impl Controller {
                 } else {
                     (None, Vec::new())
                 };
-                Ok::<_, LedgerError>((controls, workers, row, others))
+                Ok::<_, LedgerError>((controls, workers, row, others, stages))
             })
             .await
         };
         let mut others: Vec<LiveGauges> = Vec::new();
-        if let Ok(Ok((Some(controls), workers, row, other_json))) = controls {
+        if let Ok(Ok((Some(controls), workers, row, other_json, stages))) = controls {
+            self.pace.observe(Instant::now(), eta::answered(&stages));
+            self.remaining = Some(eta::remaining_requests(&stages));
             others = other_json
                 .iter()
                 .filter_map(|j| serde_json::from_str(j).ok())
@@ -249,6 +260,24 @@ impl Controller {
             );
         }
         others
+    }
+
+    /// The session's ETA now: none while paused or stopping.
+    fn eta(&self, paused: bool) -> Option<f64> {
+        let ctx = &self.ctx;
+        if paused || ctx.soft_stop.is_cancelled() {
+            return None;
+        }
+        let frontier = ctx.frontier();
+        let rt = ctx.rt(frontier);
+        // Batch lines pass no requests/min limit.
+        let limit = rt.batcher.get().is_none().then(|| {
+            let lim = rt.limiter.snapshot();
+            // This worker's share, times the workers sharing the limit.
+            lim.requests_per_minute as f64 * ctx.workers.load(Ordering::Relaxed).max(1) as f64
+                / 60.0
+        });
+        eta::eta_secs(self.remaining?, self.pace.per_sec(), limit)
     }
 
     /// Adopt the batches no live worker holds, and renew this worker's
@@ -277,6 +306,8 @@ impl Controller {
         self.probes.tick(ctx, paused).await;
         self.disk.tick(ctx, &*self.reporter, paused);
         let mut live = gauges(ctx, &self.window, paused);
+        live.eta_secs = self.eta(paused);
+        ctx.stats.set_eta(live.eta_secs);
         if let Some(why) = self
             .disk
             .slow_reason(ctx)
