@@ -231,6 +231,7 @@ impl Env {
         let p = self.dir.path();
         vec![
             ("XDG_DATA_HOME", p.join("data").display().to_string()),
+            ("XDG_STATE_HOME", p.join("state").display().to_string()),
             ("XDG_CONFIG_HOME", p.join("config").display().to_string()),
             ("XDG_CACHE_HOME", p.join("cache").display().to_string()),
             ("DOCKET_CONSOLE_STATS", self.stats().display().to_string()),

@@ -5,14 +5,17 @@
 mod cli;
 mod commands;
 
-use clap::Parser;
+use clap::FromArgMatches;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     private_files();
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::from_arg_matches(&cli::about::command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     if let Some(url) = cli.ledger.clone().filter(|u| !u.trim().is_empty()) {
         docket::ledger::location::choose(url);
     }
@@ -70,13 +73,22 @@ fn report_peak_rss() {
     }
 }
 
-/// Logs go to a file in the data dir, never to the terminal. One record
-/// is one line: what a record quotes (item ids, evidence, a model's
-/// answer) is escaped and bounded (`sanitize::OneLineLog`, row X4).
+/// Logs go to a file in the XDG state dir, a new one each day (the oldest
+/// beyond `LOG_FILES_KEPT` deleted as docket starts), never to the terminal.
+/// One record is one line: what a record quotes (item ids, evidence, a
+/// model's answer) is escaped and bounded (`sanitize::OneLineLog`, row X4).
 fn init_logging() -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use docket::workspace::{LOG_FILE_PREFIX, LOG_FILE_SUFFIX, LOG_FILES_KEPT};
+    use tracing_appender::rolling::{RollingFileAppender, Rotation};
     let dir = docket::workspace::log_dir();
     std::fs::create_dir_all(&dir).ok()?;
-    let appender = tracing_appender::rolling::never(&dir, "docket.log");
+    let appender = RollingFileAppender::builder()
+        .rotation(Rotation::DAILY)
+        .filename_prefix(LOG_FILE_PREFIX)
+        .filename_suffix(LOG_FILE_SUFFIX)
+        .max_log_files(LOG_FILES_KEPT)
+        .build(&dir)
+        .ok()?;
     let (writer, guard) = tracing_appender::non_blocking(appender);
     let filter = tracing_subscriber::EnvFilter::try_from_env("DOCKET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

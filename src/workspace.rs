@@ -200,12 +200,47 @@ pub fn demo_dir() -> PathBuf {
     }
 }
 
-/// Where logs go.
+/// At most this many daily log files are kept, today's included: the
+/// oldest are deleted as docket starts.
+pub const LOG_FILES_KEPT: usize = 14;
+
+/// The log files' names: `docket.YYYY-MM-DD.log` (the UTC date), one a day.
+pub const LOG_FILE_PREFIX: &str = "docket";
+pub const LOG_FILE_SUFFIX: &str = "log";
+
+/// Where logs go: the XDG state dir (`$XDG_STATE_HOME/docket/logs`, by
+/// default `~/.local/state/docket/logs`), state that is neither config nor
+/// data. Platforms without one (macOS, Windows) use the local data dir.
 pub fn log_dir() -> PathBuf {
     match project_dirs() {
-        Some(d) => d.data_local_dir().join("logs"),
+        Some(d) => d
+            .state_dir()
+            .unwrap_or_else(|| d.data_local_dir())
+            .join("logs"),
         None => std::env::temp_dir().join("docket-logs"),
     }
+}
+
+/// The log files, for `--help`, `--version` and the console's help screen.
+pub fn log_files_described() -> String {
+    format!(
+        "{}/{LOG_FILE_PREFIX}.YYYY-MM-DD.{LOG_FILE_SUFFIX} (a new file each day, UTC; at most {LOG_FILES_KEPT} kept, the oldest deleted)",
+        log_dir().display()
+    )
+}
+
+/// Where the keymap and console.toml are read: `$DOCKET_CONFIG_DIR`, else
+/// the platform config dir (`~/.config/docket` on Linux).
+pub fn config_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("DOCKET_CONFIG_DIR").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    project_dirs().map(|d| d.config_dir().to_path_buf())
+}
+
+/// docket's data dir (the demo workspace lives in it).
+pub fn data_dir() -> Option<PathBuf> {
+    project_dirs().map(|d| d.data_dir().to_path_buf())
 }
 
 #[cfg(test)]

@@ -118,6 +118,7 @@ review_threshold = 0.60
             .args(args)
             .env("HOME", self.home.path())
             .env("XDG_DATA_HOME", self.home.path().join("data"))
+            .env("XDG_STATE_HOME", self.home.path().join("state"))
             .env(KEY_ENV, CANARY)
             .env("DOCKET_LOG", "trace")
             .env("NO_COLOR", "1")

@@ -1205,6 +1205,7 @@ async fn a_read_only_workspace_still_answers_read_commands() {
             .args(args)
             .env("HOME", home.path())
             .env("XDG_DATA_HOME", home.path().join("data"))
+            .env("XDG_STATE_HOME", home.path().join("state"))
             .env_remove("DOCKET_WORKSPACE")
             .output()
             .unwrap();
@@ -1388,6 +1389,7 @@ fn files_docket_creates_are_private_whatever_the_umask() {
             .arg(support::procs::bin())
             .env("HOME", &home)
             .env("XDG_DATA_HOME", home.join("data"))
+            .env("XDG_STATE_HOME", home.join("state"))
             .env_remove("DOCKET_WORKSPACE")
             .current_dir(tmp.path())
             .output()
@@ -1415,7 +1417,7 @@ fn files_docket_creates_are_private_whatever_the_umask() {
     assert_eq!(code, Some(0), "{text}");
     let (code, text) = sh("--workspace ws export --what decisions -o out.csv");
     assert_eq!(code, Some(0), "{text}");
-    let log_dir = home.join("data/docket/logs");
+    let log_dir = home.join("state/docket/logs");
     let log = std::fs::read_dir(&log_dir)
         .unwrap_or_else(|e| panic!("{}: {e}", log_dir.display()))
         .next()

@@ -35,6 +35,7 @@ impl Home {
         vec![
             ("HOME".into(), p("home")),
             ("XDG_DATA_HOME".into(), p("data")),
+            ("XDG_STATE_HOME".into(), p("state")),
             ("XDG_CONFIG_HOME".into(), p("config")),
             ("DOCKET_CONFIG_DIR".into(), p("config/docket")),
             ("USER".into(), "alice".into()),

@@ -1012,6 +1012,7 @@ async fn s1_the_console_shows_rate_limited_waiting_in_a_terminal() {
         env_line([
             ("HOME", p("home")),
             ("XDG_DATA_HOME", p("data")),
+            ("XDG_STATE_HOME", p("state")),
             ("XDG_CONFIG_HOME", p("config")),
         ]),
         sh_quote(support::procs::bin()),

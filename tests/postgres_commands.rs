@@ -58,6 +58,7 @@ fn docket(ws: &Path, url: Option<&str>, args: &[&str]) -> Output {
         .args(args)
         .env("HOME", ws)
         .env("XDG_DATA_HOME", ws.join("data"))
+        .env("XDG_STATE_HOME", ws.join("state"))
         .env("DOCKET_LOG", "debug")
         .env("NO_COLOR", "1")
         .env_remove("DOCKET_WORKSPACE")
@@ -175,11 +176,7 @@ fn a_job_on_postgres_matches_the_same_job_on_sqlite() {
         let canary = PgServer::PASSWORD;
         assert!(url.contains(canary), "the URL carries the canary");
         assert!(!said.contains(canary), "{said}");
-        let log = std::fs::read_to_string(pg.path().join("data/docket/logs/docket.log"))
-            .or_else(|_| {
-                std::fs::read_to_string(pg.path().join(".local/share/docket/logs/docket.log"))
-            })
-            .unwrap_or_default();
+        let log = std::fs::read_to_string(support::procs::log_file(pg.path())).unwrap_or_default();
         assert!(!log.is_empty(), "no log found to check");
         assert!(!log.contains(canary), "the password is in the log");
         let copy = tempfile::tempdir().unwrap();

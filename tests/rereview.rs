@@ -62,6 +62,7 @@ fn ok(ws: &Path, url: Option<&str>, args: &[&str]) -> String {
         .args(args)
         .env("HOME", ws)
         .env("XDG_DATA_HOME", ws.join("data"))
+        .env("XDG_STATE_HOME", ws.join("state"))
         .env("NO_COLOR", "1")
         .env_remove("DOCKET_WORKSPACE")
         .env_remove("DOCKET_LEDGER_URL")

@@ -92,6 +92,7 @@ impl Ws {
             .args(args)
             .env("HOME", self.home.path())
             .env("XDG_DATA_HOME", self.home.path().join("data"))
+            .env("XDG_STATE_HOME", self.home.path().join("state"))
             .env("NO_COLOR", "1")
             .env_remove("DOCKET_WORKSPACE")
             .env_remove("DOCKET_LEASE_SECS")

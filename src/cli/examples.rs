@@ -73,3 +73,12 @@ pub const LEDGER_COPY: &str = "Examples:
 pub const MOCK_PROVIDER: &str = "Examples:
   docket mock-provider --port 8089
   docket mock-provider --latency-median-ms 200 --rpm-limit 600 --fail-500 0.02";
+
+pub const COMPLETIONS: &str = "Examples:
+  docket completions bash > ~/.local/share/bash-completion/completions/docket
+  docket completions zsh > ~/.zfunc/_docket        (with fpath+=~/.zfunc in ~/.zshrc)
+  docket completions fish > ~/.config/fish/completions/docket.fish";
+
+pub const MAN: &str = "Examples:
+  docket man | man -l -                    read the page now
+  docket man --out ~/.local/share/man/man1 docket.1 and one page per command";

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub mod about;
 mod examples;
 
 /// The exit codes, for `--help` (the README's list).
@@ -214,13 +215,31 @@ pub enum Command {
         #[command(subcommand)]
         action: LedgerAction,
     },
-    /// Serve the built-in mock provider on 127.0.0.1 (OpenAI wire format).
+    /// Serve the built-in mock provider on 127.0.0.1: the OpenAI, Azure
+    /// OpenAI, Anthropic, Gemini, Ollama and OpenRouter chat routes and
+    /// models lists, and the OpenAI/Azure, Anthropic and Gemini Batch APIs
+    /// (with the Files routes OpenAI's and Gemini's batches use), each in
+    /// its provider's wire format.
     #[command(after_help = examples::MOCK_PROVIDER)]
     MockProvider {
         #[arg(long, default_value_t = 8089)]
         port: u16,
         #[command(flatten)]
         config: Box<docket::mock::MockConfig>,
+    },
+    /// Print a shell completion script for docket to standard output.
+    #[command(after_help = examples::COMPLETIONS)]
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print docket's man page (roff) to standard output, or with --out
+    /// write one page per command into a folder.
+    #[command(after_help = examples::MAN)]
+    Man {
+        /// Write docket.1 and a page per command (docket-batch-adjudicate.1, ...) here.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
     },
 }
 

@@ -44,6 +44,7 @@ fn options(ws: &Path, args: &ConsoleArgs, focus: Pane, session: Option<String>) 
         in_process: None,
         terminate: terminate_flag(),
         mouse: args.mouse,
+        log_files: Some(docket::workspace::log_files_described()),
     }
 }
 

@@ -12,6 +12,7 @@ use crate::cli::{Cli, Command, ItemsAction, LedgerAction};
 
 mod console;
 mod control;
+mod docs;
 mod items;
 mod ledger;
 mod reports;
@@ -81,6 +82,8 @@ pub async fn run(cli: Cli) -> i32 {
             action: LedgerAction::Copy { to, from },
         } => tokio::task::block_in_place(|| ledger::ledger_copy(&ws, to, from)),
         Command::MockProvider { port, config } => mock_provider(port, *config).await,
+        Command::Completions { shell } => docs::completions(shell),
+        Command::Man { out } => docs::man(out.as_deref()),
     }
 }
 

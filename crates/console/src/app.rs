@@ -286,6 +286,8 @@ pub struct App {
     /// Who this console is when it holds an item (`user@host:pid`); an
     /// item held by anyone else is not ours to decide.
     pub claimant: Option<String>,
+    /// Where docket's log files are, for the help screen.
+    pub log_files: Option<String>,
     /// The furthest an open overlay can scroll, as the last frame measured.
     pub scroll_max: std::cell::Cell<u16>,
     pub(super) detail_wanted: Option<i64>,
@@ -319,6 +321,7 @@ impl App {
             loaded: false,
             claimed: None,
             claimant: None,
+            log_files: None,
             scroll_max: std::cell::Cell::new(0),
             detail_wanted: None,
             screen: Screen::default(),

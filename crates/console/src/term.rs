@@ -43,6 +43,8 @@ pub struct ConsoleOptions {
     pub terminate: Arc<AtomicBool>,
     /// Capture the mouse (`--mouse`); console.toml's `mouse = true` also does.
     pub mouse: bool,
+    /// docket's log files, named on the help screen (the binary knows where).
+    pub log_files: Option<String>,
 }
 
 pub struct InProcessRun {
@@ -224,6 +226,7 @@ fn new_app(opts: &ConsoleOptions, claimant: String) -> App {
         app.resized(width, height);
     }
     app.claimant = Some(claimant);
+    app.log_files = opts.log_files.clone();
     app.focus = opts.focus;
     app.chosen_session = opts.session.clone();
     if let Some(run) = &opts.in_process {

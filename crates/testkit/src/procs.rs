@@ -223,22 +223,44 @@ impl Mock {
     }
 }
 
-/// The real `docket` on workspace `ws`, with `home` as its home and data
-/// folder (so its log is [`log_file`]`(home)`), and none of the caller's
-/// docket settings (workspace, log level, busy timeout) leaking in.
+/// The real `docket` on workspace `ws`, with `home` as its home, data and
+/// state folder (so its log is [`log_file`]`(home)`), and none of the
+/// caller's docket settings (workspace, log level, busy timeout) leaking in.
 pub fn docket_at(ws: &std::path::Path, home: &std::path::Path) -> Command {
     let mut c = Command::new(bin());
     c.arg("--workspace")
         .arg(ws)
         .env("HOME", home)
         .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_STATE_HOME", home.join("state"))
         .env_remove("DOCKET_WORKSPACE")
         .env_remove("DOCKET_LOG")
         .env_remove("DOCKET_BUSY_TIMEOUT_MS");
     c
 }
 
-/// docket's log file for a `docket_at` started with this `home`.
+/// The folder of docket's daily log files for a `docket_at` started with this `home`.
+pub fn log_dir(home: &std::path::Path) -> PathBuf {
+    home.join("state/docket/logs")
+}
+
+/// docket's newest log file (`docket.YYYY-MM-DD.log`) for a `docket_at`
+/// started with this `home`; the folder's `docket.log`, which never exists,
+/// when there is none yet (reading it then fails as a missing log should).
 pub fn log_file(home: &std::path::Path) -> PathBuf {
-    home.join("data/docket/logs/docket.log")
+    let dir = log_dir(home);
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("docket.") && n.ends_with(".log"))
+        })
+        .collect();
+    // The dates sort as text: the last is today's.
+    logs.sort();
+    logs.pop().unwrap_or_else(|| dir.join("docket.log"))
 }

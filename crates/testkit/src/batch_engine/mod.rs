@@ -176,6 +176,7 @@ impl BatchWs {
             .args(["batch-adjudicate", "--yes", "--headless"])
             .env("HOME", self.home.path())
             .env("XDG_DATA_HOME", self.home.path().join("data"))
+            .env("XDG_STATE_HOME", self.home.path().join("state"))
             .env(KEY_ENV, KEY)
             .env("NO_COLOR", "1")
             .env_remove("DOCKET_WORKSPACE");

@@ -347,6 +347,7 @@ fn round_command(ws: &Workspace, home: &Path, key: &str, sid: Option<&str>, cut:
         .args(["batch-adjudicate", "--yes", "--headless"])
         .env("HOME", home)
         .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_STATE_HOME", home.join("state"))
         .env(KEY_ENV, key)
         .env("NO_COLOR", "1")
         .env_remove(docket::failpoint::ENV)

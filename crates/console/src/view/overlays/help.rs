@@ -10,7 +10,7 @@ use crate::app::App;
 use crate::theme::Theme;
 use crate::view::styled;
 use crate::view::wrap::wrap_line;
-use docket_model::sanitize::truncate;
+use docket_model::sanitize::{for_terminal, truncate};
 
 pub(in crate::view) fn draw_help(
     frame: &mut Frame,
@@ -56,6 +56,13 @@ pub(in crate::view) fn draw_help(
             styled(format!("  {cmd:<34}"), theme.key()),
             Span::raw(what),
         ]));
+    }
+    if let Some(files) = &app.log_files {
+        lines.push(Line::from(styled("[logs]", theme.title(true))));
+        lines.push(Line::from(Span::raw(format!(
+            "  {} (DOCKET_LOG=debug records more)",
+            for_terminal(files)
+        ))));
     }
     let block = Block::default()
         .borders(Borders::ALL)
