@@ -17,9 +17,11 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     // Only docket's own checkout counts, not a repository a source tarball
     // happens to be unpacked in.
+    // (Both canonical: a checkout reached through a symlink is still its own.)
+    let real = |p: &std::ffi::OsStr| std::fs::canonicalize(p).ok();
     let own_checkout = git(&["rev-parse", "--show-toplevel"]).is_some_and(|top| {
         std::env::var_os("CARGO_MANIFEST_DIR")
-            .is_some_and(|dir| std::path::Path::new(&top) == std::path::Path::new(&dir))
+            .is_some_and(|dir| real(&dir).is_some() && real(&dir) == real(top.as_ref()))
     });
     let commit = own_checkout
         .then(|| git(&["rev-parse", "--short", "HEAD"]))
