@@ -120,6 +120,16 @@ fn man_prints_the_page_and_writes_one_per_command() {
         "{run}"
     );
     assert!(run.contains("max\\-cost"), "{run}");
+
+    // A folder that cannot be made is named, as bad usage, and no panic.
+    let blocked = home.path().join("a-file");
+    std::fs::write(&blocked, "").unwrap();
+    let bad = blocked.join("man1");
+    let out = docket(home.path(), &["man", "--out", bad.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&bad.display().to_string()), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
