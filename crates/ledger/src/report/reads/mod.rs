@@ -7,6 +7,7 @@
 //! `export` (decisions and requests) and `items` (one row per item with its
 //! stages); `rows` reads SQLite's loosely typed values as cells.
 
+mod attempts;
 mod export;
 mod items;
 mod results;
@@ -73,6 +74,15 @@ pub trait Reports {
     /// Requests (`report::REQUEST_COLUMNS`): a session's in dispatch and
     /// stage order, or every request by id.
     fn for_each_request(
+        &self,
+        session_id: Option<&str>,
+        kinds: &[Kind],
+        each: EachRow<'_>,
+    ) -> Result<u64, ReportError>;
+
+    /// Attempts (`report::ATTEMPT_COLUMNS`): a session's or every one, in
+    /// the order they were sent.
+    fn for_each_attempt(
         &self,
         session_id: Option<&str>,
         kinds: &[Kind],
@@ -156,6 +166,15 @@ impl Reports for Ledger {
         each: EachRow<'_>,
     ) -> Result<u64, ReportError> {
         export::for_each_request(self.conn(), session_id, kinds, each)
+    }
+
+    fn for_each_attempt(
+        &self,
+        session_id: Option<&str>,
+        kinds: &[Kind],
+        each: EachRow<'_>,
+    ) -> Result<u64, ReportError> {
+        attempts::for_each_attempt(self.conn(), session_id, kinds, each)
     }
 
     fn session_config(&self, session_id: &str) -> Result<Option<String>, LedgerError> {
