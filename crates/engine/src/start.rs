@@ -51,16 +51,7 @@ pub(crate) fn start_session(
         reporter.line(&l);
     }
     if opts.dry_run {
-        dry_run_report(prepared, &plan, reporter);
-        let missing_keys = missing_keys(prepared);
-        for m in &missing_keys {
-            reporter.line(&format!("Warning: {m}"));
-        }
-        reporter.dry_run_planned(&DryRunPlan {
-            estimate: &plan.estimate,
-            awaiting_review: awaiting,
-            missing_keys: &missing_keys,
-        });
+        dry_run_report(prepared, &plan, awaiting, reporter);
         return Ok(Started::Ended(RunEnd::DryRun));
     }
     if let Some(max) = opts.max_cost {
@@ -105,6 +96,19 @@ pub(crate) fn start_session(
     }
     reporter.line(&format!("Creating batch session: {id}"));
     Ok(Started::Session(id))
+}
+
+/// A dry run's missing keys, said, and its plan handed to the reporter.
+fn dry_run_keys(prepared: &Prepared, plan: &Plan, awaiting: u64, reporter: &dyn Reporter) {
+    let missing_keys = missing_keys(prepared);
+    for m in &missing_keys {
+        reporter.line(&format!("Warning: {m}"));
+    }
+    reporter.dry_run_planned(&DryRunPlan {
+        estimate: &plan.estimate,
+        awaiting_review: awaiting,
+        missing_keys: &missing_keys,
+    });
 }
 
 /// Each provider the job's stages use whose key variable is not set, said
@@ -203,7 +207,7 @@ fn new_stages(p: &Prepared) -> Vec<store::NewStage<'_>> {
         .collect()
 }
 
-fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
+fn dry_run_report(p: &Prepared, plan: &Plan, awaiting: u64, reporter: &dyn Reporter) {
     reporter.line("");
     let stages: Vec<String> = p
         .stages
@@ -247,4 +251,5 @@ fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
         }
         reporter.line("--------------");
     }
+    dry_run_keys(p, plan, awaiting, reporter);
 }

@@ -5,7 +5,32 @@ use crate::db::{Connection, params};
 
 use super::EachRow;
 use super::rows::stream_rows;
+use crate::Ledger;
 use crate::report::{Kind, ReportError};
+
+/// The ledger's read for `export --what attempts` (a part of
+/// [`super::Reports`]).
+pub trait AttemptReports {
+    /// Attempts (`report::ATTEMPT_COLUMNS`): a session's or every one, in
+    /// the order they were sent.
+    fn for_each_attempt(
+        &self,
+        session_id: Option<&str>,
+        kinds: &[Kind],
+        each: EachRow<'_>,
+    ) -> Result<u64, ReportError>;
+}
+
+impl AttemptReports for Ledger {
+    fn for_each_attempt(
+        &self,
+        session_id: Option<&str>,
+        kinds: &[Kind],
+        each: EachRow<'_>,
+    ) -> Result<u64, ReportError> {
+        for_each_attempt(self.conn(), session_id, kinds, each)
+    }
+}
 
 // The same SQL for SQLite and PostgreSQL: a plain join, no bare columns, and
 // REAL/double precision timestamps subtract alike.
@@ -19,7 +44,7 @@ const ATTEMPTS_SELECT: &str = "SELECT m.session_id, q.item_id, q.stage, m.reques
 
 /// The columns of `report::ATTEMPT_COLUMNS`: one session's attempts or
 /// every attempt, by send order.
-pub(super) fn for_each_attempt(
+fn for_each_attempt(
     conn: &Connection,
     session_id: Option<&str>,
     kinds: &[Kind],

@@ -17,6 +17,7 @@ mod sessions;
 use crate::report::{Cell, Kind, ReportError, SessionHead};
 use crate::{Ledger, LedgerError};
 
+pub use attempts::AttemptReports;
 pub use items::StageRow;
 
 /// Called with each row of a report, in order; an error stops the read.
@@ -29,7 +30,7 @@ pub type EachItem<'a> = &'a mut dyn FnMut(&[Cell], &[StageRow]) -> Result<(), Re
 /// columns its report names (the `report::*_COLUMNS` constants) as the
 /// `kinds` given, calls `each` with every row, and returns how many rows
 /// there were.
-pub trait Reports {
+pub trait Reports: AttemptReports {
     /// Whether the ledger has a session with this id.
     fn session_exists(&self, session_id: &str) -> Result<bool, LedgerError>;
 
@@ -74,15 +75,6 @@ pub trait Reports {
     /// Requests (`report::REQUEST_COLUMNS`): a session's in dispatch and
     /// stage order, or every request by id.
     fn for_each_request(
-        &self,
-        session_id: Option<&str>,
-        kinds: &[Kind],
-        each: EachRow<'_>,
-    ) -> Result<u64, ReportError>;
-
-    /// Attempts (`report::ATTEMPT_COLUMNS`): a session's or every one, in
-    /// the order they were sent.
-    fn for_each_attempt(
         &self,
         session_id: Option<&str>,
         kinds: &[Kind],
@@ -166,15 +158,6 @@ impl Reports for Ledger {
         each: EachRow<'_>,
     ) -> Result<u64, ReportError> {
         export::for_each_request(self.conn(), session_id, kinds, each)
-    }
-
-    fn for_each_attempt(
-        &self,
-        session_id: Option<&str>,
-        kinds: &[Kind],
-        each: EachRow<'_>,
-    ) -> Result<u64, ReportError> {
-        attempts::for_each_attempt(self.conn(), session_id, kinds, each)
     }
 
     fn session_config(&self, session_id: &str) -> Result<Option<String>, LedgerError> {
