@@ -24,10 +24,13 @@ pub const INIT: &str = "Examples:
 pub const IMPORT: &str = "Examples:
   docket import items.jsonl
   docket import chart_rows.csv --id-field chart_id
-  docket import dump.txt --format jsonl --strict   all rows or none";
+  docket import dump.txt --format jsonl --strict   all rows or none
+  docket import items.jsonl --output-format json   the summary as JSON";
 
 pub const RUN: &str = "Examples:
-  docket batch-adjudicate --dry-run                 counts, cost estimate, first prompt
+  docket batch-adjudicate --dry-run                 counts, cost estimate, first prompt (no key needed)
+  docket batch-adjudicate --dry-run --format json   the estimate as one JSON document
+  docket batch-adjudicate --yes --format json       progress on stderr, the summary as JSON
   docket batch-adjudicate --yes --max-cost 5        stop (resumable) before $5 is spent
   docket batch-adjudicate --headless --limit 100    line output, 100 items
   docket batch-adjudicate --resume batch_20261126_b7rj84";
@@ -51,20 +54,25 @@ pub const SESSIONS: &str = "Examples:
 pub const EXPORT: &str = "Examples:
   docket export > results.csv
   docket export --what decisions --format jsonl -o decisions.jsonl
-  docket export --what items --session batch_20261126_b7rj84 --format parquet -o items.parquet";
+  docket export --what items --session batch_20261126_b7rj84 --format parquet -o items.parquet
+  docket export --what attempts --session batch_20261126_b7rj84 -o attempts.csv   raw answers too";
 
 pub const PAUSE: &str = "Examples:
-  docket pause batch_20261126_b7rj84     (docket resume ID continues it)";
+  docket pause batch_20261126_b7rj84     (docket resume ID continues it)
+  docket pause batch_20261126_b7rj84 --format json";
 
 pub const RESUME: &str = "Examples:
   docket resume batch_20261126_b7rj84
+  docket resume batch_20261126_b7rj84 --format json
   (a session no process works on any more: docket batch-adjudicate --resume ID)";
 
 pub const CANCEL: &str = "Examples:
-  docket cancel batch_20261126_b7rj84";
+  docket cancel batch_20261126_b7rj84
+  docket cancel batch_20261126_b7rj84 --format json";
 
 pub const STOP_AT_STAGE: &str = "Examples:
-  docket stop-at-stage batch_20261126_b7rj84";
+  docket stop-at-stage batch_20261126_b7rj84
+  docket stop-at-stage batch_20261126_b7rj84 --format json";
 
 pub const LEDGER_COPY: &str = "Examples:
   PGPASSWORD=... docket ledger copy --to postgres://docket@db.internal/charts

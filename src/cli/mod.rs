@@ -128,6 +128,10 @@ pub enum Command {
         /// Force the format instead of guessing from the extension.
         #[arg(long, value_enum)]
         format: Option<ImportFormatArg>,
+        /// json: the summary as one JSON document on stdout (rows read,
+        /// imported, already present, bad rows with their line and reason).
+        #[arg(long = "output-format", value_enum, default_value_t = SummaryFormat::Table)]
+        output_format: SummaryFormat,
     },
     /// The workspace's items: `docket items rm` removes items nothing was sent for yet.
     Items {
@@ -167,7 +171,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = FormatArg::Table)]
         format: FormatArg,
     },
-    /// Export decisions, results, requests or a session's items as CSV, JSONL
+    /// Export decisions, results, requests, attempts or a session's items as CSV, JSONL
     /// or Parquet (stable snake_case columns; see the README's Exports).
     #[command(after_help = examples::EXPORT)]
     Export {
@@ -175,7 +179,8 @@ pub enum Command {
         #[arg(long)]
         session: Option<String>,
         /// items: one row per item of the session, every stage's parsed
-        /// output in its own `<stage>__<field>` column.
+        /// output in its own `<stage>__<field>` column. attempts: one row
+        /// per attempt, with the provider's raw answer text.
         #[arg(long, value_enum, default_value_t = ExportWhat::Results)]
         what: ExportWhat,
         /// parquet needs --output FILE.
@@ -190,24 +195,40 @@ pub enum Command {
     Pause {
         /// The session's id (`docket sessions` lists them).
         session: String,
+        /// json: one JSON document on stdout (stable keys; see the README's
+        /// Scripting), for scripts.
+        #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
+        format: SummaryFormat,
     },
     /// Ask a paused session to continue.
     #[command(after_help = examples::RESUME)]
     Resume {
         /// The session's id (`docket sessions` lists them).
         session: String,
+        /// json: one JSON document on stdout (stable keys; see the README's
+        /// Scripting), for scripts.
+        #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
+        format: SummaryFormat,
     },
     /// Ask a running session to stop; it stays resumable.
     #[command(after_help = examples::CANCEL)]
     Cancel {
         /// The session's id (`docket sessions` lists them).
         session: String,
+        /// json: one JSON document on stdout (stable keys; see the README's
+        /// Scripting), for scripts.
+        #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
+        format: SummaryFormat,
     },
     /// Ask a running session to finish its current stage, then stop.
     #[command(after_help = examples::STOP_AT_STAGE)]
     StopAtStage {
         /// The session's id (`docket sessions` lists them).
         session: String,
+        /// json: one JSON document on stdout (stable keys; see the README's
+        /// Scripting), for scripts.
+        #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
+        format: SummaryFormat,
     },
     /// The workspace's ledger itself: `copy` moves it between the SQLite
     /// file and a PostgreSQL database.
@@ -343,9 +364,14 @@ pub struct RunArgs {
     /// Max requests per minute (overrides the provider's requests_per_minute).
     #[arg(long, value_name = "N")]
     pub rate_limit: Option<u64>,
-    /// Show what would be done (counts, estimate, first prompt); send nothing.
+    /// Show what would be done (counts, estimate, first prompt); send
+    /// nothing. Needs no API key: a missing one is said as a warning.
     #[arg(long)]
     pub dry_run: bool,
+    /// json: the end-of-run summary (or the dry run's estimate) as one JSON
+    /// document on stdout; the progress lines go to standard error.
+    #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
+    pub format: SummaryFormat,
     /// Do not ask the providers for their models list first (by default a
     /// provider that cannot be reached, or refuses its key, stops the run
     /// before a session is created or an item touched).
@@ -456,6 +482,14 @@ pub enum ExportWhat {
     Results,
     Requests,
     Items,
+    Attempts,
+}
+
+/// How a command that does something says what it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SummaryFormat {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

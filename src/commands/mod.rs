@@ -19,6 +19,7 @@ mod reports;
 mod run;
 mod setup;
 mod signals;
+mod summary;
 
 pub const EXIT_USAGE: i32 = 2;
 
@@ -53,7 +54,8 @@ pub async fn run(cli: Cli) -> i32 {
             id_field,
             strict,
             format,
-        } => setup::import(&ws, &file, id_field, strict, format),
+            output_format,
+        } => setup::import(&ws, &file, id_field, strict, format, output_format),
         Command::Items {
             action: ItemsAction::Rm(args),
         } => items::rm(&ws, args),
@@ -74,10 +76,14 @@ pub async fn run(cli: Cli) -> i32 {
             format,
             output,
         } => reports::export(&ws, session, what, format, output),
-        Command::Pause { session } => control::control(&ws, &session, Some(Desired::Paused)),
-        Command::Resume { session } => control::control(&ws, &session, Some(Desired::Running)),
-        Command::Cancel { session } => control::cancel(&ws, &session).await,
-        Command::StopAtStage { session } => control::control(&ws, &session, None),
+        Command::Pause { session, format } => {
+            control::control(&ws, &session, Some(Desired::Paused), format)
+        }
+        Command::Resume { session, format } => {
+            control::control(&ws, &session, Some(Desired::Running), format)
+        }
+        Command::Cancel { session, format } => control::cancel(&ws, &session, format).await,
+        Command::StopAtStage { session, format } => control::control(&ws, &session, None, format),
         Command::Ledger {
             action: LedgerAction::Copy { to, from },
         } => tokio::task::block_in_place(|| ledger::ledger_copy(&ws, to, from)),
@@ -97,6 +103,14 @@ async fn mock_provider(port: u16, config: docket::mock::MockConfig) -> i32 {
             1
         }
     }
+}
+
+/// One JSON document on standard output, for `--format json`: exact to a
+/// file or a pipe, through the sanitizer on a terminal (like all data).
+fn print_json(doc: &serde_json::Value) {
+    let mut out = data_out();
+    let _ = writeln!(out, "{doc}");
+    let _ = out.flush();
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {

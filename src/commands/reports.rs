@@ -68,6 +68,7 @@ pub(super) fn export(
             ExportWhat::Results => report::ExportWhat::Results,
             ExportWhat::Requests => report::ExportWhat::Requests,
             ExportWhat::Items => report::ExportWhat::Items,
+            ExportWhat::Attempts => report::ExportWhat::Attempts,
         },
         format: match format {
             ExportFormat::Csv => report::ExportFormat::Csv,

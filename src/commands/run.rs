@@ -12,21 +12,47 @@ use docket::tui::app::Pane;
 
 use super::signals::{BatchQuestion, spawn_signal_handler};
 use super::{fail, say_error};
-use crate::cli::{ConsoleArgs, RunArgs};
+use crate::cli::{ConsoleArgs, RunArgs, SummaryFormat};
 
-/// Line output that remembers the session (for the Ctrl-C question).
+/// Line output that remembers the session (for the Ctrl-C question). With
+/// `--format json` the lines go to standard error (stdout holds the JSON
+/// document only) and a dry run's plan is kept for the document.
 struct NotingReporter {
     session: Arc<std::sync::Mutex<Option<String>>>,
+    json: Option<Arc<std::sync::Mutex<Option<serde_json::Value>>>>,
+}
+
+impl NotingReporter {
+    fn lines(session: Arc<std::sync::Mutex<Option<String>>>) -> Self {
+        NotingReporter {
+            session,
+            json: None,
+        }
+    }
 }
 
 impl engine::Reporter for NotingReporter {
     fn line(&self, text: &str) {
-        StdoutReporter.line(text)
+        if self.json.is_some() {
+            let text = docket::sanitize::lines_for_terminal(text);
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{text}");
+        } else {
+            StdoutReporter.line(text)
+        }
     }
 
     fn session_started(&self, session_id: &str) {
         if let Ok(mut s) = self.session.lock() {
             *s = Some(session_id.to_string());
+        }
+    }
+
+    fn dry_run_planned(&self, plan: &engine::DryRunPlan<'_>) {
+        if let Some(slot) = &self.json
+            && let Ok(mut s) = slot.lock()
+        {
+            *s = Some(super::summary::dry_run_json(plan));
         }
     }
 }
@@ -55,8 +81,9 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
         preflight: !args.no_preflight,
         mock: Some(docket::local_mock::starter()),
     };
+    let json = args.format == SummaryFormat::Json;
     if let Some(id) = &args.resume
-        && let Err(e) = same_config_as_the_session(&mut opts, id, args.accept_changes)
+        && let Err(e) = same_config_as_the_session(&mut opts, id, args.accept_changes, json)
     {
         return fail(e);
     }
@@ -80,13 +107,13 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
         spawn_signal_handler(&interrupts, question.clone());
     }
     let confirm_then_listen = move |_: &engine::Estimate| {
-        let go = if ask { confirm() } else { true };
+        let go = if ask { confirm(json) } else { true };
         if go {
             spawn_signal_handler(&listen, question);
         }
         go
     };
-    if tty && !args.headless && !args.dry_run {
+    if tty && !args.headless && !args.dry_run && !json {
         return super::console::run_with_console(
             opts,
             console,
@@ -96,17 +123,34 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
         )
         .await;
     }
-    let result = engine::run(
-        opts,
-        Arc::new(NotingReporter { session }),
-        confirm_then_listen,
-        interrupts,
-    )
-    .await;
+    let planned = json.then(|| Arc::new(std::sync::Mutex::new(None)));
+    let reporter = NotingReporter {
+        session,
+        json: planned.clone(),
+    };
+    let result = engine::run(opts, Arc::new(reporter), confirm_then_listen, interrupts).await;
+    say_the_end(result, planned)
+}
+
+/// The run's exit code; with `--format json` (`planned` is where a dry run
+/// left its plan) the JSON document is said first, an error's too.
+fn say_the_end(
+    result: Result<engine::RunReport, engine::EngineError>,
+    planned: Option<Arc<std::sync::Mutex<Option<serde_json::Value>>>>,
+) -> i32 {
     match result {
-        Ok(report) => report.exit_code(),
+        Ok(report) => {
+            if let Some(planned) = planned {
+                let plan = planned.lock().ok().and_then(|mut p| p.take());
+                super::print_json(&super::summary::run_json(&report, plan));
+            }
+            report.exit_code()
+        }
         Err(e) => {
             say_error(&e);
+            if planned.is_some() {
+                super::print_json(&super::summary::error_json(&e));
+            }
             e.exit_code()
         }
     }
@@ -127,7 +171,8 @@ pub(super) async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
         mock: Some(docket::local_mock::starter()),
         ..RunOptions::default()
     };
-    if let Err(e) = same_config_as_the_session(&mut opts, &args.session, args.accept_changes) {
+    if let Err(e) = same_config_as_the_session(&mut opts, &args.session, args.accept_changes, false)
+    {
         return fail(e);
     }
     let interrupts = Interrupts::default();
@@ -137,7 +182,7 @@ pub(super) async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
     let session = Arc::new(std::sync::Mutex::new(None));
     match engine::run(
         opts,
-        Arc::new(NotingReporter { session }),
+        Arc::new(NotingReporter::lines(session)),
         |_| true,
         interrupts,
     )
@@ -151,9 +196,14 @@ pub(super) async fn worker(ws: &Path, args: crate::cli::WorkerArgs) -> i32 {
     }
 }
 
-fn confirm() -> bool {
-    print!("\nContinue? [y/N]: ");
-    let _ = std::io::stdout().flush();
+/// Ask on stdout, or on standard error when stdout is for the JSON document.
+fn confirm(on_stderr: bool) -> bool {
+    if on_stderr {
+        eprint!("\nContinue? [y/N]: ");
+    } else {
+        print!("\nContinue? [y/N]: ");
+        let _ = std::io::stdout().flush();
+    }
     let mut line = String::new();
     if std::io::stdin().lock().read_line(&mut line).is_err() {
         return false;
@@ -173,6 +223,7 @@ fn same_config_as_the_session(
     opts: &mut RunOptions,
     session: &str,
     accept: bool,
+    note_on_stderr: bool,
 ) -> Result<(), String> {
     use docket::ledger::work::RunSessions;
     let Ok(now) = docket::config::LoadedConfig::load(&engine::config_path(&opts.workspace)) else {
@@ -208,13 +259,15 @@ fn same_config_as_the_session(
             list.join("; ")
         ));
     }
-    println!(
-        "{}",
-        docket::sanitize::for_terminal(&format!(
-            "Note: {file} changed since session {session} started (--accept-changes): {}.",
-            list.join("; ")
-        ))
-    );
+    let note = docket::sanitize::for_terminal(&format!(
+        "Note: {file} changed since session {session} started (--accept-changes): {}.",
+        list.join("; ")
+    ));
+    if note_on_stderr {
+        eprintln!("{note}");
+    } else {
+        println!("{note}");
+    }
     let routing = &now.config.routing;
     for c in &changes {
         match c.key.as_str() {

@@ -7,7 +7,7 @@ use docket::items;
 use docket::ledger::{LEDGER_FILE, Ledger, LedgerLocation};
 
 use super::{EXIT_USAGE, fail};
-use crate::cli::{ConsoleArgs, DemoArgs, ImportFormatArg, RunArgs};
+use crate::cli::{ConsoleArgs, DemoArgs, ImportFormatArg, RunArgs, SummaryFormat};
 
 pub(super) fn init(
     dir: &Path,
@@ -59,6 +59,7 @@ pub(super) fn import(
     id_field: String,
     strict: bool,
     format: Option<ImportFormatArg>,
+    output_format: SummaryFormat,
 ) -> i32 {
     // Outside a workspace an import would leave a stray ledger behind
     // (and nothing could run its items): refuse, creating nothing.
@@ -71,12 +72,13 @@ pub(super) fn import(
             ws.display()
         ));
     }
+    let mut template_warning = None;
     let check = match items::TemplateCheck::load(&config) {
         Ok(check) => Some(check),
         Err(e) => {
-            super::say_error(format!(
-                "warning: new rows not checked against the job's templates: {e}"
-            ));
+            let warning = format!("warning: new rows not checked against the job's templates: {e}");
+            super::say_error(&warning);
+            template_warning = Some(warning);
             None
         }
     };
@@ -94,7 +96,14 @@ pub(super) fn import(
     };
     match items::import_file_checked(&mut ledger, file, &opts, check.as_ref()) {
         Ok(r) => {
-            let _ = items::render_import_report(&r, &mut std::io::stdout().lock());
+            match output_format {
+                SummaryFormat::Table => {
+                    let _ = items::render_import_report(&r, &mut std::io::stdout().lock());
+                }
+                SummaryFormat::Json => {
+                    super::print_json(&import_json(&r, template_warning.as_deref()))
+                }
+            }
             if r.bad_count > 0 { EXIT_USAGE } else { 0 }
         }
         Err(e) => fail(e),
@@ -129,7 +138,14 @@ pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         "docket demo: workspace {} (built-in mock provider, no key, no network)",
         dir.display()
     );
-    let code = import(&dir, &items_path, "id".into(), false, None);
+    let code = import(
+        &dir,
+        &items_path,
+        "id".into(),
+        false,
+        None,
+        SummaryFormat::Table,
+    );
     if code != 0 {
         return code;
     }
@@ -139,6 +155,7 @@ pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         min_confidence: None,
         rate_limit: None,
         dry_run: false,
+        format: SummaryFormat::Table,
         no_preflight: false,
         resume: None,
         accept_changes: false,
@@ -160,4 +177,33 @@ pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         println!("Explore it: docket --workspace {} sessions", dir.display());
     }
     code
+}
+
+/// `docket import --output-format json`: the report with every detail it
+/// kept, file and line apart.
+fn import_json(r: &items::ImportReport, template_warning: Option<&str>) -> serde_json::Value {
+    let file = r.file.display().to_string();
+    serde_json::json!({
+        "file": file,
+        "committed": r.committed,
+        "rows_read": r.rows_read,
+        "imported": r.imported,
+        "already_present": r.already_present,
+        "differing": r.differing,
+        "differing_rows": r.differing_rows.iter()
+            .map(|(line, id)| serde_json::json!({"file": file, "line": line, "item_id": id}))
+            .collect::<Vec<_>>(),
+        "bad_count": r.bad_count,
+        "bad_rows": r.bad_rows.iter()
+            .map(|b| serde_json::json!({"file": file, "line": b.line, "reason": b.reason}))
+            .collect::<Vec<_>>(),
+        "templates_checked": template_warning.is_none(),
+        "template_warning": template_warning,
+        "unrenderable_count": r.unrenderable_count,
+        "unrenderable": r.unrenderable.iter()
+            .map(|u| serde_json::json!({
+                "file": file, "line": u.line, "item_id": u.item_id, "reason": u.reason,
+            }))
+            .collect::<Vec<_>>(),
+    })
 }

@@ -54,9 +54,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use batch_cancel::{BatchCancelError, BatchCancelReport, cancel_open_batches};
 pub use budget::Budget;
+pub use plan::RunDuration;
 pub use plan::{Estimate, Plan};
 pub use prepare::{config_path, prepare};
-pub use progress::{Reporter, StdoutReporter, format_summary};
+pub use progress::{DryRunPlan, Reporter, StdoutReporter, format_summary};
 pub use stats::{Stats, StatsSnapshot};
 
 use crate::gate::GateBuildError;

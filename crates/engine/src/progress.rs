@@ -20,6 +20,20 @@ pub trait Reporter: Send + Sync {
     /// The session this run works on is known (created, or resumed); called
     /// once, before anything is dispatched.
     fn session_started(&self, _session_id: &str) {}
+
+    /// A dry run planned and estimated this (after its lines were said):
+    /// for a caller that reports it another way (`--format json`).
+    fn dry_run_planned(&self, _plan: &DryRunPlan<'_>) {}
+}
+
+/// What a dry run found, beside its lines.
+pub struct DryRunPlan<'a> {
+    pub estimate: &'a crate::Estimate,
+    /// Items left out because they await review.
+    pub awaiting_review: u64,
+    /// One message per provider whose key variable is not set: a real run
+    /// would refuse to start.
+    pub missing_keys: &'a [String],
 }
 
 pub struct StdoutReporter;

@@ -219,8 +219,11 @@ fn load_stage(
     let response_schema = gate
         .response_schema()
         .map(|s| Arc::new((schema_name(&stage.name), s.clone())));
-    // A missing key stops the run here, before planning creates anything.
-    docket_providers::check_key(&stage.provider, &provider)?;
+    // A missing key stops the run here, before planning creates anything;
+    // a dry run sends nothing, so it goes on and names the key instead.
+    if !opts.dry_run {
+        docket_providers::check_key(&stage.provider, &provider)?;
+    }
     let (price, price_known) = price_of(&provider.model);
     let params = serde_json::json!({
         "max_tokens": stage.max_tokens.get_ref(),

@@ -4,8 +4,8 @@
 
 use crate::session_keys::key_fingerprints;
 use crate::{
-    EngineError, Estimate, Plan, Prepared, Reporter, RunEnd, RunOptions, new_session_id,
-    open_ledger, plan,
+    DryRunPlan, EngineError, Estimate, Plan, Prepared, Reporter, RunEnd, RunOptions,
+    new_session_id, open_ledger, plan,
 };
 use docket_ledger::store::{self};
 use docket_ledger::work::RunSessions;
@@ -51,7 +51,7 @@ pub(crate) fn start_session(
         reporter.line(&l);
     }
     if opts.dry_run {
-        dry_run_report(prepared, &plan, reporter);
+        dry_run_report(prepared, &plan, awaiting, reporter);
         return Ok(Started::Ended(RunEnd::DryRun));
     }
     if let Some(max) = opts.max_cost {
@@ -96,6 +96,38 @@ pub(crate) fn start_session(
     }
     reporter.line(&format!("Creating batch session: {id}"));
     Ok(Started::Session(id))
+}
+
+/// A dry run's missing keys, said, and its plan handed to the reporter.
+fn dry_run_keys(prepared: &Prepared, plan: &Plan, awaiting: u64, reporter: &dyn Reporter) {
+    let missing_keys = missing_keys(prepared);
+    for m in &missing_keys {
+        reporter.line(&format!("Warning: {m}"));
+    }
+    reporter.dry_run_planned(&DryRunPlan {
+        estimate: &plan.estimate,
+        awaiting_review: awaiting,
+        missing_keys: &missing_keys,
+    });
+}
+
+/// Each provider the job's stages use whose key variable is not set, said
+/// once per provider: a dry run goes on without it, a real run would not.
+fn missing_keys(p: &Prepared) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for stage in &p.config.config.stages {
+        if !seen.insert(stage.provider.clone()) {
+            continue;
+        }
+        let cfg = p.config.provider_for(stage);
+        if let Err(e) = docket_providers::check_key(&stage.provider, cfg) {
+            out.push(format!(
+                "{e}. Nothing was sent; a real run refuses to start without it."
+            ));
+        }
+    }
+    out
 }
 
 /// How many items the plan left out because they await review (none when
@@ -175,7 +207,7 @@ fn new_stages(p: &Prepared) -> Vec<store::NewStage<'_>> {
         .collect()
 }
 
-fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
+fn dry_run_report(p: &Prepared, plan: &Plan, awaiting: u64, reporter: &dyn Reporter) {
     reporter.line("");
     let stages: Vec<String> = p
         .stages
@@ -219,4 +251,5 @@ fn dry_run_report(p: &Prepared, plan: &Plan, reporter: &dyn Reporter) {
         }
         reporter.line("--------------");
     }
+    dry_run_keys(p, plan, awaiting, reporter);
 }

@@ -1,4 +1,4 @@
-//! `docket export [--session ID] [--what decisions|results|requests|items]
+//! `docket export [--session ID] [--what decisions|results|requests|items|attempts]
 //! [--format csv|jsonl|parquet] [--output FILE]`.
 //!
 //! Stable snake_case columns in a fixed order (the `*_COLUMNS` constants; for
@@ -12,6 +12,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::ReportError;
+use super::attempts::{ATTEMPT_COLUMNS, ATTEMPT_KINDS};
 use super::columns::{Cell, Kind, RecordWriter};
 use super::items::ItemTable;
 use super::parquet::ParquetWriter;
@@ -27,6 +28,8 @@ pub enum ExportWhat {
     Requests,
     /// One row per item of a session, every stage's output flattened.
     Items,
+    /// One row per attempt (send), with the provider's raw answer.
+    Attempts,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -147,6 +150,7 @@ enum Source {
     Decisions,
     Results,
     Requests,
+    Attempts,
     Items(ItemTable),
 }
 
@@ -165,6 +169,7 @@ fn plan(ledger: &dyn Reports, opts: &ExportOptions, workspace: &Path) -> Result<
         ExportWhat::Decisions => fixed(DECISION_COLUMNS, DECISION_KINDS, Source::Decisions),
         ExportWhat::Results => fixed(RESULT_COLUMNS, RESULT_KINDS, Source::Results),
         ExportWhat::Requests => fixed(REQUEST_COLUMNS, REQUEST_KINDS, Source::Requests),
+        ExportWhat::Attempts => fixed(ATTEMPT_COLUMNS, ATTEMPT_KINDS, Source::Attempts),
         ExportWhat::Items => {
             let Some(session) = &opts.session else {
                 return Err(ReportError::ItemsNeedSession);
@@ -190,6 +195,7 @@ impl Plan {
             (Source::Decisions, s) => ledger.for_each_decision(s, &self.kinds, each),
             (Source::Results, s) => ledger.for_each_result(s, &self.kinds, each),
             (Source::Requests, s) => ledger.for_each_request(s, &self.kinds, each),
+            (Source::Attempts, s) => ledger.for_each_attempt(s, &self.kinds, each),
             (Source::Items(t), Some(s)) => t.stream(ledger, s, each),
             (Source::Items(_), None) => Err(ReportError::ItemsNeedSession),
         }

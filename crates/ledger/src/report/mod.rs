@@ -6,6 +6,7 @@
 //! text that came from an item or a model is stripped of control characters
 //! before it reaches a terminal.
 
+mod attempts;
 mod columns;
 mod export;
 mod items;
@@ -19,6 +20,7 @@ use std::io;
 
 use crate::LedgerError;
 
+pub use attempts::ATTEMPT_COLUMNS;
 pub use columns::{Cell, Kind};
 pub use export::{
     DECISION_COLUMNS, ExportFormat, ExportOptions, ExportWhat, REQUEST_COLUMNS, export,

@@ -7,6 +7,7 @@
 //! `export` (decisions and requests) and `items` (one row per item with its
 //! stages); `rows` reads SQLite's loosely typed values as cells.
 
+mod attempts;
 mod export;
 mod items;
 mod results;
@@ -16,6 +17,7 @@ mod sessions;
 use crate::report::{Cell, Kind, ReportError, SessionHead};
 use crate::{Ledger, LedgerError};
 
+pub use attempts::AttemptReports;
 pub use items::StageRow;
 
 /// Called with each row of a report, in order; an error stops the read.
@@ -28,7 +30,7 @@ pub type EachItem<'a> = &'a mut dyn FnMut(&[Cell], &[StageRow]) -> Result<(), Re
 /// columns its report names (the `report::*_COLUMNS` constants) as the
 /// `kinds` given, calls `each` with every row, and returns how many rows
 /// there were.
-pub trait Reports {
+pub trait Reports: AttemptReports {
     /// Whether the ledger has a session with this id.
     fn session_exists(&self, session_id: &str) -> Result<bool, LedgerError>;
 
