@@ -2,10 +2,13 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 pub mod about;
 mod examples;
+mod values;
+
+pub use values::*;
 
 /// The exit codes, for `--help` (the README's list).
 const EXIT_CODES: &str = "Exit codes:
@@ -445,57 +448,6 @@ pub struct DemoArgs {
     /// Keep the previous demo ledger instead of starting fresh.
     #[arg(long)]
     pub keep: bool,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ExampleArg {
-    Critic,
-    JudgeGym,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ProviderArg {
-    Openai,
-    Anthropic,
-    Gemini,
-    Openrouter,
-    Ollama,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum FormatArg {
-    Table,
-    Csv,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ExportFormat {
-    Csv,
-    Jsonl,
-    Parquet,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ExportWhat {
-    Decisions,
-    Results,
-    Requests,
-    Items,
-    Attempts,
-}
-
-/// How a command that does something says what it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SummaryFormat {
-    Table,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ImportFormatArg {
-    Jsonl,
-    Csv,
 }
 
 #[cfg(test)]
