@@ -131,8 +131,7 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
     let max_output_tokens: u64 = stages.iter().map(|s| s.2).sum();
     let factor = stages[0].0.batch_price_factor;
     let several = stages.len() > 1;
-    let per_stage: Vec<StageEstimate> = stages.iter().map(|s| s.0.clone()).collect();
-    let duration = duration::run_duration(p, &per_stage, items);
+    let duration = duration::run_duration(p, stages.iter().map(|s| &s.0), items);
     Ok(Plan {
         item_ids: scan.all_ids,
         estimate: Estimate {

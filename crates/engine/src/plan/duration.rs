@@ -49,7 +49,11 @@ struct Load {
 
 /// The shortest duration for `items` items through `stages` (one estimate
 /// per stage of `p`, in order).
-pub(super) fn run_duration(p: &Prepared, stages: &[StageEstimate], items: u64) -> RunDuration {
+pub(super) fn run_duration<'a>(
+    p: &Prepared,
+    stages: impl Iterator<Item = &'a StageEstimate>,
+    items: u64,
+) -> RunDuration {
     let mut load: BTreeMap<&str, Load> = BTreeMap::new();
     for (st, est) in p.stages.iter().zip(stages) {
         if est.batch_price_factor.is_some() {
