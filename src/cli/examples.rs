@@ -21,6 +21,12 @@ pub const INIT: &str = "Examples:
   docket init myjob --provider openai   OpenAI instead of the mock (key in OPENAI_API_KEY)
   docket init --force                rewrite the scaffold files here";
 
+pub const DOCTOR: &str = "Examples:
+  docket doctor                      every check; exit 1 if one FAILed
+  docket doctor --offline            no request to the providers
+  docket doctor --format json | jq '.checks[] | select(.status != \"ok\")'
+  docket doctor --workspace ~/jobs/charts";
+
 pub const IMPORT: &str = "Examples:
   docket import items.jsonl
   docket import chart_rows.csv --id-field chart_id

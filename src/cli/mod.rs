@@ -13,6 +13,7 @@ pub use values::*;
 /// The exit codes, for `--help` (the README's list).
 const EXIT_CODES: &str = "Exit codes:
   0    done (a session completed with every item accepted, in review or rejected)
+  1    docket doctor found a problem (a FAIL line)
   2    bad usage, config or input (a bad import row included)
   3    stopped by a provider error that retrying cannot fix (credentials, quota),
        or a provider that failed the preflight
@@ -110,6 +111,21 @@ pub enum Command {
         /// its key is read from (the key itself is never written).
         #[arg(long, value_enum, value_name = "KIND")]
         provider: Option<ProviderArg>,
+    },
+    /// Check the workspace before a run: docket.toml, templates and schemas,
+    /// each provider's key and a cheap request to it, the ledger's integrity
+    /// and schema version, free disk space, and the terminal. One line per
+    /// check (ok, warn or FAIL), each warn and FAIL with its fix. Nothing is
+    /// written; exit 1 when a check FAILed.
+    #[command(after_help = examples::DOCTOR)]
+    Doctor {
+        /// json: one JSON document on stdout (`ok` and `checks`: name,
+        /// status ok/warn/fail, detail, fix).
+        #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
+        format: SummaryFormat,
+        /// Do not send the providers their cheap request (no network).
+        #[arg(long)]
+        offline: bool,
     },
     /// Load JSONL or CSV items as undecided (indeterminate) decisions.
     ///

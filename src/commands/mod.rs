@@ -1,6 +1,6 @@
 //! One function per command; each returns the process exit code. The
 //! commands live in groups: the ledger's opening and copying (`ledger`),
-//! setting a workspace up (`setup`), removing items (`items`), reading results out (`reports`),
+//! setting a workspace up (`setup`), checking one (`doctor`), removing items (`items`), reading results out (`reports`),
 //! steering a session (`control`) and running one (`run`, `signals`).
 
 use std::io::{IsTerminal, Write};
@@ -13,6 +13,7 @@ use crate::cli::{Cli, Command, ItemsAction, LedgerAction};
 mod console;
 mod control;
 mod docs;
+mod doctor;
 mod items;
 mod ledger;
 mod reports;
@@ -49,6 +50,7 @@ pub async fn run(cli: Cli) -> i32 {
             example,
             provider,
         } => setup::init(dir.as_deref().unwrap_or(&ws), force, example, provider),
+        Command::Doctor { format, offline } => doctor::doctor(&ws, format, offline).await,
         Command::Import {
             file,
             id_field,

@@ -17,8 +17,11 @@ use super::reach_probe::set_state;
 use docket_ledger::LedgerLocation;
 
 /// Free space under which nothing new is sent, unless
-/// `DOCKET_MIN_FREE_MB` says otherwise.
+/// [`MIN_FREE_ENV`] says otherwise.
 const MIN_FREE_MB: u64 = 64;
+/// The environment variable setting the guard's floor in MB (also
+/// `docket doctor`'s, so the two agree).
+pub const MIN_FREE_ENV: &str = "DOCKET_MIN_FREE_MB";
 /// How long sending is held for a disk that stays almost full.
 const HOLD_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
@@ -36,22 +39,9 @@ pub(super) struct DiskGuard {
 
 impl DiskGuard {
     pub(super) fn new(ledger: &LedgerLocation) -> DiskGuard {
-        let dir = match ledger {
-            LedgerLocation::File(path) => Some(
-                path.parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| PathBuf::from(".")),
-            ),
-            LedgerLocation::Postgres(_) => None,
-        };
-        let min_free_mb = std::env::var("DOCKET_MIN_FREE_MB")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(MIN_FREE_MB);
         DiskGuard {
-            dir,
-            min_free: min_free_mb.saturating_mul(1024 * 1024),
+            dir: ledger_dir(ledger),
+            min_free: min_free_bytes(),
             held: None,
             full_said: false,
             busy_said: false,
@@ -70,9 +60,7 @@ impl DiskGuard {
             .as_deref()
             .map(|d| d.display().to_string())
             .unwrap_or_default();
-        // Room again: the floor and as much again, or a tenth of a disk
-        // too small for that.
-        let room = self.min_free.saturating_add(self.min_free.min(size / 10));
+        let room = resume_room(self.min_free, size);
         match self.held {
             None if free < self.min_free => {
                 self.held = Some(std::time::Instant::now());
@@ -186,13 +174,43 @@ impl DiskGuard {
     }
 }
 
+/// The folder whose disk the guard watches: the SQLite ledger's; None on
+/// PostgreSQL (its server's disk).
+pub fn ledger_dir(ledger: &LedgerLocation) -> Option<PathBuf> {
+    match ledger {
+        LedgerLocation::File(path) => Some(
+            path.parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(".")),
+        ),
+        LedgerLocation::Postgres(_) => None,
+    }
+}
+
+/// The free bytes under which nothing new is sent: [`MIN_FREE_ENV`] MB
+/// when set to a whole number, else 64 MB.
+pub fn min_free_bytes() -> u64 {
+    let min_free_mb = std::env::var(MIN_FREE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(MIN_FREE_MB);
+    min_free_mb.saturating_mul(1024 * 1024)
+}
+
+/// The free bytes at which a held run sends again: the floor and as much
+/// again, or a tenth of a disk too small for that.
+pub fn resume_room(min_free: u64, size: u64) -> u64 {
+    min_free.saturating_add(min_free.min(size / 10))
+}
+
 fn mb(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// Bytes an unprivileged process may still write under `dir`, and the
 /// filesystem's size.
-fn space(dir: &std::path::Path) -> Option<(u64, u64)> {
+pub fn space(dir: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs fills the zeroed struct we own; `c` outlives the call.

@@ -24,6 +24,10 @@ mod ctx;
 mod deadline;
 mod delivery;
 mod disk_guard;
+/// The ledger disk's floor and free space, as the run's guard reads them.
+pub mod disk {
+    pub use super::disk_guard::{MIN_FREE_ENV, ledger_dir, min_free_bytes, resume_room, space};
+}
 mod dispatch;
 mod feed;
 pub mod gate;

@@ -22,6 +22,7 @@ pub mod control;
 pub mod copy;
 pub mod db;
 mod handle;
+pub mod health;
 pub mod import;
 pub mod items;
 pub mod location;
