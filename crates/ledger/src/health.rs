@@ -26,6 +26,11 @@ impl Health {
     pub fn is_older(&self) -> bool {
         self.version < self.known
     }
+
+    /// A PostgreSQL database without a docket ledger in it yet.
+    pub fn is_empty(&self) -> bool {
+        self.version == 0
+    }
 }
 
 /// The schema version this build of docket writes.
@@ -37,8 +42,9 @@ pub fn known_version() -> i64 {
 /// there is the caller's case: it is created on first import). A damaged
 /// file is `LedgerError::Damaged` (with the hints to restore it), a file
 /// that is not a docket ledger `Corrupt`, a server that cannot be reached
-/// or holds no ledger `Postgres`; a version newer than this build's is a
-/// `Health` the caller judges (`is_newer`).
+/// `Postgres`. A database with no ledger in it yet is version 0, and a
+/// version newer than this build's a `Health` the caller judges
+/// (`is_newer`).
 pub fn check(at: &LedgerLocation) -> Result<Health, LedgerError> {
     match at {
         LedgerLocation::File(path) => {
@@ -65,8 +71,13 @@ fn postgres_health(url: &PgUrl) -> Result<Health, LedgerError> {
             .query_one("SELECT to_regclass('docket_schema') IS NOT NULL", &[])
             .map_err(|e| url.db_error(&e))?
             .get(0);
+        // A database docket has not written yet: the first import or run
+        // makes the ledger in it, as in a SQLite file not there yet.
         if !has_schema {
-            return Err(url.error("it holds no docket ledger (no docket_schema table)"));
+            return Ok(Health {
+                version: 0,
+                known: known_version(),
+            });
         }
         let version: i64 = client
             .query_opt("SELECT version FROM docket_schema", &[])

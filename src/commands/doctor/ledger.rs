@@ -54,7 +54,12 @@ pub(super) fn check(ws: &Path, out: &mut Vec<Check>) -> Option<LedgerLocation> {
 
 fn schema(location: &LedgerLocation, health: &docket::ledger::health::Health) -> Check {
     let (found, known) = (health.version, health.known);
-    if health.is_newer() {
+    if health.is_empty() {
+        Check::ok(
+            "ledger.schema",
+            "no docket ledger in it yet (created on first import)",
+        )
+    } else if health.is_newer() {
         Check::fail(
             "ledger.schema",
             format!(
@@ -95,5 +100,10 @@ fn failed(location: &LedgerLocation, e: LedgerError) -> Check {
             path.display()
         ),
     };
-    Check::fail("ledger", e.to_string(), fix)
+    // The error's own hints are the fix line's: the detail keeps the finding.
+    let detail = match &e {
+        LedgerError::Damaged { path, detail } => format!("{path} is damaged: {detail}"),
+        _ => e.to_string(),
+    };
+    Check::fail("ledger", detail, fix)
 }

@@ -71,7 +71,11 @@ impl Check {
         }
     }
 
-    pub fn warn(name: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+    pub fn warn(
+        name: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
         Check {
             name: name.into(),
             status: Status::Warn,
@@ -80,7 +84,11 @@ impl Check {
         }
     }
 
-    pub fn fail(name: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+    pub fn fail(
+        name: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
         Check {
             name: name.into(),
             status: Status::Fail,
@@ -98,10 +106,7 @@ pub(super) async fn doctor(ws: &Path, format: SummaryFormat, offline: bool) -> i
         Some(prepared) => {
             checks.extend(providers::keys(prepared));
             if offline {
-                checks.push(Check::ok(
-                    "providers.reach",
-                    "not asked (--offline)",
-                ));
+                checks.push(Check::ok("providers.reach", "not asked (--offline)"));
             } else {
                 checks.extend(providers::reach(prepared).await);
             }
@@ -142,26 +147,42 @@ fn print(checks: &[Check], format: SummaryFormat) {
         super::print_json(&json!({ "ok": ok, "checks": list }));
         return;
     }
+    print_table(checks);
+}
+
+/// The table: a line per check, an indented `fix:` line under each warn
+/// and FAIL, and a last line counting them. A closed pipe (`| head`)
+/// ends the output quietly.
+fn print_table(checks: &[Check]) {
+    use std::io::Write;
     let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
     // Details quote files, URLs and providers' answers: made safe for a
     // terminal, a line each.
     let safe = |s: &str| docket::sanitize::for_terminal(&s.replace('\n', " "));
+    let mut out = std::io::stdout().lock();
     for c in checks {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<4}  {:<width$}  {}",
             c.status.word(),
             c.name,
             safe(&c.detail)
         );
         if let Some(fix) = &c.fix {
-            println!("{:<4}  {:<width$}  fix: {}", "", "", safe(fix));
+            let _ = writeln!(out, "{:<4}  {:<width$}  fix: {}", "", "", safe(fix));
         }
     }
     let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
     let warned = checks.iter().filter(|c| c.status == Status::Warn).count();
-    println!(
+    let _ = writeln!(
+        out,
         "{}: {failed} failed, {warned} warning(s), {} ok",
-        if ok { "healthy" } else { "not healthy" },
+        if failed == 0 {
+            "healthy"
+        } else {
+            "not healthy"
+        },
         checks.len() - failed - warned
     );
+    let _ = out.flush();
 }

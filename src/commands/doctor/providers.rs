@@ -73,7 +73,11 @@ pub(super) async fn reach(prepared: &Prepared) -> Vec<Check> {
             Ok(one) => done.push(one),
             Err(e) => done.push((
                 usize::MAX,
-                Check::fail("provider.reach", format!("the check itself failed: {e}"), "report this as a bug in docket"),
+                Check::fail(
+                    "provider.reach",
+                    format!("the check itself failed: {e}"),
+                    "report this as a bug in docket",
+                ),
             )),
         }
     }

@@ -12,7 +12,12 @@ use super::Check;
 
 pub(super) fn checks() -> Vec<Check> {
     let tty = std::io::stdout().is_terminal();
-    vec![tty_check(tty), size_check(tty), colour_check(), utf8_check()]
+    vec![
+        tty_check(tty),
+        size_check(tty),
+        colour_check(),
+        utf8_check(),
+    ]
 }
 
 fn tty_check(tty: bool) -> Check {
@@ -96,7 +101,10 @@ fn colour_check() -> Check {
     let colorterm = env("COLORTERM")
         .map(|c| format!(", COLORTERM={c}"))
         .unwrap_or_default();
-    Check::ok("terminal.colour", format!("TERM={term}{colorterm}: {depth}"))
+    Check::ok(
+        "terminal.colour",
+        format!("TERM={term}{colorterm}: {depth}"),
+    )
 }
 
 fn utf8_check() -> Check {
@@ -112,7 +120,9 @@ fn utf8_check() -> Check {
             } else {
                 Check::warn(
                     "terminal.utf8",
-                    format!("{name}={value}: not UTF-8, the console's lines and glyphs may show as garbage"),
+                    format!(
+                        "{name}={value}: not UTF-8, the console's lines and glyphs may show as garbage"
+                    ),
                     fix,
                 )
             }

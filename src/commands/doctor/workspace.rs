@@ -87,9 +87,9 @@ fn failed(cfg_path: &Path, e: EngineError) -> Vec<Check> {
         EngineError::Config(ConfigError::Invalid {
             path, line, key, ..
         }) => Some(format!("correct `{key}` at {path}:{line}")),
-        EngineError::Config(ConfigError::ParseAt { path, line, .. }) => {
-            Some(format!("correct the TOML at {path}:{line}"))
-        }
+        EngineError::Config(ConfigError::ParseAt {
+            path, line, text, ..
+        }) => Some(format!("correct `{text}` at {path}:{line}")),
         EngineError::Config(ConfigError::Parse { path, .. }) => {
             Some(format!("correct {path} as the message says"))
         }
