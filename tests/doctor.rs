@@ -430,3 +430,44 @@ async fn a_postgresql_ledger_is_checked_without_showing_its_password() {
     assert!(fix.contains("PGPASSWORD"), "{fix}");
     assert!(!said(&out).contains("not-the-password"), "{}", said(&out));
 }
+
+/// In a real terminal (tmux): standard output is one, and its size is held
+/// against the console's minimum (80x24).
+#[test]
+fn in_a_terminal_its_size_is_held_against_the_consoles_minimum() {
+    use support::tmux::{Pane, env_line, sh_quote};
+    let ws = workspace(&Job::new("http://127.0.0.1:9/v1"));
+    let home = ws.path().join(".home");
+    let cmd = format!(
+        "{} {} --workspace {} doctor --offline",
+        env_line([
+            ("LANG", "C.UTF-8"),
+            ("TERM", "xterm-256color"),
+            ("HOME", &home.to_string_lossy()),
+            ("XDG_STATE_HOME", &home.join("state").to_string_lossy()),
+        ]),
+        sh_quote(support::procs::bin()),
+        sh_quote(&ws.path().to_string_lossy()),
+    );
+    let line_of = |text: &str, name: &str| -> String {
+        text.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line in:\n{text}"))
+            .to_string()
+    };
+    let wait = std::time::Duration::from_secs(30);
+    let big = Pane::start("doctor-big", &cmd, 120, 30);
+    let (code, text) = big.wait_exit(wait);
+    assert_eq!(code, 0, "{text}");
+    assert!(line_of(&text, "terminal.tty").starts_with("ok"), "{text}");
+    let size = line_of(&text, "terminal.size");
+    assert!(size.starts_with("ok") && size.contains("120x"), "{text}");
+    let small = Pane::start("doctor-small", &cmd, 100, 20);
+    let (code, text) = small.wait_exit(wait);
+    assert_eq!(code, 0, "{text}");
+    let size = line_of(&text, "terminal.size");
+    assert!(
+        size.starts_with("warn") && size.contains("under the console's 80x24"),
+        "{text}"
+    );
+}
