@@ -48,7 +48,14 @@ pub fn known_version() -> i64 {
 pub fn check(at: &LedgerLocation) -> Result<Health, LedgerError> {
     match at {
         LedgerLocation::File(path) => {
-            let conn = super::open_read_only(path)?;
+            let conn = match super::open_read_only(path) {
+                Ok(conn) => conn,
+                // A place this user cannot write (SQLite cannot make the
+                // WAL's -shm there): read the file as immutable instead,
+                // as the read-only commands do.
+                Err(LedgerError::Open { .. }) => super::open_immutable(path)?,
+                Err(e) => return Err(e),
+            };
             super::quick_check(&conn, path)?;
             let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
             Ok(Health {
@@ -91,4 +98,41 @@ fn postgres_health(url: &PgUrl) -> Result<Health, LedgerError> {
         }
         Ok(Health { version, known })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ledger just made is current; one stamped newer is judged newer,
+    /// and the check changes nothing in it; garbage is Damaged.
+    #[test]
+    fn the_check_reads_the_version_and_finds_damage_without_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docket.sqlite");
+        drop(crate::open(&path).unwrap());
+        let at = LedgerLocation::File(path.clone());
+        let health = check(&at).unwrap();
+        assert_eq!(health.version, known_version());
+        assert!(!health.is_newer() && !health.is_older() && !health.is_empty());
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.pragma_update(None, "user_version", known_version() + 1)
+            .unwrap();
+        drop(conn);
+        assert!(check(&at).unwrap().is_newer());
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let still: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(still, known_version() + 1, "the check migrated it");
+        drop(conn);
+        std::fs::write(&path, b"not a database ".repeat(500)).unwrap();
+        let _ = std::fs::remove_file(dir.path().join("docket.sqlite-wal"));
+        let _ = std::fs::remove_file(dir.path().join("docket.sqlite-shm"));
+        assert!(
+            matches!(check(&at), Err(LedgerError::Damaged { .. })),
+            "{:?}",
+            check(&at)
+        );
+    }
 }
