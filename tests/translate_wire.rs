@@ -237,3 +237,27 @@ async fn a_gemini_model_name_goes_in_the_url_without_its_prefix() {
     let g = via_gemini(&server, &chat).await;
     check_completion(&g, "gemini-2.5-flash");
 }
+
+#[tokio::test]
+async fn a_tool_round_is_accepted_by_both_providers() {
+    let server = start().await;
+    let weather = json!({"type": "function", "function": {"name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    let chat = json!({"model": "gpt-4o-mini", "tools": [weather], "tool_choice": "auto",
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+            {"role": "user", "content": "Umbrella, then?"}]});
+    let (text, finish) = check_completion(&via_anthropic(&server, &chat).await, "gpt-4o-mini");
+    assert!(
+        !text.is_empty() && finish == "stop",
+        "anthropic: {finish} {text}"
+    );
+    let (text, finish) = check_completion(&via_gemini(&server, &chat).await, "gpt-4o-mini");
+    assert!(
+        !text.is_empty() && finish == "stop",
+        "gemini: {finish} {text}"
+    );
+}

@@ -21,7 +21,7 @@
 
 use serde_json::{Value, json};
 
-use super::chat::{self, Chat, Format, Image, Part, Role};
+use super::chat::{self, Chat, Format, Image, Part, Role, ToolChoice};
 use super::{TranslateError, invalid, kind, unsupported};
 
 /// `max_tokens` when the chat body sets neither `max_tokens` nor
@@ -59,10 +59,44 @@ pub fn chat_to_anthropic(body: &Value) -> Result<Value, TranslateError> {
     if !chat.stop.is_empty() {
         out["stop_sequences"] = json!(chat.stop);
     }
+    add_tools(&chat, &mut out);
     if let Format::JsonSchema(schema) = &chat.format {
         out["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}});
     }
     Ok(out)
+}
+
+/// `tools` (`input_schema` is the parameters' schema; a tool without one
+/// takes an empty object) and `tool_choice` (`required` is Anthropic's
+/// `any`); neither is sent without tools.
+fn add_tools(chat: &Chat, out: &mut Value) {
+    if chat.tools.is_empty() {
+        return;
+    }
+    let tools: Vec<Value> = chat
+        .tools
+        .iter()
+        .map(|t| {
+            let schema = t
+                .parameters
+                .clone()
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+            let mut v = json!({"name": t.name, "input_schema": schema});
+            if let Some(d) = &t.description {
+                v["description"] = json!(d);
+            }
+            v
+        })
+        .collect();
+    out["tools"] = Value::Array(tools);
+    if let Some(choice) = &chat.tool_choice {
+        out["tool_choice"] = match choice {
+            ToolChoice::None => json!({"type": "none"}),
+            ToolChoice::Auto => json!({"type": "auto"}),
+            ToolChoice::Required => json!({"type": "any"}),
+            ToolChoice::Named(name) => json!({"type": "tool", "name": name}),
+        };
+    }
 }
 
 /// What Anthropic has no way to say.
@@ -120,6 +154,12 @@ fn block(part: &Part) -> Result<Value, TranslateError> {
         }
         Part::Image(Image::Url(url), _) => {
             Ok(json!({"type": "image", "source": {"type": "url", "url": url}}))
+        }
+        Part::ToolCall { id, name, args } => {
+            Ok(json!({"type": "tool_use", "id": id, "name": name, "input": args}))
+        }
+        Part::ToolResult { id, content, .. } => {
+            Ok(json!({"type": "tool_result", "tool_use_id": id, "content": content}))
         }
     }
 }

@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use super::messages::read_messages;
 pub(crate) use super::messages::{Image, Part, Role, Turn};
+pub(crate) use super::tools::{Tool, ToolChoice};
 use super::{TranslateError, invalid, kind, unsupported};
 
 /// Fields that only mean something to OpenAI: dropped, whatever their value
@@ -29,10 +30,14 @@ pub(crate) const DROPPED: &[&str] = &[
 /// Valid chat fields that ask for something neither translation gives:
 /// refused as Unsupported unless `harmless` says their value asks for nothing.
 const REFUSED: &[(&str, &str)] = &[
-    ("tools", "tool (function) calling is not translated"),
-    ("tool_choice", "tool (function) calling is not translated"),
-    ("functions", "function calling is not translated"),
-    ("function_call", "function calling is not translated"),
+    (
+        "functions",
+        "the deprecated function calling is not translated (use tools)",
+    ),
+    (
+        "function_call",
+        "the deprecated function calling is not translated (use tool_choice)",
+    ),
     ("logprobs", "log probabilities are not translated"),
     ("top_logprobs", "log probabilities are not translated"),
     ("logit_bias", "neither Anthropic nor Gemini has logit_bias"),
@@ -59,6 +64,8 @@ const TRANSLATED: &[&str] = &[
     "stream",
     "presence_penalty",
     "frequency_penalty",
+    "tools",
+    "tool_choice",
 ];
 
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +90,8 @@ pub(crate) struct Chat {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub format: Format,
+    pub tools: Vec<Tool>,
+    pub tool_choice: Option<ToolChoice>,
 }
 
 /// Read a chat-completions request body.
@@ -112,6 +121,7 @@ pub(crate) fn read(body: &Value) -> Result<Chat, TranslateError> {
         return Err(invalid("stream", format!("a boolean, not {}", kind(v))));
     }
     check_n(obj)?;
+    let tools = super::tools::read_tools(present(obj, "tools"))?;
     let max_tokens = match present(obj, "max_completion_tokens") {
         Some(_) => positive(obj, "max_completion_tokens")?,
         None => positive(obj, "max_tokens")?,
@@ -128,6 +138,8 @@ pub(crate) fn read(body: &Value) -> Result<Chat, TranslateError> {
         presence_penalty: number(obj, "presence_penalty", -2.0, 2.0)?,
         frequency_penalty: number(obj, "frequency_penalty", -2.0, 2.0)?,
         format: format(obj)?,
+        tool_choice: super::tools::read_choice(present(obj, "tool_choice"), &tools)?,
+        tools,
     })
 }
 
@@ -159,16 +171,16 @@ fn check_fields(obj: &Map<String, Value>) -> Result<(), TranslateError> {
 }
 
 /// A refused field's value that asks for nothing (`logprobs: false`, an
-/// empty `logit_bias`, `modalities: ["text"]`, no tools, `tool_choice: "none"`).
+/// empty `logit_bias`, `modalities: ["text"]`, no `functions`, `function_call: "none"`).
 fn harmless(key: &str, value: &Value) -> bool {
     match key {
         "logprobs" => value == &Value::Bool(false),
-        "logit_bias" | "tools" | "functions" => {
+        "logit_bias" | "functions" => {
             value.as_object().is_some_and(Map::is_empty)
                 || value.as_array().is_some_and(Vec::is_empty)
         }
         "modalities" => value == &serde_json::json!(["text"]),
-        "tool_choice" | "function_call" => value.as_str() == Some("none"),
+        "function_call" => value.as_str() == Some("none"),
         _ => false,
     }
 }

@@ -19,7 +19,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::chat::{self, Chat, Format, Image, Part, Role};
+use super::chat::{self, Chat, Format, Image, Part, Role, ToolChoice};
 use super::{TranslateError, invalid, kind, unsupported};
 
 /// The Gemini request for a chat body: the model (`models/...` prefix stripped) goes in the URL.
@@ -42,11 +42,45 @@ pub fn chat_to_gemini(body: &Value) -> Result<GeminiRequest, TranslateError> {
         let parts: Vec<Value> = chat.system.iter().map(|t| json!({"text": t})).collect();
         out["systemInstruction"] = json!({"parts": parts});
     }
+    add_tools(&chat, &mut out);
     let config = generation_config(&chat);
     if !config.is_empty() {
         out["generationConfig"] = Value::Object(config);
     }
     Ok(GeminiRequest { model, body: out })
+}
+
+/// `tools` as one `functionDeclarations` list (the schema in
+/// `parametersJsonSchema`, the JSON Schema variant of `parameters`) and
+/// `tool_choice` as `toolConfig.functionCallingConfig` (`required` is `ANY`;
+/// a named tool is `ANY` limited by `allowedFunctionNames`).
+fn add_tools(chat: &Chat, out: &mut Value) {
+    if chat.tools.is_empty() {
+        return;
+    }
+    let declarations: Vec<Value> = chat
+        .tools
+        .iter()
+        .map(|t| {
+            let mut d = json!({"name": t.name});
+            if let Some(desc) = &t.description {
+                d["description"] = json!(desc);
+            }
+            if let Some(p) = &t.parameters {
+                d["parametersJsonSchema"] = p.clone();
+            }
+            d
+        })
+        .collect();
+    out["tools"] = json!([{"functionDeclarations": declarations}]);
+    let config = match &chat.tool_choice {
+        None => return,
+        Some(ToolChoice::None) => json!({"mode": "NONE"}),
+        Some(ToolChoice::Auto) => json!({"mode": "AUTO"}),
+        Some(ToolChoice::Required) => json!({"mode": "ANY"}),
+        Some(ToolChoice::Named(name)) => json!({"mode": "ANY", "allowedFunctionNames": [name]}),
+    };
+    out["toolConfig"] = json!({"functionCallingConfig": config});
 }
 
 fn generation_config(chat: &Chat) -> Map<String, Value> {
@@ -107,6 +141,13 @@ fn part(part: &Part) -> Result<Value, TranslateError> {
         Part::Text(t) => Ok(json!({"text": t})),
         Part::Image(Image::Data { media_type, data }, _) => {
             Ok(json!({"inlineData": {"mimeType": media_type, "data": data}}))
+        }
+        Part::ToolCall { name, args, .. } => {
+            Ok(json!({"functionCall": {"name": name, "args": args}}))
+        }
+        // `output` is the key Gemini reads a function's output from.
+        Part::ToolResult { name, content, .. } => {
+            Ok(json!({"functionResponse": {"name": name, "response": {"output": content}}}))
         }
         Part::Image(Image::Url(_), at) => Err(unsupported(
             format!("{at}.image_url.url"),

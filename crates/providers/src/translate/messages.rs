@@ -1,9 +1,13 @@
 //! The messages of a chat-completions body: system and developer texts
 //! hoisted out in order, user and assistant turns with their text and image
-//! parts, same-role neighbours merged. Part of `chat`'s reading.
+//! parts (and tool calls and results, read by `tools`), same-role
+//! neighbours merged. Part of `chat`'s reading.
+
+use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use super::tools;
 use super::{TranslateError, invalid, kind, unsupported};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +29,18 @@ pub(crate) enum Part {
     Text(String),
     /// The image and the path of its content part (for the target's errors).
     Image(Image, String),
+    /// An assistant's call of a tool: the call id, the tool, its arguments (an object).
+    ToolCall {
+        id: String,
+        name: String,
+        args: Value,
+    },
+    /// A tool's answer to the call `id` of the tool `name` (in a user turn).
+    ToolResult {
+        id: String,
+        name: String,
+        content: String,
+    },
 }
 
 /// One user or assistant turn, same-role neighbours already merged.
@@ -48,6 +64,8 @@ pub(crate) fn read_messages(
     };
     let mut system = Vec::new();
     let mut turns: Vec<Turn> = Vec::new();
+    // The tool of each call id, for the tool messages that answer it.
+    let mut names = HashMap::new();
     for (i, m) in list.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Some(m) = m.as_object() else {
@@ -62,16 +80,25 @@ pub(crate) fn read_messages(
         };
         match role {
             "system" | "developer" => system.extend(texts(m, &at)?),
-            "user" => push(&mut turns, Role::User, content(m, &at, Role::User)?),
-            "assistant" => push(
+            "user" => push(&mut turns, Role::User, content(m, &at, Role::User, false)?),
+            "assistant" => {
+                let mut parts = match m.get("tool_calls") {
+                    Some(calls) if !calls.is_null() => tools::read_calls(calls, &at, &mut names)?,
+                    _ => Vec::new(),
+                };
+                let has_calls = !parts.is_empty();
+                parts.splice(0..0, content(m, &at, Role::Assistant, has_calls)?);
+                push(&mut turns, Role::Assistant, parts)
+            }
+            "tool" => push(
                 &mut turns,
-                Role::Assistant,
-                content(m, &at, Role::Assistant)?,
+                Role::User,
+                vec![tools::read_result(m, &at, &names)?],
             ),
-            "tool" | "function" => {
+            "function" => {
                 return Err(unsupported(
                     format!("{at}.role"),
-                    format!("\"{role}\" messages: tool (function) calling is not translated"),
+                    "\"function\" messages (the deprecated function calling) are not translated",
                 ));
             }
             other => {
@@ -111,13 +138,12 @@ fn check_message_keys(
         match key.as_str() {
             "role" | "content" | "name" => {}
             "refusal" if role == Some(Role::Assistant) => {}
-            "tool_calls" | "function_call" if role == Some(Role::Assistant) => {
-                if !value.is_null() && !value.as_array().is_some_and(Vec::is_empty) {
-                    return Err(unsupported(
-                        format!("{at}.{key}"),
-                        "tool (function) calling is not translated",
-                    ));
-                }
+            "tool_calls" if role == Some(Role::Assistant) => {}
+            "function_call" if role == Some(Role::Assistant) && !value.is_null() => {
+                return Err(unsupported(
+                    format!("{at}.function_call"),
+                    "the deprecated function calling is not translated",
+                ));
             }
             "audio" if role == Some(Role::Assistant) && !value.is_null() => {
                 return Err(unsupported(
@@ -177,10 +203,17 @@ fn text_part(p: &Value, at: &str) -> Result<Part, TranslateError> {
     }
 }
 
-/// A user or assistant message's parts (empty texts left out).
-fn content(m: &Map<String, Value>, at: &str, role: Role) -> Result<Vec<Part>, TranslateError> {
+/// A user or assistant message's parts (empty texts left out); an
+/// assistant message that calls tools may have no content.
+fn content(
+    m: &Map<String, Value>,
+    at: &str,
+    role: Role,
+    has_calls: bool,
+) -> Result<Vec<Part>, TranslateError> {
     check_message_keys(m, at, Some(role))?;
     let parts = match m.get("content") {
+        None | Some(Value::Null) if has_calls => Vec::new(),
         Some(Value::String(s)) => vec![Part::Text(s.clone())],
         Some(Value::Array(parts)) => {
             let mut out = Vec::new();
@@ -201,7 +234,7 @@ fn content(m: &Map<String, Value>, at: &str, role: Role) -> Result<Vec<Part>, Tr
         .into_iter()
         .filter(|p| !matches!(p, Part::Text(t) if t.is_empty()))
         .collect();
-    if parts.is_empty() {
+    if parts.is_empty() && !has_calls {
         return Err(unsupported(
             format!("{at}.content"),
             "an empty message: Anthropic and Gemini refuse empty content",

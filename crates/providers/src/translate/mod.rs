@@ -24,6 +24,7 @@ mod gemini;
 mod messages;
 #[cfg(test)]
 mod tests;
+mod tools;
 
 use serde_json::{Value, json};
 

@@ -6,6 +6,7 @@ mod anthropic;
 mod chat;
 mod gemini;
 mod round_trip;
+mod tools;
 
 use serde_json::{Value, json};
 
