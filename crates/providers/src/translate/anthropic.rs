@@ -36,6 +36,7 @@ const IMAGE_TYPES: &[&str] = &["image/jpeg", "image/png", "image/gif", "image/we
 pub fn chat_to_anthropic(body: &Value) -> Result<Value, TranslateError> {
     let chat = chat::read(body)?;
     refuse_missing(&chat)?;
+    refuse_blank_stops(&chat, body.get("stop").is_some_and(Value::is_string))?;
     let mut out = json!({
         "model": chat.model,
         "max_tokens": chat.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
@@ -96,6 +97,24 @@ fn add_tools(chat: &Chat, out: &mut Value) {
             ToolChoice::Required => json!({"type": "any"}),
             ToolChoice::Named(name) => json!({"type": "tool", "name": name}),
         };
+    }
+}
+
+/// Anthropic refuses an empty or whitespace-only stop sequence ("each stop
+/// sequence must contain non-whitespace", a 400 seen by many, e.g.
+/// BerriAI/litellm#3286); OpenAI's common `"\n"` stop is one. Dropping it
+/// would change the answer, so it is refused here.
+fn refuse_blank_stops(chat: &Chat, one_string: bool) -> Result<(), TranslateError> {
+    match chat.stop.iter().position(|s| s.trim().is_empty()) {
+        None => Ok(()),
+        Some(i) => Err(unsupported(
+            if one_string {
+                "stop".to_string()
+            } else {
+                format!("stop[{i}]")
+            },
+            "Anthropic refuses a stop sequence that is empty or only whitespace",
+        )),
     }
 }
 

@@ -22,6 +22,9 @@ use serde_json::{Map, Value, json};
 use super::chat::{self, Chat, Format, Image, Part, Role, ToolChoice};
 use super::{TranslateError, invalid, kind, unsupported};
 
+/// The documented stand-in for a function call's missing thought signature.
+const THOUGHT_SIGNATURE_SKIP: &str = "skip_thought_signature_validator";
+
 /// The Gemini request for a chat body: the model (`models/...` prefix stripped) goes in the URL.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GeminiRequest {
@@ -142,9 +145,16 @@ fn part(part: &Part) -> Result<Value, TranslateError> {
         Part::Image(Image::Data { media_type, data }, _) => {
             Ok(json!({"inlineData": {"mimeType": media_type, "data": data}}))
         }
-        Part::ToolCall { name, args, .. } => {
-            Ok(json!({"functionCall": {"name": name, "args": args}}))
-        }
+        // Gemini 3 refuses a replayed call without the thought signature its
+        // answer carried (400 "Function call is missing a thought_signature");
+        // a chat body never has one, so the sentinel Google documents for
+        // history built elsewhere stands in
+        // (https://ai.google.dev/gemini-api/docs/thought-signatures; the
+        // Vercel AI SDK and Strands send the same).
+        Part::ToolCall { name, args, .. } => Ok(json!({
+            "functionCall": {"name": name, "args": args},
+            "thoughtSignature": THOUGHT_SIGNATURE_SKIP,
+        })),
         // `output` is the key Gemini reads a function's output from.
         Part::ToolResult { name, content, .. } => {
             Ok(json!({"functionResponse": {"name": name, "response": {"output": content}}}))

@@ -99,6 +99,9 @@ fn what_anthropic_lacks_is_unsupported_naming_the_path() {
         (json!({"temperature": 1.5}), "temperature"),
         (json!({"presence_penalty": 0.5}), "presence_penalty"),
         (json!({"frequency_penalty": -1}), "frequency_penalty"),
+        (json!({"stop": "\n"}), "stop"),
+        (json!({"stop": ["END", " \n\t"]}), "stop[1]"),
+        (json!({"stop": [""]}), "stop[0]"),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/tiff;base64,AAAA"}}]}]}),
             "messages[0].content[0].image_url.url",

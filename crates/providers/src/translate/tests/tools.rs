@@ -78,8 +78,8 @@ fn a_tool_round_becomes_gemini_function_calls_and_responses() {
         json!([
             {"role": "user", "parts": [{"text": "Weather in Oslo and the time?"}]},
             {"role": "model", "parts": [
-                {"functionCall": {"name": "weather", "args": {"city": "Oslo"}}},
-                {"functionCall": {"name": "now", "args": {}}}]},
+                {"functionCall": {"name": "weather", "args": {"city": "Oslo"}}, "thoughtSignature": "skip_thought_signature_validator"},
+                {"functionCall": {"name": "now", "args": {}}, "thoughtSignature": "skip_thought_signature_validator"}]},
             {"role": "user", "parts": [
                 {"functionResponse": {"name": "weather", "response": {"output": "rain"}}},
                 {"functionResponse": {"name": "now", "response": {"output": "12:00"}}},
