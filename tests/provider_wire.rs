@@ -139,6 +139,8 @@ fn request(model: &str) -> ChatRequest {
             "verdict".into(),
             json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"],"additionalProperties":false}),
         ))),
+        structured_output: Default::default(),
+        thinking_budget: None,
         client_request_id: "docket-req-1".into(),
         timeout: Duration::from_secs(5),
     }

@@ -14,7 +14,7 @@ use crate::gate::{Gate, GateOutput};
 use crate::template::PromptTemplate;
 use docket_model::config::{
     BatchConfig, BatchMode, CriticConfidence, CriticRule, LoadedConfig, OnDisagree, ProviderKind,
-    StageConfig,
+    StageConfig, StructuredOutput,
 };
 use docket_model::routing::{Outcome, Thresholds};
 
@@ -31,6 +31,13 @@ pub struct Stage {
     pub max_tokens: u64,
     pub expected_output_tokens: u64,
     pub temperature: Option<f64>,
+    /// Gemini's thinking budget (None: the adapter's default).
+    pub thinking_budget: Option<i64>,
+    /// The output tokens a send may be billed beyond max_tokens (Gemini's
+    /// thinking budget, added to its output limit): part of the worst cost.
+    pub thinking_allowance: u64,
+    /// How Anthropic is given the schema.
+    pub structured_output: StructuredOutput,
     pub max_attempts: u32,
     pub max_transport_attempts: u32,
     /// Rate-limit refusals in a row before the request waits `retry_wait`.
@@ -233,6 +240,21 @@ fn load_stage(
         "repair_after": stage.repair_after.as_ref().map(|r| *r.get_ref()),
         "repair_template": repair.as_ref().map(|r| r.template.hash.clone()),
     });
+    let thinking_budget = stage.thinking_budget.as_ref().map(|b| *b.get_ref());
+    // Added only when set, so the hash of a stage without them is unchanged
+    // (a session started before they existed resumes).
+    let mut params = params;
+    if let Some(b) = thinking_budget {
+        params["thinking_budget"] = serde_json::json!(b);
+    }
+    if !stage.structured_output.is_auto() {
+        params["structured_output"] = serde_json::json!(stage.structured_output.as_str());
+    }
+    let thinking_allowance = if provider.kind == ProviderKind::Gemini {
+        docket_providers::thinking_allowance(&provider.model, thinking_budget)
+    } else {
+        0
+    };
     let critic_of = stage
         .critic_of
         .as_ref()
@@ -249,6 +271,9 @@ fn load_stage(
         max_tokens: *stage.max_tokens.get_ref(),
         expected_output_tokens: *stage.expected_output_tokens.get_ref(),
         temperature: stage.temperature.as_ref().map(|t| *t.get_ref()),
+        thinking_budget,
+        thinking_allowance,
+        structured_output: stage.structured_output,
         max_attempts: (*stage.max_attempts.get_ref()).min(u64::from(u32::MAX)) as u32,
         max_transport_attempts: (*provider.max_transport_attempts.get_ref())
             .min(u64::from(u32::MAX)) as u32,

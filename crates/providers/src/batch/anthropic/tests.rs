@@ -31,6 +31,8 @@ fn line(id: &str) -> BatchLine {
             max_tokens: 256,
             temperature: None,
             response_schema: None,
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
         },

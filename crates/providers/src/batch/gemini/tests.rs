@@ -36,6 +36,8 @@ fn line(id: &str) -> BatchLine {
             max_tokens: 50,
             temperature: Some(0.0),
             response_schema: None,
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
         },
