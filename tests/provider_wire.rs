@@ -330,7 +330,10 @@ async fn anthropic_schema_goes_where_the_model_takes_it() {
     let r = s.only();
     assert!(r.body.get("output_config").is_none());
     let system = r.body["system"].as_str().unwrap();
-    assert!(system.contains("\"additionalProperties\":false"), "{system}");
+    assert!(
+        system.contains("\"additionalProperties\":false"),
+        "{system}"
+    );
 
     let s = Server::start(canned(200, answer)).await;
     let p = AnthropicChat::new(&s.base, key()).unwrap();
@@ -342,10 +345,16 @@ async fn anthropic_schema_goes_where_the_model_takes_it() {
     ok(&p, &req).await;
     let r = s.only();
     let schema = &r.body["output_config"]["format"]["schema"];
-    assert_eq!(schema["properties"]["confidence"], json!({"type": "number"}));
+    assert_eq!(
+        schema["properties"]["confidence"],
+        json!({"type": "number"})
+    );
     assert_eq!(schema["additionalProperties"], false);
     let system = r.body["system"].as_str().unwrap();
-    assert!(system.contains("/properties/confidence: minimum 0"), "{system}");
+    assert!(
+        system.contains("/properties/confidence: minimum 0"),
+        "{system}"
+    );
 }
 
 #[tokio::test]

@@ -18,7 +18,11 @@ async fn mock() -> (MockServer, String) {
     let m = MockServer::start(MockConfig::default(), addr)
         .await
         .expect("mock");
-    let base = m.base_url().trim_end_matches('/').trim_end_matches("/v1").to_string();
+    let base = m
+        .base_url()
+        .trim_end_matches('/')
+        .trim_end_matches("/v1")
+        .to_string();
     (m, base)
 }
 
@@ -53,7 +57,10 @@ fn request(model: &str, max_tokens: u64) -> ChatRequest {
 
 fn valid_verdict(content: Option<&str>) {
     let v: Value = serde_json::from_str(content.expect("content")).expect("JSON answer");
-    assert!(matches!(v["label"].as_str(), Some("same" | "different")), "{v}");
+    assert!(
+        matches!(v["label"].as_str(), Some("same" | "different")),
+        "{v}"
+    );
     assert!(v["confidence"].is_number(), "{v}");
 }
 
@@ -93,10 +100,19 @@ async fn anthropic_output_config_is_checked_and_answered() {
     assert_eq!(status, 400, "{e}");
     assert_eq!(e["error"]["type"], "invalid_request_error");
     let msg = e["error"]["message"].as_str().unwrap_or("");
-    assert!(msg.contains("not supported") && msg.contains("/properties/"), "{msg}");
+    assert!(
+        msg.contains("not supported") && msg.contains("/properties/"),
+        "{msg}"
+    );
     let (status, e) = post(&url, &headers, body(json!({"type": "json_object"}))).await;
     assert_eq!(status, 400, "{e}");
-    assert!(e["error"]["message"].as_str().unwrap_or("").contains("json_schema"), "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("json_schema"),
+        "{e}"
+    );
 }
 
 /// The default budget is added to the output limit: the answer is whole and
@@ -107,7 +123,10 @@ async fn anthropic_output_config_is_checked_and_answered() {
 async fn gemini_thinking_budget_keeps_the_answer_whole() {
     let (_m, base) = mock().await;
     let p = GeminiChat::new(&base, key()).unwrap();
-    let a = p.send(&request("gemini-2.5-flash", 300)).await.expect("an answer");
+    let a = p
+        .send(&request("gemini-2.5-flash", 300))
+        .await
+        .expect("an answer");
     assert_eq!(a.finish_reason, FinishReason::Stop);
     valid_verdict(a.content.as_deref());
     let usage = a.usage.expect("usage");
@@ -121,7 +140,10 @@ async fn gemini_thinking_budget_keeps_the_answer_whole() {
 
     let mut pro_off = request("gemini-2.5-pro", 300);
     pro_off.thinking_budget = Some(0);
-    let e = p.send(&pro_off).await.expect_err("Pro cannot turn thinking off");
+    let e = p
+        .send(&pro_off)
+        .await
+        .expect_err("Pro cannot turn thinking off");
     assert_eq!(e.http_status, Some(400));
     assert!(e.message.contains("thinking mode"), "{e}");
 }
@@ -132,6 +154,9 @@ async fn gemini_thinking_budget_keeps_the_answer_whole() {
 async fn openrouter_require_parameters_is_accepted() {
     let (_m, base) = mock().await;
     let p = OpenRouterChat::new(&format!("{base}/api/v1"), key()).unwrap();
-    let a = p.send(&request("openai/gpt-4o-mini", 300)).await.expect("an answer");
+    let a = p
+        .send(&request("openai/gpt-4o-mini", 300))
+        .await
+        .expect("an answer");
     valid_verdict(a.content.as_deref());
 }

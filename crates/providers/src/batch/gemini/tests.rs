@@ -152,6 +152,11 @@ fn requests_are_the_sync_body_under_the_batch_envelopes() {
         v,
         json!({"key": "item-000123", "request": request_body(&l.request)})
     );
+    // The thinking budget rides along, as on a synchronous request.
+    assert_eq!(
+        v["request"]["generationConfig"]["thinkingConfig"],
+        json!({"thinkingBudget": crate::gemini::DEFAULT_THINKING_BUDGET})
+    );
     assert_eq!(
         GeminiBatch::inline_item(&l),
         json!({"request": request_body(&l.request), "metadata": {"key": "item-000123"}})
