@@ -160,3 +160,60 @@ async fn openrouter_require_parameters_is_accepted() {
         .expect("an answer");
     valid_verdict(a.content.as_deref());
 }
+
+/// Run the real binary on a gemini-2.5-flash stage against the mock, with
+/// `stage_line` added to the stage; the mock's outcome of every request.
+async fn gemini_run(stage_line: &str) -> Vec<String> {
+    use docket_testkit as support;
+    const ITEMS: usize = 4;
+    let (m, ws) = support::mocked(MockConfig::default(), ITEMS, |j| {
+        j.api_key_env = Some("DOCKET_PROVIDER_KEY");
+    })
+    .await;
+    let path = ws.path().join("docket.toml");
+    let base = m.base_url();
+    let base = base.trim_end_matches('/').trim_end_matches("/v1");
+    let toml = std::fs::read_to_string(&path).unwrap();
+    let toml = toml
+        .replace(
+            &format!(
+                "kind = \"openai_compatible\"\nmodel = \"gpt-4o-mini\"\nbase_url = \"{}\"",
+                m.base_url()
+            ),
+            &format!("kind = \"gemini\"\nmodel = \"gemini-2.5-flash\"\nbase_url = \"{base}\""),
+        )
+        .replace(
+            "max_tokens = 200\n",
+            &format!("max_tokens = 200\n{stage_line}\n"),
+        );
+    assert!(toml.contains("kind = \"gemini\""), "{toml}");
+    std::fs::write(&path, toml).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let out = support::procs::docket_at(ws.path(), home.path())
+        .env("DOCKET_PROVIDER_KEY", "test-key-0123456789")
+        .args(["run", "--yes", "--headless"])
+        .output()
+        .unwrap();
+    let outcomes: Vec<String> = m.log().into_iter().map(|e| e.outcome).collect();
+    if !outcomes.iter().any(|o| o == "truncated") {
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{said}\n{outcomes:?}");
+    }
+    assert!(outcomes.len() >= ITEMS, "{outcomes:?}");
+    m.shutdown().await;
+    outcomes
+}
+
+/// Through the real binary: a stage without `thinking_budget` gets the
+/// default budget on top of its max_tokens, so no answer is cut off; with
+/// `thinking_budget = -1` (dynamic) the mock's 2.5 Flash thinks past the
+/// 200 tokens and every item's first answer is cut off (a run without cut
+/// offs must end cleanly, exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_thinking_budget_from_the_stage_through_the_binary() {
+    let default = gemini_run("").await;
+    assert!(default.iter().all(|o| o == "ok"), "{default:?}");
+    let dynamic = gemini_run("thinking_budget = -1").await;
+    let cut = dynamic.iter().filter(|o| *o == "truncated").count();
+    assert!(cut >= 4, "every first answer cut off: {dynamic:?}");
+}
