@@ -35,9 +35,10 @@ fn verdict_schema() -> Value {
     json!({"type": "object",
         "properties": {
             "label": {"type": "string", "enum": ["same", "different"], "minLength": 1},
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1}
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            "score": {"type": "integer", "minimum": 90, "maximum": 99}
         },
-        "required": ["label", "confidence"]})
+        "required": ["label", "confidence", "score"]})
 }
 
 fn request(model: &str, max_tokens: u64) -> ChatRequest {
@@ -62,6 +63,10 @@ fn valid_verdict(content: Option<&str>) {
         "{v}"
     );
     assert!(v["confidence"].is_number(), "{v}");
+    // Anthropic's parameter cannot carry the range: docket says it in the
+    // system prompt, and the mock's model keeps to it as told.
+    let score = v["score"].as_i64().expect("an integer score");
+    assert!((90..=99).contains(&score), "{v}");
 }
 
 async fn post(url: &str, headers: &[(&str, &str)], body: Value) -> (u16, Value) {

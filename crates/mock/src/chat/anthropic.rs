@@ -85,15 +85,7 @@ pub(crate) async fn handle(
     let started = Instant::now();
     shared.stats.request_received();
     let live = shared.live();
-    let reject = if !has_value(&headers, "x-api-key") {
-        Some(Event::NoAuth("x-api-key header is required".to_string()))
-    } else if !has_value(&headers, "anthropic-version") {
-        Some(Event::BadRequest(
-            "anthropic-version: header is required".to_string(),
-        ))
-    } else {
-        None
-    };
+    let reject = reject_of(&headers);
     let parsed: Result<MessagesRequest, String> = serde_json::from_slice(&body).map_err(|e| {
         if e.is_data() {
             format!("Invalid request body: {e}")
@@ -106,7 +98,6 @@ pub(crate) async fn handle(
         Ok(req) => output_config::check(req.output_config.as_ref()),
         Err(_) => Ok(None),
     };
-    let explicit = checked.as_ref().ok().and_then(Option::as_ref);
     let texts: Vec<MessageText<'_>> = match &parsed {
         Ok(req) => std::iter::once(&req.system)
             .filter(|s| s.is_some())
@@ -116,6 +107,12 @@ pub(crate) async fn handle(
         Err(_) => Vec::new(),
     };
     let pieces = || texts.iter().flat_map(MessageText::pieces);
+    let stated = checked
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .map(|s| output_config::with_stated(s.clone(), pieces()));
+    let explicit = stated.as_ref();
     let found = if explicit.is_none() {
         infer::schema_in_text(pieces())
     } else {
@@ -154,6 +151,19 @@ pub(crate) async fn handle(
         stream: false,
     };
     pipeline::run(&shared, &live, started, req).await
+}
+
+/// No `x-api-key` (401), or no `anthropic-version` (400).
+fn reject_of(headers: &HeaderMap) -> Option<Event> {
+    if !has_value(headers, "x-api-key") {
+        Some(Event::NoAuth("x-api-key header is required".to_string()))
+    } else if !has_value(headers, "anthropic-version") {
+        Some(Event::BadRequest(
+            "anthropic-version: header is required".to_string(),
+        ))
+    } else {
+        None
+    }
 }
 
 fn validate(req: &MessagesRequest) -> Result<(&str, u64), String> {

@@ -11,7 +11,9 @@
 //! with `additionalProperties: false`, and only local `$ref`s. The first
 //! violation is the 400 `invalid_request_error`, naming the keyword and
 //! where it is. A schema that passes is what the answer is generated
-//! against (valid JSON for it).
+//! against (valid JSON for it), with the constraints the prompt states in
+//! words put back (`with_stated`): the mock's model keeps to them, as a
+//! real one follows its instructions.
 
 use serde_json::Value;
 
@@ -59,6 +61,46 @@ pub(crate) fn check(output_config: Option<&Value>) -> Result<Option<Json>, Strin
     serde_json::from_value(schema.clone())
         .map(Some)
         .map_err(|e| format!("output_config.format.schema: {e}"))
+}
+
+/// The schema the mock's model answers: the `output_config` schema with
+/// the constraints the prompt states in words put back (docket's wording
+/// for what the parameter cannot carry: a line `- /properties/c: minimum 0`),
+/// as a model keeping to its instructions would. Other lines are ignored.
+pub(crate) fn with_stated<'t>(mut schema: Json, texts: impl IntoIterator<Item = &'t str>) -> Json {
+    for line in texts.into_iter().flat_map(str::lines) {
+        let Some((at, said)) = line.strip_prefix("- ").and_then(|r| r.split_once(": ")) else {
+            continue;
+        };
+        let Some((keyword, value)) = said.split_once(' ') else {
+            continue;
+        };
+        let pointer = if at == "(root)" { "" } else { at };
+        let Ok(value) = serde_json::from_str::<Json>(value) else {
+            continue;
+        };
+        if !(pointer.is_empty() || pointer.starts_with('/')) {
+            continue;
+        }
+        if let Some(Json::Obj(pairs)) = node_mut(&mut schema, pointer)
+            && !pairs.iter().any(|(k, _)| k == keyword)
+        {
+            pairs.push((keyword.to_string(), value));
+        }
+    }
+    schema
+}
+
+/// The node a JSON Pointer names, if there is one.
+fn node_mut<'a>(mut cur: &'a mut Json, pointer: &str) -> Option<&'a mut Json> {
+    for seg in pointer.split('/').skip(1) {
+        cur = match cur {
+            Json::Obj(pairs) => pairs.iter_mut().find(|(k, _)| k == seg).map(|(_, v)| v)?,
+            Json::Arr(items) => items.get_mut(seg.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(cur)
 }
 
 /// The first violation of the subset in one schema node, with its place.
@@ -128,6 +170,21 @@ mod tests {
         assert!(s.get("properties").is_some());
         assert_eq!(check(Some(&json!({"effort": "low"}))), Ok(None));
         assert_eq!(check(None), Ok(None));
+    }
+
+    #[test]
+    fn constraints_stated_in_the_prompt_are_put_back() {
+        let sent = fmt(json!({"type": "object", "additionalProperties": false,
+            "properties": {"score": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}}));
+        let schema = check(Some(&sent)).expect("valid").expect("a schema");
+        let prompt = "Judge.\n\nThe answer must also keep to these constraints of its JSON Schema (\"v\"):\n- /properties/score: minimum 1\n- /properties/score: maximum 5\n- /properties/tags: maxItems 2\n- /nowhere: minimum 3\n- not a constraint";
+        let j = with_stated(schema, [prompt]).to_compact();
+        assert!(
+            j.contains(r#""score":{"type":"integer","minimum":1,"maximum":5}"#),
+            "{j}"
+        );
+        assert!(j.contains(r#""maxItems":2"#), "{j}");
+        assert!(!j.contains("nowhere"), "{j}");
     }
 
     #[test]

@@ -205,7 +205,7 @@ pub(crate) fn answer_line(
     let bad = |msg: &str| errored(shared, custom_id, "invalid_request_error", msg);
     let p = Params::deserialize(params).map_err(|e| bad(&format!("params: {e}")))?;
     let (model, max) = required(&p).map_err(bad)?;
-    let explicit: Option<Json> = crate::chat::output_config::check(p.output_config.as_ref())
+    let checked = crate::chat::output_config::check(p.output_config.as_ref())
         .map_err(|e| bad(&format!("params.{e}")))?;
     let texts: Vec<MessageText<'_>> = std::iter::once(&p.system)
         .filter(|s| s.is_some())
@@ -213,6 +213,8 @@ pub(crate) fn answer_line(
         .map(text_of)
         .collect();
     let pieces = || texts.iter().flat_map(MessageText::pieces);
+    let explicit: Option<Json> =
+        checked.map(|s| crate::chat::output_config::with_stated(s, pieces()));
     let found = if explicit.is_none() {
         infer::schema_in_text(pieces())
     } else {
