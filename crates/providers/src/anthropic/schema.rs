@@ -26,8 +26,9 @@
 //! constraint taken out is said in words in the system prompt instead.
 //! Nothing is lost: docket's gate still checks every answer against the
 //! FULL schema, exactly as for the prompt-only fallback. A schema that
-//! cannot be made fit (recursive, or an external `$ref`) goes the fallback
-//! way whole.
+//! cannot be made fit (recursive, an external `$ref`, or an object whose
+//! extra properties are the data: `additionalProperties` a schema,
+//! `patternProperties`) goes the fallback way whole.
 
 use serde_json::{Map, Value};
 
@@ -114,7 +115,7 @@ pub(crate) fn native_for(
 /// The schema with what the API refuses taken out; None when it is
 /// recursive or has a `$ref` outside it.
 pub(crate) fn fit(schema: &Value) -> Option<Fitted> {
-    if !refs_are_local_and_acyclic(schema) {
+    if !refs_are_local_and_acyclic(schema) || has_open_map(schema) {
         return None;
     }
     let mut dropped = Vec::new();
@@ -259,6 +260,23 @@ fn refs_are_local_and_acyclic(schema: &Value) -> bool {
     };
     let names: Vec<String> = refs.iter().filter_map(|r| target(r)).collect();
     !names.iter().any(|n| reaches(n, &mut Vec::new(), &body))
+}
+
+/// An object whose extra properties are data (`additionalProperties` a
+/// schema, or `patternProperties`): closing it, as the parameter requires,
+/// would forbid the very answer asked for, so such a schema goes whole into
+/// the prompt. (`additionalProperties: true` is only narrowed to false.)
+fn has_open_map(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.iter().any(|(k, val)| match k.as_str() {
+            "additionalProperties" => val.is_object() || has_open_map(val),
+            "patternProperties" => true,
+            "enum" | "const" | "default" => false,
+            _ => has_open_map(val),
+        }),
+        Value::Array(a) => a.iter().any(has_open_map),
+        _ => false,
+    }
 }
 
 fn collect_refs(v: &Value, out: &mut Vec<String>) {

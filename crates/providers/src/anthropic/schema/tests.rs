@@ -83,4 +83,11 @@ fn local_acyclic_refs_fit_and_others_do_not() {
         "b": {"type": "array", "items": {"$ref": "#/$defs/a"}}}});
     assert!(fit(&cycle).is_none());
     assert!(fit(&json!({"$ref": "#/$defs/missing"})).is_none());
+    // A map (its extra properties are the answer) cannot be closed.
+    let map = json!({"type": "object", "properties": {"scores": {"type": "object",
+        "additionalProperties": {"type": "number"}}}});
+    assert!(fit(&map).is_none());
+    assert!(fit(&json!({"type": "object", "patternProperties": {"^x": {}}})).is_none());
+    let open = fit(&json!({"type": "object", "additionalProperties": true})).expect("narrowed");
+    assert_eq!(open.schema["additionalProperties"], json!(false));
 }
