@@ -77,6 +77,8 @@ fn lines_of(n: usize) -> Vec<BatchLine> {
                 max_tokens: 200,
                 temperature: Some(0.0),
                 response_schema: Some(schema.clone()),
+                structured_output: Default::default(),
+                thinking_budget: None,
                 client_request_id: format!("bench-{i}-1"),
                 timeout: Duration::from_secs(60),
             },

@@ -357,7 +357,9 @@ async fn the_mock_speaks_anthropic_shapes_and_pages_newest_first() {
 #[tokio::test]
 async fn the_enqueued_limit_refuses_a_create_with_a_429() {
     let m = mock(|c| {
-        c.batch_enqueued_token_limit = 5000;
+        // One batch of N (about 1,000 prompt tokens: the schema goes as
+        // `output_config`, not in the prompt) fits; a second does not.
+        c.batch_enqueued_token_limit = 1500;
         c.batch_running_ms = 2000;
     })
     .await;

@@ -303,6 +303,8 @@ fn request(id: &str, model: &str) -> ChatRequest {
             "verdict".into(),
             json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"],"additionalProperties":false}),
         ))),
+        structured_output: Default::default(),
+        thinking_budget: None,
         client_request_id: id.into(),
         timeout: Duration::from_secs(10),
     }

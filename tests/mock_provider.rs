@@ -1140,8 +1140,13 @@ async fn anthropic_messages_success_shape_determinism_and_answer_rule() {
     // output_config.format wins over the prompt; "JSON" without a schema gives the
     // default object; neither gives the VERDICT/CONFIDENCE text.
     let mut explicit = anthropic_body("Decide.", &pair_prompt(9), 512);
-    explicit["output_config"] =
-        json!({"format": {"type": "json_schema", "schema": verdict_schema()}});
+    // The structured-outputs subset: no numeric limits (the score's become
+    // an enum; `confidence` is 0..1 by the mock's default).
+    let mut fitted = verdict_schema();
+    let props = &mut fitted["properties"];
+    props["confidence"] = json!({"type": "number"});
+    props["score"] = json!({"type": "integer", "enum": [1, 2, 3, 4, 5]});
+    explicit["output_config"] = json!({"format": {"type": "json_schema", "schema": fitted}});
     let t = call(&url, &ANTHROPIC_HEADERS, &explicit).await.json()["content"][0]["text"]
         .as_str()
         .map(str::to_string);
@@ -1299,7 +1304,9 @@ const GEMINI_KEY: [(&str, &str); 1] = [("x-goog-api-key", "AIza-test")];
 fn gemini_body(prompt: &str) -> Value {
     json!({"systemInstruction": {"parts": [{"text": "You adjudicate record pairs."}]},
            "contents": [{"role": "user", "parts": [{"text": prompt}]}],
+           // Thinking off: the whole maxOutputTokens is the answer's.
            "generationConfig": {"maxOutputTokens": 400, "temperature": 0,
+                                "thinkingConfig": {"thinkingBudget": 0},
                                 "responseMimeType": "application/json",
                                 "responseJsonSchema": verdict_schema()}})
 }

@@ -139,6 +139,8 @@ fn request(model: &str) -> ChatRequest {
             "verdict".into(),
             json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"],"additionalProperties":false}),
         ))),
+        structured_output: Default::default(),
+        thinking_budget: None,
         client_request_id: "docket-req-1".into(),
         timeout: Duration::from_secs(5),
     }
@@ -283,12 +285,16 @@ async fn anthropic_sends_messages_with_key_and_version_headers() {
         json!([{"role": "user", "content": "Is A the same as B?"}])
     );
     assert_eq!(r.body["temperature"], 0.0);
-    let system = r.body["system"].as_str().unwrap();
-    assert!(system.starts_with("You are an adjudicator."));
-    assert!(
-        system.contains("\"additionalProperties\":false"),
-        "{system}"
+    // Sonnet 4.5 takes structured outputs: the schema is a parameter (GA:
+    // no beta header), and nothing had to be taken out of it, so the system
+    // prompt is the stage's own.
+    assert_eq!(r.body["system"], "You are an adjudicator.");
+    assert_eq!(
+        r.body["output_config"],
+        json!({"format": {"type": "json_schema", "schema":
+            {"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"],"additionalProperties":false}}})
     );
+    assert!(!r.headers.contains_key("anthropic-beta"));
     assert_eq!(a.content.as_deref(), Some("{\"same\": true}"));
     assert_eq!(a.finish_reason, FinishReason::Stop);
     assert_eq!(
@@ -308,6 +314,47 @@ async fn anthropic_sends_messages_with_key_and_version_headers() {
     assert_eq!(a.headers.remaining_tokens, Some(39_000));
     // Capped at an hour, however far away the reset is.
     assert_eq!(a.headers.reset_requests, Some(Duration::from_secs(3600)));
+}
+
+/// An older model, or a stage set to `prompt`, gets the schema in the
+/// system prompt and no `output_config`; the constraints a structured-outputs
+/// model cannot take are said in its system prompt instead.
+#[tokio::test]
+async fn anthropic_schema_goes_where_the_model_takes_it() {
+    let answer = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": "{}"}], "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": 1, "output_tokens": 1}});
+    let s = Server::start(canned(200, answer.clone())).await;
+    let p = AnthropicChat::new(&s.base, key()).unwrap();
+    ok(&p, &request("claude-3-7-sonnet-20250219")).await;
+    let r = s.only();
+    assert!(r.body.get("output_config").is_none());
+    let system = r.body["system"].as_str().unwrap();
+    assert!(
+        system.contains("\"additionalProperties\":false"),
+        "{system}"
+    );
+
+    let s = Server::start(canned(200, answer)).await;
+    let p = AnthropicChat::new(&s.base, key()).unwrap();
+    let mut req = request("claude-haiku-4-5");
+    req.response_schema = Some(std::sync::Arc::new((
+        "verdict".into(),
+        json!({"type":"object","properties":{"confidence":{"type":"number","minimum":0,"maximum":1}}}),
+    )));
+    ok(&p, &req).await;
+    let r = s.only();
+    let schema = &r.body["output_config"]["format"]["schema"];
+    assert_eq!(
+        schema["properties"]["confidence"],
+        json!({"type": "number"})
+    );
+    assert_eq!(schema["additionalProperties"], false);
+    let system = r.body["system"].as_str().unwrap();
+    assert!(
+        system.contains("/properties/confidence: minimum 0"),
+        "{system}"
+    );
 }
 
 #[tokio::test]
@@ -432,7 +479,10 @@ async fn gemini_sends_the_key_in_a_header_never_the_url() {
         json!({"parts": [{"text": "You are an adjudicator."}]})
     );
     let g = &r.body["generationConfig"];
-    assert_eq!(g["maxOutputTokens"], 300);
+    // 2.5 Flash thinks within maxOutputTokens: the default budget is sent
+    // and added to the limit, so the answer keeps its 300.
+    assert_eq!(g["thinkingConfig"], json!({"thinkingBudget": 1024}));
+    assert_eq!(g["maxOutputTokens"], 300 + 1024);
     assert_eq!(g["temperature"], 0.0);
     assert_eq!(g["responseMimeType"], "application/json");
     assert_eq!(g["responseJsonSchema"]["required"], json!(["same"]));
@@ -599,6 +649,8 @@ async fn openrouter_sends_bearer_and_attribution() {
     assert_eq!(r.body["max_tokens"], 300);
     assert!(r.body.get("max_completion_tokens").is_none());
     assert_eq!(r.body["response_format"]["type"], "json_schema");
+    // Never routed to an upstream that would ignore the schema.
+    assert_eq!(r.body["provider"], json!({"require_parameters": true}));
     assert_eq!(a.content.as_deref(), Some("{\"same\":true}"));
     assert_eq!(a.provider_request_id.as_deref(), Some("gen-1737-abc"));
 }

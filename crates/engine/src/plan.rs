@@ -322,8 +322,10 @@ fn stage_estimate(p: &Prepared, k: usize, items: u64, prompt: u64) -> (StageEsti
             cost_usd: st.price.cost(prompt, 0, expected) * f,
             batch_price_factor: factor,
         },
-        st.price.cost(prompt, 0, st.max_tokens * items) * f,
-        st.max_tokens * items,
+        st.price
+            .cost(prompt, 0, (st.max_tokens + st.thinking_allowance) * items)
+            * f,
+        (st.max_tokens + st.thinking_allowance) * items,
     )
 }
 

@@ -14,7 +14,7 @@ use crate::gate::{Gate, GateOutput};
 use crate::template::PromptTemplate;
 use docket_model::config::{
     BatchConfig, BatchMode, CriticConfidence, CriticRule, LoadedConfig, OnDisagree, ProviderKind,
-    StageConfig,
+    StageConfig, StructuredOutput,
 };
 use docket_model::routing::{Outcome, Thresholds};
 
@@ -31,6 +31,13 @@ pub struct Stage {
     pub max_tokens: u64,
     pub expected_output_tokens: u64,
     pub temperature: Option<f64>,
+    /// Gemini's thinking budget (None: the adapter's default).
+    pub thinking_budget: Option<i64>,
+    /// The output tokens a send may be billed beyond max_tokens (Gemini's
+    /// thinking budget, added to its output limit): part of the worst cost.
+    pub thinking_allowance: u64,
+    /// How Anthropic is given the schema.
+    pub structured_output: StructuredOutput,
     pub max_attempts: u32,
     pub max_transport_attempts: u32,
     /// Rate-limit refusals in a row before the request waits `retry_wait`.
@@ -225,14 +232,8 @@ fn load_stage(
         docket_providers::check_key(&stage.provider, &provider)?;
     }
     let (price, price_known) = price_of(&provider.model);
-    let params = serde_json::json!({
-        "max_tokens": stage.max_tokens.get_ref(),
-        "temperature": stage.temperature.as_ref().map(|t| *t.get_ref()),
-        "gate": &stage.gate,
-        "criteria": &stage.criteria,
-        "repair_after": stage.repair_after.as_ref().map(|r| *r.get_ref()),
-        "repair_template": repair.as_ref().map(|r| r.template.hash.clone()),
-    });
+    let params = stage_params(stage, repair.as_ref());
+    let thinking_budget = stage.thinking_budget.as_ref().map(|b| *b.get_ref());
     let critic_of = stage
         .critic_of
         .as_ref()
@@ -249,6 +250,9 @@ fn load_stage(
         max_tokens: *stage.max_tokens.get_ref(),
         expected_output_tokens: *stage.expected_output_tokens.get_ref(),
         temperature: stage.temperature.as_ref().map(|t| *t.get_ref()),
+        thinking_budget,
+        thinking_allowance: thinking_allowance(provider.kind, &provider.model, thinking_budget),
+        structured_output: stage.structured_output,
         max_attempts: (*stage.max_attempts.get_ref()).min(u64::from(u32::MAX)) as u32,
         max_transport_attempts: (*provider.max_transport_attempts.get_ref())
             .min(u64::from(u32::MAX)) as u32,
@@ -369,6 +373,37 @@ pub fn route(
         verdict,
         note,
     }
+}
+
+/// Output tokens a send may be billed beyond max_tokens: Gemini's thinking
+/// budget, added to its output limit (none for the other kinds).
+fn thinking_allowance(kind: ProviderKind, model: &str, budget: Option<i64>) -> u64 {
+    if kind == ProviderKind::Gemini {
+        docket_providers::thinking_allowance(model, budget)
+    } else {
+        0
+    }
+}
+
+/// The stage parameters whose change a resume must refuse, as hashed.
+fn stage_params(stage: &StageConfig, repair: Option<&Repair>) -> Value {
+    let mut params = serde_json::json!({
+        "max_tokens": stage.max_tokens.get_ref(),
+        "temperature": stage.temperature.as_ref().map(|t| *t.get_ref()),
+        "gate": &stage.gate,
+        "criteria": &stage.criteria,
+        "repair_after": stage.repair_after.as_ref().map(|r| *r.get_ref()),
+        "repair_template": repair.map(|r| r.template.hash.clone()),
+    });
+    // Added only when set, so the hash of a stage without them is unchanged
+    // (a session started before they existed resumes).
+    if let Some(b) = &stage.thinking_budget {
+        params["thinking_budget"] = serde_json::json!(b.get_ref());
+    }
+    if !stage.structured_output.is_auto() {
+        params["structured_output"] = serde_json::json!(stage.structured_output.as_str());
+    }
+    params
 }
 
 /// The name a provider's structured-output mode gets for the stage's schema.

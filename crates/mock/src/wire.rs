@@ -114,6 +114,9 @@ pub(crate) struct Prompt<'a> {
     pub format: Format<'a>,
     /// max_completion_tokens, else max_tokens
     pub max_tokens: Option<u64>,
+    /// Thinking the model spends before answering, counted against
+    /// `max_tokens` (Gemini 2.5; 0 on every other route).
+    pub thinking_tokens: u64,
 }
 
 pub(crate) enum MessageText<'a> {
@@ -179,6 +182,7 @@ impl<'a> Prompt<'a> {
             messages,
             format,
             max_tokens: req.max_completion_tokens.or(req.max_tokens),
+            thinking_tokens: 0,
         })
     }
 

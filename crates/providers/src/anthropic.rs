@@ -3,10 +3,14 @@
 //! Headers `x-api-key` and `anthropic-version: 2023-06-01`. Anthropic has no
 //! client request id header, so none is sent (its answers carry `request-id`).
 //!
-//! Structured output: the published `output_config.format` json_schema mode
-//! arrived behind a beta header and is not on every model, so the schema is
-//! not sent as a parameter: it goes into the system prompt as an instruction,
-//! and docket's gate checks the answer against it as for every provider.
+//! Structured output: the models that take it (`schema::NATIVE_MODEL_PREFIXES`,
+//! or any model under a stage's `structured_output = "native"`) get the
+//! gate's schema as `output_config: {format: {type: "json_schema", schema}}`,
+//! with the keywords the API refuses taken out and said in the system prompt
+//! instead (`schema`); older models, `structured_output = "prompt"` and a
+//! schema the parameter cannot carry (recursive) get the whole schema in the
+//! system prompt. Either way docket's gate checks the answer against the
+//! full schema, as for every provider.
 //!
 //! Errors: 529 `overloaded_error` is overload (retry, backoff); 429 a rate
 //! limit (`retry-after`); a 400 whose message says the credit balance is too
@@ -108,13 +112,35 @@ pub(crate) fn schema_instruction(name: &str, schema: &Value) -> String {
     )
 }
 
+/// The constraints `output_config.format` could not carry, in words; None
+/// when nothing was taken out.
+pub(crate) fn constraints_instruction(name: &str, dropped: &[String]) -> Option<String> {
+    if dropped.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "The answer must also keep to these constraints of its JSON Schema (\"{name}\"):\n- {}",
+        dropped.join("\n- ")
+    ))
+}
+
+/// The Messages body. With a schema, a model that takes structured outputs
+/// gets it as `output_config.format` (fitted: see `schema`), and the
+/// constraints taken out of it in the system prompt; any other model gets
+/// the whole schema in the system prompt. The Batch API's `params` are this
+/// same body.
 pub(crate) fn request_body(req: &ChatRequest) -> Value {
-    let system = match (&req.system, req.response_schema.as_deref()) {
-        (Some(s), Some((name, schema))) => {
-            Some(format!("{s}\n\n{}", schema_instruction(name, schema)))
-        }
-        (None, Some((name, schema))) => Some(schema_instruction(name, schema)),
-        (s, None) => s.as_deref().map(str::to_string),
+    let schema = req.response_schema.as_deref();
+    let native = schema::native_for(&req.model, req.structured_output, schema.map(|(_, s)| s));
+    let instruction = match (schema, &native) {
+        (None, _) => None,
+        (Some((name, _)), Some(fitted)) => constraints_instruction(name, &fitted.dropped),
+        (Some((name, s)), None) => Some(schema_instruction(name, s)),
+    };
+    let system = match (req.system.as_deref(), instruction) {
+        (Some(s), Some(i)) => Some(format!("{s}\n\n{i}")),
+        (None, Some(i)) => Some(i),
+        (s, None) => s.map(str::to_string),
     };
     let mut body = json!({
         "model": req.model,
@@ -127,6 +153,9 @@ pub(crate) fn request_body(req: &ChatRequest) -> Value {
     // Only temperature: current models refuse temperature and top_p together.
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
+    }
+    if let Some(fitted) = native {
+        body["output_config"] = json!({"format": {"type": "json_schema", "schema": fitted.schema}});
     }
     body
 }
@@ -318,6 +347,8 @@ pub(crate) fn rate_headers_at(h: &HeaderMap, now: DateTime<Utc>) -> RateHeaders 
         retry_after: super::openai::rate_headers(h).retry_after,
     }
 }
+
+pub(crate) mod schema;
 
 #[cfg(test)]
 mod tests;

@@ -131,6 +131,8 @@ mod tests {
                 "verdict".into(),
                 json!({"type":"object"}),
             ))),
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
         };

@@ -42,7 +42,8 @@ use crate::limiter::RateHeaders;
 
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicChat};
 pub use azure::AzureChat;
-pub use gemini::GeminiChat;
+pub use docket_model::config::StructuredOutput;
+pub use gemini::{GeminiChat, thinking_allowance};
 pub use keys::{ApiKey, check_key, key_fingerprint};
 pub(crate) use keys::{read_key, scrub, secret_header};
 pub use ollama::OllamaChat;
@@ -64,6 +65,12 @@ pub struct ChatRequest {
     /// Structured output: (schema name, JSON schema).
     /// Shared, not copied: a batch of 100,000 requests holds one schema.
     pub response_schema: Option<std::sync::Arc<(String, Value)>>,
+    /// How Anthropic is given the schema (the stage's `structured_output`);
+    /// the other providers always send their own schema parameter.
+    pub structured_output: StructuredOutput,
+    /// Gemini's thinking budget (the stage's `thinking_budget`); None: the
+    /// adapter's default for the model (see `gemini::thinking_budget`).
+    pub thinking_budget: Option<i64>,
     /// Unique per attempt; sent where the provider has a header for it
     /// (OpenAI's `X-Client-Request-Id`), else not sent.
     pub client_request_id: String,

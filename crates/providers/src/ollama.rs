@@ -249,6 +249,8 @@ mod tests {
                 "verdict".into(),
                 json!({"type":"object","properties":{"a":{"type":"integer"}}}),
             ))),
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
         };

@@ -14,6 +14,10 @@
 //!   its own `error` object). It is a failed generation, not an answer: it is
 //!   retried (`Transient`; a rate limit or overload `code` keeps its class).
 //!
+//! - a request with a `response_format` also sends
+//!   `provider: {require_parameters: true}`, so it is never routed to an
+//!   upstream that would ignore the schema.
+//!
 //! No client request id header is documented, so none is sent.
 
 #![allow(clippy::result_large_err)]
@@ -108,6 +112,14 @@ impl ChatProvider for OpenRouterChat {
 pub(crate) fn request_body(req: &ChatRequest) -> Value {
     let mut body = super::openai::request_body(req);
     super::openai::use_max_tokens(&mut body);
+    // With a schema, only upstreams that honour every parameter sent may
+    // take the request: by default OpenRouter may route to one that ignores
+    // `response_format` (OpenRouter, "Provider Routing", `require_parameters`,
+    // https://openrouter.ai/docs/features/provider-routing, read 2026-11).
+    // Set inside any `provider` object the body has (one is made if none).
+    if body.get("response_format").is_some() {
+        body["provider"]["require_parameters"] = Value::Bool(true);
+    }
     body
 }
 
@@ -247,6 +259,8 @@ mod tests {
                 "verdict".into(),
                 json!({"type":"object"}),
             ))),
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
         };
@@ -257,9 +271,16 @@ mod tests {
                 "messages": [{"role":"system","content":"sys"},{"role":"user","content":"u"}],
                 "max_tokens": 300,
                 "temperature": 0.0,
-                "response_format": {"type":"json_schema","json_schema":{"name":"verdict","strict":true,"schema":{"type":"object"}}}
+                "response_format": {"type":"json_schema","json_schema":{"name":"verdict","strict":true,"schema":{"type":"object"}}},
+                "provider": {"require_parameters": true}
             })
         );
+        // Without a schema there is nothing an upstream could ignore.
+        let plain = ChatRequest {
+            response_schema: None,
+            ..req
+        };
+        assert!(request_body(&plain).get("provider").is_none());
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub fn lines(model: &str, system: &str, tag: &str, n: usize) -> Vec<BatchLine> {
                 max_tokens: 200,
                 temperature: Some(0.0),
                 response_schema: Some(std::sync::Arc::new(("adjudicate".into(), schema.clone()))),
+                structured_output: Default::default(),
+                thinking_budget: None,
                 client_request_id: format!("{tag}-{i}-1"),
                 timeout: Duration::from_secs(10),
             },

@@ -271,7 +271,10 @@ impl<'a> Job<'a> {
         };
         let prompt = job.render()?;
         job.est_prompt = prompt_tokens(stage, &prompt);
-        job.worst_cost = stage.price.cost(job.est_prompt, 0, job.max_tokens);
+        job.worst_cost =
+            stage
+                .price
+                .cost(job.est_prompt, 0, job.max_tokens + stage.thinking_allowance);
         job.prompt = Some(prompt);
         Ok(job)
     }
@@ -346,7 +349,11 @@ impl<'a> Job<'a> {
             .saturating_mul(2)
             .min(cap)
             .max(self.max_tokens);
-        self.worst_cost = self.stage.price.cost(self.est_prompt, 0, self.max_tokens);
+        self.worst_cost = self.stage.price.cost(
+            self.est_prompt,
+            0,
+            self.max_tokens + self.stage.thinking_allowance,
+        );
         self.max_tokens > before
     }
 

@@ -186,6 +186,8 @@ async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent
         max_tokens: job.max_tokens,
         temperature: job.stage.temperature,
         response_schema: job.response_schema(),
+        structured_output: job.stage.structured_output,
+        thinking_budget: job.stage.thinking_budget,
         client_request_id,
         timeout: job.stage.request_timeout,
     })
@@ -256,6 +258,8 @@ pub(super) fn via_batch(
         max_tokens: job.max_tokens,
         temperature: job.stage.temperature,
         response_schema: job.response_schema(),
+        structured_output: job.stage.structured_output,
+        thinking_budget: job.stage.thinking_budget,
         client_request_id: id,
         timeout: job.stage.request_timeout,
     };

@@ -435,6 +435,8 @@ impl Batcher {
             max_tokens: p.max_tokens,
             temperature: p.temperature,
             response_schema: p.response_schema.clone(),
+            structured_output: p.structured_output,
+            thinking_budget: p.thinking_budget,
             client_request_id: custom_id.to_string(),
             timeout: p.request_timeout,
         }

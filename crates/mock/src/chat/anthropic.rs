@@ -5,7 +5,10 @@
 //! a non-empty `messages` are required; `system` and each message `content`
 //! are a string or an array of blocks (only `text` blocks are read);
 //! `stream: true` is refused with a 400 (the mock does not stream). The answer
-//! format follows `infer` (an `output_config.format` JSON schema, else a
+//! `output_config` is checked as the API checks it (`output_config`: a
+//! `format.type` other than `json_schema`, or a schema keyword outside the
+//! structured-outputs subset, is a 400 `invalid_request_error` naming it).
+//! The answer format follows `infer` (an `output_config.format` JSON schema, else a
 //! schema written in the prompt, else JSON if the prompt says "JSON", else the
 //! VERDICT/CONFIDENCE text). The system prompt counts as the first message for
 //! determinism, so a prompt sent here and to `/v1/chat/completions` with the
@@ -32,8 +35,8 @@ use tokio::time::Instant;
 
 use crate::chat::infer;
 use crate::chat::openai::has_value;
+use crate::chat::output_config;
 use crate::chat::pipeline::{self, Answer, Event, Rendered, Request, Wire, put};
-use crate::json::Json;
 use crate::limits::{BucketView, LimitKind, RateHeaders, ceil_ms};
 use crate::state::Shared;
 use crate::wire::Route;
@@ -52,7 +55,7 @@ struct MessagesRequest {
     #[serde(default)]
     messages: Option<Vec<Message>>,
     #[serde(default)]
-    output_config: Option<OutputConfig>,
+    output_config: Option<serde_json::Value>,
     #[serde(default)]
     stream: Option<bool>,
 }
@@ -61,20 +64,6 @@ struct MessagesRequest {
 struct Message {
     #[serde(default)]
     content: Option<Content>,
-}
-
-#[derive(Debug, Deserialize)]
-struct OutputConfig {
-    #[serde(default)]
-    format: Option<OutputFormat>,
-}
-
-#[derive(Debug, Deserialize)]
-struct OutputFormat {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    schema: Option<Json>,
 }
 
 fn text_of(c: &Option<Content>) -> MessageText<'_> {
@@ -96,15 +85,7 @@ pub(crate) async fn handle(
     let started = Instant::now();
     shared.stats.request_received();
     let live = shared.live();
-    let reject = if !has_value(&headers, "x-api-key") {
-        Some(Event::NoAuth("x-api-key header is required".to_string()))
-    } else if !has_value(&headers, "anthropic-version") {
-        Some(Event::BadRequest(
-            "anthropic-version: header is required".to_string(),
-        ))
-    } else {
-        None
-    };
+    let reject = reject_of(&headers);
     let parsed: Result<MessagesRequest, String> = serde_json::from_slice(&body).map_err(|e| {
         if e.is_data() {
             format!("Invalid request body: {e}")
@@ -112,12 +93,10 @@ pub(crate) async fn handle(
             "There was an issue with your request body: it is not valid JSON.".to_string()
         }
     });
-    let explicit = match &parsed {
-        Ok(MessagesRequest {
-            output_config: Some(OutputConfig { format: Some(f) }),
-            ..
-        }) if f.kind.as_deref() == Some("json_schema") => f.schema.as_ref(),
-        _ => None,
+    // A refused `output_config` is the request's 400 (see `output_config`).
+    let checked = match &parsed {
+        Ok(req) => output_config::check(req.output_config.as_ref()),
+        Err(_) => Ok(None),
     };
     let texts: Vec<MessageText<'_>> = match &parsed {
         Ok(req) => std::iter::once(&req.system)
@@ -128,6 +107,12 @@ pub(crate) async fn handle(
         Err(_) => Vec::new(),
     };
     let pieces = || texts.iter().flat_map(MessageText::pieces);
+    let stated = checked
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .map(|s| output_config::with_stated(s.clone(), pieces()));
+    let explicit = stated.as_ref();
     let found = if explicit.is_none() {
         infer::schema_in_text(pieces())
     } else {
@@ -139,13 +124,14 @@ pub(crate) async fn handle(
         false,
         infer::mentions_json(pieces()),
     );
-    let prompt = match &parsed {
-        Err(msg) => Err(msg.clone()),
-        Ok(req) => validate(req).map(|(model, max)| Prompt {
+    let prompt = match (&parsed, &checked) {
+        (Err(msg), _) | (Ok(_), Err(msg)) => Err(msg.clone()),
+        (Ok(req), Ok(_)) => validate(req).map(|(model, max)| Prompt {
             model,
             messages: texts,
             format,
             max_tokens: Some(max),
+            thinking_tokens: 0,
         }),
     };
     let model = parsed
@@ -165,6 +151,19 @@ pub(crate) async fn handle(
         stream: false,
     };
     pipeline::run(&shared, &live, started, req).await
+}
+
+/// No `x-api-key` (401), or no `anthropic-version` (400).
+fn reject_of(headers: &HeaderMap) -> Option<Event> {
+    if !has_value(headers, "x-api-key") {
+        Some(Event::NoAuth("x-api-key header is required".to_string()))
+    } else if !has_value(headers, "anthropic-version") {
+        Some(Event::BadRequest(
+            "anthropic-version: header is required".to_string(),
+        ))
+    } else {
+        None
+    }
 }
 
 fn validate(req: &MessagesRequest) -> Result<(&str, u64), String> {

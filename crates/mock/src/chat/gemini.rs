@@ -20,6 +20,11 @@
 //! UNAVAILABLE (fail-503), 500 INTERNAL, 403 PERMISSION_DENIED (unauthorized
 //! mode). No rate-limit headers, like the real API. The truncated fault gives
 //! `finishReason: "MAX_TOKENS"`.
+//!
+//! Thinking (`thinking`): a 2.5 model spends thinking tokens first,
+//! counted against `maxOutputTokens` and reported as `thoughtsTokenCount`;
+//! when they leave too little room the answer is cut off (MAX_TOKENS). A
+//! `thinkingConfig.thinkingBudget` outside the model's range is 400.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +40,7 @@ use tokio::time::Instant;
 use crate::chat::infer;
 use crate::chat::openai::has_value;
 use crate::chat::pipeline::{self, Answer, Event, Limited, Rendered, Request, Wire};
+use crate::chat::thinking;
 use crate::json::Json;
 use crate::limits::{LimitKind, ceil_ms};
 use crate::state::{Shared, json_response};
@@ -79,6 +85,14 @@ struct GenerationConfig {
     response_json_schema: Option<Json>,
     #[serde(default, rename = "responseSchema", alias = "response_schema")]
     response_schema: Option<Json>,
+    #[serde(default, rename = "thinkingConfig", alias = "thinking_config")]
+    thinking_config: Option<ThinkingConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ThinkingConfig {
+    #[serde(default, rename = "thinkingBudget", alias = "thinking_budget")]
+    thinking_budget: Option<i64>,
 }
 
 fn text_of(c: &GContent) -> MessageText<'_> {
@@ -204,17 +218,22 @@ fn prompt_of<'a>(
         Ok(req) if req.contents.as_ref().is_none_or(Vec::is_empty) => {
             Err("* GenerateContentRequest.contents: contents is not specified\n".to_string())
         }
-        Ok(req) => Ok(Prompt {
-            model,
-            messages: texts,
-            format,
-            max_tokens: req
-                .generation_config
-                .as_ref()
-                .and_then(|c| c.max_output_tokens)
-                .filter(|n| *n > 0)
-                .map(|n| n as u64),
-        }),
+        Ok(req) => {
+            let config = req.generation_config.as_ref();
+            let budget = config
+                .and_then(|c| c.thinking_config.as_ref())
+                .and_then(|t| t.thinking_budget);
+            Ok(Prompt {
+                model,
+                messages: texts,
+                format,
+                max_tokens: config
+                    .and_then(|c| c.max_output_tokens)
+                    .filter(|n| *n > 0)
+                    .map(|n| n as u64),
+                thinking_tokens: thinking::gemini_thoughts(model, budget)?,
+            })
+        }
     }
 }
 
@@ -415,7 +434,13 @@ struct TextPart<'a> {
 struct UsageMetadata {
     prompt_token_count: u64,
     candidates_token_count: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    thoughts_token_count: u64,
     total_token_count: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 pub(crate) fn render_answer(a: &Answer<'_>) -> Result<Rendered, String> {
@@ -437,7 +462,8 @@ pub(crate) fn render_answer(a: &Answer<'_>) -> Result<Rendered, String> {
         usage_metadata: UsageMetadata {
             prompt_token_count: a.prompt_tokens,
             candidates_token_count: a.completion_tokens,
-            total_token_count: a.prompt_tokens + a.completion_tokens,
+            thoughts_token_count: a.thinking_tokens,
+            total_token_count: a.prompt_tokens + a.completion_tokens + a.thinking_tokens,
         },
         model_version: a.model,
         response_id: a.id[..22].to_string(),

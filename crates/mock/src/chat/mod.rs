@@ -4,7 +4,9 @@
 //! deterministic answer, stats and log) and calls back into the wire's file
 //! to render answers and errors: `openai` (OpenAI, Azure OpenAI and
 //! OpenRouter), `anthropic`, `gemini`, `ollama`. `infer` picks the answer
-//! format when a request has no schema field. The Batch APIs reuse the
+//! format when a request has no schema field; `output_config` checks
+//! Anthropic's structured-output parameter; `thinking` models Gemini 2.5's
+//! thinking budget. The Batch APIs reuse the
 //! renderers and the pipeline's event and answer types.
 
 pub(crate) mod anthropic;
@@ -12,4 +14,6 @@ pub(crate) mod gemini;
 pub(crate) mod infer;
 pub(crate) mod ollama;
 pub(crate) mod openai;
+pub(crate) mod output_config;
 pub(crate) mod pipeline;
+pub(crate) mod thinking;

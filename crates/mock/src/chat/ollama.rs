@@ -112,6 +112,7 @@ pub(crate) async fn handle(
                     .and_then(|o| o.num_predict)
                     .filter(|n| *n > 0)
                     .map(|n| n as u64),
+                thinking_tokens: 0,
             }),
         },
     };

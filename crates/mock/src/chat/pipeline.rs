@@ -97,6 +97,8 @@ pub(crate) struct Answer<'a> {
     pub refused: bool,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// thinking before the answer, billed as output (Gemini 2.5)
+    pub thinking_tokens: u64,
     /// time spent so far (Ollama reports durations)
     pub elapsed: Duration,
     /// Ollama: answer as an NDJSON stream
@@ -221,6 +223,7 @@ async fn serve(
         refused: draw.late == Some(LateFault::Refused),
         prompt_tokens,
         completion_tokens: generated.completion_tokens,
+        thinking_tokens: prompt.thinking_tokens,
         elapsed: reply.started.elapsed(),
         stream: req.stream,
     };
@@ -228,7 +231,10 @@ async fn serve(
     let Ok(rendered) = (reply.wire.render_answer)(reply.route, &answer) else {
         return Err(Box::new(reply.fail(&Event::ServerError)));
     };
-    let usage = (prompt_tokens, generated.completion_tokens);
+    let usage = (
+        prompt_tokens,
+        generated.completion_tokens + prompt.thinking_tokens,
+    );
     let late = draw.early == Some(EarlyFault::Late);
     Ok(deliver(reply, rendered, draw.late, generated.outcome, usage, late).await)
 }
@@ -404,12 +410,35 @@ fn generate(
         Some(LateFault::Refused | LateFault::Empty) | None => Damage::None,
     };
     let blank = matches!(late, Some(LateFault::Refused | LateFault::Empty));
-    let content = if blank {
+    let mut damage = damage;
+    let mut content = if blank {
         String::new()
     } else {
         crate::steer::answer(reply.shared, reply.live, prompt, seed, damage)
     };
     let full_tokens = wire::completion_tokens(&content);
+    // Thinking came first and shares the output limit: an answer with too
+    // little room left is cut off there.
+    let room = prompt
+        .max_tokens
+        .map(|m| m.saturating_sub(prompt.thinking_tokens));
+    if let Some(room) = room.filter(|r| prompt.thinking_tokens > 0 && full_tokens > *r)
+        && damage == Damage::None
+        && !blank
+    {
+        damage = Damage::Truncated;
+        content = if room == 0 {
+            String::new()
+        } else {
+            crate::steer::answer(reply.shared, reply.live, prompt, seed, damage)
+        };
+        return Generated {
+            content,
+            damage,
+            completion_tokens: room,
+            outcome: Outcome::Truncated,
+        };
+    }
     let (completion_tokens, outcome) = match (late, damage) {
         // A refusal is a few words, billed like any answer.
         (Some(LateFault::Refused), _) => (wire::completion_tokens(REFUSAL), Outcome::Refused),

@@ -335,6 +335,47 @@ fn anthropic_temperature_is_at_most_one() {
     );
 }
 
+/// `thinking_budget` is Gemini's (-1 to 32768), `structured_output`
+/// other than auto is Anthropic's: elsewhere they would do nothing.
+#[test]
+fn provider_parameters_belong_to_their_kind() {
+    let stage = |kind: &str, line: &str| {
+        provider(kind, "\napi_key_env = \"K\"").replace(
+            "template = \"t.j2\"",
+            &format!("template = \"t.j2\"\n{line}"),
+        )
+    };
+    let c = parse(&stage("gemini", "thinking_budget = -1")).unwrap();
+    assert_eq!(
+        c.config.stages[0]
+            .thinking_budget
+            .as_ref()
+            .map(|b| *b.get_ref()),
+        Some(-1)
+    );
+    let c = parse(&stage("anthropic", "structured_output = \"prompt\"")).unwrap();
+    assert_eq!(
+        c.config.stages[0].structured_output,
+        StructuredOutput::Prompt
+    );
+    for (text, want) in [
+        (stage("gemini", "thinking_budget = 40000"), "out of range"),
+        (stage("gemini", "thinking_budget = -2"), "out of range"),
+        (stage("anthropic", "thinking_budget = 512"), "only a gemini"),
+        (
+            stage("gemini", "structured_output = \"native\""),
+            "only an anthropic",
+        ),
+        (
+            stage("anthropic", "structured_output = \"always\""),
+            "structured_output",
+        ),
+    ] {
+        let e = parse(&text).err().unwrap().to_string();
+        assert!(e.contains("stages[0].") && e.contains(want), "{want}: {e}");
+    }
+}
+
 /// Row I4: an error toml reports (a wrong type, a negative count, an
 /// unknown key or table) names the key's whole path, not only its line.
 #[test]

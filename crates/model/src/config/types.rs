@@ -170,6 +170,16 @@ pub struct StageConfig {
     pub expected_output_tokens: Spanned<u64>,
     #[serde(default)]
     pub temperature: Option<Spanned<f64>>,
+    /// Gemini only: the thinking budget in tokens (`thinkingConfig.
+    /// thinkingBudget`; -1 dynamic, 0 off where the model allows it). Unset:
+    /// the provider's safe default (see the README's config reference).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_budget: Option<Spanned<i64>>,
+    /// Anthropic only: how the gate's schema is sent (`auto`: the API's own
+    /// `output_config.format` on the models that support it, else in the
+    /// system prompt).
+    #[serde(default, skip_serializing_if = "StructuredOutput::is_auto")]
+    pub structured_output: StructuredOutput,
     /// Sends allowed when answers fail the gate (parse errors, truncation).
     #[serde(default = "default_max_attempts")]
     pub max_attempts: Spanned<u64>,
@@ -206,6 +216,34 @@ pub struct StageConfig {
 impl StageConfig {
     pub fn is_critic(&self) -> bool {
         self.critic_of.is_some()
+    }
+}
+
+/// How a stage's schema reaches a provider that has a structured-output
+/// parameter on some models only (Anthropic): `auto` decides by the model
+/// id, `native` always sends the parameter, `prompt` never does (the schema
+/// goes into the system prompt). Every answer is checked against the full
+/// schema by the gate whichever way it was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredOutput {
+    #[default]
+    Auto,
+    Native,
+    Prompt,
+}
+
+impl StructuredOutput {
+    pub fn is_auto(&self) -> bool {
+        *self == StructuredOutput::Auto
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StructuredOutput::Auto => "auto",
+            StructuredOutput::Native => "native",
+            StructuredOutput::Prompt => "prompt",
+        }
     }
 }
 

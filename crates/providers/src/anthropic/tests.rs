@@ -1,6 +1,7 @@
 //! The Anthropic chat adapter's unit tests: request bodies, answers, errors.
 
 use super::*;
+use crate::StructuredOutput;
 use reqwest::header::HeaderValue;
 
 fn req(schema: bool) -> ChatRequest {
@@ -16,6 +17,8 @@ fn req(schema: bool) -> ChatRequest {
                 json!({"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}),
             ))
         }),
+        structured_output: Default::default(),
+        thinking_budget: None,
         client_request_id: "r1".into(),
         timeout: Duration::from_secs(5),
     }
@@ -34,7 +37,10 @@ fn request_body_matches_the_messages_shape() {
             "temperature": 0.0
         })
     );
-    let b = request_body(&req(true));
+    // A model without structured outputs: the schema in the system prompt.
+    let mut old_model = req(true);
+    old_model.model = "claude-3-7-sonnet-20250219".into();
+    let b = request_body(&old_model);
     let system = b["system"].as_str().unwrap();
     assert!(system.starts_with("You are an adjudicator.\n\nAnswer with one JSON object"));
     assert!(system.contains("\"required\":[\"same\"]"), "{system}");
@@ -232,4 +238,90 @@ fn nonsense_numbers_from_the_server_never_panic() {
     h.insert("retry-after-ms", HeaderValue::from_static("NaN"));
     h.insert("retry-after", HeaderValue::from_static("-inf"));
     assert_eq!(rate_headers_at(&h, now).retry_after, None);
+}
+
+fn rich_schema() -> Value {
+    json!({"type": "object",
+        "properties": {
+            "label": {"type": "string", "enum": ["same", "different"], "minLength": 1},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1}
+        },
+        "required": ["label", "confidence"]})
+}
+
+/// Sonnet 4.5 takes `output_config.format`: the schema goes there without
+/// the keywords the API refuses (each said in the system prompt instead),
+/// with `additionalProperties: false`, and not into the system prompt whole.
+#[test]
+fn a_structured_outputs_model_gets_output_config() {
+    let mut r = req(true);
+    r.response_schema = Some(std::sync::Arc::new(("verdict".into(), rich_schema())));
+    let b = request_body(&r);
+    assert_eq!(
+        b["output_config"],
+        json!({"format": {"type": "json_schema", "schema": {"type": "object",
+            "properties": {
+                "label": {"type": "string", "enum": ["same", "different"]},
+                "confidence": {"type": "number"}
+            },
+            "required": ["label", "confidence"],
+            "additionalProperties": false}}})
+    );
+    let system = b["system"].as_str().unwrap();
+    assert!(
+        system.starts_with("You are an adjudicator.\n\nThe answer must also keep"),
+        "{system}"
+    );
+    assert!(
+        system.contains("/properties/confidence: minimum 0"),
+        "{system}"
+    );
+    assert!(
+        system.contains("/properties/confidence: maximum 1"),
+        "{system}"
+    );
+    assert!(
+        system.contains("/properties/label: minLength 1"),
+        "{system}"
+    );
+    assert!(!system.contains("Answer with one JSON object"), "{system}");
+    // Nothing taken out: nothing added to the system prompt.
+    let plain = request_body(&req(true));
+    assert_eq!(plain["system"], json!("You are an adjudicator."));
+    assert!(plain["output_config"]["format"]["schema"]["additionalProperties"] == json!(false));
+}
+
+/// `structured_output` overrides the model list both ways; a recursive
+/// schema cannot be sent as a parameter and goes into the prompt.
+#[test]
+fn structured_output_mode_and_recursive_schemas() {
+    let mut r = req(true);
+    r.structured_output = StructuredOutput::Prompt;
+    let b = request_body(&r);
+    assert!(b.get("output_config").is_none());
+    assert!(
+        b["system"]
+            .as_str()
+            .unwrap()
+            .contains("Answer with one JSON object")
+    );
+    r.structured_output = StructuredOutput::Native;
+    r.model = "claude-3-7-sonnet-20250219".into();
+    assert!(request_body(&r).get("output_config").is_some());
+    r.structured_output = StructuredOutput::Auto;
+    assert!(request_body(&r).get("output_config").is_none());
+    r.model = "claude-opus-4-6".into();
+    r.response_schema = Some(std::sync::Arc::new((
+        "tree".into(),
+        json!({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object",
+            "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}}),
+    )));
+    let b = request_body(&r);
+    assert!(b.get("output_config").is_none());
+    assert!(
+        b["system"]
+            .as_str()
+            .unwrap()
+            .contains("Answer with one JSON object")
+    );
 }

@@ -193,6 +193,8 @@ mod tests {
                 max_tokens: 1,
                 temperature: None,
                 response_schema: None,
+                structured_output: Default::default(),
+                thinking_budget: None,
                 client_request_id: id.to_string(),
                 timeout: Duration::from_secs(1),
             },

@@ -13,6 +13,8 @@ fn req() -> ChatRequest {
             "verdict".into(),
             json!({"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}),
         ))),
+        structured_output: Default::default(),
+        thinking_budget: None,
         client_request_id: "r1".into(),
         timeout: Duration::from_secs(5),
     }
@@ -26,7 +28,8 @@ fn request_body_matches_generate_content() {
             "contents": [{"role": "user", "parts": [{"text": "Is A the same as B?"}]}],
             "systemInstruction": {"parts": [{"text": "You are an adjudicator."}]},
             "generationConfig": {
-                "maxOutputTokens": 512,
+                "maxOutputTokens": 512 + DEFAULT_THINKING_BUDGET,
+                "thinkingConfig": {"thinkingBudget": DEFAULT_THINKING_BUDGET},
                 "temperature": 0.0,
                 "responseMimeType": "application/json",
                 "responseJsonSchema": {"type":"object","properties":{"same":{"type":"boolean"}},"required":["same"]}
@@ -34,6 +37,7 @@ fn request_body_matches_generate_content() {
         })
     );
     let mut plain = req();
+    plain.model = "gemini-2.0-flash".into();
     plain.response_schema = None;
     plain.system = None;
     plain.temperature = None;
@@ -44,6 +48,36 @@ fn request_body_matches_generate_content() {
             "generationConfig": {"maxOutputTokens": 512}
         })
     );
+}
+
+/// A 2.5 Pro / Flash model gets the default budget on top of max_tokens;
+/// a stage's budget replaces it; dynamic (-1) shares max_tokens; Flash-Lite
+/// and other models get none unless the stage sets one.
+#[test]
+fn thinking_budget_is_added_to_the_output_limit() {
+    let body = |model: &str, set: Option<i64>| {
+        let mut r = req();
+        r.model = model.into();
+        r.thinking_budget = set;
+        request_body(&r)["generationConfig"].clone()
+    };
+    let g = body("gemini-2.5-pro", None);
+    assert_eq!(g["thinkingConfig"], json!({"thinkingBudget": 1024}));
+    assert_eq!(g["maxOutputTokens"], json!(512 + 1024));
+    let g = body("models/gemini-2.5-flash", Some(0));
+    assert_eq!(g["thinkingConfig"], json!({"thinkingBudget": 0}));
+    assert_eq!(g["maxOutputTokens"], json!(512));
+    let g = body("gemini-2.5-flash", Some(4096));
+    assert_eq!(g["maxOutputTokens"], json!(512 + 4096));
+    let g = body("gemini-2.5-flash", Some(-1));
+    assert_eq!(g["thinkingConfig"], json!({"thinkingBudget": -1}));
+    assert_eq!(g["maxOutputTokens"], json!(512));
+    let g = body("gemini-2.5-flash-lite", None);
+    assert!(g.get("thinkingConfig").is_none());
+    assert_eq!(g["maxOutputTokens"], json!(512));
+    assert_eq!(thinking_allowance("gemini-2.5-flash", None), 1024);
+    assert_eq!(thinking_allowance("gemini-2.5-flash", Some(-1)), 0);
+    assert_eq!(thinking_allowance("gemini-3-pro-preview", None), 0);
 }
 
 #[test]

@@ -146,6 +146,8 @@ fn request_body_uses_structured_output() {
             "verdict".into(),
             json!({"type":"object"}),
         ))),
+        structured_output: Default::default(),
+        thinking_budget: None,
         client_request_id: "r1".into(),
         timeout: std::time::Duration::from_secs(1),
     };

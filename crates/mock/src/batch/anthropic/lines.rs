@@ -8,7 +8,7 @@
 //! route's rules and deterministic answer: a `succeeded` line whose
 //! `message` is the sync route's Message body, or an `errored` line whose
 //! `error` is a full ErrorResponse (`invalid_request_error` for params the
-//! sync route would refuse, `api_error` for a drawn failure). `plain` gives
+//! sync route would refuse, a refused `output_config` among them, `api_error` for a drawn failure). `plain` gives
 //! the `canceled` / `expired` lines.
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -137,6 +137,7 @@ pub(crate) fn prompt_tokens(params: &Value) -> u64 {
         messages: texts,
         format: wire::Format::Text,
         max_tokens: None,
+        thinking_tokens: 0,
     }
     .prompt_tokens()
 }
@@ -204,19 +205,16 @@ pub(crate) fn answer_line(
     let bad = |msg: &str| errored(shared, custom_id, "invalid_request_error", msg);
     let p = Params::deserialize(params).map_err(|e| bad(&format!("params: {e}")))?;
     let (model, max) = required(&p).map_err(bad)?;
-    let explicit: Option<Json> = p
-        .output_config
-        .as_ref()
-        .and_then(|c| c.get("format"))
-        .filter(|f| f.get("type").and_then(Value::as_str) == Some("json_schema"))
-        .and_then(|f| f.get("schema"))
-        .and_then(|s| serde_json::from_value(s.clone()).ok());
+    let checked = crate::chat::output_config::check(p.output_config.as_ref())
+        .map_err(|e| bad(&format!("params.{e}")))?;
     let texts: Vec<MessageText<'_>> = std::iter::once(&p.system)
         .filter(|s| s.is_some())
         .chain(p.messages.iter().flatten().map(|m| &m.content))
         .map(text_of)
         .collect();
     let pieces = || texts.iter().flat_map(MessageText::pieces);
+    let explicit: Option<Json> =
+        checked.map(|s| crate::chat::output_config::with_stated(s, pieces()));
     let found = if explicit.is_none() {
         infer::schema_in_text(pieces())
     } else {
@@ -233,6 +231,7 @@ pub(crate) fn answer_line(
         messages: texts,
         format,
         max_tokens: Some(max),
+        thinking_tokens: 0,
     };
     let (_, seed) = prompt.hashes();
     let content = crate::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
@@ -245,6 +244,7 @@ pub(crate) fn answer_line(
         refused: false,
         prompt_tokens: pt,
         completion_tokens: ct,
+        thinking_tokens: 0,
         elapsed: Duration::ZERO,
         stream: false,
     };

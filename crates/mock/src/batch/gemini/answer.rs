@@ -80,6 +80,7 @@ pub(crate) fn prompt_tokens(request: &Value) -> u64 {
         messages,
         format: crate::wire::Format::Text,
         max_tokens: None,
+        thinking_tokens: 0,
     }
     .prompt_tokens()
 }
@@ -133,6 +134,7 @@ pub(crate) fn answer(
             .and_then(|c| c.max_output_tokens)
             .filter(|n| *n > 0)
             .map(|n| n as u64),
+        thinking_tokens: 0,
     };
     let (_, seed) = prompt.hashes();
     let content = crate::steer::answer(shared, &shared.live(), &prompt, seed, Damage::None);
@@ -151,6 +153,7 @@ pub(crate) fn answer(
         refused: false,
         prompt_tokens: pt,
         completion_tokens: ct,
+        thinking_tokens: 0,
         elapsed: Duration::ZERO,
         stream: false,
     };

@@ -89,6 +89,7 @@ impl LoadedConfig {
                 format!("{} is out of range (0 to 2)", t.get_ref()),
             ));
         }
+        self.validate_provider_params(s, i)?;
         if let Some(t) = &s.temperature
             && *t.get_ref() > 1.0
             && c.providers.get(&s.provider).map(|p| p.kind) == Some(ProviderKind::Anthropic)
@@ -100,6 +101,39 @@ impl LoadedConfig {
                     "{} is out of range for an anthropic provider (0 to 1)",
                     t.get_ref()
                 ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The parameters one provider kind reads: `thinking_budget` (Gemini,
+    /// -1 to 32768: 2.5 Pro's most) and a `structured_output` other than
+    /// `auto` (Anthropic). Elsewhere they would do nothing, so they are refused.
+    fn validate_provider_params(&self, s: &StageConfig, i: usize) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("stages[{i}].{k}");
+        let kind = self.config.providers.get(&s.provider).map(|p| p.kind);
+        if let Some(b) = &s.thinking_budget {
+            let v = *b.get_ref();
+            if kind != Some(ProviderKind::Gemini) {
+                return Err(self.invalid(
+                    b,
+                    &key("thinking_budget"),
+                    "only a gemini provider reads thinking_budget",
+                ));
+            }
+            if !(-1..=32_768).contains(&v) {
+                return Err(self.invalid(
+                    b,
+                    &key("thinking_budget"),
+                    format!("{v} is out of range (-1 for dynamic, 0 to 32768)"),
+                ));
+            }
+        }
+        if !s.structured_output.is_auto() && kind != Some(ProviderKind::Anthropic) {
+            return Err(self.invalid_at_text(
+                "structured_output",
+                &key("structured_output"),
+                "only an anthropic provider reads structured_output (the others always send the schema as their own parameter)",
             ));
         }
         Ok(())

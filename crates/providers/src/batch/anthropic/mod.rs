@@ -4,7 +4,8 @@
 //!   `{"requests":[{"custom_id","params"}]}`; no file upload, the whole body
 //!   is the input, streamed a piece at a time as it is encoded. Each
 //!   `params` is exactly the synchronous Messages body
-//!   (`anthropic::request_body`).
+//!   (`anthropic::request_body`): structured output (`output_config.format`
+//!   or the schema in the system prompt) is decided there, once for both.
 //! - poll: `GET {base}/v1/messages/batches/{id}`; `processing_status`
 //!   `in_progress` → InProgress, `canceling` → Cancelling, `ended` →
 //!   Cancelled when a cancel was initiated, else Expired when some requests

@@ -31,6 +31,8 @@ fn line(id: &str) -> BatchLine {
             max_tokens: 256,
             temperature: None,
             response_schema: None,
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
         },
@@ -65,6 +67,22 @@ fn the_create_body_is_the_references_example() {
         json!({"custom_id": "item-000123",
                "params": {"model": "claude-haiku-4-5", "max_tokens": 256,
                           "messages": [{"role": "user", "content": "…"}]}})
+    );
+    // The params are the sync body: a schema goes as `output_config.format`
+    // on a model that takes it, exactly as a synchronous request.
+    let mut with_schema = line("item-000124");
+    with_schema.request.response_schema = Some(std::sync::Arc::new((
+        "verdict".into(),
+        json!({"type": "object", "properties": {"c": {"type": "number", "maximum": 1}}}),
+    )));
+    let v: Value = serde_json::from_slice(&b.encode_line(&with_schema).unwrap()).unwrap();
+    assert_eq!(
+        v["params"]["output_config"]["format"]["schema"],
+        json!({"type": "object", "properties": {"c": {"type": "number"}}, "additionalProperties": false})
+    );
+    assert_eq!(
+        v["params"],
+        crate::anthropic::request_body(&with_schema.request)
     );
     assert_eq!(b.url(""), "https://api.anthropic.com/v1/messages/batches");
     assert_eq!(

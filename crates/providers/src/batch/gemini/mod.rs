@@ -28,7 +28,8 @@
 //!   page, matching `displayName == tag`.
 //!
 //! The key goes in `x-goog-api-key` only, never a URL. A request is the
-//! synchronous `generateContent` body (`gemini::request_body`) and a result's
+//! synchronous `generateContent` body (`gemini::request_body`, thinking
+//! budget and all) and a result's
 //! `response` is read by the synchronous parser, its `error` by the
 //! synchronous classifier.
 //!

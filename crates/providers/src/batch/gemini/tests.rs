@@ -36,6 +36,8 @@ fn line(id: &str) -> BatchLine {
             max_tokens: 50,
             temperature: Some(0.0),
             response_schema: None,
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
         },
@@ -149,6 +151,11 @@ fn requests_are_the_sync_body_under_the_batch_envelopes() {
     assert_eq!(
         v,
         json!({"key": "item-000123", "request": request_body(&l.request)})
+    );
+    // The thinking budget rides along, as on a synchronous request.
+    assert_eq!(
+        v["request"]["generationConfig"]["thinkingConfig"],
+        json!({"thinkingBudget": crate::gemini::DEFAULT_THINKING_BUDGET})
     );
     assert_eq!(
         GeminiBatch::inline_item(&l),

@@ -51,6 +51,8 @@ fn line(id: &str) -> BatchLine {
                 "verdict".into(),
                 json!({"type":"object"}),
             ))),
+            structured_output: Default::default(),
+            thinking_budget: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
         },
