@@ -79,6 +79,7 @@ fn lines_of(n: usize) -> Vec<BatchLine> {
                 response_schema: Some(schema.clone()),
                 client_request_id: format!("bench-{i}-1"),
                 timeout: Duration::from_secs(60),
+                body: None,
             },
         })
         .collect()

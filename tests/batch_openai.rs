@@ -305,6 +305,7 @@ fn request(id: &str, model: &str) -> ChatRequest {
         ))),
         client_request_id: id.into(),
         timeout: Duration::from_secs(10),
+        body: None,
     }
 }
 

@@ -141,6 +141,7 @@ fn request(model: &str) -> ChatRequest {
         ))),
         client_request_id: "docket-req-1".into(),
         timeout: Duration::from_secs(5),
+        body: None,
     }
 }
 

@@ -16,6 +16,7 @@ mod docs;
 mod items;
 mod ledger;
 mod reports;
+mod requests;
 mod run;
 mod setup;
 mod signals;

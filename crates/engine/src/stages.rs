@@ -57,6 +57,11 @@ pub struct Stage {
     pub wait_for_previous: bool,
     /// Structured batching: the criteria judged in one request.
     pub criteria: Vec<String>,
+    /// The rendered template is the request's whole body, sent as written
+    /// (`docket run --requests`).
+    pub send_body: bool,
+    /// With `send_body`: the stage's model replaces the body's.
+    pub override_model: bool,
 }
 
 /// The prompt sent after `after` answers failed the gate.
@@ -215,9 +220,16 @@ fn load_stage(
         }),
         _ => None,
     };
-    let gate = Gate::build_for(&stage.gate, &config.root, cfg_path, !stage.is_critic())?;
+    // A body sent as written needs no confidence, and gets no schema added.
+    let gate = Gate::build_for(
+        &stage.gate,
+        &config.root,
+        cfg_path,
+        !stage.is_critic() && !stage.send_body,
+    )?;
     let response_schema = gate
         .response_schema()
+        .filter(|_| !stage.send_body)
         .map(|s| Arc::new((schema_name(&stage.name), s.clone())));
     // A missing key stops the run here, before planning creates anything;
     // a dry run sends nothing, so it goes on and names the key instead.
@@ -225,14 +237,7 @@ fn load_stage(
         docket_providers::check_key(&stage.provider, &provider)?;
     }
     let (price, price_known) = price_of(&provider.model);
-    let params = serde_json::json!({
-        "max_tokens": stage.max_tokens.get_ref(),
-        "temperature": stage.temperature.as_ref().map(|t| *t.get_ref()),
-        "gate": &stage.gate,
-        "criteria": &stage.criteria,
-        "repair_after": stage.repair_after.as_ref().map(|r| *r.get_ref()),
-        "repair_template": repair.as_ref().map(|r| r.template.hash.clone()),
-    });
+    let params = stage_params(stage, repair.as_ref());
     let critic_of = stage
         .critic_of
         .as_ref()
@@ -275,7 +280,28 @@ fn load_stage(
         critic_of,
         wait_for_previous: stage.wait_for_previous,
         criteria: stage.criteria.clone(),
+        send_body: stage.send_body,
+        override_model: stage.override_model,
     })
+}
+
+/// What, besides the template, makes a stage's request: its hash tells
+/// answers made otherwise.
+fn stage_params(stage: &StageConfig, repair: Option<&Repair>) -> Value {
+    let mut params = serde_json::json!({
+        "max_tokens": stage.max_tokens.get_ref(),
+        "temperature": stage.temperature.as_ref().map(|t| *t.get_ref()),
+        "gate": &stage.gate,
+        "criteria": &stage.criteria,
+        "repair_after": stage.repair_after.as_ref().map(|r| *r.get_ref()),
+        "repair_template": repair.map(|r| r.template.hash.clone()),
+    });
+    // Only when set: the hashes of every other stage stay as they were.
+    if stage.send_body {
+        params["send_body"] = Value::Bool(true);
+        params["override_model"] = Value::Bool(stage.override_model);
+    }
+    params
 }
 
 /// The critic rule in force, if the answer stage has a critic.

@@ -115,6 +115,9 @@ impl PromptTemplate {
         env.set_debug(false);
         // Prompts are plain text: no HTML escaping of evidence.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        // `{{ body | tojson }}`: a value as compact JSON (the template of a
+        // stage that sends a request body as written).
+        env.add_filter("tojson", tojson);
         let mut hasher_input = user_src.clone();
         env.add_template_owned(USER, user_src)
             .map_err(|e| syntax(user_path, &e))?;
@@ -198,6 +201,12 @@ impl PromptTemplate {
             item_id: item_id.to_string(),
         })
     }
+}
+
+/// The `tojson` filter: the value as compact JSON.
+fn tojson(value: minijinja::Value) -> Result<String, minijinja::Error> {
+    serde_json::to_string(&value)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))
 }
 
 fn syntax(path: &Path, e: &minijinja::Error) -> TemplateError {

@@ -232,6 +232,7 @@ pub(crate) fn parse_success(
         model: body.model,
         headers,
         http_status: status,
+        body: None,
     })
 }
 

@@ -267,6 +267,7 @@ pub(crate) fn parse_success(
                 model: body.model_version,
                 headers,
                 http_status: status,
+                body: None,
             });
         }
         return Err(unusable("answer has no candidates".into()));
@@ -298,6 +299,7 @@ pub(crate) fn parse_success(
         model: body.model_version,
         headers,
         http_status: status,
+        body: None,
     })
 }
 

@@ -198,6 +198,7 @@ pub(crate) fn parse_success(
         model: body.model,
         headers,
         http_status: status,
+        body: None,
     })
 }
 
@@ -251,6 +252,7 @@ mod tests {
             ))),
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
+            body: None,
         };
         assert_eq!(
             request_body(&req),

@@ -49,6 +49,7 @@ pub fn lines(model: &str, system: &str, tag: &str, n: usize) -> Vec<BatchLine> {
                 response_schema: Some(std::sync::Arc::new(("adjudicate".into(), schema.clone()))),
                 client_request_id: format!("{tag}-{i}-1"),
                 timeout: Duration::from_secs(10),
+                body: None,
             },
         })
         .collect()

@@ -160,12 +160,13 @@ async fn wait_for_room(
 /// Number the attempt and put its intent on record before a byte leaves;
 /// the request to send. Err with how the attempt ended when it cannot be.
 async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent> {
-    job.attempt += 1;
-    job.note_seen();
-    let client_request_id = custom_id(ctx, job.request_id, job.attempt);
     let Some(prompt) = job.prompt.as_ref() else {
         return Err(Sent::Stopped);
     };
+    let body = request_body(job.stage, prompt).map_err(Sent::RenderFailed)?;
+    job.attempt += 1;
+    job.note_seen();
+    let client_request_id = custom_id(ctx, job.request_id, job.attempt);
     let intent = SendIntent {
         session_id: ctx.session_id.clone(),
         request_id: job.request_id,
@@ -180,7 +181,7 @@ async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent
     }
     docket_model::failpoint::hit("after_intent");
     Ok(ChatRequest {
-        model: job.stage.model.clone(),
+        model: body_model(job.stage, body.as_deref()),
         system: prompt.system.clone(),
         user: prompt.user.clone(),
         max_tokens: job.max_tokens,
@@ -188,7 +189,41 @@ async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent
         response_schema: job.response_schema(),
         client_request_id,
         timeout: job.stage.request_timeout,
+        body,
     })
+}
+
+/// For a stage that sends its rendered template as the request's body
+/// (`docket run --requests`): that body, parsed, with the stage's model
+/// put in when it overrides the body's or the body has none. None for
+/// any other stage; Err (the item's error) when it is not a JSON object.
+pub(crate) fn request_body(
+    stage: &crate::stages::Stage,
+    prompt: &Prompt,
+) -> Result<Option<std::sync::Arc<serde_json::Value>>, String> {
+    if !stage.send_body {
+        return Ok(None);
+    }
+    let mut body = match serde_json::from_str::<serde_json::Value>(&prompt.user) {
+        Ok(serde_json::Value::Object(body)) => body,
+        Ok(_) => return Err("the request body is not a JSON object".into()),
+        Err(e) => return Err(format!("the request body is not JSON: {e}")),
+    };
+    if stage.override_model || !body.get("model").is_some_and(serde_json::Value::is_string) {
+        body.insert(
+            "model".into(),
+            serde_json::Value::from(stage.model.as_str()),
+        );
+    }
+    Ok(Some(std::sync::Arc::new(serde_json::Value::Object(body))))
+}
+
+/// The model a request goes to: its body's when it is sent as written,
+/// else the stage's.
+pub(crate) fn body_model(stage: &crate::stages::Stage, body: Option<&serde_json::Value>) -> String {
+    body.and_then(|b| b.get("model"))
+        .and_then(serde_json::Value::as_str)
+        .map_or_else(|| stage.model.clone(), str::to_string)
 }
 
 /// Send, racing the stage's deadline and a hard stop. None when the hard
@@ -249,8 +284,15 @@ pub(super) fn via_batch(
         system: None,
         user: String::new(),
     });
+    let body = match request_body(job.stage, &prompt) {
+        Ok(body) => body,
+        Err(message) => {
+            ctx.budget.settle(worst, 0.0);
+            return Sent::RenderFailed(message);
+        }
+    };
     let request = ChatRequest {
-        model: job.stage.model.clone(),
+        model: body_model(job.stage, body.as_deref()),
         system: prompt.system,
         user: prompt.user,
         max_tokens: job.max_tokens,
@@ -258,6 +300,7 @@ pub(super) fn via_batch(
         response_schema: job.response_schema(),
         client_request_id: id,
         timeout: job.stage.request_timeout,
+        body,
     };
     let item = (job.item.item_id.clone(), job.item.claim_token);
     b.enqueue(job.request_id, attempt, request, item, worst);

@@ -18,6 +18,7 @@ fn req(schema: bool) -> ChatRequest {
         }),
         client_request_id: "r1".into(),
         timeout: Duration::from_secs(5),
+        body: None,
     }
 }
 

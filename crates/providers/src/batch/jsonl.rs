@@ -195,6 +195,7 @@ mod tests {
                 response_schema: None,
                 client_request_id: id.to_string(),
                 timeout: Duration::from_secs(1),
+                body: None,
             },
         }
     }

@@ -15,6 +15,7 @@ fn req() -> ChatRequest {
         ))),
         client_request_id: "r1".into(),
         timeout: Duration::from_secs(5),
+        body: None,
     }
 }
 

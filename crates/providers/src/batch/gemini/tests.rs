@@ -38,6 +38,7 @@ fn line(id: &str) -> BatchLine {
             response_schema: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
+            body: None,
         },
     }
 }

@@ -53,6 +53,7 @@ fn line(id: &str) -> BatchLine {
             ))),
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
+            body: None,
         },
     }
 }
