@@ -59,7 +59,7 @@ impl Job {
         });
         let finished = code == 0 || code == docket::engine::EXIT_COMPLETED_WITH_ERRORS;
         if dry_run {
-            return (code, Some(doc));
+            return (self.with_bad_lines(code), Some(doc));
         }
         if !finished {
             self.note(&format!(
