@@ -28,6 +28,7 @@ pub(crate) mod openrouter;
 mod preflight;
 mod registry;
 pub mod retry;
+pub mod translate;
 mod transport;
 
 use std::fmt;
