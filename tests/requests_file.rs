@@ -386,3 +386,99 @@ fn bad_lines_are_named_a_dry_run_sends_nothing_and_a_finished_file_is_not_sent_a
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("another version of mixed.jsonl"), "{out}");
 }
+
+/// Lifecycle of a batch at the mock: quick.
+const QUICK: [&str; 6] = [
+    "--batch-validating-ms",
+    "100",
+    "--batch-running-ms",
+    "300",
+    "--batch-finalizing-ms",
+    "100",
+];
+
+/// The same file through a provider's Batch API at the mock (`kind`, its
+/// base URL, key variable and a model of its own): every line answered
+/// with a chat.completion body (translated back for Anthropic and Gemini),
+/// in batches only (no synchronous request).
+fn through_batches(kind: &str, base: &str, key_env: &str, model: &str) {
+    let mock = Mock::start(&QUICK);
+    let d = tempfile::tempdir().unwrap();
+    let lines = batch_lines(1000);
+    write_lines(&d.path().join("requests.jsonl"), &lines);
+    let base_url = format!("{}{base}", mock.base());
+    let args = [
+        "run",
+        "--requests",
+        "requests.jsonl",
+        "--provider",
+        kind,
+        "--base-url",
+        &base_url,
+        "--model",
+        model,
+        "--mode",
+        "batch",
+        "--poll-interval",
+        "0.2",
+        "--yes",
+        "--headless",
+    ];
+    let mut cmd = docket(d.path(), &args);
+    cmd.env(key_env, KEY);
+    let mut p = Proc::start(cmd, kind.into(), d.path().join("out.txt"));
+    let started = Instant::now();
+    let (code, out) = p.wait(RUN_TIMEOUT);
+    assert_eq!(code, Some(0), "{kind}:\n{out}");
+    let written = output_by_id(&d.path().join("requests.results.jsonl"));
+    assert_eq!(written.len(), 1000, "{kind}");
+    for l in &lines {
+        let v = &written[l["custom_id"].as_str().unwrap()];
+        assert_eq!(v["error"], Value::Null, "{kind}: {v}");
+        let body = &v["response"]["body"];
+        assert_eq!(v["response"]["status_code"], 200, "{kind}: {v}");
+        assert_eq!(body["object"], "chat.completion", "{kind}: {v}");
+        assert!(
+            body["model"].as_str().unwrap().starts_with(model),
+            "{kind}: {v}"
+        );
+        assert_eq!(
+            body["choices"][0]["message"]["role"], "assistant",
+            "{kind}: {v}"
+        );
+        assert!(
+            body["choices"][0]["message"]["content"].is_string(),
+            "{kind}: {v}"
+        );
+        assert!(
+            body["choices"][0]["finish_reason"].is_string(),
+            "{kind}: {v}"
+        );
+        assert!(
+            body["usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+            "{kind}: {v}"
+        );
+    }
+    let log = mock.log();
+    let chat = log
+        .iter()
+        .filter(|e| e["batch_id"].is_null() && e["outcome"] == "ok")
+        .count();
+    let created = log
+        .iter()
+        .filter(|e| e["outcome"] == "batch_created")
+        .count();
+    assert_eq!(chat, 0, "{kind}: synchronous requests were sent");
+    assert!(created >= 1, "{kind}: no batch created");
+    eprintln!(
+        "{kind}: 1000 lines in {created} batch(es), {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_same_file_goes_through_the_openai_anthropic_and_gemini_batch_apis() {
+    through_batches("openai", "/v1", "OPENAI_API_KEY", "gpt-4o-mini");
+    through_batches("anthropic", "", "ANTHROPIC_API_KEY", "claude-haiku-4-5");
+    through_batches("gemini", "", "GEMINI_API_KEY", "gemini-2.5-flash");
+}

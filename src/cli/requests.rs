@@ -50,6 +50,10 @@ pub struct RequestsArgs {
     /// provider's Batch API.
     #[arg(long, value_enum, default_value_t = RequestsMode::Sync, requires = "requests")]
     pub mode: RequestsMode,
+    /// With --mode batch: poll the provider's batches every SECS seconds
+    /// instead of at its own cadence (30 s at first, then slower).
+    #[arg(long, value_name = "SECS", requires = "requests")]
+    pub poll_interval: Option<f64>,
     /// Send nothing if any line is bad (by default the good lines go and
     /// the exit code is 2).
     #[arg(long, requires = "requests")]

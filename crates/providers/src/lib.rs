@@ -265,6 +265,17 @@ pub(crate) fn keep_body(mut answer: ChatAnswer, req: &ChatRequest, bytes: &[u8])
     answer
 }
 
+/// A request body sent as written that cannot be translated for the
+/// provider: the item's error, never sent again.
+pub(crate) fn untranslatable(e: translate::TranslateError) -> ProviderError {
+    ProviderError {
+        class: ErrorClass::Request,
+        http_status: None,
+        message: format!("the request cannot be translated for this provider: {e}"),
+        headers: Default::default(),
+    }
+}
+
 /// What came back over the wire, before any provider-specific parsing.
 pub(crate) struct RawAnswer {
     pub status: u16,

@@ -245,12 +245,15 @@ fn job_toml(
         (max_tokens / 4).max(1),
     ));
     if args.mode == RequestsMode::Batch {
+        // Every line is there at once: cut as soon as they are all queued.
         t.push_str("\n[stages.batch]\nmode = \"batch\"\nmax_wait_secs = 2.0\n");
-        if let Ok(secs) = std::env::var("DOCKET_REQUESTS_POLL_SECS") {
-            // Tests against the mock poll often; a provider's own cadence otherwise.
-            if let Ok(s) = secs.parse::<f64>() {
-                t.push_str(&format!("poll_interval_secs = {s}\n"));
+        if let Some(secs) = args.poll_interval {
+            if !(secs.is_finite() && secs > 0.0) {
+                return Err(format!(
+                    "--poll-interval {secs}: must be a positive number of seconds"
+                ));
             }
+            t.push_str(&format!("poll_interval_secs = {secs}\n"));
         }
     }
     t.push_str("\n[stages.gate]\n");
