@@ -482,3 +482,46 @@ fn the_same_file_goes_through_the_openai_anthropic_and_gemini_batch_apis() {
     through_batches("anthropic", "", "ANTHROPIC_API_KEY", "claude-haiku-4-5");
     through_batches("gemini", "", "GEMINI_API_KEY", "gemini-2.5-flash");
 }
+
+/// `--schema`: an answer that is not valid against it is asked again, up
+/// to 3 answers, then kept, with `gate_failed` in its line's error; one
+/// that asked for (and got) JSON passes.
+#[test]
+fn a_schema_gates_the_answers_and_a_failure_is_the_lines_error() {
+    let mock = Mock::start(&[]);
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("any-object.json"), r#"{"type": "object"}"#).unwrap();
+    let mut lines = batch_lines(2);
+    lines[1]["body"]["response_format"] = json!({"type": "json_object"});
+    lines[1]["body"]["messages"][1]["content"] = json!("Reply in JSON: is 1 even?");
+    write_lines(&d.path().join("gated.jsonl"), &lines);
+    let (code, out) = run_to_end(
+        d.path(),
+        &run_args(&mock, "gated.jsonl", &["--schema", "any-object.json"]),
+    );
+    assert_eq!(code, Some(5), "a line in error:\n{out}");
+    let written = output_by_id(&d.path().join("gated.results.jsonl"));
+    let failed = &written["req-0000"];
+    assert_eq!(failed["response"]["status_code"], 200, "{failed}");
+    assert_eq!(
+        failed["response"]["body"]["object"], "chat.completion",
+        "{failed}"
+    );
+    assert_eq!(failed["error"]["code"], "gate_failed", "{failed}");
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not JSON"),
+        "{failed}"
+    );
+    assert_answered(&written["req-0001"], MODELS[1]);
+    let (prompts, _) = sent_by_prompt(&mock);
+    let mut counts: Vec<u64> = prompts.values().copied().collect();
+    counts.sort();
+    assert_eq!(
+        counts,
+        [1, 3],
+        "the failing line asked 3 times, the passing one once"
+    );
+}
