@@ -437,8 +437,9 @@ pub struct RunArgs {
     /// every item of that session (its outcomes are kept as history).
     #[arg(long, value_name = "STAGE")]
     pub rerun_stage: Option<String>,
+    /// Boxed: the flags of `--requests` are many, and seldom there.
     #[command(flatten)]
-    pub requests: RequestsArgs,
+    pub requests: Box<RequestsArgs>,
 }
 
 #[derive(Debug, Args)]

@@ -61,7 +61,7 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
     if args.requests.requests.is_some() {
         return super::requests::run(ws, args, console).await;
     }
-    batch_adjudicate_then(ws, args, console, |code| (code, None)).await
+    batch_adjudicate_then(ws, args, console, Box::new(|code| (code, None))).await
 }
 
 /// What runs once a run ended, before its closing JSON document (if any)
@@ -76,9 +76,8 @@ pub(super) async fn batch_adjudicate_then<'a>(
     ws: &Path,
     args: RunArgs,
     console: &ConsoleArgs,
-    after: impl FnOnce(i32) -> (i32, Option<serde_json::Value>) + 'a,
+    after: AfterRun<'a>,
 ) -> i32 {
-    let after: AfterRun<'a> = Box::new(after);
     if !(args.grace.is_finite() && args.grace >= 0.0) {
         return fail("--grace: must be a non-negative number of seconds");
     }

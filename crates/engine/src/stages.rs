@@ -221,12 +221,8 @@ fn load_stage(
         _ => None,
     };
     // A body sent as written needs no confidence, and gets no schema added.
-    let gate = Gate::build_for(
-        &stage.gate,
-        &config.root,
-        cfg_path,
-        !stage.is_critic() && !stage.send_body,
-    )?;
+    let needs_confidence = !stage.is_critic() && !stage.send_body;
+    let gate = Gate::build_for(&stage.gate, &config.root, cfg_path, needs_confidence)?;
     let response_schema = gate
         .response_schema()
         .filter(|_| !stage.send_body)

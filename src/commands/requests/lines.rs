@@ -41,7 +41,7 @@ pub struct RequestsFile {
 }
 
 /// Read every line of `path`. Err only when the file cannot be read.
-pub fn read(path: &Path) -> Result<RequestsFile, String> {
+pub(super) fn read(path: &Path) -> Result<RequestsFile, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = RequestsFile {
         sha256: docket::ids::sha256_hex(&bytes),
@@ -88,7 +88,7 @@ pub fn read(path: &Path) -> Result<RequestsFile, String> {
 
 /// One line: a Batch line when it has any of custom_id, method, url or
 /// body, else a bare chat-completions body.
-pub fn parse_line(text: &str, number: u64) -> Result<Request, String> {
+pub(super) fn parse_line(text: &str, number: u64) -> Result<Request, String> {
     let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let Value::Object(obj) = value else {
         return Err("not a JSON object".into());

@@ -149,8 +149,8 @@ pub(super) async fn run(ws: &Path, mut args: RunArgs, console: &ConsoleArgs) -> 
     }
     let dir = job.dir.clone();
     let dry_run = args.dry_run;
-    super::run::batch_adjudicate_then(&dir, args, console, move |code| job.finish(code, dry_run))
-        .await
+    let after = Box::new(move |code| job.finish(code, dry_run));
+    super::run::batch_adjudicate_then(&dir, args, console, after).await
 }
 
 /// Read the file, say its bad lines, make its job's folder and import its

@@ -86,7 +86,7 @@ pub struct Written {
 
 /// Write the output of `requests` to `out`, whole: a temporary file beside
 /// it, renamed over it once complete.
-pub fn write(ws: &Path, requests: &[Request], out: &Path) -> Result<Written, String> {
+pub(super) fn write(ws: &Path, requests: &[Request], out: &Path) -> Result<Written, String> {
     let last = last_attempts(ws)?;
     let mut tmp_name = out.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".partial");
@@ -132,7 +132,7 @@ fn output_line(custom_id: &str, last: Option<&Last>) -> Value {
         .or_else(|| a.client_request_id.clone());
     let message = a.error_message.clone().unwrap_or_default();
     let answer = (a.state == "answered")
-        .then(|| a.output.as_deref())
+        .then_some(a.output.as_deref())
         .flatten()
         .and_then(|o| serde_json::from_str::<Value>(o).ok())
         .filter(Value::is_object);

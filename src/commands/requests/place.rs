@@ -182,7 +182,7 @@ fn max_output_tokens(file: &RequestsFile) -> u64 {
 
 /// Make (or find again) the job's folder for `file`; Err when it holds
 /// another file's job, or cannot be written.
-pub fn prepare(
+pub(super) fn prepare(
     ws: &Path,
     file: &Path,
     requests: &RequestsFile,

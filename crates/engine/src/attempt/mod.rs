@@ -11,7 +11,6 @@ mod send;
 use answer::{on_answer, on_not_run};
 use failure::{Resend, on_error};
 use send::{batch_reply, send_sync, via_batch};
-pub(crate) use send::{body_model, request_body};
 pub(super) use send::{over_token_limit, prompt_tokens};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;

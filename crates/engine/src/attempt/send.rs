@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Job, Sent, Via, custom_id};
+use crate::as_written::{body_model, request_body};
 use crate::batching::Reply;
 use crate::ctx::{Ctx, StopCause};
 use crate::template::Prompt;
@@ -191,39 +192,6 @@ async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent
         timeout: job.stage.request_timeout,
         body,
     })
-}
-
-/// For a stage that sends its rendered template as the request's body
-/// (`docket run --requests`): that body, parsed, with the stage's model
-/// put in when it overrides the body's or the body has none. None for
-/// any other stage; Err (the item's error) when it is not a JSON object.
-pub(crate) fn request_body(
-    stage: &crate::stages::Stage,
-    prompt: &Prompt,
-) -> Result<Option<std::sync::Arc<serde_json::Value>>, String> {
-    if !stage.send_body {
-        return Ok(None);
-    }
-    let mut body = match serde_json::from_str::<serde_json::Value>(&prompt.user) {
-        Ok(serde_json::Value::Object(body)) => body,
-        Ok(_) => return Err("the request body is not a JSON object".into()),
-        Err(e) => return Err(format!("the request body is not JSON: {e}")),
-    };
-    if stage.override_model || !body.get("model").is_some_and(serde_json::Value::is_string) {
-        body.insert(
-            "model".into(),
-            serde_json::Value::from(stage.model.as_str()),
-        );
-    }
-    Ok(Some(std::sync::Arc::new(serde_json::Value::Object(body))))
-}
-
-/// The model a request goes to: its body's when it is sent as written,
-/// else the stage's.
-pub(crate) fn body_model(stage: &crate::stages::Stage, body: Option<&serde_json::Value>) -> String {
-    body.and_then(|b| b.get("model"))
-        .and_then(serde_json::Value::as_str)
-        .map_or_else(|| stage.model.clone(), str::to_string)
 }
 
 /// Send, racing the stage's deadline and a hard stop. None when the hard

@@ -433,9 +433,9 @@ impl Batcher {
             user,
         };
         // A body that does not parse failed its first send already.
-        let body = crate::attempt::request_body(p, &prompt).ok().flatten();
+        let body = crate::as_written::request_body(p, &prompt).ok().flatten();
         ChatRequest {
-            model: crate::attempt::body_model(p, body.as_deref()),
+            model: crate::as_written::body_model(p, body.as_deref()),
             system: prompt.system,
             user: prompt.user,
             max_tokens: p.max_tokens,
