@@ -132,8 +132,9 @@ pub(super) async fn run(ws: &Path, mut args: RunArgs, console: &ConsoleArgs) -> 
         Err(e) => return fail(e),
         Ok(Some((id, state))) if state == "completed" => {
             job.note(&format!(
-                "Session {id} already answered every line of {}: nothing is sent.",
-                file.display()
+                "Session {id} of {} has finished: nothing is sent (remove {} to send the file anew).",
+                file.display(),
+                job.dir.display()
             ));
             let (code, doc) = job.finish(0, args.dry_run);
             if let (true, Some(doc)) = (json, doc) {

@@ -157,6 +157,16 @@ fn output_line(custom_id: &str, last: Option<&Last>) -> Value {
             }}},
             "error": null,
         }),
+        // An answer kept as text only (an Anthropic or Gemini answer that
+        // did not translate back) is not a body to hand on.
+        (None, _) if a.state == "answered" => json!({
+            "id": id, "custom_id": custom_id,
+            "response": null,
+            "error": {
+                "code": "unreadable_answer",
+                "message": "the provider's answer could not be kept as a chat completion body",
+            },
+        }),
         (None, _) => json!({
             "id": id, "custom_id": custom_id,
             "response": null,
