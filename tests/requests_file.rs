@@ -531,3 +531,69 @@ fn a_schema_gates_the_answers_and_a_failure_is_the_lines_error() {
         "the failing line asked 3 times, the passing one once"
     );
 }
+
+/// Synchronous Anthropic and Gemini requests: each body translated from
+/// the chat shape, each answer translated back to a chat.completion body.
+#[test]
+fn synchronous_anthropic_and_gemini_requests_are_translated_both_ways() {
+    for (kind, key_env, model, route) in [
+        (
+            "anthropic",
+            "ANTHROPIC_API_KEY",
+            "claude-haiku-4-5",
+            "/v1/messages",
+        ),
+        (
+            "gemini",
+            "GEMINI_API_KEY",
+            "gemini-2.5-flash",
+            "/v1beta/models/{model}:generateContent",
+        ),
+    ] {
+        let mock = Mock::start(&[]);
+        let d = tempfile::tempdir().unwrap();
+        let lines = batch_lines(20);
+        write_lines(&d.path().join("requests.jsonl"), &lines);
+        let base = mock.base();
+        let args = [
+            "run",
+            "--requests",
+            "requests.jsonl",
+            "--provider",
+            kind,
+            "--base-url",
+            &base,
+            "--model",
+            model,
+            "--yes",
+            "--headless",
+        ];
+        let mut cmd = docket(d.path(), &args);
+        cmd.env(key_env, KEY);
+        let (code, out) = Proc::start(cmd, kind.into(), d.path().join("out.txt")).wait(RUN_TIMEOUT);
+        assert_eq!(code, Some(0), "{kind}:\n{out}");
+        let written = output_by_id(&d.path().join("requests.results.jsonl"));
+        assert_eq!(written.len(), 20, "{kind}");
+        for v in written.values() {
+            assert_eq!(v["error"], Value::Null, "{kind}: {v}");
+            let body = &v["response"]["body"];
+            assert_eq!(body["object"], "chat.completion", "{kind}: {v}");
+            assert!(
+                body["model"].as_str().unwrap().starts_with(model),
+                "{kind}: {v}"
+            );
+            assert!(
+                body["choices"][0]["message"]["content"].is_string(),
+                "{kind}: {v}"
+            );
+        }
+        let log = mock.log();
+        let sent: Vec<&Value> = log.iter().filter(|e| e["route"] == route).collect();
+        assert_eq!(sent.len(), 20, "{kind}: {log:?}");
+        assert!(
+            sent.iter()
+                .all(|e| e["provider"] == kind && e["model"] == model),
+            "{kind}: {sent:?}"
+        );
+    }
+}

@@ -271,6 +271,18 @@ mod tests {
         assert_eq!(out.system, None);
     }
 
+    /// `tojson`: a value as compact JSON (what a `send_body` stage sends).
+    #[test]
+    fn tojson_renders_a_value_as_compact_json() {
+        let d = tempfile::tempdir().unwrap();
+        let t =
+            PromptTemplate::load(&write(d.path(), "t.j2", "{{ body | tojson }}"), None).unwrap();
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "a \"q\" <b>"}], "temperature": 0.5, "n": 2});
+        let out = t.render("x", &json!({ "body": body })).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&out.user).unwrap(), body);
+        assert!(!out.user.contains('\n'), "{}", out.user);
+    }
+
     #[test]
     fn undefined_variable_names_file_line_and_item() {
         let d = tempfile::tempdir().unwrap();
