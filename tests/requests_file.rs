@@ -597,3 +597,71 @@ fn synchronous_anthropic_and_gemini_requests_are_translated_both_ways() {
         );
     }
 }
+
+/// Inside a workspace, `--provider NAME` is one of its `[providers.NAME]`:
+/// its kind, base URL and limits go into the job made beside the file.
+#[test]
+fn inside_a_workspace_the_provider_is_one_of_its_providers() {
+    let mock = Mock::start(&[]);
+    let mut job = support::Job::new(&format!("{}/v1", mock.base()));
+    job.rpm = 0;
+    job.concurrency = 4;
+    let ws = support::workspace(&job);
+    let d = tempfile::tempdir().unwrap();
+    write_lines(&d.path().join("requests.jsonl"), &batch_lines(10));
+    let ws_path = ws.path().display().to_string();
+    let args = [
+        "--workspace",
+        &ws_path,
+        "run",
+        "--requests",
+        "requests.jsonl",
+        "--provider",
+        "main",
+        "--yes",
+        "--headless",
+    ];
+    let (code, out) = Proc::start(
+        docket(d.path(), &args),
+        "in a workspace".into(),
+        d.path().join("out.txt"),
+    )
+    .wait(RUN_TIMEOUT);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        output_by_id(&d.path().join("requests.results.jsonl")).len(),
+        10
+    );
+    let made = std::fs::read_to_string(d.path().join("requests.jsonl.docket/docket.toml")).unwrap();
+    for line in [
+        "[providers.main]",
+        "kind = \"openai_compatible\"",
+        "requests_per_minute = 0",
+        "max_concurrency = 4",
+    ] {
+        assert!(made.contains(line), "{line}:\n{made}");
+    }
+    assert_eq!(mock.stats()["requests"], 10);
+    // A name that is neither one of its providers nor a kind: refused, naming both.
+    let args = [
+        "--workspace",
+        &ws_path,
+        "run",
+        "--requests",
+        "requests.jsonl",
+        "--provider",
+        "nope",
+        "--yes",
+    ];
+    let (code, out) = Proc::start(
+        docket(d.path(), &args),
+        "unknown".into(),
+        d.path().join("out2.txt"),
+    )
+    .wait(RUN_TIMEOUT);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("--provider nope: no [providers.nope]"),
+        "{out}"
+    );
+}
