@@ -665,3 +665,37 @@ fn inside_a_workspace_the_provider_is_one_of_its_providers() {
         "{out}"
     );
 }
+
+/// `--limit N` sends N lines; the same command without it then sends the
+/// others (a new session), and once more sends nothing.
+#[test]
+fn a_limited_run_leaves_the_other_lines_for_the_next() {
+    let mock = Mock::start(&[]);
+    let d = tempfile::tempdir().unwrap();
+    write_lines(&d.path().join("requests.jsonl"), &batch_lines(5));
+    let requests = || mock.stats()["requests"].as_u64().unwrap();
+    let (code, out) = run_to_end(
+        d.path(),
+        &run_args(&mock, "requests.jsonl", &["--limit", "2"]),
+    );
+    assert_eq!(code, Some(5), "3 lines not sent:\n{out}");
+    assert_eq!(requests(), 2);
+    let written = output_by_id(&d.path().join("requests.results.jsonl"));
+    let not_sent = written
+        .values()
+        .filter(|v| v["error"]["code"] == "not_sent")
+        .count();
+    assert_eq!(not_sent, 3, "{written:?}");
+    let (code, out) = run_to_end(d.path(), &run_args(&mock, "requests.jsonl", &[]));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("3 line(s) never sent"), "{out}");
+    assert_eq!(requests(), 5);
+    let (code, out) = run_to_end(d.path(), &run_args(&mock, "requests.jsonl", &[]));
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(requests(), 5, "sent again:\n{out}");
+    let written = output_by_id(&d.path().join("requests.results.jsonl"));
+    assert!(
+        written.values().all(|v| v["error"].is_null()),
+        "{written:?}"
+    );
+}

@@ -128,8 +128,19 @@ pub(super) async fn run(ws: &Path, mut args: RunArgs, console: &ConsoleArgs) -> 
         Ok(job) => job,
         Err(e) => return fail(e),
     };
+    let never_sent =
+        match tokio::task::block_in_place(|| output::never_sent(&job.dir, &job.requests)) {
+            Ok(n) => n,
+            Err(e) => return fail(e),
+        };
     match latest_session(&job.dir) {
         Err(e) => return fail(e),
+        Ok(Some((id, state))) if state == "completed" && never_sent > 0 => {
+            job.note(&format!(
+                "Session {id} finished with {never_sent} line(s) never sent (--limit): a new session sends them \
+                 (and the lines that ended in error, again)."
+            ));
+        }
         Ok(Some((id, state))) if state == "completed" => {
             job.note(&format!(
                 "Session {id} of {} has finished: nothing is sent (remove {} to send the file anew).",

@@ -77,6 +77,16 @@ fn last_attempts(ws: &Path) -> Result<HashMap<String, Last>, String> {
     Ok(last)
 }
 
+/// How many of `requests` nothing was ever sent for (a session run with
+/// `--limit` left them).
+pub(super) fn never_sent(ws: &Path, requests: &[Request]) -> Result<usize, String> {
+    let last = last_attempts(ws)?;
+    Ok(requests
+        .iter()
+        .filter(|r| !last.contains_key(&r.custom_id))
+        .count())
+}
+
 /// How many lines were answered, and how many ended otherwise.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
