@@ -81,6 +81,7 @@ fn lines_of(n: usize) -> Vec<BatchLine> {
                 thinking_budget: None,
                 client_request_id: format!("bench-{i}-1"),
                 timeout: Duration::from_secs(60),
+                body: None,
             },
         })
         .collect()

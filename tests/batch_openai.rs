@@ -307,6 +307,7 @@ fn request(id: &str, model: &str) -> ChatRequest {
         thinking_budget: None,
         client_request_id: id.into(),
         timeout: Duration::from_secs(10),
+        body: None,
     }
 }
 

@@ -143,6 +143,7 @@ fn request(model: &str) -> ChatRequest {
         thinking_budget: None,
         client_request_id: "docket-req-1".into(),
         timeout: Duration::from_secs(5),
+        body: None,
     }
 }
 

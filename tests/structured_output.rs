@@ -51,6 +51,7 @@ fn request(model: &str, max_tokens: u64) -> ChatRequest {
         response_schema: Some(std::sync::Arc::new(("verdict".into(), verdict_schema()))),
         structured_output: StructuredOutput::Auto,
         thinking_budget: None,
+        body: None,
         client_request_id: "docket-req-1".into(),
         timeout: Duration::from_secs(10),
     }

@@ -39,7 +39,9 @@ pub const RUN: &str = "Examples:
   docket batch-adjudicate --yes --format json       progress on stderr, the summary as JSON
   docket batch-adjudicate --yes --max-cost 5        stop (resumable) before $5 is spent
   docket batch-adjudicate --headless --limit 100    line output, 100 items
-  docket batch-adjudicate --resume batch_20261126_b7rj84";
+  docket batch-adjudicate --resume batch_20261126_b7rj84
+  docket run --requests batch.jsonl --provider openai     send OpenAI Batch lines as written; batch.results.jsonl
+  docket run --requests batch.jsonl --provider anthropic --model claude-haiku-4-5 --mode batch";
 
 pub const WORKER: &str = "Examples:
   docket worker --session batch_20261126_b7rj84

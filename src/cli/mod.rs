@@ -6,8 +6,10 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod about;
 mod examples;
+mod requests;
 mod values;
 
+pub use requests::{RequestsArgs, RequestsMode};
 pub use values::*;
 
 /// The exit codes, for `--help` (the README's list).
@@ -451,6 +453,9 @@ pub struct RunArgs {
     /// every item of that session (its outcomes are kept as history).
     #[arg(long, value_name = "STAGE")]
     pub rerun_stage: Option<String>,
+    /// Boxed: the flags of `--requests` are many, and seldom there.
+    #[command(flatten)]
+    pub requests: Box<RequestsArgs>,
 }
 
 #[derive(Debug, Args)]

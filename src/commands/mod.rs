@@ -17,6 +17,7 @@ mod doctor;
 mod items;
 mod ledger;
 mod reports;
+mod requests;
 mod run;
 mod setup;
 mod signals;

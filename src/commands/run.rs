@@ -58,6 +58,26 @@ impl engine::Reporter for NotingReporter {
 }
 
 pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &ConsoleArgs) -> i32 {
+    if args.requests.requests.is_some() {
+        return super::requests::run(ws, args, console).await;
+    }
+    batch_adjudicate_then(ws, args, console, Box::new(|code| (code, None))).await
+}
+
+/// What runs once a run ended, before its closing JSON document (if any)
+/// is said: given the run's exit code, the exit code to give, and what to
+/// add to that document.
+pub(super) type AfterRun<'a> = Box<dyn FnOnce(i32) -> (i32, Option<serde_json::Value>) + 'a>;
+
+/// `batch-adjudicate`, then `after` (`docket run --requests` writes its
+/// output there): its JSON object, when it gives one, goes into the
+/// closing document under "requests".
+pub(super) async fn batch_adjudicate_then<'a>(
+    ws: &Path,
+    args: RunArgs,
+    console: &ConsoleArgs,
+    after: AfterRun<'a>,
+) -> i32 {
     if !(args.grace.is_finite() && args.grace >= 0.0) {
         return fail("--grace: must be a non-negative number of seconds");
     }
@@ -114,7 +134,7 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
         go
     };
     if tty && !args.headless && !args.dry_run && !json {
-        return super::console::run_with_console(
+        let code = super::console::run_with_console(
             opts,
             console,
             confirm_then_listen,
@@ -122,6 +142,7 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
             Pane::Stages,
         )
         .await;
+        return after(code).0;
     }
     let planned = json.then(|| Arc::new(std::sync::Mutex::new(None)));
     let reporter = NotingReporter {
@@ -129,7 +150,7 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
         json: planned.clone(),
     };
     let result = engine::run(opts, Arc::new(reporter), confirm_then_listen, interrupts).await;
-    say_the_end(result, planned)
+    say_the_end(result, planned, after)
 }
 
 /// The run's exit code; with `--format json` (`planned` is where a dry run
@@ -137,23 +158,30 @@ pub(super) async fn batch_adjudicate(ws: &Path, args: RunArgs, console: &Console
 fn say_the_end(
     result: Result<engine::RunReport, engine::EngineError>,
     planned: Option<Arc<std::sync::Mutex<Option<serde_json::Value>>>>,
+    after: AfterRun<'_>,
 ) -> i32 {
-    match result {
+    let (code, doc) = match result {
         Ok(report) => {
-            if let Some(planned) = planned {
+            let doc = planned.as_ref().map(|planned| {
                 let plan = planned.lock().ok().and_then(|mut p| p.take());
-                super::print_json(&super::summary::run_json(&report, plan));
-            }
-            report.exit_code()
+                super::summary::run_json(&report, plan)
+            });
+            (report.exit_code(), doc)
         }
         Err(e) => {
             say_error(&e);
-            if planned.is_some() {
-                super::print_json(&super::summary::error_json(&e));
-            }
-            e.exit_code()
+            let doc = planned.is_some().then(|| super::summary::error_json(&e));
+            (e.exit_code(), doc)
         }
+    };
+    let (code, more) = after(code);
+    if let Some(mut doc) = doc {
+        if let (Some(more), Some(obj)) = (more, doc.as_object_mut()) {
+            obj.insert("requests".into(), more);
+        }
+        super::print_json(&doc);
     }
+    code
 }
 
 /// `docket worker --session ID`: one more worker on a session, with line

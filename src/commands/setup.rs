@@ -170,6 +170,7 @@ pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         max_cost: None,
         grace: 5.0,
         rerun_stage: None,
+        requests: Default::default(),
     };
     let code = super::run::batch_adjudicate(&dir, args, console).await;
     if code == 0 || code == docket::engine::EXIT_COMPLETED_WITH_ERRORS {

@@ -13,6 +13,7 @@
 //! wire format or the terminal, and it does not depend on the mock (a
 //! `kind = "mock"` job gets its server from `RunOptions::mock`).
 
+mod as_written;
 mod attempt;
 mod batch_cancel;
 mod batching;

@@ -64,6 +64,11 @@ pub struct Stage {
     pub wait_for_previous: bool,
     /// Structured batching: the criteria judged in one request.
     pub criteria: Vec<String>,
+    /// The rendered template is the request's whole body, sent as written
+    /// (`docket run --requests`).
+    pub send_body: bool,
+    /// With `send_body`: the stage's model replaces the body's.
+    pub override_model: bool,
 }
 
 /// The prompt sent after `after` answers failed the gate.
@@ -222,9 +227,12 @@ fn load_stage(
         }),
         _ => None,
     };
-    let gate = Gate::build_for(&stage.gate, &config.root, cfg_path, !stage.is_critic())?;
+    // A body sent as written needs no confidence, and gets no schema added.
+    let needs_confidence = !stage.is_critic() && !stage.send_body;
+    let gate = Gate::build_for(&stage.gate, &config.root, cfg_path, needs_confidence)?;
     let response_schema = gate
         .response_schema()
+        .filter(|_| !stage.send_body)
         .map(|s| Arc::new((schema_name(&stage.name), s.clone())));
     // A missing key stops the run here, before planning creates anything;
     // a dry run sends nothing, so it goes on and names the key instead.
@@ -279,6 +287,8 @@ fn load_stage(
         critic_of,
         wait_for_previous: stage.wait_for_previous,
         criteria: stage.criteria.clone(),
+        send_body: stage.send_body,
+        override_model: stage.override_model,
     })
 }
 
@@ -402,6 +412,10 @@ fn stage_params(stage: &StageConfig, repair: Option<&Repair>) -> Value {
     }
     if !stage.structured_output.is_auto() {
         params["structured_output"] = serde_json::json!(stage.structured_output.as_str());
+    }
+    if stage.send_body {
+        params["send_body"] = Value::Bool(true);
+        params["override_model"] = Value::Bool(stage.override_model);
     }
     params
 }

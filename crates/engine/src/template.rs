@@ -115,6 +115,9 @@ impl PromptTemplate {
         env.set_debug(false);
         // Prompts are plain text: no HTML escaping of evidence.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        // `{{ body | tojson }}`: a value as compact JSON (the template of a
+        // stage that sends a request body as written).
+        env.add_filter("tojson", tojson);
         let mut hasher_input = user_src.clone();
         env.add_template_owned(USER, user_src)
             .map_err(|e| syntax(user_path, &e))?;
@@ -200,6 +203,12 @@ impl PromptTemplate {
     }
 }
 
+/// The `tojson` filter: the value as compact JSON.
+fn tojson(value: minijinja::Value) -> Result<String, minijinja::Error> {
+    serde_json::to_string(&value)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))
+}
+
 fn syntax(path: &Path, e: &minijinja::Error) -> TemplateError {
     TemplateError::Syntax {
         path: path.display().to_string(),
@@ -260,6 +269,18 @@ mod tests {
             .unwrap();
         assert_eq!(out.user, "Title: A & B <Z> id=x1");
         assert_eq!(out.system, None);
+    }
+
+    /// `tojson`: a value as compact JSON (what a `send_body` stage sends).
+    #[test]
+    fn tojson_renders_a_value_as_compact_json() {
+        let d = tempfile::tempdir().unwrap();
+        let t =
+            PromptTemplate::load(&write(d.path(), "t.j2", "{{ body | tojson }}"), None).unwrap();
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "a \"q\" <b>"}], "temperature": 0.5, "n": 2});
+        let out = t.render("x", &json!({ "body": body })).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&out.user).unwrap(), body);
+        assert!(!out.user.contains('\n'), "{}", out.user);
     }
 
     #[test]

@@ -66,12 +66,16 @@ impl AnthropicChat {
             .timeout(req.timeout)
             .header("x-api-key", super::secret_header(self.key.expose())?)
             .header("anthropic-version", ANTHROPIC_VERSION)
-            .json(&request_body(req));
+            .json(&wire_body(req).map_err(super::untranslatable)?);
         let raw = super::exchange(builder).await?;
         let headers = rate_headers_at(&raw.headers, Utc::now());
         let request_id = header_str(&raw.headers, "request-id").map(str::to_string);
         if raw.status == 200 {
-            return parse_success(&raw.bytes, headers, request_id, raw.status);
+            let mut answer = parse_success(&raw.bytes, headers, request_id, raw.status)?;
+            if req.body.is_some() {
+                with_chat_body(&mut answer, &raw.bytes)?;
+            }
+            return Ok(answer);
         }
         Err(classify_error(raw.status, &raw.bytes, headers))
     }
@@ -110,6 +114,27 @@ pub(crate) fn schema_instruction(name: &str, schema: &Value) -> String {
     format!(
         "Answer with one JSON object only (no prose, no code fences) that is valid against this JSON Schema (\"{name}\"):\n{schema}"
     )
+}
+
+/// The Messages body to send: a chat-completions body sent as written,
+/// translated; else the one built from the request's fields.
+pub(crate) fn wire_body(req: &ChatRequest) -> Result<Value, crate::translate::TranslateError> {
+    match &req.body {
+        Some(body) => crate::translate::chat_to_anthropic(body),
+        None => Ok(request_body(req)),
+    }
+}
+
+/// `answer` with its Messages answer (`bytes`) kept as a `chat.completion`
+/// body; Err when that answer cannot be translated back.
+pub(crate) fn with_chat_body(answer: &mut ChatAnswer, bytes: &[u8]) -> Result<(), ProviderError> {
+    let message: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    let chat = crate::translate::anthropic_to_chat(&message).map_err(|e| ProviderError {
+        message: format!("the answer cannot be translated back to a chat completion: {e}"),
+        ..super::untranslatable(e)
+    })?;
+    answer.body = Some(chat.to_string());
+    Ok(())
 }
 
 /// The constraints `output_config.format` could not carry, in words; None
@@ -261,6 +286,7 @@ pub(crate) fn parse_success(
         model: body.model,
         headers,
         http_status: status,
+        body: None,
     })
 }
 

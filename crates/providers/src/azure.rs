@@ -51,14 +51,15 @@ impl AzureChat {
             .post(self.url_for(&req.model))
             .timeout(req.timeout)
             .header("api-key", super::secret_header(self.key.expose())?)
-            .json(&request_body(req));
+            .json(&super::body_or(req, request_body));
         let raw = super::exchange(builder).await?;
         let headers = rate_headers(&raw.headers);
         let request_id = header_str(&raw.headers, "x-request-id")
             .or_else(|| header_str(&raw.headers, "apim-request-id"))
             .map(str::to_string);
         if raw.status == 200 {
-            return parse_success(&raw.bytes, headers, request_id, raw.status);
+            return parse_success(&raw.bytes, headers, request_id, raw.status)
+                .map(|a| super::keep_body(a, req, &raw.bytes));
         }
         Err(classify_error(raw.status, &raw.bytes, headers))
     }
@@ -135,6 +136,7 @@ mod tests {
             thinking_budget: None,
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
+            body: None,
         };
         let b = request_body(&req);
         assert_eq!(b["response_format"]["type"], "json_schema");

@@ -68,12 +68,13 @@ impl GeminiChat {
     }
 
     async fn send_inner(&self, req: &ChatRequest) -> Result<ChatAnswer, ProviderError> {
+        let (model, body) = wire_request(req).map_err(super::untranslatable)?;
         let builder = self
             .client
-            .post(self.url_for(&req.model))
+            .post(self.url_for(&model))
             .timeout(req.timeout)
             .header("x-goog-api-key", super::secret_header(self.key.expose())?)
-            .json(&request_body(req));
+            .json(&body);
         let raw = super::exchange(builder).await?;
         // Gemini has no rate-limit headers; a proxy in front may add
         // retry-after, so it is still read.
@@ -82,7 +83,11 @@ impl GeminiChat {
             ..RateHeaders::default()
         };
         if raw.status == 200 {
-            return parse_success(&raw.bytes, headers, raw.status);
+            let mut answer = parse_success(&raw.bytes, headers, raw.status)?;
+            if req.body.is_some() {
+                with_chat_body(&mut answer, &raw.bytes, &model)?;
+            }
+            return Ok(answer);
         }
         Err(classify_error(raw.status, &raw.bytes, headers))
     }
@@ -164,6 +169,37 @@ pub(crate) fn thinking_budget(model: &str, set: Option<i64>) -> Option<i64> {
 /// which shares `max_tokens`, and for every other provider kind).
 pub fn thinking_allowance(model: &str, set: Option<i64>) -> u64 {
     thinking_budget(model, set).map_or(0, |b| u64::try_from(b).unwrap_or(0))
+}
+
+/// The model and `generateContent` body to send: a chat-completions body
+/// sent as written, translated; else the one built from the request's
+/// fields, to the request's model.
+pub(crate) fn wire_request(
+    req: &ChatRequest,
+) -> Result<(String, Value), crate::translate::TranslateError> {
+    match &req.body {
+        Some(body) => {
+            let g = crate::translate::chat_to_gemini(body)?;
+            Ok((g.model, g.body))
+        }
+        None => Ok((req.model.clone(), request_body(req))),
+    }
+}
+
+/// `answer` with its `generateContent` answer (`bytes`) kept as a
+/// `chat.completion` body of `model`; Err when it cannot be translated back.
+pub(crate) fn with_chat_body(
+    answer: &mut ChatAnswer,
+    bytes: &[u8],
+    model: &str,
+) -> Result<(), ProviderError> {
+    let response: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    let chat = crate::translate::gemini_to_chat(&response, model).map_err(|e| ProviderError {
+        message: format!("the answer cannot be translated back to a chat completion: {e}"),
+        ..super::untranslatable(e)
+    })?;
+    answer.body = Some(chat.to_string());
+    Ok(())
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {
@@ -314,6 +350,7 @@ pub(crate) fn parse_success(
                 model: body.model_version,
                 headers,
                 http_status: status,
+                body: None,
             });
         }
         return Err(unusable("answer has no candidates".into()));
@@ -345,6 +382,7 @@ pub(crate) fn parse_success(
         model: body.model_version,
         headers,
         http_status: status,
+        body: None,
     })
 }
 

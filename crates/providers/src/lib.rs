@@ -75,6 +75,11 @@ pub struct ChatRequest {
     /// (OpenAI's `X-Client-Request-Id`), else not sent.
     pub client_request_id: String,
     pub timeout: Duration,
+    /// A request body sent as written (`docket run --requests`): the
+    /// adapter sends it instead of building one from the fields above,
+    /// which then only inform the limiter and the ledger. A chat-completions
+    /// body; OpenAI-compatible adapters send it unchanged.
+    pub body: Option<std::sync::Arc<Value>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +120,10 @@ pub struct ChatAnswer {
     pub model: Option<String>,
     pub headers: RateHeaders,
     pub http_status: u16,
+    /// The provider's whole answer body (compact JSON), kept only for a
+    /// request sent as written (`ChatRequest::body`): it is what
+    /// `docket run --requests` writes out.
+    pub body: Option<String>,
 }
 
 /// How an error bears on the request, the item and the session.
@@ -240,6 +249,38 @@ pub(crate) fn path_segment(s: &str) -> String {
         }
     }
     out
+}
+
+/// The body to send: the request's own when it has one (sent as written),
+/// else the one the adapter builds from its fields.
+pub(crate) fn body_or(req: &ChatRequest, build: impl FnOnce(&ChatRequest) -> Value) -> Value {
+    match &req.body {
+        Some(body) => Value::clone(body),
+        None => build(req),
+    }
+}
+
+/// `answer` with the whole answer body kept (compact) when the request was
+/// sent as written; unchanged otherwise.
+pub(crate) fn keep_body(mut answer: ChatAnswer, req: &ChatRequest, bytes: &[u8]) -> ChatAnswer {
+    if req.body.is_some() {
+        answer.body = Some(match serde_json::from_slice::<Value>(bytes) {
+            Ok(v) => v.to_string(),
+            Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+        });
+    }
+    answer
+}
+
+/// A request body sent as written that cannot be translated for the
+/// provider: the item's error, never sent again.
+pub(crate) fn untranslatable(e: translate::TranslateError) -> ProviderError {
+    ProviderError {
+        class: ErrorClass::Request,
+        http_status: None,
+        message: format!("the request cannot be translated for this provider: {e}"),
+        headers: Default::default(),
+    }
 }
 
 /// What came back over the wire, before any provider-specific parsing.

@@ -198,6 +198,7 @@ pub(crate) fn parse_success(
         model: body.model,
         headers,
         http_status: status,
+        body: None,
     })
 }
 
@@ -253,6 +254,7 @@ mod tests {
             thinking_budget: None,
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
+            body: None,
         };
         assert_eq!(
             request_body(&req),

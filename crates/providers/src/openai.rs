@@ -60,8 +60,8 @@ impl OpenAiChat {
     }
 
     async fn send_inner(&self, req: &ChatRequest) -> Result<ChatAnswer, ProviderError> {
-        let mut body = request_body(req);
-        if self.legacy_max_tokens {
+        let mut body = super::body_or(req, request_body);
+        if self.legacy_max_tokens && req.body.is_none() {
             use_max_tokens(&mut body);
         }
         let mut builder = self
@@ -77,7 +77,8 @@ impl OpenAiChat {
         let headers = rate_headers(&raw.headers);
         let provider_request_id = header_str(&raw.headers, "x-request-id").map(str::to_string);
         if raw.status == 200 {
-            return parse_success(&raw.bytes, headers, provider_request_id, raw.status);
+            return parse_success(&raw.bytes, headers, provider_request_id, raw.status)
+                .map(|a| super::keep_body(a, req, &raw.bytes));
         }
         Err(classify_error(raw.status, &raw.bytes, headers))
     }
@@ -248,6 +249,7 @@ pub(crate) fn parse_success(
         model: body.model,
         headers,
         http_status: status,
+        body: None,
     })
 }
 

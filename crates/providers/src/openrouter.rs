@@ -61,7 +61,7 @@ impl OpenRouterChat {
             .post(&self.url)
             .timeout(req.timeout)
             .bearer_auth(self.key.expose())
-            .json(&request_body(req));
+            .json(&super::body_or(req, request_body));
         if let Some(r) = &self.referer {
             builder = builder.header("HTTP-Referer", r);
         }
@@ -75,7 +75,8 @@ impl OpenRouterChat {
             if let Some(e) = failed_generation(&raw.bytes, headers) {
                 return Err(e);
             }
-            return parse_success(&raw.bytes, headers, request_id, raw.status);
+            return parse_success(&raw.bytes, headers, request_id, raw.status)
+                .map(|a| super::keep_body(a, req, &raw.bytes));
         }
         Err(classify_error(raw.status, &raw.bytes, headers))
     }
@@ -263,6 +264,7 @@ mod tests {
             thinking_budget: None,
             client_request_id: "r".into(),
             timeout: std::time::Duration::from_secs(1),
+            body: None,
         };
         assert_eq!(
             request_body(&req),

@@ -51,6 +51,7 @@ pub fn lines(model: &str, system: &str, tag: &str, n: usize) -> Vec<BatchLine> {
                 thinking_budget: None,
                 client_request_id: format!("{tag}-{i}-1"),
                 timeout: Duration::from_secs(10),
+                body: None,
             },
         })
         .collect()

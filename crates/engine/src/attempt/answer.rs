@@ -60,7 +60,7 @@ pub(super) async fn on_answer(
     reservation: Option<Reservation>,
 ) -> Next {
     let cost = pay_for_answer(ctx, job, answer, reservation);
-    let rec = answered_record(base, answer, cost);
+    let rec = answered_record(base, answer, cost, job.stage.send_body);
     // An answer breaks any run of alike failures.
     job.streak = None;
     match judge(job.stage, answer, job.max_tokens) {
@@ -213,6 +213,9 @@ fn watch_gate(ctx: &Ctx, job: &Job<'_>, reason: &str) {
 /// block is a refusal, no content is an empty answer: each its own outcome,
 /// not a parse error (row S8).
 fn judge(stage: &Stage, answer: &ChatAnswer, max_tokens: u64) -> Result<GateOutput, Judged> {
+    if stage.send_body {
+        return judge_as_written(stage, answer);
+    }
     if answer.finish_reason == FinishReason::Length {
         return Err(Judged::Truncated(max_tokens));
     }
@@ -233,6 +236,25 @@ fn judge(stage: &Stage, answer: &ChatAnswer, max_tokens: u64) -> Result<GateOutp
         Some(text) if !blank => stage.gate.check(text).map_err(Judged::Gate),
         _ => Err(Judged::Empty(answer.finish_reason.as_str().to_string())),
     }
+}
+
+/// A request sent as written is answered as the provider answered it: a
+/// truncated, refused or empty answer is its answer (sending the same body
+/// again would get the same), so only the gate can fail it. Without a
+/// confidence in it, an answer is accepted.
+fn judge_as_written(stage: &Stage, answer: &ChatAnswer) -> Result<GateOutput, Judged> {
+    let text = answer.content.as_deref().unwrap_or_default();
+    let mut out = if text.trim().is_empty() {
+        GateOutput {
+            answer: serde_json::Value::Null,
+            confidence: None,
+            rationale: None,
+        }
+    } else {
+        stage.gate.check(text).map_err(Judged::Gate)?
+    };
+    out.confidence.get_or_insert(1.0);
+    Ok(out)
 }
 
 #[derive(Debug)]
@@ -277,11 +299,19 @@ impl std::fmt::Display for Judged {
     }
 }
 
-fn answered_record(base: AttemptRecord, a: &ChatAnswer, cost: f64) -> AttemptRecord {
+/// The attempt's record of an answer. A request sent as written keeps the
+/// provider's whole answer body as its output (what `docket run
+/// --requests` writes out), compact, instead of only its text.
+fn answered_record(base: AttemptRecord, a: &ChatAnswer, cost: f64, whole: bool) -> AttemptRecord {
     let u = a.usage;
+    let text = || a.content.clone().or_else(|| a.refusal.clone());
     AttemptRecord {
         state: "answered",
-        output: a.content.clone().or_else(|| a.refusal.clone()),
+        output: if whole {
+            a.body.clone().or_else(text)
+        } else {
+            text()
+        },
         finish_reason: Some(a.finish_reason.as_str().to_string()),
         http_status: Some(a.http_status),
         provider_request_id: a.provider_request_id.clone(),

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Job, Sent, Via, custom_id};
+use crate::as_written::{body_model, request_body};
 use crate::batching::Reply;
 use crate::ctx::{Ctx, StopCause};
 use crate::template::Prompt;
@@ -160,12 +161,13 @@ async fn wait_for_room(
 /// Number the attempt and put its intent on record before a byte leaves;
 /// the request to send. Err with how the attempt ended when it cannot be.
 async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent> {
-    job.attempt += 1;
-    job.note_seen();
-    let client_request_id = custom_id(ctx, job.request_id, job.attempt);
     let Some(prompt) = job.prompt.as_ref() else {
         return Err(Sent::Stopped);
     };
+    let body = request_body(job.stage, prompt).map_err(Sent::RenderFailed)?;
+    job.attempt += 1;
+    job.note_seen();
+    let client_request_id = custom_id(ctx, job.request_id, job.attempt);
     let intent = SendIntent {
         session_id: ctx.session_id.clone(),
         request_id: job.request_id,
@@ -180,7 +182,7 @@ async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent
     }
     docket_model::failpoint::hit("after_intent");
     Ok(ChatRequest {
-        model: job.stage.model.clone(),
+        model: body_model(job.stage, body.as_deref()),
         system: prompt.system.clone(),
         user: prompt.user.clone(),
         max_tokens: job.max_tokens,
@@ -190,6 +192,7 @@ async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent
         thinking_budget: job.stage.thinking_budget,
         client_request_id,
         timeout: job.stage.request_timeout,
+        body,
     })
 }
 
@@ -251,8 +254,15 @@ pub(super) fn via_batch(
         system: None,
         user: String::new(),
     });
+    let body = match request_body(job.stage, &prompt) {
+        Ok(body) => body,
+        Err(message) => {
+            ctx.budget.settle(worst, 0.0);
+            return Sent::RenderFailed(message);
+        }
+    };
     let request = ChatRequest {
-        model: job.stage.model.clone(),
+        model: body_model(job.stage, body.as_deref()),
         system: prompt.system,
         user: prompt.user,
         max_tokens: job.max_tokens,
@@ -262,6 +272,7 @@ pub(super) fn via_batch(
         thinking_budget: job.stage.thinking_budget,
         client_request_id: id,
         timeout: job.stage.request_timeout,
+        body,
     };
     let item = (job.item.item_id.clone(), job.item.claim_token);
     b.enqueue(job.request_id, attempt, request, item, worst);

@@ -428,10 +428,16 @@ impl Batcher {
     /// A line's request as it goes to the provider.
     fn request_for(&self, custom_id: &str, system: Option<String>, user: String) -> ChatRequest {
         let p = self.stage();
-        ChatRequest {
-            model: p.model.clone(),
+        let prompt = crate::template::Prompt {
             system: system.map(Arc::from),
             user,
+        };
+        // A body that does not parse failed its first send already.
+        let body = crate::as_written::request_body(p, &prompt).ok().flatten();
+        ChatRequest {
+            model: crate::as_written::body_model(p, body.as_deref()),
+            system: prompt.system,
+            user: prompt.user,
             max_tokens: p.max_tokens,
             temperature: p.temperature,
             response_schema: p.response_schema.clone(),
@@ -439,6 +445,7 @@ impl Batcher {
             thinking_budget: p.thinking_budget,
             client_request_id: custom_id.to_string(),
             timeout: p.request_timeout,
+            body,
         }
     }
 

@@ -133,8 +133,10 @@ pub(super) async fn finish(
     let answer_stage = p.answer_stage();
     let answer = outputs[p.answer].clone().unwrap_or(Value::Null);
     let (cf, rf) = answer_stage.gate.fields();
+    // A request sent as written needs no confidence: answered, it is accepted.
+    let as_written = answer_stage.send_body.then_some(1.0);
     let gate_out = GateOutput {
-        confidence: answer.get(cf).and_then(Value::as_f64),
+        confidence: answer.get(cf).and_then(Value::as_f64).or(as_written),
         rationale: answer.get(rf).and_then(Value::as_str).map(str::to_string),
         answer: answer.clone(),
     };

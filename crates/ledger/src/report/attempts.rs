@@ -35,7 +35,8 @@ pub const ATTEMPT_COLUMNS: &[&str] = &[
     "provider_request_id",
 ];
 
-pub(crate) const ATTEMPT_KINDS: &[Kind] = &[
+/// The kinds of `ATTEMPT_COLUMNS`, column by column.
+pub const ATTEMPT_KINDS: &[Kind] = &[
     Kind::Text,
     Kind::Text,
     Kind::Text,

@@ -20,7 +20,7 @@ use std::io;
 
 use crate::LedgerError;
 
-pub use attempts::ATTEMPT_COLUMNS;
+pub use attempts::{ATTEMPT_COLUMNS, ATTEMPT_KINDS};
 pub use columns::{Cell, Kind};
 pub use export::{
     DECISION_COLUMNS, ExportFormat, ExportOptions, ExportWhat, REQUEST_COLUMNS, export,

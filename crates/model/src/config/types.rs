@@ -211,6 +211,17 @@ pub struct StageConfig {
     /// one, and the answers are merged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub criteria: Vec<String>,
+    /// The rendered template is the request's whole JSON body (a
+    /// chat-completions body, `docket run --requests`), sent as written:
+    /// the stage's system prompt, max_tokens, temperature and gate schema
+    /// are not added to it, and its answer needs no confidence (an answer
+    /// that passes the gate is accepted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub send_body: bool,
+    /// With `send_body`: the provider's model replaces the body's (else
+    /// the body's own model is sent, the provider's only when it has none).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub override_model: bool,
 }
 
 impl StageConfig {

@@ -21,6 +21,7 @@ fn req(schema: bool) -> ChatRequest {
         thinking_budget: None,
         client_request_id: "r1".into(),
         timeout: Duration::from_secs(5),
+        body: None,
     }
 }
 

@@ -21,6 +21,10 @@ pub enum EncodeError {
     /// The provider-neutral size estimate (`neutral_encoding`).
     #[error("{0}")]
     Estimate(serde_json::Error),
+    /// A request body sent as written has no translation for the
+    /// provider (`translate`).
+    #[error("cannot translate the request: {0}")]
+    Translate(#[from] crate::translate::TranslateError),
 }
 
 /// One input file's worth of lines, in the caller's order.
@@ -197,6 +201,7 @@ mod tests {
                 thinking_budget: None,
                 client_request_id: id.to_string(),
                 timeout: Duration::from_secs(1),
+                body: None,
             },
         }
     }

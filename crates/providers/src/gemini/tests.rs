@@ -17,6 +17,7 @@ fn req() -> ChatRequest {
         thinking_budget: None,
         client_request_id: "r1".into(),
         timeout: Duration::from_secs(5),
+        body: None,
     }
 }
 

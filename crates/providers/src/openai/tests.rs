@@ -150,6 +150,7 @@ fn request_body_uses_structured_output() {
         thinking_budget: None,
         client_request_id: "r1".into(),
         timeout: std::time::Duration::from_secs(1),
+        body: None,
     };
     let b = request_body(&req);
     assert_eq!(b["messages"][0]["role"], "system");

@@ -54,7 +54,7 @@ use super::{
     BatchLimits, BatchLine, BatchProvider, BatchState, LineSource, SubmitSpec, Submitted,
     with_key_header,
 };
-use crate::anthropic::{ANTHROPIC_VERSION, classify_error, rate_headers_at, request_body};
+use crate::anthropic::{ANTHROPIC_VERSION, classify_error, rate_headers_at, wire_body};
 use crate::batch::jsonl::EncodeError;
 use crate::{ApiKey, ProviderError, RawAnswer};
 use poll::MessageBatch;
@@ -136,7 +136,7 @@ impl AnthropicBatch {
     pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
         serde_json::to_vec(&json!({
             "custom_id": line.custom_id,
-            "params": request_body(&line.request),
+            "params": wire_body(&line.request)?,
         }))
         .map_err(EncodeError::Request)
     }

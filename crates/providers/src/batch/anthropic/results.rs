@@ -87,7 +87,12 @@ impl AnthropicBatch {
             "succeeded" => {
                 let bytes = serde_json::to_vec(&r.message?).unwrap_or_default();
                 match parse_success(&bytes, RateHeaders::default(), None, 200) {
-                    Ok(a) => LineOutcome::Answer(a),
+                    // Kept as a chat completion when it translates (a request
+                    // sent as written is answered with it).
+                    Ok(mut a) => {
+                        let _ = crate::anthropic::with_chat_body(&mut a, &bytes);
+                        LineOutcome::Answer(a)
+                    }
                     Err(e) => LineOutcome::Error(self.scrub(e)),
                 }
             }

@@ -35,6 +35,7 @@ fn line(id: &str) -> BatchLine {
             thinking_budget: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
+            body: None,
         },
     }
 }

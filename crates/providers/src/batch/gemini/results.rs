@@ -94,7 +94,13 @@ impl GeminiBatch {
     fn response_outcome(&self, r: &Value) -> LineOutcome {
         let bytes = serde_json::to_vec(r).unwrap_or_default();
         match parse_success(&bytes, RateHeaders::default(), 200) {
-            Ok(answer) => LineOutcome::Answer(answer),
+            // Kept as a chat completion when it translates (a request sent
+            // as written is answered with it).
+            Ok(mut answer) => {
+                let model = answer.model.clone().unwrap_or_default();
+                let _ = crate::gemini::with_chat_body(&mut answer, &bytes, &model);
+                LineOutcome::Answer(answer)
+            }
             Err(e) => LineOutcome::Error(self.scrub(e)),
         }
     }

@@ -13,7 +13,7 @@ use crate::batch::http::{Measured, measure, not_understood, request_error, strea
 use crate::batch::jsonl::Chunk;
 use crate::batch::jsonl::EncodeError;
 use crate::batch::{BatchLine, LineSource, SubmitSpec, Submitted, keep_upload_after};
-use crate::gemini::request_body;
+use crate::gemini::wire_request;
 use crate::limiter::RateHeaders;
 use crate::openai::preview;
 
@@ -22,22 +22,22 @@ impl GeminiBatch {
     pub fn encode_line(&self, line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
         serde_json::to_vec(&json!({
             "key": line.custom_id,
-            "request": request_body(&line.request),
+            "request": wire_request(&line.request)?.1,
         }))
         .map_err(EncodeError::Request)
     }
 
     /// One entry of `inputConfig.requests.requests`.
-    pub(super) fn inline_item(line: &BatchLine) -> Value {
-        json!({
-            "request": request_body(&line.request),
+    pub(super) fn inline_item(line: &BatchLine) -> Result<Value, EncodeError> {
+        Ok(json!({
+            "request": wire_request(&line.request)?.1,
             "metadata": {"key": line.custom_id},
-        })
+        }))
     }
 
     /// One entry of `inputConfig.requests.requests`, encoded.
     fn encode_item(line: &BatchLine) -> Result<Vec<u8>, EncodeError> {
-        serde_json::to_vec(&Self::inline_item(line)).map_err(EncodeError::Request)
+        serde_json::to_vec(&Self::inline_item(line)?).map_err(EncodeError::Request)
     }
 
     /// The inline create body's length, its opening `open_len` bytes long,

@@ -40,6 +40,7 @@ fn line(id: &str) -> BatchLine {
             thinking_budget: None,
             client_request_id: id.into(),
             timeout: Duration::from_secs(5),
+            body: None,
         },
     }
 }
@@ -158,7 +159,7 @@ fn requests_are_the_sync_body_under_the_batch_envelopes() {
         json!({"thinkingBudget": crate::gemini::DEFAULT_THINKING_BUDGET})
     );
     assert_eq!(
-        GeminiBatch::inline_item(&l),
+        GeminiBatch::inline_item(&l).unwrap(),
         json!({"request": request_body(&l.request), "metadata": {"key": "item-000123"}})
     );
     let lines = [line("a"), line("b")];
@@ -184,7 +185,10 @@ fn the_streamed_inline_body_is_the_whole_body_it_replaced() {
     let chunks = adapter().split(&lines).unwrap();
     for tag in ["job-42", "a \"quoted\" tag \\ é ✓"] {
         let body = adapter().inline_body(tag, &chunks[0]).unwrap();
-        let items: Vec<Value> = lines.iter().map(GeminiBatch::inline_item).collect();
+        let items: Vec<Value> = lines
+            .iter()
+            .map(|l| GeminiBatch::inline_item(l).unwrap())
+            .collect();
         let want = json!({"batch": {
             "displayName": tag,
             "inputConfig": {"requests": {"requests": items}},

@@ -68,7 +68,12 @@ impl OpenAiBatch {
     pub(super) fn response_outcome(&self, r: OutputResponse) -> LineOutcome {
         let bytes = serde_json::to_vec(&r.body).unwrap_or_default();
         let result = if r.status_code == 200 {
-            parse_success(&bytes, RateHeaders::default(), r.request_id, 200)
+            // The whole answer kept: a request sent as written is answered
+            // with it (`docket run --requests`).
+            parse_success(&bytes, RateHeaders::default(), r.request_id, 200).map(|mut a| {
+                a.body = Some(r.body.to_string());
+                a
+            })
         } else {
             Err(classify_error(
                 r.status_code,

@@ -19,7 +19,7 @@ impl OpenAiBatch {
             "custom_id": line.custom_id,
             "method": "POST",
             "url": self.endpoint(),
-            "body": request_body(&line.request),
+            "body": crate::body_or(&line.request, request_body),
         }))
         .map_err(EncodeError::Request)
     }
