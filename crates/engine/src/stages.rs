@@ -230,10 +230,7 @@ fn load_stage(
     // A body sent as written needs no confidence, and gets no schema added.
     let needs_confidence = !stage.is_critic() && !stage.send_body;
     let gate = Gate::build_for(&stage.gate, &config.root, cfg_path, needs_confidence)?;
-    let response_schema = gate
-        .response_schema()
-        .filter(|_| !stage.send_body)
-        .map(|s| Arc::new((schema_name(&stage.name), s.clone())));
+    let response_schema = response_schema(stage, &gate);
     // A missing key stops the run here, before planning creates anything;
     // a dry run sends nothing, so it goes on and names the key instead.
     if !opts.dry_run {
@@ -385,50 +382,8 @@ pub fn route(
     }
 }
 
-/// Output tokens a send may be billed beyond max_tokens: Gemini's thinking
-/// budget, added to its output limit (none for the other kinds).
-fn thinking_allowance(kind: ProviderKind, model: &str, budget: Option<i64>) -> u64 {
-    if kind == ProviderKind::Gemini {
-        docket_providers::thinking_allowance(model, budget)
-    } else {
-        0
-    }
-}
-
-/// The stage parameters whose change a resume must refuse, as hashed.
-fn stage_params(stage: &StageConfig, repair: Option<&Repair>) -> Value {
-    let mut params = serde_json::json!({
-        "max_tokens": stage.max_tokens.get_ref(),
-        "temperature": stage.temperature.as_ref().map(|t| *t.get_ref()),
-        "gate": &stage.gate,
-        "criteria": &stage.criteria,
-        "repair_after": stage.repair_after.as_ref().map(|r| *r.get_ref()),
-        "repair_template": repair.map(|r| r.template.hash.clone()),
-    });
-    // Added only when set, so the hash of a stage without them is unchanged
-    // (a session started before they existed resumes).
-    if let Some(b) = &stage.thinking_budget {
-        params["thinking_budget"] = serde_json::json!(b.get_ref());
-    }
-    if !stage.structured_output.is_auto() {
-        params["structured_output"] = serde_json::json!(stage.structured_output.as_str());
-    }
-    if stage.send_body {
-        params["send_body"] = Value::Bool(true);
-        params["override_model"] = Value::Bool(stage.override_model);
-    }
-    params
-}
-
-/// The name a provider's structured-output mode gets for the stage's schema.
-pub(super) fn schema_name(stage: &str) -> String {
-    let s: String = stage
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
-        .take(64)
-        .collect();
-    if s.is_empty() { "answer".into() } else { s }
-}
+mod params;
+use params::{response_schema, stage_params, thinking_allowance};
 
 #[cfg(test)]
 mod tests {

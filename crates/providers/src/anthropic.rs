@@ -31,6 +31,7 @@ use super::{
     ApiKey, ChatAnswer, ChatFuture, ChatProvider, ChatRequest, ErrorClass, FinishReason,
     ProviderError, Usage,
 };
+use crate::anthropic_schema::{self as schema, constraints_instruction, schema_instruction};
 use crate::limiter::RateHeaders;
 
 /// The `anthropic-version` header every request carries.
@@ -109,13 +110,6 @@ impl ChatProvider for AnthropicChat {
     }
 }
 
-/// The instruction that stands in for a schema parameter.
-pub(crate) fn schema_instruction(name: &str, schema: &Value) -> String {
-    format!(
-        "Answer with one JSON object only (no prose, no code fences) that is valid against this JSON Schema (\"{name}\"):\n{schema}"
-    )
-}
-
 /// The Messages body to send: a chat-completions body sent as written,
 /// translated; else the one built from the request's fields.
 pub(crate) fn wire_body(req: &ChatRequest) -> Result<Value, crate::translate::TranslateError> {
@@ -135,18 +129,6 @@ pub(crate) fn with_chat_body(answer: &mut ChatAnswer, bytes: &[u8]) -> Result<()
     })?;
     answer.body = Some(chat.to_string());
     Ok(())
-}
-
-/// The constraints `output_config.format` could not carry, in words; None
-/// when nothing was taken out.
-pub(crate) fn constraints_instruction(name: &str, dropped: &[String]) -> Option<String> {
-    if dropped.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "The answer must also keep to these constraints of its JSON Schema (\"{name}\"):\n- {}",
-        dropped.join("\n- ")
-    ))
 }
 
 /// The Messages body. With a schema, a model that takes structured outputs
@@ -373,8 +355,6 @@ pub(crate) fn rate_headers_at(h: &HeaderMap, now: DateTime<Utc>) -> RateHeaders 
         retry_after: super::openai::rate_headers(h).retry_after,
     }
 }
-
-pub(crate) mod schema;
 
 #[cfg(test)]
 mod tests;

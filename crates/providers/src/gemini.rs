@@ -140,37 +140,6 @@ pub(crate) fn listed_models(body: &[u8]) -> super::Listed {
     )
 }
 
-/// The thinking budget a 2.5 Pro or Flash model gets when the stage sets
-/// none. Those models think by default with a *dynamic* budget, and the
-/// thinking is counted against `maxOutputTokens`: a short `max_tokens` can be
-/// spent on thinking before the answer starts (finishReason MAX_TOKENS, no
-/// text). A fixed budget bounds it: 1024 is inside every 2.5 model's range
-/// (Pro 128 to 32768, Flash 0 to 24576, Flash-Lite 512 to 24576) and ample
-/// for an adjudication, and it is *added* to `maxOutputTokens` (below), so
-/// the answer keeps the whole `max_tokens` whatever the thinking took.
-/// Flash-Lite does not think unless asked, so it gets none.
-pub const DEFAULT_THINKING_BUDGET: i64 = 1024;
-
-/// The `thinkingConfig.thinkingBudget` sent: the stage's, else the default
-/// for a 2.5 Pro / Flash model, else none (the model's own behaviour; 3.x
-/// models take `thinkingLevel` and accept `thinkingBudget` as set).
-/// Ranges and the -1 / 0 meanings: Google, "Gemini thinking",
-/// https://ai.google.dev/gemini-api/docs/thinking (read 2026-11).
-pub(crate) fn thinking_budget(model: &str, set: Option<i64>) -> Option<i64> {
-    let id = model.strip_prefix("models/").unwrap_or(model);
-    set.or_else(|| {
-        (id.starts_with("gemini-2.5-") && !id.starts_with("gemini-2.5-flash-lite"))
-            .then_some(DEFAULT_THINKING_BUDGET)
-    })
-}
-
-/// The output tokens a request may be billed beyond `max_tokens`: the
-/// thinking budget added to `maxOutputTokens` (0 for dynamic thinking,
-/// which shares `max_tokens`, and for every other provider kind).
-pub fn thinking_allowance(model: &str, set: Option<i64>) -> u64 {
-    thinking_budget(model, set).map_or(0, |b| u64::try_from(b).unwrap_or(0))
-}
-
 /// The model and `generateContent` body to send: a chat-completions body
 /// sent as written, translated; else the one built from the request's
 /// fields, to the request's model.
@@ -506,6 +475,10 @@ pub(crate) fn classify_error(status: u16, bytes: &[u8], headers: RateHeaders) ->
         headers,
     }
 }
+
+pub(crate) mod thinking;
+pub use thinking::thinking_allowance;
+use thinking::thinking_budget;
 
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@
 //! answer types, and the HTTP plumbing every adapter shares.
 
 pub(crate) mod anthropic;
+pub(crate) mod anthropic_schema;
 mod azure;
 pub mod batch;
 #[doc(hidden)]

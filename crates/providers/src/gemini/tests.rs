@@ -1,5 +1,6 @@
 //! The Gemini chat adapter's unit tests: request bodies, answers, errors.
 
+use super::thinking::DEFAULT_THINKING_BUDGET;
 use super::*;
 
 fn req() -> ChatRequest {

@@ -9,7 +9,8 @@
 //!   sent only without `temperature`.
 //! - There is no `seed` (dropped), no `n`, no presence/frequency penalty.
 //! - Structured output is `output_config.format = {"type": "json_schema",
-//!   "schema": ...}` (Anthropic structured outputs,
+//!   "schema": ...}` on the models that take it, with the schema fitted as
+//!   for docket's own requests (see `add_format`) (Anthropic structured outputs,
 //!   https://platform.claude.com/docs/en/build-with-claude/structured-outputs;
 //!   the SDKs' `OutputConfig { format: JSONOutputFormat }`). There is no JSON
 //!   mode without a schema: `json_object` is dropped (the prompt that asks
@@ -19,6 +20,7 @@
 //! - The answer's `input_tokens` excludes cached tokens: the prompt is
 //!   `input_tokens + cache_creation_input_tokens + cache_read_input_tokens`.
 
+use crate::StructuredOutput;
 use serde_json::{Value, json};
 
 use super::chat::{self, Chat, Format, Image, Part, Role, ToolChoice};
@@ -62,9 +64,41 @@ pub fn chat_to_anthropic(body: &Value) -> Result<Value, TranslateError> {
     }
     add_tools(&chat, &mut out);
     if let Format::JsonSchema(schema) = &chat.format {
-        out["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}});
+        add_format(&chat.model, schema, &mut out);
     }
     Ok(out)
+}
+
+/// A `json_schema` response format, by the rule docket's own requests
+/// follow (`anthropic_schema::native_for` under `auto`): a model that takes
+/// structured outputs gets `output_config.format` with the schema fitted
+/// (the keywords the API refuses, e.g. `minimum`, taken out and said in
+/// words at the end of the system prompt); an older model, or a schema the
+/// parameter cannot carry (recursive, an open map), gets the whole schema as
+/// an instruction in the system prompt instead.
+fn add_format(model: &str, schema: &Value, out: &mut Value) {
+    const NAME: &str = "response_format";
+    let fitted = crate::anthropic_schema::native_for(model, StructuredOutput::Auto, Some(schema));
+    let instruction = match &fitted {
+        Some(f) => {
+            out["output_config"] = json!({"format": {"type": "json_schema", "schema": f.schema}});
+            crate::anthropic_schema::constraints_instruction(NAME, &f.dropped)
+        }
+        None => Some(crate::anthropic_schema::schema_instruction(NAME, schema)),
+    };
+    let Some(instruction) = instruction else {
+        return;
+    };
+    out["system"] = match out.get("system") {
+        None => json!(instruction),
+        Some(Value::String(s)) => json!(format!("{s}\n\n{instruction}")),
+        Some(Value::Array(blocks)) => {
+            let mut blocks = blocks.clone();
+            blocks.push(json!({"type": "text", "text": instruction}));
+            Value::Array(blocks)
+        }
+        Some(other) => other.clone(),
+    };
 }
 
 /// `tools` (`input_schema` is the parameters' schema; a tool without one

@@ -156,7 +156,7 @@ fn requests_are_the_sync_body_under_the_batch_envelopes() {
     // The thinking budget rides along, as on a synchronous request.
     assert_eq!(
         v["request"]["generationConfig"]["thinkingConfig"],
-        json!({"thinkingBudget": crate::gemini::DEFAULT_THINKING_BUDGET})
+        json!({"thinkingBudget": crate::gemini::thinking::DEFAULT_THINKING_BUDGET})
     );
     assert_eq!(
         GeminiBatch::inline_item(&l).unwrap(),

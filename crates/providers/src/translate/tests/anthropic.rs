@@ -59,9 +59,11 @@ fn parameters_map_to_their_anthropic_names() {
             json!({"response_format": {"type": "text"}}),
             json!({"max_tokens": 4096}),
         ),
+        // A model not known to take structured outputs ("m-1"): the schema
+        // is an instruction in the system prompt.
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "v", "strict": true, "schema": {"type": "object"}}}}),
-            json!({"max_tokens": 4096, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+            json!({"max_tokens": 4096, "system": crate::anthropic_schema::schema_instruction("response_format", &json!({"type": "object"}))}),
         ),
     ];
     for (chat, want) in cases {
@@ -74,6 +76,33 @@ fn parameters_map_to_their_anthropic_names() {
         );
         assert_eq!(got, want, "for {chat}");
     }
+}
+
+#[test]
+fn a_schema_for_a_structured_outputs_model_is_fitted_into_output_config() {
+    let schema = json!({"type": "object", "required": ["confidence"],
+        "properties": {"confidence": {"type": "number", "minimum": 0, "maximum": 1}}});
+    let got = chat_to_anthropic(&json!({
+        "model": "claude-sonnet-4-5",
+        "messages": [{"role": "system", "content": "Judge."}, {"role": "user", "content": "Hello"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": schema}},
+    }))
+    .expect("translated");
+    // What the API refuses is taken out of the schema sent...
+    assert_eq!(
+        got["output_config"],
+        json!({"format": {"type": "json_schema", "schema": {"type": "object",
+            "required": ["confidence"], "additionalProperties": false,
+            "properties": {"confidence": {"type": "number"}}}}})
+    );
+    // ...and said in words after the body's own system prompt.
+    let system = got["system"].as_str().expect("one system text");
+    assert!(system.starts_with("Judge.\n\n"), "{system}");
+    assert!(
+        system.contains("/properties/confidence: minimum 0"),
+        "{system}"
+    );
+    assert!(system.contains("maximum 1"), "{system}");
 }
 
 #[test]

@@ -90,7 +90,19 @@ fn every_text_reaches_both_targets_in_order() {
     for b in realistic() {
         let want = chat_texts(&b);
         let a = chat_to_anthropic(&b).unwrap_or_else(|e| panic!("{b}: {e}"));
-        assert_eq!(anthropic_texts(&a), want, "anthropic for {b}");
+        // A json_schema format for a model without structured outputs (these
+        // bodies name OpenAI models) is said at the end of the system prompt.
+        let mut got = anthropic_texts(&a);
+        if b.pointer("/response_format/json_schema").is_some() {
+            let system = got.first_mut().expect("a system text");
+            let at = system
+                .find("Answer with one JSON object")
+                .unwrap_or_else(|| panic!("no schema instruction in {a}"));
+            system.truncate(at);
+            let kept = system.trim_end().to_string();
+            *system = kept;
+        }
+        assert_eq!(got, want, "anthropic for {b}");
         assert_eq!(a["model"], b["model"]);
         let g = chat_to_gemini(&b).unwrap_or_else(|e| panic!("{b}: {e}"));
         assert_eq!(gemini_texts(&g.body), want, "gemini for {b}");

@@ -296,5 +296,24 @@ fn collect_refs(v: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// The instruction that stands in for a schema parameter.
+pub(crate) fn schema_instruction(name: &str, schema: &Value) -> String {
+    format!(
+        "Answer with one JSON object only (no prose, no code fences) that is valid against this JSON Schema (\"{name}\"):\n{schema}"
+    )
+}
+
+/// The constraints `output_config.format` could not carry, in words; None
+/// when nothing was taken out.
+pub(crate) fn constraints_instruction(name: &str, dropped: &[String]) -> Option<String> {
+    if dropped.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "The answer must also keep to these constraints of its JSON Schema (\"{name}\"):\n- {}",
+        dropped.join("\n- ")
+    ))
+}
+
 #[cfg(test)]
 mod tests;
