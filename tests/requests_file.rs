@@ -482,6 +482,80 @@ fn through_batches(kind: &str, base: &str, key_env: &str, model: &str) {
     );
 }
 
+/// SIGKILL while the file's batch runs at the provider (Anthropic: the
+/// bodies translated), then the same command again: the batch is collected,
+/// not created again, so no line runs twice, and every line is answered.
+#[test]
+fn killed_while_its_batch_runs_the_same_command_collects_it_and_runs_no_line_twice() {
+    let mock = Mock::start(&[
+        "--batch-validating-ms",
+        "100",
+        "--batch-running-ms",
+        "4000",
+        "--batch-finalizing-ms",
+        "100",
+    ]);
+    let d = tempfile::tempdir().unwrap();
+    let lines = batch_lines(200);
+    write_lines(&d.path().join("requests.jsonl"), &lines);
+    let base = mock.base();
+    let args = [
+        "run",
+        "--requests",
+        "requests.jsonl",
+        "--provider",
+        "anthropic",
+        "--base-url",
+        &base,
+        "--model",
+        "claude-haiku-4-5",
+        "--mode",
+        "batch",
+        "--poll-interval",
+        "0.2",
+        "--yes",
+        "--headless",
+    ];
+    let start = |name: &str| {
+        let mut cmd = docket(d.path(), &args);
+        cmd.env("ANTHROPIC_API_KEY", KEY);
+        Proc::start(cmd, name.into(), d.path().join(format!("{name}.txt")))
+    };
+    let mut first = start("first");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mock.stat("batches_created") == 0 {
+        first.assert_running();
+        assert!(Instant::now() < deadline, "no batch:\n{}", first.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Past the create's answer, well before the batch ends (4 s running).
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = first.kill9();
+    let out_file = d.path().join("requests.results.jsonl");
+    assert!(!out_file.exists(), "an output before the end:\n{killed}");
+
+    let (code, out) = start("again").wait(RUN_TIMEOUT);
+    assert_eq!(code, Some(0), "again:\n{out}\nkilled run:\n{killed}");
+    assert_eq!(
+        mock.stat("batches_created"),
+        1,
+        "a second batch was created:\n{out}"
+    );
+    let written = output_by_id(&out_file);
+    assert_eq!(written.len(), 200);
+    for l in &lines {
+        let v = &written[l["custom_id"].as_str().unwrap()];
+        assert_eq!(v["error"], Value::Null, "{v}");
+        assert_eq!(v["response"]["body"]["object"], "chat.completion", "{v}");
+    }
+    let chat = mock
+        .log()
+        .iter()
+        .filter(|e| e["batch_id"].is_null() && e["outcome"] == "ok")
+        .count();
+    assert_eq!(chat, 0, "synchronous requests were sent");
+}
+
 #[test]
 fn the_same_file_goes_through_the_openai_anthropic_and_gemini_batch_apis() {
     through_batches("openai", "/v1", "OPENAI_API_KEY", "gpt-4o-mini");
