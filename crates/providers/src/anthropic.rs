@@ -122,13 +122,7 @@ pub(crate) fn wire_body(req: &ChatRequest) -> Result<Value, crate::translate::Tr
 /// `answer` with its Messages answer (`bytes`) kept as a `chat.completion`
 /// body; Err when that answer cannot be translated back.
 pub(crate) fn with_chat_body(answer: &mut ChatAnswer, bytes: &[u8]) -> Result<(), ProviderError> {
-    let message: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
-    let chat = crate::translate::anthropic_to_chat(&message).map_err(|e| ProviderError {
-        message: format!("the answer cannot be translated back to a chat completion: {e}"),
-        ..super::untranslatable(e)
-    })?;
-    answer.body = Some(chat.to_string());
-    Ok(())
+    super::keep_translated_body(answer, bytes, crate::translate::anthropic_to_chat)
 }
 
 /// The Messages body. With a schema, a model that takes structured outputs

@@ -162,13 +162,9 @@ pub(crate) fn with_chat_body(
     bytes: &[u8],
     model: &str,
 ) -> Result<(), ProviderError> {
-    let response: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
-    let chat = crate::translate::gemini_to_chat(&response, model).map_err(|e| ProviderError {
-        message: format!("the answer cannot be translated back to a chat completion: {e}"),
-        ..super::untranslatable(e)
-    })?;
-    answer.body = Some(chat.to_string());
-    Ok(())
+    super::keep_translated_body(answer, bytes, |r| {
+        crate::translate::gemini_to_chat(r, model)
+    })
 }
 
 pub(crate) fn request_body(req: &ChatRequest) -> Value {

@@ -273,6 +273,24 @@ pub(crate) fn keep_body(mut answer: ChatAnswer, req: &ChatRequest, bytes: &[u8])
     answer
 }
 
+/// `answer` with the provider's answer (`bytes`) kept as the
+/// `chat.completion` body `back` translates it into (Anthropic, Gemini: a
+/// request sent as written); Err when it cannot be translated back.
+#[allow(clippy::result_large_err)] // ProviderError, as every adapter returns it
+pub(crate) fn keep_translated_body(
+    answer: &mut ChatAnswer,
+    bytes: &[u8],
+    back: impl FnOnce(&Value) -> Result<Value, translate::TranslateError>,
+) -> Result<(), ProviderError> {
+    let native: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    let chat = back(&native).map_err(|e| ProviderError {
+        message: format!("the answer cannot be translated back to a chat completion: {e}"),
+        ..untranslatable(e)
+    })?;
+    answer.body = Some(chat.to_string());
+    Ok(())
+}
+
 /// A request body sent as written that cannot be translated for the
 /// provider: the item's error, never sent again.
 pub(crate) fn untranslatable(e: translate::TranslateError) -> ProviderError {

@@ -76,12 +76,7 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Check {
-        Check {
-            name: name.into(),
-            status: Status::Warn,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
+        Check::with_fix(Status::Warn, name.into(), detail.into(), fix.into())
     }
 
     pub fn fail(
@@ -89,11 +84,15 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Check {
+        Check::with_fix(Status::Fail, name.into(), detail.into(), fix.into())
+    }
+
+    fn with_fix(status: Status, name: String, detail: String, fix: String) -> Check {
         Check {
-            name: name.into(),
-            status: Status::Fail,
-            detail: detail.into(),
-            fix: Some(fix.into()),
+            name,
+            status,
+            detail,
+            fix: Some(fix),
         }
     }
 }
