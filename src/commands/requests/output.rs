@@ -15,7 +15,7 @@ use std::io::Write;
 use std::path::Path;
 
 use docket::ledger::report::reads::AttemptReports;
-use docket::ledger::report::{ATTEMPT_KINDS, Cell};
+use docket::ledger::report::{ATTEMPT_COLUMNS, ATTEMPT_KINDS, Cell};
 use docket::ledger::{Ledger, LedgerLocation};
 use serde_json::{Value, json};
 
@@ -47,6 +47,13 @@ fn int(c: Option<&Cell>) -> Option<i64> {
     }
 }
 
+/// The cell of the attempts export's column `name` in `row` (by name, so
+/// a column added to the export moves nothing here).
+fn cell<'r>(row: &'r [Cell], name: &str) -> Option<&'r Cell> {
+    let at = ATTEMPT_COLUMNS.iter().position(|c| *c == name)?;
+    row.get(at)
+}
+
 /// Every item's last attempt in the job's ledger (the ledger holds this
 /// file's job only), by item id.
 fn last_attempts(ws: &Path) -> Result<HashMap<String, Last>, String> {
@@ -56,19 +63,19 @@ fn last_attempts(ws: &Path) -> Result<HashMap<String, Last>, String> {
     let mut last = HashMap::new();
     ledger
         .for_each_attempt(None, ATTEMPT_KINDS, &mut |row: &[Cell]| {
-            let Some(item) = text(row.get(1)) else {
+            let Some(item) = text(cell(row, "item_id")) else {
                 return Ok(());
             };
             last.insert(
                 item,
                 Last {
-                    state: text(row.get(5)).unwrap_or_default(),
-                    http_status: int(row.get(6)),
-                    output: text(row.get(8)),
-                    error_kind: text(row.get(13)),
-                    error_message: text(row.get(14)),
-                    client_request_id: text(row.get(20)),
-                    provider_request_id: text(row.get(21)),
+                    state: text(cell(row, "state")).unwrap_or_default(),
+                    http_status: int(cell(row, "http_status")),
+                    output: text(cell(row, "raw_output")),
+                    error_kind: text(cell(row, "error_kind")),
+                    error_message: text(cell(row, "error_message")),
+                    client_request_id: text(cell(row, "client_request_id")),
+                    provider_request_id: text(cell(row, "provider_request_id")),
                 },
             );
             Ok(())

@@ -46,36 +46,38 @@ struct Known {
 }
 
 fn known(name: &str) -> Option<Known> {
-    let k = |kind, model, key_env, base_url| Known {
-        kind,
-        model,
-        key_env,
-        base_url,
+    use docket::workspace::RealProvider as Real;
+    // The kinds `init --provider` knows keep its model and key variable.
+    let real = |p: Real| Known {
+        kind: p.kind(),
+        model: p.model(),
+        key_env: p.key_env(),
+        base_url: None,
     };
     Some(match name {
-        "openai" => k("openai", "gpt-4o-mini", Some("OPENAI_API_KEY"), None),
-        "azure" => k("azure", "gpt-4o-mini", Some("AZURE_OPENAI_API_KEY"), None),
-        "anthropic" => k(
-            "anthropic",
-            "claude-haiku-4-5",
-            Some("ANTHROPIC_API_KEY"),
-            None,
-        ),
-        "gemini" => k("gemini", "gemini-2.5-flash", Some("GEMINI_API_KEY"), None),
-        "openrouter" => k(
-            "openrouter",
-            "openai/gpt-4o-mini",
-            Some("OPENROUTER_API_KEY"),
-            None,
-        ),
+        "openai" => real(Real::Openai),
+        "anthropic" => real(Real::Anthropic),
+        "gemini" => real(Real::Gemini),
+        "openrouter" => real(Real::Openrouter),
+        "azure" => Known {
+            kind: "azure",
+            model: "gpt-4o-mini",
+            key_env: Some("AZURE_OPENAI_API_KEY"),
+            base_url: None,
+        },
         // Ollama's OpenAI-compatible endpoint takes a chat-completions body.
-        "ollama" => k(
-            "openai_compatible",
-            "llama3.1",
-            None,
-            Some("http://localhost:11434/v1"),
-        ),
-        "mock" => k("mock", "gpt-4o-mini", None, None),
+        "ollama" => Known {
+            kind: "openai_compatible",
+            model: Real::Ollama.model(),
+            key_env: None,
+            base_url: Some("http://localhost:11434/v1"),
+        },
+        "mock" => Known {
+            kind: "mock",
+            model: "gpt-4o-mini",
+            key_env: None,
+            base_url: None,
+        },
         _ => return None,
     })
 }
