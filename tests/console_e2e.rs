@@ -874,7 +874,7 @@ fn two_operators_share_the_review_queue() {
 /// password, given only in PGPASSWORD, never on either screen.
 #[test]
 fn two_operators_on_postgres_share_the_review_queue() {
-    let server = support::pg::PgServer::start();
+    let server = support::pg::PgServer::start_own();
     let full_url = server.fresh_database();
     let url = support::pg::without_password(&full_url);
     let sql = |q: &str| server.psql(&full_url, q);

@@ -308,7 +308,7 @@ fn tls_follows_sslmode() {
         eprintln!("skipped: the test turns TLS on in the harness's own server");
         return;
     }
-    let server = PgServer::start();
+    let server = PgServer::start_own();
     let url = server.fresh_database();
     let with = |params: &str| format!("{url}?{params}");
     let uses_tls = |u: &str| -> Result<bool, String> {
@@ -607,6 +607,46 @@ fn statements_after_a_lost_transaction_fail_until_it_ends() {
         .query_row("SELECT n FROM counter", &[], |r| r.get(0))
         .unwrap();
     assert_eq!(n, 0, "nothing of the lost transaction was applied");
+}
+
+/// A process stalled inside a transaction (SIGSTOP, swapped out) past the
+/// two seconds `postgres::END_STALLED_TRANSACTION` allows: the server ends
+/// its session (25P03). Running again, the process is told the transaction
+/// was lost, nothing of it applied, and its next transaction runs on a new
+/// connection (a stalled worker once stopped with "cannot begin: 25P03"
+/// and exit 6 instead).
+#[test]
+fn a_transaction_the_server_ended_as_stalled_is_lost_and_the_next_reconnects() {
+    use docket::ledger::db::{Connection, Error, PgConnection, TransactionBehavior};
+    let server = PgServer::start();
+    let url_text = server.fresh_database();
+    let url = PgUrl::parse(&url_text).unwrap();
+    let client = postgres::open(&url).unwrap();
+    let conn = Connection::Postgres(Box::new(PgConnection::new(client, url)));
+    conn.execute_batch("CREATE TABLE counter (n BIGINT); INSERT INTO counter VALUES (0);")
+        .unwrap();
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Concurrent)
+        .unwrap();
+    tx.execute("UPDATE counter SET n = n + 1", &[]).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let lost = tx.execute("UPDATE counter SET n = n + 10", &[]);
+    assert!(matches!(lost, Err(Error::ConnectionLost(_))), "{lost:?}");
+    let committed = tx.commit();
+    assert!(
+        matches!(committed, Err(Error::ConnectionLost(_))),
+        "{committed:?}"
+    );
+    assert!(conn.take_lost(), "the caller is told to apply it again");
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Concurrent)
+        .expect("the next transaction begins on a new connection");
+    tx.execute("UPDATE counter SET n = n + 100", &[]).unwrap();
+    tx.commit().unwrap();
+    let n: i64 = conn
+        .query_row("SELECT n FROM counter", &[], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 100, "only the transaction after the loss was applied");
 }
 
 /// The review item card the console shows (detail view and preview) reads

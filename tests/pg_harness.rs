@@ -39,7 +39,7 @@ fn psql_raw(url: &str, sql: &str) -> Output {
 
 #[test]
 fn a_server_answers_and_gives_fresh_databases() {
-    let pg = PgServer::start();
+    let pg = PgServer::start_own();
     assert_eq!(pg.psql(&pg.url(), "SELECT 1"), "1");
     // The password only travels through PGPASSWORD here.
     assert_eq!(pg.psql(&pg.url_without_password(), "SELECT 2"), "2");
@@ -71,7 +71,7 @@ fn two_servers_at_once_are_separate() {
     if external() {
         return;
     }
-    let (a, b) = (PgServer::start(), PgServer::start());
+    let (a, b) = (PgServer::start_own(), PgServer::start_own());
     assert_ne!(a.url(), b.url());
     a.psql(&a.url(), "CREATE TABLE only_a (x int)");
     assert_eq!(a.psql(&a.url(), "SELECT count(*) FROM only_a"), "0");
@@ -88,7 +88,7 @@ fn a_stopped_server_comes_back_with_its_data() {
         eprintln!("skipped: stop/start_again need a cluster of the harness's own");
         return;
     }
-    let pg = PgServer::start();
+    let pg = PgServer::start_own();
     let url = pg.url();
     pg.psql(
         &url,
@@ -132,4 +132,27 @@ fn a_wrong_or_missing_password_is_refused() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+}
+
+/// `start` gives each test a database of its own on the test process's
+/// one cluster: what one test makes the other never sees, and a test's
+/// database is dropped with its `PgServer` while the cluster serves on.
+#[test]
+fn tests_share_a_cluster_but_never_a_database() {
+    let (a, b) = (PgServer::start(), PgServer::start());
+    assert_ne!(a.url(), b.url());
+    a.psql(&a.url(), "CREATE TABLE only_a (x int)");
+    assert_eq!(a.psql(&a.url(), "SELECT count(*) FROM only_a"), "0");
+    assert!(
+        !psql_raw(&b.url(), "SELECT count(*) FROM only_a")
+            .status
+            .success()
+    );
+    let gone = a.url();
+    drop(a);
+    assert!(
+        !psql_raw(&gone, "SELECT 1").status.success(),
+        "a dropped test's database is still there"
+    );
+    assert_eq!(b.psql(&b.url(), "SELECT 1"), "1");
 }

@@ -1,13 +1,19 @@
 //! A throwaway, real PostgreSQL server for the integration tests.
 //!
-//! `PgServer::start()` runs `initdb` into a temp dir and starts the cluster on
-//! a free loopback port with its unix socket in that dir, so tests in parallel
-//! threads and parallel test binaries never share a server, a port or a
-//! socket. The cluster trades durability for speed (`fsync`,
-//! `synchronous_commit` and `full_page_writes` off); a crash of the machine
-//! loses nothing a test cares about. Dropping the `PgServer` stops the cluster
-//! and deletes the dir; a watchdog does the same if the test process dies
-//! without unwinding (SIGKILL, a runner's timeout), so no server outlives it.
+//! `PgServer::start()` gives a test a fresh database of its own on the test
+//! process's one cluster, which the first call starts (`initdb` into a temp
+//! dir, a free loopback port, its unix socket in that dir): an `initdb` per
+//! test cost seconds each, and the worker tests alone start fifteen. Tests
+//! that stop the server, or reach it through its socket, start a cluster of
+//! their own with `PgServer::start_own()`, so parallel test binaries and
+//! such tests never share a server, a port or a socket. A cluster trades
+//! durability for speed (`fsync`, `synchronous_commit` and
+//! `full_page_writes` off); a crash of the machine loses nothing a test
+//! cares about. Dropping a `PgServer` drops its database (`start`) or stops
+//! its cluster and deletes the dir (`start_own`); a watchdog does the same
+//! for a cluster when the test process ends, however it ends (the shared
+//! one is never dropped: it lives as long as the process), so no server
+//! outlives it.
 //!
 //! With `DOCKET_TEST_PG_URL=postgres://user:password@host:port/db` set, the
 //! harness starts nothing: it creates a database with a random name on that
@@ -70,19 +76,36 @@ impl PgServer {
     /// error messages for it to prove the password never leaks.
     pub const PASSWORD: &'static str = "canary-pg-secret-7f3a";
 
-    /// Starts a fresh cluster (initdb with a superuser `docket` whose
+    /// A fresh database with a random name, on the test process's cluster
+    /// (started on first use: initdb with a superuser `docket` whose
     /// password is `PgServer::PASSWORD`, scram-sha-256 auth for TCP from
     /// 127.0.0.1, `listen_addresses=127.0.0.1`, its own port, unix socket in
     /// the temp dir, `fsync=off`, `synchronous_commit=off`,
-    /// `full_page_writes=off` for speed) and creates a database `docket`; or,
-    /// when env `DOCKET_TEST_PG_URL` is set, uses that server and creates a
-    /// fresh database with a random name on it (so parallel tests never
-    /// share one).
+    /// `full_page_writes=off` for speed); or, when env `DOCKET_TEST_PG_URL`
+    /// is set, on that server. Parallel tests never share a database.
     pub fn start() -> PgServer {
+        match std::env::var(EXTERNAL_ENV) {
+            Ok(url) if !url.trim().is_empty() => Self::start_external(url.trim()),
+            _ => Self::start_external(&Self::shared().admin_url),
+        }
+    }
+
+    /// A cluster of its own (as `start` describes), for a test that stops
+    /// and starts the server (`stop`, `start_again`) or reaches it through
+    /// its socket (`socket_url`); with `DOCKET_TEST_PG_URL` set, a database
+    /// there, as `start` (and those calls panic).
+    pub fn start_own() -> PgServer {
         match std::env::var(EXTERNAL_ENV) {
             Ok(url) if !url.trim().is_empty() => Self::start_external(url.trim()),
             _ => Self::start_owned(),
         }
+    }
+
+    /// The test process's one cluster, started on first use; `start` makes
+    /// a database on it per test.
+    fn shared() -> &'static PgServer {
+        static SHARED: OnceLock<PgServer> = OnceLock::new();
+        SHARED.get_or_init(Self::start_owned)
     }
 
     /// postgres://docket:PASSWORD@127.0.0.1:PORT/docket (or the fresh
@@ -265,7 +288,9 @@ impl PgServer {
                  synchronous_commit = off\n\
                  full_page_writes = off\n\
                  # Many clusters run at once; tests need little cache.\n\
-                 shared_buffers = 32MB\n"
+                 shared_buffers = 32MB\n\
+                 # The tests of a binary share one cluster, several workers each.\n\
+                 max_connections = 300\n"
             ),
         );
         let mut last = String::new();
@@ -340,8 +365,8 @@ impl PgServer {
     fn owned_only(&self, what: &str) {
         assert!(
             !self.external,
-            "PgServer::{what} needs a cluster of its own, but {EXTERNAL_ENV} points the tests \
-             at an external server; unset it to run this test"
+            "PgServer::{what} needs a cluster of its own: start it with PgServer::start_own(), \
+             with {EXTERNAL_ENV} unset"
         );
     }
 

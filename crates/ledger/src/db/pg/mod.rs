@@ -133,8 +133,11 @@ fn pg_error(e: postgres::Error) -> Error {
 }
 
 /// Whether `e` means the connection is gone (not that the statement was
-/// wrong): closed, a connection exception (08), or the server shutting
-/// down (57P01-57P03).
+/// wrong): closed, a connection exception (08), the server shutting down
+/// (57P01-57P03), or the server ending a session that sat idle (25P03 in a
+/// transaction: this process was stalled inside one, which
+/// `postgres::END_STALLED_TRANSACTION` ends on purpose; 57P05 outside one).
+/// Such a process, running again, connects anew rather than stop.
 fn is_lost(e: &postgres::Error) -> bool {
     if e.is_closed() {
         return true;
@@ -142,7 +145,8 @@ fn is_lost(e: &postgres::Error) -> bool {
     match e.as_db_error() {
         Some(db) => {
             let code = db.code().code();
-            code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+            code.starts_with("08")
+                || matches!(code, "57P01" | "57P02" | "57P03" | "57P05" | "25P03")
         }
         // No answer from the server at all: the socket failed.
         None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
