@@ -56,45 +56,72 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
-/// How the console looks and what it may do (for `docket`, `console`,
-/// `review`, and `batch-adjudicate`/`demo` on a terminal).
+/// How the console looks and what it may do: options of `docket` (bare),
+/// `console`, `review`, and `batch-adjudicate`/`demo` (they open the console
+/// on a terminal), not global, so no other command's `--help` lists them.
 #[derive(Debug, Args, Clone, Default)]
 pub struct ConsoleArgs {
     /// Watch only: no decisions, no run controls.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub read_only: bool,
     /// No colour (also when NO_COLOR is set). States keep their words and glyphs.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub no_color: bool,
     /// A keymap.toml overriding the default bindings, binding by binding
     /// (default: keymap.toml in the config dir).
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, value_name = "PATH")]
     pub keymap: Option<PathBuf>,
     /// Clicks focus a pane and select a row, the wheel scrolls (off by
     /// default, so the terminal's text selection works; `mouse = true` in
     /// console.toml in the config dir turns it on too).
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub mouse: bool,
     /// Print the effective keymap (defaults plus overrides) and exit.
     #[arg(long)]
     pub print_keymap: bool,
 }
 
+impl ConsoleArgs {
+    /// The options given before the command name (`docket --read-only
+    /// console`, as when they were global) joined with the command's own
+    /// (`docket console --read-only`): a flag given either place counts, and
+    /// the command's own `--keymap` wins.
+    pub fn or(self, before: &ConsoleArgs) -> ConsoleArgs {
+        ConsoleArgs {
+            read_only: self.read_only || before.read_only,
+            no_color: self.no_color || before.no_color,
+            keymap: self.keymap.or_else(|| before.keymap.clone()),
+            mouse: self.mouse || before.mouse,
+            print_keymap: self.print_keymap || before.print_keymap,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Demo workspace + built-in mock provider + a live run in the console. No key, no network.
     #[command(after_help = examples::DEMO)]
-    Demo(DemoArgs),
+    Demo {
+        #[command(flatten)]
+        args: DemoArgs,
+        #[command(flatten)]
+        console: ConsoleArgs,
+    },
     /// The console on the workspace: live view of any running session (also plain `docket`).
     #[command(after_help = examples::CONSOLE)]
     Console {
         /// Watch this session (default: the newest).
         #[arg(long)]
         session: Option<String>,
+        #[command(flatten)]
+        console: ConsoleArgs,
     },
     /// The console opened on the review queue.
     #[command(after_help = examples::REVIEW)]
-    Review,
+    Review {
+        #[command(flatten)]
+        console: ConsoleArgs,
+    },
     /// Write a working workspace (docket.toml, prompt, schema, sample items).
     #[command(after_help = examples::INIT)]
     Init {
@@ -161,7 +188,12 @@ pub enum Command {
     },
     /// Adjudicate every indeterminate item: render, send, gate, route, record.
     #[command(visible_alias = "run", after_help = examples::RUN)]
-    BatchAdjudicate(RunArgs),
+    BatchAdjudicate {
+        #[command(flatten)]
+        args: RunArgs,
+        #[command(flatten)]
+        console: ConsoleArgs,
+    },
     /// Join a running or paused session as one more worker (from any
     /// terminal on a machine that sees the ledger): it claims items from the
     /// ledger, shares the provider's limits with the other workers, obeys
