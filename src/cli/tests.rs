@@ -97,7 +97,11 @@ fn console_options_parse_before_and_after_the_command_and_nowhere_else() {
         "docket export --keymap k.toml",
     ] {
         let err = Cli::try_parse_from(line.split(' ')).expect_err(line);
-        assert_eq!(err.kind(), clap::error::ErrorKind::UnknownArgument, "{line}");
+        assert_eq!(
+            err.kind(),
+            clap::error::ErrorKind::UnknownArgument,
+            "{line}"
+        );
     }
 }
 
