@@ -271,6 +271,10 @@ fn no_color_charts_say_everything_in_words_and_glyphs() {
 
 // ---------------------------------------------------------------- the read
 
+/// An attempt: sent this long after the session started, its HTTP status,
+/// its state and its cost.
+type Attempt = (f64, Option<i64>, &'static str, f64);
+
 /// A session with 3 items over 2 stages: the histograms count each
 /// outcome's confidence in its stage and bin, the time line each attempt,
 /// each 429, each other failure and the spend.
@@ -287,8 +291,7 @@ fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
         params![t0, t0 + 100.0, SNAPSHOT],
     )
     .expect("session");
-    // (item, stage, confidence, attempts as (sent after t0, http status, state, cost))
-    let items: [(&str, &str, Option<f64>, &[(f64, Option<i64>, &str, f64)]); 4] = [
+    let items: [(&str, &str, Option<f64>, &[Attempt]); 4] = [
         (
             "a",
             "triage",

@@ -99,7 +99,7 @@ fn title(app: &App, all: bool, page: usize) -> String {
 /// The seconds the time line covers, when it has any.
 fn run_span(data: &ChartData) -> Option<f64> {
     let t = &data.timeline;
-    (t.slice_secs > 0.0 && !t.sent.is_empty()).then(|| t.slice_secs * t.sent.len() as f64)
+    (t.slice_secs > 0.0 && !t.sent.is_empty()).then_some(t.slice_secs * t.sent.len() as f64)
 }
 
 /// A chart's frame: a plain border and its title.
