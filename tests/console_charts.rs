@@ -275,15 +275,17 @@ fn no_color_charts_say_everything_in_words_and_glyphs() {
 /// its state and its cost.
 type Attempt = (f64, Option<i64>, &'static str, f64);
 
-/// A session with 3 items over 2 stages: the histograms count each
-/// outcome's confidence in its stage and bin, the time line each attempt,
-/// each 429, each other failure and the spend.
-#[test]
-fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
+/// When the fixture session started.
+const T0: f64 = 1_000.0;
+
+/// A workspace whose ledger holds session `s1`: 4 items over 2 stages,
+/// 3 with a confidence, 6 attempts (one 429, one 500, one failure without
+/// a status) costing $0.875 in all.
+fn charted_workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("docket.sqlite");
     let conn = docket::ledger::open(&path).expect("open ledger");
-    let t0 = 1_000.0;
+    let t0 = T0;
     conn.execute(
         "INSERT INTO llm_batch_session (session_id, started_at, completed_at, total_count,
              config_snapshot_json, state, updated_at)
@@ -354,6 +356,16 @@ fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
         )
         .expect("result");
     }
+    dir
+}
+
+/// The histograms count each outcome's confidence in its stage and bin,
+/// the time line each attempt, each 429, each other failure and the spend.
+#[test]
+fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
+    let dir = charted_workspace();
+    let t0 = T0;
+    let path = dir.path().join("docket.sqlite");
     let db = docket::ledger::Ledger::open_read_only(&path).expect("console handle");
     let data = db.charts("s1").expect("charts");
     let stages: Vec<(&str, u64)> = data
@@ -381,4 +393,67 @@ fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
     assert_eq!(t.errors[slice(t0 + 61.0)], 1);
     // No such session: nothing to chart, not an error.
     assert_eq!(db.charts("nope").expect("charts"), ChartData::default());
+}
+
+/// The console's ledger worker reads the charts only once told they are
+/// shown, and stops when told they are not.
+#[test]
+fn the_data_worker_reads_the_charts_only_while_they_are_shown() {
+    use docket::tui::data::{DataMsg, DataWorker};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let dir = charted_workspace();
+    let (fx_tx, fx_rx) = mpsc::channel();
+    let (out_tx, out_rx) = mpsc::channel();
+    let operator = docket::review::Operator::new("alice", "alice@host-a:100");
+    let worker = DataWorker::new(dir.path().to_path_buf(), operator, true);
+    let handle = std::thread::spawn(move || worker.run(fx_rx, move |m| out_tx.send(m).is_ok()));
+    let next_snapshot = |want: &dyn Fn(&Snapshot) -> bool| -> Snapshot {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if let Ok(DataMsg::Snapshot(s)) = out_rx.recv_timeout(Duration::from_millis(200))
+                && want(&s)
+            {
+                return *s;
+            }
+        }
+        panic!("no such snapshot within 10 s");
+    };
+    let first = next_snapshot(&|s| s.view.is_some());
+    assert_eq!(first.charts, None, "not read while not shown");
+    fx_tx.send(Effect::Charts(true)).expect("send");
+    let shown = next_snapshot(&|s| s.charts.is_some());
+    let charts = shown.charts.expect("charts");
+    assert_eq!(charts.timeline.sent.iter().sum::<u64>(), 6);
+    assert_eq!(charts.confidence.len(), 2);
+    fx_tx.send(Effect::Charts(false)).expect("send");
+    next_snapshot(&|s| s.charts.is_none());
+    drop(fx_tx);
+    handle.join().expect("the worker ends when the UI is gone");
+}
+
+/// Three stages do not fit 80x24: the first two show, the third is named.
+#[test]
+fn stages_that_do_not_fit_are_named() {
+    let mut data = charts();
+    data.confidence.push(StageHistogram {
+        stage: "score_critic".into(),
+        bins: vec![1; CONFIDENCE_BINS],
+    });
+    let mut app = App::new(Keymap::default_map(), false);
+    app.apply_snapshot(Snapshot {
+        view: Some(view()),
+        charts: Some(data),
+        now: NOW,
+        ..Snapshot::default()
+    });
+    app.handle_key(key(KeyCode::Char('v')));
+    let small = text(render(&app, 80, 24, Theme::mono()).backend().buffer());
+    assert!(
+        small.contains("… not shown (a taller terminal): score_critic"),
+        "{small}"
+    );
+    let big = text(render(&app, 120, 40, Theme::mono()).backend().buffer());
+    assert!(big.contains("score_critic · 20 answers"), "{big}");
 }
