@@ -17,7 +17,6 @@ use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::style::Color;
-use rusqlite::params;
 
 /// 2023-11-14 22:13:20 UTC.
 const NOW: f64 = 1_700_000_000.0;
@@ -273,101 +272,92 @@ fn no_color_charts_say_everything_in_words_and_glyphs() {
 
 /// An attempt: sent this long after the session started, its HTTP status,
 /// its state and its cost.
-type Attempt = (f64, Option<i64>, &'static str, f64);
+type Attempt = (f64, &'static str, &'static str, f64);
 
 /// When the fixture session started.
 const T0: f64 = 1_000.0;
 
-/// A workspace whose ledger holds session `s1`: 4 items over 2 stages,
-/// 3 with a confidence, 6 attempts (one 429, one 500, one failure without
-/// a status) costing $0.875 in all.
-fn charted_workspace() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("docket.sqlite");
-    let conn = docket::ledger::open(&path).expect("open ledger");
+/// The fixture as SQL both engines run: session `s1` with 4 items over 2
+/// stages, 3 with a confidence, 6 attempts (one 429, one 500, one failure
+/// without a status) costing $0.875 in all.
+fn fixture_sql() -> Vec<String> {
     let t0 = T0;
-    conn.execute(
+    let mut sql = vec![format!(
         "INSERT INTO llm_batch_session (session_id, started_at, completed_at, total_count,
              config_snapshot_json, state, updated_at)
-         VALUES ('s1', ?1, ?2, 3, ?3, 'completed', ?2)",
-        params![t0, t0 + 100.0, SNAPSHOT],
-    )
-    .expect("session");
-    let items: [(&str, &str, Option<f64>, &[Attempt]); 4] = [
-        (
-            "a",
-            "triage",
-            Some(0.95),
-            &[(1.0, Some(200), "answered", 0.5)],
-        ),
+         VALUES ('s1', {t0}, {}, 3, '{}', 'completed', {t0})",
+        t0 + 100.0,
+        SNAPSHOT.replace('\'', "''")
+    )];
+    let items: [(&str, &str, &str, &[Attempt]); 4] = [
+        ("a", "triage", "0.95", &[(1.0, "200", "answered", 0.5)]),
         (
             "b",
             "triage",
-            Some(0.62),
-            &[
-                (2.0, Some(429), "failed", 0.0),
-                (50.0, Some(200), "answered", 0.25),
-            ],
+            "0.62",
+            &[(2.0, "429", "failed", 0.0), (50.0, "200", "answered", 0.25)],
         ),
         (
             "c",
             "verify",
-            Some(1.0),
+            "1.0",
             &[
-                (60.0, Some(500), "failed", 0.0),
-                (90.0, Some(200), "answered", 0.125),
+                (60.0, "500", "failed", 0.0),
+                (90.0, "200", "answered", 0.125),
             ],
         ),
-        ("d", "triage", None, &[(95.0, None, "failed", 0.0)]),
+        ("d", "triage", "NULL", &[(95.0, "NULL", "failed", 0.0)]),
     ];
-    for (item, stage, confidence, attempts) in items {
-        conn.execute(
-            "INSERT INTO decision (item_id, evidence_json, imported_at, updated_at) VALUES (?1, '{}', 1, 1)",
-            params![item],
-        )
-        .expect("item");
-        let rid: i64 = conn
-            .query_row(
-                "INSERT INTO llm_requests (item_id, stage, provider, model, template_hash, params_hash,
-                     created_at, updated_at)
-                 VALUES (?1, ?2, 'mock', 'm', 't', 'p', 1, 1) RETURNING request_id",
-                params![item, stage],
-                |r| r.get(0),
-            )
-            .expect("request");
+    let mut mid = 0;
+    for (rid, (item, stage, confidence, attempts)) in items.iter().enumerate() {
+        let rid = rid + 1;
+        sql.push(format!(
+            "INSERT INTO decision (item_id, evidence_json, imported_at, updated_at)
+             VALUES ('{item}', '{{}}', 1, 1)"
+        ));
+        sql.push(format!(
+            "INSERT INTO llm_requests (request_id, item_id, stage, provider, model, template_hash,
+                 params_hash, created_at, updated_at)
+             VALUES ({rid}, '{item}', '{stage}', 'mock', 'm', 't', 'p', 1, 1)"
+        ));
         for (n, (at, status, state, cost)) in attempts.iter().enumerate() {
-            conn.execute(
-                "INSERT INTO llm_messages (request_id, attempt, session_id, client_request_id, state,
-                     user_prompt, http_status, cost_usd, sent_at, finished_at)
-                 VALUES (?1, ?2, 's1', ?1 || '-' || ?2, ?3, 'p', ?4, ?5, ?6, ?7)",
-                params![rid, n as i64 + 1, state, status, cost, t0 + at, t0 + at + 1.0],
-            )
-            .expect("attempt");
+            mid += 1;
+            sql.push(format!(
+                "INSERT INTO llm_messages (message_id, request_id, attempt, session_id,
+                     client_request_id, state, user_prompt, http_status, cost_usd, sent_at, finished_at)
+                 VALUES ({mid}, {rid}, {}, 's1', 'c{mid}', '{state}', 'p', {status}, {cost}, {}, {})",
+                n + 1,
+                t0 + at,
+                t0 + at + 1.0
+            ));
         }
-        let outcome = if confidence.is_some() {
-            "accepted"
-        } else {
+        let outcome = if *confidence == "NULL" {
             "error"
+        } else {
+            "accepted"
         };
-        conn.execute(
+        sql.push(format!(
             "INSERT INTO llm_batch_result (session_id, item_id, processed_at, outcome, confidence, stage)
-             VALUES ('s1', ?1, ?2, ?3, ?4, ?5)",
-            params![item, t0 + 99.0, outcome, confidence, stage],
-        )
-        .expect("result");
+             VALUES ('s1', '{item}', {}, '{outcome}', {confidence}, '{stage}')",
+            t0 + 99.0
+        ));
+    }
+    sql
+}
+
+/// A workspace whose SQLite ledger holds the fixture.
+fn charted_workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conn = docket::ledger::open(&dir.path().join("docket.sqlite")).expect("open ledger");
+    for statement in fixture_sql() {
+        conn.execute_batch(&statement).expect(&statement);
     }
     dir
 }
 
-/// The histograms count each outcome's confidence in its stage and bin,
-/// the time line each attempt, each 429, each other failure and the spend.
-#[test]
-fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
-    let dir = charted_workspace();
+/// The fixture's charts, as every engine must read them.
+fn assert_fixture_charts(data: &ChartData) {
     let t0 = T0;
-    let path = dir.path().join("docket.sqlite");
-    let db = docket::ledger::Ledger::open_read_only(&path).expect("console handle");
-    let data = db.charts("s1").expect("charts");
     let stages: Vec<(&str, u64)> = data
         .confidence
         .iter()
@@ -391,6 +381,16 @@ fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
     let slice = |at: f64| ((at - t0) / t.slice_secs) as usize;
     assert_eq!(t.throttled[slice(t0 + 3.0)], 1);
     assert_eq!(t.errors[slice(t0 + 61.0)], 1);
+}
+
+/// The histograms count each outcome's confidence in its stage and bin,
+/// the time line each attempt, each 429, each other failure and the spend.
+#[test]
+fn the_charts_read_counts_confidences_attempts_429s_errors_and_spend() {
+    let dir = charted_workspace();
+    let path = dir.path().join("docket.sqlite");
+    let db = docket::ledger::Ledger::open_read_only(&path).expect("console handle");
+    assert_fixture_charts(&db.charts("s1").expect("charts"));
     // No such session: nothing to chart, not an error.
     assert_eq!(db.charts("nope").expect("charts"), ChartData::default());
 }
@@ -456,4 +456,20 @@ fn stages_that_do_not_fit_are_named() {
     );
     let big = text(render(&app, 120, 40, Theme::mono()).backend().buffer());
     assert!(big.contains("score_critic · 20 answers"), "{big}");
+}
+
+/// The charts read from PostgreSQL as from SQLite: the same rows, the
+/// same charts.
+#[test]
+fn the_charts_read_from_postgres() {
+    use docket::ledger::{Ledger, LedgerLocation};
+    use docket_testkit::pg::PgServer;
+
+    let server = PgServer::start();
+    let url = server.fresh_database();
+    // Opening migrates the new database.
+    let ledger = Ledger::open(LedgerLocation::parse(&url).expect("url")).expect("open");
+    server.psql(&url, &format!("{};", fixture_sql().join(";\n")));
+    assert_fixture_charts(&ledger.charts("s1").expect("the charts read"));
+    assert_eq!(ledger.charts("nope").expect("charts"), ChartData::default());
 }
