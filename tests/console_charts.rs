@@ -308,6 +308,13 @@ fn fixture_sql() -> Vec<String> {
         ),
         ("d", "triage", "NULL", &[(95.0, "NULL", "failed", 0.0)]),
     ];
+    // Job order is the checkpoint's, not the names': verify runs first here.
+    for (stage, position) in [("verify", 0), ("triage", 1)] {
+        sql.push(format!(
+            "INSERT INTO run_stages (session_id, stage, position, role, updated_at)
+             VALUES ('s1', '{stage}', {position}, 'generator', {t0})"
+        ));
+    }
     let mut mid = 0;
     for (rid, (item, stage, confidence, attempts)) in items.iter().enumerate() {
         let rid = rid + 1;
@@ -363,10 +370,10 @@ fn assert_fixture_charts(data: &ChartData) {
         .iter()
         .map(|h| (h.stage.as_str(), h.total()))
         .collect();
-    assert_eq!(stages, vec![("triage", 2), ("verify", 1)]);
-    assert_eq!(data.confidence[0].bins[19], 1, "0.95 is in the last bin");
-    assert_eq!(data.confidence[0].bins[12], 1, "0.62 is in 0.60-0.65");
-    assert_eq!(data.confidence[1].bins[19], 1, "1.0 is in the last bin");
+    assert_eq!(stages, vec![("verify", 1), ("triage", 2)]);
+    assert_eq!(data.confidence[1].bins[19], 1, "0.95 is in the last bin");
+    assert_eq!(data.confidence[1].bins[12], 1, "0.62 is in 0.60-0.65");
+    assert_eq!(data.confidence[0].bins[19], 1, "1.0 is in the last bin");
     let t = &data.timeline;
     assert_eq!(t.sent.iter().sum::<u64>(), 6);
     assert_eq!(t.throttled.iter().sum::<u64>(), 1);

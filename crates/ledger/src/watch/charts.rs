@@ -12,8 +12,8 @@ pub const TIMELINE_SLICES: usize = 240;
 /// Everything the charts draw for one session.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChartData {
-    /// One histogram per stage whose answers gave a confidence, in the
-    /// order the stages first appear (job order as far as the ledger says).
+    /// One histogram per stage whose answers gave a confidence, in job
+    /// order (stages the session has no checkpoint of last, by name).
     pub confidence: Vec<StageHistogram>,
     pub timeline: Timeline,
 }
