@@ -7,10 +7,12 @@ use clap::{Args, Parser, Subcommand};
 pub mod about;
 mod console_args;
 mod examples;
+mod no_workspace;
 mod requests;
 mod values;
 
 pub use console_args::ConsoleArgs;
+pub use no_workspace::NoWorkspace;
 pub use requests::{RequestsArgs, RequestsMode};
 pub use values::*;
 
@@ -261,12 +263,16 @@ pub enum Command {
         port: u16,
         #[command(flatten)]
         config: Box<docket::mock::MockConfig>,
+        #[command(flatten)]
+        no_workspace: NoWorkspace,
     },
     /// Print a shell completion script for docket to standard output.
     #[command(after_help = examples::COMPLETIONS)]
     Completions {
         /// The shell: bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
+        #[command(flatten)]
+        no_workspace: NoWorkspace,
     },
     /// Print docket's man page (roff) to standard output, or with --out
     /// write one page per command into a folder.
@@ -275,6 +281,8 @@ pub enum Command {
         /// Write docket.1 and a page per command (docket-batch-adjudicate.1, ...) here.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        no_workspace: NoWorkspace,
     },
 }
 

@@ -71,8 +71,16 @@ fn console_options_appear_only_in_the_help_of_commands_that_open_the_console() {
                 "`docket {name} --help` and {flag}:\n{help}"
             );
         }
-        // The workspace stays global: every command reads one.
-        assert!(help.contains("--workspace"), "`docket {name} --help`");
+        // The workspace and ledger stay global, but not where no workspace
+        // is read.
+        let reads_none = ["mock-provider", "completions", "man"].contains(&name.as_str());
+        for flag in ["--workspace", "--ledger"] {
+            assert_eq!(
+                help.contains(flag),
+                !reads_none,
+                "`docket {name} --help` and {flag}"
+            );
+        }
     }
 }
 
@@ -86,6 +94,9 @@ fn console_options_parse_before_and_after_the_command_and_nowhere_else() {
         "docket --no-color review",
         "docket run --no-color -y",
         "docket demo --headless --no-color",
+        "docket sessions --workspace ws --ledger postgres://u@h/db",
+        "docket --workspace ws man",
+        "docket completions bash --workspace ws",
     ] {
         let parsed = Cli::try_parse_from(line.split(' '));
         assert!(parsed.is_ok(), "{line}: {:?}", parsed.err());

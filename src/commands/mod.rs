@@ -90,9 +90,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Ledger {
             action: LedgerAction::Copy { to, from },
         } => tokio::task::block_in_place(|| ledger::ledger_copy(&ws, to, from)),
-        Command::MockProvider { port, config } => mock_provider(port, *config).await,
-        Command::Completions { shell } => docs::completions(shell),
-        Command::Man { out } => docs::man(out.as_deref()),
+        Command::MockProvider { port, config, .. } => mock_provider(port, *config).await,
+        Command::Completions { shell, .. } => docs::completions(shell),
+        Command::Man { out, .. } => docs::man(out.as_deref()),
     }
 }
 
