@@ -5,10 +5,14 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod about;
+mod console_args;
 mod examples;
+mod no_workspace;
 mod requests;
 mod values;
 
+pub use console_args::ConsoleArgs;
+pub use no_workspace::NoWorkspace;
 pub use requests::{RequestsArgs, RequestsMode};
 pub use values::*;
 
@@ -56,45 +60,31 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
-/// How the console looks and what it may do (for `docket`, `console`,
-/// `review`, and `batch-adjudicate`/`demo` on a terminal).
-#[derive(Debug, Args, Clone, Default)]
-pub struct ConsoleArgs {
-    /// Watch only: no decisions, no run controls.
-    #[arg(long, global = true)]
-    pub read_only: bool,
-    /// No colour (also when NO_COLOR is set). States keep their words and glyphs.
-    #[arg(long, global = true)]
-    pub no_color: bool,
-    /// A keymap.toml overriding the default bindings, binding by binding
-    /// (default: keymap.toml in the config dir).
-    #[arg(long, global = true, value_name = "PATH")]
-    pub keymap: Option<PathBuf>,
-    /// Clicks focus a pane and select a row, the wheel scrolls (off by
-    /// default, so the terminal's text selection works; `mouse = true` in
-    /// console.toml in the config dir turns it on too).
-    #[arg(long, global = true)]
-    pub mouse: bool,
-    /// Print the effective keymap (defaults plus overrides) and exit.
-    #[arg(long)]
-    pub print_keymap: bool,
-}
-
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Demo workspace + built-in mock provider + a live run in the console. No key, no network.
     #[command(after_help = examples::DEMO)]
-    Demo(DemoArgs),
+    Demo {
+        #[command(flatten)]
+        args: DemoArgs,
+        #[command(flatten)]
+        console: ConsoleArgs,
+    },
     /// The console on the workspace: live view of any running session (also plain `docket`).
     #[command(after_help = examples::CONSOLE)]
     Console {
         /// Watch this session (default: the newest).
         #[arg(long)]
         session: Option<String>,
+        #[command(flatten)]
+        console: ConsoleArgs,
     },
     /// The console opened on the review queue.
     #[command(after_help = examples::REVIEW)]
-    Review,
+    Review {
+        #[command(flatten)]
+        console: ConsoleArgs,
+    },
     /// Write a working workspace (docket.toml, prompt, schema, sample items).
     #[command(after_help = examples::INIT)]
     Init {
@@ -161,7 +151,12 @@ pub enum Command {
     },
     /// Adjudicate every indeterminate item: render, send, gate, route, record.
     #[command(visible_alias = "run", after_help = examples::RUN)]
-    BatchAdjudicate(RunArgs),
+    BatchAdjudicate {
+        #[command(flatten)]
+        args: RunArgs,
+        #[command(flatten)]
+        console: ConsoleArgs,
+    },
     /// Join a running or paused session as one more worker (from any
     /// terminal on a machine that sees the ledger): it claims items from the
     /// ledger, shares the provider's limits with the other workers, obeys
@@ -268,12 +263,16 @@ pub enum Command {
         port: u16,
         #[command(flatten)]
         config: Box<docket::mock::MockConfig>,
+        #[command(flatten)]
+        no_workspace: NoWorkspace,
     },
     /// Print a shell completion script for docket to standard output.
     #[command(after_help = examples::COMPLETIONS)]
     Completions {
         /// The shell: bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
+        #[command(flatten)]
+        no_workspace: NoWorkspace,
     },
     /// Print docket's man page (roff) to standard output, or with --out
     /// write one page per command into a folder.
@@ -282,6 +281,8 @@ pub enum Command {
         /// Write docket.1 and a page per command (docket-batch-adjudicate.1, ...) here.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        no_workspace: NoWorkspace,
     },
 }
 

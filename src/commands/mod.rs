@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Write};
 use docket::control::Desired;
 use docket::tui::app::Pane;
 
-use crate::cli::{Cli, Command, ItemsAction, LedgerAction};
+use crate::cli::{Cli, Command, ConsoleArgs, ItemsAction, LedgerAction};
 
 mod console;
 mod control;
@@ -27,7 +27,7 @@ pub const EXIT_USAGE: i32 = 2;
 
 pub async fn run(cli: Cli) -> i32 {
     let ws = docket::workspace::resolve(cli.workspace.as_deref());
-    let console_args = cli.console.clone();
+    let console_args = console_args(&cli);
     if console_args.print_keymap {
         let (keymap, warnings) = docket::tui::keymap::Keymap::load(console_args.keymap.as_deref());
         for w in &warnings {
@@ -40,11 +40,11 @@ pub async fn run(cli: Cli) -> i32 {
         return console::open(&ws, &console_args, Pane::Stages, None).await;
     };
     match command {
-        Command::Demo(args) => setup::demo(args, &console_args).await,
-        Command::Console { session } => {
+        Command::Demo { args, .. } => setup::demo(args, &console_args).await,
+        Command::Console { session, .. } => {
             console::open(&ws, &console_args, Pane::Stages, session).await
         }
-        Command::Review => console::open(&ws, &console_args, Pane::Review, None).await,
+        Command::Review { .. } => console::open(&ws, &console_args, Pane::Review, None).await,
         Command::Init {
             dir,
             force,
@@ -62,7 +62,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Items {
             action: ItemsAction::Rm(args),
         } => items::rm(&ws, args),
-        Command::BatchAdjudicate(args) => {
+        Command::BatchAdjudicate { args, .. } => {
             ledger::warn_about_the_place(&ws);
             run::batch_adjudicate(&ws, args, &console_args).await
         }
@@ -90,9 +90,24 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Ledger {
             action: LedgerAction::Copy { to, from },
         } => tokio::task::block_in_place(|| ledger::ledger_copy(&ws, to, from)),
-        Command::MockProvider { port, config } => mock_provider(port, *config).await,
-        Command::Completions { shell } => docs::completions(shell),
-        Command::Man { out } => docs::man(out.as_deref()),
+        Command::MockProvider { port, config, .. } => mock_provider(port, *config).await,
+        Command::Completions { shell, .. } => docs::completions(shell),
+        Command::Man { out, .. } => docs::man(out.as_deref()),
+    }
+}
+
+/// The console's options of the command (`docket review --no-color`)
+/// joined with those given before it (`docket --no-color review`, which
+/// worked when they were global).
+fn console_args(cli: &Cli) -> ConsoleArgs {
+    match &cli.command {
+        Some(
+            Command::Demo { console, .. }
+            | Command::Console { console, .. }
+            | Command::Review { console }
+            | Command::BatchAdjudicate { console, .. },
+        ) => console.clone().or(&cli.console),
+        _ => cli.console.clone(),
     }
 }
 

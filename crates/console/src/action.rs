@@ -74,6 +74,8 @@ pub enum Action {
     Batches,
     /// Show the watched session's workers.
     Workers,
+    /// Show the charts (confidence histogram per stage, rates, cost).
+    Charts,
     /// Answer yes in a confirmation dialog.
     ConfirmYes,
     /// Answer no in a confirmation dialog.
@@ -132,6 +134,7 @@ impl Action {
         Action::CancelRun,
         Action::Batches,
         Action::Workers,
+        Action::Charts,
         Action::ConfirmYes,
         Action::ConfirmNo,
         Action::QuitKeep,
@@ -180,6 +183,7 @@ impl Action {
             Action::CancelRun => "cancel_run",
             Action::Batches => "batches",
             Action::Workers => "workers",
+            Action::Charts => "charts",
             Action::ConfirmYes => "confirm_yes",
             Action::ConfirmNo => "confirm_no",
             Action::QuitKeep => "quit_keep",
@@ -234,6 +238,7 @@ impl Action {
             Action::CancelRun => "cancel the run",
             Action::Batches => "list the provider batches",
             Action::Workers => "list the session's workers",
+            Action::Charts => "charts: confidence, rates, cost (tab: next chart)",
             Action::ConfirmYes => "yes",
             Action::ConfirmNo => "no",
             Action::QuitKeep => "quit, keep the run going headless",
@@ -279,6 +284,6 @@ mod tests {
             assert_eq!(back, a);
             assert!(!a.describe().is_empty());
         }
-        assert_eq!(Action::ALL.len(), 43);
+        assert_eq!(Action::ALL.len(), 44);
     }
 }

@@ -9,13 +9,15 @@ use tui_input::Input;
 use super::keymap::{KeyPress, Keymap};
 
 mod lists;
+mod mode;
 mod mouse;
 mod screen;
 use docket_ledger::console::WorkerRow;
 use docket_ledger::watch::{
-    Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, SessionSummary,
-    SessionView, Tune,
+    ChartData, Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage,
+    SessionSummary, SessionView, Tune,
 };
+pub use mode::Mode;
 pub use screen::{PREVIEW_MIN_HEIGHT, PREVIEW_MIN_WIDTH, Screen, preview_fits};
 
 /// How many review rows the console keeps loaded around the cursor.
@@ -93,6 +95,11 @@ pub enum Overlay {
     Workers {
         scroll: u16,
     },
+    /// The charts: all at once on a big terminal; on a small one the
+    /// chart `page` (tab / backtab switch it).
+    Charts {
+        page: usize,
+    },
     /// One event of the events pane in full (a copy: the pane moves on).
     Event {
         event: Box<Event>,
@@ -101,36 +108,6 @@ pub enum Overlay {
     Dialog(Dialog),
     Filter(Input),
     Command(Input),
-}
-
-/// The badge in the footer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Normal,
-    Detail,
-    Help,
-    Batches,
-    Workers,
-    Event,
-    Filter,
-    Command,
-    Confirm,
-}
-
-impl Mode {
-    pub fn label(self) -> &'static str {
-        match self {
-            Mode::Normal => "NORMAL",
-            Mode::Detail => "DETAIL",
-            Mode::Help => "HELP",
-            Mode::Batches => "BATCHES",
-            Mode::Workers => "WORKERS",
-            Mode::Event => "EVENT",
-            Mode::Filter => "FILTER",
-            Mode::Command => "CMD",
-            Mode::Confirm => "CONFIRM",
-        }
-    }
 }
 
 /// How to leave the console.
@@ -182,6 +159,8 @@ pub enum Effect {
     Quit(QuitChoice),
     /// A key was pressed (the operator is here: keep holding the item).
     Activity,
+    /// Read the charts' data (the charts are shown) or stop reading it.
+    Charts(bool),
 }
 
 /// The latest read of the ledger.
@@ -199,6 +178,8 @@ pub struct Snapshot {
     pub batch_summary: ProviderBatchSummary,
     /// Every worker that worked on the watched session, newest first.
     pub workers: Vec<WorkerRow>,
+    /// The watched session's charts, read only while they are shown.
+    pub charts: Option<ChartData>,
     /// Ledger time of the read (unix seconds), for ages.
     pub now: f64,
 }
@@ -291,6 +272,8 @@ pub struct App {
     /// The furthest an open overlay can scroll, as the last frame measured.
     pub scroll_max: std::cell::Cell<u16>,
     pub(super) detail_wanted: Option<i64>,
+    /// The data side was told to read the charts.
+    pub(super) charts_wanted: bool,
     /// The terminal's size, the mouse, and where the panes were drawn.
     pub screen: Screen,
 }
@@ -324,6 +307,7 @@ impl App {
             log_files: None,
             scroll_max: std::cell::Cell::new(0),
             detail_wanted: None,
+            charts_wanted: false,
             screen: Screen::default(),
         }
     }
@@ -335,6 +319,7 @@ impl App {
             Overlay::Detail { .. } => Mode::Detail,
             Overlay::Batches { .. } => Mode::Batches,
             Overlay::Workers { .. } => Mode::Workers,
+            Overlay::Charts { .. } => Mode::Charts,
             Overlay::Event { .. } => Mode::Event,
             Overlay::Dialog(_) => Mode::Confirm,
             Overlay::Filter(_) => Mode::Filter,
@@ -456,6 +441,12 @@ impl App {
                 *scroll = 0;
             }
             fx.push(Effect::Detail(detail));
+        }
+        // The charts' data is read only while they are on screen.
+        let charts = matches!(self.overlay, Overlay::Charts { .. });
+        if charts != self.charts_wanted {
+            self.charts_wanted = charts;
+            fx.push(Effect::Charts(charts));
         }
         fx
     }

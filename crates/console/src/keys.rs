@@ -29,6 +29,7 @@ impl App {
                 Overlay::Help { .. }
                 | Overlay::Batches { .. }
                 | Overlay::Workers { .. }
+                | Overlay::Charts { .. }
                 | Overlay::Event { .. },
                 _,
             ) => &[Section::Global],

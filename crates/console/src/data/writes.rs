@@ -38,6 +38,10 @@ impl DataWorker {
             Effect::Watch(s) => self.watch = s,
             Effect::Query(q) => self.query = q,
             Effect::Detail(d) => self.detail = d,
+            Effect::Charts(on) => {
+                self.charts_wanted = on;
+                self.charts_cache = None;
+            }
             Effect::Quit(_) => {}
             other => {
                 let Some(l) = ledger else {
@@ -119,6 +123,7 @@ impl DataWorker {
             Effect::Watch(_)
             | Effect::Query(_)
             | Effect::Detail(_)
+            | Effect::Charts(_)
             | Effect::Quit(_)
             | Effect::Activity => None,
         }

@@ -15,6 +15,9 @@ impl App {
             A::Up | A::Down | A::Top | A::Bottom | A::PageUp | A::PageDown => {
                 self.move_cursor(action)
             }
+            A::FocusNext | A::FocusPrev if matches!(self.overlay, Overlay::Charts { .. }) => {
+                self.chart_step(action == A::FocusNext)
+            }
             A::FocusNext | A::FocusPrev => self.focus_step(action == A::FocusNext),
             A::FocusStages => self.focus_on(Pane::Stages),
             A::FocusOutcomes => self.focus_on(Pane::Outcomes),
@@ -26,6 +29,7 @@ impl App {
             A::Back => self.back(),
             A::Filter => self.open_filter(),
             A::Help | A::Batches | A::Workers => self.toggle_overlay(action),
+            A::Charts => self.toggle_charts(),
             A::CommandLine => {
                 self.overlay = Overlay::Command(Input::default());
                 Vec::new()
@@ -85,6 +89,31 @@ impl App {
             (i + n - 1) % n
         };
         self.focus_on(Pane::ORDER[next])
+    }
+
+    /// Open the charts, or close them (`after_cursor_move` tells the data
+    /// side to start or stop reading them).
+    fn toggle_charts(&mut self) -> Vec<Effect> {
+        let open = !matches!(self.overlay, Overlay::Charts { .. });
+        self.overlay = if open {
+            Overlay::Charts { page: 0 }
+        } else {
+            Overlay::None
+        };
+        self.after_cursor_move()
+    }
+
+    /// The next (or previous) chart of the one-chart layout, wrapping.
+    fn chart_step(&mut self, forward: bool) -> Vec<Effect> {
+        let n = crate::view::CHART_PAGES;
+        if let Overlay::Charts { page } = &mut self.overlay {
+            *page = if forward {
+                (*page + 1) % n
+            } else {
+                (*page + n - 1) % n
+            };
+        }
+        Vec::new()
     }
 
     /// `/` filters the focused list (events, sessions); from any other

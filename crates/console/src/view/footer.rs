@@ -127,6 +127,7 @@ fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
             | Overlay::Event { .. },
             _,
         ) => vec![(G, A::Back, "close"), (G, A::Down, "scroll")],
+        (Overlay::Charts { .. }, _) => vec![(G, A::Back, "close"), (G, A::FocusNext, "next chart")],
         (Overlay::Dialog(_), _) => Vec::new(),
         (Overlay::Detail { .. }, _) => vec![
             (R, A::Accept, "accept"),

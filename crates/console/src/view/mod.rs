@@ -1,6 +1,7 @@
 //! Drawing. Only reads the state; every string from items or models goes
 //! through `sanitize` before it reaches a cell.
 
+mod charts;
 mod footer;
 mod lists;
 mod overlays;
@@ -18,6 +19,8 @@ use ratatui::widgets::{Block, BorderType, Borders, Paragraph};
 
 use super::app::{App, Overlay, Pane};
 use super::theme::Theme;
+
+pub use charts::CHART_PAGES;
 
 /// Below this the console says so instead of drawing a broken layout.
 pub const MIN_WIDTH: u16 = 80;
@@ -55,6 +58,7 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
         Overlay::Help { scroll } => overlays::draw_help(frame, body, app, *scroll, theme),
         Overlay::Batches { scroll } => overlays::draw_batches(frame, body, app, *scroll, theme),
         Overlay::Workers { scroll } => workers::draw_workers(frame, body, app, *scroll, theme),
+        Overlay::Charts { page } => charts::draw_charts(frame, body, app, *page, theme),
         Overlay::Event { event, scroll } => {
             overlays::draw_event(frame, body, app, event, *scroll, theme)
         }

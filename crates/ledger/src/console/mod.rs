@@ -11,6 +11,7 @@
 //! ledger has.
 
 mod batches;
+mod charts;
 mod columns;
 mod events;
 mod review_detail;
@@ -20,8 +21,8 @@ mod sessions;
 
 use super::{Ledger, LedgerError, queue};
 use crate::watch::{
-    Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, ReviewQuery,
-    SessionSummary, SessionView, StageProgress,
+    ChartData, Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage,
+    ReviewQuery, SessionSummary, SessionView, StageProgress,
 };
 
 /// A worker of a session: id, host, claims held, requests/s, heartbeat age
@@ -73,6 +74,11 @@ pub trait ConsoleReads {
 
     /// One review item in full; None when there is no such item.
     fn review_detail(&self, review_id: i64) -> Result<Option<ReviewDetail>, LedgerError>;
+
+    /// The charts of a session: its confidences by stage and its attempts,
+    /// 429s, errors and spend over time. Reads every attempt of the
+    /// session: the console asks only while the charts are shown.
+    fn charts(&self, session_id: &str) -> Result<ChartData, LedgerError>;
 }
 
 impl ConsoleReads for Ledger {
@@ -126,5 +132,9 @@ impl ConsoleReads for Ledger {
 
     fn review_detail(&self, review_id: i64) -> Result<Option<ReviewDetail>, LedgerError> {
         Ok(review_detail::review_detail(self.conn(), review_id)?)
+    }
+
+    fn charts(&self, session_id: &str) -> Result<ChartData, LedgerError> {
+        Ok(charts::charts(self.conn(), session_id)?)
     }
 }

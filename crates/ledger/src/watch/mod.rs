@@ -5,9 +5,14 @@
 //! as one in the same process does, whatever backend holds the ledger.
 
 mod batches;
+mod charts;
 mod stage;
 
 pub use batches::{BATCH_STATES, is_terminal_state, state_rank};
+pub use charts::{
+    AttemptPoint, CONFIDENCE_BINS, ChartData, StageHistogram, TIMELINE_SLICES, Timeline,
+    confidence_bin,
+};
 pub use stage::{DEFAULT_STAGE, configured_stage, current_stage};
 
 use crate::store::SessionRow;
