@@ -270,6 +270,121 @@ fn an_unknown_session_is_refused_and_writes_nothing() {
     assert!(!home.path().join("r.html").exists());
 }
 
+/// The critic example (two stages) on a PostgreSQL ledger: the report's
+/// outcomes are those of its `batch-results`, its header that of
+/// `sessions`, and each stage's attempts and cost those of the attempts
+/// export, all read from PostgreSQL.
+#[test]
+fn a_staged_run_on_postgres_reports_what_its_reads_say() {
+    let server = support::pg::PgServer::start();
+    let url = server.fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    docket::workspace::init_example(ws, false, Some(docket::workspace::Example::Critic)).unwrap();
+    quiet_mock(ws);
+    let mut f = std::fs::File::create(ws.join("items/test.jsonl")).unwrap();
+    docket::demo::write_chart_items(&mut f, 10, 99).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(support::procs::bin())
+            .current_dir(ws)
+            .arg("--workspace")
+            .arg(ws)
+            .args(args)
+            .env("HOME", ws)
+            .env("XDG_DATA_HOME", ws.join("data"))
+            .env("XDG_STATE_HOME", ws.join("state"))
+            .env_remove("DOCKET_WORKSPACE")
+            .env("DOCKET_LEDGER_URL", &url)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", said(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    run(&["import", "items/test.jsonl"]);
+    run(&["batch-adjudicate", "--yes", "--headless"]);
+    assert!(
+        !ws.join("docket.sqlite").exists(),
+        "the ledger is PostgreSQL"
+    );
+    let sessions: Value = serde_json::from_str(&run(&["sessions", "--format", "json"])).unwrap();
+    let s = &sessions[0];
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    let html = run(&["report", &sid, "-o", "-"]);
+    assert_well_formed(&html);
+    let n = numbers(&html);
+    let rows: Value =
+        serde_json::from_str(&run(&["batch-results", &sid, "--format", "json"])).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 10);
+    for (outcome, col) in [
+        ("accepted", "accepted"),
+        ("review", "review"),
+        ("rejected", "rejected"),
+        ("error", "errors"),
+    ] {
+        let want = rows.iter().filter(|r| r["outcome"] == outcome).count() as i64;
+        assert_eq!(int(&n, &format!("outcome.{outcome}")), want, "{outcome}");
+        assert_eq!(want, s[col].as_i64().unwrap(), "{outcome}");
+    }
+    let cost: f64 = rows.iter().map(|r| r["cost_usd"].as_f64().unwrap()).sum();
+    assert!(close(float(&n, "outcome.cost_usd"), cost));
+    assert!(close(
+        float(&n, "head.cost_usd"),
+        s["cost_usd"].as_f64().unwrap()
+    ));
+    let attempts = run(&[
+        "export",
+        "--what",
+        "attempts",
+        "--session",
+        &sid,
+        "--format",
+        "jsonl",
+    ]);
+    let attempts: Vec<Value> = attempts
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for stage in ["adjudicate", "critic"] {
+        let mine: Vec<&Value> = attempts.iter().filter(|a| a["stage"] == stage).collect();
+        assert!(mine.len() >= 10, "{stage}");
+        assert_eq!(
+            int(&n, &format!("stage.{stage}.attempts")),
+            mine.len() as i64
+        );
+        assert_eq!(int(&n, &format!("stage.{stage}.items")), 10, "{stage}");
+        let cost: f64 = mine
+            .iter()
+            .map(|a| a["cost_usd"].as_f64().unwrap_or(0.0))
+            .sum();
+        assert!(
+            close(float(&n, &format!("stage.{stage}.cost_usd")), cost),
+            "{stage}"
+        );
+    }
+}
+
+/// The example workspace's mock with its injected faults off, so two runs
+/// give the same answers, retries and cost, and quick.
+fn quiet_mock(ws: &Path) {
+    let toml = ws.join("docket.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    let quiet: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let key = line.split('=').next().unwrap_or("").trim();
+            if ["fail_500", "malformed", "truncated", "wrong_schema"].contains(&key) {
+                format!("{key} = 0.0")
+            } else if ["latency_median_ms", "latency_p99_ms"].contains(&key) {
+                format!("{key} = 5.0")
+            } else {
+                line.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&toml, quiet.join("\n") + "\n").unwrap();
+}
+
 /// `s` as a TOML basic string.
 fn toml_quote(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))

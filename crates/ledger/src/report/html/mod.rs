@@ -13,6 +13,7 @@
 mod config;
 mod gather;
 mod render;
+mod sections;
 mod series;
 mod svg;
 

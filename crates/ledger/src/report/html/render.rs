@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 
 use super::esc;
 use super::gather::{Gathered, Outcomes, StageLine};
-use super::svg::{self, Line};
-use crate::report::{group_thousands, iso_time, table_time};
+use super::sections;
+use crate::report::{group_thousands, table_time};
 
 /// The page's whole style: no font, image or sheet is fetched.
 const STYLE: &str = "\
@@ -50,11 +50,11 @@ pub(super) fn page(g: &Gathered, now: f64) -> String {
     head(&mut out, g);
     outcomes(&mut out, &g.outcomes, g.head.processed);
     stages(&mut out, &g.stages);
-    confidence(&mut out, g);
-    over_time(&mut out, g);
-    errors(&mut out, g);
-    batches(&mut out, g);
-    config_section(&mut out, g);
+    sections::confidence(&mut out, g);
+    sections::over_time(&mut out, g);
+    sections::errors(&mut out, g);
+    sections::batches(&mut out, g);
+    sections::config(&mut out, g);
     let _ = write!(
         out,
         "<footer>Made by docket {} at {} UTC from the ledger's records of session \
@@ -67,7 +67,7 @@ pub(super) fn page(g: &Gathered, now: f64) -> String {
 }
 
 /// A number cell that also carries its exact value under `key`.
-fn num(key: &str, value: impl std::fmt::Display, shown: &str) -> String {
+pub(super) fn num(key: &str, value: impl std::fmt::Display, shown: &str) -> String {
     format!(
         "<td class=\"n\" data-key=\"{}\" data-value=\"{value}\">{}</td>",
         esc(key),
@@ -75,11 +75,11 @@ fn num(key: &str, value: impl std::fmt::Display, shown: &str) -> String {
     )
 }
 
-fn count(key: &str, n: i64) -> String {
+pub(super) fn count(key: &str, n: i64) -> String {
     num(key, n, &group_thousands(n))
 }
 
-fn money(key: &str, usd: f64) -> String {
+pub(super) fn money(key: &str, usd: f64) -> String {
     num(key, usd, &format!("${usd:.4}"))
 }
 
@@ -127,6 +127,16 @@ fn head(out: &mut String, g: &Gathered) {
     };
     row(out, "Ended", td(&ended));
     row(out, "Config version", td(&g.config_version));
+    head_numbers(out, g);
+    out.push_str("</tbody></table>\n");
+}
+
+/// The header's counters and money, each with its exact value.
+fn head_numbers(out: &mut String, g: &Gathered) {
+    let h = &g.head;
+    let row = |out: &mut String, label: &str, cell: String| {
+        let _ = write!(out, "<tr><th>{}</th>{cell}</tr>", esc(label));
+    };
     row(out, "Items", count("head.total", h.total));
     row(out, "Processed", count("head.processed", h.processed));
     row(out, "Attempts retried", count("head.retries", h.retries));
@@ -160,9 +170,8 @@ fn head(out: &mut String, g: &Gathered) {
         row(out, "Cost cap", money("head.max_cost_usd", cap));
     }
     if let Some(reason) = h.stop_reason.as_deref().filter(|r| !r.trim().is_empty()) {
-        row(out, "Stopped", td(reason));
+        row(out, "Stopped", format!("<td>{}</td>", esc(reason)));
     }
-    out.push_str("</tbody></table>\n");
 }
 
 /// "1 h 02 min", "3 min 05 s", "12.3 s".
@@ -207,10 +216,10 @@ fn outcomes(out: &mut String, o: &Outcomes, processed: i64) {
             percent(n, whole)
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         out,
         "</tbody><tfoot><tr><th>Results</th>{}<th></th></tr></tfoot></table>\
-         <p>Tokens of these results: {} in, {} out; their cost: {}</p></section>\n",
+         <p>Tokens of these results: {} in, {} out; their cost: {}</p></section>",
         count("outcome.results", o.results()),
         wrap_count("outcome.input_tokens", o.input_tokens),
         wrap_count("outcome.output_tokens", o.output_tokens),
@@ -276,213 +285,4 @@ fn stages(out: &mut String, stages: &[StageLine]) {
          whose routed answer the stage gave. Attempts, tokens and cost: every attempt the \
          stage sent.</p></section>\n",
     );
-}
-
-fn confidence(out: &mut String, g: &Gathered) {
-    out.push_str("<section id=\"confidence\"><h2>Confidence</h2>");
-    let (review, accept) = g.thresholds;
-    let mut any = false;
-    for s in &g.stages {
-        let Some(bins) = &s.histogram else { continue };
-        any = true;
-        let n: u64 = bins.iter().sum();
-        let _ = write!(
-            out,
-            "<h3><code>{}</code> <span class=\"muted\">{} answers</span></h3>{}",
-            esc(&s.name),
-            group_thousands(n as i64),
-            svg::histogram(
-                &format!("Confidence of stage {}", s.name),
-                bins,
-                review,
-                accept
-            )
-        );
-    }
-    if !any {
-        out.push_str("<p class=\"muted\">No answer with a confidence yet.</p>");
-    }
-    let t = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "–".into());
-    let _ = write!(
-        out,
-        "<p class=\"muted\">Dashed lines: the thresholds the run routed with (review {}, \
-         auto-accept {}). Bars are coloured by the band they fall in.</p></section>\n",
-        t(review),
-        t(accept)
-    );
-}
-
-fn over_time(out: &mut String, g: &Gathered) {
-    out.push_str("<section id=\"over-time\"><h2>Over time</h2>");
-    let s = &g.series;
-    if s.is_empty() {
-        out.push_str("<p class=\"muted\">No attempt was sent.</p></section>\n");
-        return;
-    }
-    let end = s.start + s.width * s.sent.len() as f64;
-    let ends = (
-        iso_time(s.start).unwrap_or_default(),
-        iso_time(end).unwrap_or_default(),
-    );
-    let (sent, limited, failed) = (
-        s.per_minute(&s.sent),
-        s.per_minute(&s.rate_limited),
-        s.per_minute(&s.failed),
-    );
-    let _ = write!(
-        out,
-        "<h3>Requests per minute <span class=\"muted\">(bins of {} s)</span></h3>{}",
-        s.width,
-        svg::lines(
-            "Requests, 429s and failed attempts per minute",
-            &[
-                Line {
-                    label: "sent",
-                    class: "s-sent",
-                    values: &sent
-                },
-                Line {
-                    label: "429s",
-                    class: "s-429",
-                    values: &limited
-                },
-                Line {
-                    label: "failed",
-                    class: "s-err",
-                    values: &failed
-                },
-            ],
-            None,
-            (&ends.0, &ends.1),
-        )
-    );
-    let _ = write!(
-        out,
-        "<h3>Cost so far <span class=\"muted\">against the estimate of ${:.4}</span></h3>{}\
-         </section>\n",
-        g.head.estimated_cost_usd,
-        svg::lines(
-            "Cost so far",
-            &[Line {
-                label: "cost (USD)",
-                class: "s-cost",
-                values: &s.cost_so_far
-            }],
-            Some(("estimate", g.head.estimated_cost_usd)),
-            (&ends.0, &ends.1),
-        )
-    );
-}
-
-fn errors(out: &mut String, g: &Gathered) {
-    out.push_str("<section id=\"errors\"><h2>Errors</h2>");
-    if g.attempt_errors.is_empty() {
-        out.push_str("<p>No attempt failed.</p>");
-    } else {
-        out.push_str(
-            "<h3>Failed attempts by kind</h3><table><thead><tr><th>Kind</th>\
-             <th class=\"n\">Attempts</th><th>Latest message</th></tr></thead><tbody>",
-        );
-        for (kind, e) in &g.attempt_errors {
-            let _ = write!(
-                out,
-                "<tr><td><code>{}</code></td>{}<td>{}</td></tr>",
-                esc(kind),
-                count(&format!("errors.{kind}"), e.count),
-                esc(&crate::report::clip(&e.example, 300))
-            );
-        }
-        out.push_str("</tbody></table>");
-    }
-    let n = g.outcomes.error;
-    if n > 0 {
-        let _ = write!(
-            out,
-            "<h3>Items that ended in error ({})</h3><table><thead><tr><th>Item</th>\
-             <th>Error</th></tr></thead><tbody>",
-            group_thousands(n)
-        );
-        for (item, message) in &g.item_errors {
-            let _ = write!(
-                out,
-                "<tr><td><code>{}</code></td><td>{}</td></tr>",
-                esc(item),
-                esc(&crate::report::clip(message, 300))
-            );
-        }
-        out.push_str("</tbody></table>");
-        if n as usize > g.item_errors.len() {
-            let _ = write!(
-                out,
-                "<p class=\"muted\">The first {} of {}; every one is in \
-                 <code>docket batch-results {}</code>.</p>",
-                g.item_errors.len(),
-                group_thousands(n),
-                esc(&g.head.session_id)
-            );
-        }
-    }
-    out.push_str("</section>\n");
-}
-
-fn batches(out: &mut String, g: &Gathered) {
-    out.push_str("<section id=\"batches\"><h2>Provider batches</h2>");
-    if g.batches.is_empty() {
-        out.push_str("<p>None: every request was sent on its own.</p></section>\n");
-        return;
-    }
-    out.push_str(
-        "<table><thead><tr><th>Batch</th><th>Provider id</th><th>Stage</th><th>State</th>\
-         <th class=\"n\">Lines</th><th class=\"n\">Completed</th><th class=\"n\">Failed</th>\
-         <th class=\"n\">Cost</th><th>Created</th></tr></thead><tbody>",
-    );
-    for (b, cost) in &g.batches {
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td>{}{}{}{}<td>{}</td></tr>",
-            b.batch_id,
-            esc(b.provider_batch_id.as_deref().unwrap_or("–")),
-            esc(&b.stage),
-            esc(&b.state),
-            count(
-                &format!("batch.{}.lines", b.batch_id),
-                b.request_count as i64
-            ),
-            count(
-                &format!("batch.{}.completed", b.batch_id),
-                b.completed_count as i64
-            ),
-            count(
-                &format!("batch.{}.failed", b.batch_id),
-                b.failed_count as i64
-            ),
-            money(
-                &format!("batch.{}.cost_usd", b.batch_id),
-                cost.as_ref().map(|c| c.cost_usd).unwrap_or(0.0)
-            ),
-            b.created_at.map(table_time).unwrap_or_default(),
-        );
-    }
-    out.push_str("</tbody></table></section>\n");
-}
-
-fn config_section(out: &mut String, g: &Gathered) {
-    out.push_str("<section id=\"config\"><h2>Config</h2>");
-    if !g.flags.is_empty() {
-        out.push_str("<h3>Run flags</h3><table><tbody>");
-        for (k, v) in &g.flags {
-            let _ = write!(out, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
-        }
-        out.push_str("</tbody></table>");
-    }
-    if g.config_toml.is_empty() {
-        out.push_str("<p class=\"muted\">The session recorded no config.</p>");
-    } else {
-        let _ = write!(
-            out,
-            "<h3><code>docket.toml</code> as the run recorded it</h3><pre>{}</pre>",
-            esc(&g.config_toml)
-        );
-    }
-    out.push_str("</section>\n");
 }
