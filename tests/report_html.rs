@@ -83,7 +83,7 @@ fn assert_well_formed(html: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_report_is_self_contained_escaped_and_its_numbers_are_batch_results() {
-    let (_m, ws) = mocked(MockConfig::default(), 12, |_| {}).await;
+    let (_m, ws) = mocked(latency(5.0, 20.0), 5, |_| {}).await;
     // An item too large for tokens_per_minute fails alone and at once: one
     // item in error, its id markup.
     let toml_path = ws.path().join("docket.toml");
@@ -141,7 +141,7 @@ async fn the_report_is_self_contained_escaped_and_its_numbers_are_batch_results(
     }
     assert_eq!(int(&n, "outcome.error"), 1);
     assert_eq!(int(&n, "outcome.results"), rows.len() as i64);
-    assert_eq!(rows.len(), 13);
+    assert_eq!(rows.len(), 6);
     let sum = |k: &str| {
         rows.iter()
             .map(|r| r[k].as_f64().unwrap_or(0.0))
@@ -216,7 +216,7 @@ async fn the_report_is_self_contained_escaped_and_its_numbers_are_batch_results(
         .map(|(_, v)| v.parse::<i64>().unwrap())
         .sum();
     assert_eq!(shown, failed);
-    assert_eq!(int(&n, "stage.adjudicate.items"), 13);
+    assert_eq!(int(&n, "stage.adjudicate.items"), 6);
 
     // Self-contained: nothing fetched, nothing run. The only URL is the
     // provider's base_url quoted in the recorded docket.toml.
@@ -362,6 +362,64 @@ fn a_staged_run_on_postgres_reports_what_its_reads_say() {
             "{stage}"
         );
     }
+}
+
+/// A run on the Batch API: the provider batches section lists each batch
+/// with the lines and cost the ledger recorded for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_run_lists_its_provider_batches_with_their_cost() {
+    let cfg = MockConfig {
+        batch_validating_ms: 50,
+        batch_running_ms: 200,
+        batch_finalizing_ms: 50,
+        ..Default::default()
+    };
+    let (_m, ws) = mocked(cfg, 8, |_| {}).await;
+    let toml_path = ws.path().join("docket.toml");
+    let toml = std::fs::read_to_string(&toml_path).unwrap().replacen(
+        "[stages.gate]",
+        "[stages.batch]\nmode = \"batch\"\npoll_interval_secs = 0.1\n\n[stages.gate]",
+        1,
+    );
+    std::fs::write(&toml_path, toml).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    run_ok(
+        &ws,
+        home.path(),
+        &["batch-adjudicate", "--yes", "--headless"],
+    );
+    let sid = docket::ledger::store::latest_session(&support::db(&ws.conn()))
+        .unwrap()
+        .expect("a session");
+    let n = numbers(&run_ok(&ws, home.path(), &["report", &sid, "-o", "-"]));
+    let conn = ws.conn();
+    let mut stmt = conn
+        .prepare(
+            "SELECT b.batch_id, b.request_count, \
+             (SELECT TOTAL(m.cost_usd) FROM provider_batch_item i JOIN llm_messages m \
+              ON m.request_id = i.request_id AND m.attempt = i.attempt \
+              WHERE i.batch_id = b.batch_id) \
+             FROM provider_batch b WHERE b.session_id = ?1",
+        )
+        .unwrap();
+    let batches: Vec<(i64, i64, f64)> = stmt
+        .query_map([&sid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(!batches.is_empty(), "the run used the Batch API");
+    let mut billed = 0.0;
+    for (id, lines, cost) in &batches {
+        assert_eq!(int(&n, &format!("batch.{id}.lines")), *lines);
+        assert!(close(float(&n, &format!("batch.{id}.cost_usd")), *cost));
+        billed += cost;
+    }
+    assert!(billed > 0.0);
+    assert!(
+        close(billed, float(&n, "head.cost_usd")),
+        "every attempt went in a batch"
+    );
+    assert_eq!(int(&n, "outcome.results"), 8);
 }
 
 /// The example workspace's mock with its injected faults off, so two runs
