@@ -30,10 +30,11 @@ border-radius:4px}.chart{width:100%;max-width:760px;height:auto;display:block}\
 .chart .tlabel{fill:var(--fg)}.bar.accept{fill:var(--accept)}.bar.review{fill:var(--review)}\
 .bar.reject{fill:var(--reject)}.threshold{stroke-width:1.5;stroke-dasharray:5 3}\
 .t-review{stroke:var(--review)}.t-accept{stroke:var(--accept)}.level{stroke:var(--muted)}\
-.line{fill:none;stroke-width:1.8}.area{opacity:.15}.s-sent{stroke:var(--series);fill:var(--series)}\
-.s-429{stroke:var(--review);fill:var(--review)}.s-err{stroke:var(--reject);fill:var(--reject)}\
-.s-cost{stroke:var(--accept);fill:var(--accept)}text.s-sent{fill:var(--series)}\
-text.s-429{fill:var(--review)}text.s-err{fill:var(--reject)}text.s-cost{fill:var(--accept)}\
+.line{fill:none;stroke-width:1.8}.area{stroke:none;opacity:.15}.s-sent{stroke:var(--series)}\
+.s-429{stroke:var(--review)}.s-err{stroke:var(--reject)}.s-cost{stroke:var(--accept)}\
+.area.s-sent{fill:var(--series)}.area.s-cost{fill:var(--accept)}text.legend{stroke:none}\
+text.s-sent{fill:var(--series)}text.s-429{fill:var(--review)}text.s-err{fill:var(--reject)}\
+text.s-cost{fill:var(--accept)}\
 .o-accepted{color:var(--accept)}.o-review{color:var(--review)}.o-rejected{color:var(--reject)}\
 .o-error{color:var(--error)}footer{margin:3em 0 1em;color:var(--muted);font-size:.9em}";
 
@@ -139,7 +140,7 @@ fn head_numbers(out: &mut String, g: &Gathered) {
     };
     row(out, "Items", count("head.total", h.total));
     row(out, "Processed", count("head.processed", h.processed));
-    row(out, "Attempts retried", count("head.retries", h.retries));
+    row(out, "Retries", count("head.retries", h.retries));
     row(
         out,
         "429 answers",
