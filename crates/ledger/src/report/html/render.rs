@@ -287,3 +287,69 @@ fn stages(out: &mut String, stages: &[StageLine]) {
          stage sent.</p></section>\n",
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::html::series::Series;
+    use crate::watch::ShownState;
+
+    /// A session that has just started: no result, no attempt, no batch.
+    fn fresh(session_id: &str) -> Gathered {
+        Gathered {
+            head: crate::report::SessionHead {
+                session_id: session_id.into(),
+                state: "running".into(),
+                desired_state: "running".into(),
+                started_at: 1_700_000_000.0,
+                completed_at: None,
+                total: 3,
+                processed: 0,
+                accepted: 0,
+                review: 0,
+                rejected: 0,
+                errors: 0,
+                retries: 0,
+                rate_limited: 0,
+                ambiguous: 0,
+                input_tokens: 0,
+                output_tokens: 0,
+                cost_usd: 0.0,
+                estimated_cost_usd: 0.01,
+                max_cost_usd: Some(1.0),
+                stop_reason: None,
+                shown: ShownState::Running,
+            },
+            job: String::new(),
+            thresholds: (Some(0.6), Some(0.85)),
+            config_toml: String::new(),
+            config_version: String::new(),
+            flags: Vec::new(),
+            outcomes: Outcomes::default(),
+            stages: Vec::new(),
+            series: Series::default(),
+            attempt_errors: Default::default(),
+            item_errors: Vec::new(),
+            batches: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_session_with_nothing_yet_says_so_in_every_section() {
+        let page = page(&fresh("batch_<x>"), 1_700_000_100.0);
+        for said in [
+            "not finished",
+            "No answer with a confidence yet.",
+            "No attempt was sent.",
+            "No attempt failed.",
+            "None: every request was sent on its own.",
+            "The session recorded no config.",
+            "data-key=\"head.max_cost_usd\" data-value=\"1\"",
+            "data-key=\"outcome.results\" data-value=\"0\"",
+        ] {
+            assert!(page.contains(said), "{said}");
+        }
+        assert!(page.contains("batch_&lt;x&gt;") && !page.contains("batch_<x>"));
+        assert!(!page.contains("<svg"), "no chart without data");
+    }
+}
