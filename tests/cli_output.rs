@@ -77,6 +77,7 @@ async fn an_unknown_session_is_said_one_way_by_every_command() {
         vec!["stop-at-stage", "nope"],
         vec!["batch-results", "nope"],
         vec!["workers", "nope"],
+        vec!["report", "nope", "-o", "-"],
         vec!["export", "--session", "nope"],
         vec![
             "batch-adjudicate",

@@ -65,6 +65,11 @@ pub const EXPORT: &str = "Examples:
   docket export --what items --session batch_20261126_b7rj84 --format parquet -o items.parquet
   docket export --what attempts --session batch_20261126_b7rj84 -o attempts.csv   raw answers too";
 
+pub const REPORT: &str = "Examples:
+  docket report batch_20261126_b7rj84                    writes report-batch_20261126_b7rj84.html
+  docket report batch_20261126_b7rj84 -o run.html
+  docket report batch_20261126_b7rj84 -o - > run.html    to standard output";
+
 pub const PAUSE: &str = "Examples:
   docket pause batch_20261126_b7rj84     (docket resume ID continues it)
   docket pause batch_20261126_b7rj84 --format json";

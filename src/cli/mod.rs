@@ -206,6 +206,17 @@ pub enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
+    /// Write a session's run report: one self-contained HTML file (stage
+    /// table, outcomes, charts, errors, provider batches, config) to share.
+    #[command(after_help = examples::REPORT)]
+    Report {
+        /// The session's id (`docket sessions` lists them).
+        session: String,
+        /// Write here (`-` for standard output); default
+        /// `report-SESSION.html` in the current folder.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
     /// Ask a running session to pause (in-flight requests finish).
     #[command(after_help = examples::PAUSE)]
     Pause {

@@ -79,6 +79,7 @@ pub async fn run(cli: Cli) -> i32 {
             format,
             output,
         } => reports::export(&ws, session, what, format, output),
+        Command::Report { session, output } => reports::run_report(&ws, &session, output),
         Command::Pause { session, format } => {
             control::control(&ws, &session, Some(Desired::Paused), format)
         }

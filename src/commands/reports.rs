@@ -1,5 +1,5 @@
 //! Reading results out of the ledger: `workers`, `batch-results`,
-//! `sessions` and `export`.
+//! `sessions`, `export` and `report`.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -92,6 +92,43 @@ pub(super) fn export(
         }
         None => quiet_when_unread(report::export_in(l, &opts, ws, &mut data_out()).map(drop)),
     })
+}
+
+/// `docket report SESSION [-o FILE]`: the run report as one HTML file;
+/// `-o -` writes it to standard output (exact: HTML is not for a terminal
+/// to interpret, and every text in it is escaped).
+pub(super) fn run_report(ws: &Path, session: &str, output: Option<PathBuf>) -> i32 {
+    let path = output.unwrap_or_else(|| PathBuf::from(default_report_name(session)));
+    with_ledger_reading(ws, |l| {
+        if path.as_os_str() == "-" {
+            let mut out = std::io::stdout().lock();
+            return quiet_when_unread(report::write_html(l, session, &mut out));
+        }
+        report::write_html_file(l, session, ws, &path).map_err(|e| e.to_string())?;
+        let safe = docket::sanitize::for_terminal;
+        println!(
+            "Wrote the report of {} to {}",
+            safe(session),
+            safe(&path.display().to_string())
+        );
+        Ok(())
+    })
+}
+
+/// `report-<session>.html`, the id's characters that do not belong in a
+/// file name replaced (an unknown id is refused before anything is written).
+fn default_report_name(session: &str) -> String {
+    let safe: String = session
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("report-{safe}.html")
 }
 
 /// A report's outcome, where a reader that went away (`docket sessions |

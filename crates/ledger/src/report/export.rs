@@ -307,7 +307,7 @@ pub fn export_file(
 /// An export over the workspace's SQLite ledger (or its `-wal`, `-shm`)
 /// would destroy it (fault-matrix row D4): refused before anything is
 /// written. Paths are compared as they resolve (a symlink, `./`).
-fn refuse_the_ledger(workspace: &Path, path: &Path) -> Result<(), ReportError> {
+pub(super) fn refuse_the_ledger(workspace: &Path, path: &Path) -> Result<(), ReportError> {
     let Ok(crate::location::LedgerLocation::File(ledger)) =
         crate::location::LedgerLocation::for_workspace(workspace)
     else {
@@ -353,7 +353,7 @@ fn resolved(p: &Path) -> Option<std::path::PathBuf> {
 }
 
 /// `.NAME.partial-PID` beside `path`.
-fn partial_path(path: &Path) -> std::path::PathBuf {
+pub(super) fn partial_path(path: &Path) -> std::path::PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

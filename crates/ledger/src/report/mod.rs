@@ -9,6 +9,7 @@
 mod attempts;
 mod columns;
 mod export;
+mod html;
 mod items;
 mod parquet;
 pub mod reads;
@@ -26,6 +27,7 @@ pub use export::{
     DECISION_COLUMNS, ExportFormat, ExportOptions, ExportWhat, REQUEST_COLUMNS, export,
     export_file, export_in, export_parquet,
 };
+pub use html::{write_html, write_html_file};
 pub use items::{ITEM_COLUMNS, STAGE_COLUMNS};
 pub use results::{RESULT_COLUMNS, RESULT_JSON_KEYS, SessionHead, write_results};
 pub use sessions::{RESUMABLE_FOR_SECS, SESSION_COLUMNS, write_sessions};

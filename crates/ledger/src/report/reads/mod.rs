@@ -8,6 +8,7 @@
 //! stages); `rows` reads SQLite's loosely typed values as cells.
 
 mod attempts;
+mod batch_costs;
 mod export;
 mod items;
 mod results;
@@ -18,6 +19,7 @@ use crate::report::{Cell, Kind, ReportError, SessionHead};
 use crate::{Ledger, LedgerError};
 
 pub use attempts::AttemptReports;
+pub use batch_costs::{BatchCost, BatchCosts};
 pub use items::StageRow;
 
 /// Called with each row of a report, in order; an error stops the read.
