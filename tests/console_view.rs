@@ -225,6 +225,7 @@ fn review_row(i: u64) -> ReviewRow {
         rationale: Some("looks like a bulk mailing".into()),
         model_id: Some("mock-1".into()),
         claimed_by: if i == 3 { Some("bob@h:1".into()) } else { None },
+        audit: false,
     }
 }
 
@@ -268,6 +269,7 @@ fn detail() -> ReviewDetail {
         decided_by: None,
         decided_at: None,
         claimed_by: None,
+        audit: false,
         ..ReviewDetail::default()
     }
 }
@@ -659,6 +661,7 @@ fn hostile_detail() -> ReviewDetail {
         decided_by: Some(hostile("decider")),
         decided_at: Some(NOW),
         claimed_by: Some(hostile("claimer")),
+        audit: false,
         ..ReviewDetail::default()
     }
 }
