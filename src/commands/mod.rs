@@ -10,6 +10,7 @@ use docket::tui::app::Pane;
 
 use crate::cli::{Cli, Command, ItemsAction, LedgerAction};
 
+mod calibrate;
 mod console;
 mod control;
 mod docs;
@@ -73,6 +74,20 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Workers { session, format } => reports::workers(&ws, &session, format),
         Command::BatchResults { session, format } => reports::batch_results(&ws, &session, format),
         Command::Sessions { format } => reports::sessions(&ws, format),
+        Command::Calibrate {
+            session,
+            target_precision,
+            apply,
+            format,
+        } => calibrate::calibrate(
+            &ws,
+            calibrate::CalibrateArgs {
+                session,
+                target: target_precision,
+                apply,
+                format,
+            },
+        ),
         Command::Export {
             session,
             what,

@@ -289,7 +289,18 @@ pub fn check_invariants(conn: &Connection, session_id: &str) {
         rev,
         count(
             conn,
-            "SELECT COUNT(*) FROM review_item WHERE session_id = ?1 AND source = 'LLM_REVIEW'",
+            "SELECT COUNT(*) FROM review_item WHERE session_id = ?1 AND source = 'LLM_REVIEW' AND audit = 0",
+            [session_id]
+        )
+    );
+    // An audit sample's review items are of accepted or rejected items.
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM review_item r JOIN llm_batch_result b
+                 ON b.session_id = r.session_id AND b.item_id = r.item_id
+             WHERE r.session_id = ?1 AND r.audit = 1 AND b.outcome NOT IN ('accepted', 'rejected')",
             [session_id]
         )
     );
