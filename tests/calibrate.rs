@@ -77,14 +77,21 @@ async fn audit_items_go_to_review_and_calibrate_measures_and_applies() {
     }
     let conn = ws.conn();
     assert_eq!(
-        support::count(&conn, "SELECT COUNT(*) FROM decision WHERE state = 'decided'", []),
+        support::count(
+            &conn,
+            "SELECT COUNT(*) FROM decision WHERE state = 'decided'",
+            []
+        ),
         items.iter().filter(|i| i.3 == "accepted").count() as i64
     );
     // Humans agree with every suggestion at or above 0.75, with none below.
     const CUT: f64 = 0.75;
     let (hi, lo): (Vec<_>, Vec<_>) = items.iter().partition(|i| i.1 >= CUT);
     let above = |t: f64| items.iter().filter(|i| i.1 >= t).count();
-    assert!(above(0.85) >= 1 && hi.len() >= 16 && !lo.is_empty(), "{items:?}");
+    assert!(
+        above(0.85) >= 1 && hi.len() >= 16 && !lo.is_empty(),
+        "{items:?}"
+    );
     let ledger = ws.handle();
     let op = Operator::new("ana", "ana@test:1");
     let ids = |v: &[&(i64, f64, bool, String)]| v.iter().map(|i| i.0).collect::<Vec<_>>();
@@ -106,8 +113,14 @@ async fn audit_items_go_to_review_and_calibrate_measures_and_applies() {
     let n = hi_85 as f64;
     assert_eq!(cur["threshold"], 0.85);
     assert_eq!(cur["reviewed"], hi_85 as u64);
-    assert!((cur["ci_low"].as_f64().unwrap() - n / (n + Z95 * Z95)).abs() < 1e-9, "{cur}");
-    assert!((cur["ci_high"].as_f64().unwrap() - 1.0).abs() < 1e-9, "{cur}");
+    assert!(
+        (cur["ci_low"].as_f64().unwrap() - n / (n + Z95 * Z95)).abs() < 1e-9,
+        "{cur}"
+    );
+    assert!(
+        (cur["ci_high"].as_f64().unwrap() - 1.0).abs() < 1e-9,
+        "{cur}"
+    );
     // Each band: its items by confidence, all agreed from 0.75, none below;
     // a band with none agreed has the upper bound z² / (n + z²).
     for b in v["bands"].as_array().unwrap() {
@@ -137,7 +150,10 @@ async fn audit_items_go_to_review_and_calibrate_measures_and_applies() {
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    let fewer = confs.iter().filter(|&&c| c >= t - 1e-9 && c < 0.85 - 1e-9).count() as i64;
+    let fewer = confs
+        .iter()
+        .filter(|&&c| c >= t - 1e-9 && c < 0.85 - 1e-9)
+        .count() as i64;
     assert_eq!(s["review_change"], -fewer, "{s}");
 
     // The text report says the same, with the chart.
@@ -145,7 +161,12 @@ async fn audit_items_go_to_review_and_calibrate_measures_and_applies() {
     let text = String::from_utf8_lossy(&out.stdout);
     let precision = format!("Precision at auto-accept >= 0.85: {hi_85} of {hi_85} agreed: 100.0%");
     assert!(text.contains(&precision), "{text}");
-    assert!(text.contains(&format!("lowest auto-accept threshold that reaches it: {t:.2}")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "lowest auto-accept threshold that reaches it: {t:.2}"
+        )),
+        "{text}"
+    );
     assert!(text.contains('|') && text.contains('#'), "{text}");
 
     // --apply: only the threshold's value changes; the loader accepts it.
@@ -153,7 +174,14 @@ async fn audit_items_go_to_review_and_calibrate_measures_and_applies() {
     let before = std::fs::read_to_string(&toml).unwrap();
     let v = json_of(&docket(
         ws.path(),
-        &["calibrate", "--target-precision", "0.8", "--apply", "--format", "json"],
+        &[
+            "calibrate",
+            "--target-precision",
+            "0.8",
+            "--apply",
+            "--format",
+            "json",
+        ],
     ));
     assert_eq!(v["applied"]["after"].as_f64(), Some(t));
     let after = std::fs::read_to_string(&toml).unwrap();
@@ -169,7 +197,14 @@ async fn audit_items_go_to_review_and_calibrate_measures_and_applies() {
     // Applied again, the value is already there: nothing is written.
     let v = json_of(&docket(
         ws.path(),
-        &["calibrate", "--target-precision", "0.8", "--apply", "--format", "json"],
+        &[
+            "calibrate",
+            "--target-precision",
+            "0.8",
+            "--apply",
+            "--format",
+            "json",
+        ],
     ));
     assert_eq!(v["applied"], Value::Null);
     assert_eq!(std::fs::read_to_string(&toml).unwrap(), after);
@@ -204,7 +239,18 @@ async fn an_audit_reject_takes_back_the_auto_accept_and_undo_restores_it() {
     ledger.undo_last(&op).unwrap().expect("an undo");
     assert_eq!(state(b), ("decided".into(), Some("llm_auto_accept".into())));
     // The exports carry the mark.
-    let out = docket(ws.path(), &["export", "--what", "results", "--session", &sid, "--format", "jsonl"]);
+    let out = docket(
+        ws.path(),
+        &[
+            "export",
+            "--what",
+            "results",
+            "--session",
+            &sid,
+            "--format",
+            "jsonl",
+        ],
+    );
     let audited = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| serde_json::from_str::<Value>(l).unwrap()["audit"] == true)
@@ -218,10 +264,18 @@ async fn too_few_reviews_say_so_and_no_session_is_an_error() {
     support::import_demo_items(&ws, 3);
     let out = docket(ws.path(), &["calibrate"]);
     assert_eq!(out.status.code(), Some(2), "{}", support::said(&out));
-    assert!(support::said(&out).contains("no session"), "{}", support::said(&out));
+    assert!(
+        support::said(&out).contains("no session"),
+        "{}",
+        support::said(&out)
+    );
     let out = docket(ws.path(), &["calibrate", "--session", "batch_nope"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(support::said(&out).contains("unknown session"), "{}", support::said(&out));
+    assert!(
+        support::said(&out).contains("unknown session"),
+        "{}",
+        support::said(&out)
+    );
     let out = docket(ws.path(), &["calibrate", "--target-precision", "1.5"]);
     assert_eq!(out.status.code(), Some(2));
 
@@ -238,5 +292,8 @@ async fn too_few_reviews_say_so_and_no_session_is_an_error() {
     assert_eq!(v["enough"], false);
     assert_eq!(v["current_precision"]["rate"], Value::Null);
     assert_eq!(v["suggestion"], Value::Null);
-    assert_eq!(std::fs::read_to_string(ws.path().join("docket.toml")).unwrap(), before);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("docket.toml")).unwrap(),
+        before
+    );
 }

@@ -131,7 +131,11 @@ pub fn bands(items: &[Reviewed]) -> Vec<Band> {
 /// Measured precision of auto-accepting at `threshold`: agreement over the
 /// reviewed items whose confidence is at or above it.
 pub fn precision_at(items: &[Reviewed], threshold: f64) -> Agreement {
-    Agreement::of(items.iter().filter(|r| at_or_above(r.confidence, threshold)))
+    Agreement::of(
+        items
+            .iter()
+            .filter(|r| at_or_above(r.confidence, threshold)),
+    )
 }
 
 /// `c >= t`, forgiving the last bit of binary rounding (0.85 stored as

@@ -42,6 +42,8 @@ pub(super) struct Calibration {
     pub bands: Vec<Band>,
     pub current: Agreement,
     pub suggestion: Option<Suggestion>,
+    /// `--apply` was given (the text then says what happened to docket.toml).
+    pub apply: bool,
 }
 
 pub(super) fn calibrate(ws: &Path, args: CalibrateArgs) -> i32 {
@@ -70,9 +72,12 @@ pub(super) fn calibrate(ws: &Path, args: CalibrateArgs) -> i32 {
 fn compute(l: &Ledger, args: &CalibrateArgs) -> Result<Calibration, String> {
     let session = match &args.session {
         Some(s) => s.clone(),
-        None => l.latest_session().map_err(|e| e.to_string())?.ok_or_else(|| {
-            "no session in this ledger yet: run `docket batch-adjudicate` first".to_string()
-        })?,
+        None => l
+            .latest_session()
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| {
+                "no session in this ledger yet: run `docket batch-adjudicate` first".to_string()
+            })?,
     };
     let input = l
         .calibration_input(&session)
@@ -95,6 +100,7 @@ fn compute(l: &Ledger, args: &CalibrateArgs) -> Result<Calibration, String> {
             .flatten(),
         overall,
         session,
+        apply: args.apply,
     })
 }
 
@@ -109,11 +115,17 @@ fn session_thresholds(input: &CalibrationInput) -> (f64, f64) {
             .unwrap_or(default)
     };
     let accept = num(
-        ["/flags/auto_accept_threshold", "/config/routing/auto_accept_threshold"],
+        [
+            "/flags/auto_accept_threshold",
+            "/config/routing/auto_accept_threshold",
+        ],
         0.85,
     );
     let review = num(
-        ["/flags/review_threshold", "/config/routing/review_threshold"],
+        [
+            "/flags/review_threshold",
+            "/config/routing/review_threshold",
+        ],
         0.60,
     );
     let floor = snap

@@ -61,7 +61,7 @@ pub(super) fn text(c: &Calibration, applied: Option<&Applied>) -> String {
             c.overall.reviewed,
             cal::MIN_REVIEWED
         );
-        let _ = writeln!(out, "docket.toml not changed.");
+        applied_text(&mut out, c, None);
         return out;
     }
     let _ = writeln!(
@@ -141,7 +141,7 @@ fn suggestion_text(out: &mut String, c: &Calibration) {
             };
             let _ = writeln!(
                 out,
-                "  lowest auto-accept threshold that reaches it: {:.2} ({})\n  on this session's \
+                "  lowest auto-accept threshold that reaches it: {:.2}: {}\n  on this session's \
                  items that means {change}",
                 s.threshold,
                 agreement_text(&s.precision)
@@ -162,9 +162,10 @@ fn applied_text(out: &mut String, c: &Calibration, applied: Option<&Applied>) {
                 docket::sanitize::for_terminal(&c.session)
             );
         }
-        None => {
-            let _ = writeln!(out, "docket.toml not changed.");
+        None if c.apply => {
+            let _ = writeln!(out, "docket.toml not changed (nothing to write).");
         }
+        None => {}
     }
 }
 

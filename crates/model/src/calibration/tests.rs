@@ -51,13 +51,28 @@ fn bands_count_agreement_per_five_hundredths() {
     let b = bands(&scripted());
     assert_eq!(b.len(), 20);
     let at = |lo: f64| b.iter().find(|x| (x.lo - lo).abs() < 1e-9).unwrap();
-    assert_eq!((at(0.90).agreement.reviewed, at(0.90).agreement.agreed), (20, 20));
+    assert_eq!(
+        (at(0.90).agreement.reviewed, at(0.90).agreement.agreed),
+        (20, 20)
+    );
     assert_eq!(at(0.90).audited, 20);
-    assert_eq!((at(0.80).agreement.reviewed, at(0.80).agreement.agreed), (10, 8));
+    assert_eq!(
+        (at(0.80).agreement.reviewed, at(0.80).agreement.agreed),
+        (10, 8)
+    );
     close(at(0.80).agreement.rate.unwrap(), 0.8);
-    close(at(0.80).agreement.interval.unwrap().lo, 0.490_162_471_536_641_8);
-    assert_eq!((at(0.60).agreement.reviewed, at(0.60).agreement.agreed), (10, 3));
-    close(at(0.60).agreement.interval.unwrap().hi, 0.603_221_852_538_854_6);
+    close(
+        at(0.80).agreement.interval.unwrap().lo,
+        0.490_162_471_536_641_8,
+    );
+    assert_eq!(
+        (at(0.60).agreement.reviewed, at(0.60).agreement.agreed),
+        (10, 3)
+    );
+    close(
+        at(0.60).agreement.interval.unwrap().hi,
+        0.603_221_852_538_854_6,
+    );
     assert_eq!(at(0.10).agreement.reviewed, 0);
     assert_eq!(at(0.10).agreement.rate, None);
 }

@@ -91,11 +91,7 @@ fn replace_value(line: &str, new: &str) -> String {
     let end = value_and_tail
         .find(|c: char| c.is_whitespace() || c == '#')
         .unwrap_or(value_and_tail.len());
-    format!(
-        "{head}{}{new}{}",
-        &rest[..lead],
-        &value_and_tail[end..]
-    )
+    format!("{head}{}{new}{}", &rest[..lead], &value_and_tail[end..])
 }
 
 /// A TOML float: always with a fraction (`1.0`, never the integer `1`).
@@ -121,10 +117,21 @@ mod tests {
 
     #[test]
     fn a_missing_key_goes_under_the_header_and_a_missing_table_at_the_end() {
-        let out = set_routing_value("[routing]\nreview_threshold = 0.5\n", "auto_accept_threshold", 1.0).unwrap();
-        assert_eq!(out, "[routing]\nauto_accept_threshold = 1.0\nreview_threshold = 0.5\n");
+        let out = set_routing_value(
+            "[routing]\nreview_threshold = 0.5\n",
+            "auto_accept_threshold",
+            1.0,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "[routing]\nauto_accept_threshold = 1.0\nreview_threshold = 0.5\n"
+        );
         let out = set_routing_value("[job]\nname = \"x\"", "auto_accept_threshold", 0.95).unwrap();
-        assert_eq!(out, "[job]\nname = \"x\"\n\n[routing]\nauto_accept_threshold = 0.95\n");
+        assert_eq!(
+            out,
+            "[job]\nname = \"x\"\n\n[routing]\nauto_accept_threshold = 0.95\n"
+        );
     }
 
     #[test]
@@ -132,12 +139,22 @@ mod tests {
         let src = "[routing.critic]\nauto_accept_threshold = 1\ndesc = \"\"\"\n[routing]\nauto_accept_threshold = 0.1\n\"\"\"\n";
         let out = set_routing_value(src, "auto_accept_threshold", 0.9).unwrap();
         assert!(out.starts_with(src), "{out}");
-        assert!(out.ends_with("\n[routing]\nauto_accept_threshold = 0.9\n"), "{out}");
+        assert!(
+            out.ends_with("\n[routing]\nauto_accept_threshold = 0.9\n"),
+            "{out}"
+        );
     }
 
     #[test]
     fn a_dotted_key_is_refused() {
-        let e = set_routing_value("routing.auto_accept_threshold = 0.8\n", "auto_accept_threshold", 0.9);
-        assert!(matches!(e, Err(EditError::Unsupported { line: 1, .. })), "{e:?}");
+        let e = set_routing_value(
+            "routing.auto_accept_threshold = 0.8\n",
+            "auto_accept_threshold",
+            0.9,
+        );
+        assert!(
+            matches!(e, Err(EditError::Unsupported { line: 1, .. })),
+            "{e:?}"
+        );
     }
 }
