@@ -5,10 +5,12 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod about;
+mod calibrate;
 mod examples;
 mod requests;
 mod values;
 
+pub use calibrate::CalibrateArgs;
 pub use requests::{RequestsArgs, RequestsMode};
 pub use values::*;
 
@@ -191,22 +193,7 @@ pub enum Command {
     /// session's auto-accept threshold gave, and the lowest threshold whose
     /// measured precision reaches a target.
     #[command(after_help = examples::CALIBRATE)]
-    Calibrate {
-        /// The session's id (default: the newest).
-        #[arg(long)]
-        session: Option<String>,
-        /// The precision (share of auto-accepts a human would agree with)
-        /// the suggested threshold must reach, at the lower 95% bound.
-        #[arg(long, default_value_t = 0.98, value_name = "P")]
-        target_precision: f64,
-        /// Write the suggested auto_accept_threshold into docket.toml (the
-        /// rest of the file unchanged) and record it on the session.
-        #[arg(long)]
-        apply: bool,
-        /// json: one JSON document on stdout (stable keys; see the README).
-        #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
-        format: SummaryFormat,
-    },
+    Calibrate(CalibrateArgs),
     /// List sessions with state and counters.
     #[command(after_help = examples::SESSIONS)]
     Sessions {

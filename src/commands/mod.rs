@@ -74,20 +74,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Workers { session, format } => reports::workers(&ws, &session, format),
         Command::BatchResults { session, format } => reports::batch_results(&ws, &session, format),
         Command::Sessions { format } => reports::sessions(&ws, format),
-        Command::Calibrate {
-            session,
-            target_precision,
-            apply,
-            format,
-        } => calibrate::calibrate(
-            &ws,
-            calibrate::CalibrateArgs {
-                session,
-                target: target_precision,
-                apply,
-                format,
-            },
-        ),
+        Command::Calibrate(args) => calibrate::calibrate(&ws, args),
         Command::Export {
             session,
             what,

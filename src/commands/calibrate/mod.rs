@@ -15,17 +15,9 @@ use docket_model::calibration::{self as cal, Agreement, Band, Suggestion};
 
 use super::data_out;
 use super::ledger::{with_ledger, with_ledger_reading};
-use crate::cli::SummaryFormat;
+use crate::cli::{CalibrateArgs, SummaryFormat};
 
 mod render;
-
-/// The options of one `docket calibrate`.
-pub(crate) struct CalibrateArgs {
-    pub session: Option<String>,
-    pub target: f64,
-    pub apply: bool,
-    pub format: SummaryFormat,
-}
 
 /// Everything calibrate found, for the text and the JSON.
 pub(super) struct Calibration {
