@@ -1867,3 +1867,24 @@ fn clicks_focus_and_select_and_the_wheel_scrolls_only_with_the_mouse_on() {
         }
     }
 }
+
+#[test]
+fn an_audit_item_says_so_in_the_queue_and_on_its_card() {
+    let mut snap = snapshot();
+    snap.review = page(3);
+    snap.review.rows[1].audit = true;
+    snap.detail = Some(ReviewDetail {
+        audit: true,
+        ..detail()
+    });
+    let mut a = app_with(false, snap);
+    a.focus = Pane::Review;
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("item-00")).collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert!(rows[1].contains("item-0001 audit "), "{text}");
+    assert!(!rows[0].contains("audit") && !rows[2].contains("audit"), "{text}");
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(text.contains("audit sample"), "{text}");
+}
