@@ -297,3 +297,81 @@ async fn too_few_reviews_say_so_and_no_session_is_an_error() {
         before
     );
 }
+
+/// The audit sample and calibrate on a PostgreSQL ledger (migration 0010 on
+/// that backend): the audit marks, an audit reject taken back by undo, and
+/// the reviewed counts calibrate reads.
+#[test]
+fn audit_and_calibrate_on_postgres() {
+    use docket::ledger::console::ConsoleReads;
+    use docket::ledger::{Ledger, LedgerLocation};
+
+    let server = support::pg::PgServer::start();
+    let url = server.fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    docket::workspace::init(ws, false).unwrap();
+    let toml = ws.join("docket.toml");
+    // The mock's injected faults off: every item answered.
+    let mut text = std::fs::read_to_string(&toml).unwrap().replace(
+        "[routing]\n",
+        "[routing]\naudit_accept_share = 1.0\naudit_reject_share = 1.0\n",
+    );
+    for k in ["fail_500", "malformed", "truncated", "wrong_schema"] {
+        text = text.replace(&format!("\n{k} = "), &format!("\n{k} = 0.0 # was "));
+    }
+    std::fs::write(&toml, text).unwrap();
+    let items = ws.join("items/test.jsonl");
+    let mut f = std::fs::File::create(&items).unwrap();
+    docket::demo::write_chart_items(&mut f, 8, 99).unwrap();
+    let items = items.to_string_lossy().into_owned();
+    let on_pg = |args: &[&str]| {
+        support::procs::docket_at(ws, &ws.join(".home"))
+            .env("DOCKET_LEDGER_URL", &url)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for args in [
+        &["import", items.as_str()][..],
+        &["batch-adjudicate", "--yes", "--headless"][..],
+    ] {
+        let out = on_pg(args);
+        assert!(out.status.success(), "{}", support::said(&out));
+    }
+    let ledger = Ledger::open(LedgerLocation::parse(&url).unwrap()).unwrap();
+    let rows = ledger
+        .review_page(&docket::watch::ReviewQuery {
+            limit: 1_000,
+            ..Default::default()
+        })
+        .unwrap()
+        .rows;
+    let audited: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.audit)
+        .map(|r| r.review_id)
+        .collect();
+    assert!(
+        !audited.is_empty() && audited.len() < rows.len() + 1,
+        "{rows:?}"
+    );
+    let op = Operator::new("ana", "ana@test:1");
+    ledger.reject(&audited[..1], &op).unwrap();
+    ledger.undo_last(&op).unwrap().expect("an undo");
+    let ids: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.confidence.is_some())
+        .map(|r| r.review_id)
+        .collect();
+    assert_eq!(ledger.accept(&ids, &op).unwrap().done.len(), ids.len());
+    let v = json_of(&on_pg(&["calibrate", "--format", "json"]));
+    assert_eq!(v["reviewed"], ids.len() as u64);
+    assert_eq!(v["agreed"], ids.len() as u64);
+    assert_eq!(
+        v["audited"],
+        rows.iter()
+            .filter(|r| r.audit && r.confidence.is_some())
+            .count() as u64
+    );
+}

@@ -1883,7 +1883,10 @@ fn an_audit_item_says_so_in_the_queue_and_on_its_card() {
     let rows: Vec<&str> = text.lines().filter(|l| l.contains("item-00")).collect();
     assert_eq!(rows.len(), 3, "{text}");
     assert!(rows[1].contains("item-0001 audit "), "{text}");
-    assert!(!rows[0].contains("audit") && !rows[2].contains("audit"), "{text}");
+    assert!(
+        !rows[0].contains("audit") && !rows[2].contains("audit"),
+        "{text}"
+    );
     a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
     let text = screen_text(render(&a, 80, 24).backend().buffer());
     assert!(text.contains("audit sample"), "{text}");
