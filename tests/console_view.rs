@@ -225,6 +225,7 @@ fn review_row(i: u64) -> ReviewRow {
         rationale: Some("looks like a bulk mailing".into()),
         model_id: Some("mock-1".into()),
         claimed_by: if i == 3 { Some("bob@h:1".into()) } else { None },
+        audit: false,
     }
 }
 
@@ -268,6 +269,7 @@ fn detail() -> ReviewDetail {
         decided_by: None,
         decided_at: None,
         claimed_by: None,
+        audit: false,
         ..ReviewDetail::default()
     }
 }
@@ -659,6 +661,7 @@ fn hostile_detail() -> ReviewDetail {
         decided_by: Some(hostile("decider")),
         decided_at: Some(NOW),
         claimed_by: Some(hostile("claimer")),
+        audit: false,
         ..ReviewDetail::default()
     }
 }
@@ -1863,4 +1866,28 @@ fn clicks_focus_and_select_and_the_wheel_scrolls_only_with_the_mouse_on() {
             assert_eq!(a.sessions_cursor, 1, "{ctx}: the header selects nothing");
         }
     }
+}
+
+#[test]
+fn an_audit_item_says_so_in_the_queue_and_on_its_card() {
+    let mut snap = snapshot();
+    snap.review = page(3);
+    snap.review.rows[1].audit = true;
+    snap.detail = Some(ReviewDetail {
+        audit: true,
+        ..detail()
+    });
+    let mut a = app_with(false, snap);
+    a.focus = Pane::Review;
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("item-00")).collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert!(rows[1].contains("item-0001 audit "), "{text}");
+    assert!(
+        !rows[0].contains("audit") && !rows[2].contains("audit"),
+        "{text}"
+    );
+    a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    let text = screen_text(render(&a, 80, 24).backend().buffer());
+    assert!(text.contains("audit sample"), "{text}");
 }

@@ -55,6 +55,12 @@ pub const RESULTS: &str = "Examples:
   docket batch-results batch_20261126_b7rj84
   docket batch-results batch_20261126_b7rj84 --format csv > results.csv";
 
+pub const CALIBRATE: &str = "Examples:
+  docket calibrate                                   the newest session, target precision 0.98
+  docket calibrate --session batch_20261126_b7rj84 --target-precision 0.95
+  docket calibrate --apply                           write the suggested auto_accept_threshold
+  docket calibrate --format json | jq '.suggestion'";
+
 pub const SESSIONS: &str = "Examples:
   docket sessions
   docket sessions --format json | jq '.[0].session_id'";

@@ -5,12 +5,14 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod about;
+mod calibrate;
 mod console_args;
 mod examples;
 mod no_workspace;
 mod requests;
 mod values;
 
+pub use calibrate::CalibrateArgs;
 pub use console_args::ConsoleArgs;
 pub use no_workspace::NoWorkspace;
 pub use requests::{RequestsArgs, RequestsMode};
@@ -181,6 +183,12 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = FormatArg::Table)]
         format: FormatArg,
     },
+    /// Judge the judge: per confidence band, how often human reviewers
+    /// agreed with the model (with 95% intervals), the precision the
+    /// session's auto-accept threshold gave, and the lowest threshold whose
+    /// measured precision reaches a target.
+    #[command(after_help = examples::CALIBRATE)]
+    Calibrate(CalibrateArgs),
     /// List sessions with state and counters.
     #[command(after_help = examples::SESSIONS)]
     Sessions {

@@ -10,6 +10,7 @@ use docket::tui::app::Pane;
 
 use crate::cli::{Cli, Command, ConsoleArgs, ItemsAction, LedgerAction};
 
+mod calibrate;
 mod console;
 mod control;
 mod docs;
@@ -73,6 +74,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Workers { session, format } => reports::workers(&ws, &session, format),
         Command::BatchResults { session, format } => reports::batch_results(&ws, &session, format),
         Command::Sessions { format } => reports::sessions(&ws, format),
+        Command::Calibrate(args) => calibrate::calibrate(&ws, args),
         Command::Export {
             session,
             what,

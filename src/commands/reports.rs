@@ -133,7 +133,7 @@ fn default_report_name(session: &str) -> String {
 
 /// A report's outcome, where a reader that went away (`docket sessions |
 /// head`) is no error: the output it wanted was written.
-fn quiet_when_unread(r: Result<(), report::ReportError>) -> Result<(), String> {
+pub(super) fn quiet_when_unread(r: Result<(), report::ReportError>) -> Result<(), String> {
     match r {
         Err(e) if e.is_broken_pipe() => Ok(()),
         r => r.map_err(|e| e.to_string()),

@@ -17,6 +17,7 @@
 //! lock instead of failing with SQLITE_BUSY halfway through a transaction.
 
 pub mod batches;
+pub mod calibration;
 pub mod console;
 pub mod control;
 pub mod copy;

@@ -14,6 +14,7 @@
 //! no other docket crate, and every other docket crate may depend on it.
 
 pub mod batch;
+pub mod calibration;
 pub mod config;
 pub mod failpoint;
 pub mod files;

@@ -289,10 +289,11 @@ pub fn check_invariants(conn: &Connection, session_id: &str) {
         rev,
         count(
             conn,
-            "SELECT COUNT(*) FROM review_item WHERE session_id = ?1 AND source = 'LLM_REVIEW'",
+            "SELECT COUNT(*) FROM review_item WHERE session_id = ?1 AND source = 'LLM_REVIEW' AND audit = 0",
             [session_id]
         )
     );
+    check_audit_marks(conn, session_id);
     assert_eq!(
         0,
         count(
@@ -305,6 +306,20 @@ pub fn check_invariants(conn: &Connection, session_id: &str) {
 }
 
 /// A finished session: every item has exactly one outcome.
+/// An audit sample's review items are of accepted or rejected items.
+fn check_audit_marks(conn: &Connection, session_id: &str) {
+    assert_eq!(
+        0,
+        count(
+            conn,
+            "SELECT COUNT(*) FROM review_item r JOIN llm_batch_result b
+                 ON b.session_id = r.session_id AND b.item_id = r.item_id
+             WHERE r.session_id = ?1 AND r.audit = 1 AND b.outcome NOT IN ('accepted', 'rejected')",
+            [session_id]
+        )
+    );
+}
+
 pub fn check_complete(conn: &Connection, session_id: &str) {
     check_invariants(conn, session_id);
     let (total, processed, state): (i64, i64, String) = conn

@@ -86,6 +86,8 @@ fn queue_row<'a>(
         None => String::new(),
     };
     let id = truncate(&r.item_id, 18);
+    // An audit sample's item: its route was accept or reject, not review.
+    let audit = if r.audit { "audit " } else { "" };
     // With items of several sessions in the queue, each row says whose
     // it is (the id's random tail, as the sessions pane ends it).
     let session = match (&r.session_id, several_sessions) {
@@ -97,6 +99,7 @@ fn queue_row<'a>(
         + conf.len()
         + id.chars().count()
         + 1
+        + audit.len()
         + session.chars().count()
         + held.chars().count();
     let summary = truncate(
@@ -108,6 +111,7 @@ fn queue_row<'a>(
         styled(format!("{mark} "), theme.marked()),
         styled(conf, theme.review()),
         styled(format!("{id} "), theme.title(false)),
+        styled(audit, theme.warn()),
         styled(session, theme.dim()),
         Span::raw(summary),
         styled(held, theme.warn()),

@@ -89,6 +89,7 @@ pub(super) async fn fail_with(
         routing_note: None,
         stage_done: Some(done),
         only_request: item.stages.len() == 1 && stage.criteria.is_empty(),
+        audit: false,
     };
     match ends {
         FailedAs::Error => fin.error_message = Some(said),
@@ -155,6 +156,7 @@ pub(super) async fn finish(
     } else {
         (outcome, note)
     };
+    let audit = audit_pick(ctx, &item.item_id, outcome);
     let fin = FinalResult {
         session_id: ctx.session_id.clone(),
         item_id: item.item_id.clone(),
@@ -174,8 +176,23 @@ pub(super) async fn finish(
         routing_note: note,
         stage_done: last,
         only_request: item.stages.len() == 1 && p.stages[p.answer].criteria.is_empty(),
+        audit,
     };
     record_final(ctx, item, rec, fin).await
+}
+
+/// Whether the audit sample sends this accepted or rejected item to review
+/// as well (`[routing] audit_accept_share`, `audit_reject_share`): decided
+/// by a hash of session and item, so a resume or another worker decides
+/// the same.
+fn audit_pick(ctx: &Ctx, item_id: &str, outcome: Outcome) -> bool {
+    let r = &ctx.p.config.config.routing;
+    let share = match outcome {
+        Outcome::Accepted => *r.audit_accept_share.get_ref(),
+        Outcome::Rejected => *r.audit_reject_share.get_ref(),
+        Outcome::Review | Outcome::Error => return false,
+    };
+    docket_model::calibration::audit_pick(&ctx.session_id, item_id, share)
 }
 
 /// An accept or a reject of an item whose evidence reads like a prompt

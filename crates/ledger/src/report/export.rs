@@ -64,6 +64,7 @@ pub const DECISION_COLUMNS: &[&str] = &[
     "last_outcome",
     "last_session_id",
     "review_status",
+    "review_audit",
 ];
 
 const DECISION_KINDS: &[Kind] = &[
@@ -79,6 +80,8 @@ const DECISION_KINDS: &[Kind] = &[
     Kind::Text,
     Kind::Text,
     Kind::Text,
+    // The newest review item came from the audit sample.
+    Kind::Bool,
 ];
 
 /// `export --what requests`, in order. `session_id`, `position` (the

@@ -24,6 +24,7 @@ pub const RESULT_COLUMNS: &[&str] = &[
     "cost_usd",
     "processed_at",
     "adjudication_id",
+    "audit",
 ];
 
 /// Keys of `batch-results --format json`: `RESULT_COLUMNS` with the answer
@@ -45,6 +46,7 @@ pub const RESULT_JSON_KEYS: &[&str] = &[
     "cost_usd",
     "processed_at",
     "adjudication_id",
+    "audit",
 ];
 
 pub(crate) const RESULT_KINDS: &[Kind] = &[
@@ -64,6 +66,8 @@ pub(crate) const RESULT_KINDS: &[Kind] = &[
     Kind::Float,
     Kind::Ts,
     Kind::Text,
+    // The audit sample sent the (accepted or rejected) item to review too.
+    Kind::Bool,
 ];
 
 const _: () = assert!(RESULT_COLUMNS.len() == RESULT_KINDS.len());

@@ -225,6 +225,8 @@ pub struct ReviewRow {
     pub model_id: Option<String>,
     /// Held by someone (claimant string) with an unexpired lease.
     pub claimed_by: Option<String>,
+    /// Sent by the audit sample (its item was auto-accepted or rejected).
+    pub audit: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -296,6 +298,8 @@ pub struct ReviewDetail {
     pub replaced: Vec<ReplacedSuggestion>,
     /// The review item that superseded this one, and its session.
     pub superseded_by: Option<(i64, Option<String>)>,
+    /// Sent by the audit sample (its item was auto-accepted or rejected).
+    pub audit: bool,
 }
 
 /// An earlier suggestion a review item superseded: kept in the ledger as

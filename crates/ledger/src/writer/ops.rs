@@ -137,6 +137,9 @@ pub struct FinalResult {
     /// The item has one request in the session (a one-stage job, no
     /// criteria asked on their own): its totals are that request's.
     pub only_request: bool,
+    /// Picked by the audit sample: an accepted or rejected item goes to
+    /// review as well (marked `audit`), its outcome unchanged.
+    pub audit: bool,
 }
 
 /// The claim a write is made under (see `ledger::queue`). A worker that

@@ -305,9 +305,13 @@ fn settle_outcome(
                      WHERE item_id = ?1 AND status = 'pending'",
                 )?
                 .execute(params![f.item_id, now])?;
+                if f.audit {
+                    open_review_item(conn, f, now)?;
+                }
             }
         }
         Outcome::Review => open_review_item(conn, f, now)?,
+        Outcome::Rejected if f.audit => open_review_item(conn, f, now)?,
         Outcome::Rejected | Outcome::Error => {}
     }
     Ok(())
@@ -317,7 +321,7 @@ fn settle_outcome(
 /// review items: an older one still pending (another session's answer) is
 /// superseded by this one, kept as history and named by it. A session that
 /// already has a review item for the item (a replayed or re-asked outcome)
-/// keeps the one it has.
+/// keeps the one it has. An audit sample's item is marked `audit`.
 fn open_review_item(conn: &Connection, f: &FinalResult, now: f64) -> crate::db::Result<()> {
     if conn.dialect() == Dialect::Postgres {
         // Writers of two sessions may settle the same item at once: the
@@ -343,8 +347,8 @@ fn open_review_item(conn: &Connection, f: &FinalResult, now: f64) -> crate::db::
     let review_id: i64 = conn
         .prepare_cached(
             "INSERT INTO review_item (item_id, session_id, source, status, llm_suggestion_json, confidence, rationale,
-                 model_id, request_id, created_at)
-             VALUES (?1, ?2, 'LLM_REVIEW', 'pending', ?3, ?4, ?5, ?6, ?7, ?8) RETURNING review_id",
+                 model_id, request_id, created_at, audit)
+             VALUES (?1, ?2, 'LLM_REVIEW', 'pending', ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING review_id",
         )?
         .query_row(
             params![
@@ -356,7 +360,8 @@ fn open_review_item(conn: &Connection, f: &FinalResult, now: f64) -> crate::db::
                 f.rationale,
                 f.model_id,
                 f.request_id,
-                now
+                now,
+                i64::from(f.audit)
             ],
             |r| r.get(0),
         )?;

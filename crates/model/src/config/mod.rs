@@ -15,6 +15,7 @@ use toml::Spanned;
 
 mod defaults;
 mod diff;
+pub mod edit;
 mod toml_error;
 mod types;
 mod validate;

@@ -473,3 +473,19 @@ fn changes_since_a_snapshot_are_named_key_by_key() {
         .remove("max_transport_attempts");
     assert_eq!(parse(BASE).unwrap().changes_since(&old), vec![]);
 }
+
+#[test]
+fn audit_shares_default_to_none_and_are_checked() {
+    let c = parse(BASE).unwrap();
+    assert_eq!(*c.config.routing.audit_accept_share.get_ref(), 0.0);
+    let c = parse(&format!("{BASE}\n[routing]\naudit_accept_share = 0.1\n")).unwrap();
+    assert_eq!(*c.config.routing.audit_accept_share.get_ref(), 0.1);
+    let e = parse(&format!("{BASE}\n[routing]\naudit_reject_share = 1.5\n"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("routing.audit_reject_share") && e.contains("out of range"),
+        "{e}"
+    );
+}

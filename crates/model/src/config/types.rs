@@ -383,6 +383,14 @@ pub struct RoutingConfig {
     /// instead of accepting or rejecting it (`crate::injection`).
     #[serde(default = "default_true")]
     pub flag_injection: bool,
+    /// The share (0..1) of the items routing auto-accepts that also go to
+    /// review, marked "audit", so the accept band's precision is measured
+    /// (`docket calibrate`). Which items: a stable hash of session and item.
+    #[serde(default = "default_no_share")]
+    pub audit_accept_share: Spanned<f64>,
+    /// The same for the items routing rejects.
+    #[serde(default = "default_no_share")]
+    pub audit_reject_share: Spanned<f64>,
 }
 
 impl Default for RoutingConfig {
@@ -393,6 +401,8 @@ impl Default for RoutingConfig {
             answer_stage: None,
             critic: None,
             flag_injection: true,
+            audit_accept_share: default_no_share(),
+            audit_reject_share: default_no_share(),
         }
     }
 }

@@ -107,6 +107,10 @@ fn summary_lines<'a>(app: &App, d: &ReviewDetail, theme: Theme) -> Vec<Line<'a>>
         )),
     ])];
     let mut who = Vec::new();
+    if d.audit {
+        // Its route was accept or reject: reviewed to measure the band.
+        who.push("audit sample".to_string());
+    }
     if let Some(s) = &d.session_id {
         who.push(format!("session {}", truncate(s, 30)));
     }

@@ -18,6 +18,8 @@ macro_rules! decisions_select {
          d.decided_by, d.decided_at, d.confidence, d.model_id, d.adjudication_id, \
          lr.outcome, lr.session_id, \
          (SELECT rv.status FROM review_item rv WHERE rv.item_id = d.item_id \
+          ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1), \
+         (SELECT rv.audit FROM review_item rv WHERE rv.item_id = d.item_id \
           ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1) \
          FROM decision d "
     };

@@ -12,7 +12,9 @@ use crate::store::shown_state_of;
 /// The select list matching `report::RESULT_COLUMNS` (table alias `r`).
 const RESULT_SELECT: &str = "SELECT r.session_id, r.item_id, r.outcome, r.confidence, \
      r.answer_json, r.rationale, r.error_message, r.model_id, r.stage, r.request_id, r.attempts, \
-     r.input_tokens, r.output_tokens, r.cost_usd, r.processed_at, r.adjudication_id \
+     r.input_tokens, r.output_tokens, r.cost_usd, r.processed_at, r.adjudication_id, \
+     (SELECT COUNT(*) FROM review_item rv WHERE rv.session_id = r.session_id \
+        AND rv.item_id = r.item_id AND rv.audit = 1) \
      FROM llm_batch_result r";
 
 pub(super) fn session_head(

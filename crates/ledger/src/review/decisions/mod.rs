@@ -266,7 +266,8 @@ fn decidable(
                 item.item_id
             )));
         }
-        if prev.state != "indeterminate" {
+        // An audit item's auto-accept is confirmed by an accept.
+        if prev.state != "indeterminate" && !(item.audit && prev.auto_accepted()) {
             // Never overwrite a decision someone made meanwhile (as the
             // engine's auto-accept never does).
             let by = prev.decided_by.as_deref().unwrap_or("someone");
@@ -292,21 +293,34 @@ fn write_decision(
 ) -> Result<(), ReviewError> {
     if action == Action::Accept {
         // Exactly what the engine writes for an auto-accept, with the
-        // operator as the decider.
+        // operator as the decider (an audit item's auto-accept, confirmed,
+        // is the operator's decision now).
         conn.prepare_cached(
-                    "UPDATE decision SET state = 'decided', decided_answer_json = ?2, decided_by = ?3,
-                         decided_at = ?4, confidence = ?5, model_id = ?6, adjudication_id = ?7, updated_at = ?4
-                     WHERE item_id = ?1 AND state = 'indeterminate'",
-                )?
-                .execute(params![
-                    item.item_id,
-                    item.suggestion,
-                    actor,
-                    now,
-                    item.confidence,
-                    item.model_id,
-                    item.request_id.map(|r| r.to_string())
-                ])?;
+            "UPDATE decision SET state = 'decided', decided_answer_json = ?2, decided_by = ?3,
+                 decided_at = ?4, confidence = ?5, model_id = ?6, adjudication_id = ?7, updated_at = ?4
+             WHERE item_id = ?1 AND (state = 'indeterminate' OR (?8 = 1 AND decided_by = ?9))",
+        )?
+        .execute(params![
+            item.item_id,
+            item.suggestion,
+            actor,
+            now,
+            item.confidence,
+            item.model_id,
+            item.request_id.map(|r| r.to_string()),
+            i64::from(item.audit),
+            rows::AUTO_ACCEPT
+        ])?;
+    } else if item.audit && prev.auto_accepted() {
+        // An audit item's auto-accept rejected: the item is undecided
+        // again, as if it had gone to review (a later run asks again).
+        conn.prepare_cached(
+            "UPDATE decision SET state = 'indeterminate', decided_answer_json = NULL, decided_by = NULL,
+                 decided_at = NULL, confidence = NULL, model_id = NULL, adjudication_id = NULL,
+                 updated_at = ?2
+             WHERE item_id = ?1 AND state = 'decided' AND decided_by = ?3",
+        )?
+        .execute(params![item.item_id, now, rows::AUTO_ACCEPT])?;
     }
     conn.prepare_cached(
         "UPDATE review_item SET status = ?2, decided_by = ?3, decided_at = ?4,

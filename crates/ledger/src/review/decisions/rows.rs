@@ -4,6 +4,9 @@
 use crate::db::{Connection, OptionalExtension, params};
 use crate::review::Operator;
 
+/// `decision.decided_by` of an auto-accept.
+pub(super) const AUTO_ACCEPT: &str = "llm_auto_accept";
+
 /// The review item columns a decision checks and copies.
 pub(super) struct ItemRow {
     pub(super) item_id: String,
@@ -16,6 +19,8 @@ pub(super) struct ItemRow {
     pub(super) decided_at: Option<f64>,
     pub(super) claimed_by: Option<String>,
     pub(super) claim_expires_at: Option<f64>,
+    /// Sent by the audit sample: its item was auto-accepted or rejected.
+    pub(super) audit: bool,
 }
 
 impl ItemRow {
@@ -31,7 +36,7 @@ impl ItemRow {
 pub(super) fn load_item(conn: &Connection, review_id: i64) -> crate::db::Result<Option<ItemRow>> {
     conn.prepare_cached(
         "SELECT item_id, status, llm_suggestion_json, confidence, model_id, request_id, decided_by,
-                decided_at, claimed_by, claim_expires_at
+                decided_at, claimed_by, claim_expires_at, audit
          FROM review_item WHERE review_id = ?1",
     )?
     .query_row(params![review_id], |r| {
@@ -46,6 +51,7 @@ pub(super) fn load_item(conn: &Connection, review_id: i64) -> crate::db::Result<
             decided_at: r.get(7)?,
             claimed_by: r.get(8)?,
             claim_expires_at: r.get(9)?,
+            audit: r.get::<_, i64>(10)? != 0,
         })
     })
     .optional()
@@ -64,6 +70,12 @@ pub(super) struct DecisionState {
 }
 
 impl DecisionState {
+    /// Decided by the engine's auto-accept (what an audit item confirms or
+    /// takes back).
+    pub(super) fn auto_accepted(&self) -> bool {
+        self.state == "decided" && self.decided_by.as_deref() == Some(AUTO_ACCEPT)
+    }
+
     pub(super) fn to_json(&self) -> String {
         // Plain strings, numbers and nulls: serialization cannot fail.
         serde_json::to_string(self).unwrap_or_default()

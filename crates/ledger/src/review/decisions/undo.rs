@@ -28,7 +28,14 @@ pub(crate) fn undo_last(conn: &Connection, op: &Operator) -> Result<Option<Undon
         let mut review_ids = Vec::with_capacity(group.len());
         for entry in &group {
             let current = check_unchanged_since(conn, entry, &actor)?;
-            if entry.action == "accept" {
+            let took_back = took_back_an_auto_accept(entry);
+            if took_back && current.as_ref().is_some_and(|d| d.state != "indeterminate") {
+                return Err(conflict(
+                    entry,
+                    "the item was decided again since; it was not changed".to_string(),
+                ));
+            }
+            if entry.action == "accept" || took_back {
                 restore_decision(conn, entry, now)?;
             }
             reopen_and_log(conn, entry, &actor, current, now)?;
@@ -41,6 +48,17 @@ pub(crate) fn undo_last(conn: &Connection, op: &Operator) -> Result<Option<Undon
             review_ids,
         }))
     })
+}
+
+/// A reject that undid an auto-accept (an audit item's): its undo restores
+/// the auto-accept.
+fn took_back_an_auto_accept(entry: &LogEntry) -> bool {
+    entry.action == "reject"
+        && entry
+            .prev_decision_json
+            .as_deref()
+            .and_then(DecisionState::from_json)
+            .is_some_and(|d| d.auto_accepted())
 }
 
 struct LogEntry {

@@ -72,6 +72,8 @@ impl LoadedConfig {
         for (v, k) in [
             (&r.auto_accept_threshold, "routing.auto_accept_threshold"),
             (&r.review_threshold, "routing.review_threshold"),
+            (&r.audit_accept_share, "routing.audit_accept_share"),
+            (&r.audit_reject_share, "routing.audit_reject_share"),
         ] {
             if !(0.0..=1.0).contains(v.get_ref()) {
                 return Err(self.invalid(

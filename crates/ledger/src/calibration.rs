@@ -1,0 +1,92 @@
+//! What `docket calibrate` reads: a session's human review decisions (with
+//! the model's confidence, and whether the human took the suggestion as it
+//! was), every routed item's confidence, and the session's config snapshot;
+//! and the event a threshold change is recorded with. The arithmetic is in
+//! `docket_model::calibration`.
+
+use docket_model::calibration::Reviewed;
+
+use crate::db::params;
+use crate::{Ledger, LedgerError, now_ts};
+
+/// A session's calibration inputs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CalibrationInput {
+    /// Every decided review item of the session that had a suggestion and
+    /// a confidence (superseded and pending ones are left out).
+    pub reviewed: Vec<Reviewed>,
+    /// The confidence of every result of the session that has one.
+    pub confidences: Vec<f64>,
+    /// The session's config snapshot (JSON).
+    pub snapshot_json: String,
+}
+
+// Agreement: accepted as suggested. A reject disagrees, and so does an
+// accept whose answer the operator corrected (a `correct` row in the log,
+// not undone), when a ledger has such rows.
+const REVIEWED_SQL: &str = "SELECT r.confidence, \
+       CASE WHEN r.status = 'accepted' AND NOT EXISTS (SELECT 1 FROM review_log g \
+            WHERE g.review_id = r.review_id AND g.action = 'correct' \
+            AND g.undone_by_log_id IS NULL) THEN 1 ELSE 0 END, \
+       r.audit \
+     FROM review_item r \
+     WHERE r.session_id = ?1 AND r.status IN ('accepted', 'rejected') \
+       AND r.confidence IS NOT NULL AND r.llm_suggestion_json != 'null' \
+     ORDER BY r.review_id";
+
+impl Ledger {
+    /// The session's calibration inputs; `None` when there is no such session.
+    pub fn calibration_input(
+        &self,
+        session_id: &str,
+    ) -> Result<Option<CalibrationInput>, LedgerError> {
+        let conn = self.conn();
+        let snapshot: Option<String> = crate::db::OptionalExtension::optional(conn.query_row(
+            "SELECT config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
+            params![session_id],
+            |r| r.get(0),
+        ))?;
+        let Some(snapshot_json) = snapshot else {
+            return Ok(None);
+        };
+        let mut stmt = conn.prepare(REVIEWED_SQL)?;
+        let reviewed = stmt
+            .query_map(params![session_id], |r| {
+                Ok(Reviewed {
+                    confidence: r.get(0)?,
+                    agreed: r.get::<_, i64>(1)? != 0,
+                    audit: r.get::<_, i64>(2)? != 0,
+                })
+            })?
+            .collect::<crate::db::Result<Vec<_>>>()?;
+        let mut stmt = conn.prepare(
+            "SELECT confidence FROM llm_batch_result \
+             WHERE session_id = ?1 AND confidence IS NOT NULL ORDER BY item_id",
+        )?;
+        let confidences = stmt
+            .query_map(params![session_id], |r| r.get::<_, f64>(0))?
+            .collect::<crate::db::Result<Vec<_>>>()?;
+        Ok(Some(CalibrationInput {
+            reviewed,
+            confidences,
+            snapshot_json,
+        }))
+    }
+
+    /// Record on the session that `docket calibrate --apply` changed the
+    /// job's config (an `info` event of kind `config`, with who did it).
+    pub fn record_config_change(
+        &self,
+        session_id: &str,
+        message: &str,
+        actor: &str,
+    ) -> Result<(), LedgerError> {
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO session_event (session_id, at, level, kind, message, actor)
+                 VALUES (?1, ?2, 'info', 'config', ?3, ?4)",
+            )?
+            .execute(params![session_id, now_ts(), message, actor])?;
+        Ok(())
+    }
+}
