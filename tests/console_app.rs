@@ -137,6 +137,7 @@ fn review_row(i: u64) -> ReviewRow {
         rationale: Some("looks like spam".into()),
         model_id: Some("mock-1".into()),
         claimed_by: None,
+        evidence: String::new(),
     }
 }
 

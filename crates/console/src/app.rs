@@ -293,6 +293,8 @@ pub struct App {
     pub(super) detail_wanted: Option<i64>,
     /// The terminal's size, the mouse, and where the panes were drawn.
     pub screen: Screen,
+    /// The job's `[review]` templates (queue summary, card), if any.
+    pub review_templates: Option<std::sync::Arc<docket_model::review_card::ReviewTemplates>>,
 }
 
 impl App {
@@ -325,6 +327,7 @@ impl App {
             scroll_max: std::cell::Cell::new(0),
             detail_wanted: None,
             screen: Screen::default(),
+            review_templates: None,
         }
     }
 

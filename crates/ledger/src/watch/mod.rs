@@ -220,6 +220,9 @@ pub struct ReviewRow {
     pub model_id: Option<String>,
     /// Held by someone (claimant string) with an unexpired lease.
     pub claimed_by: Option<String>,
+    /// The item's evidence as compact JSON (for the job's `[review]`
+    /// summary line); empty when the item has none.
+    pub evidence: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -11,6 +11,7 @@ mod batches;
 mod detail;
 mod dialog;
 mod event;
+mod fields;
 mod help;
 
 pub(super) use batches::draw_batches;
