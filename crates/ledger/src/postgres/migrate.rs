@@ -18,6 +18,7 @@ pub const PG_MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("migrations/0007_search_catch_up.sql")),
     (8, include_str!("migrations/0008_superseded_reviews.sql")),
     (9, include_str!("migrations/0009_batch_progress.sql")),
+    (11, include_str!("migrations/0011_review_corrections.sql")),
 ];
 
 /// The schema version this docket writes.

@@ -64,6 +64,11 @@ pub const DECISION_COLUMNS: &[&str] = &[
     "last_outcome",
     "last_session_id",
     "review_status",
+    // When a reviewer corrected the suggestion (decided_answer_json is then
+    // their answer): the fields they changed, comma-separated, and the
+    // model's suggestion it replaced.
+    "corrected_fields",
+    "suggested_answer_json",
 ];
 
 const DECISION_KINDS: &[Kind] = &[
@@ -79,6 +84,8 @@ const DECISION_KINDS: &[Kind] = &[
     Kind::Text,
     Kind::Text,
     Kind::Text,
+    Kind::Text,
+    Kind::Json,
 ];
 
 /// `export --what requests`, in order. `session_id`, `position` (the
