@@ -163,3 +163,81 @@ fn the_queue_row_shows_the_summary_template_or_a_named_error() {
         "{text}"
     );
 }
+
+fn press(a: &mut App, code: ratatui::crossterm::event::KeyCode) -> Vec<docket::tui::app::Effect> {
+    use ratatui::crossterm::event::{KeyEvent, KeyModifiers};
+    a.handle_key(KeyEvent::new(code, KeyModifiers::NONE))
+}
+
+/// `e` on the card opens the correction form; ←→ on its first row picks
+/// another candidate (whose naming fields fill the answer), ↓ and typing
+/// edit a field, Enter accepts the corrected answer.
+#[test]
+fn the_correction_form_picks_another_candidate_and_edits_a_field() {
+    use docket::tui::app::Effect;
+    use ratatui::crossterm::event::KeyCode;
+    let mut a = app(None);
+    a.focus = Pane::Review;
+    a.overlay = Overlay::Detail { scroll: 0 };
+    assert!(press(&mut a, KeyCode::Char('e')).is_empty());
+    assert!(matches!(a.overlay, Overlay::Correct(_)), "{:?}", a.overlay);
+    // The answer picked candidate 2; → wraps to candidate 1.
+    press(&mut a, KeyCode::Right);
+    // Down to the second field (rr_mbid), cleared and typed anew.
+    press(&mut a, KeyCode::Down);
+    press(&mut a, KeyCode::Down);
+    for _ in 0..2 {
+        press(&mut a, KeyCode::Backspace);
+    }
+    for c in "r1".chars() {
+        press(&mut a, KeyCode::Char(c));
+    }
+    for (w, h) in SIZES {
+        let t = render(&a, w, h);
+        let text = screen_text(t.backend().buffer());
+        assert!(text.contains("candidate 1/2"), "{text}");
+        insta::assert_snapshot!(format!("correction_form_{w}x{h}"), t.backend());
+    }
+    let fx = press(&mut a, KeyCode::Enter);
+    let answer = fx
+        .iter()
+        .find_map(|f| match f {
+            Effect::Correct {
+                review_id: 100,
+                answer,
+            } => Some(answer.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no correction in {fx:?}"));
+    assert_eq!(
+        answer,
+        serde_json::json!({"crg_mbid": "a1", "rr_mbid": "r1", "confidence": 0.72, "rationale": "the remaster"})
+    );
+    assert!(matches!(a.overlay, Overlay::None));
+}
+
+/// Esc leaves the form with nothing sent; a read-only console never opens it.
+#[test]
+fn the_correction_form_closes_unsent_and_is_off_when_read_only() {
+    use ratatui::crossterm::event::KeyCode;
+    let mut a = app(None);
+    a.focus = Pane::Review;
+    press(&mut a, KeyCode::Char('e'));
+    assert!(matches!(a.overlay, Overlay::Correct(_)));
+    assert!(press(&mut a, KeyCode::Esc).is_empty());
+    assert!(matches!(a.overlay, Overlay::Detail { .. }));
+    let mut ro = App::new(Keymap::default_map(), true);
+    ro.apply_snapshot(Snapshot {
+        review: ReviewPage {
+            total: 1,
+            offset: 0,
+            rows: vec![row()],
+            several_sessions: false,
+        },
+        detail: Some(detail()),
+        ..Snapshot::default()
+    });
+    ro.focus = Pane::Review;
+    press(&mut ro, KeyCode::Char('e'));
+    assert!(!matches!(ro.overlay, Overlay::Correct(_)));
+}

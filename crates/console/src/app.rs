@@ -8,14 +8,18 @@ use tui_input::Input;
 
 use super::keymap::{KeyPress, Keymap};
 
+mod correction;
+mod effect;
 mod lists;
 mod mouse;
 mod screen;
+pub use correction::CorrectionForm;
 use docket_ledger::console::WorkerRow;
 use docket_ledger::watch::{
     Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage, SessionSummary,
     SessionView, Tune,
 };
+pub use effect::Effect;
 pub use screen::{PREVIEW_MIN_HEIGHT, PREVIEW_MIN_WIDTH, Screen, preview_fits};
 
 /// How many review rows the console keeps loaded around the cursor.
@@ -101,6 +105,9 @@ pub enum Overlay {
     Dialog(Dialog),
     Filter(Input),
     Command(Input),
+    /// The correction form of a review item (another candidate, or its
+    /// answer's fields edited).
+    Correct(Box<CorrectionForm>),
 }
 
 /// The badge in the footer.
@@ -115,6 +122,7 @@ pub enum Mode {
     Filter,
     Command,
     Confirm,
+    Correct,
 }
 
 impl Mode {
@@ -122,6 +130,7 @@ impl Mode {
         match self {
             Mode::Normal => "NORMAL",
             Mode::Detail => "DETAIL",
+            Mode::Correct => "CORRECT",
             Mode::Help => "HELP",
             Mode::Batches => "BATCHES",
             Mode::Workers => "WORKERS",
@@ -153,35 +162,6 @@ pub enum Control {
     StopAtStage,
     Cancel,
     Retune(Tune),
-}
-
-/// Work for the runner: ledger reads and writes happen off the UI thread.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Effect {
-    /// Watch this session (None: follow the newest).
-    Watch(Option<String>),
-    Query(docket_ledger::watch::ReviewQuery),
-    /// Load the detail of this review item (None: none wanted).
-    Detail(Option<i64>),
-    /// Hold this review item while the cursor is on it (None: let go).
-    Claim(Option<i64>),
-    Accept(Vec<i64>),
-    Reject(Vec<i64>),
-    Undo,
-    Control {
-        session_id: String,
-        control: Control,
-    },
-    /// `session`: the session on screen (decisions ignore it).
-    Export {
-        session: Option<String>,
-        what: String,
-        format: String,
-        path: String,
-    },
-    Quit(QuitChoice),
-    /// A key was pressed (the operator is here: keep holding the item).
-    Activity,
 }
 
 /// The latest read of the ledger.
@@ -336,6 +316,7 @@ impl App {
             Overlay::None => Mode::Normal,
             Overlay::Help { .. } => Mode::Help,
             Overlay::Detail { .. } => Mode::Detail,
+            Overlay::Correct(_) => Mode::Correct,
             Overlay::Batches { .. } => Mode::Batches,
             Overlay::Workers { .. } => Mode::Workers,
             Overlay::Event { .. } => Mode::Event,
