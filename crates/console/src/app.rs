@@ -430,7 +430,7 @@ impl App {
         }
         // The detail view and the preview show the same item card.
         let detail = match self.overlay {
-            Overlay::Detail { .. } => id,
+            Overlay::Detail { .. } | Overlay::Correct(_) => id,
             _ if self.preview_shown() => id,
             _ => None,
         };

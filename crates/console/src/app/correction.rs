@@ -159,7 +159,13 @@ impl App {
         match card.map(CorrectionForm::new) {
             Some(Some(form)) => self.overlay = Overlay::Correct(Box::new(form)),
             Some(None) => self.set_toast("This suggestion has no fields to correct."),
-            None => self.set_toast("The card is still loading; try again."),
+            None => {
+                // The form starts from the card: open it, and ask again.
+                self.overlay = Overlay::Detail { scroll: 0 };
+                self.detail_wanted = None;
+                self.set_toast("Loading the card: press the correct key again.");
+                return self.after_cursor_move();
+            }
         }
         Vec::new()
     }

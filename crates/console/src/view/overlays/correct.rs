@@ -47,8 +47,9 @@ pub(in crate::view) fn draw_correction(
             " ".repeat(key_w.saturating_sub(cells(&key)))
         );
         let room = inner.saturating_sub(cells(&lead) + 1).max(4);
-        // The edit box scrolls so the text cursor stays inside it.
-        let scroll = f.input.visual_scroll(room);
+        // The edit box being typed in scrolls so its text cursor stays
+        // inside; the others show their start.
+        let scroll = if here { f.input.visual_scroll(room) } else { 0 };
         let value: String = for_terminal(f.input.value())
             .chars()
             .skip(scroll)
