@@ -107,3 +107,15 @@ fn the_chosen_candidate_is_the_one_the_answer_names_and_its_differences_show() {
     assert_eq!(chosen_candidate(&ev, &json!({"crg_mbid": "zz"})), None);
     assert_eq!(chosen_candidate(&ev, &json!("text")), None);
 }
+
+#[test]
+fn a_review_template_is_not_a_change_of_the_run() {
+    let then = parse(BASE).unwrap().snapshot_json();
+    let now = parse(&format!(
+        "{BASE}\n[review]\nsummary = \"{{{{ title }}}}\"\n"
+    ))
+    .unwrap();
+    assert_eq!(now.changes_since(&then), vec![]);
+    let later = parse(&format!("{BASE}\n[routing]\nreview_threshold = 0.5\n")).unwrap();
+    assert_eq!(later.changes_since(&then).len(), 1);
+}
