@@ -2536,3 +2536,90 @@ fn in_flight_is_one_count_and_batch_lines_wait_at_the_provider() {
         "lines at the provider are not finished"
     );
 }
+
+/// The decisions export as JSONL objects by item id.
+fn exported_decisions(db: &docket::ledger::Ledger) -> Vec<serde_json::Value> {
+    use docket::report::{ExportFormat, ExportOptions, ExportWhat, export};
+    let mut out = Vec::new();
+    let opts = ExportOptions {
+        session: None,
+        what: ExportWhat::Decisions,
+        format: ExportFormat::Jsonl,
+    };
+    export(db, &opts, &mut out).expect("export");
+    String::from_utf8(out)
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+/// A correction is an accept of the operator's own answer: the decision
+/// holds it, the log says who changed which fields when, the export shows
+/// the changed fields and the suggestion it replaced, and one undo takes
+/// it all back.
+#[test]
+fn a_correction_is_logged_exported_and_undone() {
+    let l = Ledger::new();
+    l.session("s1", 1000.0, None, "completed");
+    let rid = l.reviewable("x", "s1", 0.7);
+    let before = l.decision("x");
+    let answer = serde_json::json!({"label": "no_match", "item": "x", "note": "year differs"});
+    let applied = l.db.correct(rid, &answer, &alice()).expect("correct");
+    assert_eq!(applied.done, [rid]);
+
+    let d = l.decision("x");
+    assert_eq!(d.state, "decided");
+    assert_eq!(d.decided_by.as_deref(), Some("review:alice"));
+    let stored: serde_json::Value = serde_json::from_str(d.answer.as_deref().unwrap()).unwrap();
+    assert_eq!(stored, answer);
+    let (status, by, at) = l.review_status(rid);
+    assert_eq!(
+        (status.as_str(), by.as_deref()),
+        ("accepted", Some("review:alice"))
+    );
+    let log: (String, String, f64, Option<String>, Option<String>) = l
+        .conn
+        .query_row(
+            "SELECT action, actor, at, corrected_answer_json, corrected_fields FROM review_log WHERE review_id = ?1",
+            params![rid],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .expect("log row");
+    assert_eq!((log.0.as_str(), log.1.as_str()), ("accept", "review:alice"));
+    assert_eq!(Some(log.2), at);
+    assert_eq!(log.3.as_deref(), Some(answer.to_string().as_str()));
+    assert_eq!(log.4.as_deref(), Some("label,note"));
+
+    let rows = exported_decisions(&l.db);
+    let row = rows
+        .iter()
+        .find(|r| r["item_id"] == "x")
+        .expect("x exported");
+    assert_eq!(row["decided_answer_json"], answer);
+    assert_eq!(row["corrected_fields"], "label,note");
+    assert_eq!(
+        row["suggested_answer_json"],
+        serde_json::json!({"label": "match", "item": "x"})
+    );
+
+    // A second correction is refused: the item is decided.
+    let again = l.db.correct(rid, &answer, &bob()).expect("correct");
+    assert!(
+        again.done.is_empty() && again.skipped.len() == 1,
+        "{again:?}"
+    );
+
+    let u = l.db.undo_last(&alice()).expect("undo").expect("undone");
+    assert_eq!((u.review_id, u.action.as_str()), (rid, "accept"));
+    assert_eq!(l.decision("x"), before);
+    assert_eq!(l.review_status(rid), ("pending".to_string(), None, None));
+    let rows = exported_decisions(&l.db);
+    let row = rows
+        .iter()
+        .find(|r| r["item_id"] == "x")
+        .expect("x exported");
+    assert_eq!(row["state"], "indeterminate");
+    assert!(row["corrected_fields"].is_null(), "{row}");
+    assert!(row["suggested_answer_json"].is_null(), "{row}");
+}

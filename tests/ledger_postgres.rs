@@ -702,3 +702,91 @@ fn a_critic_jobs_review_card_reads_from_postgres() {
     assert_eq!(critic.stage, "critic");
     assert!(critic.verdict.is_some(), "{critic:?}");
 }
+
+/// A correction on PostgreSQL as on SQLite: the queue row carries the
+/// item's evidence (for the `[review]` summary), the correction is
+/// exported with its changed fields and the suggestion it replaced
+/// (migration 0011), and undo takes it back.
+#[test]
+fn a_correction_is_exported_and_undone_on_postgres() {
+    use docket::ledger::console::ConsoleReads;
+    use docket::ledger::review::ReviewDecisions;
+    use docket::ledger::{Ledger, LedgerLocation};
+    use docket::report::{ExportFormat, ExportOptions, ExportWhat, export};
+    use docket::watch::ReviewQuery;
+    let server = PgServer::start();
+    let full_url = server.fresh_database();
+    let url = support::pg::without_password(&full_url);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let run = |args: &[&str]| {
+        let out = Command::new(support::procs::bin())
+            .args(["--workspace", &ws.display().to_string(), "--ledger", &url])
+            .args(args)
+            .env("HOME", dir.path())
+            .env("DOCKET_CONFIG_DIR", dir.path().join("config"))
+            .env("PGPASSWORD", server.password())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "docket {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["init", &ws.display().to_string()]);
+    run(&[
+        "import",
+        &ws.join("items/sample.jsonl").display().to_string(),
+    ]);
+    run(&[
+        "batch-adjudicate",
+        "--headless",
+        "--yes",
+        "--review-threshold",
+        "0.0",
+        "--auto-accept-threshold",
+        "1.0",
+    ]);
+    let ledger = Ledger::open(LedgerLocation::parse(&full_url).unwrap()).unwrap();
+    let page = ledger
+        .review_page(&ReviewQuery::default())
+        .expect("the queue reads");
+    let row = page.rows.first().expect("a pending review item").clone();
+    let evidence: serde_json::Value = serde_json::from_str(&row.evidence).expect("evidence");
+    assert!(evidence.get("title").is_some(), "{evidence}");
+    let mut answer: serde_json::Value = serde_json::from_str(&row.suggestion).unwrap();
+    answer["crg_mbid"] = serde_json::json!("corrected-by-hand");
+    let op = docket::review::Operator::new("alice", "alice@h:1");
+    let applied = ledger
+        .correct(row.review_id, &answer, &op)
+        .expect("correct");
+    assert_eq!(applied.done, [row.review_id]);
+    let exported = |ledger: &Ledger| -> serde_json::Value {
+        let mut out = Vec::new();
+        let opts = ExportOptions {
+            session: None,
+            what: ExportWhat::Decisions,
+            format: ExportFormat::Jsonl,
+        };
+        export(ledger, &opts, &mut out).expect("export");
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|r| r["item_id"] == row.item_id.as_str())
+            .expect("the item exported")
+    };
+    let r = exported(&ledger);
+    assert_eq!(r["decided_answer_json"], answer);
+    assert_eq!(r["corrected_fields"], "crg_mbid");
+    assert_eq!(
+        r["suggested_answer_json"],
+        serde_json::from_str::<serde_json::Value>(&row.suggestion).unwrap()
+    );
+    ledger.undo_last(&op).expect("undo").expect("undone");
+    let r = exported(&ledger);
+    assert_eq!(r["state"], "indeterminate");
+    assert!(r["corrected_fields"].is_null(), "{r}");
+}

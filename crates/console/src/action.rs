@@ -54,6 +54,9 @@ pub enum Action {
     Accept,
     /// Reject the suggestion for the selected (or marked) items.
     Reject,
+    /// Correct the answer of the selected item (another candidate, or its
+    /// fields edited) and accept that.
+    Correct,
     /// Skip the selected item for now.
     Skip,
     /// Undo the last review decision.
@@ -124,6 +127,7 @@ impl Action {
         Action::ForceQuit,
         Action::Accept,
         Action::Reject,
+        Action::Correct,
         Action::Skip,
         Action::Undo,
         Action::ToggleMark,
@@ -173,6 +177,7 @@ impl Action {
             Action::ForceQuit => "force_quit",
             Action::Accept => "accept",
             Action::Reject => "reject",
+            Action::Correct => "correct",
             Action::Skip => "skip",
             Action::Undo => "undo",
             Action::ToggleMark => "toggle_mark",
@@ -228,6 +233,7 @@ impl Action {
             Action::ForceQuit => "quit as q does (asks first too); twice: cancel the run",
             Action::Accept => "accept the suggestion",
             Action::Reject => "reject the suggestion",
+            Action::Correct => "correct the answer (candidate or fields), accept it",
             Action::Skip => "skip this item",
             Action::Undo => "undo the last decision (all of a bulk one)",
             Action::ToggleMark => "mark / unmark the item",
@@ -284,6 +290,6 @@ mod tests {
             assert_eq!(back, a);
             assert!(!a.describe().is_empty());
         }
-        assert_eq!(Action::ALL.len(), 44);
+        assert_eq!(Action::ALL.len(), 45);
     }
 }

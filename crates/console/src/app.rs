@@ -8,16 +8,20 @@ use tui_input::Input;
 
 use super::keymap::{KeyPress, Keymap};
 
+mod correction;
+mod effect;
 mod lists;
 mod mode;
 mod mouse;
 mod screen;
+pub use correction::CorrectionForm;
 use docket_ledger::console::WorkerRow;
 use docket_ledger::watch::{
     ChartData, Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage,
     SessionSummary, SessionView, Tune,
 };
 pub use mode::Mode;
+pub use effect::Effect;
 pub use screen::{PREVIEW_MIN_HEIGHT, PREVIEW_MIN_WIDTH, Screen, preview_fits};
 
 /// How many review rows the console keeps loaded around the cursor.
@@ -108,6 +112,9 @@ pub enum Overlay {
     Dialog(Dialog),
     Filter(Input),
     Command(Input),
+    /// The correction form of a review item (another candidate, or its
+    /// answer's fields edited).
+    Correct(Box<CorrectionForm>),
 }
 
 /// How to leave the console.
@@ -130,37 +137,6 @@ pub enum Control {
     StopAtStage,
     Cancel,
     Retune(Tune),
-}
-
-/// Work for the runner: ledger reads and writes happen off the UI thread.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Effect {
-    /// Watch this session (None: follow the newest).
-    Watch(Option<String>),
-    Query(docket_ledger::watch::ReviewQuery),
-    /// Load the detail of this review item (None: none wanted).
-    Detail(Option<i64>),
-    /// Hold this review item while the cursor is on it (None: let go).
-    Claim(Option<i64>),
-    Accept(Vec<i64>),
-    Reject(Vec<i64>),
-    Undo,
-    Control {
-        session_id: String,
-        control: Control,
-    },
-    /// `session`: the session on screen (decisions ignore it).
-    Export {
-        session: Option<String>,
-        what: String,
-        format: String,
-        path: String,
-    },
-    Quit(QuitChoice),
-    /// A key was pressed (the operator is here: keep holding the item).
-    Activity,
-    /// Read the charts' data (the charts are shown) or stop reading it.
-    Charts(bool),
 }
 
 /// The latest read of the ledger.
@@ -276,6 +252,8 @@ pub struct App {
     pub(super) charts_wanted: bool,
     /// The terminal's size, the mouse, and where the panes were drawn.
     pub screen: Screen,
+    /// The job's `[review]` templates (queue summary, card), if any.
+    pub review_templates: Option<std::sync::Arc<docket_model::review_card::ReviewTemplates>>,
 }
 
 impl App {
@@ -309,6 +287,7 @@ impl App {
             detail_wanted: None,
             charts_wanted: false,
             screen: Screen::default(),
+            review_templates: None,
         }
     }
 
@@ -317,6 +296,7 @@ impl App {
             Overlay::None => Mode::Normal,
             Overlay::Help { .. } => Mode::Help,
             Overlay::Detail { .. } => Mode::Detail,
+            Overlay::Correct(_) => Mode::Correct,
             Overlay::Batches { .. } => Mode::Batches,
             Overlay::Workers { .. } => Mode::Workers,
             Overlay::Charts { .. } => Mode::Charts,
@@ -431,7 +411,7 @@ impl App {
         }
         // The detail view and the preview show the same item card.
         let detail = match self.overlay {
-            Overlay::Detail { .. } => id,
+            Overlay::Detail { .. } | Overlay::Correct(_) => id,
             _ if self.preview_shown() => id,
             _ => None,
         };

@@ -22,6 +22,7 @@ impl App {
         match &self.overlay {
             Overlay::Dialog(_) => return self.handle_dialog_key(key),
             Overlay::Filter(_) | Overlay::Command(_) => return self.handle_input_key(key),
+            Overlay::Correct(_) => return self.handle_correction_key(key),
             _ => {}
         }
         let sections: &[Section] = match (&self.overlay, self.focus) {

@@ -18,6 +18,7 @@ pub mod data;
 mod human;
 pub mod keymap;
 mod keys;
+mod review_templates;
 pub mod settings;
 pub mod term;
 pub mod theme;

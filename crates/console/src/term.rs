@@ -226,6 +226,7 @@ fn new_app(opts: &ConsoleOptions, claimant: String) -> App {
         app.resized(width, height);
     }
     app.claimant = Some(claimant);
+    let review_warning = crate::review_templates::load(&mut app, &opts.workspace);
     app.log_files = opts.log_files.clone();
     app.focus = opts.focus;
     app.chosen_session = opts.session.clone();
@@ -244,6 +245,9 @@ fn new_app(opts: &ConsoleOptions, claimant: String) -> App {
     }
     if let (None, Some(first)) = (&app.toast, settings_warnings.first()) {
         app.set_toast(first.clone());
+    }
+    if let (None, Some(w)) = (&app.toast, review_warning) {
+        app.set_toast(w);
     }
     app
 }

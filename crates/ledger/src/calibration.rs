@@ -22,11 +22,11 @@ pub struct CalibrationInput {
 }
 
 // Agreement: accepted as suggested. A reject disagrees, and so does an
-// accept whose answer the operator corrected (a `correct` row in the log,
-// not undone), when a ledger has such rows.
+// accept with the operator's own answer (a correction: its log row keeps
+// `corrected_answer_json`), unless that was undone.
 const REVIEWED_SQL: &str = "SELECT r.confidence, \
        CASE WHEN r.status = 'accepted' AND NOT EXISTS (SELECT 1 FROM review_log g \
-            WHERE g.review_id = r.review_id AND g.action = 'correct' \
+            WHERE g.review_id = r.review_id AND g.corrected_answer_json IS NOT NULL \
             AND g.undone_by_log_id IS NULL) THEN 1 ELSE 0 END, \
        r.audit \
      FROM review_item r \

@@ -4,7 +4,7 @@
 //! explained), the mock provider's settings (`mock_config`), routing
 //! outcomes (`routing`), a live run's gauges and tuning (`live`), the one
 //! vocabulary of session states (`session_state`), who is
-//! deciding (`operator`), the Batch API's quarantined lines (`batch`), ids
+//! deciding (`operator`), how an item reads in review (`review_card`), the Batch API's quarantined lines (`batch`), ids
 //! and hashes (`ids`), making model and item text safe for a terminal or a
 //! log (`sanitize`), spotting prompt injections in evidence (`injection`),
 //! reading a job's files (`files`) and the crash tests' named failpoints
@@ -23,6 +23,7 @@ pub mod injection;
 pub mod live;
 pub mod mock_config;
 pub mod operator;
+pub mod review_card;
 pub mod routing;
 pub mod sanitize;
 pub mod session_state;

@@ -13,6 +13,7 @@ pub enum Mode {
     Filter,
     Command,
     Confirm,
+    Correct,
 }
 
 impl Mode {
@@ -28,6 +29,7 @@ impl Mode {
             Mode::Filter => "FILTER",
             Mode::Command => "CMD",
             Mode::Confirm => "CONFIRM",
+            Mode::Correct => "CORRECT",
         }
     }
 }

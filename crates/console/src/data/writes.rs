@@ -98,6 +98,12 @@ impl DataWorker {
                 Ok(a) => applied("Rejected", &a),
                 Err(e) => e.to_string(),
             }),
+            Effect::Correct { review_id, answer } => {
+                Some(match ledger.correct(review_id, &answer, op) {
+                    Ok(a) => applied("Corrected", &a),
+                    Err(e) => e.to_string(),
+                })
+            }
             // Carried out in `apply`, which also tells the UI what came back.
             Effect::Undo => None,
             Effect::Control {

@@ -44,6 +44,10 @@ impl App {
                 }
             }
             A::Undo => self.undo(),
+            A::Correct if self.in_queue() || matches!(self.overlay, Overlay::Detail { .. }) => {
+                self.open_correction()
+            }
+            A::Correct => Vec::new(),
             A::ToggleMark => self.toggle_mark(),
             A::MarkAll => {
                 // The footer and the queue's title count the marks: no
@@ -334,7 +338,7 @@ impl App {
 
     /// Move the review cursor by `delta`, whatever overlay is open (skip and
     /// mark move on in the detail view too).
-    fn move_review_cursor(&mut self, delta: i64) -> Vec<Effect> {
+    pub(crate) fn move_review_cursor(&mut self, delta: i64) -> Vec<Effect> {
         let total = self.snap.review.total as i64;
         let to = (self.review_cursor as i64 + delta).clamp(0, (total - 1).max(0));
         self.review_cursor = to as u64;

@@ -129,9 +129,11 @@ fn hints(app: &App) -> Vec<(Section, Action, &'static str)> {
         ) => vec![(G, A::Back, "close"), (G, A::Down, "scroll")],
         (Overlay::Charts { .. }, _) => vec![(G, A::Back, "close"), (G, A::FocusNext, "next chart")],
         (Overlay::Dialog(_), _) => Vec::new(),
+        (Overlay::Correct(_), _) => Vec::new(),
         (Overlay::Detail { .. }, _) => vec![
             (R, A::Accept, "accept"),
             (R, A::Reject, "reject"),
+            (R, A::Correct, "correct"),
             (R, A::Skip, "skip"),
             (R, A::Undo, "undo"),
             (G, A::Back, "back"),

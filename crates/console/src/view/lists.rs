@@ -102,10 +102,7 @@ fn queue_row<'a>(
         + audit.len()
         + session.chars().count()
         + held.chars().count();
-    let summary = truncate(
-        &summarize(&r.suggestion),
-        width.saturating_sub(fixed).max(1),
-    );
+    let summary = truncate(&row_summary(app, r), width.saturating_sub(fixed).max(1));
     Line::from(vec![
         Span::raw(pointer),
         styled(format!("{mark} "), theme.marked()),
@@ -116,6 +113,21 @@ fn queue_row<'a>(
         Span::raw(summary),
         styled(held, theme.warn()),
     ])
+}
+
+/// The row's text: the job's `[review] summary` rendered for the item when
+/// it has one (a failing template says why), else the answer's fields.
+fn row_summary(app: &App, r: &ReviewRow) -> String {
+    let rendered = app.review_templates.as_deref().and_then(|t| {
+        let evidence = serde_json::from_str(&r.evidence).unwrap_or(serde_json::Value::Null);
+        let answer = serde_json::from_str(&r.suggestion).unwrap_or(serde_json::Value::Null);
+        t.summary(&r.item_id, &evidence, &answer)
+    });
+    match rendered {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => e.to_string(),
+        None => summarize(&r.suggestion),
+    }
 }
 
 /// A session id short enough for a queue row: `batch_20261120_ab12cd` →

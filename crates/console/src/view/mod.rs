@@ -51,6 +51,8 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
     app.screen.areas.borrow_mut().clear();
     match &app.overlay {
         Overlay::Detail { scroll } => overlays::draw_detail(frame, body, app, *scroll, theme),
+        // The form is drawn over the card it corrects.
+        Overlay::Correct(_) => overlays::draw_detail(frame, body, app, 0, theme),
         _ => draw_dashboard(frame, body, app, theme),
     }
     footer::draw_footer(frame, footer_area, footer_lines);
@@ -63,6 +65,7 @@ pub fn draw(frame: &mut Frame, app: &App, theme: Theme) {
             overlays::draw_event(frame, body, app, event, *scroll, theme)
         }
         Overlay::Dialog(d) => overlays::draw_dialog(frame, body, app, d, theme),
+        Overlay::Correct(form) => overlays::draw_correction(frame, body, form, theme),
         _ => {}
     }
 }

@@ -14,7 +14,8 @@ use crate::{now_ts, search_index};
 /// The columns of one queue row. A claim shows while its lease is unexpired.
 const ROW_COLUMNS: &str =
     "r.review_id, r.item_id, r.session_id, r.confidence, r.llm_suggestion_json,
-     r.rationale, r.model_id, CASE WHEN r.claim_expires_at > :now THEN r.claimed_by END, r.audit";
+     r.rationale, r.model_id, CASE WHEN r.claim_expires_at > :now THEN r.claimed_by END, r.audit,
+     (SELECT d.evidence_json FROM decision d WHERE d.item_id = r.item_id)";
 
 /// The queue's conditions. Each query is assembled from these fixed pieces
 /// (never from input: the session and filter are bound), so that an
@@ -176,6 +177,7 @@ fn read_page(
             model_id: r.get(6)?,
             claimed_by: r.get(7)?,
             audit: r.get::<_, i64>(8)? != 0,
+            evidence: r.get::<_, Option<String>>(9)?.unwrap_or_default(),
         });
     }
     Ok(ReviewPage {

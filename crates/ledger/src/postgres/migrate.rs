@@ -19,6 +19,7 @@ pub const PG_MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("migrations/0008_superseded_reviews.sql")),
     (9, include_str!("migrations/0009_batch_progress.sql")),
     (10, include_str!("migrations/0010_audit_reviews.sql")),
+    (11, include_str!("migrations/0011_review_corrections.sql")),
 ];
 
 /// The schema version this docket writes.

@@ -65,6 +65,11 @@ pub const DECISION_COLUMNS: &[&str] = &[
     "last_session_id",
     "review_status",
     "review_audit",
+    // When a reviewer corrected the suggestion (decided_answer_json is then
+    // their answer): the fields they changed, comma-separated, and the
+    // model's suggestion it replaced.
+    "corrected_fields",
+    "suggested_answer_json",
 ];
 
 const DECISION_KINDS: &[Kind] = &[
@@ -82,6 +87,8 @@ const DECISION_KINDS: &[Kind] = &[
     Kind::Text,
     // The newest review item came from the audit sample.
     Kind::Bool,
+    Kind::Text,
+    Kind::Json,
 ];
 
 /// `export --what requests`, in order. `session_id`, `position` (the

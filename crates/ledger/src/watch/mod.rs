@@ -227,6 +227,9 @@ pub struct ReviewRow {
     pub claimed_by: Option<String>,
     /// Sent by the audit sample (its item was auto-accepted or rejected).
     pub audit: bool,
+    /// The item's evidence as compact JSON (for the job's `[review]`
+    /// summary line); empty when the item has none.
+    pub evidence: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -25,11 +25,14 @@ impl LoadedConfig {
     /// session recorded when it started (its snapshot's `config`), key by
     /// key. Comments, layout and the order of keys are not changes; nor is
     /// a setting left out then and given its default now (the snapshot is
-    /// read back with today's defaults first).
+    /// read back with today's defaults first). Nor is `[review]`: how items
+    /// read in review is no part of the run, so a new card template never
+    /// stands in the way of resuming a session.
     pub fn changes_since(&self, snapshot: &serde_json::Value) -> Vec<ConfigChange> {
         let before = with_defaults(snapshot).unwrap_or_else(|| snapshot.clone());
         let mut out = Vec::new();
         diff_json("", &before, &self.snapshot_json(), &mut out);
+        out.retain(|c| c.key != "review" && !c.key.starts_with("review."));
         out
     }
 }

@@ -10,6 +10,7 @@ use toml::Spanned;
 
 use super::defaults::*;
 use crate::mock_config::MockConfig;
+pub use crate::review_card::ReviewConfig;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +22,9 @@ pub struct Config {
     pub stages: Vec<StageConfig>,
     #[serde(default)]
     pub routing: RoutingConfig,
+    /// How an item looks in review (`[review]`): its queue line and card.
+    #[serde(default, skip_serializing_if = "ReviewConfig::is_empty")]
+    pub review: ReviewConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

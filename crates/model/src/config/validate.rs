@@ -7,6 +7,7 @@ use toml::Spanned;
 use super::{ConfigError, LoadedConfig};
 
 mod providers;
+mod review;
 mod routing;
 mod stages;
 
@@ -15,7 +16,8 @@ impl LoadedConfig {
         self.validate_providers()?;
         self.validate_stages()?;
         self.validate_routing_stages()?;
-        self.validate_thresholds()
+        self.validate_thresholds()?;
+        self.validate_review()
     }
 }
 

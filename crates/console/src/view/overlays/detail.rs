@@ -8,6 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, BorderType, Borders, Paragraph};
 
 use super::clamp_scroll;
+use super::fields::{Marks, chosen_lines, field_lines};
 use crate::app::App;
 use crate::theme::Theme;
 use crate::view::lists::summarize;
@@ -15,6 +16,7 @@ use crate::view::styled;
 use crate::view::wrap::{wrap, wrap_indented, wrap_line};
 use docket_ledger::watch::{ReviewDetail, StageVerdict};
 use docket_model::sanitize::{for_terminal, truncate};
+use serde_json::Value;
 
 /// Long model outputs are cut here in the detail view (the ledger and the
 /// exports keep them whole).
@@ -30,15 +32,13 @@ fn safe_lines<'a>(text: &str, indent: &str) -> Vec<Line<'a>> {
         .collect()
 }
 
-/// JSON from an item or a model, one key per line (pretty-printed), so a
-/// long answer reads as its fields; text that is not JSON as it is.
-fn safe_json_lines<'a>(text: &str, indent: &str) -> Vec<Line<'a>> {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(v @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
-            let pretty = serde_json::to_string_pretty(&v).unwrap_or_else(|_| text.to_string());
-            safe_lines(&pretty, indent)
-        }
-        _ => safe_lines(text, indent),
+/// JSON from an item or a model as fields ([`field_lines`]): aligned keys,
+/// nested objects indented, lists of objects as tables; text that is not a
+/// JSON object as it is.
+fn safe_json_lines<'a>(text: &str, indent: usize, inner: usize, theme: Theme) -> Vec<Line<'a>> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v @ Value::Object(_)) => field_lines(&v, indent, inner, &Marks::default(), theme),
+        _ => safe_lines(text, &" ".repeat(indent)),
     }
 }
 
@@ -82,17 +82,82 @@ pub(in crate::view) fn card_lines<'a>(
     inner: usize,
     theme: Theme,
 ) -> Vec<Line<'a>> {
+    let evidence = serde_json::from_str::<Value>(&d.evidence_json).unwrap_or(Value::Null);
+    let answer = serde_json::from_str::<Value>(&d.suggestion_json).unwrap_or(Value::Null);
+    let marks = Marks::new(&evidence, &answer);
     let mut lines = summary_lines(app, d, theme);
+    lines.extend(templated_summary(app, d, &evidence, &answer, theme));
     lines.extend(answer_lines(d, inner, theme));
-    lines.push(heading("Evidence", theme));
-    lines.extend(safe_json_lines(&d.evidence_json, "  "));
-    lines.extend(stage_lines(d, theme));
+    lines.extend(evidence_lines(
+        app,
+        d,
+        (&evidence, &answer),
+        &marks,
+        inner,
+        theme,
+    ));
+    lines.extend(stage_lines(d, inner, theme));
     // Wrapped here, not by the paragraph: a long JSON value or model line
     // continues indented under itself, never back at column 0.
     lines
         .into_iter()
         .flat_map(|l| wrap_line(l, inner))
         .collect()
+}
+
+/// The job's `[review] summary` line for the item, when it has one (a
+/// template that fails says why, naming the key and the variable).
+fn templated_summary<'a>(
+    app: &App,
+    d: &ReviewDetail,
+    evidence: &Value,
+    answer: &Value,
+    theme: Theme,
+) -> Option<Line<'a>> {
+    let t = app.review_templates.as_deref()?;
+    Some(match t.summary(&d.item_id, evidence, answer)? {
+        Ok(s) => Line::from(styled(s, theme.title(false))),
+        Err(e) => Line::from(styled(for_terminal(&e.to_string()), theme.error())),
+    })
+}
+
+/// The evidence: the job's `[review] card` when it has one, else its fields;
+/// then the candidate the answer chose and how it differs from the item.
+fn evidence_lines<'a>(
+    app: &App,
+    d: &ReviewDetail,
+    (evidence, answer): (&Value, &Value),
+    marks: &Marks<'_>,
+    inner: usize,
+    theme: Theme,
+) -> Vec<Line<'a>> {
+    let card = app
+        .review_templates
+        .as_deref()
+        .and_then(|t| t.card(&d.item_id, evidence, answer));
+    let mut lines = Vec::new();
+    match card {
+        Some(Ok(card)) => {
+            lines.push(heading("Card", theme));
+            lines.extend(card.into_iter().map(|l| Line::from(format!("  {l}"))));
+        }
+        Some(Err(e)) => {
+            lines.push(heading("Card", theme));
+            let why = for_terminal(&e.to_string());
+            lines.push(Line::from(styled(format!("  {why}"), theme.error())));
+            lines.push(heading("Evidence", theme));
+            lines.extend(safe_json_lines(&d.evidence_json, 2, inner, theme));
+        }
+        None => {
+            lines.push(heading("Evidence", theme));
+            match evidence {
+                Value::Object(_) => lines.extend(field_lines(evidence, 2, inner, marks, theme)),
+                _ => lines.extend(safe_lines(&d.evidence_json, "  ")),
+            }
+        }
+    }
+    lines.extend(chosen_lines(marks, theme));
+    lines
 }
 
 /// The item's id, confidence, model and status, then who it belongs to.
@@ -194,7 +259,7 @@ fn answer_lines<'a>(d: &ReviewDetail, inner: usize, theme: Theme) -> Vec<Line<'a
                     theme.review(),
                 )));
             } else {
-                lines.extend(safe_json_lines(&d.suggestion_json, "  "));
+                lines.extend(safe_json_lines(&d.suggestion_json, 2, inner, theme));
             }
             lines.push(heading("Rationale", theme));
             lines.extend(safe_lines(d.rationale.as_deref().unwrap_or("(none)"), "  "));
@@ -204,7 +269,7 @@ fn answer_lines<'a>(d: &ReviewDetail, inner: usize, theme: Theme) -> Vec<Line<'a
 }
 
 /// Each stage's heading with its counts, then its parsed and raw outputs.
-fn stage_lines<'a>(d: &ReviewDetail, theme: Theme) -> Vec<Line<'a>> {
+fn stage_lines<'a>(d: &ReviewDetail, inner: usize, theme: Theme) -> Vec<Line<'a>> {
     let mut lines = Vec::new();
     for s in &d.stages {
         lines.push(heading(
@@ -223,7 +288,7 @@ fn stage_lines<'a>(d: &ReviewDetail, theme: Theme) -> Vec<Line<'a>> {
         ));
         if let Some(p) = &s.parsed_output_json {
             lines.push(Line::from(styled("  parsed:", theme.dim())));
-            lines.extend(safe_json_lines(p, "    "));
+            lines.extend(safe_json_lines(p, 4, inner, theme));
         }
         if let Some(raw) = &s.raw_output {
             let finish = s.finish_reason.as_deref().unwrap_or("?");

@@ -8,12 +8,15 @@ use ratatui::widgets::Paragraph;
 use crate::app::App;
 
 mod batches;
+mod correct;
 mod detail;
 mod dialog;
 mod event;
+mod fields;
 mod help;
 
 pub(super) use batches::draw_batches;
+pub(super) use correct::draw_correction;
 pub(super) use detail::{card_lines, draw_detail};
 pub(super) use dialog::draw_dialog;
 pub(super) use event::draw_event;

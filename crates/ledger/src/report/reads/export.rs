@@ -10,8 +10,10 @@ use crate::report::{Kind, ReportError};
 // The newest result per item comes from a grouped subquery (SQLite's bare
 // columns take the values of the MAX row); it is materialised once and joined
 // through an automatic index, since llm_batch_result has no index on item_id.
-/// Each item's columns and newest review status; the newest result is
-/// joined after it, in each engine's way.
+/// Each item's columns, newest review status and, when its decision is an
+/// operator's correction (migration 0011), the fields they changed and the
+/// suggestion they replaced; the newest result is joined after it, in each
+/// engine's way.
 macro_rules! decisions_select {
     () => {
         "SELECT d.item_id, d.state, d.evidence_json, d.decided_answer_json, \
@@ -20,7 +22,14 @@ macro_rules! decisions_select {
          (SELECT rv.status FROM review_item rv WHERE rv.item_id = d.item_id \
           ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1), \
          (SELECT rv.audit FROM review_item rv WHERE rv.item_id = d.item_id \
-          ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1) \
+          ORDER BY rv.created_at DESC, rv.review_id DESC LIMIT 1), \
+         (SELECT l.corrected_fields FROM review_log l WHERE l.item_id = d.item_id \
+          AND l.corrected_answer_json IS NOT NULL AND l.undone_by_log_id IS NULL \
+          AND l.actor = d.decided_by AND l.at = d.decided_at ORDER BY l.log_id DESC LIMIT 1), \
+         (SELECT rv.llm_suggestion_json FROM review_log l \
+          JOIN review_item rv ON rv.review_id = l.review_id WHERE l.item_id = d.item_id \
+          AND l.corrected_answer_json IS NOT NULL AND l.undone_by_log_id IS NULL \
+          AND l.actor = d.decided_by AND l.at = d.decided_at ORDER BY l.log_id DESC LIMIT 1) \
          FROM decision d "
     };
 }

@@ -39,6 +39,17 @@ pub trait ReviewDecisions {
     /// undecided (a later run may take it again).
     fn reject(&self, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError>;
 
+    /// Accept the operator's own answer for one pending item instead of the
+    /// suggestion (another candidate picked, or fields edited): decided by
+    /// `review:<user>` like an accept, and logged with the answer and the
+    /// fields that differ from the suggestion. Undo takes it back.
+    fn correct(
+        &self,
+        review_id: i64,
+        answer: &serde_json::Value,
+        op: &Operator,
+    ) -> Result<Applied, ReviewError>;
+
     /// Undo this operator's newest decision not yet undone; `None` when
     /// there is none. Refused, with nothing changed, when someone else
     /// decided the item since.
@@ -64,6 +75,15 @@ impl ReviewDecisions for Ledger {
 
     fn reject(&self, ids: &[i64], op: &Operator) -> Result<Applied, ReviewError> {
         reject(self.conn(), ids, op)
+    }
+
+    fn correct(
+        &self,
+        review_id: i64,
+        answer: &serde_json::Value,
+        op: &Operator,
+    ) -> Result<Applied, ReviewError> {
+        correct(self.conn(), review_id, answer, op)
     }
 
     fn undo_last(&self, op: &Operator) -> Result<Option<Undone>, ReviewError> {
@@ -156,6 +176,58 @@ pub(crate) fn reject(
     decide(conn, ids, op, Action::Reject)
 }
 
+/// Accept `answer` for one pending item instead of its suggestion, logged
+/// as an accept with the answer and the fields it changed.
+pub(crate) fn correct(
+    conn: &Connection,
+    review_id: i64,
+    answer: &serde_json::Value,
+    op: &Operator,
+) -> Result<Applied, ReviewError> {
+    let actor = op.actor();
+    let answer_json = answer.to_string();
+    write_transaction(conn, || {
+        let now = decision_time(conn, &actor, now_ts())?;
+        let mut applied = Applied::default();
+        match decidable(conn, review_id, op, Action::Accept, now)? {
+            Ok((item, prev)) => {
+                let fields = changed_fields(&item.suggestion, answer);
+                let correction = Correction {
+                    answer: &answer_json,
+                    fields: &fields.join(","),
+                };
+                write_decision(conn, review_id, &item, &prev, &actor, Some(correction), now)?;
+                applied.done.push(review_id);
+            }
+            Err(why) => applied.skipped.push((review_id, why)),
+        }
+        Ok(applied)
+    })
+}
+
+/// The answer's fields whose value differs from the suggestion's (or that
+/// the suggestion lacks), in the answer's order, then those it dropped.
+pub fn changed_fields(suggestion: &str, answer: &serde_json::Value) -> Vec<String> {
+    let old = serde_json::from_str::<serde_json::Value>(suggestion).unwrap_or_default();
+    let (Some(old), Some(new)) = (old.as_object(), answer.as_object()) else {
+        return vec!["(answer)".to_string()];
+    };
+    let mut out: Vec<String> = new
+        .iter()
+        .filter(|(k, v)| old.get(k.as_str()) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    out.extend(old.keys().filter(|k| !new.contains_key(*k)).cloned());
+    out
+}
+
+/// An operator's own answer in place of the suggestion.
+#[derive(Clone, Copy)]
+struct Correction<'a> {
+    answer: &'a str,
+    fields: &'a str,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
     Accept,
@@ -198,7 +270,10 @@ fn decide(
                     continue;
                 }
             };
-            write_decision(conn, id, &item, &prev, &actor, action, now)?;
+            match action {
+                Action::Accept => write_decision(conn, id, &item, &prev, &actor, None, now)?,
+                Action::Reject => write_reject(conn, id, &item, &prev, &actor, now)?,
+            }
             applied.done.push(id);
         }
         Ok(applied)
@@ -280,38 +355,50 @@ fn decidable(
     Ok(Ok((item, prev)))
 }
 
-/// Write `action` on the review item (and for an accept, the decision), and
-/// log it with the decision row it replaced.
+/// Write an accept on the review item and the decision (the suggestion, or
+/// the operator's correction), and log it with the decision row it replaced.
 fn write_decision(
     conn: &Connection,
     id: i64,
     item: &ItemRow,
     prev: &DecisionState,
     actor: &str,
-    action: Action,
+    correction: Option<Correction<'_>>,
     now: f64,
 ) -> Result<(), ReviewError> {
-    if action == Action::Accept {
-        // Exactly what the engine writes for an auto-accept, with the
-        // operator as the decider (an audit item's auto-accept, confirmed,
-        // is the operator's decision now).
-        conn.prepare_cached(
-            "UPDATE decision SET state = 'decided', decided_answer_json = ?2, decided_by = ?3,
-                 decided_at = ?4, confidence = ?5, model_id = ?6, adjudication_id = ?7, updated_at = ?4
-             WHERE item_id = ?1 AND (state = 'indeterminate' OR (?8 = 1 AND decided_by = ?9))",
-        )?
-        .execute(params![
-            item.item_id,
-            item.suggestion,
-            actor,
-            now,
-            item.confidence,
-            item.model_id,
-            item.request_id.map(|r| r.to_string()),
-            i64::from(item.audit),
-            rows::AUTO_ACCEPT
-        ])?;
-    } else if item.audit && prev.auto_accepted() {
+    // Exactly what the engine writes for an auto-accept, with the operator
+    // as the decider (and their answer, when they corrected it). An audit
+    // item's auto-accept, confirmed, is the operator's decision now.
+    let answer = correction.map_or(item.suggestion.as_str(), |c| c.answer);
+    conn.prepare_cached(
+        "UPDATE decision SET state = 'decided', decided_answer_json = ?2, decided_by = ?3,
+             decided_at = ?4, confidence = ?5, model_id = ?6, adjudication_id = ?7, updated_at = ?4
+         WHERE item_id = ?1 AND (state = 'indeterminate' OR (?8 = 1 AND decided_by = ?9))",
+    )?
+    .execute(params![
+        item.item_id,
+        answer,
+        actor,
+        now,
+        item.confidence,
+        item.model_id,
+        item.request_id.map(|r| r.to_string()),
+        i64::from(item.audit),
+        rows::AUTO_ACCEPT
+    ])?;
+    close_and_log(conn, id, item, prev, actor, Action::Accept, correction, now)
+}
+
+/// Write a reject on the review item, and log it.
+fn write_reject(
+    conn: &Connection,
+    id: i64,
+    item: &ItemRow,
+    prev: &DecisionState,
+    actor: &str,
+    now: f64,
+) -> Result<(), ReviewError> {
+    if item.audit && prev.auto_accepted() {
         // An audit item's auto-accept rejected: the item is undecided
         // again, as if it had gone to review (a later run asks again).
         conn.prepare_cached(
@@ -322,6 +409,22 @@ fn write_decision(
         )?
         .execute(params![item.item_id, now, rows::AUTO_ACCEPT])?;
     }
+    close_and_log(conn, id, item, prev, actor, Action::Reject, None, now)
+}
+
+/// The review item closed as `action` left it, and the log row (with the
+/// decision row it replaced, and a correction's answer and fields).
+#[allow(clippy::too_many_arguments)]
+fn close_and_log(
+    conn: &Connection,
+    id: i64,
+    item: &ItemRow,
+    prev: &DecisionState,
+    actor: &str,
+    action: Action,
+    correction: Option<Correction<'_>>,
+    now: f64,
+) -> Result<(), ReviewError> {
     conn.prepare_cached(
         "UPDATE review_item SET status = ?2, decided_by = ?3, decided_at = ?4,
                      claimed_by = NULL, claim_expires_at = NULL
@@ -329,8 +432,9 @@ fn write_decision(
     )?
     .execute(params![id, action.status(), actor, now])?;
     conn.prepare_cached(
-        "INSERT INTO review_log (review_id, item_id, action, actor, at, prev_decision_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO review_log (review_id, item_id, action, actor, at, prev_decision_json,
+                 corrected_answer_json, corrected_fields)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         id,
@@ -338,7 +442,9 @@ fn write_decision(
         action.log_name(),
         actor,
         now,
-        prev.to_json()
+        prev.to_json(),
+        correction.map(|c| c.answer),
+        correction.map(|c| c.fields)
     ])?;
     Ok(())
 }
