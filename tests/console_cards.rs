@@ -58,6 +58,7 @@ fn row() -> ReviewRow {
         rationale: Some("the remaster".into()),
         model_id: Some("mock-1".into()),
         claimed_by: None,
+        audit: false,
         evidence: evidence().to_string(),
     }
 }
