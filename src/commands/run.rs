@@ -94,6 +94,7 @@ pub(super) async fn batch_adjudicate_then<'a>(
         auto_accept_threshold: args.auto_accept_threshold,
         review_threshold: args.review_threshold,
         max_cost: args.max_cost,
+        completion_mode: args.completion_mode,
         base_url_override: None,
         grace: Some(Duration::from_secs_f64(args.grace)),
         rerun_stage: args.rerun_stage.clone(),

@@ -27,6 +27,9 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             spans.push(styled(truncate(&v.row.session_id, 40), theme.title(true)));
             spans.push(Span::raw("  "));
             spans.push(styled(state_word(v.shown), state_style(v.shown, theme)));
+            if let Some(mode) = completion_mode(&v.row.config_snapshot_json) {
+                spans.push(styled(format!(" · {mode}"), theme.dim()));
+            }
             if v.shown == ShownState::Interrupted {
                 spans.push(styled(" · no engine; resumable", theme.dim()));
             }
@@ -45,6 +48,14 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         theme.dim(),
     ));
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// The session's completion mode when it is not the default (`exact`), from
+/// its config snapshot: `best_effort` or `throughput`.
+fn completion_mode(snapshot_json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(snapshot_json).ok()?;
+    let mode = v.pointer("/flags/completion_mode")?.as_str()?;
+    (mode != "exact").then(|| truncate(mode, 16))
 }
 
 /// A session's state as its glyph and word (the one vocabulary of
