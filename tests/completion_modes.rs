@@ -167,3 +167,41 @@ async fn best_effort_ends_lines_never_run_past_their_budget_as_errors() {
     assert!(m.stats().batches_expired >= 2, "{:?}", m.stats());
     shown_mode(&ws, &sid, "best_effort");
 }
+
+/// Chat requests that reached the mock synchronously.
+fn sync_chat_calls(m: &docket::mock::MockServer) -> usize {
+    m.log()
+        .iter()
+        .filter(|e| e.route.contains("chat/completions"))
+        .count()
+}
+
+/// `auto` with fewer requests than `min_batch_size`: `exact` sends them
+/// synchronously, `throughput` puts them in a provider batch (half price).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_batches_a_cut_smaller_than_min_batch_size() {
+    for (mode, batched) in [("exact", false), ("throughput", true)] {
+        let m = mock(|_| {}).await;
+        let ws = workspace(Wire::OpenAi, &m, ITEMS);
+        let path = ws.ws.path().join("docket.toml");
+        let toml = std::fs::read_to_string(&path).unwrap().replacen(
+            "mode = \"batch\"",
+            "mode = \"auto\"\nmin_batch_size = 100",
+            1,
+        );
+        std::fs::write(&path, toml).unwrap();
+        let (code, out) = BatchWs::finish(ws.spawn_with(&["--completion-mode", mode])).await;
+        assert_eq!(code, Some(0), "{mode}: {out}");
+        let sid = ws.session();
+        check_complete(&ws.conn(), &sid);
+        let st = m.stats();
+        if batched {
+            assert!(st.batches_created >= 1, "{mode}: {st:?}");
+            assert_eq!(sync_chat_calls(&m), 0, "{mode}");
+        } else {
+            assert_eq!(st.batches_created, 0, "{mode}: {st:?}");
+            assert_eq!(sync_chat_calls(&m), ITEMS, "{mode}");
+        }
+        shown_mode(&ws, &sid, mode);
+    }
+}
