@@ -132,3 +132,24 @@ pub(super) fn draw_outcomes(frame: &mut Frame, area: Rect, app: &App, theme: The
     ];
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::completion_mode;
+
+    #[test]
+    fn the_header_names_a_completion_mode_other_than_exact() {
+        let snap = |mode: &str| format!(r#"{{"flags":{{"completion_mode":"{mode}"}}}}"#);
+        assert_eq!(completion_mode(&snap("exact")), None);
+        assert_eq!(
+            completion_mode(&snap("best_effort")).as_deref(),
+            Some("best_effort")
+        );
+        assert_eq!(
+            completion_mode(&snap("throughput")).as_deref(),
+            Some("throughput")
+        );
+        // A session from before the mode was recorded.
+        assert_eq!(completion_mode(r#"{"flags":{}}"#), None);
+    }
+}
