@@ -459,6 +459,13 @@ pub struct RunArgs {
     /// A hard budget in USD: dispatch pauses (resumable) before the spend could pass it.
     #[arg(long, value_name = "USD")]
     pub max_cost: Option<f64>,
+    /// When the session is finished: exact (every item, a batch line the
+    /// provider never ran goes again until it runs), best_effort (such a
+    /// line spends a transport attempt; past them the item ends in error),
+    /// throughput (as exact; an `auto` stage batches even small cuts).
+    /// Overrides `[job] completion_mode`.
+    #[arg(long, value_name = "MODE")]
+    pub completion_mode: Option<docket::config::CompletionMode>,
     /// Seconds in-flight requests may take to finish after Ctrl-C.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub grace: f64,

@@ -81,26 +81,7 @@ pub(super) async fn batch_adjudicate_then<'a>(
     if !(args.grace.is_finite() && args.grace >= 0.0) {
         return fail("--grace: must be a non-negative number of seconds");
     }
-    let mut opts = RunOptions {
-        workspace: ws.to_path_buf(),
-        limit: args.limit,
-        min_confidence: args.min_confidence,
-        rate_limit: args.rate_limit,
-        dry_run: args.dry_run,
-        resume: args.resume.clone(),
-        force: args.force,
-        // `--skip-reviewed` is the default; only `--rereview-pending` changes it.
-        rereview_pending: args.rereview_pending,
-        auto_accept_threshold: args.auto_accept_threshold,
-        review_threshold: args.review_threshold,
-        max_cost: args.max_cost,
-        base_url_override: None,
-        grace: Some(Duration::from_secs_f64(args.grace)),
-        rerun_stage: args.rerun_stage.clone(),
-        join: false,
-        preflight: !args.no_preflight,
-        mock: Some(docket::local_mock::starter()),
-    };
+    let mut opts = run_options(ws, &args);
     let json = args.format == SummaryFormat::Json;
     if let Some(id) = &args.resume
         && let Err(e) = same_config_as_the_session(&mut opts, id, args.accept_changes, json)
@@ -151,6 +132,31 @@ pub(super) async fn batch_adjudicate_then<'a>(
     };
     let result = engine::run(opts, Arc::new(reporter), confirm_then_listen, interrupts).await;
     say_the_end(result, planned, after)
+}
+
+/// The engine's options for `batch-adjudicate`'s flags.
+fn run_options(ws: &Path, args: &RunArgs) -> RunOptions {
+    RunOptions {
+        workspace: ws.to_path_buf(),
+        limit: args.limit,
+        min_confidence: args.min_confidence,
+        rate_limit: args.rate_limit,
+        dry_run: args.dry_run,
+        resume: args.resume.clone(),
+        force: args.force,
+        // `--skip-reviewed` is the default; only `--rereview-pending` changes it.
+        rereview_pending: args.rereview_pending,
+        auto_accept_threshold: args.auto_accept_threshold,
+        review_threshold: args.review_threshold,
+        max_cost: args.max_cost,
+        completion_mode: args.completion_mode,
+        base_url_override: None,
+        grace: Some(Duration::from_secs_f64(args.grace)),
+        rerun_stage: args.rerun_stage.clone(),
+        join: false,
+        preflight: !args.no_preflight,
+        mock: Some(docket::local_mock::starter()),
+    }
 }
 
 /// The run's exit code; with `--format json` (`planned` is where a dry run

@@ -168,6 +168,7 @@ pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         cancel_remote: false,
         headless: args.headless,
         max_cost: None,
+        completion_mode: None,
         grace: 5.0,
         rerun_stage: None,
         requests: Default::default(),

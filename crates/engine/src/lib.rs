@@ -150,6 +150,8 @@ pub struct RunOptions {
     pub auto_accept_threshold: Option<f64>,
     pub review_threshold: Option<f64>,
     pub max_cost: Option<f64>,
+    /// `--completion-mode`: overrides `[job] completion_mode`.
+    pub completion_mode: Option<docket_model::config::CompletionMode>,
     /// Point the provider at this base URL instead of the config's.
     pub base_url_override: Option<String>,
     /// How long in-flight requests may finish after a stop.
@@ -184,6 +186,8 @@ pub struct Prepared {
     /// `[routing] flag_injection`: evidence that reads like a prompt
     /// injection sends its item to review.
     pub flag_injection: bool,
+    /// When the session is finished (the flag, else `[job]`).
+    pub completion_mode: docket_model::config::CompletionMode,
     /// `--rerun-stage`: this stage and the later ones get new requests.
     pub rerun_from: Option<usize>,
     /// Per stage, what its template sees besides the item while an item's

@@ -72,6 +72,9 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
         thresholds,
         critic: stages::critic_routing(&config),
         flag_injection: config.config.routing.flag_injection,
+        completion_mode: opts
+            .completion_mode
+            .unwrap_or(config.config.job.completion_mode),
         stages,
         answer,
         rerun_from,

@@ -143,6 +143,11 @@ pub(crate) fn keep_session_flags(opts: &mut RunOptions, id: &str) {
     opts.review_threshold = opts.review_threshold.or(flag("review_threshold"));
     opts.min_confidence = opts.min_confidence.or(flag("min_confidence"));
     opts.rate_limit = opts.rate_limit.or(flag("rate_limit").map(|r| r as u64));
+    opts.completion_mode = opts.completion_mode.or_else(|| {
+        snap.pointer("/flags/completion_mode")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|m| m.parse().ok())
+    });
 }
 
 /// The stages as a rerun records them.

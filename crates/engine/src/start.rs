@@ -178,6 +178,7 @@ fn session_snapshot(prepared: &Prepared, opts: &RunOptions) -> String {
             "rereview_pending": opts.rereview_pending, "force": opts.force,
             "auto_accept_threshold": prepared.thresholds.auto_accept,
             "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
+            "completion_mode": prepared.completion_mode.as_str(),
         },
         "template_hash": prepared.first().template.hash,
         "params_hash": prepared.first().params_hash,

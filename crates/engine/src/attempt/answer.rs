@@ -13,21 +13,30 @@ use docket_providers::limiter::Reservation;
 use docket_providers::{ChatAnswer, FinishReason};
 
 /// A batch line that never ran: not billed. It goes again (a new batch, or
-/// synchronously) unless the run is stopping or its sends are used up.
+/// synchronously) unless the run is stopping or, under `best_effort`, its
+/// sends are used up.
 pub(super) async fn on_not_run(
     ctx: &Ctx,
     job: &mut Job<'_>,
     base: AttemptRecord,
     why: String,
 ) -> Next {
-    job.transport_failures += 1;
+    // Never run is the provider's doing, not the request's: `exact` (and
+    // `throughput`) send it again until it runs, spending none of its
+    // budget; `best_effort` counts it, so the session can finish.
+    let counted = ctx.p.completion_mode.not_run_spends_budget();
+    if counted {
+        job.transport_failures += 1;
+    }
     let stopping = ctx.soft_stop.is_cancelled();
-    let exhausted = job.transport_failures >= job.stage.max_transport_attempts;
+    let exhausted = counted && job.transport_failures >= job.stage.max_transport_attempts;
     let rec = AttemptRecord {
         state: "failed",
         error_kind: Some("not_run".into()),
         error_message: Some(why.clone()),
-        transport_failure: true,
+        // Kept as a transport retry only when it counts, so a resume
+        // starts from the same budget.
+        transport_failure: counted,
         will_retry: !stopping && !exhausted,
         ..base
     };

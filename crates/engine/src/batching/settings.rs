@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use docket_model::config::BatchMode;
+use docket_model::config::{BatchMode, CompletionMode};
 use docket_providers::batch::BatchProvider;
 
 /// The triggers and bounds of a stage's batching.
@@ -28,8 +28,14 @@ pub(crate) struct Settings {
 }
 
 /// The batch settings of a stage for its provider's limits; `None` when
-/// batching is off and no batch of the session is open.
-pub(crate) fn settings_for(p: &crate::stages::Stage, adapter: &dyn BatchProvider) -> Settings {
+/// batching is off and no batch of the session is open. Under the
+/// `throughput` completion mode an `auto` stage batches every cut, however
+/// small (half price before latency): a `min_batch_size` of 0.
+pub(crate) fn settings_for(
+    p: &crate::stages::Stage,
+    adapter: &dyn BatchProvider,
+    completion: CompletionMode,
+) -> Settings {
     let b = &p.batch;
     let limits = adapter.limits();
     let max_requests = b
@@ -55,7 +61,10 @@ pub(crate) fn settings_for(p: &crate::stages::Stage, adapter: &dyn BatchProvider
         );
     Settings {
         mode: b.mode,
-        min_batch_size: (*b.min_batch_size.get_ref()).min(usize::MAX as u64) as usize,
+        min_batch_size: match completion {
+            CompletionMode::Throughput => 0,
+            _ => (*b.min_batch_size.get_ref()).min(usize::MAX as u64) as usize,
+        },
         max_requests,
         max_bytes,
         max_wait: Duration::from_secs_f64(*b.max_wait_secs.get_ref()),

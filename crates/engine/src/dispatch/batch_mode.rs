@@ -80,7 +80,7 @@ async fn start_batching(
     if mode == BatchMode::Sync && open == 0 {
         return Ok(());
     }
-    let settings = batching::settings_for(p, &*adapter);
+    let settings = batching::settings_for(p, &*adapter, ctx.p.completion_mode);
     let weak = Arc::downgrade(ctx);
     let b = Batcher::new(
         settings,

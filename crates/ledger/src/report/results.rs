@@ -108,6 +108,9 @@ pub struct SessionHead {
     pub estimated_cost_usd: f64,
     pub max_cost_usd: Option<f64>,
     pub stop_reason: Option<String>,
+    /// The session's completion mode (`exact`, `best_effort`, `throughput`);
+    /// None for a session from before it was recorded.
+    pub completion_mode: Option<String>,
     /// The state every view shows (`store::shown_state_of`).
     pub shown: crate::watch::ShownState,
 }
@@ -277,6 +280,9 @@ fn write_head(h: &SessionHead, out: &mut dyn Write) -> io::Result<()> {
         "  Cost:       ${:.4} (estimate ${:.4}{cap})",
         h.cost_usd, h.estimated_cost_usd
     )?;
+    if let Some(mode) = &h.completion_mode {
+        writeln!(out, "  Completion: {}", clip(mode, 20))?;
+    }
     if let Some(reason) = h.stop_reason.as_deref().filter(|r| !r.trim().is_empty()) {
         writeln!(out, "  Stopped:    {}", clip(reason, 100))?;
     }

@@ -32,6 +32,7 @@ pub const SESSION_COLUMNS: &[&str] = &[
     "estimated_cost_usd",
     "stop_reason",
     "resumable",
+    "completion_mode",
 ];
 
 const SESSION_KINDS: &[Kind] = &[
@@ -55,6 +56,7 @@ const SESSION_KINDS: &[Kind] = &[
     Kind::Float,
     Kind::Text,
     Kind::Bool,
+    Kind::Text,
 ];
 
 const _: () = assert!(SESSION_COLUMNS.len() == SESSION_KINDS.len());
@@ -73,6 +75,7 @@ const TABLE_HEADER: &[&str] = &[
     "429s",
     "ambiguous",
     "cost_usd",
+    "completion",
     "resumable",
 ];
 
@@ -123,14 +126,15 @@ fn write_table(ledger: &dyn Reports, cutoff: f64, out: &mut dyn Write) -> Result
     Ok(())
 }
 
-/// Text columns (session, state, started, resumable) align left, numbers right.
+/// Text columns (session, state, started, completion, resumable) align left,
+/// numbers right.
 fn write_line(out: &mut dyn Write, cells: &[String], widths: &[usize]) -> io::Result<()> {
     let last = cells.len().saturating_sub(1);
     for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
         if i > 0 {
             out.write_all(b"  ")?;
         }
-        let left = matches!(i, 0..=2) || i == last;
+        let left = matches!(i, 0..=2) || i + 1 >= last;
         if left && i == last {
             write!(out, "{cell}")?;
         } else if left {
@@ -177,6 +181,10 @@ fn table_row(c: &[Cell]) -> Vec<String> {
         int(12),
         int(13),
         cost,
+        c.get(20)
+            .and_then(Cell::as_str)
+            .map(strip_controls)
+            .unwrap_or_else(|| "-".into()),
         resumable.to_string(),
     ]
 }

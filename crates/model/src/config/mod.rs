@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
+mod completion;
 mod defaults;
 mod diff;
 pub mod edit;
@@ -23,6 +24,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+pub use completion::{COMPLETION_MODES, CompletionMode, UnknownCompletionMode};
 pub use diff::ConfigChange;
 pub use types::*;
 

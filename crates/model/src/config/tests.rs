@@ -489,3 +489,20 @@ fn audit_shares_default_to_none_and_are_checked() {
         "{e}"
     );
 }
+
+#[test]
+fn completion_mode_defaults_to_exact_and_names_the_allowed_values() {
+    let c = parse(BASE).unwrap();
+    assert_eq!(c.config.job.completion_mode, CompletionMode::Exact);
+    let c = parse(&format!("[job]\ncompletion_mode = \"best_effort\"\n{BASE}")).unwrap();
+    assert_eq!(c.config.job.completion_mode, CompletionMode::BestEffort);
+    let e = parse(&format!("[job]\ncompletion_mode = \"fast\"\n{BASE}"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.starts_with("ws/docket.toml:2"), "{e}");
+    assert!(e.contains("completion_mode"), "{e}");
+    for name in COMPLETION_MODES {
+        assert!(e.contains(name), "{e}");
+    }
+}

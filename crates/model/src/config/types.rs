@@ -38,6 +38,10 @@ pub struct JobConfig {
     /// Which item field names the item in a prompt or a report (informational).
     #[serde(default)]
     pub description: Option<String>,
+    /// When a session is finished: `exact` (default), `best_effort` or
+    /// `throughput` (see `CompletionMode`).
+    #[serde(default)]
+    pub completion_mode: super::CompletionMode,
 }
 
 impl Default for JobConfig {
@@ -46,6 +50,7 @@ impl Default for JobConfig {
             name: default_job_name(),
             enabled: true,
             description: None,
+            completion_mode: super::CompletionMode::default(),
         }
     }
 }

@@ -169,11 +169,17 @@ impl BatchWs {
 
     /// `docket batch-adjudicate --yes --headless`, started.
     pub fn spawn(&self) -> Proc {
+        self.spawn_with(&[])
+    }
+
+    /// `docket batch-adjudicate --yes --headless` with `more` flags, started.
+    pub fn spawn_with(&self, more: &[&str]) -> Proc {
         let mut c = Command::new(bin());
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c.arg("--workspace")
             .arg(self.ws.path())
             .args(["batch-adjudicate", "--yes", "--headless"])
+            .args(more)
             .env("HOME", self.home.path())
             .env("XDG_DATA_HOME", self.home.path().join("data"))
             .env("XDG_STATE_HOME", self.home.path().join("state"))

@@ -27,6 +27,9 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             spans.push(styled(truncate(&v.row.session_id, 40), theme.title(true)));
             spans.push(Span::raw("  "));
             spans.push(styled(state_word(v.shown), state_style(v.shown, theme)));
+            if let Some(mode) = completion_mode(&v.row.config_snapshot_json) {
+                spans.push(styled(format!(" · {mode}"), theme.dim()));
+            }
             if v.shown == ShownState::Interrupted {
                 spans.push(styled(" · no engine; resumable", theme.dim()));
             }
@@ -45,6 +48,14 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
         theme.dim(),
     ));
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// The session's completion mode when it is not the default (`exact`), from
+/// its config snapshot: `best_effort` or `throughput`.
+fn completion_mode(snapshot_json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(snapshot_json).ok()?;
+    let mode = v.pointer("/flags/completion_mode")?.as_str()?;
+    (mode != "exact").then(|| truncate(mode, 16))
 }
 
 /// A session's state as its glyph and word (the one vocabulary of
@@ -120,4 +131,25 @@ pub(super) fn draw_outcomes(frame: &mut Frame, area: Rect, app: &App, theme: The
         row("!", "errors", r.error_count, theme.error()),
     ];
     frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::completion_mode;
+
+    #[test]
+    fn the_header_names_a_completion_mode_other_than_exact() {
+        let snap = |mode: &str| format!(r#"{{"flags":{{"completion_mode":"{mode}"}}}}"#);
+        assert_eq!(completion_mode(&snap("exact")), None);
+        assert_eq!(
+            completion_mode(&snap("best_effort")).as_deref(),
+            Some("best_effort")
+        );
+        assert_eq!(
+            completion_mode(&snap("throughput")).as_deref(),
+            Some("throughput")
+        );
+        // A session from before the mode was recorded.
+        assert_eq!(completion_mode(r#"{"flags":{}}"#), None);
+    }
 }

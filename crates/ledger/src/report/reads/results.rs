@@ -26,14 +26,15 @@ pub(super) fn session_head(
         "SELECT session_id, state, desired_state, started_at, completed_at, total_count, \
          processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
          retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, \
-         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason, stop_after_stage, heartbeat_at \
-         FROM llm_batch_session WHERE session_id = ?1",
+         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason, stop_after_stage, heartbeat_at, \
+         config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
         |r| {
             let state: String = r.get(1)?;
             let desired_state: String = r.get(2)?;
             let stop_after_stage = r.get::<_, Option<String>>(20)?.is_some();
             let heartbeat_at: Option<f64> = r.get(21)?;
+            let snapshot: Option<String> = r.get(22)?;
             Ok(SessionHead {
                 session_id: r.get(0)?,
                 shown: shown_state_of(&state, &desired_state, stop_after_stage, heartbeat_at, now),
@@ -56,10 +57,20 @@ pub(super) fn session_head(
                 estimated_cost_usd: r.get(17)?,
                 max_cost_usd: r.get(18)?,
                 stop_reason: r.get(19)?,
+                completion_mode: snapshot.as_deref().and_then(completion_mode_of),
             })
         },
     )
     .optional()
+}
+
+/// The completion mode a session's snapshot records (`flags.completion_mode`);
+/// None for a session from before it was recorded.
+pub(crate) fn completion_mode_of(snapshot_json: &str) -> Option<String> {
+    let snap: serde_json::Value = serde_json::from_str(snapshot_json).ok()?;
+    snap.pointer("/flags/completion_mode")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// The longest item id and model id among the session's results, in

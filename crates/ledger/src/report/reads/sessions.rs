@@ -7,8 +7,10 @@ use super::rows::read_cells;
 use crate::report::{Cell, Kind, ReportError};
 use crate::store::shown_state_of;
 
-/// The columns of `report::SESSION_COLUMNS`, in order, then what the state
-/// shown is derived from (`stop_after_stage`, `heartbeat_at`). `?1` is the
+/// The columns of `report::SESSION_COLUMNS` read as they are, in order,
+/// then what the state shown is derived from (`stop_after_stage`,
+/// `heartbeat_at`) and the snapshot the last column (`completion_mode`) is
+/// read from. `?1` is the
 /// oldest start time that is still resumable.
 const SESSIONS_SQL: &str = "SELECT session_id, state, \
      desired_state, started_at, completed_at, \
@@ -16,7 +18,7 @@ const SESSIONS_SQL: &str = "SELECT session_id, state, \
      retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, cost_usd, \
      estimated_cost_usd, stop_reason, \
      (state IN ('running', 'paused', 'cancelled', 'error') AND started_at >= ?1), \
-     stop_after_stage, heartbeat_at \
+     stop_after_stage, heartbeat_at, config_snapshot_json \
      FROM llm_batch_session ORDER BY started_at DESC, session_id DESC";
 
 /// Where the state and the wish sit among the report's columns.
@@ -25,6 +27,7 @@ const DESIRED: usize = 2;
 /// Where the facts after the report's columns sit.
 const STOP_AFTER_STAGE: usize = 20;
 const HEARTBEAT_AT: usize = 21;
+const SNAPSHOT: usize = 22;
 
 /// Every session as `kinds` (the report's columns), its `state` the word
 /// every view shows (`store::shown_state_of` at `now`: a session whose
@@ -38,6 +41,7 @@ pub(super) fn for_each_session(
 ) -> Result<u64, ReportError> {
     let mut stmt = conn.prepare(SESSIONS_SQL)?;
     let mut rows = stmt.query_large(params![resumable_since])?;
+    let wants_mode = kinds.len() > STOP_AFTER_STAGE;
     let kinds = &kinds[..kinds.len().min(STOP_AFTER_STAGE)];
     let mut cells: Vec<Cell> = Vec::with_capacity(kinds.len());
     let mut count = 0u64;
@@ -50,6 +54,15 @@ pub(super) fn for_each_session(
             let desired = cells[DESIRED].as_str().unwrap_or("");
             let shown = shown_state_of(&stored, desired, stop_after_stage, heartbeat_at, now);
             cells[STATE] = Cell::Text(shown.word().to_string());
+        }
+        if wants_mode {
+            let snapshot = row.get::<_, Option<String>>(SNAPSHOT)?;
+            cells.push(
+                snapshot
+                    .as_deref()
+                    .and_then(super::results::completion_mode_of)
+                    .map_or(Cell::Null, Cell::Text),
+            );
         }
         each(&cells)?;
         count += 1;
