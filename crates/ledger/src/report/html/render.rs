@@ -170,6 +170,9 @@ fn head_numbers(out: &mut String, g: &Gathered) {
     if let Some(cap) = h.max_cost_usd {
         row(out, "Cost cap", money("head.max_cost_usd", cap));
     }
+    if let Some(mode) = &h.completion_mode {
+        row(out, "Completion mode", format!("<td>{}</td>", esc(mode)));
+    }
     if let Some(reason) = h.stop_reason.as_deref().filter(|r| !r.trim().is_empty()) {
         row(out, "Stopped", format!("<td>{}</td>", esc(reason)));
     }
@@ -319,6 +322,7 @@ mod tests {
                 max_cost_usd: Some(1.0),
                 stop_reason: None,
                 shown: ShownState::Running,
+                completion_mode: None,
             },
             job: String::new(),
             thresholds: (Some(0.6), Some(0.85)),
