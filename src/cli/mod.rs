@@ -6,9 +6,11 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod about;
 mod examples;
+mod profile;
 mod requests;
 mod values;
 
+pub use profile::{ProfileAction, ProfileSetArgs};
 pub use requests::{RequestsArgs, RequestsMode};
 pub use values::*;
 
@@ -251,6 +253,13 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
         format: SummaryFormat,
     },
+    /// Named rate-limit profiles kept in the ledger: `list`, `show NAME`,
+    /// `set NAME --provider P ...` (each set is a new version). A run takes
+    /// one with `batch-adjudicate --profile NAME`.
+    Profile {
+        #[command(subcommand)]
+        action: ProfileAction,
+    },
     /// The workspace's ledger itself: `copy` moves it between the SQLite
     /// file and a PostgreSQL database.
     Ledger {
@@ -385,6 +394,12 @@ pub struct RunArgs {
     /// Max requests per minute (overrides the provider's requests_per_minute).
     #[arg(long, value_name = "N")]
     pub rate_limit: Option<u64>,
+    /// Run with a named rate-limit profile (`docket profile list`): its
+    /// newest version's limits override its provider's section for this
+    /// run (--rate-limit still wins over its rpm). The session records the
+    /// profile and version; a resume keeps that version.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
     /// Show what would be done (counts, estimate, first prompt); send
     /// nothing. Needs no API key: a missing one is said as a warning.
     #[arg(long)]

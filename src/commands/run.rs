@@ -94,12 +94,12 @@ pub(super) async fn batch_adjudicate_then<'a>(
         auto_accept_threshold: args.auto_accept_threshold,
         review_threshold: args.review_threshold,
         max_cost: args.max_cost,
-        base_url_override: None,
         grace: Some(Duration::from_secs_f64(args.grace)),
         rerun_stage: args.rerun_stage.clone(),
-        join: false,
         preflight: !args.no_preflight,
         mock: Some(docket::local_mock::starter()),
+        profile: args.profile.clone(),
+        ..RunOptions::default()
     };
     let json = args.format == SummaryFormat::Json;
     if let Some(id) = &args.resume

@@ -143,6 +143,13 @@ pub(crate) fn keep_session_flags(opts: &mut RunOptions, id: &str) {
     opts.review_threshold = opts.review_threshold.or(flag("review_threshold"));
     opts.min_confidence = opts.min_confidence.or(flag("min_confidence"));
     opts.rate_limit = opts.rate_limit.or(flag("rate_limit").map(|r| r as u64));
+    // And with the rate-limit profile it started with (the version it
+    // recorded: `profile::resolve`).
+    if opts.profile.is_none()
+        && let Ok(Some((name, _))) = docket_ledger::profiles::Profiles::session_profile(&ledger, id)
+    {
+        opts.profile = Some(name);
+    }
 }
 
 /// The stages as a rerun records them.

@@ -18,6 +18,9 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("migrations/0007_search_catch_up.sql")),
     (8, include_str!("migrations/0008_superseded_reviews.sql")),
     (9, include_str!("migrations/0009_batch_progress.sql")),
+    // 10 and 11 are other changes' numbers, landing in parallel: a
+    // version is applied when it is above the ledger's, in this order.
+    (12, include_str!("migrations/0012_rate_limit_profiles.sql")),
 ];
 
 pub fn migrate(conn: &Connection, path: &Path) -> Result<(), LedgerError> {

@@ -22,6 +22,7 @@ pub mod injection;
 pub mod live;
 pub mod mock_config;
 pub mod operator;
+pub mod profile;
 pub mod routing;
 pub mod sanitize;
 pub mod session_state;

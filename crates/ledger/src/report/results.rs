@@ -104,6 +104,8 @@ pub struct SessionHead {
     pub estimated_cost_usd: f64,
     pub max_cost_usd: Option<f64>,
     pub stop_reason: Option<String>,
+    /// The rate-limit profile the session ran with, as `name@version`.
+    pub profile: Option<String>,
     /// The state every view shows (`store::shown_state_of`).
     pub shown: crate::watch::ShownState,
 }
@@ -273,6 +275,15 @@ fn write_head(h: &SessionHead, out: &mut dyn Write) -> io::Result<()> {
         "  Cost:       ${:.4} (estimate ${:.4}{cap})",
         h.cost_usd, h.estimated_cost_usd
     )?;
+    write_tail(h, out)
+}
+
+/// The head's optional lines: the rate-limit profile, why it stopped.
+fn write_tail(h: &SessionHead, out: &mut dyn Write) -> io::Result<()> {
+    if let Some(profile) = &h.profile {
+        let profile = strip_controls(profile);
+        writeln!(out, "  Profile:    {profile} (rate limits)")?;
+    }
     if let Some(reason) = h.stop_reason.as_deref().filter(|r| !r.trim().is_empty()) {
         writeln!(out, "  Stopped:    {}", clip(reason, 100))?;
     }

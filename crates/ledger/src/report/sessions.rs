@@ -32,6 +32,7 @@ pub const SESSION_COLUMNS: &[&str] = &[
     "estimated_cost_usd",
     "stop_reason",
     "resumable",
+    "profile",
 ];
 
 const SESSION_KINDS: &[Kind] = &[
@@ -55,6 +56,7 @@ const SESSION_KINDS: &[Kind] = &[
     Kind::Float,
     Kind::Text,
     Kind::Bool,
+    Kind::Text,
 ];
 
 const _: () = assert!(SESSION_COLUMNS.len() == SESSION_KINDS.len());
@@ -74,6 +76,7 @@ const TABLE_HEADER: &[&str] = &[
     "ambiguous",
     "cost_usd",
     "resumable",
+    "profile",
 ];
 
 /// Write all sessions, newest first.
@@ -130,7 +133,8 @@ fn write_line(out: &mut dyn Write, cells: &[String], widths: &[usize]) -> io::Re
         if i > 0 {
             out.write_all(b"  ")?;
         }
-        let left = matches!(i, 0..=2) || i == last;
+        // The last two (resumable, profile) are words too.
+        let left = matches!(i, 0..=2) || i + 1 >= last;
         if left && i == last {
             write!(out, "{cell}")?;
         } else if left {
@@ -178,5 +182,8 @@ fn table_row(c: &[Cell]) -> Vec<String> {
         int(13),
         cost,
         resumable.to_string(),
+        c.get(20)
+            .and_then(Cell::as_str)
+            .map_or_else(|| "-".to_string(), strip_controls),
     ]
 }

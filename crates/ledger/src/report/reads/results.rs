@@ -24,7 +24,8 @@ pub(super) fn session_head(
         "SELECT session_id, state, desired_state, started_at, completed_at, total_count, \
          processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
          retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, \
-         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason, stop_after_stage, heartbeat_at \
+         cost_usd, estimated_cost_usd, max_cost_usd, stop_reason, stop_after_stage, heartbeat_at, \
+         profile_name, profile_version \
          FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
         |r| {
@@ -32,6 +33,8 @@ pub(super) fn session_head(
             let desired_state: String = r.get(2)?;
             let stop_after_stage = r.get::<_, Option<String>>(20)?.is_some();
             let heartbeat_at: Option<f64> = r.get(21)?;
+            let profile_name: Option<String> = r.get(22)?;
+            let profile_version: Option<i64> = r.get(23)?;
             Ok(SessionHead {
                 session_id: r.get(0)?,
                 shown: shown_state_of(&state, &desired_state, stop_after_stage, heartbeat_at, now),
@@ -54,6 +57,9 @@ pub(super) fn session_head(
                 estimated_cost_usd: r.get(17)?,
                 max_cost_usd: r.get(18)?,
                 stop_reason: r.get(19)?,
+                profile: profile_name
+                    .zip(profile_version)
+                    .map(|(n, v)| crate::profiles::label(&n, v)),
             })
         },
     )

@@ -16,6 +16,7 @@ const SESSIONS_SQL: &str = "SELECT session_id, state, \
      retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, cost_usd, \
      estimated_cost_usd, stop_reason, \
      (state IN ('running', 'paused', 'cancelled', 'error') AND started_at >= ?1), \
+     CASE WHEN profile_version IS NULL THEN NULL ELSE profile_name || '@' || profile_version END, \
      stop_after_stage, heartbeat_at \
      FROM llm_batch_session ORDER BY started_at DESC, session_id DESC";
 
@@ -23,8 +24,8 @@ const SESSIONS_SQL: &str = "SELECT session_id, state, \
 const STATE: usize = 1;
 const DESIRED: usize = 2;
 /// Where the facts after the report's columns sit.
-const STOP_AFTER_STAGE: usize = 20;
-const HEARTBEAT_AT: usize = 21;
+const STOP_AFTER_STAGE: usize = 21;
+const HEARTBEAT_AT: usize = 22;
 
 /// Every session as `kinds` (the report's columns), its `state` the word
 /// every view shows (`store::shown_state_of` at `now`: a session whose
