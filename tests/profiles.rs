@@ -347,3 +347,87 @@ fn a_run_with_a_profile_is_paced_by_it_and_records_its_version() {
         .unwrap();
     assert_eq!((name.as_str(), version), ("single", 2));
 }
+
+#[test]
+fn a_resume_keeps_the_profile_version_the_session_started_with() {
+    let mock = Mock::start(&["--latency-median-ms", "150", "--latency-p99-ms", "150"]);
+    let (ws, home) = workspace(&mock, 3);
+    let set = |concurrency: &str| {
+        let o = docket(
+            &ws,
+            &home,
+            &[
+                "profile",
+                "set",
+                "p",
+                "--provider",
+                "main",
+                "--concurrency",
+                concurrency,
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    };
+    set("1");
+    // A budget too small for one request: the session is made, then pauses.
+    let paused = docket(
+        &ws,
+        &home,
+        &[
+            "batch-adjudicate",
+            "--yes",
+            "--headless",
+            "--profile",
+            "p",
+            "--max-cost",
+            "0.0000001",
+        ],
+    );
+    assert_eq!(
+        paused.status.code(),
+        Some(4),
+        "{}\n{}",
+        stdout(&paused),
+        stderr(&paused)
+    );
+    let sessions = json(&docket(&ws, &home, &["sessions", "--format", "json"]));
+    let id = sessions[0]["session_id"].as_str().unwrap().to_string();
+    assert_eq!(sessions[0]["profile"], "p@1");
+    set("16");
+    let resumed = docket(
+        &ws,
+        &home,
+        &[
+            "batch-adjudicate",
+            "--yes",
+            "--headless",
+            "--resume",
+            &id,
+            "--max-cost",
+            "10",
+        ],
+    );
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&resumed),
+        stderr(&resumed)
+    );
+    let mut at: Vec<u64> = mock
+        .log()
+        .iter()
+        .filter(|e| {
+            e["route"]
+                .as_str()
+                .is_some_and(|r| r.contains("chat/completions"))
+        })
+        .map(|e| e["at_ms"].as_u64().unwrap())
+        .collect();
+    at.sort_unstable();
+    assert_eq!(at.len(), 3, "{at:?}");
+    let closest = at.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+    assert!(closest >= 120, "version 2 (16 at once) was used: {at:?}");
+    let sessions = json(&docket(&ws, &home, &["sessions", "--format", "json"]));
+    assert_eq!(sessions[0]["profile"], "p@1", "{sessions}");
+}
