@@ -431,3 +431,58 @@ fn a_resume_keeps_the_profile_version_the_session_started_with() {
     let sessions = json(&docket(&ws, &home, &["sessions", "--format", "json"]));
     assert_eq!(sessions[0]["profile"], "p@1", "{sessions}");
 }
+
+/// The same on a PostgreSQL ledger: profiles are stored, versioned and
+/// recorded with the session there (migration 12 in PostgreSQL's dialect).
+#[test]
+fn profiles_work_on_a_postgres_ledger() {
+    let server = support::pg::PgServer::start();
+    let url = server.fresh_database();
+    let mock = Mock::start(&[]);
+    let ws = support::workspace(&Job::new(&format!("{}/v1", mock.base())));
+    let home = tempfile::tempdir().expect("home");
+    let items = ws.path().join("items/test.jsonl");
+    let mut f = std::fs::File::create(&items).unwrap();
+    docket::demo::write_chart_items(&mut f, 3, 99).unwrap();
+    let on_pg = |args: &[&str]| {
+        docket_at(ws.path(), home.path())
+            .arg("--ledger")
+            .arg(&url)
+            .args(args)
+            .output()
+            .expect("run docket")
+    };
+    let imported = on_pg(&["import", items.to_str().unwrap()]);
+    assert_eq!(imported.status.code(), Some(0), "{}", stderr(&imported));
+    for rpm in ["100", "200"] {
+        let o = on_pg(&["profile", "set", "pg", "--provider", "main", "--rpm", rpm]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let history = json(&on_pg(&["profile", "show", "pg", "--format", "json"]));
+    assert_eq!(
+        history[1]["limits"]["requests_per_minute"], 200,
+        "{history}"
+    );
+    let run = on_pg(&["batch-adjudicate", "--yes", "--headless", "--profile", "pg"]);
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&run),
+        stderr(&run)
+    );
+    assert!(
+        stdout(&run).contains("Rate limits: profile pg@2"),
+        "{}",
+        stdout(&run)
+    );
+    let sessions = json(&on_pg(&["sessions", "--format", "json"]));
+    assert_eq!(sessions[0]["profile"], "pg@2", "{sessions}");
+    let id = sessions[0]["session_id"].as_str().unwrap();
+    let results = stdout(&on_pg(&["batch-results", id]));
+    assert!(results.contains("Profile:    pg@2"), "{results}");
+    assert!(
+        !ws.ledger().exists(),
+        "a SQLite ledger was made beside the PostgreSQL one"
+    );
+}
