@@ -75,8 +75,8 @@ const TABLE_HEADER: &[&str] = &[
     "429s",
     "ambiguous",
     "cost_usd",
-    "resumable",
     "profile",
+    "resumable",
 ];
 
 /// Write all sessions, newest first.
@@ -133,7 +133,7 @@ fn write_line(out: &mut dyn Write, cells: &[String], widths: &[usize]) -> io::Re
         if i > 0 {
             out.write_all(b"  ")?;
         }
-        // The last two (resumable, profile) are words too.
+        // The last two (profile, resumable) are words too.
         let left = matches!(i, 0..=2) || i + 1 >= last;
         if left && i == last {
             write!(out, "{cell}")?;
@@ -181,9 +181,9 @@ fn table_row(c: &[Cell]) -> Vec<String> {
         int(12),
         int(13),
         cost,
-        resumable.to_string(),
         c.get(20)
             .and_then(Cell::as_str)
             .map_or_else(|| "-".to_string(), strip_controls),
+        resumable.to_string(),
     ]
 }
