@@ -68,6 +68,13 @@ fn set(ws: &Path, args: ProfileSetArgs) -> i32 {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
+    // A first profile may make the ledger, but only in a workspace.
+    if !location.exists() && !ws.join(docket::config::CONFIG_FILE).exists() {
+        return fail(format!(
+            "{}: no docket.toml and no ledger here (create a workspace with `docket init`, or pass --workspace)",
+            ws.display()
+        ));
+    }
     let actor = format!("cli:{}", docket::ledger::review::Operator::current().user);
     let saved = Ledger::open(location).and_then(|l| {
         l.set_profile(
