@@ -23,7 +23,9 @@ pub use docket_engine::{cost, gate, items, template};
 pub use docket_ledger as ledger;
 pub use docket_ledger::{control, report, review, watch};
 pub use docket_mock as mock;
-pub use docket_model::{config, failpoint, ids, injection, review_card, routing, sanitize};
+pub use docket_model::{
+    config, failpoint, ids, injection, profile, review_card, routing, sanitize,
+};
 pub use docket_providers as provider;
 pub use docket_providers::{limiter, retry};
 

@@ -40,6 +40,7 @@ pub const RUN: &str = "Examples:
   docket batch-adjudicate --yes --max-cost 5        stop (resumable) before $5 is spent
   docket batch-adjudicate --headless --limit 100    line output, 100 items
   docket batch-adjudicate --resume batch_20261126_b7rj84
+  docket batch-adjudicate --yes --profile night      the limits of rate-limit profile \"night\"
   docket run --requests batch.jsonl --provider openai     send OpenAI Batch lines as written; batch.results.jsonl
   docket run --requests batch.jsonl --provider anthropic --model claude-haiku-4-5 --mode batch";
 
@@ -92,6 +93,19 @@ pub const CANCEL: &str = "Examples:
 pub const STOP_AT_STAGE: &str = "Examples:
   docket stop-at-stage batch_20261126_b7rj84
   docket stop-at-stage batch_20261126_b7rj84 --format json";
+
+pub const PROFILE_LIST: &str = "Examples:
+  docket profile list
+  docket profile list --format json | jq '.[].name'";
+
+pub const PROFILE_SHOW: &str = "Examples:
+  docket profile show night                every version of profile night, oldest first
+  docket profile show night --format json";
+
+pub const PROFILE_SET: &str = "Examples:
+  docket profile set night --provider openai --rpm 3000 --concurrency 32
+  docket profile set gentle --provider openai --model gpt-4o-mini --rpm 60 --concurrency 1
+  docket batch-adjudicate --profile gentle --yes    run with it (the session records gentle@1)";
 
 pub const LEDGER_COPY: &str = "Examples:
   PGPASSWORD=... docket ledger copy --to postgres://docket@db.internal/charts

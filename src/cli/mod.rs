@@ -9,12 +9,14 @@ mod calibrate;
 mod console_args;
 mod examples;
 mod no_workspace;
+mod profile;
 mod requests;
 mod values;
 
 pub use calibrate::CalibrateArgs;
 pub use console_args::ConsoleArgs;
 pub use no_workspace::NoWorkspace;
+pub use profile::{ProfileAction, ProfileSetArgs};
 pub use requests::{RequestsArgs, RequestsMode};
 pub use values::*;
 
@@ -265,6 +267,13 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = SummaryFormat::Table)]
         format: SummaryFormat,
     },
+    /// Named rate-limit profiles kept in the ledger: `list`, `show NAME`,
+    /// `set NAME --provider P ...` (each set is a new version). A run takes
+    /// one with `batch-adjudicate --profile NAME`.
+    Profile {
+        #[command(subcommand)]
+        action: ProfileAction,
+    },
     /// The workspace's ledger itself: `copy` moves it between the SQLite
     /// file and a PostgreSQL database.
     Ledger {
@@ -405,6 +414,12 @@ pub struct RunArgs {
     /// Max requests per minute (overrides the provider's requests_per_minute).
     #[arg(long, value_name = "N")]
     pub rate_limit: Option<u64>,
+    /// Run with a named rate-limit profile (`docket profile list`): its
+    /// newest version's limits override its provider's section for this
+    /// run (--rate-limit still wins over its rpm). The session records the
+    /// profile and version; a resume keeps that version.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
     /// Show what would be done (counts, estimate, first prompt); send
     /// nothing. Needs no API key: a missing one is said as a warning.
     #[arg(long)]

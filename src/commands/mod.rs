@@ -17,6 +17,7 @@ mod docs;
 mod doctor;
 mod items;
 mod ledger;
+mod profile;
 mod reports;
 mod requests;
 mod run;
@@ -90,6 +91,7 @@ pub async fn run(cli: Cli) -> i32 {
         }
         Command::Cancel { session, format } => control::cancel(&ws, &session, format).await,
         Command::StopAtStage { session, format } => control::control(&ws, &session, None, format),
+        Command::Profile { action } => profile::profile(&ws, action),
         Command::Ledger {
             action: LedgerAction::Copy { to, from },
         } => tokio::task::block_in_place(|| ledger::ledger_copy(&ws, to, from)),

@@ -156,6 +156,7 @@ fn run_options(ws: &Path, args: &RunArgs) -> RunOptions {
         join: false,
         preflight: !args.no_preflight,
         mock: Some(docket::local_mock::starter()),
+        profile: args.profile.clone(),
     }
 }
 

@@ -154,6 +154,7 @@ pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
         limit: None,
         min_confidence: None,
         rate_limit: None,
+        profile: None,
         dry_run: false,
         format: SummaryFormat::Table,
         no_preflight: false,

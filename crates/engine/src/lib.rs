@@ -37,6 +37,7 @@ pub mod items;
 mod per_stage;
 mod plan;
 mod prepare;
+mod profile;
 mod reach_probe;
 mod reach_watch;
 pub mod renders;
@@ -170,6 +171,9 @@ pub struct RunOptions {
     /// (and so does the test kit); a mock job run without one stops with a
     /// usage error before anything is sent.
     pub mock: Option<Arc<dyn mock::StartMock>>,
+    /// `--profile NAME`: a named rate-limit profile from the ledger whose
+    /// limits override its provider's section for this run.
+    pub profile: Option<String>,
 }
 
 /// Everything checked and loaded before planning.
@@ -193,6 +197,8 @@ pub struct Prepared {
     /// Per stage, what its template sees besides the item while an item's
     /// prompts are checked before anything is sent (see `renders`).
     pub stand_ins: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// `--profile`: the rate-limit profile version the run's limits came from.
+    pub profile: Option<docket_model::profile::Profile>,
 }
 
 impl Prepared {

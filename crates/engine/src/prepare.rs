@@ -45,7 +45,12 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
             "--max-cost {m}: must be a non-negative amount of USD"
         )));
     }
-    let stages = stages::load_stages(&config, &cfg_path, opts)?;
+    let mut stages = stages::load_stages(&config, &cfg_path, opts)?;
+    let ledger = LedgerLocation::for_workspace(&opts.workspace).map_err(EngineError::opening)?;
+    let profile = crate::profile::resolve(opts, &ledger)?;
+    if let Some(p) = &profile {
+        crate::profile::apply(p, &mut stages, opts.rate_limit)?;
+    }
     let answer_name = config.answer_stage().name.clone();
     let answer = stages
         .iter()
@@ -68,7 +73,7 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
     let stand_ins = crate::renders::stand_ins_for(&stages);
     Ok(Prepared {
         stand_ins,
-        ledger: LedgerLocation::for_workspace(&opts.workspace).map_err(EngineError::opening)?,
+        ledger,
         thresholds,
         critic: stages::critic_routing(&config),
         flag_injection: config.config.routing.flag_injection,
@@ -79,5 +84,6 @@ pub fn prepare(opts: &RunOptions) -> Result<Prepared, EngineError> {
         answer,
         rerun_from,
         config,
+        profile,
     })
 }

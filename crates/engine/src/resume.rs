@@ -148,6 +148,13 @@ pub(crate) fn keep_session_flags(opts: &mut RunOptions, id: &str) {
             .and_then(serde_json::Value::as_str)
             .and_then(|m| m.parse().ok())
     });
+    // And with the rate-limit profile it started with (the version it
+    // recorded: `profile::resolve`).
+    if opts.profile.is_none()
+        && let Ok(Some((name, _))) = docket_ledger::profiles::Profiles::session_profile(&ledger, id)
+    {
+        opts.profile = Some(name);
+    }
 }
 
 /// The stages as a rerun records them.

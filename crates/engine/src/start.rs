@@ -7,6 +7,7 @@ use crate::{
     DryRunPlan, EngineError, Estimate, Plan, Prepared, Reporter, RunEnd, RunOptions,
     new_session_id, open_ledger, plan,
 };
+use docket_ledger::profiles::Profiles;
 use docket_ledger::store::{self};
 use docket_ledger::work::RunSessions;
 
@@ -59,26 +60,14 @@ pub(crate) fn start_session(
             "Budget: at most ${max:.4} (dispatch pauses before the spend could pass it)"
         ));
     }
+    say_profile(prepared, reporter);
     refuse_stale_answers(prepared, &plan)?;
     if !confirm(&plan.estimate) {
         reporter.line("Not started.");
         return Ok(Started::Ended(RunEnd::Declined));
     }
     let id = new_session_id();
-    let snapshot = session_snapshot(prepared, opts);
-    let new_stages = new_stages(prepared);
-    let taken = tokio::task::block_in_place(|| -> Result<usize, EngineError> {
-        let mut ledger = open_ledger(&prepared.ledger)?;
-        Ok(ledger.create_session(&store::NewSession {
-            session_id: &id,
-            config_snapshot_json: &snapshot,
-            stages: &new_stages,
-            estimated_tokens: plan.estimate.prompt_tokens + plan.estimate.expected_output_tokens,
-            estimated_cost_usd: plan.estimate.cost_usd,
-            max_cost_usd: opts.max_cost,
-            item_ids: &plan.item_ids,
-        })?)
-    })?;
+    let taken = tokio::task::block_in_place(|| create_session(prepared, opts, &plan, &id))?;
     if taken == 0 {
         reporter.line(
             "Nothing to do: every planned item was taken or decided meanwhile by another session started at the same time \
@@ -130,6 +119,44 @@ fn missing_keys(p: &Prepared) -> Vec<String> {
     out
 }
 
+/// Make the session row with its items and requests, and record the
+/// rate-limit profile it runs with; returns how many items it took.
+fn create_session(
+    prepared: &Prepared,
+    opts: &RunOptions,
+    plan: &Plan,
+    id: &str,
+) -> Result<usize, EngineError> {
+    let snapshot = session_snapshot(prepared, opts);
+    let new_stages = new_stages(prepared);
+    let mut ledger = open_ledger(&prepared.ledger)?;
+    let taken = ledger.create_session(&store::NewSession {
+        session_id: id,
+        config_snapshot_json: &snapshot,
+        stages: &new_stages,
+        estimated_tokens: plan.estimate.prompt_tokens + plan.estimate.expected_output_tokens,
+        estimated_cost_usd: plan.estimate.cost_usd,
+        max_cost_usd: opts.max_cost,
+        item_ids: &plan.item_ids,
+    })?;
+    if let Some(p) = &prepared.profile {
+        ledger.record_session_profile(id, &p.name, p.version)?;
+    }
+    Ok(taken)
+}
+
+/// `--profile`: which limits the run takes from it.
+fn say_profile(prepared: &Prepared, reporter: &dyn Reporter) {
+    if let Some(p) = &prepared.profile {
+        reporter.line(&format!(
+            "Rate limits: profile {} for provider {}: {}",
+            docket_ledger::profiles::label(&p.name, p.version),
+            p.provider,
+            p.limits.describe()
+        ));
+    }
+}
+
 /// How many items the plan left out because they await review (none when
 /// `--rereview-pending` takes them).
 fn left_awaiting_review(prepared: &Prepared, opts: &RunOptions) -> Result<u64, EngineError> {
@@ -179,6 +206,10 @@ fn session_snapshot(prepared: &Prepared, opts: &RunOptions) -> String {
             "auto_accept_threshold": prepared.thresholds.auto_accept,
             "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
             "completion_mode": prepared.completion_mode.as_str(),
+            "profile": prepared.profile.as_ref().map(|p| serde_json::json!({
+                "name": p.name, "version": p.version, "provider": p.provider,
+                "model": p.model, "limits": p.limits,
+            })),
         },
         "template_hash": prepared.first().template.hash,
         "params_hash": prepared.first().params_hash,

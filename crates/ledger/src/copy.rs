@@ -38,6 +38,7 @@ pub const TABLES: &[&str] = &[
     "review_log",
     "session_event",
     "session_worker",
+    "rate_limit_profile",
 ];
 
 /// How many rows went over, table by table (in `TABLES` order).

@@ -30,6 +30,7 @@ pub mod location;
 mod migrate;
 pub mod place;
 pub mod postgres;
+pub mod profiles;
 pub mod queue;
 pub mod report;
 pub mod rerun;

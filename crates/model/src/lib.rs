@@ -23,6 +23,7 @@ pub mod injection;
 pub mod live;
 pub mod mock_config;
 pub mod operator;
+pub mod profile;
 pub mod review_card;
 pub mod routing;
 pub mod sanitize;

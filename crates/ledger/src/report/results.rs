@@ -111,6 +111,8 @@ pub struct SessionHead {
     /// The session's completion mode (`exact`, `best_effort`, `throughput`);
     /// None for a session from before it was recorded.
     pub completion_mode: Option<String>,
+    /// The rate-limit profile the session ran with, as `name@version`.
+    pub profile: Option<String>,
     /// The state every view shows (`store::shown_state_of`).
     pub shown: crate::watch::ShownState,
 }
@@ -280,8 +282,18 @@ fn write_head(h: &SessionHead, out: &mut dyn Write) -> io::Result<()> {
         "  Cost:       ${:.4} (estimate ${:.4}{cap})",
         h.cost_usd, h.estimated_cost_usd
     )?;
+    write_tail(h, out)
+}
+
+/// The head's optional lines: the completion mode, the rate-limit profile,
+/// why it stopped.
+fn write_tail(h: &SessionHead, out: &mut dyn Write) -> io::Result<()> {
     if let Some(mode) = &h.completion_mode {
         writeln!(out, "  Completion: {}", clip(mode, 20))?;
+    }
+    if let Some(profile) = &h.profile {
+        let profile = strip_controls(profile);
+        writeln!(out, "  Profile:    {profile} (rate limits)")?;
     }
     if let Some(reason) = h.stop_reason.as_deref().filter(|r| !r.trim().is_empty()) {
         writeln!(out, "  Stopped:    {}", clip(reason, 100))?;

@@ -32,6 +32,7 @@ pub const SESSION_COLUMNS: &[&str] = &[
     "estimated_cost_usd",
     "stop_reason",
     "resumable",
+    "profile",
     "completion_mode",
 ];
 
@@ -57,6 +58,7 @@ const SESSION_KINDS: &[Kind] = &[
     Kind::Text,
     Kind::Bool,
     Kind::Text,
+    Kind::Text,
 ];
 
 const _: () = assert!(SESSION_COLUMNS.len() == SESSION_KINDS.len());
@@ -76,6 +78,7 @@ const TABLE_HEADER: &[&str] = &[
     "ambiguous",
     "cost_usd",
     "completion",
+    "profile",
     "resumable",
 ];
 
@@ -126,15 +129,16 @@ fn write_table(ledger: &dyn Reports, cutoff: f64, out: &mut dyn Write) -> Result
     Ok(())
 }
 
-/// Text columns (session, state, started, completion, resumable) align left,
-/// numbers right.
+/// Text columns (session, state, started, completion, profile, resumable)
+/// align left, numbers right.
 fn write_line(out: &mut dyn Write, cells: &[String], widths: &[usize]) -> io::Result<()> {
     let last = cells.len().saturating_sub(1);
     for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
         if i > 0 {
             out.write_all(b"  ")?;
         }
-        let left = matches!(i, 0..=2) || i + 1 >= last;
+        // The last three (completion, profile, resumable) are words too.
+        let left = matches!(i, 0..=2) || i + 2 >= last;
         if left && i == last {
             write!(out, "{cell}")?;
         } else if left {
@@ -148,6 +152,12 @@ fn write_line(out: &mut dyn Write, cells: &[String], widths: &[usize]) -> io::Re
 
 fn table_row(c: &[Cell]) -> Vec<String> {
     let text = |i: usize| strip_controls(c[i].as_str().unwrap_or(""));
+    // A word that may be missing (an older session): `-`.
+    let word = |i: usize| {
+        c.get(i)
+            .and_then(Cell::as_str)
+            .map_or_else(|| "-".to_string(), strip_controls)
+    };
     let int = |i: usize| {
         c[i].as_i64()
             .map(super::group_thousands)
@@ -181,10 +191,8 @@ fn table_row(c: &[Cell]) -> Vec<String> {
         int(12),
         int(13),
         cost,
-        c.get(20)
-            .and_then(Cell::as_str)
-            .map(strip_controls)
-            .unwrap_or_else(|| "-".into()),
+        word(21),
+        word(20),
         resumable.to_string(),
     ]
 }

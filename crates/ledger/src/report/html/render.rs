@@ -173,6 +173,9 @@ fn head_numbers(out: &mut String, g: &Gathered) {
     if let Some(mode) = &h.completion_mode {
         row(out, "Completion mode", format!("<td>{}</td>", esc(mode)));
     }
+    if let Some(profile) = &h.profile {
+        row(out, "Rate-limit profile", format!("<td>{}</td>", esc(profile)));
+    }
     if let Some(reason) = h.stop_reason.as_deref().filter(|r| !r.trim().is_empty()) {
         row(out, "Stopped", format!("<td>{}</td>", esc(reason)));
     }
@@ -323,6 +326,7 @@ mod tests {
                 stop_reason: None,
                 shown: ShownState::Running,
                 completion_mode: None,
+                profile: None,
             },
             job: String::new(),
             thresholds: (Some(0.6), Some(0.85)),

@@ -27,7 +27,8 @@ pub(super) fn session_head(
          processed_count, accepted_count, reviewed_count, rejected_count, error_count, \
          retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, \
          cost_usd, estimated_cost_usd, max_cost_usd, stop_reason, stop_after_stage, heartbeat_at, \
-         config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
+         config_snapshot_json, profile_name, profile_version \
+         FROM llm_batch_session WHERE session_id = ?1",
         params![session_id],
         |r| {
             let state: String = r.get(1)?;
@@ -35,6 +36,8 @@ pub(super) fn session_head(
             let stop_after_stage = r.get::<_, Option<String>>(20)?.is_some();
             let heartbeat_at: Option<f64> = r.get(21)?;
             let snapshot: Option<String> = r.get(22)?;
+            let profile_name: Option<String> = r.get(23)?;
+            let profile_version: Option<i64> = r.get(24)?;
             Ok(SessionHead {
                 session_id: r.get(0)?,
                 shown: shown_state_of(&state, &desired_state, stop_after_stage, heartbeat_at, now),
@@ -58,6 +61,9 @@ pub(super) fn session_head(
                 max_cost_usd: r.get(18)?,
                 stop_reason: r.get(19)?,
                 completion_mode: snapshot.as_deref().and_then(completion_mode_of),
+                profile: profile_name
+                    .zip(profile_version)
+                    .map(|(n, v)| crate::profiles::label(&n, v)),
             })
         },
     )

@@ -9,8 +9,8 @@ use crate::store::shown_state_of;
 
 /// The columns of `report::SESSION_COLUMNS` read as they are, in order,
 /// then what the state shown is derived from (`stop_after_stage`,
-/// `heartbeat_at`) and the snapshot the last column (`completion_mode`) is
-/// read from. `?1` is the
+/// `heartbeat_at`) and the snapshot the last report column
+/// (`completion_mode`) is read from. `?1` is the
 /// oldest start time that is still resumable.
 const SESSIONS_SQL: &str = "SELECT session_id, state, \
      desired_state, started_at, completed_at, \
@@ -18,6 +18,7 @@ const SESSIONS_SQL: &str = "SELECT session_id, state, \
      retry_count, rate_limited_count, ambiguous_count, input_tokens, output_tokens, cost_usd, \
      estimated_cost_usd, stop_reason, \
      (state IN ('running', 'paused', 'cancelled', 'error') AND started_at >= ?1), \
+     CASE WHEN profile_version IS NULL THEN NULL ELSE profile_name || '@' || profile_version END, \
      stop_after_stage, heartbeat_at, config_snapshot_json \
      FROM llm_batch_session ORDER BY started_at DESC, session_id DESC";
 
@@ -25,9 +26,9 @@ const SESSIONS_SQL: &str = "SELECT session_id, state, \
 const STATE: usize = 1;
 const DESIRED: usize = 2;
 /// Where the facts after the report's columns sit.
-const STOP_AFTER_STAGE: usize = 20;
-const HEARTBEAT_AT: usize = 21;
-const SNAPSHOT: usize = 22;
+const STOP_AFTER_STAGE: usize = 21;
+const HEARTBEAT_AT: usize = 22;
+const SNAPSHOT: usize = 23;
 
 /// Every session as `kinds` (the report's columns), its `state` the word
 /// every view shows (`store::shown_state_of` at `now`: a session whose
