@@ -20,8 +20,8 @@ use docket_ledger::watch::{
     ChartData, Event, ProviderBatchRow, ProviderBatchSummary, ReviewDetail, ReviewPage,
     SessionSummary, SessionView, Tune,
 };
-pub use mode::Mode;
 pub use effect::Effect;
+pub use mode::Mode;
 pub use screen::{PREVIEW_MIN_HEIGHT, PREVIEW_MIN_WIDTH, Screen, preview_fits};
 
 /// How many review rows the console keeps loaded around the cursor.

@@ -174,7 +174,11 @@ fn head_numbers(out: &mut String, g: &Gathered) {
         row(out, "Completion mode", format!("<td>{}</td>", esc(mode)));
     }
     if let Some(profile) = &h.profile {
-        row(out, "Rate-limit profile", format!("<td>{}</td>", esc(profile)));
+        row(
+            out,
+            "Rate-limit profile",
+            format!("<td>{}</td>", esc(profile)),
+        );
     }
     if let Some(reason) = h.stop_reason.as_deref().filter(|r| !r.trim().is_empty()) {
         row(out, "Stopped", format!("<td>{}</td>", esc(reason)));
