@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use docket_model::template_errors::{describe, undefined_variable};
 use minijinja::{Environment, UndefinedBehavior};
 use serde_json::Value;
 
@@ -111,7 +112,7 @@ impl PromptTemplate {
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         // The same words in debug and release builds (minijinja's debug
         // mode, on by default in debug builds, rewords undefined errors);
-        // `undefined_detail` names the expression from the error's span.
+        // `undefined_variable` names the expression from the error's span.
         env.set_debug(false);
         // Prompts are plain text: no HTML escaping of evidence.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
@@ -197,7 +198,7 @@ impl PromptTemplate {
         tpl.render(ctx).map_err(|e| TemplateError::Render {
             path: path.display().to_string(),
             line: e.line().unwrap_or(0),
-            detail: undefined_detail(&e, tpl.source()).unwrap_or_else(|| describe(&e)),
+            detail: undefined_variable(&e, tpl.source()).unwrap_or_else(|| describe(&e)),
             item_id: item_id.to_string(),
         })
     }
@@ -214,33 +215,6 @@ fn syntax(path: &Path, e: &minijinja::Error) -> TemplateError {
         path: path.display().to_string(),
         line: e.line().unwrap_or(0),
         detail: describe(e),
-    }
-}
-
-/// `undefined variable "item.title"`: an undefined-value error named by
-/// the template text its span covers (the expression that failed).
-fn undefined_detail(e: &minijinja::Error, source: &str) -> Option<String> {
-    if e.kind() != minijinja::ErrorKind::UndefinedError {
-        return None;
-    }
-    let text = source.get(e.range()?)?;
-    let expr = text
-        .trim()
-        .trim_start_matches("{{")
-        .trim_end_matches("}}")
-        .trim();
-    let expr: String = expr.split_whitespace().collect::<Vec<_>>().join(" ");
-    if expr.is_empty() {
-        return None;
-    }
-    let shown = docket_model::sanitize::truncate(&expr, 80);
-    Some(format!("undefined variable \"{shown}\""))
-}
-
-fn describe(e: &minijinja::Error) -> String {
-    match e.detail() {
-        Some(d) => format!("{}: {d}", e.kind()),
-        None => e.kind().to_string(),
     }
 }
 

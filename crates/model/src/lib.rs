@@ -28,3 +28,4 @@ pub mod review_card;
 pub mod routing;
 pub mod sanitize;
 pub mod session_state;
+pub mod template_errors;

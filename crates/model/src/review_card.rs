@@ -9,6 +9,7 @@
 //! reach them. What they render is item and model text: the caller
 //! sanitizes it for the terminal ([`crate::sanitize`]) like all item text.
 
+use crate::template_errors::{describe, undefined_variable};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -160,36 +161,8 @@ impl ReviewTemplates {
         tpl.render(ctx).map_err(|e| ReviewTemplateError::Render {
             key,
             line: e.line().unwrap_or(0),
-            detail: undefined_detail(&e, tpl.source()).unwrap_or_else(|| describe(&e)),
+            detail: undefined_variable(&e, tpl.source()).unwrap_or_else(|| describe(&e)),
         })
-    }
-}
-
-/// `undefined variable "item.title"`: the expression an undefined-value
-/// error's span covers.
-fn undefined_detail(e: &minijinja::Error, source: &str) -> Option<String> {
-    if e.kind() != minijinja::ErrorKind::UndefinedError {
-        return None;
-    }
-    let text = source.get(e.range()?)?;
-    let expr = text
-        .trim()
-        .trim_start_matches("{{")
-        .trim_end_matches("}}")
-        .trim();
-    let expr: String = expr.split_whitespace().collect::<Vec<_>>().join(" ");
-    (!expr.is_empty()).then(|| {
-        format!(
-            "undefined variable \"{}\"",
-            crate::sanitize::truncate(&expr, 80)
-        )
-    })
-}
-
-fn describe(e: &minijinja::Error) -> String {
-    match e.detail() {
-        Some(d) => format!("{}: {d}", e.kind()),
-        None => e.kind().to_string(),
     }
 }
 
