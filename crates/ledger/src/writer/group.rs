@@ -143,17 +143,23 @@ fn commit_intents(
     }
 }
 
-/// A write that must be on disk before a paid side effect: a request's
-/// intent, and a provider batch's record with its lines (written before
-/// the upload and the create; a batch whose record a power loss took would
-/// be created again on resume, its lines paid twice). Every later write of
-/// a batch can be lost safely: the batch is found again by its tag.
+/// A write that must be on disk before a paid or irreversible side
+/// effect: a request's intent, a provider batch's record with its lines
+/// (written before the upload and the create; a batch whose record a power
+/// loss took would be created again on resume, its lines paid twice), and
+/// a batch's settle (its results files are deleted at the provider once it
+/// is settled: a power loss that took the applied results back would leave
+/// them paid for and gone). Syncing the settle's commit syncs every write
+/// before it, the results applied included. Every other write of a batch
+/// can be lost safely: the batch is found again by its tag and its results
+/// read again.
 fn is_intent(op: &WriteOp) -> bool {
     matches!(
         op,
         WriteOp::Send(_)
             | WriteOp::Batch(crate::batches::BatchOp::Create(_))
             | WriteOp::Batch(crate::batches::BatchOp::AddLines { .. })
+            | WriteOp::Batch(crate::batches::BatchOp::Settle { .. })
     )
 }
 
