@@ -566,6 +566,20 @@ fn the_search_index_is_built_once_pg_trgm_can_be() {
     );
 }
 
+/// A ledger connection to a fresh database holding one `counter` row at 0
+/// (with its server and URL), for the lost-transaction tests.
+fn counter_ledger() -> (PgServer, String, docket::ledger::db::Connection) {
+    use docket::ledger::db::{Connection, PgConnection};
+    let server = PgServer::start();
+    let url_text = server.fresh_database();
+    let url = PgUrl::parse(&url_text).unwrap();
+    let client = postgres::open(&url).unwrap();
+    let conn = Connection::Postgres(Box::new(PgConnection::new(client, url)));
+    conn.execute_batch("CREATE TABLE counter (n BIGINT); INSERT INTO counter VALUES (0);")
+        .unwrap();
+    (server, url_text, conn)
+}
+
 /// A transaction whose connection is lost halfway (the server ended the
 /// backend) applies nothing, even when the caller goes on with statements
 /// before it ends it: they fail, rather than run alone on the new
@@ -574,14 +588,8 @@ fn the_search_index_is_built_once_pg_trgm_can_be() {
 /// transaction was lost, and the connection works again afterwards.
 #[test]
 fn statements_after_a_lost_transaction_fail_until_it_ends() {
-    use docket::ledger::db::{Connection, Error, PgConnection, TransactionBehavior};
-    let server = PgServer::start();
-    let url_text = server.fresh_database();
-    let url = PgUrl::parse(&url_text).unwrap();
-    let client = postgres::open(&url).unwrap();
-    let conn = Connection::Postgres(Box::new(PgConnection::new(client, url)));
-    conn.execute_batch("CREATE TABLE counter (n BIGINT); INSERT INTO counter VALUES (0);")
-        .unwrap();
+    use docket::ledger::db::{Error, TransactionBehavior};
+    let (server, url_text, conn) = counter_ledger();
     let pid: i32 = conn
         .query_row("SELECT pg_backend_pid()", &[], |r| r.get(0))
         .unwrap();
@@ -617,14 +625,8 @@ fn statements_after_a_lost_transaction_fail_until_it_ends() {
 /// and exit 6 instead).
 #[test]
 fn a_transaction_the_server_ended_as_stalled_is_lost_and_the_next_reconnects() {
-    use docket::ledger::db::{Connection, Error, PgConnection, TransactionBehavior};
-    let server = PgServer::start();
-    let url_text = server.fresh_database();
-    let url = PgUrl::parse(&url_text).unwrap();
-    let client = postgres::open(&url).unwrap();
-    let conn = Connection::Postgres(Box::new(PgConnection::new(client, url)));
-    conn.execute_batch("CREATE TABLE counter (n BIGINT); INSERT INTO counter VALUES (0);")
-        .unwrap();
+    use docket::ledger::db::{Error, TransactionBehavior};
+    let (_server, _url, conn) = counter_ledger();
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Concurrent)
         .unwrap();
