@@ -7,7 +7,6 @@ use crate::{
     DryRunPlan, EngineError, Estimate, Plan, Prepared, Reporter, RunEnd, RunOptions,
     new_session_id, open_ledger, plan,
 };
-use docket_ledger::profiles::Profiles;
 use docket_ledger::store::{self};
 use docket_ledger::work::RunSessions;
 
@@ -138,10 +137,11 @@ fn create_session(
         estimated_cost_usd: plan.estimate.cost_usd,
         max_cost_usd: opts.max_cost,
         item_ids: &plan.item_ids,
+        profile: prepared
+            .profile
+            .as_ref()
+            .map(|p| (p.name.as_str(), p.version)),
     })?;
-    if let Some(p) = &prepared.profile {
-        ledger.record_session_profile(id, &p.name, p.version)?;
-    }
     Ok(taken)
 }
 

@@ -26,14 +26,6 @@ pub trait Profiles {
     /// Every version of `name`, oldest first (empty: no such profile).
     fn profile_history(&self, name: &str) -> Result<Vec<Profile>, LedgerError>;
 
-    /// Record that a session runs with this profile version.
-    fn record_session_profile(
-        &self,
-        session_id: &str,
-        name: &str,
-        version: i64,
-    ) -> Result<(), LedgerError>;
-
     /// The profile name and version a session ran with, if any.
     fn session_profile(&self, session_id: &str) -> Result<Option<(String, i64)>, LedgerError>;
 }
@@ -93,19 +85,6 @@ impl Profiles for Ledger {
     fn profile_history(&self, name: &str) -> Result<Vec<Profile>, LedgerError> {
         let sql = format!("{SELECT} WHERE name = ?1 ORDER BY version");
         read(self, &sql, Some(name))
-    }
-
-    fn record_session_profile(
-        &self,
-        session_id: &str,
-        name: &str,
-        version: i64,
-    ) -> Result<(), LedgerError> {
-        self.conn().execute(
-            "UPDATE llm_batch_session SET profile_name = ?2, profile_version = ?3 WHERE session_id = ?1",
-            params![session_id, name, version],
-        )?;
-        Ok(())
     }
 
     fn session_profile(&self, session_id: &str) -> Result<Option<(String, i64)>, LedgerError> {

@@ -96,6 +96,7 @@ mod tests {
                 estimated_cost_usd: 0.0,
                 max_cost_usd: None,
                 item_ids: &ids,
+                profile: None,
             },
         )
         .unwrap();

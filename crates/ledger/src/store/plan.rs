@@ -28,6 +28,10 @@ pub struct NewSession<'a> {
     pub estimated_cost_usd: f64,
     pub max_cost_usd: Option<f64>,
     pub item_ids: &'a [String],
+    /// The rate-limit profile (name, version) the run takes its limits
+    /// from, written with the session row so no session is ever seen
+    /// without the profile it ran with.
+    pub profile: Option<(&'a str, i64)>,
 }
 
 /// Answered requests a new session would reuse although they were made with
@@ -96,8 +100,9 @@ pub(crate) fn create_session(
     }
     tx.execute(
         "INSERT INTO llm_batch_session (session_id, started_at, total_count, config_snapshot_json, state, desired_state,
-             estimated_tokens, estimated_cost_usd, max_cost_usd, owner_pid, owner_host, heartbeat_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, 'running', 'running', ?5, ?6, ?7, ?8, ?9, ?2, ?2)",
+             estimated_tokens, estimated_cost_usd, max_cost_usd, owner_pid, owner_host, heartbeat_at, updated_at,
+             profile_name, profile_version)
+         VALUES (?1, ?2, ?3, ?4, 'running', 'running', ?5, ?6, ?7, ?8, ?9, ?2, ?2, ?10, ?11)",
         params![
             s.session_id,
             now,
@@ -107,7 +112,9 @@ pub(crate) fn create_session(
             s.estimated_cost_usd,
             s.max_cost_usd,
             std::process::id(),
-            hostname()
+            hostname(),
+            s.profile.map(|p| p.0),
+            s.profile.map(|p| p.1)
         ],
     )?;
     {

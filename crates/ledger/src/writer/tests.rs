@@ -27,6 +27,7 @@ fn ledger_with_session(path: &Path) -> Connection {
             estimated_cost_usd: 0.0,
             max_cost_usd: None,
             item_ids: &[],
+            profile: None,
         },
     )
     .unwrap();
