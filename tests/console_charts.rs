@@ -114,6 +114,7 @@ fn charts() -> ChartData {
             errors,
             cost,
         },
+        ..ChartData::default()
     }
 }
 
@@ -165,9 +166,11 @@ fn v_opens_the_charts_tab_switches_and_esc_closes() {
     app.handle_key(key(KeyCode::Tab));
     assert!(matches!(app.overlay, Overlay::Charts { page: 2 }));
     app.handle_key(key(KeyCode::Tab));
+    assert!(matches!(app.overlay, Overlay::Charts { page: 3 }), "calibration");
+    app.handle_key(key(KeyCode::Tab));
     assert!(matches!(app.overlay, Overlay::Charts { page: 0 }));
     app.handle_key(key(KeyCode::BackTab));
-    assert!(matches!(app.overlay, Overlay::Charts { page: 2 }));
+    assert!(matches!(app.overlay, Overlay::Charts { page: 3 }));
     let fx = app.handle_key(key(KeyCode::Esc));
     assert!(fx.contains(&Effect::Charts(false)), "{fx:?}");
     assert_eq!(app.mode(), Mode::Normal);

@@ -16,6 +16,9 @@ pub struct ChartData {
     /// order (stages the session has no checkpoint of last, by name).
     pub confidence: Vec<StageHistogram>,
     pub timeline: Timeline,
+    /// The session's human decisions and confidences, for the calibration
+    /// view (`docket calibrate`'s inputs).
+    pub calibration: crate::calibration::CalibrationInput,
 }
 
 /// The confidences of the outcomes a stage decided.
