@@ -141,7 +141,9 @@ fn draw_table(frame: &mut Frame, area: Rect, s: &Summary, theme: Theme) {
             let a = &b.agreement;
             let ci = a
                 .interval
-                .map_or(String::new(), |i| format!("{:.0}–{}", i.lo * 100.0, pct(i.hi)));
+                .map_or(String::new(), |i| {
+                    format!("{:.1}–{}", i.lo * 100.0, pct(i.hi))
+                });
             Row::new([
                 format!("{:.2}–{:.2}", b.lo, b.hi),
                 glyph(b, s).to_string(),
