@@ -61,6 +61,7 @@ fn view() -> SessionView {
         at_provider: 0,
         pending: 0,
         stop_after_stage: None,
+        profile: None,
     }
 }
 

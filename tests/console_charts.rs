@@ -80,6 +80,7 @@ fn view() -> SessionView {
         at_provider: 0,
         pending: 592,
         stop_after_stage: None,
+        profile: None,
     }
 }
 
