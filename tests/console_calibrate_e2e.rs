@@ -70,8 +70,20 @@ fn finished_session(home: &Path) -> (PathBuf, String) {
     let mut f = std::fs::File::create(&items).expect("items");
     docket::demo::write_chart_items(&mut f, 30, 7).expect("write items");
     drop(f);
-    run(home, &["--workspace", &ws_s, "import", &items.display().to_string()]);
-    let out = run(home, &["--workspace", &ws_s, "batch-adjudicate", "--headless", "--yes"]);
+    run(
+        home,
+        &["--workspace", &ws_s, "import", &items.display().to_string()],
+    );
+    let out = run(
+        home,
+        &[
+            "--workspace",
+            &ws_s,
+            "batch-adjudicate",
+            "--headless",
+            "--yes",
+        ],
+    );
     assert!(out.contains("Results: docket batch-results"), "{out}");
     let conn = docket::ledger::open(&ws.join("docket.sqlite")).expect("ledger");
     let session = docket::ledger::store::latest_session(&support::db(&conn))
@@ -92,7 +104,11 @@ fn decided(conn: &Connection, n: i64) {
             conn,
             "SELECT COUNT(*) FROM review_item WHERE status IN ('accepted', 'rejected')",
         );
-        if got == n { Ok(()) } else { Err(format!("{got} decided")) }
+        if got == n {
+            Ok(())
+        } else {
+            Err(format!("{got} decided"))
+        }
     });
 }
 
@@ -103,7 +119,10 @@ fn review_correct_then_calibrate_in_the_console_and_on_the_command_line() {
     let ws_s = ws.display().to_string();
     let ledger = ws.join("docket.sqlite");
     let conn = docket::ledger::open_read_only(&ledger).expect("read-only ledger");
-    let pending = count(&conn, "SELECT COUNT(*) FROM review_item WHERE status = 'pending'");
+    let pending = count(
+        &conn,
+        "SELECT COUNT(*) FROM review_item WHERE status = 'pending'",
+    );
     assert!(pending >= 4, "only {pending} pending review items");
     let audited = count(&conn, "SELECT COUNT(*) FROM review_item WHERE audit = 1");
     assert!(audited >= 1, "the audit sample sent nothing to review");
@@ -165,12 +184,17 @@ fn review_correct_then_calibrate_in_the_console_and_on_the_command_line() {
     let cal: serde_json::Value = serde_json::from_str(&json).expect("calibrate json");
     assert_eq!(cal["session_id"], session.as_str());
     assert_eq!(cal["reviewed"], 4, "{cal}");
-    assert_eq!(cal["agreed"], 2, "the correction and the reject disagree: {cal}");
+    assert_eq!(
+        cal["agreed"], 2,
+        "the correction and the reject disagree: {cal}"
+    );
     let want = format!(
         "4 reviewed ({} from the audit sample) · agreed 50.0%",
         cal["audited"]
     );
-    let accept = cal["thresholds"]["auto_accept"].as_f64().expect("threshold");
+    let accept = cal["thresholds"]["auto_accept"]
+        .as_f64()
+        .expect("threshold");
     let current = format!("auto-accept ≥ {accept:.2} now: precision");
     pane.keys(&["v"]);
     pane.keys(&["Tab"]);

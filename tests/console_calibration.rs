@@ -190,7 +190,10 @@ fn calibration_at_120x40_one_tab_away() {
     let t = render(&app, 120, 40, Theme::mono());
     let screen = text(t.backend().buffer());
     assert!(screen.contains("calibration (tab: charts)"), "{screen}");
-    assert!(screen.contains("reliability: % agreed per band"), "{screen}");
+    assert!(
+        screen.contains("reliability: % agreed per band"),
+        "{screen}"
+    );
     insta::assert_snapshot!("calibration_120x40", t.backend());
     key(&mut app, KeyCode::Tab);
     assert!(matches!(app.overlay, Overlay::Charts { page: 0 }));
@@ -232,7 +235,10 @@ fn calibration_with_no_or_few_decisions_says_so() {
     );
     let app = calibration_app(charts(band(0.9, 3, 2, 0)), 80, 24);
     let screen = text(render(&app, 80, 24, Theme::mono()).backend().buffer());
-    assert!(screen.contains("3 reviewed (0 from the audit sample)"), "{screen}");
+    assert!(
+        screen.contains("3 reviewed (0 from the audit sample)"),
+        "{screen}"
+    );
     assert!(
         screen.contains("at least 10 reviewed items are needed"),
         "{screen}"

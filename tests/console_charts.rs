@@ -167,7 +167,10 @@ fn v_opens_the_charts_tab_switches_and_esc_closes() {
     app.handle_key(key(KeyCode::Tab));
     assert!(matches!(app.overlay, Overlay::Charts { page: 2 }));
     app.handle_key(key(KeyCode::Tab));
-    assert!(matches!(app.overlay, Overlay::Charts { page: 3 }), "calibration");
+    assert!(
+        matches!(app.overlay, Overlay::Charts { page: 3 }),
+        "calibration"
+    );
     app.handle_key(key(KeyCode::Tab));
     assert!(matches!(app.overlay, Overlay::Charts { page: 0 }));
     app.handle_key(key(KeyCode::BackTab));

@@ -51,7 +51,9 @@ fn demo_runs_a_critic_with_an_audit_sample_in_the_given_workspace() {
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     };
     assert_eq!(
-        one("SELECT group_concat(stage || ':' || role, ',') FROM (SELECT stage, role FROM run_stages ORDER BY position)"),
+        one(
+            "SELECT group_concat(stage || ':' || role, ',') FROM (SELECT stage, role FROM run_stages ORDER BY position)"
+        ),
         "adjudicate:generator,critic:critic"
     );
     let judged: i64 = conn
@@ -76,11 +78,24 @@ fn demo_runs_a_critic_with_an_audit_sample_in_the_given_workspace() {
     let before = std::fs::read(other.join("docket.toml")).expect("toml");
     let out = docket(
         home.path(),
-        &["--workspace", &other_s, "demo", "--headless", "--items", "5"],
+        &[
+            "--workspace",
+            &other_s,
+            "demo",
+            "--headless",
+            "--items",
+            "5",
+        ],
     );
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("`docket demo` did not write it"), "{stderr}");
-    assert_eq!(std::fs::read(other.join("docket.toml")).expect("toml"), before);
+    assert!(
+        stderr.contains("`docket demo` did not write it"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(other.join("docket.toml")).expect("toml"),
+        before
+    );
     assert!(!other.join("docket.sqlite").exists());
 }

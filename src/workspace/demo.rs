@@ -48,20 +48,24 @@ pub fn init_demo(dir: &Path, keep: bool) -> Result<(), WorkspaceError> {
         ("audit_reject_share", AUDIT_REJECT_SHARE),
         ("audit_accept_share", AUDIT_ACCEPT_SHARE),
     ] {
-        text = crate::config::edit::set_routing_value(&text, key, share)
-            .map_err(|e| WorkspaceError::Io {
+        text = crate::config::edit::set_routing_value(&text, key, share).map_err(|e| {
+            WorkspaceError::Io {
                 path: path.display().to_string(),
                 source: std::io::Error::other(e.to_string()),
-            })?;
+            }
+        })?;
     }
     text.push_str(REVIEW_SUMMARY);
     std::fs::write(&path, text).map_err(io)?;
     let marker = dir.join(DEMO_MARKER);
-    std::fs::write(&marker, "written by `docket demo`; its ledger is wiped on each demo\n")
-        .map_err(|source| WorkspaceError::Io {
-            path: marker.display().to_string(),
-            source,
-        })
+    std::fs::write(
+        &marker,
+        "written by `docket demo`; its ledger is wiped on each demo\n",
+    )
+    .map_err(|source| WorkspaceError::Io {
+        path: marker.display().to_string(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -90,6 +94,9 @@ mod tests {
             init_demo(other.path(), false),
             Err(WorkspaceError::NotDemo(_))
         ));
-        assert_eq!(std::fs::read(other.path().join("docket.toml")).unwrap(), before);
+        assert_eq!(
+            std::fs::read(other.path().join("docket.toml")).unwrap(),
+            before
+        );
     }
 }

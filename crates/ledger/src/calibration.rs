@@ -27,8 +27,7 @@ impl CalibrationInput {
     /// raised by `--min-confidence`; the defaults when the snapshot has
     /// none.
     pub fn thresholds(&self) -> (f64, f64) {
-        let snap: serde_json::Value =
-            serde_json::from_str(&self.snapshot_json).unwrap_or_default();
+        let snap: serde_json::Value = serde_json::from_str(&self.snapshot_json).unwrap_or_default();
         let num = |paths: [&str; 2], default: f64| {
             paths
                 .iter()

@@ -60,8 +60,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, data: &ChartData, theme: Theme
         frame.render_widget(p, area);
         return;
     }
-    let [head, body] =
-        Layout::vertical([Constraint::Length(3), Constraint::Min(4)]).areas(area);
+    let [head, body] = Layout::vertical([Constraint::Length(3), Constraint::Min(4)]).areas(area);
     let lines: Vec<Line> = head_lines(&s)
         .iter()
         .map(|t| note(t, head.width, theme))
@@ -130,8 +129,8 @@ fn glyph(b: &Band, s: &Summary) -> &'static str {
 /// The bands with reviewed items, the highest confidence first (the ones a
 /// threshold is placed among).
 fn draw_table(frame: &mut Frame, area: Rect, s: &Summary, theme: Theme) {
-    let header = Row::new(["band", "", "n", "agree", "rate", "95% CI", "audit"])
-        .style(theme.title(false));
+    let header =
+        Row::new(["band", "", "n", "agree", "rate", "95% CI", "audit"]).style(theme.title(false));
     let rows: Vec<Row> = s
         .bands
         .iter()
@@ -139,11 +138,9 @@ fn draw_table(frame: &mut Frame, area: Rect, s: &Summary, theme: Theme) {
         .filter(|b| b.agreement.reviewed > 0)
         .map(|b| {
             let a = &b.agreement;
-            let ci = a
-                .interval
-                .map_or(String::new(), |i| {
-                    format!("{:.1}–{}", i.lo * 100.0, pct(i.hi))
-                });
+            let ci = a.interval.map_or(String::new(), |i| {
+                format!("{:.1}–{}", i.lo * 100.0, pct(i.hi))
+            });
             Row::new([
                 format!("{:.2}–{:.2}", b.lo, b.hi),
                 glyph(b, s).to_string(),
@@ -165,7 +162,10 @@ fn draw_table(frame: &mut Frame, area: Rect, s: &Summary, theme: Theme) {
         Constraint::Length(11),
         Constraint::Length(5),
     ];
-    let block = chart_block(" agreement per band (✓ accept ? review ✗ reject) ".into(), theme);
+    let block = chart_block(
+        " agreement per band (✓ accept ? review ✗ reject) ".into(),
+        theme,
+    );
     let table = Table::new(rows, widths).header(header).block(block);
     frame.render_widget(table, area);
 }
