@@ -154,7 +154,10 @@ fn review_correct_then_calibrate_in_the_console_and_on_the_command_line() {
 
     // Correct the first item: its card, `e`, the first field edited, Enter.
     pane.keys(&["Enter"]);
-    pane.wait_for("Evidence", WAIT);
+    // The card shows the critic's verdict beside the generator's answer.
+    pane.wait("the card with the critic's verdict", WAIT, |s| {
+        s.contains("Evidence") && s.contains("VERDICT: ")
+    });
     pane.keys(&["e"]);
     pane.wait_for("Correct the answer", WAIT);
     pane.keys(&["Down"]);
