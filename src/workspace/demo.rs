@@ -18,6 +18,9 @@ const AUDIT_ACCEPT_SHARE: f64 = 0.1;
 /// The same for would-be rejects (fewer: they are few).
 const AUDIT_REJECT_SHARE: f64 = 0.1;
 
+/// The demo's request rate: the example's 1200 a minute, doubled.
+const DEMO_RPM: u64 = 2400;
+
 /// The queue's line for a chart entry (the default workspace's).
 const REVIEW_SUMMARY: &str = "\n# How an item reads in review: the queue's line.\n[review]\n\
     summary = \"{{ artist }} – {{ title }} · {{ chart }}, {{ week }}, {{ position }}\"\n";
@@ -55,6 +58,13 @@ pub fn init_demo(dir: &Path, keep: bool) -> Result<(), WorkspaceError> {
             }
         })?;
     }
+    // The critic doubles the requests: twice the example's request rate
+    // keeps the demo as quick as the one-stage job was (the mock takes it).
+    text = text.replacen(
+        "requests_per_minute = 1200",
+        &format!("requests_per_minute = {DEMO_RPM}"),
+        1,
+    );
     text.push_str(REVIEW_SUMMARY);
     std::fs::write(&path, text).map_err(io)?;
     let marker = dir.join(DEMO_MARKER);
@@ -83,6 +93,8 @@ mod tests {
         assert_eq!(names, ["adjudicate", "critic"]);
         assert_eq!(*cfg.config.routing.audit_accept_share.get_ref(), 0.1);
         assert_eq!(*cfg.config.routing.audit_reject_share.get_ref(), 0.1);
+        let main = &cfg.config.providers["main"];
+        assert_eq!(*main.requests_per_minute.get_ref(), DEMO_RPM);
         assert!(!cfg.config.review.is_empty(), "a [review] section");
         // Again: the earlier demo's scaffold is rewritten, not refused.
         init_demo(d.path(), false).unwrap();
