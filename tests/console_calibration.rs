@@ -94,12 +94,13 @@ fn charts(reviewed: Vec<Reviewed>) -> ChartData {
     // Every routed item's confidence: the reviewed ones and 140 others.
     let mut confidences: Vec<f64> = reviewed.iter().map(|r| r.confidence).collect();
     confidences.extend((0..140).map(|i| 0.5 + f64::from(i % 50) / 100.0));
+    let input = CalibrationInput {
+        reviewed,
+        confidences,
+        snapshot_json: SNAPSHOT.into(),
+    };
     ChartData {
-        calibration: CalibrationInput {
-            reviewed,
-            confidences,
-            snapshot_json: SNAPSHOT.into(),
-        },
+        calibration: Some(input.summary(docket_model::calibration::DEFAULT_TARGET)),
         ..ChartData::default()
     }
 }

@@ -22,6 +22,18 @@ pub struct CalibrationInput {
 }
 
 impl CalibrationInput {
+    /// The report at `target`, with the thresholds the session routed with.
+    pub fn summary(&self, target: f64) -> docket_model::calibration::Summary {
+        let (accept, review) = self.thresholds();
+        docket_model::calibration::Summary::of(
+            &self.reviewed,
+            &self.confidences,
+            accept,
+            review,
+            target,
+        )
+    }
+
     /// The thresholds the session routed with, `(auto_accept, review)`:
     /// its flags (the config's, or the command line's), the auto-accept
     /// raised by `--min-confidence`; the defaults when the snapshot has

@@ -74,7 +74,6 @@ fn compute(l: &Ledger, args: &CalibrateArgs) -> Result<Calibration, String> {
         .calibration_input(&session)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| docket::ids::unknown_session(&session))?;
-    let (accept, review) = input.thresholds();
     let cal::Summary {
         target,
         accept,
@@ -85,13 +84,7 @@ fn compute(l: &Ledger, args: &CalibrateArgs) -> Result<Calibration, String> {
         bands,
         current,
         suggestion,
-    } = cal::Summary::of(
-        &input.reviewed,
-        &input.confidences,
-        accept,
-        review,
-        args.target,
-    );
+    } = input.summary(args.target);
     Ok(Calibration {
         session,
         target,

@@ -28,7 +28,8 @@ pub(super) fn charts(conn: &Connection, session_id: &str) -> crate::db::Result<C
     Ok(ChartData {
         confidence: histograms(conn, session_id)?,
         timeline: Timeline::build(start, end, &attempts(conn, session_id)?),
-        calibration: crate::calibration::calibration_input(conn, session_id)?.unwrap_or_default(),
+        calibration: crate::calibration::calibration_input(conn, session_id)?
+            .map(|input| input.summary(docket_model::calibration::DEFAULT_TARGET)),
     })
 }
 

@@ -37,31 +37,17 @@ fn agreement(a: &Agreement) -> String {
     }
 }
 
-/// The summary at [`cal::DEFAULT_TARGET`] of what the data side read.
-pub(super) fn summary(data: &ChartData) -> Summary {
-    let input = &data.calibration;
-    let (accept, review) = input.thresholds();
-    Summary::of(
-        &input.reviewed,
-        &input.confidences,
-        accept,
-        review,
-        cal::DEFAULT_TARGET,
-    )
-}
-
 pub(super) fn draw(frame: &mut Frame, area: Rect, data: &ChartData, theme: Theme) {
-    let s = summary(data);
-    if s.overall.reviewed == 0 {
+    let Some(s) = data.calibration.as_ref().filter(|s| s.overall.reviewed > 0) else {
         let text = "No human decisions yet in this session. Accept, reject or correct items \
                     in the review queue (5); to measure the auto-accepted band too, send a \
                     share of it to review with [routing] audit_accept_share in docket.toml.";
         let p = Paragraph::new(styled(text, theme.dim())).wrap(Wrap { trim: true });
         frame.render_widget(p, area);
         return;
-    }
+    };
     let [head, body] = Layout::vertical([Constraint::Length(3), Constraint::Min(4)]).areas(area);
-    let lines: Vec<Line> = head_lines(&s)
+    let lines: Vec<Line> = head_lines(s)
         .iter()
         .map(|t| note(t, head.width, theme))
         .collect();
@@ -69,9 +55,9 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, data: &ChartData, theme: Theme
     let table_w = TABLE_WIDTH.min(body.width);
     let [left, right] =
         Layout::horizontal([Constraint::Length(table_w), Constraint::Min(0)]).areas(body);
-    draw_table(frame, left, &s, theme);
+    draw_table(frame, left, s, theme);
     if right.width >= 12 {
-        draw_reliability(frame, right, &s, theme);
+        draw_reliability(frame, right, s, theme);
     }
 }
 
