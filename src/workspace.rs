@@ -104,7 +104,7 @@ const JUDGE_GYM_FILES: &[(&str, &str)] = &[
 
 mod demo;
 mod provider;
-pub use demo::{DEMO_MARKER, demo_may_use, init_demo};
+pub use demo::{DEMO_MARKER, init_demo};
 pub use provider::{RealProvider, point_at};
 
 /// Sample items written by `docket init`.

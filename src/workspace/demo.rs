@@ -27,14 +27,16 @@ const REVIEW_SUMMARY: &str = "\n# How an item reads in review: the queue's line.
 
 /// Whether `dir` may be used by the demo: it has no docket.toml, or the
 /// demo wrote it.
-pub fn demo_may_use(dir: &Path) -> bool {
+fn demo_may_use(dir: &Path) -> bool {
     !dir.join("docket.toml").exists() || dir.join(DEMO_MARKER).exists()
 }
 
 /// Write the demo's scaffold into `dir` (over an earlier demo's), unless
-/// `keep` and there is one. Refused for a workspace the demo did not write.
+/// `keep` and there is one. Refused for a workspace the demo did not write,
+/// unless `dir` is docket's own demo folder (`demo_dir`: a demo of an
+/// older docket wrote no marker there).
 pub fn init_demo(dir: &Path, keep: bool) -> Result<(), WorkspaceError> {
-    if !demo_may_use(dir) {
+    if dir != super::demo_dir() && !demo_may_use(dir) {
         return Err(WorkspaceError::NotDemo(dir.display().to_string()));
     }
     if keep && dir.join("docket.toml").exists() {
