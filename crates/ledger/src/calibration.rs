@@ -1,7 +1,8 @@
-//! What `docket calibrate` reads: a session's human review decisions (with
-//! the model's confidence, and whether the human took the suggestion as it
-//! was), every routed item's confidence, and the session's config snapshot;
-//! and the event a threshold change is recorded with. The arithmetic is in
+//! What `docket calibrate` and the console's calibration page read: a
+//! session's human review decisions (with the model's confidence, and
+//! whether the human took the suggestion as it was), every routed item's
+//! confidence, and the session's config snapshot; and the event a threshold
+//! change is recorded with. The arithmetic is in
 //! `docket_model::calibration`.
 
 use docket_model::calibration::Reviewed;
