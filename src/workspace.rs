@@ -102,7 +102,9 @@ const JUDGE_GYM_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+mod demo;
 mod provider;
+pub use demo::{DEMO_MARKER, init_demo};
 pub use provider::{RealProvider, point_at};
 
 /// Sample items written by `docket init`.
@@ -113,6 +115,11 @@ const SAMPLE_COUNT: usize = 50;
 pub enum WorkspaceError {
     #[error("{0}: a docket.toml is already there (pass --force to overwrite the scaffold files)")]
     Exists(String),
+    #[error(
+        "{0}: a docket.toml is already there and `docket demo` did not write it (the demo \
+         wipes its folder's ledger); give the demo an empty or new folder with --workspace"
+    )]
+    NotDemo(String),
     #[error("{path}: {source}")]
     Io {
         path: String,

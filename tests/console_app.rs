@@ -103,6 +103,7 @@ fn view(state: &str, desired: &str) -> SessionView {
         at_provider: 0,
         pending: 592,
         stop_after_stage,
+        profile: None,
     }
 }
 

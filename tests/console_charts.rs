@@ -80,6 +80,7 @@ fn view() -> SessionView {
         at_provider: 0,
         pending: 592,
         stop_after_stage: None,
+        profile: None,
     }
 }
 
@@ -114,6 +115,7 @@ fn charts() -> ChartData {
             errors,
             cost,
         },
+        ..ChartData::default()
     }
 }
 
@@ -165,9 +167,14 @@ fn v_opens_the_charts_tab_switches_and_esc_closes() {
     app.handle_key(key(KeyCode::Tab));
     assert!(matches!(app.overlay, Overlay::Charts { page: 2 }));
     app.handle_key(key(KeyCode::Tab));
+    assert!(
+        matches!(app.overlay, Overlay::Charts { page: 3 }),
+        "calibration"
+    );
+    app.handle_key(key(KeyCode::Tab));
     assert!(matches!(app.overlay, Overlay::Charts { page: 0 }));
     app.handle_key(key(KeyCode::BackTab));
-    assert!(matches!(app.overlay, Overlay::Charts { page: 2 }));
+    assert!(matches!(app.overlay, Overlay::Charts { page: 3 }));
     let fx = app.handle_key(key(KeyCode::Esc));
     assert!(fx.contains(&Effect::Charts(false)), "{fx:?}");
     assert_eq!(app.mode(), Mode::Normal);

@@ -305,6 +305,16 @@ fn demo_console_review_pause_resume_cancel_quit() {
             Err(format!("{n} claims"))
         }
     });
+    // The claimed item's decision before the accept: the undo restores it
+    // (an audit item was auto-decided; the demo has an audit sample).
+    let before_accept = conn
+        .query_row(
+            "SELECT d.state, d.decided_by FROM decision d JOIN review_item r ON r.item_id = d.item_id
+             WHERE r.status = 'pending' AND r.claimed_by LIKE 'alice@%'",
+            [],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
+        )
+        .unwrap();
 
     // a: accept one.
     pane.keys(&["a"]);
@@ -367,7 +377,7 @@ fn demo_console_review_pause_resume_cancel_quit() {
             Err(format!("{status:?}"))
         }
     });
-    assert_eq!(decision(&accepted_item), ("indeterminate".into(), None));
+    assert_eq!(decision(&accepted_item), before_accept);
     assert_eq!(
         count(
             &conn,

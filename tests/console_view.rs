@@ -111,6 +111,7 @@ fn view(state: &str, desired: &str) -> SessionView {
         at_provider: 0,
         pending: 592,
         stop_after_stage,
+        profile: None,
     }
 }
 
@@ -1890,4 +1891,23 @@ fn an_audit_item_says_so_in_the_queue_and_on_its_card() {
     a.handle_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
     let text = screen_text(render(&a, 80, 24).backend().buffer());
     assert!(text.contains("audit sample"), "{text}");
+}
+
+/// The header names the run's settings that are not the defaults: its
+/// completion mode and the rate-limit profile (with its version) it ran
+/// with.
+#[test]
+fn the_header_names_the_completion_mode_and_the_profile() {
+    let mut snap = snapshot();
+    if let Some(v) = snap.view.as_mut() {
+        v.profile = Some(("tier\u{1b}[31m1".into(), 3));
+        v.row.config_snapshot_json = r#"{"flags":{"completion_mode":"best_effort"}}"#.into();
+    }
+    let app = app_with(false, snap);
+    let header = row_text(render(&app, 120, 40).backend().buffer(), 0);
+    assert!(
+        header.contains("· best_effort · profile tier1 v3"),
+        "{header}"
+    );
+    assert!(!header.contains('\u{1b}'), "{header}");
 }

@@ -4,7 +4,8 @@
 pub const DEMO: &str = "Examples:
   docket demo                        the demo in the console (q quits)
   docket demo --headless --items 50  line output, 50 items
-  docket demo --keep                 watch the last demo's ledger again";
+  docket demo --keep                 watch the last demo's ledger again
+  docket demo --workspace /tmp/try   the demo in a folder of your choice";
 
 pub const CONSOLE: &str = "Examples:
   docket                                         the console on this workspace

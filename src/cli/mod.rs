@@ -466,7 +466,7 @@ pub struct DemoArgs {
     /// How many demo items.
     #[arg(long, default_value_t = 500)]
     pub items: usize,
-    /// Keep the previous demo ledger instead of starting fresh.
+    /// Keep the previous demo ledger and docket.toml instead of starting fresh.
     #[arg(long)]
     pub keep: bool,
 }

@@ -42,7 +42,9 @@ pub async fn run(cli: Cli) -> i32 {
         return console::open(&ws, &console_args, Pane::Stages, None).await;
     };
     match command {
-        Command::Demo { args, .. } => setup::demo(args, &console_args).await,
+        Command::Demo { args, .. } => {
+            setup::demo(args, cli.workspace.as_deref(), &console_args).await
+        }
         Command::Console { session, .. } => {
             console::open(&ws, &console_args, Pane::Stages, session).await
         }

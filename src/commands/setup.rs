@@ -110,11 +110,12 @@ pub(super) fn import(
     }
 }
 
-pub(super) async fn demo(args: DemoArgs, console: &ConsoleArgs) -> i32 {
-    let dir = docket::workspace::demo_dir();
-    if !dir.join("docket.toml").exists()
-        && let Err(e) = docket::workspace::init(&dir, true)
-    {
+/// `docket demo`: in `workspace` (`--workspace`) or docket's own demo
+/// folder, the demo's scaffold (a generator and its critic, an audit
+/// sample), fresh items and ledger, then a run.
+pub(super) async fn demo(args: DemoArgs, workspace: Option<&Path>, console: &ConsoleArgs) -> i32 {
+    let dir = workspace.map_or_else(docket::workspace::demo_dir, Path::to_path_buf);
+    if let Err(e) = docket::workspace::init_demo(&dir, args.keep) {
         return fail(e);
     }
     let ledger_path = dir.join(LEDGER_FILE);

@@ -244,7 +244,7 @@ impl Action {
             Action::CancelRun => "cancel the run",
             Action::Batches => "list the provider batches",
             Action::Workers => "list the session's workers",
-            Action::Charts => "charts: confidence, rates, cost (tab: next chart)",
+            Action::Charts => "charts: confidence, rates, cost, calibration (tab: next)",
             Action::ConfirmYes => "yes",
             Action::ConfirmNo => "no",
             Action::QuitKeep => "quit, keep the run going headless",

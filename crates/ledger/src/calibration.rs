@@ -1,7 +1,8 @@
-//! What `docket calibrate` reads: a session's human review decisions (with
-//! the model's confidence, and whether the human took the suggestion as it
-//! was), every routed item's confidence, and the session's config snapshot;
-//! and the event a threshold change is recorded with. The arithmetic is in
+//! What `docket calibrate` and the console's calibration page read: a
+//! session's human review decisions (with the model's confidence, and
+//! whether the human took the suggestion as it was), every routed item's
+//! confidence, and the session's config snapshot; and the event a threshold
+//! change is recorded with. The arithmetic is in
 //! `docket_model::calibration`.
 
 use docket_model::calibration::Reviewed;
@@ -19,6 +20,53 @@ pub struct CalibrationInput {
     pub confidences: Vec<f64>,
     /// The session's config snapshot (JSON).
     pub snapshot_json: String,
+}
+
+impl CalibrationInput {
+    /// The report at `target`, with the thresholds the session routed with.
+    pub fn summary(&self, target: f64) -> docket_model::calibration::Summary {
+        let (accept, review) = self.thresholds();
+        docket_model::calibration::Summary::of(
+            &self.reviewed,
+            &self.confidences,
+            accept,
+            review,
+            target,
+        )
+    }
+
+    /// The thresholds the session routed with, `(auto_accept, review)`:
+    /// its flags (the config's, or the command line's), the auto-accept
+    /// raised by `--min-confidence`; the defaults when the snapshot has
+    /// none.
+    pub fn thresholds(&self) -> (f64, f64) {
+        let snap: serde_json::Value = serde_json::from_str(&self.snapshot_json).unwrap_or_default();
+        let num = |paths: [&str; 2], default: f64| {
+            paths
+                .iter()
+                .find_map(|p| snap.pointer(p).and_then(serde_json::Value::as_f64))
+                .unwrap_or(default)
+        };
+        let accept = num(
+            [
+                "/flags/auto_accept_threshold",
+                "/config/routing/auto_accept_threshold",
+            ],
+            0.85,
+        );
+        let review = num(
+            [
+                "/flags/review_threshold",
+                "/config/routing/review_threshold",
+            ],
+            0.60,
+        );
+        let floor = snap
+            .pointer("/flags/min_confidence")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(0.0);
+        (accept.max(floor), review)
+    }
 }
 
 // Agreement: accepted as suggested. A reject disagrees, and so does an
@@ -40,37 +88,7 @@ impl Ledger {
         &self,
         session_id: &str,
     ) -> Result<Option<CalibrationInput>, LedgerError> {
-        let conn = self.conn();
-        let snapshot: Option<String> = crate::db::OptionalExtension::optional(conn.query_row(
-            "SELECT config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
-            params![session_id],
-            |r| r.get(0),
-        ))?;
-        let Some(snapshot_json) = snapshot else {
-            return Ok(None);
-        };
-        let mut stmt = conn.prepare(REVIEWED_SQL)?;
-        let reviewed = stmt
-            .query_map(params![session_id], |r| {
-                Ok(Reviewed {
-                    confidence: r.get(0)?,
-                    agreed: r.get::<_, i64>(1)? != 0,
-                    audit: r.get::<_, i64>(2)? != 0,
-                })
-            })?
-            .collect::<crate::db::Result<Vec<_>>>()?;
-        let mut stmt = conn.prepare(
-            "SELECT confidence FROM llm_batch_result \
-             WHERE session_id = ?1 AND confidence IS NOT NULL ORDER BY item_id",
-        )?;
-        let confidences = stmt
-            .query_map(params![session_id], |r| r.get::<_, f64>(0))?
-            .collect::<crate::db::Result<Vec<_>>>()?;
-        Ok(Some(CalibrationInput {
-            reviewed,
-            confidences,
-            snapshot_json,
-        }))
+        Ok(calibration_input(self.conn(), session_id)?)
     }
 
     /// Record on the session that `docket calibrate --apply` changed the
@@ -89,4 +107,42 @@ impl Ledger {
             .execute(params![session_id, now_ts(), message, actor])?;
         Ok(())
     }
+}
+
+/// The session's calibration inputs (for `docket calibrate` and the
+/// console's calibration view); `None` when there is no such session.
+pub(crate) fn calibration_input(
+    conn: &crate::db::Connection,
+    session_id: &str,
+) -> crate::db::Result<Option<CalibrationInput>> {
+    let snapshot: Option<String> = crate::db::OptionalExtension::optional(conn.query_row(
+        "SELECT config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
+        params![session_id],
+        |r| r.get(0),
+    ))?;
+    let Some(snapshot_json) = snapshot else {
+        return Ok(None);
+    };
+    let mut stmt = conn.prepare_cached(REVIEWED_SQL)?;
+    let reviewed = stmt
+        .query_map(params![session_id], |r| {
+            Ok(Reviewed {
+                confidence: r.get(0)?,
+                agreed: r.get::<_, i64>(1)? != 0,
+                audit: r.get::<_, i64>(2)? != 0,
+            })
+        })?
+        .collect::<crate::db::Result<Vec<_>>>()?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT confidence FROM llm_batch_result \
+         WHERE session_id = ?1 AND confidence IS NOT NULL ORDER BY item_id",
+    )?;
+    let confidences = stmt
+        .query_map(params![session_id], |r| r.get::<_, f64>(0))?
+        .collect::<crate::db::Result<Vec<_>>>()?;
+    Ok(Some(CalibrationInput {
+        reviewed,
+        confidences,
+        snapshot_json,
+    }))
 }

@@ -188,6 +188,58 @@ pub fn suggest(
         })
 }
 
+/// The target precision when none is given (`docket calibrate`'s default,
+/// and what the console's calibration view aims at).
+pub const DEFAULT_TARGET: f64 = 0.98;
+
+/// Everything a calibration report shows, for `docket calibrate` and the
+/// console's calibration view alike (one computation, two renderings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub target: f64,
+    /// The auto-accept and review thresholds the session routed with.
+    pub accept: f64,
+    pub review: f64,
+    pub overall: Agreement,
+    /// Reviewed items that came from the audit sample.
+    pub audited: u64,
+    /// Enough reviewed items to estimate anything ([`MIN_REVIEWED`]).
+    pub enough: bool,
+    pub bands: Vec<Band>,
+    /// The precision the current auto-accept threshold gives.
+    pub current: Agreement,
+    /// The lowest threshold that reaches `target`, when one does.
+    pub suggestion: Option<Suggestion>,
+}
+
+impl Summary {
+    /// The report on `items` (reviewed) among `confidences` (every routed
+    /// item's), for a session that routed with `accept` and `review`.
+    pub fn of(
+        items: &[Reviewed],
+        confidences: &[f64],
+        accept: f64,
+        review: f64,
+        target: f64,
+    ) -> Summary {
+        let overall = Agreement::of(items);
+        let enough = overall.reviewed >= MIN_REVIEWED;
+        Summary {
+            target,
+            accept,
+            review,
+            audited: items.iter().filter(|r| r.audit).count() as u64,
+            enough,
+            bands: bands(items),
+            current: precision_at(items, accept),
+            suggestion: enough
+                .then(|| suggest(items, confidences, review, accept, target))
+                .flatten(),
+            overall,
+        }
+    }
+}
+
 /// The audit decision for an item: a stable hash of session and item,
 /// mapped to [0, 1), below `share`. The same session and item decide the
 /// same way on a resume or in another worker (no random state).

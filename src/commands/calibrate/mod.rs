@@ -9,7 +9,6 @@ use std::path::Path;
 
 use docket::config::{CONFIG_FILE, LoadedConfig, edit};
 use docket::ledger::Ledger;
-use docket::ledger::calibration::CalibrationInput;
 use docket::ledger::work::RunSessions;
 use docket_model::calibration::{self as cal, Agreement, Band, Suggestion};
 
@@ -75,56 +74,30 @@ fn compute(l: &Ledger, args: &CalibrateArgs) -> Result<Calibration, String> {
         .calibration_input(&session)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| docket::ids::unknown_session(&session))?;
-    let (accept, review) = session_thresholds(&input);
-    let reviewed = &input.reviewed;
-    let overall = Agreement::of(reviewed);
-    let enough = overall.reviewed >= cal::MIN_REVIEWED;
-    Ok(Calibration {
-        target: args.target,
+    let cal::Summary {
+        target,
         accept,
         review,
-        audited: reviewed.iter().filter(|r| r.audit).count() as u64,
-        enough,
-        bands: cal::bands(reviewed),
-        current: cal::precision_at(reviewed, accept),
-        suggestion: enough
-            .then(|| cal::suggest(reviewed, &input.confidences, review, accept, args.target))
-            .flatten(),
         overall,
+        audited,
+        enough,
+        bands,
+        current,
+        suggestion,
+    } = input.summary(args.target);
+    Ok(Calibration {
         session,
+        target,
+        accept,
+        review,
+        overall,
+        audited,
+        enough,
+        bands,
+        current,
+        suggestion,
         apply: args.apply,
     })
-}
-
-/// The thresholds the session routed with: its flags (the config's, or the
-/// command line's), the auto-accept raised by `--min-confidence`.
-fn session_thresholds(input: &CalibrationInput) -> (f64, f64) {
-    let snap: serde_json::Value = serde_json::from_str(&input.snapshot_json).unwrap_or_default();
-    let num = |paths: [&str; 2], default: f64| {
-        paths
-            .iter()
-            .find_map(|p| snap.pointer(p).and_then(serde_json::Value::as_f64))
-            .unwrap_or(default)
-    };
-    let accept = num(
-        [
-            "/flags/auto_accept_threshold",
-            "/config/routing/auto_accept_threshold",
-        ],
-        0.85,
-    );
-    let review = num(
-        [
-            "/flags/review_threshold",
-            "/config/routing/review_threshold",
-        ],
-        0.60,
-    );
-    let floor = snap
-        .pointer("/flags/min_confidence")
-        .and_then(serde_json::Value::as_f64)
-        .unwrap_or(0.0);
-    (accept.max(floor), review)
 }
 
 /// What `--apply` did.

@@ -28,6 +28,9 @@ pub struct Screen {
     pub mouse: bool,
     /// Each pane the last frame drew and where (set by the view).
     pub areas: RefCell<Vec<(Pane, Rect)>>,
+    /// The last frame showed every chart at once (set by the view): tab
+    /// then switches between them and the calibration page.
+    pub charts_all: std::cell::Cell<bool>,
 }
 
 impl Screen {

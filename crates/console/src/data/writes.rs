@@ -176,9 +176,15 @@ fn undo(ledger: &Ledger, op: &docket_ledger::review::Operator) -> (String, Vec<i
     match ledger.undo_last(op) {
         Ok(Some(u)) => {
             let item = docket_model::sanitize::truncate(&u.item_id, 40);
+            // A correction is logged as an accept with its own answer.
+            let what = if u.corrected {
+                "correction"
+            } else {
+                u.action.as_str()
+            };
             let said = match u.review_ids.len() {
-                0 | 1 => format!("Undid {} of {item}", u.action),
-                n => format!("Undid {} of {n} items", u.action),
+                0 | 1 => format!("Undid {what} of {item}"),
+                n => format!("Undid {what} of {n} items"),
             };
             (said, u.review_ids)
         }

@@ -107,11 +107,16 @@ impl App {
         self.after_cursor_move()
     }
 
-    /// The next (or previous) chart of the one-chart layout, wrapping.
+    /// The next (or previous) chart of the one-chart layout, wrapping; on
+    /// a big terminal (every chart at once) the calibration or the charts.
     fn chart_step(&mut self, forward: bool) -> Vec<Effect> {
         let n = crate::view::CHART_PAGES;
+        let cal = crate::view::CALIBRATION_PAGE;
+        let all = self.screen.charts_all.get();
         if let Overlay::Charts { page } = &mut self.overlay {
-            *page = if forward {
+            *page = if all {
+                if *page % n == cal { 0 } else { cal }
+            } else if forward {
                 (*page + 1) % n
             } else {
                 (*page + n - 1) % n

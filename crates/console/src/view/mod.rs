@@ -20,7 +20,7 @@ use ratatui::widgets::{Block, BorderType, Borders, Paragraph};
 use super::app::{App, Overlay, Pane};
 use super::theme::Theme;
 
-pub use charts::CHART_PAGES;
+pub use charts::{CALIBRATION_PAGE, CHART_PAGES};
 
 /// Below this the console says so instead of drawing a broken layout.
 pub const MIN_WIDTH: u16 = 80;

@@ -1,8 +1,9 @@
 //! The charts overlay's read: a session's confidences by stage (from its
-//! outcomes, `llm_batch_result`) and its attempts on a time line (from
-//! `llm_messages`). The console asks for it only while the charts are on
-//! screen, and at most every few seconds: it reads every attempt row of
-//! the session.
+//! outcomes, `llm_batch_result`), its attempts on a time line (from
+//! `llm_messages`) and its calibration inputs (human decisions against
+//! confidences, as `docket calibrate` reads them). The console asks for it
+//! only while the charts are on screen, and at most every few seconds: it
+//! reads every attempt row of the session.
 
 use crate::db::Connection;
 use crate::db::params;
@@ -27,11 +28,13 @@ pub(super) fn charts(conn: &Connection, session_id: &str) -> crate::db::Result<C
     Ok(ChartData {
         confidence: histograms(conn, session_id)?,
         timeline: Timeline::build(start, end, &attempts(conn, session_id)?),
+        calibration: crate::calibration::calibration_input(conn, session_id)?
+            .map(|input| input.summary(docket_model::calibration::DEFAULT_TARGET)),
     })
 }
 
 /// Each stage's outcomes counted by confidence (outcomes with none, as an
-/// error has, are left out).
+/// error has, are left out), and the critic's confidences apart.
 fn histograms(conn: &Connection, session_id: &str) -> crate::db::Result<Vec<StageHistogram>> {
     let mut stmt = conn.prepare_cached(
         "SELECT stage, confidence FROM llm_batch_result
@@ -58,6 +61,7 @@ fn histograms(conn: &Connection, session_id: &str) -> crate::db::Result<Vec<Stag
         };
         out[i].bins[bin] += 1;
     }
+    critic_histogram(conn, session_id, &mut out)?;
     // Job order (no ORDER BY above: sorting every outcome costs a third of
     // the read on a big session); a stage without a checkpoint goes last.
     let order = stage_positions(conn, session_id)?;
@@ -73,6 +77,53 @@ fn histograms(conn: &Connection, session_id: &str) -> crate::db::Result<Vec<Stag
             .then_with(|| a.stage.cmp(&b.stage))
     });
     Ok(out)
+}
+
+/// The critic's own confidences (in its answers, `critic_json`), as one
+/// more histogram under the critic stage's name: the generator's
+/// confidence is the outcome's, the critic's would otherwise not show.
+fn critic_histogram(
+    conn: &Connection,
+    session_id: &str,
+    out: &mut Vec<StageHistogram>,
+) -> crate::db::Result<()> {
+    if !super::schema::has_table(conn, "run_stages")?
+        || !super::schema::has_column(conn, "llm_batch_result", "critic_json")?
+    {
+        return Ok(());
+    }
+    let stage: Option<String> = conn
+        .prepare_cached(
+            "SELECT stage FROM run_stages
+             WHERE session_id = ?1 AND (role = 'critic' OR critic_of IS NOT NULL)
+             ORDER BY position LIMIT 1",
+        )?
+        .query_map(params![session_id], |r| text(r, 0))?
+        .next()
+        .transpose()?
+        .flatten();
+    let Some(stage) = stage.filter(|s| !out.iter().any(|h| &h.stage == s)) else {
+        return Ok(());
+    };
+    let mut stmt = conn.prepare_cached(
+        "SELECT critic_json FROM llm_batch_result
+         WHERE session_id = ?1 AND critic_json IS NOT NULL",
+    )?;
+    let mut bins = vec![0; CONFIDENCE_BINS];
+    for json in stmt.query_map(params![session_id], |r| text(r, 0))? {
+        // The gate's confidence field (`confidence`, as the review card
+        // reads it); an answer without one is left out.
+        let confidence = json?
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+            .and_then(|v| v.get("confidence").and_then(serde_json::Value::as_f64));
+        if let Some(bin) = confidence.and_then(crate::watch::confidence_bin) {
+            bins[bin] += 1;
+        }
+    }
+    if bins.iter().any(|&n| n > 0) {
+        out.push(StageHistogram { stage, bins });
+    }
+    Ok(())
 }
 
 /// The session's stages and their places in the job (`run_stages`); empty

@@ -100,6 +100,12 @@ pub(super) fn session_view(
         now,
     );
     let stages = stages_with_open(conn, &row, &open, (in_flight, at_provider))?;
+    // A ledger from before profiles (read-only, never migrated) has none.
+    let profile = if super::schema::has_column(conn, "llm_batch_session", "profile_version")? {
+        crate::profiles::session_profile(conn, session_id)?
+    } else {
+        None
+    };
     let pending = row
         .total_count
         .saturating_sub(row.processed_count)
@@ -107,6 +113,7 @@ pub(super) fn session_view(
         .saturating_sub(at_provider);
     Ok(Some(SessionView {
         stop_after_stage,
+        profile,
         tune: Tune {
             rpm: rpm.map(clamp),
             tpm: tpm.map(clamp),

@@ -69,6 +69,8 @@ pub struct Undone {
     pub item_id: String,
     /// The action undone: `accept` or `reject`.
     pub action: String,
+    /// The accept was a correction (the operator's own answer).
+    pub corrected: bool,
     /// Every review item the decision took, pending again now.
     pub review_ids: Vec<i64>,
 }

@@ -16,6 +16,10 @@ pub struct ChartData {
     /// order (stages the session has no checkpoint of last, by name).
     pub confidence: Vec<StageHistogram>,
     pub timeline: Timeline,
+    /// The calibration page's figures (`docket calibrate`'s, at its
+    /// default target), computed on the data side: a few bands, not every
+    /// confidence of the session, cross to the UI. None without a session.
+    pub calibration: Option<docket_model::calibration::Summary>,
 }
 
 /// The confidences of the outcomes a stage decided.

@@ -96,6 +96,9 @@ impl StageProgress {
 pub struct SessionView {
     pub row: SessionRow,
     pub stop_after_stage: Option<String>,
+    /// The rate-limit profile the run was started with, and its version
+    /// (`--profile`); None without one.
+    pub profile: Option<(String, i64)>,
     pub tune: Tune,
     /// None when no engine has written gauges yet.
     pub gauges: Option<LiveGauges>,

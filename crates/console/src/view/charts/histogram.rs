@@ -119,7 +119,7 @@ pub(super) fn draw_all(
 
 /// Bar width and gap for `width` columns of 20 bars: a gap when the bars
 /// can still be 2 wide, else touching bars 2 wide, else 1 wide with gaps.
-fn bar_geometry(width: u16) -> (u16, u16) {
+pub(super) fn bar_geometry(width: u16) -> (u16, u16) {
     let n = CONFIDENCE_BINS as u16;
     let gaps = n - 1;
     if width >= 2 * n + gaps {
@@ -183,7 +183,7 @@ fn draw_histogram(frame: &mut Frame, area: Rect, h: &StageHistogram, t: &Thresho
 }
 
 /// `0`, `0.5` and `1` under the bars where those confidences are.
-fn axis_line<'a>(width: u16, bar: u16, gap: u16, theme: Theme) -> Line<'a> {
+pub(super) fn axis_line<'a>(width: u16, bar: u16, gap: u16, theme: Theme) -> Line<'a> {
     let n = CONFIDENCE_BINS;
     let step = usize::from(bar + gap);
     let mut row = vec![' '; usize::from(width)];

@@ -1,10 +1,12 @@
 //! The charts overlay: each stage's confidence histogram with the review
 //! and auto-accept thresholds marked, sparklines of requests/s, 429s and
-//! errors over the run, and the spend against the estimate. On a big
-//! terminal every chart shows at once; on a small one (80x24) one chart
-//! fills the pane and tab / backtab switch it. Nothing is said by colour
-//! alone: bands carry a glyph, thresholds a label.
+//! errors over the run, the spend against the estimate, and the
+//! calibration (human agreement per confidence band). On a big terminal
+//! the first three show at once and tab switches to the calibration; on a
+//! small one (80x24) one chart fills the pane and tab / backtab switch it.
+//! Nothing is said by colour alone: bands carry a glyph, thresholds a label.
 
+mod calibration;
 mod histogram;
 mod timeline;
 
@@ -21,9 +23,13 @@ use docket_model::sanitize::truncate;
 
 pub(super) use histogram::Thresholds;
 
-/// The charts of the one-chart layout: confidence, rates, cost.
-pub const CHART_PAGES: usize = 3;
-const PAGE_NAMES: [&str; CHART_PAGES] = ["confidence", "rates", "cost"];
+/// The charts of the one-chart layout: confidence, rates, cost,
+/// calibration.
+pub const CHART_PAGES: usize = 4;
+const PAGE_NAMES: [&str; CHART_PAGES] = ["confidence", "rates", "cost", "calibration"];
+/// The calibration's page: on a big terminal the one page apart from the
+/// others (which show at once).
+pub const CALIBRATION_PAGE: usize = 3;
 
 /// Every chart at once from this body size (120x40 leaves 37 rows).
 fn shows_all(area: Rect) -> bool {
@@ -39,6 +45,9 @@ pub(in crate::view) fn draw_charts(
 ) {
     frame.render_widget(Clear, area);
     let all = shows_all(area);
+    // The keys need it: tab on a big terminal goes straight between the
+    // charts and the calibration.
+    app.screen.charts_all.set(all);
     let block = Block::default()
         .borders(Borders::ALL)
         .border_type(BorderType::Double)
@@ -56,6 +65,11 @@ pub(in crate::view) fn draw_charts(
         return;
     };
     let thresholds = Thresholds::of(app);
+    let page = page % CHART_PAGES;
+    if page == CALIBRATION_PAGE {
+        calibration::draw(frame, inner, data, theme);
+        return;
+    }
     if all {
         let [left, right] =
             Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
@@ -67,14 +81,14 @@ pub(in crate::view) fn draw_charts(
         timeline::draw_cost(frame, cost, app, data, theme);
         return;
     }
-    match page % CHART_PAGES {
+    match page {
         0 => histogram::draw_all(frame, inner, data, &thresholds, theme),
         1 => timeline::draw_rates(frame, inner, data, theme),
         _ => timeline::draw_cost(frame, inner, app, data, theme),
     }
 }
 
-/// ` Charts · SESSION · 12:34 of run · 1/3 confidence (tab: next) · Esc closes `,
+/// ` Charts · SESSION · 12:34 of run · 1/4 confidence (tab: next) · Esc closes `,
 /// the parts that fit.
 fn title(app: &App, all: bool, page: usize) -> String {
     let mut parts = vec!["Charts".to_string()];
@@ -84,8 +98,14 @@ fn title(app: &App, all: bool, page: usize) -> String {
     if let Some(span) = app.snap.charts.as_ref().and_then(run_span) {
         parts.push(format!("{} of run", clock(span)));
     }
-    if !all {
-        let p = page % CHART_PAGES;
+    let p = page % CHART_PAGES;
+    if all {
+        parts.push(if p == CALIBRATION_PAGE {
+            "calibration (tab: charts)".to_string()
+        } else {
+            "tab: calibration".to_string()
+        });
+    } else {
         parts.push(format!(
             "{}/{CHART_PAGES} {} (tab: next)",
             p + 1,

@@ -30,6 +30,10 @@ pub(super) fn draw_header(frame: &mut Frame, area: Rect, app: &App, theme: Theme
             if let Some(mode) = completion_mode(&v.row.config_snapshot_json) {
                 spans.push(styled(format!(" · {mode}"), theme.dim()));
             }
+            if let Some((name, version)) = &v.profile {
+                let name = truncate(&docket_model::sanitize::for_terminal(name), 24);
+                spans.push(styled(format!(" · profile {name} v{version}"), theme.dim()));
+            }
             if v.shown == ShownState::Interrupted {
                 spans.push(styled(" · no engine; resumable", theme.dim()));
             }

@@ -45,6 +45,7 @@ pub(crate) fn undo_last(conn: &Connection, op: &Operator) -> Result<Option<Undon
             review_id: newest.review_id,
             item_id: newest.item_id,
             action: newest.action,
+            corrected: newest.corrected,
             review_ids,
         }))
     })
@@ -68,9 +69,12 @@ struct LogEntry {
     action: String,
     at: f64,
     prev_decision_json: Option<String>,
+    /// An accept with the operator's own answer (a correction).
+    corrected: bool,
 }
 
-const LOG_COLUMNS: &str = "log_id, review_id, item_id, action, at, prev_decision_json";
+const LOG_COLUMNS: &str = "log_id, review_id, item_id, action, at, prev_decision_json, \
+     CASE WHEN corrected_answer_json IS NULL THEN 0 ELSE 1 END";
 
 fn log_entry(r: &crate::db::Row<'_>) -> crate::db::Result<LogEntry> {
     Ok(LogEntry {
@@ -80,6 +84,7 @@ fn log_entry(r: &crate::db::Row<'_>) -> crate::db::Result<LogEntry> {
         action: r.get(3)?,
         at: r.get(4)?,
         prev_decision_json: r.get(5)?,
+        corrected: r.get::<_, i64>(6)? != 0,
     })
 }
 
