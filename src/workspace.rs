@@ -117,7 +117,8 @@ pub enum WorkspaceError {
     Exists(String),
     #[error(
         "{0}: a docket.toml is already there and `docket demo` did not write it (the demo \
-         wipes its folder's ledger); give the demo an empty or new folder with --workspace"
+         wipes its folder's ledger); give the demo an empty or new folder with --workspace \
+         (DOCKET_WORKSPACE counts as --workspace: unset it to use the demo's own folder)"
     )]
     NotDemo(String),
     #[error("{path}: {source}")]
