@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use crate::gate::Gate;
 use crate::items::ImportFormat;
 use crate::ledger::LedgerError;
-use crate::ledger::import::{Added, ItemBatch};
+use crate::ledger::import::{Added, ItemBatch, Replaced};
 
 /// A fuzz target: any bytes in, no panic out.
 pub type Target = fn(&[u8]);
@@ -61,6 +61,13 @@ impl ItemBatch for MemoryBatch {
                 Added::New
             }
         })
+    }
+
+    fn replace(&mut self, item_id: &str, evidence_json: &str) -> Result<Replaced, LedgerError> {
+        if let Some(entry) = self.0.get_mut(item_id) {
+            entry.1 = evidence_json.to_string();
+        }
+        Ok(Replaced::default())
     }
 
     fn commit(self: Box<Self>) -> Result<(), LedgerError> {
