@@ -189,7 +189,13 @@ impl ItemBatch for SqliteBatch<'_> {
         }
         // Already there: from this import (the same file and import time),
         // or from before it.
-        type Row = (Option<String>, Option<i64>, Option<f64>, String, Option<String>);
+        type Row = (
+            Option<String>,
+            Option<i64>,
+            Option<f64>,
+            String,
+            Option<String>,
+        );
         let (file, first_line, at, evidence, stored): Row = self
             .conn
             .prepare_cached(
@@ -231,7 +237,9 @@ impl ItemBatch for SqliteBatch<'_> {
             )?
             .execute(params![item_id])?;
         let outcomes = c
-            .prepare_cached("UPDATE llm_batch_result SET stale = 1 WHERE item_id = ?1 AND stale = 0")?
+            .prepare_cached(
+                "UPDATE llm_batch_result SET stale = 1 WHERE item_id = ?1 AND stale = 0",
+            )?
             .execute(params![item_id])?;
         let pending_reviews = c
             .prepare_cached(

@@ -62,7 +62,8 @@ mod tests {
 
     #[test]
     fn key_order_and_spacing_do_not_change_the_hash() {
-        let a = evidence_hash(r#"{"title":"Song","artist":"A","meta":{"y":1,"x":[1,{"b":2,"a":1}]}}"#);
+        let a =
+            evidence_hash(r#"{"title":"Song","artist":"A","meta":{"y":1,"x":[1,{"b":2,"a":1}]}}"#);
         let b = evidence_hash(
             r#"{ "meta": {"x": [1, {"a": 1, "b": 2}], "y": 1}, "artist": "A", "title": "Song" }"#,
         );
@@ -76,7 +77,10 @@ mod tests {
         let base = evidence_hash(r#"{"title":"Song","tags":["a","b"]}"#);
         assert_ne!(base, evidence_hash(r#"{"title":"Song!","tags":["a","b"]}"#));
         assert_ne!(base, evidence_hash(r#"{"title":"Song","tags":["b","a"]}"#));
-        assert_ne!(base, evidence_hash(r#"{"title":"Song","tags":["a","b"],"x":null}"#));
+        assert_ne!(
+            base,
+            evidence_hash(r#"{"title":"Song","tags":["a","b"],"x":null}"#)
+        );
         // A number and the string of it are different evidence.
         assert_ne!(evidence_hash(r#"{"n":1}"#), evidence_hash(r#"{"n":"1"}"#));
     }

@@ -236,7 +236,9 @@ fn request_for(
         .optional()?;
     match newest {
         Some((id, _, status, asked_on, now_hash))
-            if !st.rerun && status == "completed" && !crate::import::other_evidence(&asked_on, &now_hash) =>
+            if !st.rerun
+                && status == "completed"
+                && !crate::import::other_evidence(&asked_on, &now_hash) =>
         {
             Ok(id)
         }
