@@ -124,6 +124,8 @@ pub const REQUEST_COLUMNS: &[&str] = &[
     "ambiguous_attempts",
     "last_client_request_id",
     "last_provider_request_id",
+    // The hash of the evidence the request was made on (migration 13).
+    "evidence_hash",
 ];
 
 const REQUEST_KINDS: &[Kind] = &[
@@ -147,6 +149,7 @@ const REQUEST_KINDS: &[Kind] = &[
     Kind::Int,
     Kind::Float,
     Kind::Int,
+    Kind::Text,
     Kind::Text,
     Kind::Text,
 ];

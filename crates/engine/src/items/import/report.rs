@@ -130,7 +130,8 @@ fn render_update(
         let s = &report.stale;
         writeln!(
             out,
-            "  marked stale: {} {}, {} pending and {} decided review {} (decisions stand); {} auto-accept(s) undone.              The next `docket run` asks again for the changed items only, as a new request version",
+            "  marked stale: {} {}, {} pending and {} decided review {} (decisions stand); {} auto-accept(s) undone. \
+             The next `docket run` asks again for the changed items only, as a new request version",
             group_thousands(s.outcomes),
             plural(s.outcomes, "outcome", "outcomes"),
             group_thousands(s.pending_reviews),

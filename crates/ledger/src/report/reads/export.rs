@@ -72,7 +72,7 @@ const REQUEST_FIELDS: &str = "q.request_id, {session}, q.item_id, q.stage, sr.po
      (SELECT m.client_request_id FROM llm_messages m WHERE m.request_id = q.request_id \
       ORDER BY m.attempt DESC LIMIT 1), \
      (SELECT m.provider_request_id FROM llm_messages m WHERE m.request_id = q.request_id \
-      ORDER BY m.attempt DESC LIMIT 1)";
+      ORDER BY m.attempt DESC LIMIT 1), q.evidence_hash";
 
 // Every request of every session, each with the newest session that ran it
 // (PostgreSQL has no rowid: the newest row comes from a lateral subquery).
