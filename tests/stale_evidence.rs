@@ -9,6 +9,11 @@
 #[path = "stale_evidence/scenario.rs"]
 mod scenario;
 
+use docket::ledger::console::ConsoleReads;
+use docket::ledger::review::ReviewDecisions;
+use docket::ledger::{Ledger, LedgerLocation};
+use docket::review::Operator;
+use docket::watch::ReviewQuery;
 use docket_testkit::procs::Mock;
 use scenario::{items, json, ok, query, update_then_run, workspace};
 use serde_json::Value;
@@ -83,5 +88,102 @@ fn import_without_update_reports_the_changed_items_and_changes_nothing() {
             "SELECT COUNT(*) FROM review_item WHERE stale = 1"
         ),
         "0"
+    );
+}
+
+/// A review decided on the old evidence keeps its decision, marked stale
+/// (on the card too), and its item is not asked again; the pending review
+/// of a changed item shows stale on its card.
+#[test]
+fn a_decided_review_keeps_its_decision_marked_stale_and_is_not_asked_again() {
+    let mock = Mock::start(&[]);
+    let (ws, home) = workspace(&mock);
+    let home = home.path();
+    let first = items(&ws, "first.jsonl", false);
+    ok(&ws, home, None, &["import", &first]);
+    ok(
+        &ws,
+        home,
+        None,
+        &["batch-adjudicate", "--yes", "--headless"],
+    );
+    let ledger = Ledger::open(LedgerLocation::File(ws.ledger())).unwrap();
+    let pending: Vec<(i64, String)> = ledger
+        .review_page(&ReviewQuery {
+            limit: 100,
+            ..ReviewQuery::default()
+        })
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| (r.review_id, r.item_id.clone()))
+        .collect();
+    assert!(pending.len() >= 2, "{pending:?}");
+    let (decided_id, decided_item) = pending[0].clone();
+    let (open_id, open_item) = pending[1].clone();
+    let op = Operator {
+        user: "ann".into(),
+        claimant: "ann@host:1".into(),
+    };
+    ledger.accept(&[decided_id], &op).unwrap();
+
+    // Both items' evidence corrected.
+    let text = std::fs::read_to_string(&first).unwrap();
+    let mut edited = String::new();
+    for line in text.lines() {
+        let mut row: Value = serde_json::from_str(line).unwrap();
+        if row["id"] == decided_item.as_str() || row["id"] == open_item.as_str() {
+            row["week"] = Value::String("1999-01-01".into());
+        }
+        edited.push_str(&row.to_string());
+        edited.push('\n');
+    }
+    let path = ws.path().join("items/edited.jsonl");
+    std::fs::write(&path, edited).unwrap();
+    let sent = mock.stat("requests");
+    let said = ok(
+        &ws,
+        home,
+        None,
+        &["import", path.to_str().unwrap(), "--update"],
+    );
+    assert!(said.contains("0 new, 2 changed, 18 unchanged"), "{said}");
+    assert!(
+        said.contains("1 pending and 1 decided review items"),
+        "{said}"
+    );
+
+    let decided = ledger.review_detail(decided_id).unwrap().expect("card");
+    assert_eq!((decided.status.as_str(), decided.stale), ("accepted", true));
+    let open = ledger.review_detail(open_id).unwrap().expect("card");
+    assert_eq!((open.status.as_str(), open.stale), ("pending", true));
+    assert_eq!(
+        query(
+            &ws,
+            None,
+            &format!(
+                "SELECT state || ' ' || decided_by FROM decision WHERE item_id = '{decided_item}'"
+            )
+        ),
+        "decided review:ann",
+        "the decision stands"
+    );
+    let said = ok(
+        &ws,
+        home,
+        None,
+        &["batch-adjudicate", "--yes", "--headless"],
+    );
+    assert!(said.contains("1 item(s) with changed evidence"), "{said}");
+    assert_eq!(mock.stat("requests") - sent, 1, "only the undecided one");
+    assert_eq!(
+        query(
+            &ws,
+            None,
+            &format!(
+                "SELECT MAX(request_version) FROM llm_requests WHERE item_id = '{decided_item}'"
+            )
+        ),
+        "1"
     );
 }
