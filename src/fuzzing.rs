@@ -63,10 +63,14 @@ impl ItemBatch for MemoryBatch {
         })
     }
 
-    fn replace(&mut self, item_id: &str, evidence_json: &str) -> Result<Replaced, LedgerError> {
-        if let Some(entry) = self.0.get_mut(item_id) {
-            entry.1 = evidence_json.to_string();
-        }
+    fn replace(
+        &mut self,
+        item_id: &str,
+        evidence_json: &str,
+        line: u64,
+    ) -> Result<Replaced, LedgerError> {
+        self.0
+            .insert(item_id.to_string(), (line, evidence_json.to_string()));
         Ok(Replaced::default())
     }
 

@@ -187,3 +187,59 @@ fn a_decided_review_keeps_its_decision_marked_stale_and_is_not_asked_again() {
         "1"
     );
 }
+
+/// `--update` through the import API: key order is the same evidence, a
+/// changed id repeated on a later line of the same file is a repeat (the
+/// same evidence) or a bad row (other evidence), as for a new id.
+#[test]
+fn update_compares_by_hash_and_treats_a_repeated_changed_line_as_a_repeat() {
+    // Nothing is sent: no provider behind the URL.
+    let ws = docket_testkit::workspace(&docket_testkit::Job::new("http://127.0.0.1:9/v1"));
+    let write = |name: &str, text: &str| {
+        let p = ws.path().join("items").join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let opts = docket::items::ImportOptions {
+        update: true,
+        ..Default::default()
+    };
+    let mut ledger = ws.handle();
+    let a = write(
+        "a.jsonl",
+        "{\"id\":\"a\",\"x\":1,\"y\":2}\n{\"id\":\"b\",\"x\":1}\n",
+    );
+    let r = docket::items::import_file(&mut ledger, &a, &opts).unwrap();
+    assert_eq!((r.imported, r.differing), (2, 0));
+    let b = write(
+        "b.jsonl",
+        "{\"id\":\"a\",\"x\":1,\"y\":3}\n{\"y\":3,\"id\":\"a\",\"x\":1}\n{\"x\":1,\"id\":\"b\"}\n",
+    );
+    let r = docket::items::import_file(&mut ledger, &b, &opts).unwrap();
+    assert_eq!(
+        (r.imported, r.differing, r.already_present, r.bad_count),
+        (0, 1, 3, 0)
+    );
+    let c = write(
+        "c.jsonl",
+        "{\"id\":\"a\",\"x\":1,\"y\":4}\n{\"id\":\"a\",\"x\":1,\"y\":5}\n",
+    );
+    let r = docket::items::import_file(&mut ledger, &c, &opts).unwrap();
+    assert_eq!((r.differing, r.bad_count), (1, 1));
+    assert!(
+        r.bad_rows[0].reason.contains("duplicate id"),
+        "{:?}",
+        r.bad_rows
+    );
+    let kept: Value = serde_json::from_str(&query(
+        &ws,
+        None,
+        "SELECT evidence_json FROM decision WHERE item_id = 'a'",
+    ))
+    .unwrap();
+    assert_eq!(
+        kept,
+        serde_json::json!({"x": 1, "y": 4}),
+        "line 1 replaced it"
+    );
+}

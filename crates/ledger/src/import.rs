@@ -42,7 +42,14 @@ pub trait ItemBatch {
     /// mark what was made on the old one stale: its outcomes, its review
     /// items (a decided one keeps its decision). An auto-accept made on it
     /// is undone, so the next run asks again; a human's decision stays.
-    fn replace(&mut self, item_id: &str, evidence_json: &str) -> Result<Replaced, LedgerError>;
+    /// The item then says it came from this line of this import, so a
+    /// later line of the same file with the id is a repeat (or a bad row).
+    fn replace(
+        &mut self,
+        item_id: &str,
+        evidence_json: &str,
+        line: u64,
+    ) -> Result<Replaced, LedgerError>;
 
     /// Keep every item added.
     fn commit(self: Box<Self>) -> Result<(), LedgerError>;
@@ -62,7 +69,8 @@ impl Import for Ledger {
 pub enum Added {
     New,
     /// The ledger had the id before this import; `same_evidence`: with
-    /// the evidence this row has (else the ledger keeps its own).
+    /// the evidence this row has, by content hash (else the ledger keeps
+    /// its own, unless the import replaces it: [`ItemBatch::replace`]).
     AlreadyPresent {
         same_evidence: bool,
     },
@@ -220,13 +228,21 @@ impl ItemBatch for SqliteBatch<'_> {
         })
     }
 
-    fn replace(&mut self, item_id: &str, evidence_json: &str) -> Result<Replaced, LedgerError> {
+    fn replace(
+        &mut self,
+        item_id: &str,
+        evidence_json: &str,
+        line: u64,
+    ) -> Result<Replaced, LedgerError> {
         let hash = docket_model::evidence::evidence_hash(evidence_json);
+        let line = i64::try_from(line).unwrap_or(i64::MAX);
         let c = self.conn;
         c.prepare_cached(
-            "UPDATE decision SET evidence_json = ?2, evidence_hash = ?3, updated_at = ?4 WHERE item_id = ?1",
+            "UPDATE decision SET evidence_json = ?2, evidence_hash = ?3, updated_at = ?4, imported_at = ?4,
+                 source_file = ?5, source_line = ?6
+             WHERE item_id = ?1",
         )?
-        .execute(params![item_id, evidence_json, hash, self.now])?;
+        .execute(params![item_id, evidence_json, hash, self.now, self.source_file, line])?;
         // An auto-accept judged the old evidence: undone, so the next run
         // asks again. A human's decision stays (its review item is marked).
         let undone = c

@@ -44,7 +44,7 @@ impl Sink<'_, '_> {
                 report.already_present += 1;
                 report.differing += 1;
                 if self.update {
-                    let marked = self.batch.replace(item_id, evidence_json)?;
+                    let marked = self.batch.replace(item_id, evidence_json, line)?;
                     report.stale.outcomes += marked.outcomes;
                     report.stale.pending_reviews += marked.pending_reviews;
                     report.stale.decided_reviews += marked.decided_reviews;
