@@ -243,3 +243,47 @@ fn update_compares_by_hash_and_treats_a_repeated_changed_line_as_a_repeat() {
         "line 1 replaced it"
     );
 }
+
+/// Items and requests from before migration 13 have no hash: the first
+/// import that meets an id fills both in from the evidence the ledger has,
+/// so a changed one is still asked again, and an unchanged one is not.
+#[test]
+fn items_from_before_the_hash_get_it_when_an_import_meets_them() {
+    let mock = Mock::start(&[]);
+    let (ws, home) = workspace(&mock);
+    let home = home.path();
+    let first = items(&ws, "first.jsonl", false);
+    ok(&ws, home, None, &["import", &first]);
+    ok(
+        &ws,
+        home,
+        None,
+        &["batch-adjudicate", "--yes", "--headless"],
+    );
+    // As a ledger migrated from 12 has them.
+    ws.conn()
+        .execute_batch(
+            "UPDATE decision SET evidence_hash = NULL; UPDATE llm_requests SET evidence_hash = NULL;",
+        )
+        .unwrap();
+    let sent = mock.stat("requests");
+    let edited = items(&ws, "edited.jsonl", true);
+    let said = ok(&ws, home, None, &["import", &edited, "--update"]);
+    assert!(said.contains("2 new, 3 changed, 15 unchanged"), "{said}");
+    assert_eq!(
+        query(
+            &ws,
+            None,
+            "SELECT COUNT(*) FROM decision WHERE evidence_hash IS NULL"
+        ),
+        "2",
+        "the two items the file left out keep none until an import meets them"
+    );
+    ok(
+        &ws,
+        home,
+        None,
+        &["batch-adjudicate", "--yes", "--headless"],
+    );
+    assert_eq!(mock.stat("requests") - sent, 5);
+}
