@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use crate::gate::Gate;
 use crate::items::ImportFormat;
 use crate::ledger::LedgerError;
-use crate::ledger::import::{Added, ItemBatch};
+use crate::ledger::import::{Added, ItemBatch, Replaced};
 
 /// A fuzz target: any bytes in, no panic out.
 pub type Target = fn(&[u8]);
@@ -61,6 +61,17 @@ impl ItemBatch for MemoryBatch {
                 Added::New
             }
         })
+    }
+
+    fn replace(
+        &mut self,
+        item_id: &str,
+        evidence_json: &str,
+        line: u64,
+    ) -> Result<Replaced, LedgerError> {
+        self.0
+            .insert(item_id.to_string(), (line, evidence_json.to_string()));
+        Ok(Replaced::default())
     }
 
     fn commit(self: Box<Self>) -> Result<(), LedgerError> {

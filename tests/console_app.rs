@@ -139,6 +139,7 @@ fn review_row(i: u64) -> ReviewRow {
         model_id: Some("mock-1".into()),
         claimed_by: None,
         audit: false,
+        stale: false,
         evidence: String::new(),
     }
 }

@@ -59,6 +59,7 @@ fn row() -> ReviewRow {
         model_id: Some("mock-1".into()),
         claimed_by: None,
         audit: false,
+        stale: false,
         evidence: evidence().to_string(),
     }
 }

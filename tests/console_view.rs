@@ -227,6 +227,7 @@ fn review_row(i: u64) -> ReviewRow {
         model_id: Some("mock-1".into()),
         claimed_by: if i == 3 { Some("bob@h:1".into()) } else { None },
         audit: false,
+        stale: false,
         evidence: String::new(),
     }
 }

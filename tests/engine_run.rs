@@ -952,6 +952,7 @@ async fn another_writer_during_a_run_never_sees_busy() {
                 id_field: "id".into(),
                 format: None,
                 strict: true,
+                update: false,
             };
             docket::items::import_file(&mut ledger, &path, &opts).expect("import during a run");
             if let Ok(Some(id)) = docket::ledger::store::latest_session(&support::db(&conn)) {

@@ -35,6 +35,7 @@ fn opts() -> ImportOptions {
         id_field: "id".into(),
         format: None,
         strict: false,
+        update: false,
     }
 }
 
@@ -154,6 +155,7 @@ fn explicit_format_and_custom_id_field() {
         id_field: "key".into(),
         format: Some(ImportFormat::Jsonl),
         strict: false,
+        update: false,
     };
     let report = import_file(&mut handle(&conn), &path, &o).unwrap();
     assert_eq!(report.imported, 1);

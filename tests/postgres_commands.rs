@@ -522,3 +522,15 @@ fn states_and_in_flight_read_alike_on_postgres() {
     let rows: Vec<serde_json::Value> = serde_json::from_str(&json).expect(&json);
     assert_eq!(rows[0]["state"], "interrupted", "{json}");
 }
+
+#[path = "stale_evidence/scenario.rs"]
+mod stale_scenario;
+
+/// `import --update` on PostgreSQL: the changed items' answers and review
+/// items marked stale, and the next run asks again for them and the new
+/// ones alone (the scenario of tests/stale_evidence.rs).
+#[test]
+fn import_update_marks_stale_and_asks_again_on_postgres() {
+    let pg = PgServer::start();
+    stale_scenario::update_then_run(Some(&pg));
+}

@@ -32,6 +32,7 @@ pub const IMPORT: &str = "Examples:
   docket import items.jsonl
   docket import chart_rows.csv --id-field chart_id
   docket import dump.txt --format jsonl --strict   all rows or none
+  docket import items.jsonl --update   replace changed evidence; the next run re-asks those
   docket import items.jsonl --output-format json   the summary as JSON";
 
 pub const RUN: &str = "Examples:

@@ -127,8 +127,10 @@ pub enum Command {
     },
     /// Load JSONL or CSV items as undecided (indeterminate) decisions.
     ///
-    /// Idempotent by item id: an id already in the ledger is left as it is.
-    /// Bad rows are reported as FILE:LINE: reason and skipped; the good rows
+    /// Idempotent by item id: an id already in the ledger is left as it is
+    /// (the summary counts those whose evidence changed); with --update
+    /// changed evidence replaces the ledger's and the next run asks again
+    /// for those items. Bad rows are reported as FILE:LINE: reason and skipped; the good rows
     /// are imported, and the exit code is 2 when any row was bad. With
     /// --strict nothing is imported when any row is bad.
     #[command(after_help = examples::IMPORT)]
@@ -142,11 +144,18 @@ pub enum Command {
         /// Import nothing if any row is bad.
         #[arg(long)]
         strict: bool,
+        /// Replace the evidence of ids the ledger has when it changed (by
+        /// content hash): their answers and pending review items are marked
+        /// stale, and the next run asks again for them alone, as a new
+        /// request version. Prints new / changed / unchanged counts.
+        #[arg(long)]
+        update: bool,
         /// Force the format instead of guessing from the extension.
         #[arg(long, value_enum)]
         format: Option<ImportFormatArg>,
         /// json: the summary as one JSON document on stdout (rows read,
-        /// imported, already present, bad rows with their line and reason).
+        /// imported, already present, changed, bad rows with their line and
+        /// reason).
         #[arg(long = "output-format", value_enum, default_value_t = SummaryFormat::Table)]
         output_format: SummaryFormat,
     },

@@ -60,9 +60,10 @@ pub async fn run(cli: Cli) -> i32 {
             file,
             id_field,
             strict,
+            update,
             format,
             output_format,
-        } => setup::import(&ws, &file, id_field, strict, format, output_format),
+        } => setup::import(&ws, &file, id_field, strict, update, format, output_format),
         Command::Items {
             action: ItemsAction::Rm(args),
         } => items::rm(&ws, args),

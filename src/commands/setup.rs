@@ -58,6 +58,7 @@ pub(super) fn import(
     file: &Path,
     id_field: String,
     strict: bool,
+    update: bool,
     format: Option<ImportFormatArg>,
     output_format: SummaryFormat,
 ) -> i32 {
@@ -89,6 +90,7 @@ pub(super) fn import(
     let opts = items::ImportOptions {
         id_field,
         strict,
+        update,
         format: format.map(|f| match f {
             ImportFormatArg::Jsonl => items::ImportFormat::Jsonl,
             ImportFormatArg::Csv => items::ImportFormat::Csv,
@@ -144,6 +146,7 @@ pub(super) async fn demo(args: DemoArgs, workspace: Option<&Path>, console: &Con
         &items_path,
         "id".into(),
         false,
+        false,
         None,
         SummaryFormat::Table,
     );
@@ -194,6 +197,17 @@ fn import_json(r: &items::ImportReport, template_warning: Option<&str>) -> serde
         "imported": r.imported,
         "already_present": r.already_present,
         "differing": r.differing,
+        // new / changed / unchanged, as the text summary says them.
+        "new": r.imported,
+        "changed": r.differing,
+        "unchanged": r.already_present - r.differing,
+        "updated": r.updated,
+        "stale": {
+            "outcomes": r.stale.outcomes,
+            "pending_reviews": r.stale.pending_reviews,
+            "decided_reviews": r.stale.decided_reviews,
+            "auto_accepts_undone": r.stale.auto_accepts_undone,
+        },
         "differing_rows": r.differing_rows.iter()
             .map(|(line, id)| serde_json::json!({"file": file, "line": line, "item_id": id}))
             .collect::<Vec<_>>(),

@@ -39,6 +39,7 @@ pub(crate) fn start_session(
              --rereview-pending routes them again, the new suggestion replacing the old)"
         ));
     }
+    say_stale_evidence(prepared, &plan, reporter)?;
     if plan.item_ids.is_empty() {
         reporter.line(if awaiting > 0 {
             "Nothing to do: every indeterminate item awaits review (decide them in `docket review`)."
@@ -167,6 +168,27 @@ fn left_awaiting_review(prepared: &Prepared, opts: &RunOptions) -> Result<u64, E
         let ledger = open_ledger(&prepared.ledger)?;
         Ok(ledger.count_awaiting_review()?)
     })
+}
+
+/// Items whose evidence `docket import --update` changed since their
+/// answer: asked again as a new request version, said so (never silently).
+fn say_stale_evidence(
+    prepared: &Prepared,
+    plan: &Plan,
+    reporter: &dyn Reporter,
+) -> Result<(), EngineError> {
+    let stale = tokio::task::block_in_place(|| -> Result<_, EngineError> {
+        let ledger = open_ledger(&prepared.ledger)?;
+        Ok(ledger.count_stale_evidence(&plan.item_ids)?)
+    })?;
+    if stale > 0 {
+        tracing::info!(stale, "items with changed evidence asked again");
+        reporter.line(&format!(
+            "  {stale} item(s) with changed evidence (docket import --update) asked again as a new request version; \
+             their old answers stay in the history, marked stale"
+        ));
+    }
+    Ok(())
 }
 
 /// Refuse to start over answers made with another template or parameters.

@@ -1,7 +1,13 @@
 //! Bulk import of items into the SQLite ledger: one write transaction for a
 //! whole file and one cached insert statement, so a million items import in
 //! a few seconds with flat memory. Idempotent by item id: an id the ledger
-//! already has is left untouched.
+//! already has is left untouched, unless the import replaces changed
+//! evidence ([`ItemBatch::replace`], `docket import --update`).
+//!
+//! Evidence is compared by its content hash (`docket_model::evidence`).
+//! Items imported before migration 13 have none: theirs is computed and
+//! stored when an import next meets their id (their requests' hashes too:
+//! they were made on that evidence).
 
 use crate::db::{Connection, Statement, params};
 
@@ -11,8 +17,8 @@ use super::{Ledger, LedgerError, now_ts};
 const IMPORT_CACHE_KIB: i64 = -64 * 1024;
 
 const INSERT_SQL: &str = "INSERT INTO decision \
-     (item_id, state, evidence_json, source_file, source_line, imported_at, updated_at) \
-     VALUES (?1, 'indeterminate', ?2, ?3, ?4, ?5, ?5) \
+     (item_id, state, evidence_json, source_file, source_line, imported_at, updated_at, evidence_hash) \
+     VALUES (?1, 'indeterminate', ?2, ?3, ?4, ?5, ?5, ?6) \
      ON CONFLICT(item_id) DO NOTHING";
 
 /// Adding items to the ledger.
@@ -30,6 +36,20 @@ pub trait ItemBatch {
     /// ledger (or this batch) already has the id, and says where it came
     /// from.
     fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<Added, LedgerError>;
+
+    /// Replace the evidence of `item_id` (which the ledger has, with other
+    /// evidence: `add` said `AlreadyPresent { same_evidence: false }`) and
+    /// mark what was made on the old one stale: its outcomes, its review
+    /// items (a decided one keeps its decision). An auto-accept made on it
+    /// is undone, so the next run asks again; a human's decision stays.
+    /// The item then says it came from this line of this import, so a
+    /// later line of the same file with the id is a repeat (or a bad row).
+    fn replace(
+        &mut self,
+        item_id: &str,
+        evidence_json: &str,
+        line: u64,
+    ) -> Result<Replaced, LedgerError>;
 
     /// Keep every item added.
     fn commit(self: Box<Self>) -> Result<(), LedgerError>;
@@ -49,7 +69,8 @@ impl Import for Ledger {
 pub enum Added {
     New,
     /// The ledger had the id before this import; `same_evidence`: with
-    /// the evidence this row has (else the ledger keeps its own).
+    /// the evidence this row has, by content hash (else the ledger keeps
+    /// its own, unless the import replaces it: [`ItemBatch::replace`]).
     AlreadyPresent {
         same_evidence: bool,
     },
@@ -58,6 +79,30 @@ pub enum Added {
         line: u64,
         same_evidence: bool,
     },
+}
+
+/// Whether an answer asked on evidence hash `asked_on` was made on other
+/// evidence than the item's as it is now (`now`): both known and
+/// different. A request or item from before migration 13 without a hash
+/// is not stale on that account (an import that meets the item fills both
+/// in before it replaces anything).
+pub fn other_evidence(asked_on: &Option<String>, now: &Option<String>) -> bool {
+    matches!((asked_on, now), (Some(a), Some(b)) if a != b)
+}
+
+/// What replacing one item's evidence marked stale.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replaced {
+    /// Outcomes (`llm_batch_result` rows) made on the old evidence.
+    pub outcomes: u64,
+    /// Pending review items made on it: they no longer keep the item out
+    /// of the next run.
+    pub pending_reviews: u64,
+    /// Decided review items made on it (their decision stands).
+    pub decided_reviews: u64,
+    /// Auto-accepts made on it, undone (0 or 1 per item): the next run
+    /// asks again.
+    pub auto_accepts_undone: u64,
 }
 
 /// An open `BEGIN IMMEDIATE` transaction with its insert statement.
@@ -138,29 +183,40 @@ impl<'c> SqliteBatch<'c> {
 impl ItemBatch for SqliteBatch<'_> {
     fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<Added, LedgerError> {
         let line = i64::try_from(line).unwrap_or(i64::MAX);
+        let hash = docket_model::evidence::evidence_hash(evidence_json);
         let changed = self.insert.execute(params![
             item_id,
             evidence_json,
             self.source_file,
             line,
-            self.now
+            self.now,
+            hash
         ])?;
         if changed > 0 {
             return Ok(Added::New);
         }
         // Already there: from this import (the same file and import time),
         // or from before it.
-        let (file, first_line, at, evidence): (Option<String>, Option<i64>, Option<f64>, Option<String>) =
-            self.conn
-                .prepare_cached(
-                    "SELECT source_file, source_line, imported_at, evidence_json FROM decision WHERE item_id = ?1",
-                )?
-                .query_row(params![item_id], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })?;
-        // The evidence is read with the row anyway: comparing it costs a
-        // string compare, only for ids already there.
-        let same_evidence = evidence.as_deref() == Some(evidence_json);
+        type Row = (
+            Option<String>,
+            Option<i64>,
+            Option<f64>,
+            String,
+            Option<String>,
+        );
+        let (file, first_line, at, evidence, stored): Row = self
+            .conn
+            .prepare_cached(
+                "SELECT source_file, source_line, imported_at, evidence_json, evidence_hash FROM decision WHERE item_id = ?1",
+            )?
+            .query_row(params![item_id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })?;
+        let stored = match stored {
+            Some(h) => h,
+            None => self.backfill_hash(item_id, &evidence)?,
+        };
+        let same_evidence = stored == hash;
         Ok(match (file, first_line, at) {
             (Some(f), Some(l), Some(at)) if f == self.source_file && at == self.now => {
                 Added::EarlierLine {
@@ -172,12 +228,77 @@ impl ItemBatch for SqliteBatch<'_> {
         })
     }
 
+    fn replace(
+        &mut self,
+        item_id: &str,
+        evidence_json: &str,
+        line: u64,
+    ) -> Result<Replaced, LedgerError> {
+        let hash = docket_model::evidence::evidence_hash(evidence_json);
+        let line = i64::try_from(line).unwrap_or(i64::MAX);
+        let c = self.conn;
+        c.prepare_cached(
+            "UPDATE decision SET evidence_json = ?2, evidence_hash = ?3, updated_at = ?4, imported_at = ?4,
+                 source_file = ?5, source_line = ?6
+             WHERE item_id = ?1",
+        )?
+        .execute(params![item_id, evidence_json, hash, self.now, self.source_file, line])?;
+        // An auto-accept judged the old evidence: undone, so the next run
+        // asks again. A human's decision stays (its review item is marked).
+        let undone = c
+            .prepare_cached(
+                "UPDATE decision SET state = 'indeterminate', decided_answer_json = NULL, decided_by = NULL,
+                     decided_at = NULL, confidence = NULL, model_id = NULL, adjudication_id = NULL
+                 WHERE item_id = ?1 AND decided_by = 'llm_auto_accept'",
+            )?
+            .execute(params![item_id])?;
+        let outcomes = c
+            .prepare_cached(
+                "UPDATE llm_batch_result SET stale = 1 WHERE item_id = ?1 AND stale = 0",
+            )?
+            .execute(params![item_id])?;
+        let pending_reviews = c
+            .prepare_cached(
+                "UPDATE review_item SET stale = 1 WHERE item_id = ?1 AND stale = 0 AND status = 'pending'",
+            )?
+            .execute(params![item_id])?;
+        let decided_reviews = c
+            .prepare_cached(
+                "UPDATE review_item SET stale = 1 WHERE item_id = ?1 AND stale = 0 AND status != 'pending'",
+            )?
+            .execute(params![item_id])?;
+        Ok(Replaced {
+            outcomes: outcomes as u64,
+            pending_reviews: pending_reviews as u64,
+            decided_reviews: decided_reviews as u64,
+            auto_accepts_undone: undone as u64,
+        })
+    }
+
     fn commit(mut self: Box<Self>) -> Result<(), LedgerError> {
         self.end("COMMIT")
     }
 
     fn rollback(mut self: Box<Self>) -> Result<(), LedgerError> {
         self.end("ROLLBACK")
+    }
+}
+
+impl SqliteBatch<'_> {
+    /// The hash of an item imported before migration 13, computed from the
+    /// evidence it has and stored, with its requests' (they were made on
+    /// that evidence).
+    fn backfill_hash(&self, item_id: &str, evidence: &str) -> Result<String, LedgerError> {
+        let hash = docket_model::evidence::evidence_hash(evidence);
+        self.conn
+            .prepare_cached("UPDATE decision SET evidence_hash = ?2 WHERE item_id = ?1")?
+            .execute(params![item_id, hash])?;
+        self.conn
+            .prepare_cached(
+                "UPDATE llm_requests SET evidence_hash = ?2 WHERE item_id = ?1 AND evidence_hash IS NULL",
+            )?
+            .execute(params![item_id, hash])?;
+        Ok(hash)
     }
 }
 

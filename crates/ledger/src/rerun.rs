@@ -158,8 +158,10 @@ fn ask_again(
             |r| r.get(0),
         )?;
         let request_id: i64 = tx.query_row(
-            "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8) RETURNING request_id",
+            "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash,
+                     created_at, updated_at, evidence_hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8, (SELECT evidence_hash FROM decision WHERE item_id = ?1))
+                 RETURNING request_id",
             params![item, stage.name, stage.provider_name, stage.model, version, stage.template_hash, stage.params_hash, now],
             |r| r.get(0),
         )?;

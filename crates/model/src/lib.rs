@@ -16,6 +16,7 @@
 pub mod batch;
 pub mod calibration;
 pub mod config;
+pub mod evidence;
 pub mod failpoint;
 pub mod files;
 pub mod ids;

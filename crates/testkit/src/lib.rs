@@ -184,6 +184,7 @@ pub fn import(ws: &Workspace, path: &Path) {
         id_field: "id".into(),
         format: None,
         strict: true,
+        update: false,
     };
     let r = docket::items::import_file(&mut ledger, path, &opts).expect("import");
     assert_eq!(r.bad_count, 0);

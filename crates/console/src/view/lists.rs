@@ -88,6 +88,8 @@ fn queue_row<'a>(
     let id = truncate(&r.item_id, 18);
     // An audit sample's item: its route was accept or reject, not review.
     let audit = if r.audit { "audit " } else { "" };
+    // Made on evidence `docket import --update` replaced since.
+    let stale = if r.stale { "stale " } else { "" };
     // With items of several sessions in the queue, each row says whose
     // it is (the id's random tail, as the sessions pane ends it).
     let session = match (&r.session_id, several_sessions) {
@@ -100,6 +102,7 @@ fn queue_row<'a>(
         + id.chars().count()
         + 1
         + audit.len()
+        + stale.len()
         + session.chars().count()
         + held.chars().count();
     let summary = truncate(&row_summary(app, r), width.saturating_sub(fixed).max(1));
@@ -109,6 +112,7 @@ fn queue_row<'a>(
         styled(conf, theme.review()),
         styled(format!("{id} "), theme.title(false)),
         styled(audit, theme.warn()),
+        styled(stale, theme.warn()),
         styled(session, theme.dim()),
         Span::raw(summary),
         styled(held, theme.warn()),

@@ -21,7 +21,7 @@ pub(super) fn review_detail(
         .prepare_cached(
             "SELECT r.review_id, r.item_id, r.session_id, r.status, d.evidence_json, r.llm_suggestion_json,
                     r.confidence, r.rationale, r.model_id, r.decided_by, r.decided_at,
-                    CASE WHEN r.claim_expires_at > ?2 THEN r.claimed_by END, r.audit
+                    CASE WHEN r.claim_expires_at > ?2 THEN r.claimed_by END, r.audit, r.stale
              FROM review_item r LEFT JOIN decision d ON d.item_id = r.item_id
              WHERE r.review_id = ?1",
         )?
@@ -43,6 +43,7 @@ pub(super) fn review_detail(
                 decided_at: r.get(10)?,
                 claimed_by: r.get(11)?,
                 audit: r.get::<_, i64>(12)? != 0,
+                stale: r.get::<_, i64>(13)? != 0,
                 ..ReviewDetail::default()
             })
         })

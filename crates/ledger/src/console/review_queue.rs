@@ -15,7 +15,7 @@ use crate::{now_ts, search_index};
 const ROW_COLUMNS: &str =
     "r.review_id, r.item_id, r.session_id, r.confidence, r.llm_suggestion_json,
      r.rationale, r.model_id, CASE WHEN r.claim_expires_at > :now THEN r.claimed_by END, r.audit,
-     (SELECT d.evidence_json FROM decision d WHERE d.item_id = r.item_id)";
+     (SELECT d.evidence_json FROM decision d WHERE d.item_id = r.item_id), r.stale";
 
 /// The queue's conditions. Each query is assembled from these fixed pieces
 /// (never from input: the session and filter are bound), so that an
@@ -178,6 +178,7 @@ fn read_page(
             claimed_by: r.get(7)?,
             audit: r.get::<_, i64>(8)? != 0,
             evidence: r.get::<_, Option<String>>(9)?.unwrap_or_default(),
+            stale: r.get::<_, i64>(10)? != 0,
         });
     }
     Ok(ReviewPage {

@@ -21,6 +21,7 @@ pub const PG_MIGRATIONS: &[(i64, &str)] = &[
     (10, include_str!("migrations/0010_audit_reviews.sql")),
     (11, include_str!("migrations/0011_review_corrections.sql")),
     (12, include_str!("migrations/0012_rate_limit_profiles.sql")),
+    (13, include_str!("migrations/0013_stale_evidence.sql")),
 ];
 
 /// The schema version this docket writes.

@@ -70,6 +70,10 @@ pub const DECISION_COLUMNS: &[&str] = &[
     // model's suggestion it replaced.
     "corrected_fields",
     "suggested_answer_json",
+    // The hash of the evidence as it is now, and whether the newest
+    // result was made on evidence `docket import --update` replaced since.
+    "evidence_hash",
+    "stale",
 ];
 
 const DECISION_KINDS: &[Kind] = &[
@@ -89,6 +93,8 @@ const DECISION_KINDS: &[Kind] = &[
     Kind::Bool,
     Kind::Text,
     Kind::Json,
+    Kind::Text,
+    Kind::Bool,
 ];
 
 /// `export --what requests`, in order. `session_id`, `position` (the
@@ -118,6 +124,8 @@ pub const REQUEST_COLUMNS: &[&str] = &[
     "ambiguous_attempts",
     "last_client_request_id",
     "last_provider_request_id",
+    // The hash of the evidence the request was made on (migration 13).
+    "evidence_hash",
 ];
 
 const REQUEST_KINDS: &[Kind] = &[
@@ -141,6 +149,7 @@ const REQUEST_KINDS: &[Kind] = &[
     Kind::Int,
     Kind::Float,
     Kind::Int,
+    Kind::Text,
     Kind::Text,
     Kind::Text,
 ];

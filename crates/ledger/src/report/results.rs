@@ -25,6 +25,7 @@ pub const RESULT_COLUMNS: &[&str] = &[
     "processed_at",
     "adjudication_id",
     "audit",
+    "stale",
 ];
 
 /// Keys of `batch-results --format json`: `RESULT_COLUMNS` with the answer
@@ -47,6 +48,7 @@ pub const RESULT_JSON_KEYS: &[&str] = &[
     "processed_at",
     "adjudication_id",
     "audit",
+    "stale",
 ];
 
 pub(crate) const RESULT_KINDS: &[Kind] = &[
@@ -67,6 +69,8 @@ pub(crate) const RESULT_KINDS: &[Kind] = &[
     Kind::Ts,
     Kind::Text,
     // The audit sample sent the (accepted or rejected) item to review too.
+    Kind::Bool,
+    // Made on evidence `docket import --update` replaced since.
     Kind::Bool,
 ];
 

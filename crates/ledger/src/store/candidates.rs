@@ -28,9 +28,12 @@ impl CandidateFilter {
     /// never taken twice.
     fn sql(&self, select: &str, live_sessions: bool, dialect: Dialect) -> String {
         let mut sql = format!("{select} FROM decision d WHERE d.state = 'indeterminate'");
+        // A pending suggestion made on evidence `import --update` replaced
+        // since (stale) no longer holds its item back: the new evidence is
+        // asked about, and the new suggestion supersedes the old one.
         if !self.rereview_pending {
             sql.push_str(
-                " AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending')",
+                " AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.item_id = d.item_id AND r.status = 'pending' AND r.stale = 0)",
             );
         }
         // A request whose line waits in a provider batch of a stopped session
@@ -103,7 +106,7 @@ pub(crate) fn count_candidates(
 pub(crate) fn count_awaiting_review(conn: &Connection) -> crate::db::Result<u64> {
     let n: i64 = conn.query_row(
         "SELECT COUNT(*) FROM review_item r JOIN decision d ON d.item_id = r.item_id
-         WHERE r.status = 'pending' AND d.state = 'indeterminate'",
+         WHERE r.status = 'pending' AND r.stale = 0 AND d.state = 'indeterminate'",
         params![],
         |r| r.get(0),
     )?;

@@ -10,7 +10,7 @@ mod work;
 pub use candidates::{Candidate, CandidateError, CandidateFilter};
 pub(crate) use candidates::{count_awaiting_review, count_candidates, for_each_candidate};
 pub use plan::{NewSession, NewStage};
-pub(crate) use plan::{create_session, stale_answers};
+pub(crate) use plan::{count_stale_evidence, create_session, stale_answers};
 pub use sessions::{
     Controls, LIVE_HEARTBEAT_SECS, RESUME_WINDOW_SECS, SessionRow, desired_state, latest_session,
     load_session, run_by_live_process, set_desired_state, shown_state_of,

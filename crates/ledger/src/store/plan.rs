@@ -77,6 +77,35 @@ pub(crate) fn stale_answers(
     Ok(out)
 }
 
+/// Of `item_ids`, how many have an answer made on evidence `docket import
+/// --update` replaced since: a new session asks again for them (a new
+/// request_version), never silently.
+pub(crate) fn count_stale_evidence(
+    conn: &Connection,
+    item_ids: &[String],
+) -> crate::db::Result<u64> {
+    let wanted: std::collections::HashSet<&str> = item_ids.iter().map(String::as_str).collect();
+    // One pass over the answers on other evidence (few: the items an
+    // update changed), checked against the planned items in memory.
+    let mut stmt = conn.prepare_cached(
+        "SELECT DISTINCT r.item_id FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
+         WHERE r.status = 'completed' AND r.evidence_hash IS NOT NULL AND d.evidence_hash IS NOT NULL
+           AND r.evidence_hash != d.evidence_hash
+           AND r.request_version = (SELECT MAX(v.request_version) FROM llm_requests v
+                                    WHERE v.item_id = r.item_id AND v.stage = r.stage
+                                      AND v.provider = r.provider AND v.model = r.model)",
+    )?;
+    let mut rows = stmt.query(params![])?;
+    let mut n = 0u64;
+    while let Some(r) = rows.next()? {
+        let item: String = r.get(0)?;
+        if wanted.contains(item.as_str()) {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Create the session, its requests for every stage (reusing answered ones
 /// made with the same template and parameters; `rerun` stages get a new
 /// request_version), its item list and stage checkpoints, in one
@@ -190,42 +219,55 @@ fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> crate::db::Resul
 }
 
 /// The request a new session uses for (item, stage): the newest version,
-/// reused as it is when answered (stale answers were refused before, see
-/// `stale_answers`), made afresh when it never was; a new version when the
-/// stage is rerun.
+/// reused as it is when answered on the item's evidence as it is now
+/// (stale answers were refused before, see `stale_answers`), made afresh
+/// when it never was; a new version when the stage is rerun or when the
+/// answer was made on evidence `docket import --update` replaced since.
 fn request_for(
     conn: &Connection,
     item_id: &str,
     st: &NewStage<'_>,
     now: f64,
 ) -> crate::db::Result<i64> {
-    let newest: Option<(i64, i64, String)> = conn
+    type Newest = (i64, i64, String, Option<String>, Option<String>);
+    let newest: Option<Newest> = conn
         .prepare_cached(
-            "SELECT request_id, request_version, status FROM llm_requests
-             WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4
-             ORDER BY request_version DESC LIMIT 1",
+            "SELECT r.request_id, r.request_version, r.status, r.evidence_hash, d.evidence_hash
+             FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
+             WHERE r.item_id = ?1 AND r.stage = ?2 AND r.provider = ?3 AND r.model = ?4
+             ORDER BY r.request_version DESC LIMIT 1",
         )?
         .query_row(params![item_id, st.name, st.provider, st.model], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })
         .optional()?;
     match newest {
-        Some((id, _, status)) if !st.rerun && status == "completed" => Ok(id),
-        Some((id, _, _)) if !st.rerun => {
-            // Never answered: fresh budgets, today's template and parameters.
+        Some((id, _, status, asked_on, now_hash))
+            if !st.rerun
+                && status == "completed"
+                && !crate::import::other_evidence(&asked_on, &now_hash) =>
+        {
+            Ok(id)
+        }
+        Some((id, _, status, _, _)) if !st.rerun && status != "completed" => {
+            // Never answered: fresh budgets, today's template, parameters
+            // and evidence.
             conn.prepare_cached(
                 "UPDATE llm_requests SET status = 'pending', parsed_output_json = NULL, result_message_id = NULL,
-                     gate_failures = 0, transport_retries = 0, template_hash = ?2, params_hash = ?3, updated_at = ?4
+                     gate_failures = 0, transport_retries = 0, template_hash = ?2, params_hash = ?3, updated_at = ?4,
+                     evidence_hash = (SELECT evidence_hash FROM decision WHERE item_id = ?5)
                  WHERE request_id = ?1",
             )?
-            .execute(params![id, st.template_hash, st.params_hash, now])?;
+            .execute(params![id, st.template_hash, st.params_hash, now, item_id])?;
             Ok(id)
         }
         newest => {
-            let version = newest.map_or(1, |(_, v, _)| v + 1);
+            let version = newest.map_or(1, |n| n.1 + 1);
             conn.prepare_cached(
-                "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8) RETURNING request_id",
+                "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash,
+                     created_at, updated_at, evidence_hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8, (SELECT evidence_hash FROM decision WHERE item_id = ?1))
+                 RETURNING request_id",
             )?
             .query_row(
                 params![item_id, st.name, st.provider, st.model, version, st.template_hash, st.params_hash, now],

@@ -233,6 +233,8 @@ pub struct ReviewRow {
     /// The item's evidence as compact JSON (for the job's `[review]`
     /// summary line); empty when the item has none.
     pub evidence: String,
+    /// Made on evidence `docket import --update` replaced since.
+    pub stale: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -306,6 +308,9 @@ pub struct ReviewDetail {
     pub superseded_by: Option<(i64, Option<String>)>,
     /// Sent by the audit sample (its item was auto-accepted or rejected).
     pub audit: bool,
+    /// Made on evidence `docket import --update` replaced since (a decided
+    /// one keeps its decision).
+    pub stale: bool,
 }
 
 /// An earlier suggestion a review item superseded: kept in the ledger as

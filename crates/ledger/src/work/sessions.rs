@@ -42,6 +42,10 @@ pub trait RunSessions {
         item_ids: &[String],
     ) -> Result<Vec<(String, u64)>, LedgerError>;
 
+    /// Of the planned items, how many have an answer made on evidence
+    /// `docket import --update` replaced since (asked again).
+    fn count_stale_evidence(&self, item_ids: &[String]) -> Result<u64, LedgerError>;
+
     /// Create the session with its requests, items and stage checkpoints in
     /// one step; returns how many of the planned items it took (those a
     /// live session took meanwhile are left out; none left: nothing is
@@ -122,6 +126,10 @@ impl RunSessions for Ledger {
         item_ids: &[String],
     ) -> Result<Vec<(String, u64)>, LedgerError> {
         Ok(store::stale_answers(self.conn(), stages, item_ids)?)
+    }
+
+    fn count_stale_evidence(&self, item_ids: &[String]) -> Result<u64, LedgerError> {
+        Ok(store::count_stale_evidence(self.conn(), item_ids)?)
     }
 
     fn create_session(&mut self, session: &NewSession<'_>) -> Result<usize, LedgerError> {

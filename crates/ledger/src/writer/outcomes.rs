@@ -120,41 +120,64 @@ pub(super) fn apply_stage_done(
     Ok(())
 }
 
+/// The newest request of an (item, stage): (id, version, status),
+/// (template hash, parameters hash, parsed output), (the evidence hash it
+/// was asked on, the item's now).
+type Newest = (
+    (i64, i64, String),
+    (String, String, Option<String>),
+    (Option<String>, Option<String>),
+);
+
 pub(super) fn apply_new_request(
     conn: &Connection,
     r: &NewRequest,
     now: f64,
 ) -> crate::db::Result<MadeRequest> {
-    let newest: Option<(i64, i64, String, String, String, Option<String>)> = conn
+    let newest: Option<Newest> = conn
         .prepare_cached(
-            "SELECT request_id, request_version, status, template_hash, params_hash, parsed_output_json
-             FROM llm_requests WHERE item_id = ?1 AND stage = ?2 AND provider = ?3 AND model = ?4
-             ORDER BY request_version DESC LIMIT 1",
+            "SELECT r.request_id, r.request_version, r.status, r.template_hash, r.params_hash, r.parsed_output_json,
+                 r.evidence_hash, d.evidence_hash
+             FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
+             WHERE r.item_id = ?1 AND r.stage = ?2 AND r.provider = ?3 AND r.model = ?4
+             ORDER BY r.request_version DESC LIMIT 1",
         )?
         .query_row(params![r.item_id, r.stage, r.provider, r.model], |x| {
-            Ok((x.get(0)?, x.get(1)?, x.get(2)?, x.get(3)?, x.get(4)?, x.get(5)?))
+            Ok((
+                (x.get(0)?, x.get(1)?, x.get(2)?),
+                (x.get(3)?, x.get(4)?, x.get(5)?),
+                (x.get(6)?, x.get(7)?),
+            ))
         })
         .optional()?;
     let (id, answered) = match newest {
-        Some((id, _, status, th, ph, parsed))
-            if status == "completed" && th == r.template_hash && ph == r.params_hash =>
+        // Reused when answered with today's template and parameters on the
+        // item's evidence as it is now (`docket import --update`).
+        Some(((id, _, status), (th, ph, parsed), (asked_on, now_hash)))
+            if status == "completed"
+                && th == r.template_hash
+                && ph == r.params_hash
+                && !crate::import::other_evidence(&asked_on, &now_hash) =>
         {
             (id, parsed)
         }
-        Some((id, _, status, _, _, _)) if status != "completed" => {
+        Some(((id, _, status), _, _)) if status != "completed" => {
             conn.prepare_cached(
                 "UPDATE llm_requests SET status = 'pending', gate_failures = 0, transport_retries = 0,
-                     template_hash = ?2, params_hash = ?3, updated_at = ?4 WHERE request_id = ?1",
+                     template_hash = ?2, params_hash = ?3, updated_at = ?4,
+                     evidence_hash = (SELECT evidence_hash FROM decision WHERE item_id = ?5) WHERE request_id = ?1",
             )?
-            .execute(params![id, r.template_hash, r.params_hash, now])?;
+            .execute(params![id, r.template_hash, r.params_hash, now, r.item_id])?;
             (id, None)
         }
         newest => {
-            let version = newest.map_or(1, |n| n.1 + 1);
+            let version = newest.map_or(1, |n| n.0.1 + 1);
             let id = conn
                 .prepare_cached(
-                    "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8) RETURNING request_id",
+                    "INSERT INTO llm_requests (item_id, stage, provider, model, request_version, status, template_hash, params_hash,
+                         created_at, updated_at, evidence_hash)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?8, (SELECT evidence_hash FROM decision WHERE item_id = ?1))
+                     RETURNING request_id",
                 )?
                 .query_row(
                     params![r.item_id, r.stage, r.provider, r.model, version, r.template_hash, r.params_hash, now],
@@ -312,7 +335,17 @@ fn settle_outcome(
         }
         Outcome::Review => open_review_item(conn, f, now)?,
         Outcome::Rejected if f.audit => open_review_item(conn, f, now)?,
-        Outcome::Rejected | Outcome::Error => {}
+        // A suggestion made on evidence `import --update` replaced is out
+        // of date once the new evidence was judged (kept as history).
+        Outcome::Rejected => {
+            conn.prepare_cached(
+                "UPDATE review_item SET status = 'superseded', superseded_at = ?2,
+                     claimed_by = NULL, claim_expires_at = NULL
+                 WHERE item_id = ?1 AND status = 'pending' AND stale = 1",
+            )?
+            .execute(params![f.item_id, now])?;
+        }
+        Outcome::Error => {}
     }
     Ok(())
 }

@@ -176,6 +176,9 @@ fn summary_lines<'a>(app: &App, d: &ReviewDetail, theme: Theme) -> Vec<Line<'a>>
         // Its route was accept or reject: reviewed to measure the band.
         who.push("audit sample".to_string());
     }
+    if d.stale {
+        who.push("stale: made on evidence replaced since".to_string());
+    }
     if let Some(s) = &d.session_id {
         who.push(format!("session {}", truncate(s, 30)));
     }

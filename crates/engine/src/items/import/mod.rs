@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 pub use check::{TemplateCheck, TemplateCheckError};
 use csv_rows::import_csv;
 use docket_ledger::LedgerError;
-use docket_ledger::import::{Import, ItemBatch};
+use docket_ledger::import::{Import, ItemBatch, Replaced};
 use jsonl::import_jsonl;
 use report::plural;
 pub use report::render_import_report;
@@ -64,6 +64,9 @@ pub struct ImportOptions {
     pub format: Option<ImportFormat>,
     /// Import nothing if any row is bad.
     pub strict: bool,
+    /// Replace the evidence of ids the ledger has with other evidence
+    /// (`--update`), marking what was made on the old one stale.
+    pub update: bool,
 }
 
 impl Default for ImportOptions {
@@ -72,6 +75,7 @@ impl Default for ImportOptions {
             id_field: "id".to_string(),
             format: None,
             strict: false,
+            update: false,
         }
     }
 }
@@ -106,6 +110,10 @@ pub struct ImportReport {
     pub differing: u64,
     /// The first `MAX_DIFFERING_DETAILS` of them: (line, item id).
     pub differing_rows: Vec<(u64, String)>,
+    /// `--update`: the `differing` items had their evidence replaced.
+    pub updated: bool,
+    /// What replacing them marked stale (all zero without `--update`).
+    pub stale: Replaced,
     /// The first `MAX_BAD_ROW_DETAILS` bad rows, in file order.
     pub bad_rows: Vec<BadRow>,
     /// Every bad row, including those beyond `bad_rows`.
@@ -130,6 +138,8 @@ impl ImportReport {
             already_present: 0,
             differing: 0,
             differing_rows: Vec::new(),
+            updated: false,
+            stale: Replaced::default(),
             bad_rows: Vec::new(),
             bad_count: 0,
             unrenderable: Vec::new(),
@@ -267,10 +277,12 @@ pub fn import_file_checked(
     };
     let mut batch = ledger.begin_import(&source_file).map_err(ledger_err)?;
     let mut report = ImportReport::new(path);
+    report.updated = opts.update;
     let mut sink = Sink {
         batch: &mut *batch,
         check,
         strict: opts.strict,
+        update: opts.update,
     };
     match format {
         ImportFormat::Jsonl => import_jsonl(reader, path, &opts.id_field, &mut sink, &mut report)?,
@@ -300,6 +312,7 @@ fn strict_rejection(path: &Path, mut report: ImportReport) -> ImportError {
     report.already_present = 0;
     report.differing = 0;
     report.differing_rows.clear();
+    report.stale = Replaced::default();
     report.unrenderable.clear();
     report.unrenderable_count = 0;
     report.committed = false;
@@ -340,6 +353,7 @@ pub fn import_from<R: Read>(
         batch,
         check: None,
         strict: false,
+        update: false,
     };
     match format {
         ImportFormat::Jsonl => import_jsonl(reader, path, "id", &mut sink, &mut report)?,

@@ -31,7 +31,9 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
         group_thousands(report.rows_read),
         plural(report.rows_read, "row", "rows")
     );
-    if report.committed {
+    if report.committed && report.updated {
+        render_update(report, &file, &read, out)?;
+    } else if report.committed {
         let differing = if report.differing > 0 {
             format!(
                 " ({} of them with different content: the ledger keeps what it has)",
@@ -63,6 +65,12 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
                 group_thousands(report.differing - report.differing_rows.len() as u64)
             )?;
         }
+        if report.differing > 0 {
+            writeln!(
+                out,
+                "  `docket import --update` replaces their evidence: what was made on the old one is marked stale, and the next run asks again for those items alone"
+            )?;
+        }
     } else {
         writeln!(
             out,
@@ -81,6 +89,55 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
             out,
             "  … and {} more",
             group_thousands(report.bad_count - shown)
+        )?;
+    }
+    Ok(())
+}
+
+/// `--update`: new / changed / unchanged, and what the changed evidence
+/// made stale.
+fn render_update(
+    report: &ImportReport,
+    file: &str,
+    read: &str,
+    out: &mut dyn io::Write,
+) -> io::Result<()> {
+    let changed = report.differing;
+    writeln!(
+        out,
+        "Imported from {file}: {} new, {} changed, {} unchanged ({read}; {} bad {} skipped)",
+        group_thousands(report.imported),
+        group_thousands(changed),
+        group_thousands(report.already_present - changed),
+        group_thousands(report.bad_count),
+        plural(report.bad_count, "row", "rows"),
+    )?;
+    for (line, id) in &report.differing_rows {
+        writeln!(
+            out,
+            "  {file}:{line}: {} changed: evidence replaced",
+            printable(&format!("{:?}", docket_model::sanitize::for_terminal(id)))
+        )?;
+    }
+    if changed > report.differing_rows.len() as u64 {
+        writeln!(
+            out,
+            "  … and {} more changed",
+            group_thousands(changed - report.differing_rows.len() as u64)
+        )?;
+    }
+    if changed > 0 {
+        let s = &report.stale;
+        writeln!(
+            out,
+            "  marked stale: {} {}, {} pending and {} decided review {} (decisions stand); {} auto-accept(s) undone. \
+             The next `docket run` asks again for the changed items only, as a new request version",
+            group_thousands(s.outcomes),
+            plural(s.outcomes, "outcome", "outcomes"),
+            group_thousands(s.pending_reviews),
+            group_thousands(s.decided_reviews),
+            plural(s.pending_reviews + s.decided_reviews, "item", "items"),
+            group_thousands(s.auto_accepts_undone),
         )?;
     }
     Ok(())

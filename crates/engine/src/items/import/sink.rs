@@ -14,6 +14,8 @@ pub(super) struct Sink<'a, 'b> {
     pub(super) check: Option<&'a TemplateCheck>,
     /// A row that cannot be rendered is a bad row (nothing is imported).
     pub(super) strict: bool,
+    /// `--update`: changed evidence replaces the ledger's.
+    pub(super) update: bool,
 }
 
 impl Sink<'_, '_> {
@@ -34,12 +36,21 @@ impl Sink<'_, '_> {
             } => report.already_present += 1,
             // An edited row of an item the ledger has: the ledger keeps
             // what it has (a session works on its items as imported), and
-            // the report says so.
+            // the report says so; `--update` replaces it, marking what was
+            // made on the old evidence stale.
             Added::AlreadyPresent {
                 same_evidence: false,
             } => {
                 report.already_present += 1;
                 report.differing += 1;
+                if self.update {
+                    let marked = self.batch.replace(item_id, evidence_json, line)?;
+                    report.stale.outcomes += marked.outcomes;
+                    report.stale.pending_reviews += marked.pending_reviews;
+                    report.stale.decided_reviews += marked.decided_reviews;
+                    report.stale.auto_accepts_undone += marked.auto_accepts_undone;
+                    self.check_new(item_id, evidence_json, line, report);
+                }
                 if report.differing_rows.len() < MAX_DIFFERING_DETAILS {
                     report.differing_rows.push((line, item_id.to_string()));
                 }

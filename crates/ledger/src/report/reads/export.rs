@@ -29,14 +29,15 @@ macro_rules! decisions_select {
          (SELECT rv.llm_suggestion_json FROM review_log l \
           JOIN review_item rv ON rv.review_id = l.review_id WHERE l.item_id = d.item_id \
           AND l.corrected_answer_json IS NOT NULL AND l.undone_by_log_id IS NULL \
-          AND l.actor = d.decided_by AND l.at = d.decided_at ORDER BY l.log_id DESC LIMIT 1) \
+          AND l.actor = d.decided_by AND l.at = d.decided_at ORDER BY l.log_id DESC LIMIT 1), \
+         d.evidence_hash, lr.stale \
          FROM decision d "
     };
 }
 
 const DECISIONS_SQL: &str = concat!(
     decisions_select!(),
-    "LEFT JOIN (SELECT item_id, outcome, session_id, MAX(processed_at) AS newest \
+    "LEFT JOIN (SELECT item_id, outcome, session_id, stale, MAX(processed_at) AS newest \
      FROM llm_batch_result GROUP BY item_id) lr ON lr.item_id = d.item_id"
 );
 
@@ -44,7 +45,7 @@ const DECISIONS_SQL: &str = concat!(
 /// per item is its `DISTINCT ON` row.
 const DECISIONS_SQL_POSTGRES: &str = concat!(
     decisions_select!(),
-    "LEFT JOIN (SELECT DISTINCT ON (item_id) item_id, outcome, session_id \
+    "LEFT JOIN (SELECT DISTINCT ON (item_id) item_id, outcome, session_id, stale \
      FROM llm_batch_result ORDER BY item_id, processed_at DESC) lr ON lr.item_id = d.item_id"
 );
 
@@ -71,7 +72,7 @@ const REQUEST_FIELDS: &str = "q.request_id, {session}, q.item_id, q.stage, sr.po
      (SELECT m.client_request_id FROM llm_messages m WHERE m.request_id = q.request_id \
       ORDER BY m.attempt DESC LIMIT 1), \
      (SELECT m.provider_request_id FROM llm_messages m WHERE m.request_id = q.request_id \
-      ORDER BY m.attempt DESC LIMIT 1)";
+      ORDER BY m.attempt DESC LIMIT 1), q.evidence_hash";
 
 // Every request of every session, each with the newest session that ran it
 // (PostgreSQL has no rowid: the newest row comes from a lateral subquery).

@@ -14,7 +14,7 @@ const RESULT_SELECT: &str = "SELECT r.session_id, r.item_id, r.outcome, r.confid
      r.answer_json, r.rationale, r.error_message, r.model_id, r.stage, r.request_id, r.attempts, \
      r.input_tokens, r.output_tokens, r.cost_usd, r.processed_at, r.adjudication_id, \
      (SELECT COUNT(*) FROM review_item rv WHERE rv.session_id = r.session_id \
-        AND rv.item_id = r.item_id AND rv.audit = 1) \
+        AND rv.item_id = r.item_id AND rv.audit = 1), r.stale \
      FROM llm_batch_result r";
 
 pub(super) fn session_head(
