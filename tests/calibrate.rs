@@ -169,6 +169,10 @@ async fn audit_items_go_to_review_and_calibrate_measures_and_applies() {
     );
     assert!(text.contains('|') && text.contains('#'), "{text}");
 
+    // The run report shows the same calibration as `docket calibrate` at
+    // its default target.
+    report_agrees_with_calibrate(&ws, &sid);
+
     // --apply: only the threshold's value changes; the loader accepts it.
     let toml = ws.path().join("docket.toml");
     let before = std::fs::read_to_string(&toml).unwrap();
@@ -374,5 +378,63 @@ fn audit_and_calibrate_on_postgres() {
         rows.iter()
             .filter(|r| r.audit && r.confidence.is_some())
             .count() as u64
+    );
+}
+
+/// `docket report`'s calibration numbers (its `data-key` / `data-value`
+/// pairs) equal `docket calibrate --format json`'s, band by band.
+fn report_agrees_with_calibrate(ws: &Workspace, sid: &str) {
+    let v = json_of(&docket(ws.path(), &["calibrate", "--format", "json"]));
+    let html_path = ws.path().join("report.html");
+    let out = docket(
+        ws.path(),
+        &["report", sid, "-o", html_path.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", support::said(&out));
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(html.contains("<section id=\"calibration\">") && html.contains("Reliability"));
+    let re = regex::Regex::new(r#"data-key="(calibration[^"]*)" data-value="([^"]*)""#).unwrap();
+    let n: std::collections::BTreeMap<String, f64> = re
+        .captures_iter(&html)
+        .map(|c| (c[1].to_string(), c[2].parse().unwrap()))
+        .collect();
+    let close = |key: &str, want: &Value| {
+        let got = n
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} not in the report: {n:?}"));
+        assert!(
+            (got - want.as_f64().unwrap()).abs() < 1e-9,
+            "{key}: {got} vs {want}"
+        );
+    };
+    close("calibration.reviewed", &v["reviewed"]);
+    close("calibration.agreed", &v["agreed"]);
+    close("calibration.audited", &v["audited"]);
+    close("calibration.target", &v["target_precision"]);
+    close("calibration.current", &v["current_precision"]["rate"]);
+    match v["suggestion"]["auto_accept_threshold"].as_f64() {
+        Some(_) => close(
+            "calibration.suggested",
+            &v["suggestion"]["auto_accept_threshold"],
+        ),
+        None => assert!(!n.contains_key("calibration.suggested")),
+    }
+    let mut bands = 0;
+    for b in v["bands"].as_array().unwrap() {
+        if b["reviewed"].as_u64() == Some(0) {
+            continue;
+        }
+        bands += 1;
+        let key = format!("calibration.band.{:.2}", b["lo"].as_f64().unwrap());
+        close(&format!("{key}.reviewed"), &b["reviewed"]);
+        close(&format!("{key}.agreed"), &b["agreed"]);
+        close(&format!("{key}.audited"), &b["audited"]);
+        close(&format!("{key}.rate"), &b["rate"]);
+    }
+    assert!(bands >= 2, "{v}");
+    let in_report = n.keys().filter(|k| k.ends_with(".reviewed")).count() - 1;
+    assert_eq!(
+        in_report, bands,
+        "the report lists the bands with reviews, no more"
     );
 }

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use docket_model::calibration::{DEFAULT_TARGET, Summary};
 use serde_json::Value;
 
 use super::series::Series;
@@ -129,6 +130,9 @@ pub(super) struct Gathered {
     pub attempt_errors: BTreeMap<String, ErrorKind>,
     pub item_errors: Vec<(String, String)>,
     pub batches: Vec<(ProviderBatchRow, Option<BatchCost>)>,
+    /// Human agreement with the model per band, at the default target
+    /// (what `docket calibrate` says without `--target-precision`).
+    pub calibration: Option<Summary>,
 }
 
 /// Read everything the report of `session_id` shows.
@@ -158,6 +162,9 @@ pub(super) fn gather(ledger: &Ledger, session_id: &str) -> Result<Gathered, Repo
         attempt_errors: BTreeMap::new(),
         item_errors: Vec::new(),
         batches: Vec::new(),
+        calibration: ledger
+            .calibration_input(session_id)?
+            .map(|c| c.summary(DEFAULT_TARGET)),
         head,
     };
     read_results(ledger, &mut g)?;

@@ -1,6 +1,7 @@
 //! `docket report SESSION`: one self-contained HTML file about a run to
 //! share: its header, stage table, outcome counts, a confidence histogram
-//! per stage with the routing thresholds, throughput and cost over time,
+//! per stage with the routing thresholds, the calibration against human
+//! review decisions, throughput and cost over time,
 //! errors by kind, provider batches and the config snapshot.
 //!
 //! Self-contained: the page's style is inline, its charts are inline SVG,
@@ -10,6 +11,7 @@
 //! (`gather`), and each key number also sits in a `data-key` /
 //! `data-value` pair so a script (or a test) can read it back exactly.
 
+mod calibration;
 mod config;
 mod gather;
 mod render;

@@ -34,7 +34,7 @@ border-radius:4px}.chart{width:100%;max-width:760px;height:auto;display:block}\
 .s-429{stroke:var(--review)}.s-err{stroke:var(--reject)}.s-cost{stroke:var(--accept)}\
 .area.s-sent{fill:var(--series)}.area.s-cost{fill:var(--accept)}text.legend{stroke:none}\
 text.s-sent{fill:var(--series)}text.s-429{fill:var(--review)}text.s-err{fill:var(--reject)}\
-text.s-cost{fill:var(--accept)}\
+text.s-cost{fill:var(--accept)}.whisker{stroke:var(--fg);stroke-width:1.2}\
 .o-accepted{color:var(--accept)}.o-review{color:var(--review)}.o-rejected{color:var(--reject)}\
 .o-error{color:var(--error)}footer{margin:3em 0 1em;color:var(--muted);font-size:.9em}";
 
@@ -52,6 +52,7 @@ pub(super) fn page(g: &Gathered, now: f64) -> String {
     outcomes(&mut out, &g.outcomes, g.head.processed);
     stages(&mut out, &g.stages);
     sections::confidence(&mut out, g);
+    super::calibration::section(&mut out, g.calibration.as_ref());
     sections::over_time(&mut out, g);
     sections::errors(&mut out, g);
     sections::batches(&mut out, g);
@@ -343,6 +344,7 @@ mod tests {
             attempt_errors: Default::default(),
             item_errors: Vec::new(),
             batches: Vec::new(),
+            calibration: None,
         }
     }
 
@@ -353,6 +355,7 @@ mod tests {
             "not finished",
             "No answer with a confidence yet.",
             "No attempt was sent.",
+            "No human decision on a suggestion yet",
             "No attempt failed.",
             "None: every request was sent on its own.",
             "The session recorded no config.",

@@ -1,9 +1,12 @@
 //! The report's charts as inline SVG: a confidence histogram with the
-//! routing thresholds drawn on it, and line charts over the run. Colours
+//! routing thresholds drawn on it, a reliability chart of human agreement
+//! per band, and line charts over the run. Colours
 //! are CSS classes of the page's own stylesheet (so a printed or dark page
 //! restyles them); every label goes through `esc`.
 
 use std::fmt::Write as _;
+
+use docket_model::calibration::Band;
 
 use super::esc;
 use super::gather::BINS;
@@ -233,6 +236,84 @@ pub(super) fn lines(
     out
 }
 
+/// A reliability chart: per confidence band (x) the share of reviewed
+/// items humans agreed with (y), as a bar with its 95% interval as a
+/// whisker; the diagonal is a perfectly calibrated model, the dashed line
+/// the auto-accept threshold.
+pub(super) fn reliability(title: &str, bands: &[Band], accept: f64) -> String {
+    let mut out = String::new();
+    open(&mut out, title);
+    let x = |c: f64| LEFT + c.clamp(0.0, 1.0) * plot_w();
+    let y = |r: f64| TOP + plot_h() - r.clamp(0.0, 1.0) * plot_h();
+    let _ = write!(
+        out,
+        "<line class=\"threshold level\" x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\"/>",
+        x(0.0),
+        y(0.0),
+        x(1.0),
+        y(1.0)
+    );
+    for b in bands {
+        let (Some(rate), Some(iv)) = (b.agreement.rate, b.agreement.interval) else {
+            continue;
+        };
+        let (x0, x1) = (x(b.lo), x(b.hi));
+        let _ = write!(
+            out,
+            "<rect class=\"bar {}\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\">\
+             <title>{:.2}–{:.2}: {} of {} agreed ({:.1}%, 95% interval {:.1}–{:.1}%)</title></rect>\
+             <line class=\"whisker\" x1=\"{xm:.1}\" y1=\"{:.1}\" x2=\"{xm:.1}\" y2=\"{:.1}\"/>",
+            if b.lo >= accept - 1e-9 {
+                "accept"
+            } else {
+                "review"
+            },
+            x0 + 1.0,
+            y(rate),
+            (x1 - x0 - 2.0).max(1.0),
+            y(0.0) - y(rate),
+            b.lo,
+            b.hi,
+            b.agreement.agreed,
+            b.agreement.reviewed,
+            rate * 100.0,
+            iv.lo * 100.0,
+            iv.hi * 100.0,
+            y(iv.lo),
+            y(iv.hi),
+            xm = (x0 + x1) / 2.0,
+        );
+    }
+    text(&mut out, LEFT - 4.0, TOP + 4.0, "end", "tick", "100%");
+    text(&mut out, LEFT - 4.0, TOP + plot_h(), "end", "tick", "0");
+    for t in [0.0, 0.25, 0.5, 0.75, 1.0] {
+        text(
+            &mut out,
+            x(t),
+            H - 12.0,
+            "middle",
+            "tick",
+            &format!("{t:.2}"),
+        );
+    }
+    let _ = write!(
+        out,
+        "<line class=\"threshold t-accept\" x1=\"{0:.1}\" y1=\"{TOP}\" x2=\"{0:.1}\" y2=\"{1:.1}\"/>",
+        x(accept),
+        y(0.0)
+    );
+    text(
+        &mut out,
+        x(accept) + 3.0,
+        TOP + 10.0,
+        "start",
+        "tlabel",
+        &format!("accept {accept:.2}"),
+    );
+    out.push_str("</svg>");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +328,30 @@ mod tests {
         assert!(svg.contains("review 0.60") && svg.contains("accept 0.85"));
         assert!(svg.contains("class=\"bar accept\"") && svg.contains("class=\"bar reject\""));
         assert!(svg.contains("adjudicate &lt;x&gt;") && !svg.contains("<x>"));
+    }
+
+    #[test]
+    fn the_reliability_chart_draws_the_reviewed_bands_with_their_intervals() {
+        use docket_model::calibration::{Reviewed, bands};
+        let r = |confidence, agreed| Reviewed {
+            confidence,
+            agreed,
+            audit: false,
+        };
+        // 0.90-0.95: 3 of 4 agreed; 0.50-0.55: 0 of 1; the rest empty.
+        let items = [
+            r(0.91, true),
+            r(0.92, true),
+            r(0.93, true),
+            r(0.94, false),
+            r(0.5, false),
+        ];
+        let svg = reliability("reliability", &bands(&items), 0.85);
+        assert_eq!(svg.matches("<rect").count(), 2, "{svg}");
+        assert_eq!(svg.matches("class=\"whisker\"").count(), 2);
+        assert!(svg.contains("0.90–0.95: 3 of 4 agreed (75.0%"), "{svg}");
+        assert!(svg.contains("class=\"bar accept\"") && svg.contains("class=\"bar review\""));
+        assert!(svg.contains("accept 0.85"));
     }
 
     #[test]
