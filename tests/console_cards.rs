@@ -166,6 +166,50 @@ fn the_queue_row_shows_the_summary_template_or_a_named_error() {
     );
 }
 
+/// An item whose evidence `docket import --update` replaced: its queue row
+/// and its card say "stale", at 80 columns too; a fresh one says nothing.
+#[test]
+fn a_stale_suggestion_is_marked_in_the_queue_and_on_the_card() {
+    let stale_app = |stale: bool| {
+        let mut a = app(Some(TEMPLATES));
+        a.apply_snapshot(Snapshot {
+            review: ReviewPage {
+                total: 1,
+                offset: 0,
+                rows: vec![ReviewRow { stale, ..row() }],
+                several_sessions: false,
+            },
+            detail: Some(ReviewDetail { stale, ..detail() }),
+            now: 1_700_000_000.0,
+            ..Snapshot::default()
+        });
+        a
+    };
+    for (w, h) in SIZES {
+        let mut a = stale_app(true);
+        a.focus = Pane::Review;
+        let queue = screen_text(render(&a, w, h).backend().buffer());
+        let row_line = queue
+            .lines()
+            .find(|l| l.contains("chart-000001"))
+            .unwrap_or_else(|| panic!("no queue row at {w}x{h}:\n{queue}"));
+        assert!(row_line.contains("stale"), "{w}x{h}: {row_line}");
+        a.overlay = Overlay::Detail { scroll: 0 };
+        let card = screen_text(render(&a, w, h).backend().buffer());
+        assert!(
+            card.contains("stale: made on evidence replaced since"),
+            "{w}x{h}:\n{card}"
+        );
+        let mut fresh = stale_app(false);
+        fresh.focus = Pane::Review;
+        let queue = screen_text(render(&fresh, w, h).backend().buffer());
+        assert!(!queue.contains("stale"), "{w}x{h}:\n{queue}");
+        fresh.overlay = Overlay::Detail { scroll: 0 };
+        let card = screen_text(render(&fresh, w, h).backend().buffer());
+        assert!(!card.contains("stale"), "{w}x{h}:\n{card}");
+    }
+}
+
 fn press(a: &mut App, code: ratatui::crossterm::event::KeyCode) -> Vec<docket::tui::app::Effect> {
     use ratatui::crossterm::event::{KeyEvent, KeyModifiers};
     a.handle_key(KeyEvent::new(code, KeyModifiers::NONE))
