@@ -262,6 +262,51 @@ fn the_correction_form_picks_another_candidate_and_edits_a_field() {
     assert!(matches!(a.overlay, Overlay::None));
 }
 
+/// A field that was a number must stay one: "0.72x" keeps the form open
+/// on that field with a toast naming it, and nothing is sent; fixed, the
+/// number goes as a number.
+#[test]
+fn the_correction_form_refuses_a_number_field_that_is_not_a_number() {
+    use docket::tui::app::Effect;
+    use ratatui::crossterm::event::KeyCode;
+    let mut a = app(None);
+    a.focus = Pane::Review;
+    a.overlay = Overlay::Detail { scroll: 0 };
+    press(&mut a, KeyCode::Char('e'));
+    // Rows: candidates, crg_mbid, rr_mbid, confidence.
+    for _ in 0..3 {
+        press(&mut a, KeyCode::Down);
+    }
+    press(&mut a, KeyCode::End);
+    press(&mut a, KeyCode::Char('x'));
+    // Away from the field and back: Enter must bring the cursor to it.
+    press(&mut a, KeyCode::Up);
+    let fx = press(&mut a, KeyCode::Enter);
+    assert!(
+        !fx.iter().any(|f| matches!(f, Effect::Correct { .. })),
+        "{fx:?}"
+    );
+    let toast = a.toast.clone().unwrap_or_default();
+    assert!(
+        toast.contains("confidence") && toast.contains("not a number"),
+        "{toast}"
+    );
+    let Overlay::Correct(form) = &a.overlay else {
+        panic!("the form stays open: {:?}", a.overlay);
+    };
+    assert_eq!(form.row, 3, "the cursor is on the field to fix");
+    press(&mut a, KeyCode::Backspace);
+    let fx = press(&mut a, KeyCode::Enter);
+    let answer = fx
+        .iter()
+        .find_map(|f| match f {
+            Effect::Correct { answer, .. } => Some(answer.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no correction in {fx:?}"));
+    assert_eq!(answer["confidence"], serde_json::json!(0.72));
+}
+
 /// Esc leaves the form with nothing sent; a read-only console never opens it.
 #[test]
 fn the_correction_form_closes_unsent_and_is_off_when_read_only() {

@@ -17,9 +17,48 @@ use docket_ledger::watch::ReviewDetail;
 pub struct FormField {
     pub key: String,
     pub input: Input,
-    /// The suggestion's value was text: the edit stays text. Else (a
-    /// number, a flag) the edit is read as JSON when it parses.
-    text: bool,
+    /// What the suggestion's value was; the edit must stay one (a number
+    /// typed as "abc" would otherwise reach the exports as text, and fail
+    /// the job's own parser on the next read).
+    kind: FieldKind,
+}
+
+/// The JSON type an edited field keeps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FieldKind {
+    Text,
+    Number,
+    Flag,
+    /// The suggestion had null: any JSON value, else text.
+    Any,
+}
+
+impl FieldKind {
+    fn of(v: &Value) -> Self {
+        match v {
+            Value::String(_) => FieldKind::Text,
+            Value::Number(_) => FieldKind::Number,
+            Value::Bool(_) => FieldKind::Flag,
+            _ => FieldKind::Any,
+        }
+    }
+
+    /// The edit `v` as this kind's JSON value, or why it is not one.
+    fn read(self, v: &str) -> Result<Value, &'static str> {
+        let parsed = serde_json::from_str::<Value>(v.trim());
+        match self {
+            FieldKind::Text => Ok(Value::String(v.to_string())),
+            FieldKind::Number => parsed
+                .ok()
+                .filter(Value::is_number)
+                .ok_or("is not a number"),
+            FieldKind::Flag => parsed
+                .ok()
+                .filter(Value::is_boolean)
+                .ok_or("is not true or false"),
+            FieldKind::Any => Ok(parsed.unwrap_or_else(|_| Value::String(v.to_string()))),
+        }
+    }
 }
 
 /// The form's state: the answer being built and where the cursor is.
@@ -65,7 +104,7 @@ impl CorrectionForm {
                 _ => fields.push(FormField {
                     key: k.clone(),
                     input: Input::new(docket_model::review_card::scalar_text(v)),
-                    text: v.is_string(),
+                    kind: FieldKind::of(v),
                 }),
             }
         }
@@ -118,20 +157,20 @@ impl CorrectionForm {
         }
     }
 
-    /// The answer as the form holds it.
-    pub fn answer(&self) -> Value {
+    /// The answer as the form holds it, or the first field whose edit is
+    /// not of its kind (its index and what is wrong).
+    pub fn answer(&self) -> Result<Value, (usize, String)> {
         let mut out = Map::new();
-        for f in &self.fields {
+        for (i, f) in self.fields.iter().enumerate() {
             let v = f.input.value();
-            let value = if f.text {
-                Value::String(v.to_string())
-            } else {
-                serde_json::from_str(v.trim()).unwrap_or_else(|_| Value::String(v.to_string()))
-            };
+            let value = f
+                .kind
+                .read(v)
+                .map_err(|why| (i, format!("{}: {v:?} {why}", f.key)))?;
             out.insert(f.key.clone(), value);
         }
         out.extend(self.fixed.clone());
-        Value::Object(out)
+        Ok(Value::Object(out))
     }
 }
 
@@ -184,7 +223,16 @@ impl App {
                 self.set_toast("Not corrected.");
             }
             KeyCode::Enter => {
-                let (review_id, answer) = (form.review_id, form.answer());
+                let answer = match form.answer() {
+                    Ok(answer) => answer,
+                    Err((field, why)) => {
+                        // The form stays open on the field to fix.
+                        form.row = field + usize::from(!form.candidates.is_empty());
+                        self.set_toast(format!("Not corrected: {why}."));
+                        return Vec::new();
+                    }
+                };
+                let review_id = form.review_id;
                 self.overlay = Overlay::None;
                 let mut fx = vec![Effect::Correct { review_id, answer }];
                 fx.extend(self.move_review_cursor(1));
