@@ -10,7 +10,7 @@ use std::path::Path;
 use docket::config::{CONFIG_FILE, LoadedConfig, edit};
 use docket::ledger::Ledger;
 use docket::ledger::work::RunSessions;
-use docket_model::calibration::{self as cal, Agreement, Band, Suggestion};
+use docket_model::calibration as cal;
 
 use super::data_out;
 use super::ledger::{with_ledger, with_ledger_reading};
@@ -18,23 +18,21 @@ use crate::cli::{CalibrateArgs, SummaryFormat};
 
 mod render;
 
-/// Everything calibrate found, for the text and the JSON.
+/// Everything calibrate found, for the text and the JSON: the session's
+/// calibration summary (read through `Deref`), and what was asked.
 pub(super) struct Calibration {
     pub session: String,
-    pub target: f64,
-    /// The effective auto-accept threshold and the review threshold the
-    /// session ran with.
-    pub accept: f64,
-    pub review: f64,
-    pub overall: Agreement,
-    pub audited: u64,
-    /// Enough reviewed items to estimate anything (`cal::MIN_REVIEWED`).
-    pub enough: bool,
-    pub bands: Vec<Band>,
-    pub current: Agreement,
-    pub suggestion: Option<Suggestion>,
+    pub summary: cal::Summary,
     /// `--apply` was given (the text then says what happened to docket.toml).
     pub apply: bool,
+}
+
+impl std::ops::Deref for Calibration {
+    type Target = cal::Summary;
+
+    fn deref(&self) -> &cal::Summary {
+        &self.summary
+    }
 }
 
 pub(super) fn calibrate(ws: &Path, args: CalibrateArgs) -> i32 {
@@ -74,28 +72,9 @@ fn compute(l: &Ledger, args: &CalibrateArgs) -> Result<Calibration, String> {
         .calibration_input(&session)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| docket::ids::unknown_session(&session))?;
-    let cal::Summary {
-        target,
-        accept,
-        review,
-        overall,
-        audited,
-        enough,
-        bands,
-        current,
-        suggestion,
-    } = input.summary(args.target);
     Ok(Calibration {
         session,
-        target,
-        accept,
-        review,
-        overall,
-        audited,
-        enough,
-        bands,
-        current,
-        suggestion,
+        summary: input.summary(args.target),
         apply: args.apply,
     })
 }
