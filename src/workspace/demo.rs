@@ -68,8 +68,10 @@ pub fn init_demo(dir: &Path, keep: bool) -> Result<(), WorkspaceError> {
         1,
     );
     text.push_str(REVIEW_SUMMARY);
+    // not a ledger file: the demo's docket.toml.
     std::fs::write(&path, text).map_err(io)?;
     let marker = dir.join(DEMO_MARKER);
+    // not a ledger file: the demo's marker.
     std::fs::write(
         &marker,
         "written by `docket demo`; its ledger is wiped on each demo\n",
