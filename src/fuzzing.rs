@@ -16,6 +16,7 @@ use crate::gate::Gate;
 use crate::items::ImportFormat;
 use crate::ledger::LedgerError;
 use crate::ledger::import::{Added, ItemBatch, Replaced};
+use docket_model::evidence::Evidence;
 
 /// A fuzz target: any bytes in, no panic out.
 pub type Target = fn(&[u8]);
@@ -49,15 +50,15 @@ pub fn target(name: &str) -> Option<Target> {
 struct MemoryBatch(HashMap<String, (u64, String)>);
 
 impl ItemBatch for MemoryBatch {
-    fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<Added, LedgerError> {
+    fn add(&mut self, item_id: &str, evidence: &Evidence, line: u64) -> Result<Added, LedgerError> {
         Ok(match self.0.get(item_id) {
-            Some((first, evidence)) => Added::EarlierLine {
+            Some((first, hash)) => Added::EarlierLine {
                 line: *first,
-                same_evidence: evidence == evidence_json,
+                same_evidence: *hash == evidence.hash,
             },
             None => {
                 self.0
-                    .insert(item_id.to_string(), (line, evidence_json.to_string()));
+                    .insert(item_id.to_string(), (line, evidence.hash.clone()));
                 Added::New
             }
         })
@@ -66,11 +67,11 @@ impl ItemBatch for MemoryBatch {
     fn replace(
         &mut self,
         item_id: &str,
-        evidence_json: &str,
+        evidence: &Evidence,
         line: u64,
     ) -> Result<Replaced, LedgerError> {
         self.0
-            .insert(item_id.to_string(), (line, evidence_json.to_string()));
+            .insert(item_id.to_string(), (line, evidence.hash.clone()));
         Ok(Replaced::default())
     }
 

@@ -30,13 +30,20 @@ fn json_of(out: &Output) -> Value {
 /// A workspace whose routing audits every accepted and rejected item, run
 /// once over `items` demo items; its session id.
 async fn audited_run(items: usize) -> (Workspace, String) {
+    audited_run_with(items, "").await
+}
+
+/// The same with `routing` (lines of `[routing]`) added.
+async fn audited_run_with(items: usize, routing: &str) -> (Workspace, String) {
     let m = support::mock(Default::default()).await;
     let ws = support::workspace(&support::Job::new(&m.base_url()));
     let toml = ws.path().join("docket.toml");
     let text = std::fs::read_to_string(&toml).unwrap();
     let text = text.replace(
         "review_threshold = 0.60\n",
-        "review_threshold = 0.60\naudit_accept_share = 1.0\naudit_reject_share = 1.0\n",
+        &format!(
+            "review_threshold = 0.60\naudit_accept_share = 1.0\naudit_reject_share = 1.0\n{routing}"
+        ),
     );
     std::fs::write(&toml, text).unwrap();
     support::import_demo_items(&ws, items);
@@ -299,6 +306,69 @@ async fn too_few_reviews_say_so_and_no_session_is_an_error() {
     assert_eq!(
         std::fs::read_to_string(ws.path().join("docket.toml")).unwrap(),
         before
+    );
+}
+
+/// `[routing] target_precision` is recorded with the session and is the
+/// target of `docket calibrate` and the report (and the console's page,
+/// from the same read); `--target-precision` overrides it for one look; a
+/// change of it in docket.toml does not stand in the way of a resume; a
+/// target out of range is refused, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_target_precision_is_what_calibrate_and_the_report_measure_against() {
+    let (ws, sid) = audited_run_with(20, "target_precision = 0.9\n").await;
+    let items = review_items(&ws, &sid);
+    let op = Operator::new("ana", "ana@test:1");
+    let ids: Vec<i64> = items.iter().map(|i| i.0).collect();
+    ws.handle().accept(&ids, &op).unwrap();
+    let v = json_of(&docket(ws.path(), &["calibrate", "--format", "json"]));
+    assert_eq!(v["target_precision"].as_f64(), Some(0.9), "{v}");
+    report_agrees_with_calibrate(&ws, &sid);
+    let v = json_of(&docket(
+        ws.path(),
+        &[
+            "calibrate",
+            "--target-precision",
+            "0.95",
+            "--format",
+            "json",
+        ],
+    ));
+    assert_eq!(v["target_precision"].as_f64(), Some(0.95), "{v}");
+    let toml = ws.path().join("docket.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        text.replace("target_precision = 0.9", "target_precision = 0.8"),
+    )
+    .unwrap();
+    let changes = docket::config::LoadedConfig::load(&toml)
+        .unwrap()
+        .changes_since(&ws.conn().query_row(
+            "SELECT json_extract(config_snapshot_json, '$.config') FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| r.get::<_, String>(0).map(|t| serde_json::from_str::<Value>(&t).unwrap()),
+        ).unwrap());
+    assert!(changes.is_empty(), "{changes:?}");
+    let v = json_of(&docket(ws.path(), &["calibrate", "--format", "json"]));
+    assert_eq!(
+        v["target_precision"].as_f64(),
+        Some(0.9),
+        "the session's own"
+    );
+    std::fs::write(
+        &toml,
+        std::fs::read_to_string(&toml)
+            .unwrap()
+            .replace("target_precision = 0.8", "target_precision = 1.5"),
+    )
+    .unwrap();
+    let err = docket::config::LoadedConfig::load(&toml)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("routing.target_precision") && err.contains("1.5 is out of range"),
+        "{err}"
     );
 }
 

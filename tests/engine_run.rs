@@ -849,6 +849,67 @@ async fn resume_routes_with_the_thresholds_the_session_started_with() {
     assert!(s.reviewed_count > 0);
 }
 
+/// A resume that passes a flag with another value runs the session with
+/// it and records it with the session (its snapshot's flags, which the
+/// console, the report and `docket sessions` read), with a `config` event
+/// naming each change; a resume passing nothing new records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_with_other_flags_records_them_with_the_session() {
+    let (m, ws) = mocked(mode("unauthorized"), 30, |_| {}).await;
+    let mut o = options(&ws);
+    o.auto_accept_threshold = Some(1.0);
+    let (report, _) = run(o).await;
+    let sid = report.session_id.unwrap();
+    let flag = |name: &str| -> String {
+        ws.conn()
+            .query_row(
+                &format!(
+                    "SELECT json_extract(config_snapshot_json, '$.flags.{name}') FROM llm_batch_session WHERE session_id = ?1"
+                ),
+                [&sid],
+                |r| r.get::<_, rusqlite::types::Value>(0),
+            )
+            .map(|v| format!("{v:?}"))
+            .unwrap()
+    };
+    let changes_recorded = || {
+        count(
+            &ws.conn(),
+            "SELECT COUNT(*) FROM session_event WHERE session_id = ?1 AND kind = 'config'
+               AND message LIKE 'resumed with other flags: %'",
+            [&sid],
+        )
+    };
+    // The same flags (the session's own, kept): nothing to record.
+    let mut o = options(&ws);
+    o.resume = Some(sid.clone());
+    let (_, lines) = run(o).await;
+    assert!(!lines.text().contains("other flags"), "{}", lines.text());
+    assert_eq!(changes_recorded(), 0);
+    assert_eq!(flag("completion_mode"), "Text(\"exact\")");
+    // Other ones: run with and recorded.
+    m.set_config(MockConfig::default());
+    let mut o = options(&ws);
+    o.resume = Some(sid.clone());
+    o.auto_accept_threshold = Some(0.7);
+    o.completion_mode = Some(docket::config::CompletionMode::BestEffort);
+    let (report, lines) = run(o).await;
+    let said = lines.text();
+    assert!(
+        said.contains(&format!(
+            "Session {sid} runs from now on with other flags than it recorded: \
+             auto_accept_threshold 1.0 -> 0.7, completion_mode exact -> best_effort"
+        )),
+        "{said}"
+    );
+    assert_eq!(flag("auto_accept_threshold"), "Real(0.7)");
+    assert_eq!(flag("completion_mode"), "Text(\"best_effort\")");
+    assert_eq!(changes_recorded(), 1);
+    // The new threshold routed the rest: accepted at 0.7.
+    check_complete(&ws.conn(), &sid);
+    assert!(report.session.unwrap().accepted_count > 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_template_is_not_reused_or_sent_again_unless_asked() {
     let (m, ws) = mocked(MockConfig::default(), 30, |_| {}).await;

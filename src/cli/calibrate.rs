@@ -10,9 +10,11 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub session: Option<String>,
     /// The precision (share of auto-accepts a human would agree with) the
-    /// suggested threshold must reach, at the lower 95% bound.
-    #[arg(long = "target-precision", default_value_t = 0.98, value_name = "P")]
-    pub target: f64,
+    /// suggested threshold must reach, at the lower 95% bound (default: the
+    /// job's `[routing] target_precision` as the session recorded it, 0.98
+    /// unless set).
+    #[arg(long = "target-precision", value_name = "P")]
+    pub target: Option<f64>,
     /// Write the suggested auto_accept_threshold into docket.toml (the rest
     /// of the file unchanged) and record it on the session.
     #[arg(long)]

@@ -59,7 +59,7 @@ pub const RESULTS: &str = "Examples:
   docket batch-results batch_20261126_b7rj84 --format csv > results.csv";
 
 pub const CALIBRATE: &str = "Examples:
-  docket calibrate                                   the newest session, target precision 0.98
+  docket calibrate                                   the newest session, at its job's target precision
   docket calibrate --session batch_20261126_b7rj84 --target-precision 0.95
   docket calibrate --apply                           write the suggested auto_accept_threshold
   docket calibrate --format json | jq '.suggestion'";

@@ -49,6 +49,9 @@ pub(crate) fn resume_session(
         if let Some(from) = p.rerun_from {
             rerun_from(&mut ledger, p, id, from, reporter)?;
         }
+        if !opts.join {
+            record_flags(&ledger, p, id, opts, reporter)?;
+        }
         let s = ledger.load_session(id)?.unwrap_or(s);
         reporter.line(&format!(
             "Resuming session {id}: {} of {} items already processed{}",
@@ -62,6 +65,50 @@ pub(crate) fn resume_session(
         ));
         Ok(id.to_string())
     })
+}
+
+/// The flags a resume can run a session with otherwise than it started:
+/// the routing thresholds, the confidence floor, the rate limit, the
+/// completion mode and the rate-limit profile, and a budget when one is
+/// passed (without `--max-cost` the session keeps its own).
+const RESUMABLE_FLAGS: [&str; 6] = [
+    "min_confidence",
+    "rate_limit",
+    "auto_accept_threshold",
+    "review_threshold",
+    "completion_mode",
+    "profile",
+];
+
+/// A resume that runs the session with other flags than it recorded (a
+/// flag passed again with another value) records them with the session,
+/// so every view of it tells what it runs with, and says so.
+fn record_flags(
+    ledger: &docket_ledger::Ledger,
+    p: &Prepared,
+    id: &str,
+    opts: &RunOptions,
+    reporter: &dyn Reporter,
+) -> Result<(), EngineError> {
+    let serde_json::Value::Object(all) = crate::start::session_flags(p, opts) else {
+        return Ok(());
+    };
+    let flags: serde_json::Map<String, serde_json::Value> = all
+        .into_iter()
+        .filter(|(name, value)| {
+            RESUMABLE_FLAGS.contains(&name.as_str()) || (name == "max_cost" && !value.is_null())
+        })
+        .collect();
+    let actor = format!("cli:{}", docket_ledger::review::Operator::current().user);
+    let changes = ledger.record_flags(id, &flags, &actor)?;
+    if !changes.is_empty() {
+        let listed: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        reporter.line(&format!(
+            "Session {id} runs from now on with other flags than it recorded: {} (recorded with the session).",
+            listed.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// Refuse a session too old to resume, already completed (unless a stage

@@ -222,17 +222,7 @@ fn session_snapshot(prepared: &Prepared, opts: &RunOptions) -> String {
     // Names of key variables only: no key is ever read into the config.
     serde_json::json!({
         "config": prepared.config.snapshot_json(),
-        "flags": {
-            "limit": opts.limit, "min_confidence": opts.min_confidence, "rate_limit": opts.rate_limit,
-            "rereview_pending": opts.rereview_pending, "force": opts.force,
-            "auto_accept_threshold": prepared.thresholds.auto_accept,
-            "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
-            "completion_mode": prepared.completion_mode.as_str(),
-            "profile": prepared.profile.as_ref().map(|p| serde_json::json!({
-                "name": p.name, "version": p.version, "provider": p.provider,
-                "model": p.model, "limits": p.limits,
-            })),
-        },
+        "flags": session_flags(prepared, opts),
         "template_hash": prepared.first().template.hash,
         "params_hash": prepared.first().params_hash,
         "stages": prepared.stages.iter().map(|s| serde_json::json!({
@@ -243,6 +233,21 @@ fn session_snapshot(prepared: &Prepared, opts: &RunOptions) -> String {
         "keys": key_fingerprints(prepared),
     })
     .to_string()
+}
+
+/// The flags a session records (and a resume runs with: `resume`).
+pub(crate) fn session_flags(prepared: &Prepared, opts: &RunOptions) -> serde_json::Value {
+    serde_json::json!({
+        "limit": opts.limit, "min_confidence": opts.min_confidence, "rate_limit": opts.rate_limit,
+        "rereview_pending": opts.rereview_pending, "force": opts.force,
+        "auto_accept_threshold": prepared.thresholds.auto_accept,
+        "review_threshold": prepared.thresholds.review, "max_cost": opts.max_cost,
+        "completion_mode": prepared.completion_mode.as_str(),
+        "profile": prepared.profile.as_ref().map(|p| serde_json::json!({
+            "name": p.name, "version": p.version, "provider": p.provider,
+            "model": p.model, "limits": p.limits,
+        })),
+    })
 }
 
 /// The stages as a new session records them.

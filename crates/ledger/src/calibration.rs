@@ -23,6 +23,17 @@ pub struct CalibrationInput {
 }
 
 impl CalibrationInput {
+    /// The precision the session's accept band should reach: its job's
+    /// `[routing] target_precision` as the session recorded it; the
+    /// default for a session from before that setting.
+    pub fn target_precision(&self) -> f64 {
+        let snap: serde_json::Value = serde_json::from_str(&self.snapshot_json).unwrap_or_default();
+        snap.pointer("/config/routing/target_precision")
+            .and_then(serde_json::Value::as_f64)
+            .filter(|t| *t > 0.0 && *t <= 1.0)
+            .unwrap_or(docket_model::calibration::DEFAULT_TARGET)
+    }
+
     /// The report at `target`, with the thresholds the session routed with.
     pub fn summary(&self, target: f64) -> docket_model::calibration::Summary {
         let (accept, review) = self.thresholds();
@@ -41,31 +52,8 @@ impl CalibrationInput {
     /// none.
     pub fn thresholds(&self) -> (f64, f64) {
         let snap: serde_json::Value = serde_json::from_str(&self.snapshot_json).unwrap_or_default();
-        let num = |paths: [&str; 2], default: f64| {
-            paths
-                .iter()
-                .find_map(|p| snap.pointer(p).and_then(serde_json::Value::as_f64))
-                .unwrap_or(default)
-        };
-        let accept = num(
-            [
-                "/flags/auto_accept_threshold",
-                "/config/routing/auto_accept_threshold",
-            ],
-            0.85,
-        );
-        let review = num(
-            [
-                "/flags/review_threshold",
-                "/config/routing/review_threshold",
-            ],
-            0.60,
-        );
-        let floor = snap
-            .pointer("/flags/min_confidence")
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(0.0);
-        (accept.max(floor), review)
+        let (review, accept) = docket_model::routing::session_thresholds(&snap);
+        (accept.unwrap_or(0.85), review.unwrap_or(0.60))
     }
 }
 

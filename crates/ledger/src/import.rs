@@ -9,6 +9,8 @@
 //! stored when an import next meets their id (their requests' hashes too:
 //! they were made on that evidence).
 
+use docket_model::evidence::Evidence;
+
 use crate::db::{Connection, Statement, params};
 
 use super::{Ledger, LedgerError, now_ts};
@@ -31,11 +33,11 @@ pub trait Import {
 
 /// The items of one import, not yet committed.
 pub trait ItemBatch {
-    /// Add one undecided item with its evidence (a JSON object) and the
-    /// line of the source file it came from. Changes nothing when the
-    /// ledger (or this batch) already has the id, and says where it came
-    /// from.
-    fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<Added, LedgerError>;
+    /// Add one undecided item with its evidence (a JSON object, and its
+    /// hash) and the line of the source file it came from. Changes nothing
+    /// when the ledger (or this batch) already has the id, and says where
+    /// it came from.
+    fn add(&mut self, item_id: &str, evidence: &Evidence, line: u64) -> Result<Added, LedgerError>;
 
     /// Replace the evidence of `item_id` (which the ledger has, with other
     /// evidence: `add` said `AlreadyPresent { same_evidence: false }`) and
@@ -47,7 +49,7 @@ pub trait ItemBatch {
     fn replace(
         &mut self,
         item_id: &str,
-        evidence_json: &str,
+        evidence: &Evidence,
         line: u64,
     ) -> Result<Replaced, LedgerError>;
 
@@ -181,42 +183,35 @@ impl<'c> SqliteBatch<'c> {
 }
 
 impl ItemBatch for SqliteBatch<'_> {
-    fn add(&mut self, item_id: &str, evidence_json: &str, line: u64) -> Result<Added, LedgerError> {
+    fn add(&mut self, item_id: &str, evidence: &Evidence, line: u64) -> Result<Added, LedgerError> {
         let line = i64::try_from(line).unwrap_or(i64::MAX);
-        let hash = docket_model::evidence::evidence_hash(evidence_json);
         let changed = self.insert.execute(params![
             item_id,
-            evidence_json,
+            evidence.json,
             self.source_file,
             line,
             self.now,
-            hash
+            evidence.hash
         ])?;
         if changed > 0 {
             return Ok(Added::New);
         }
         // Already there: from this import (the same file and import time),
         // or from before it.
-        type Row = (
-            Option<String>,
-            Option<i64>,
-            Option<f64>,
-            String,
-            Option<String>,
-        );
-        let (file, first_line, at, evidence, stored): Row = self
+        type Row = (Option<String>, Option<i64>, Option<f64>, Option<String>);
+        let (file, first_line, at, stored): Row = self
             .conn
             .prepare_cached(
-                "SELECT source_file, source_line, imported_at, evidence_json, evidence_hash FROM decision WHERE item_id = ?1",
+                "SELECT source_file, source_line, imported_at, evidence_hash FROM decision WHERE item_id = ?1",
             )?
             .query_row(params![item_id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })?;
         let stored = match stored {
             Some(h) => h,
-            None => self.backfill_hash(item_id, &evidence)?,
+            None => self.backfill_hash(item_id)?,
         };
-        let same_evidence = stored == hash;
+        let same_evidence = stored == evidence.hash;
         Ok(match (file, first_line, at) {
             (Some(f), Some(l), Some(at)) if f == self.source_file && at == self.now => {
                 Added::EarlierLine {
@@ -231,10 +226,9 @@ impl ItemBatch for SqliteBatch<'_> {
     fn replace(
         &mut self,
         item_id: &str,
-        evidence_json: &str,
+        evidence: &Evidence,
         line: u64,
     ) -> Result<Replaced, LedgerError> {
-        let hash = docket_model::evidence::evidence_hash(evidence_json);
         let line = i64::try_from(line).unwrap_or(i64::MAX);
         let c = self.conn;
         c.prepare_cached(
@@ -242,7 +236,14 @@ impl ItemBatch for SqliteBatch<'_> {
                  source_file = ?5, source_line = ?6
              WHERE item_id = ?1",
         )?
-        .execute(params![item_id, evidence_json, hash, self.now, self.source_file, line])?;
+        .execute(params![
+            item_id,
+            evidence.json,
+            evidence.hash,
+            self.now,
+            self.source_file,
+            line
+        ])?;
         // An auto-accept judged the old evidence: undone, so the next run
         // asks again. A human's decision stays (its review item is marked).
         let undone = c
@@ -288,8 +289,12 @@ impl SqliteBatch<'_> {
     /// The hash of an item imported before migration 13, computed from the
     /// evidence it has and stored, with its requests' (they were made on
     /// that evidence).
-    fn backfill_hash(&self, item_id: &str, evidence: &str) -> Result<String, LedgerError> {
-        let hash = docket_model::evidence::evidence_hash(evidence);
+    fn backfill_hash(&self, item_id: &str) -> Result<String, LedgerError> {
+        let evidence: String = self
+            .conn
+            .prepare_cached("SELECT evidence_json FROM decision WHERE item_id = ?1")?
+            .query_row(params![item_id], |r| r.get(0))?;
+        let hash = docket_model::evidence::evidence_hash(&evidence);
         self.conn
             .prepare_cached("UPDATE decision SET evidence_hash = ?2 WHERE item_id = ?1")?
             .execute(params![item_id, hash])?;

@@ -35,6 +35,29 @@ pub struct Thresholds {
     pub min_confidence: Option<f64>,
 }
 
+/// The routing thresholds a session ran with, `(review, auto_accept)`,
+/// from its config snapshot (`{"flags": ..., "config": ...}`): the flags
+/// the run used, else the config's `[routing]`; the auto-accept raised to
+/// the `--min-confidence` floor. `None` where the snapshot has neither (or
+/// a value out of 0..1). The console's histogram, the report's and
+/// `docket calibrate` read them alike.
+pub fn session_thresholds(snapshot: &serde_json::Value) -> (Option<f64>, Option<f64>) {
+    let num = |ptr: &str| {
+        snapshot
+            .pointer(ptr)
+            .and_then(serde_json::Value::as_f64)
+            .filter(|x| (0.0..=1.0).contains(x))
+    };
+    let pick = |key: &str| {
+        num(&format!("/flags/{key}")).or_else(|| num(&format!("/config/routing/{key}")))
+    };
+    let accept = match (pick("auto_accept_threshold"), num("/flags/min_confidence")) {
+        (Some(a), Some(floor)) => Some(a.max(floor)),
+        (a, floor) => a.or(floor),
+    };
+    (pick("review_threshold"), accept)
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ThresholdError {
     #[error("{name} {value} is out of range (0.0 to 1.0)")]
@@ -137,5 +160,26 @@ mod tests {
             Thresholds::new(0.9, 0.7, Some(f64::NAN)),
             Err(ThresholdError::OutOfRange { .. })
         ));
+    }
+
+    /// A session's thresholds: its flags over its config's, the accept
+    /// raised to the floor, nothing made up where the snapshot has none.
+    #[test]
+    fn a_sessions_thresholds_come_from_its_flags_then_its_config() {
+        use super::session_thresholds;
+        use serde_json::json;
+        let config = json!({"config": {"routing": {"auto_accept_threshold": 0.85, "review_threshold": 0.6}}});
+        assert_eq!(session_thresholds(&config), (Some(0.6), Some(0.85)));
+        let flags = json!({
+            "flags": {"auto_accept_threshold": 0.9, "review_threshold": null, "min_confidence": 0.95},
+            "config": {"routing": {"auto_accept_threshold": 0.85, "review_threshold": 0.6}}
+        });
+        assert_eq!(session_thresholds(&flags), (Some(0.6), Some(0.95)));
+        let out_of_range = json!({"flags": {"auto_accept_threshold": 1.5}});
+        assert_eq!(session_thresholds(&out_of_range), (None, None));
+        assert_eq!(
+            session_thresholds(&json!({"flags": {"min_confidence": 0.7}})),
+            (None, Some(0.7))
+        );
     }
 }

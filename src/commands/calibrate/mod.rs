@@ -36,10 +36,11 @@ impl std::ops::Deref for Calibration {
 }
 
 pub(super) fn calibrate(ws: &Path, args: CalibrateArgs) -> i32 {
-    if !(args.target > 0.0 && args.target <= 1.0) {
+    if let Some(target) = args.target
+        && !(target > 0.0 && target <= 1.0)
+    {
         return super::fail(format!(
-            "--target-precision {} is out of range (above 0, at most 1)",
-            args.target
+            "--target-precision {target} is out of range (above 0, at most 1)"
         ));
     }
     let body = |l: &Ledger| -> Result<(), String> {
@@ -72,9 +73,10 @@ fn compute(l: &Ledger, args: &CalibrateArgs) -> Result<Calibration, String> {
         .calibration_input(&session)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| docket::ids::unknown_session(&session))?;
+    let target = args.target.unwrap_or_else(|| input.target_precision());
     Ok(Calibration {
         session,
-        summary: input.summary(args.target),
+        summary: input.summary(target),
         apply: args.apply,
     })
 }

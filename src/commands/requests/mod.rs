@@ -222,7 +222,11 @@ fn import(job: &Job) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     for r in &job.requests {
         batch
-            .add(&r.custom_id, &r.evidence.to_string(), r.line)
+            .add(
+                &r.custom_id,
+                &docket_model::evidence::Evidence::of_value(&r.evidence),
+                r.line,
+            )
             .map_err(|e| e.to_string())?;
     }
     batch.commit().map_err(|e| e.to_string())

@@ -3,12 +3,14 @@
 //! read-only alongside it.
 
 mod candidates;
+mod flags;
 mod plan;
 mod sessions;
 mod work;
 
 pub use candidates::{Candidate, CandidateError, CandidateFilter};
 pub(crate) use candidates::{count_awaiting_review, count_candidates, for_each_candidate};
+pub use flags::FlagChange;
 pub use plan::{NewSession, NewStage};
 pub(crate) use plan::{count_stale_evidence, create_session, stale_answers};
 pub use sessions::{

@@ -72,6 +72,9 @@ pub(super) fn default_auto_accept() -> Spanned<f64> {
 pub(super) fn default_review() -> Spanned<f64> {
     unspanned(0.60)
 }
+pub(super) fn default_target_precision() -> Spanned<f64> {
+    unspanned(crate::calibration::DEFAULT_TARGET)
+}
 pub(super) fn default_no_share() -> Spanned<f64> {
     unspanned(0.0)
 }

@@ -27,12 +27,18 @@ impl LoadedConfig {
     /// a setting left out then and given its default now (the snapshot is
     /// read back with today's defaults first). Nor is `[review]`: how items
     /// read in review is no part of the run, so a new card template never
-    /// stands in the way of resuming a session.
+    /// stands in the way of resuming a session; nor, for the same reason,
+    /// `routing.target_precision` (what calibration measures against: the
+    /// session keeps the one it recorded).
     pub fn changes_since(&self, snapshot: &serde_json::Value) -> Vec<ConfigChange> {
         let before = with_defaults(snapshot).unwrap_or_else(|| snapshot.clone());
         let mut out = Vec::new();
         diff_json("", &before, &self.snapshot_json(), &mut out);
-        out.retain(|c| c.key != "review" && !c.key.starts_with("review."));
+        out.retain(|c| {
+            c.key != "review"
+                && !c.key.starts_with("review.")
+                && c.key != "routing.target_precision"
+        });
         out
     }
 }

@@ -400,6 +400,12 @@ pub struct RoutingConfig {
     /// The same for the items routing rejects.
     #[serde(default = "default_no_share")]
     pub audit_reject_share: Spanned<f64>,
+    /// The precision (the share of auto-accepts a human agrees with, at
+    /// the lower 95% bound) the accept threshold should reach: what
+    /// `docket calibrate`, the console's calibration page and the report
+    /// suggest a threshold for. Recorded with each session.
+    #[serde(default = "default_target_precision")]
+    pub target_precision: Spanned<f64>,
 }
 
 impl Default for RoutingConfig {
@@ -412,6 +418,7 @@ impl Default for RoutingConfig {
             flag_injection: true,
             audit_accept_share: default_no_share(),
             audit_reject_share: default_no_share(),
+            target_precision: default_target_precision(),
         }
     }
 }

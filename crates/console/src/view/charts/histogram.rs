@@ -36,23 +36,8 @@ impl Thresholds {
         }) else {
             return Thresholds::default();
         };
-        let num = |ptr: &str| {
-            v.pointer(ptr)
-                .and_then(|x| x.as_f64())
-                .filter(|x| (0.0..=1.0).contains(x))
-        };
-        let pick = |flag: &str, key: &str| {
-            num(&format!("/flags/{flag}")).or_else(|| num(&format!("/config/routing/{key}")))
-        };
-        let accept = pick("auto_accept_threshold", "auto_accept_threshold");
-        let floor = num("/flags/min_confidence");
-        Thresholds {
-            review: pick("review_threshold", "review_threshold"),
-            accept: match (accept, floor) {
-                (Some(a), Some(f)) => Some(a.max(f)),
-                (a, f) => a.or(f),
-            },
-        }
+        let (review, accept) = docket_model::routing::session_thresholds(&v);
+        Thresholds { review, accept }
     }
 }
 

@@ -8,6 +8,7 @@ use std::io::{self, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
 
+use docket_model::evidence::Evidence;
 use serde_json::{Map, Value};
 
 use super::{
@@ -27,7 +28,7 @@ pub(super) fn import_csv<R: Read>(
     let header_line = csv.read_header(&mut record, path)?;
     let (header, id_index) = parse_header(&record, path, header_line, id_field)?;
 
-    let mut evidence = String::with_capacity(4096);
+    let mut evidence = Evidence::default();
     let mut last_line = header_line;
     loop {
         match csv.rdr.read_byte_record(&mut record) {
@@ -287,7 +288,7 @@ fn csv_row<'r>(
     header: &[String],
     id_index: usize,
     id_field: &str,
-    evidence: &mut String,
+    evidence: &mut Evidence,
 ) -> Result<&'r str, String> {
     if record.len() != header.len() {
         return Err(format!(
@@ -313,9 +314,9 @@ fn csv_row<'r>(
         }
     }
     check_id(id, id_field)?;
-    evidence.clear();
-    let bytes = serde_json::to_vec(&map).map_err(|e| format!("cannot encode evidence: {e}"))?;
-    *evidence = String::from_utf8(bytes).map_err(|e| format!("cannot encode evidence: {e}"))?;
+    evidence
+        .set_object(&map)
+        .map_err(|e| format!("cannot encode evidence: {e}"))?;
     Ok(id)
 }
 

@@ -4,6 +4,7 @@
 use std::io::{BufReader, Read};
 use std::path::Path;
 
+use docket_model::evidence::Evidence;
 use serde_json::{Map, Value};
 
 use super::{
@@ -20,7 +21,7 @@ pub(super) fn import_jsonl<R: Read>(
 ) -> Result<(), ImportError> {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut line_no: u64 = 0;
-    let mut evidence = String::with_capacity(4096);
+    let mut evidence = Evidence::default();
     loop {
         buf.clear();
         // One byte over the limit, and its line end, tell a line too large.
@@ -66,12 +67,12 @@ pub(super) fn import_jsonl<R: Read>(
     Ok(())
 }
 
-/// Parse one JSONL line; on success return the id and leave the evidence JSON
-/// (the object without the id field) in `evidence`.
+/// Parse one JSONL line; on success return the id and leave the evidence
+/// (the object without the id field, and its hash) in `evidence`.
 pub(super) fn parse_jsonl_row(
     line: &[u8],
     id_field: &str,
-    evidence: &mut String,
+    evidence: &mut Evidence,
 ) -> Result<String, String> {
     let text = std::str::from_utf8(line).map_err(|e| {
         format!(
@@ -96,13 +97,10 @@ pub(super) fn parse_jsonl_row(
         }
     };
     check_id(&id, id_field)?;
-    evidence.clear();
-    // Writing a Map of Values into a String cannot fail.
-    let bytes = serde_json::to_vec(&map).map_err(|e| format!("cannot re-encode evidence: {e}"))?;
-    match String::from_utf8(bytes) {
-        Ok(s) => *evidence = s,
-        Err(e) => return Err(format!("cannot re-encode evidence: {e}")),
-    }
+    // Writing a Map of Values cannot fail.
+    evidence
+        .set_object(&map)
+        .map_err(|e| format!("cannot re-encode evidence: {e}"))?;
     Ok(id)
 }
 
@@ -154,7 +152,7 @@ mod tests {
 
     #[test]
     fn json_reasons() {
-        let mut ev = String::new();
+        let mut ev = Evidence::default();
         let r = parse_jsonl_row(br#"{"id": "a", "x": 1"#, "id", &mut ev).unwrap_err();
         assert!(r.starts_with("invalid JSON: "), "{r}");
         assert!(r.contains("column"), "{r}");
@@ -167,7 +165,8 @@ mod tests {
         );
         let id = parse_jsonl_row(br#"{"id": 7, "b": [1], "a": "x"}"#, "id", &mut ev).unwrap();
         assert_eq!(id, "7");
-        let v: Value = serde_json::from_str(&ev).unwrap();
+        let v: Value = serde_json::from_str(&ev.json).unwrap();
         assert_eq!(v, serde_json::json!({"a": "x", "b": [1]}));
+        assert_eq!(ev.hash, docket_model::evidence::evidence_hash(&ev.json));
     }
 }

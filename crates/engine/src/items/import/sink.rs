@@ -3,6 +3,7 @@
 
 use docket_ledger::LedgerError;
 use docket_ledger::import::{Added, ItemBatch};
+use docket_model::evidence::Evidence;
 
 use super::{
     ImportReport, MAX_BAD_ROW_DETAILS, MAX_DIFFERING_DETAILS, TemplateCheck, UnrenderableRow,
@@ -22,14 +23,14 @@ impl Sink<'_, '_> {
     pub(super) fn insert(
         &mut self,
         item_id: &str,
-        evidence_json: &str,
+        evidence: &Evidence,
         line: u64,
         report: &mut ImportReport,
     ) -> Result<(), LedgerError> {
-        match self.batch.add(item_id, evidence_json, line)? {
+        match self.batch.add(item_id, evidence, line)? {
             Added::New => {
                 report.imported += 1;
-                self.check_new(item_id, evidence_json, line, report);
+                self.check_new(item_id, &evidence.json, line, report);
             }
             Added::AlreadyPresent {
                 same_evidence: true,
@@ -44,12 +45,12 @@ impl Sink<'_, '_> {
                 report.already_present += 1;
                 report.differing += 1;
                 if self.update {
-                    let marked = self.batch.replace(item_id, evidence_json, line)?;
+                    let marked = self.batch.replace(item_id, evidence, line)?;
                     report.stale.outcomes += marked.outcomes;
                     report.stale.pending_reviews += marked.pending_reviews;
                     report.stale.decided_reviews += marked.decided_reviews;
                     report.stale.auto_accepts_undone += marked.auto_accepts_undone;
-                    self.check_new(item_id, evidence_json, line, report);
+                    self.check_new(item_id, &evidence.json, line, report);
                 }
                 if report.differing_rows.len() < MAX_DIFFERING_DETAILS {
                     report.differing_rows.push((line, item_id.to_string()));

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use docket_model::calibration::{DEFAULT_TARGET, Summary};
+use docket_model::calibration::Summary;
 use serde_json::Value;
 
 use super::series::Series;
@@ -130,8 +130,8 @@ pub(super) struct Gathered {
     pub attempt_errors: BTreeMap<String, ErrorKind>,
     pub item_errors: Vec<(String, String)>,
     pub batches: Vec<(ProviderBatchRow, Option<BatchCost>)>,
-    /// Human agreement with the model per band, at the default target
-    /// (what `docket calibrate` says without `--target-precision`).
+    /// Human agreement with the model per band, at the session's target
+    /// precision (what `docket calibrate` says without `--target-precision`).
     pub calibration: Option<Summary>,
 }
 
@@ -149,10 +149,7 @@ pub(super) fn gather(ledger: &Ledger, session_id: &str) -> Result<Gathered, Repo
             .as_str()
             .unwrap_or("")
             .to_string(),
-        thresholds: (
-            snapshot["flags"]["review_threshold"].as_f64(),
-            snapshot["flags"]["auto_accept_threshold"].as_f64(),
-        ),
+        thresholds: docket_model::routing::session_thresholds(&snapshot),
         config_toml: super::config::as_toml(&snapshot["config"]),
         config_version: super::config::version(&snapshot["config"]),
         flags: super::config::flags(&snapshot["flags"]),
@@ -164,7 +161,7 @@ pub(super) fn gather(ledger: &Ledger, session_id: &str) -> Result<Gathered, Repo
         batches: Vec::new(),
         calibration: ledger
             .calibration_input(session_id)?
-            .map(|c| c.summary(DEFAULT_TARGET)),
+            .map(|c| c.summary(c.target_precision())),
         head,
     };
     read_results(ledger, &mut g)?;

@@ -83,6 +83,14 @@ impl LoadedConfig {
                 ));
             }
         }
+        let target = *r.target_precision.get_ref();
+        if !(target > 0.0 && target <= 1.0) {
+            return Err(self.invalid(
+                &r.target_precision,
+                "routing.target_precision",
+                format!("{target} is out of range (above 0.0, at most 1.0)"),
+            ));
+        }
         if r.review_threshold.get_ref() > r.auto_accept_threshold.get_ref() {
             return Err(self.invalid(
                 &r.review_threshold,
