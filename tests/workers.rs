@@ -675,6 +675,15 @@ fn a_worker_joining_or_dying_changes_the_shares_within_seconds_on_postgres() {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// `batch-adjudicate --resume SID` finishes the session (exit 0).
+fn resume_to_the_end(ws: &Ws, sid: &str) {
+    let (code, out) = ws.run(
+        "resume",
+        &["batch-adjudicate", "--resume", sid, "--yes", "--headless"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+}
+
 /// The session started by `batch-adjudicate` and joined by a `worker`,
 /// once both have sent requests: the two processes and the session's id.
 fn two_workers_sending(ws: &Ws) -> (Proc, Proc, String) {
@@ -779,11 +788,7 @@ fn stop_at_stage_reaches_every_worker_on(pg: Option<&support::pg::PgServer>) {
     assert_eq!(results(&conn, &sid), 0, "no outcome before the critic");
     support::check_invariants(&conn, &sid);
     drop(conn);
-    let (code, out) = ws.run(
-        "resume",
-        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
-    );
-    assert_eq!(code, Some(0), "{out}");
+    resume_to_the_end(&ws, &sid);
     let conn = ws.conn();
     check_counters(&conn, &sid);
     assert_eq!(results(&conn, &sid), ITEMS as i64);
@@ -1204,11 +1209,7 @@ fn pause_resume_and_cancel_on(pg: Option<&support::pg::PgServer>) {
     );
     support::check_invariants(&conn, &sid);
     drop(conn);
-    let (code, out) = ws.run(
-        "resume",
-        &["batch-adjudicate", "--resume", &sid, "--yes", "--headless"],
-    );
-    assert_eq!(code, Some(0), "{out}");
+    resume_to_the_end(&ws, &sid);
     let conn = ws.conn();
     check_counters(&conn, &sid);
     assert_eq!(results(&conn, &sid), ITEMS as i64);
