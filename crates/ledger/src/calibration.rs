@@ -34,6 +34,12 @@ impl CalibrationInput {
             .unwrap_or(docket_model::calibration::DEFAULT_TARGET)
     }
 
+    /// The report at the session's own target (the console's page, the
+    /// run report, `docket calibrate` without `--target-precision`).
+    pub fn session_summary(&self) -> docket_model::calibration::Summary {
+        self.summary(self.target_precision())
+    }
+
     /// The report at `target`, with the thresholds the session routed with.
     pub fn summary(&self, target: f64) -> docket_model::calibration::Summary {
         let (accept, review) = self.thresholds();
@@ -87,14 +93,31 @@ impl Ledger {
         message: &str,
         actor: &str,
     ) -> Result<(), LedgerError> {
-        self.conn()
-            .prepare_cached(
-                "INSERT INTO session_event (session_id, at, level, kind, message, actor)
-                 VALUES (?1, ?2, 'info', 'config', ?3, ?4)",
-            )?
-            .execute(params![session_id, now_ts(), message, actor])?;
-        Ok(())
+        Ok(config_event(
+            self.conn(),
+            session_id,
+            now_ts(),
+            message,
+            actor,
+        )?)
     }
+}
+
+/// An `info` event of kind `config` on the session: its job's config or
+/// flags changed (`calibrate --apply`, a resume with other flags).
+pub(crate) fn config_event(
+    conn: &crate::db::Connection,
+    session_id: &str,
+    at: f64,
+    message: &str,
+    actor: &str,
+) -> crate::db::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO session_event (session_id, at, level, kind, message, actor)
+         VALUES (?1, ?2, 'info', 'config', ?3, ?4)",
+    )?
+    .execute(params![session_id, at, message, actor])?;
+    Ok(())
 }
 
 /// The session's calibration inputs (for `docket calibrate` and the

@@ -29,7 +29,7 @@ pub(super) fn charts(conn: &Connection, session_id: &str) -> crate::db::Result<C
         confidence: histograms(conn, session_id)?,
         timeline: Timeline::build(start, end, &attempts(conn, session_id)?),
         calibration: crate::calibration::calibration_input(conn, session_id)?
-            .map(|input| input.summary(input.target_precision())),
+            .map(|input| input.session_summary()),
     })
 }
 

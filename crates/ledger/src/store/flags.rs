@@ -101,19 +101,16 @@ fn record_flags(
         )?
         .execute(params![session_id, snapshot.to_string(), now])?;
         let listed: Vec<String> = changes.iter().map(FlagChange::to_string).collect();
-        conn.prepare_cached(
-            "INSERT INTO session_event (session_id, at, level, kind, message, actor)
-             VALUES (?1, ?2, 'info', 'config', ?3, ?4)",
-        )?
-        .execute(params![
+        crate::calibration::config_event(
+            conn,
             session_id,
             now,
-            format!(
+            &format!(
                 "resumed with other flags: {} (by {actor})",
                 listed.join(", ")
             ),
-            actor
-        ])?;
+            actor,
+        )?;
         Ok(changes)
     })
 }

@@ -161,7 +161,7 @@ pub(super) fn gather(ledger: &Ledger, session_id: &str) -> Result<Gathered, Repo
         batches: Vec::new(),
         calibration: ledger
             .calibration_input(session_id)?
-            .map(|c| c.summary(c.target_precision())),
+            .map(|c| c.session_summary()),
         head,
     };
     read_results(ledger, &mut g)?;
