@@ -276,13 +276,17 @@ pub fn check_invariants(conn: &Connection, session_id: &str) {
             [session_id]
         )
     );
-    // Accepted items are decided; review items have a review row; others stay indeterminate.
+    // Accepted items are decided (unless a reviewer rejected their audit
+    // review item, which takes the auto-accept back); review items have a
+    // review row; others stay indeterminate.
     assert_eq!(
         0,
         count(
             conn,
             "SELECT COUNT(*) FROM llm_batch_result b JOIN decision d ON d.item_id = b.item_id
-             WHERE b.session_id = ?1 AND b.outcome = 'accepted' AND d.state != 'decided'",
+             WHERE b.session_id = ?1 AND b.outcome = 'accepted' AND d.state != 'decided'
+               AND NOT EXISTS (SELECT 1 FROM review_item r WHERE r.session_id = b.session_id
+                               AND r.item_id = b.item_id AND r.audit = 1 AND r.status = 'rejected')",
             [session_id]
         )
     );
