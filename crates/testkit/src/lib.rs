@@ -276,9 +276,8 @@ pub fn check_invariants(conn: &Connection, session_id: &str) {
             [session_id]
         )
     );
-    // Accepted items are decided (unless a reviewer rejected their audit
-    // review item, which takes the auto-accept back); review items have a
-    // review row; others stay indeterminate.
+    // Accepted items are decided (unless a rejected audit review took the
+    // auto-accept back); review items have a review row.
     assert_eq!(
         0,
         count(
