@@ -153,16 +153,7 @@ impl PromptTemplate {
         evidence: &Value,
         extra: serde_json::Map<String, Value>,
     ) -> Result<Prompt, TemplateError> {
-        let mut ctx = serde_json::Map::new();
-        if let Value::Object(fields) = evidence {
-            for (k, v) in fields {
-                ctx.insert(k.clone(), v.clone());
-            }
-        }
-        ctx.insert("item".into(), evidence.clone());
-        ctx.insert("item_id".into(), Value::String(item_id.to_string()));
-        ctx.extend(extra);
-        let ctx = minijinja::Value::from(minijinja::value::Serde(&ctx));
+        let ctx = context(item_id, evidence, extra);
         let mut user = self.render_one(USER, &self.user_path, item_id, &ctx)?;
         let system = match &self.system_path {
             Some(p) => Some(self.shared_system(self.render_one(SYSTEM, p, item_id, &ctx)?)),
@@ -202,6 +193,26 @@ impl PromptTemplate {
             item_id: item_id.to_string(),
         })
     }
+}
+
+/// What a template sees: `extra` first, then `item` and `item_id`, then
+/// the item's own fields at the top level. The evidence is converted once
+/// and shared by `item` and the top level (no copy of it per render).
+fn context(
+    item_id: &str,
+    evidence: &Value,
+    extra: serde_json::Map<String, Value>,
+) -> minijinja::Value {
+    let item = minijinja::Value::from(minijinja::value::Serde(evidence));
+    let mut layers = Vec::with_capacity(3);
+    if !extra.is_empty() {
+        layers.push(minijinja::Value::from(minijinja::value::Serde(&extra)));
+    }
+    layers.push(minijinja::context! { item => item.clone(), item_id => item_id });
+    if evidence.is_object() {
+        layers.push(item);
+    }
+    minijinja::value::merge_maps(layers)
 }
 
 /// The `tojson` filter: the value as compact JSON.

@@ -234,14 +234,16 @@ pub(super) struct Counters {
 }
 
 impl<'a> Job<'a> {
-    /// Render the prompt; a prompt that cannot be rendered is the item's
-    /// error at once.
+    /// Render the prompt (or take `rendered`, the stage's template
+    /// rendered with `extra` already); a prompt that cannot be rendered is
+    /// the item's error at once.
     pub(super) fn new(
         item: &'a WorkItem,
         stage: &'a Stage,
         request_id: i64,
         counters: Counters,
         extra: Map<String, Value>,
+        rendered: Option<Prompt>,
     ) -> Result<Self, String> {
         let mut job = Job {
             item,
@@ -269,7 +271,11 @@ impl<'a> Job<'a> {
             schema: None,
             seen: None,
         };
-        let prompt = job.render()?;
+        let prompt = match rendered {
+            // Not the repair prompt: that one needs the answers that failed.
+            Some(prompt) if !job.stage.template_for(job.gate_failures).1 => prompt,
+            _ => job.render()?,
+        };
         job.est_prompt = prompt_tokens(stage, &prompt);
         job.worst_cost =
             stage

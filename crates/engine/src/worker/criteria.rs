@@ -141,7 +141,7 @@ impl FollowUp<'_> {
             "criteria".into(),
             Value::Array(vec![Value::String(criterion.clone())]),
         );
-        let job = match Job::new(item, stage, request_id, counters, extra) {
+        let job = match Job::new(item, stage, request_id, counters, extra, None) {
             Ok(job) => job
                 .with_schema(criterion_schema(stage, criterion))
                 .sync_only(),

@@ -8,6 +8,7 @@ use super::{Ended, stage_done, stage_work};
 use crate::ctx::Ctx;
 use crate::gate::GateOutput;
 use crate::stages::{Routed, route};
+use crate::template::Prompt;
 use docket_ledger::store::{StageWork, WorkItem};
 use docket_ledger::writer::{AttemptRecord, FinalResult, StageDone, WriteOp};
 use docket_model::routing::Outcome;
@@ -237,23 +238,33 @@ async fn record_final(
 /// stage (the later ones with stand-ins for the earlier outputs, as
 /// planning checked them). One that lacks a field a template needs ends
 /// in error here, with why, costing nothing; the other items go on. Only
-/// an item nothing was sent for yet, from its first stage.
+/// an item nothing was sent for yet, from its first stage. Ok holds the
+/// first stage's prompt when it was rendered here, for its request to
+/// send rather than render it again.
 pub(super) async fn unrenderable(
     ctx: &Ctx,
     item: &WorkItem,
     from_first_stage: bool,
     delivered: bool,
-) -> Option<Ended> {
+) -> Result<Option<Prompt>, Ended> {
     if !from_first_stage || delivered {
-        return None;
+        return Ok(None);
     }
-    let first = ctx.p.stages.first()?;
-    let sw = stage_work(item, &first.name)?;
+    let Some(first) = ctx.p.stages.first() else {
+        return Ok(None);
+    };
+    let Some(sw) = stage_work(item, &first.name) else {
+        return Ok(None);
+    };
     if sw.state != "pending" || sw.attempt > 0 || sw.status == "completed" {
-        return None;
+        return Ok(None);
     }
     // Evidence that is not JSON: the first stage's request says so.
-    let evidence: Value = serde_json::from_str(&item.evidence_json).ok()?;
-    let why = crate::renders::render_job(&ctx.p, &item.item_id, &evidence).err()?;
-    Some(fail(ctx, item, 0, sw, why.message(), None).await)
+    let Ok(evidence) = serde_json::from_str::<Value>(&item.evidence_json) else {
+        return Ok(None);
+    };
+    match crate::renders::render_job(&ctx.p, &item.item_id, &evidence) {
+        Ok(prompt) => Ok(prompt),
+        Err(why) => Err(fail(ctx, item, 0, sw, why.message(), None).await),
+    }
 }

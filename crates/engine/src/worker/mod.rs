@@ -18,6 +18,7 @@ use super::batching::Delivered;
 use super::ctx::Ctx;
 use super::stages::Stage;
 use crate::gate::GateOutput;
+use crate::template::Prompt;
 use criteria::{Filled, fill_criteria};
 use docket_ledger::store::{StageWork, WorkItem};
 use docket_ledger::writer::{AttemptRecord, StageDone, WriteOp};
@@ -60,6 +61,29 @@ async fn confined(run: impl std::future::Future<Output = StageEnd>) -> Result<St
         })
 }
 
+/// What a stage's request starts with: a batch line's result to apply, a
+/// synchronous slot the feed took, the prompt already rendered.
+struct Sending {
+    delivered: Option<Delivered>,
+    slot: Option<Slot>,
+    rendered: Option<Prompt>,
+}
+
+impl Sending {
+    /// What stage `k`'s request (`request_id`, seeing `extra`) starts with;
+    /// what it does not take stays for a later stage.
+    fn for_request(&mut self, k: usize, request_id: i64, extra: &Map<String, Value>) -> Sending {
+        Sending {
+            // A batch line's result is for the request it answered.
+            delivered: self.delivered.take_if(|d| d.request_id == request_id),
+            slot: self.slot.take(),
+            // The check rendered stage 0 with nothing extra: its prompt is
+            // this request's when the stage sees nothing else.
+            rendered: self.rendered.take().filter(|_| k == 0 && extra.is_empty()),
+        }
+    }
+}
+
 /// Run a stage's request, again after a panic in its handling (row P6):
 /// the attempt the panic left open is closed as ambiguous (it may have been
 /// sent and billed) and the request goes again under the next attempt
@@ -71,18 +95,27 @@ async fn run_confined(
     stage: &super::stages::Stage,
     sw: &StageWork,
     extra: &Map<String, Value>,
-    mut delivered: Option<Delivered>,
-    mut slot: Option<Slot>,
+    mut sent: Sending,
 ) -> StageEnd {
     let mut counters = counters(sw);
     let mut panics = 0u32;
     loop {
         let seen = std::sync::Arc::new(super::attempt::Seen::starting_at(counters.attempt));
-        let job = match Job::new(item, stage, sw.request_id, counters, extra.clone()) {
-            Ok(job) => job.with_delivered(delivered.take()).seen_in(seen.clone()),
+        let rendered = sent.rendered.take();
+        let job = match Job::new(
+            item,
+            stage,
+            sw.request_id,
+            counters,
+            extra.clone(),
+            rendered,
+        ) {
+            Ok(job) => job
+                .with_delivered(sent.delivered.take())
+                .seen_in(seen.clone()),
             Err(message) => return StageEnd::Failed(message, None),
         };
-        let what = match confined(run_request(ctx, job, slot.take())).await {
+        let what = match confined(run_request(ctx, job, sent.slot.take())).await {
             Ok(end) => return end,
             Err(what) => what,
         };
@@ -131,20 +164,21 @@ pub(super) async fn process(
     slot: Option<Slot>,
     delivered: Option<Delivered>,
 ) -> Ended {
-    if let Some(ended) = unrenderable(ctx, &item, group.start == 0, delivered.is_some()).await {
-        return ended;
-    }
-    run_stages(ctx, item, group, slot, delivered).await
+    let first_prompt = match unrenderable(ctx, &item, group.start == 0, delivered.is_some()).await {
+        Ok(prompt) => prompt,
+        Err(ended) => return ended,
+    };
+    let start = Sending {
+        delivered,
+        slot,
+        rendered: first_prompt,
+    };
+    run_stages(ctx, item, group, start).await
 }
 
-/// `process` once the item's prompts are known to render.
-async fn run_stages(
-    ctx: &Ctx,
-    item: WorkItem,
-    group: Range<usize>,
-    slot: Option<Slot>,
-    delivered: Option<Delivered>,
-) -> Ended {
+/// `process` once the item's prompts are known to render; `start` holds
+/// the first stage's prompt when that check rendered it.
+async fn run_stages(ctx: &Ctx, item: WorkItem, group: Range<usize>, mut start: Sending) -> Ended {
     let p = &ctx.p;
     let n = p.stages.len();
     let mut run = ItemRun {
@@ -152,8 +186,6 @@ async fn run_stages(
         item: &item,
         outputs: vec![None; n],
     };
-    let mut slot = slot;
-    let mut delivered = delivered;
     for k in 0..n {
         let stage = &p.stages[k];
         let Some(sw) = stage_work(&item, &stage.name) else {
@@ -189,9 +221,8 @@ async fn run_stages(
         let end = match reused_answer(stage, sw) {
             Some(end) => end,
             None => {
-                // A batch line's result is for the request it answered.
-                let d = delivered.take_if(|d| d.request_id == sw.request_id);
-                run_confined(ctx, &item, stage, sw, &extra, d, slot.take()).await
+                let sent = start.for_request(k, sw.request_id, &extra);
+                run_confined(ctx, &item, stage, sw, &extra, sent).await
             }
         };
         let reused = sw.status == "completed";
