@@ -204,13 +204,14 @@ fn context(
     extra: serde_json::Map<String, Value>,
 ) -> minijinja::Value {
     let item = minijinja::Value::from(minijinja::value::Serde(evidence));
+    // `merge_maps` looks a name up from its last layer to its first.
     let mut layers = Vec::with_capacity(3);
+    if evidence.is_object() {
+        layers.push(item.clone());
+    }
+    layers.push(minijinja::context! { item => item, item_id => item_id });
     if !extra.is_empty() {
         layers.push(minijinja::Value::from(minijinja::value::Serde(&extra)));
-    }
-    layers.push(minijinja::context! { item => item.clone(), item_id => item_id });
-    if evidence.is_object() {
-        layers.push(item);
     }
     minijinja::value::merge_maps(layers)
 }
@@ -254,6 +255,30 @@ mod tests {
             .unwrap();
         assert_eq!(out.user, "Title: A & B <Z> id=x1");
         assert_eq!(out.system, None);
+    }
+
+    /// What a template sees, in order: the extras (`stages`, `target`,
+    /// `criteria`), then `item` and `item_id`, then the item's own fields;
+    /// an item's field never hides the real id, the item or an extra.
+    #[test]
+    fn extras_then_item_then_its_fields_take_each_name() {
+        let d = tempfile::tempdir().unwrap();
+        let body =
+            "{{ item_id }}|{{ item.title }}|{{ stages.first.ok }}|{{ title }}|{{ item.item_id }}";
+        let t = PromptTemplate::load(&write(d.path(), "t.j2", body), None).unwrap();
+        let evidence =
+            json!({"title": "T", "item_id": "forged", "item": "shadow", "stages": "field"});
+        let mut extra = serde_json::Map::new();
+        extra.insert("stages".into(), json!({"first": {"ok": "yes"}}));
+        let out = t.render_with("x1", &evidence, extra).unwrap();
+        assert_eq!(out.user, "x1|T|yes|T|forged");
+        // Evidence that is not an object is still the item.
+        let list = PromptTemplate::load(
+            &write(d.path(), "l.j2", "{{ item[1] }} {{ item_id }}"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(list.render("x2", &json!(["a", "b"])).unwrap().user, "b x2");
     }
 
     /// `tojson`: a value as compact JSON (what a `send_body` stage sends).
