@@ -534,3 +534,12 @@ fn import_update_marks_stale_and_asks_again_on_postgres() {
     let pg = PgServer::start();
     stale_scenario::update_then_run(Some(&pg));
 }
+
+/// Evidence replaced while a session waits, on PostgreSQL: the resume's
+/// requests record the evidence they were sent with, and the next run asks
+/// only for the new items (the scenario of tests/stale_evidence.rs).
+#[test]
+fn evidence_replaced_before_a_resume_is_what_its_answers_record_on_postgres() {
+    let pg = PgServer::start();
+    stale_scenario::replaced_before_a_resume(Some(&pg), false);
+}

@@ -15,7 +15,7 @@ use docket::ledger::{Ledger, LedgerLocation};
 use docket::review::Operator;
 use docket::watch::ReviewQuery;
 use docket_testkit::procs::Mock;
-use scenario::{items, json, ok, query, update_then_run, workspace};
+use scenario::{items, json, ok, query, replaced_before_a_resume, update_then_run, workspace};
 use serde_json::Value;
 
 #[test]
@@ -286,4 +286,20 @@ fn items_from_before_the_hash_get_it_when_an_import_meets_them() {
         &["batch-adjudicate", "--yes", "--headless"],
     );
     assert_eq!(mock.stat("requests") - sent, 5);
+}
+
+/// Evidence replaced while a session waits (paused before it sent
+/// anything): the resume sends the new evidence, and its requests record
+/// the hash of what they were sent with, not of what the session was made
+/// on; so the next run finds nothing stale and pays for nothing twice.
+#[test]
+fn evidence_replaced_before_a_resume_is_what_its_answers_record() {
+    replaced_before_a_resume(None, false);
+}
+
+/// The same through the Batch API: a batch line records the hash of the
+/// evidence it was rendered from.
+#[test]
+fn evidence_replaced_before_a_resume_is_what_its_batch_lines_record() {
+    replaced_before_a_resume(None, true);
 }

@@ -35,6 +35,8 @@ fn docket(ws: &Workspace, home: &Path, url: Option<&str>, args: &[&str]) -> Outp
     let mut c = docket_at(ws.path(), home);
     c.args(args)
         .env("NO_COLOR", "1")
+        // The key of a job on the OpenAI wire (Batch API): the mock takes any.
+        .env("DOCKET_TEST_KEY", "sk-test")
         .env_remove("DOCKET_LEDGER_URL")
         .env_remove("PGPASSWORD");
     if let Some(u) = url {
@@ -308,4 +310,83 @@ pub fn update_then_run(pg: Option<&PgServer>) {
         "0",
         "every request records the hash of its evidence"
     );
+}
+
+/// Import, run with a budget too small for one request (the session waits,
+/// nothing sent), import the edited file with `--update`, resume, run
+/// again: what each request records, and what the mock was asked.
+pub fn replaced_before_a_resume(pg: Option<&PgServer>, batch: bool) {
+    let mock = Mock::start(&["--batch-validating-ms", "50", "--batch-running-ms", "100"]);
+    let (ws, home) = workspace(&mock);
+    let home = home.path();
+    let url = pg.map(|p| p.url());
+    let url = url.as_deref();
+    let db = pg.zip(url);
+    if batch {
+        let toml = ws.path().join("docket.toml");
+        let job = std::fs::read_to_string(&toml).unwrap();
+        let job = job
+            .replacen(
+                "kind = \"openai_compatible\"",
+                "kind = \"openai\"\napi_key_env = \"DOCKET_TEST_KEY\"",
+                1,
+            )
+            .replacen(
+                "[stages.gate]",
+                "[stages.batch]\nmode = \"batch\"\nmax_wait_secs = 0.3\npoll_interval_secs = 0.1\n\n[stages.gate]",
+                1,
+            );
+        assert!(job.contains("mode = \"batch\""), "{job}");
+        std::fs::write(&toml, job).unwrap();
+    }
+    let first = items(&ws, "first.jsonl", false);
+    ok(&ws, home, url, &["import", &first]);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["batch-adjudicate", "--yes", "--headless"];
+        args.extend_from_slice(extra);
+        docket(&ws, home, url, &args)
+    };
+    // A budget too small for one request: the session is made, then waits.
+    let out = run(&["--max-cost", "0.0000001"]);
+    assert_eq!(out.status.code(), Some(4), "{}", support::said(&out));
+    // Requests sent alone and lines answered through the Batch API.
+    let chats =
+        || mock.stat("requests") + mock.stat("batch_lines_ok") + mock.stat("batch_lines_failed");
+    assert_eq!(chats(), 0, "nothing was sent before the pause");
+    let session = query(&ws, db, "SELECT session_id FROM llm_batch_session");
+    let edited = items(&ws, "edited.jsonl", true);
+    ok(&ws, home, url, &["import", &edited, "--update"]);
+    let out = run(&["--resume", &session, "--max-cost", "10"]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::said(&out));
+    assert_eq!(chats(), 20);
+    assert_eq!(
+        mock.stat("batch_lines_ok") == 20,
+        batch,
+        "sent through the Batch API when the stage says so"
+    );
+    // The corrected evidence is what was sent, and what the requests record.
+    assert_eq!(
+        query(
+            &ws,
+            db,
+            "SELECT COUNT(*) FROM llm_messages WHERE user_prompt LIKE '%(corrected)%'"
+        ),
+        "3"
+    );
+    assert_eq!(
+        query(
+            &ws,
+            db,
+            "SELECT COUNT(*) FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
+             WHERE r.evidence_hash IS DISTINCT FROM d.evidence_hash"
+        ),
+        "0",
+        "every request records the hash of the evidence it was sent with"
+    );
+    // The next run asks only for the two new items.
+    let out = run(&[]);
+    let said = support::said(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(!said.contains("changed evidence"), "{said}");
+    assert_eq!(chats(), 22, "only the 2 new items are asked");
 }

@@ -175,6 +175,7 @@ async fn record_intent(ctx: &Ctx, job: &mut Job<'_>) -> Result<ChatRequest, Sent
         client_request_id: client_request_id.clone(),
         system_prompt: prompt.system.clone(),
         user_prompt: prompt.user.clone(),
+        evidence_hash: job.item.evidence_hash.clone(),
     };
     // Intent before side effect: the attempt is on disk before a byte leaves.
     if !ctx.write(job.item, WriteOp::Send(intent)).await {
@@ -275,7 +276,8 @@ pub(super) fn via_batch(
         body,
     };
     let item = (job.item.item_id.clone(), job.item.claim_token);
-    b.enqueue(job.request_id, attempt, request, item, worst);
+    let evidence_hash = job.item.evidence_hash.clone();
+    b.enqueue(job.request_id, attempt, request, item, evidence_hash, worst);
     Sent::Parked
 }
 

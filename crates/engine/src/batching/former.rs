@@ -29,12 +29,13 @@ use docket_providers::batch::BatchLine;
 /// batch's prompts at most, besides what the feed has claimed ahead.
 pub(super) const RECORD_PIECE: usize = 2_000;
 
-/// A line of a forming batch besides its request: its ids, its item, its
-/// ticket.
+/// A line of a forming batch besides its request: its ids, its item, the
+/// hash of the evidence it was rendered from, its ticket.
 struct Meta {
     request_id: i64,
     attempt: i64,
     item: (String, i64),
+    evidence_hash: Option<String>,
     ticket: Ticket,
 }
 
@@ -153,6 +154,7 @@ async fn take(b: &Arc<Batcher>, f: &mut Forming, q: Queued) -> bool {
         request_id: q.request_id,
         attempt: q.attempt,
         item: q.item,
+        evidence_hash: q.evidence_hash,
         ticket: q.ticket,
     };
     // A line the provider would refuse is refused here, with its reason,
@@ -216,6 +218,7 @@ async fn record(b: &Arc<Batcher>, f: &mut Forming) -> bool {
                 attempt: m.attempt,
                 system_prompt: l.request.system,
                 user_prompt: l.request.user,
+                evidence_hash: m.evidence_hash,
                 release: Some(m.item),
             }
         })

@@ -87,6 +87,8 @@ pub(super) struct Queued {
     /// The item the worker holds (its id and claim token): let go when the
     /// line is recorded.
     pub item: (String, i64),
+    /// The hash of the evidence the line's prompts were rendered from.
+    pub evidence_hash: Option<String>,
     /// What the budget holds for the line until its result is applied.
     pub ticket: Ticket,
 }
@@ -279,6 +281,7 @@ impl Batcher {
         attempt: i64,
         request: ChatRequest,
         item: (String, i64),
+        evidence_hash: Option<String>,
         reserved: f64,
     ) {
         self.buffered.fetch_add(1, Ordering::Relaxed);
@@ -287,6 +290,7 @@ impl Batcher {
             attempt,
             request,
             item,
+            evidence_hash,
             ticket: Ticket {
                 reserved,
                 budget: self.budget.clone(),

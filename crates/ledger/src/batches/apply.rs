@@ -257,6 +257,7 @@ fn insert_lines(
             l.user_prompt,
             now
         ])?;
+        crate::store::record_sent_evidence(conn, l.request_id, l.evidence_hash.as_deref())?;
     }
     Ok(())
 }

@@ -11,6 +11,9 @@ pub struct NewBatchLine {
     pub attempt: i64,
     pub system_prompt: Option<std::sync::Arc<str>>,
     pub user_prompt: String,
+    /// The hash of the evidence the prompts were rendered from
+    /// (`WorkItem::evidence_hash`).
+    pub evidence_hash: Option<String>,
     /// The item the line's worker held (its id and claim token): let go as
     /// the line is recorded, since the batch's lease covers it from then on
     /// and its result comes to whoever holds the batch.

@@ -192,6 +192,7 @@ mod tests {
             client_request_id: "s1-1-1".into(),
             system_prompt: None,
             user_prompt: "p".into(),
+            evidence_hash: None,
         });
         writer.write_fenced(send, fence(1)).await.unwrap();
         // a stalls; b takes the item over.
@@ -221,6 +222,7 @@ mod tests {
             client_request_id: "s1-1-2".into(),
             system_prompt: None,
             user_prompt: "p".into(),
+            evidence_hash: None,
         });
         assert_eq!(
             writer.write_fenced(resend, fence(1)).await,

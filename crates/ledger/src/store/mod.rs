@@ -19,4 +19,4 @@ pub use sessions::{
 };
 pub(crate) use sessions::{hostname, orphaned_spend, process_alive, session_controls};
 pub use work::{StageWork, WorkItem};
-pub(crate) use work::{evidence_of, next_work, work_between};
+pub(crate) use work::{evidence_of, next_work, record_sent_evidence, work_between};

@@ -28,6 +28,10 @@ pub struct WorkItem {
     pub position: i64,
     pub item_id: String,
     pub evidence_json: String,
+    /// The hash of `evidence_json` (None for an item imported before the
+    /// ledger kept hashes): what each request records when it is sent with
+    /// this evidence.
+    pub evidence_hash: Option<String>,
     /// In job order.
     pub stages: Vec<StageWork>,
     /// The fencing token this worker claimed the item with (0: not claimed,
@@ -44,7 +48,7 @@ pub(crate) fn next_work(
     n: usize,
 ) -> crate::db::Result<Vec<WorkItem>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT si.position, si.item_id, d.evidence_json
+        "SELECT si.position, si.item_id, d.evidence_json, d.evidence_hash
          FROM session_item si
          JOIN decision d ON d.item_id = si.item_id
          WHERE si.session_id = ?1 AND si.position > ?2
@@ -66,7 +70,7 @@ pub(crate) fn work_between(
     last: i64,
 ) -> crate::db::Result<Vec<WorkItem>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT si.position, si.item_id, d.evidence_json
+        "SELECT si.position, si.item_id, d.evidence_json, d.evidence_hash
          FROM session_item si
          JOIN decision d ON d.item_id = si.item_id
          WHERE si.session_id = ?1 AND si.position BETWEEN ?2 AND ?3
@@ -84,6 +88,7 @@ fn work_item(r: &crate::db::Row<'_>) -> crate::db::Result<WorkItem> {
         position: r.get(0)?,
         item_id: r.get(1)?,
         evidence_json: r.get(2)?,
+        evidence_hash: r.get(3)?,
         stages: Vec::new(),
         claim_token: 0,
     })
@@ -143,6 +148,28 @@ fn with_stages(
     }
     drop(rows);
     Ok(items)
+}
+
+/// A request sent with the evidence its item had when it was claimed
+/// records that evidence's hash: `docket import --update` may have replaced
+/// the evidence since the request was made (while its session waited), and
+/// an answer must say which evidence it judged, or the next run would ask
+/// again for an answer it already has. Nothing is written when the request
+/// records it already, nor for an item without a hash.
+pub(crate) fn record_sent_evidence(
+    conn: &Connection,
+    request_id: i64,
+    hash: Option<&str>,
+) -> crate::db::Result<()> {
+    let Some(hash) = hash else {
+        return Ok(());
+    };
+    conn.prepare_cached(
+        "UPDATE llm_requests SET evidence_hash = ?2
+         WHERE request_id = ?1 AND evidence_hash IS DISTINCT FROM ?2",
+    )?
+    .execute(params![request_id, hash])?;
+    Ok(())
 }
 
 /// An item's evidence as stored (JSON text); None for an unknown item.

@@ -91,7 +91,7 @@ fn record_intent(conn: &Connection, s: &SendIntent, now: f64) -> crate::db::Resu
                  VALUES (?1, ?2, ?3, ?4, 'sent', ?5, ?6, ?7)",
     )?
     .execute(params![s.request_id, s.attempt, s.session_id, s.client_request_id, s.system_prompt.as_deref(), s.user_prompt, now])?;
-    Ok(())
+    crate::store::record_sent_evidence(conn, s.request_id, s.evidence_hash.as_deref())
 }
 
 /// An attempt whose handling panicked becomes ambiguous if it is still

@@ -14,6 +14,9 @@ pub struct SendIntent {
     pub client_request_id: String,
     pub system_prompt: Option<std::sync::Arc<str>>,
     pub user_prompt: String,
+    /// The hash of the evidence the prompts were rendered from
+    /// (`WorkItem::evidence_hash`).
+    pub evidence_hash: Option<String>,
 }
 
 /// What came back for one attempt.

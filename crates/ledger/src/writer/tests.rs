@@ -78,6 +78,7 @@ fn one_failing_operation_never_takes_its_group_down() {
         client_request_id: "s1-404-1".into(),
         system_prompt: None,
         user_prompt: "hello".into(),
+        evidence_hash: None,
     });
     let mixed = [event("c"), (orphan, None, None), event("d")];
     let Applied::Results(results) = apply_group(&mut conn, &mixed, &mut search) else {
@@ -128,6 +129,7 @@ fn intents_commit_before_the_other_writes_of_their_group() {
             client_request_id: format!("s1-7-{attempt}"),
             system_prompt: None,
             user_prompt: "hello".into(),
+            evidence_hash: None,
         })
     };
     let (tx, rx) = mpsc::unbounded_channel();
