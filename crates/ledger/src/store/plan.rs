@@ -170,8 +170,13 @@ pub(crate) fn create_session(
             )?;
         }
         for (pos, item_id) in item_ids.iter().enumerate() {
+            // A stage after one that is asked anew is asked anew too: its
+            // answer was made from the earlier stage's old output (a critic
+            // judged an answer that is being replaced).
+            let mut earlier_anew = false;
             for (si, st) in s.stages.iter().enumerate() {
-                let request_id = request_for(&tx, item_id, st, now)?;
+                let (request_id, reused) = request_for(&tx, item_id, st, earlier_anew, now)?;
+                earlier_anew |= !reused;
                 if si == 0 {
                     link.execute(params![s.session_id, pos as i64, item_id, request_id])?;
                 }
@@ -221,14 +226,20 @@ fn still_free<'a>(conn: &Connection, item_ids: &'a [String]) -> crate::db::Resul
 /// The request a new session uses for (item, stage): the newest version,
 /// reused as it is when answered on the item's evidence as it is now
 /// (stale answers were refused before, see `stale_answers`), made afresh
-/// when it never was; a new version when the stage is rerun or when the
-/// answer was made on evidence `docket import --update` replaced since.
+/// when it never was; a new version when the stage is rerun, when an
+/// earlier stage of the item is asked anew (`earlier_anew`: this answer was
+/// made from its old output), or when the answer was made on evidence
+/// `docket import --update` replaced since. Also whether the request is an
+/// answer reused as it is.
 fn request_for(
     conn: &Connection,
     item_id: &str,
     st: &NewStage<'_>,
+    earlier_anew: bool,
     now: f64,
-) -> crate::db::Result<i64> {
+) -> crate::db::Result<(i64, bool)> {
+    // An answer is reused only when nothing it was made from is asked anew.
+    let rerun = st.rerun || earlier_anew;
     type Newest = (i64, i64, String, Option<String>, Option<String>);
     let newest: Option<Newest> = conn
         .prepare_cached(
@@ -243,11 +254,11 @@ fn request_for(
         .optional()?;
     match newest {
         Some((id, _, status, asked_on, now_hash))
-            if !st.rerun
+            if !rerun
                 && status == "completed"
                 && !crate::import::other_evidence(&asked_on, &now_hash) =>
         {
-            Ok(id)
+            Ok((id, true))
         }
         Some((id, _, status, _, _)) if !st.rerun && status != "completed" => {
             // Never answered: fresh budgets, today's template, parameters
@@ -259,7 +270,7 @@ fn request_for(
                  WHERE request_id = ?1",
             )?
             .execute(params![id, st.template_hash, st.params_hash, now, item_id])?;
-            Ok(id)
+            Ok((id, false))
         }
         newest => {
             let version = newest.map_or(1, |n| n.1 + 1);
@@ -273,6 +284,111 @@ fn request_for(
                 params![item_id, st.name, st.provider, st.model, version, st.template_hash, st.params_hash, now],
                 |r| r.get(0),
             )
+            .map(|id| (id, false))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAGES: [NewStage<'static>; 2] = [
+        NewStage {
+            name: "adjudicate",
+            provider: "main",
+            model: "m",
+            template_hash: "t",
+            params_hash: "p",
+            critic_of: None,
+            rerun: false,
+        },
+        NewStage {
+            name: "critic",
+            provider: "main",
+            model: "m",
+            template_hash: "t",
+            params_hash: "p",
+            critic_of: Some("adjudicate"),
+            rerun: false,
+        },
+    ];
+
+    fn session(conn: &mut Connection, id: &str, items: &[String]) {
+        let taken = create_session(
+            conn,
+            &NewSession {
+                session_id: id,
+                config_snapshot_json: "{}",
+                stages: &STAGES,
+                estimated_tokens: 0,
+                estimated_cost_usd: 0.0,
+                max_cost_usd: None,
+                item_ids: items,
+                profile: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(taken, items.len());
+    }
+
+    /// (request_id, request_version) of each stage of `item` in `session`.
+    fn requests(conn: &Connection, session: &str, item: &str) -> Vec<(i64, i64)> {
+        let mut stmt = conn
+            .prepare(
+                "SELECT r.request_id, r.request_version FROM session_request sr
+                 JOIN llm_requests r ON r.request_id = sr.request_id
+                 WHERE sr.session_id = ?1 AND sr.item_id = ?2 ORDER BY sr.position",
+            )
+            .unwrap();
+        let rows = stmt
+            .query_map(params![session, item], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
+    /// Item "a" had its evidence replaced after its generator answered and
+    /// before its critic was sent (the session waited): the next session
+    /// asks its generator again, and its critic too, though the critic's
+    /// answer records the evidence as it is now (it judged the old answer).
+    /// Item "b", answered on the evidence it has, reuses both answers.
+    #[test]
+    fn a_stage_after_one_asked_anew_is_asked_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::Sqlite(crate::open(&dir.path().join("l.sqlite")).unwrap());
+        let items = vec!["a".to_string(), "b".to_string()];
+        for id in &items {
+            conn.execute(
+                "INSERT INTO decision (item_id, evidence_json, imported_at, updated_at, evidence_hash)
+                 VALUES (?1, '{}', 0, 0, 'new')",
+                params![id],
+            )
+            .unwrap();
+        }
+        session(&mut conn, "s1", &items);
+        conn.execute(
+            "UPDATE llm_requests SET status = 'completed', evidence_hash = 'new'",
+            params![],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE llm_requests SET evidence_hash = 'old' WHERE item_id = 'a' AND stage = 'adjudicate'",
+            params![],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE llm_batch_session SET state = 'completed'",
+            params![],
+        )
+        .unwrap();
+        let (a1, b1) = (requests(&conn, "s1", "a"), requests(&conn, "s1", "b"));
+        session(&mut conn, "s2", &items);
+        let a2 = requests(&conn, "s2", "a");
+        assert_eq!(
+            a2.iter().map(|r| r.1).collect::<Vec<_>>(),
+            [2, 2],
+            "both stages of a asked anew: {a1:?} -> {a2:?}"
+        );
+        assert_eq!(requests(&conn, "s2", "b"), b1, "b's answers reused");
     }
 }
