@@ -18,6 +18,23 @@ pub struct NewStage<'a> {
     pub rerun: bool,
 }
 
+#[cfg(test)]
+impl NewStage<'static> {
+    /// A stage of a test job: provider "main", model "m", template hash
+    /// "t", parameters hash "p", not rerun.
+    pub(crate) const fn for_test(name: &'static str, critic_of: Option<&'static str>) -> Self {
+        NewStage {
+            name,
+            provider: "main",
+            model: "m",
+            template_hash: "t",
+            params_hash: "p",
+            critic_of,
+            rerun: false,
+        }
+    }
+}
+
 /// What a new session is created with.
 pub struct NewSession<'a> {
     pub session_id: &'a str,
@@ -294,24 +311,8 @@ mod tests {
     use super::*;
 
     const STAGES: [NewStage<'static>; 2] = [
-        NewStage {
-            name: "adjudicate",
-            provider: "main",
-            model: "m",
-            template_hash: "t",
-            params_hash: "p",
-            critic_of: None,
-            rerun: false,
-        },
-        NewStage {
-            name: "critic",
-            provider: "main",
-            model: "m",
-            template_hash: "t",
-            params_hash: "p",
-            critic_of: Some("adjudicate"),
-            rerun: false,
-        },
+        NewStage::for_test("adjudicate", None),
+        NewStage::for_test("critic", Some("adjudicate")),
     ];
 
     fn session(conn: &mut Connection, id: &str, items: &[String]) {

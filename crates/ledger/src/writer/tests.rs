@@ -14,15 +14,7 @@ fn ledger_with_session(path: &Path) -> Connection {
         &store::NewSession {
             session_id: "s1",
             config_snapshot_json: "{}",
-            stages: &[store::NewStage {
-                name: "adjudicate",
-                provider: "main",
-                model: "m",
-                template_hash: "t",
-                params_hash: "p",
-                critic_of: None,
-                rerun: false,
-            }],
+            stages: &[store::NewStage::for_test("adjudicate", None)],
             estimated_tokens: 0,
             estimated_cost_usd: 0.0,
             max_cost_usd: None,
