@@ -240,7 +240,7 @@ fn refused_creates(m: &docket::mock::MockServer, wire: Wire) -> u64 {
 
 /// Row B3 on `wire`, learned: four batches of a quarter of the items are
 /// formed at once, and the provider's queue holds two (3/5 of their
-/// tokens), each running two seconds. The creates past it are refused
+/// tokens), each running five seconds. The creates past it are refused
 /// (failed at validation, or a 429 at create), once each and no more:
 /// their lines are failed at no cost and wait before they go again, and
 /// the planner, having learned the budget, holds the batches they form
@@ -253,7 +253,10 @@ async fn b3_learned(
     let tokens = prompt_tokens_of(wire, items).await;
     let m = mock(|c| {
         c.batch_enqueued_token_limit = tokens * 3 / 5;
-        c.batch_running_ms = 2_000;
+        // Five seconds: the refused lines' one-second hold must end while
+        // the open batches still run, however late a loaded machine makes
+        // the creates past the limit (at two seconds, CI once saw none wait).
+        c.batch_running_ms = 5_000;
     })
     .await;
     let mut ws = workspace(wire, &m, items);
@@ -275,7 +278,7 @@ async fn b3_learned(
     let st = m.stats();
     assert_eq!(st.batch_lines_ok, items as u64, "{st:?}");
     // The batches formed of the refused lines waited for the open ones to
-    // end (their one-second hold is over long before two seconds of
+    // end (their one-second hold is over long before five seconds of
     // running). Anthropic's 429 says how long to wait (`retry-after`, the
     // length of a batch): its lines wait that long, and find room.
     if wire != Wire::Anthropic {
