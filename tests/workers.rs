@@ -1216,6 +1216,113 @@ fn pause_resume_and_cancel_on(pg: Option<&support::pg::PgServer>) {
     check_billing(&mock, &conn, std::slice::from_ref(&sid));
 }
 
+/// One routing for a session's workers: a `docket worker --accept-changes`
+/// whose docket.toml raised the auto-accept threshold records it with the
+/// session, and the worker already on it routes with it from its next
+/// control tick. Without that the first worker went on accepting at the
+/// old threshold what the second sent to review.
+#[test]
+fn a_worker_joining_with_other_thresholds_makes_every_worker_route_with_them() {
+    let _serial = support::serial();
+    joining_with_other_thresholds_on(None);
+}
+
+/// The same on a PostgreSQL ledger.
+#[test]
+fn a_worker_joining_with_other_thresholds_makes_every_worker_route_with_them_on_postgres() {
+    let _serial = support::serial();
+    joining_with_other_thresholds_on(Some(&support::pg::PgServer::start()));
+}
+
+fn joining_with_other_thresholds_on(pg: Option<&support::pg::PgServer>) {
+    // 40 answers a second at most: about 10 s of work, most of it after
+    // the second worker joins.
+    const ITEMS: usize = 400;
+    const RAISED: f64 = 0.97;
+    let mock = Mock::start(&["--latency-median-ms", "100", "--latency-p99-ms", "150"]);
+    let ws = Ws::on(pg, &mock, ITEMS, |j| j.concurrency = 4);
+    let mut first = ws.spawn("first", &RUN, None);
+    let sid = newest_session(&ws);
+    wait_for("the first outcomes", || {
+        (results(&ws.conn(), &sid) >= 20).then_some(())
+    });
+    let toml_path = ws.ws.path().join("docket.toml");
+    let toml = std::fs::read_to_string(&toml_path).unwrap();
+    let old = "auto_accept_threshold = 0.85";
+    assert!(toml.contains(old), "{toml}");
+    std::fs::write(
+        &toml_path,
+        toml.replace(old, &format!("auto_accept_threshold = {RAISED}")),
+    )
+    .unwrap();
+    let mut second = ws.spawn(
+        "second",
+        &["worker", "--session", &sid, "--accept-changes"],
+        None,
+    );
+    // The ledger's time of the record (its `config` event).
+    let recorded_at: f64 = wait_for("the raised threshold recorded", || {
+        ws.conn()
+            .query_row(
+                "SELECT MIN(at) FROM session_event WHERE session_id = ?1 AND kind = 'config'
+                   AND message LIKE '%auto_accept_threshold%'",
+                [&sid],
+                |r| r.get::<_, Option<f64>>(0),
+            )
+            .unwrap()
+    });
+    let (c1, o1) = first.wait(RUN_TIMEOUT);
+    let (c2, o2) = second.wait(RUN_TIMEOUT);
+    let said = format!("first ({c1:?}):\n{o1}\nsecond ({c2:?}):\n{o2}");
+    assert_eq!((c1, c2), (Some(0), Some(0)), "{said}");
+    assert!(o1.contains("Routing changed"), "{said}");
+    let conn = ws.conn();
+    let snapshot: String = conn
+        .query_row(
+            "SELECT config_snapshot_json FROM llm_batch_session WHERE session_id = ?1",
+            [&sid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let snapshot: serde_json::Value = serde_json::from_str(&snapshot).unwrap();
+    assert_eq!(
+        snapshot.pointer("/flags/auto_accept_threshold"),
+        Some(&serde_json::json!(RAISED)),
+        "{snapshot}"
+    );
+    // Past a few control ticks (400 ms each) after the record, every
+    // outcome of either worker is routed with the raised threshold; the
+    // first worker made some of them, among them answers the old
+    // threshold would have accepted.
+    let settled = recorded_at + 3.0;
+    let accepted_below = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_batch_result WHERE session_id = ?1 AND processed_at >= ?2
+           AND outcome = 'accepted' AND confidence < ?3",
+        rusqlite::params![sid, settled, RAISED],
+    );
+    assert_eq!(
+        accepted_below, 0,
+        "accepted below {RAISED} after the record\n{said}"
+    );
+    let first_pid = format!("%:{}#%", first.pid());
+    let by_first_between = count(
+        &conn,
+        "SELECT COUNT(*) FROM llm_batch_result r JOIN session_item si
+             ON si.session_id = r.session_id AND si.item_id = r.item_id
+         WHERE r.session_id = ?1 AND r.processed_at >= ?2 AND si.claimed_by LIKE ?3
+           AND r.outcome = 'review' AND r.confidence >= 0.85",
+        rusqlite::params![sid, settled, first_pid],
+    );
+    assert!(
+        by_first_between > 0,
+        "the first worker sent no answer between the thresholds to review after the record\n{said}"
+    );
+    check_counters(&conn, &sid);
+    assert_eq!(results(&conn, &sid), ITEMS as i64);
+    check_billing(&mock, &conn, std::slice::from_ref(&sid));
+}
+
 /// Batch mode, two workers: the first submits a provider batch and is killed
 /// with kill -9 while the batch runs at the provider. The second takes the
 /// batch's lease over (row C4: exactly one worker polls and ingests it),

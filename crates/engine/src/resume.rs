@@ -49,9 +49,10 @@ pub(crate) fn resume_session(
         if let Some(from) = p.rerun_from {
             rerun_from(&mut ledger, p, id, from, reporter)?;
         }
-        if !opts.join {
-            record_flags(&ledger, p, id, opts, reporter)?;
-        }
+        // A worker joining records its flags too (other thresholds, from a
+        // docket.toml it accepted the changes of): the workers already on
+        // the session route with what it records (`control::obey`).
+        record_flags(&ledger, p, id, opts, reporter)?;
         let s = ledger.load_session(id)?.unwrap_or(s);
         reporter.line(&format!(
             "Resuming session {id}: {} of {} items already processed{}",

@@ -11,6 +11,7 @@ use crate::ctx::{Ctx, PAUSED_BY_OPERATOR, per_minute, share, tuned_settings};
 use crate::progress::Reporter;
 use docket_ledger::store;
 use docket_ledger::writer::WriteOp;
+use docket_model::routing::Thresholds;
 use docket_providers::limiter::LimiterSettings;
 
 /// Apply what the ledger asks: pause, resume, cancel, stop after a stage,
@@ -25,6 +26,7 @@ pub(super) fn obey(
     obey_desired_state(ctx, pause_tx, seen, controls, reporter);
     obey_stop_after(ctx, seen, controls, reporter);
     obey_tune(ctx, seen, controls, reporter);
+    obey_routing(ctx, controls, reporter);
 }
 
 /// Pause, resume or cancel, as the ledger's desired state says.
@@ -120,6 +122,32 @@ fn obey_stop_after(
         }
         Some(_) => {}
     }
+}
+
+/// Route with the thresholds the session records once a resume or a
+/// worker joining it recorded others: the workers already on it switch
+/// within a control tick, so the session's items are routed one way.
+fn obey_routing(ctx: &Ctx, controls: &store::Controls, reporter: &dyn Reporter) {
+    let (Some(review), Some(accept)) = controls.routing else {
+        return;
+    };
+    let was = ctx.thresholds();
+    if was.review == review && was.effective_accept() == accept {
+        return;
+    }
+    // Recorded from checked flags; a snapshot edited by hand into
+    // something unroutable is not followed.
+    let Ok(now) = Thresholds::new(accept, review, None) else {
+        return;
+    };
+    *ctx.routing.lock().unwrap_or_else(|p| p.into_inner()) = now;
+    let message = format!(
+        "routing thresholds recorded with the session: auto-accept at {accept} (was {}), review at {review} (was {}); answers are routed with them from now on",
+        was.effective_accept(),
+        was.review
+    );
+    reporter.line(&format!("Routing changed: {message}."));
+    ctx.event("info", "routing", message);
 }
 
 /// Split the limits anew when the retune or the number of workers changed.

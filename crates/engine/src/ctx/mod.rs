@@ -109,9 +109,18 @@ pub(super) struct Ctx {
     /// The ledger handle batch results claim their items on (opened at the
     /// first delivery).
     pub(super) delivery_ledger: std::sync::Mutex<Option<docket_ledger::Ledger>>,
+    /// The routing thresholds answers are routed with: the run's, then the
+    /// ones the session records once a resume or a joining worker records
+    /// others (`control::obey`), so every worker routes alike.
+    pub(super) routing: std::sync::Mutex<docket_model::routing::Thresholds>,
 }
 
 impl Ctx {
+    /// The thresholds to route an answer with now.
+    pub(super) fn thresholds(&self) -> docket_model::routing::Thresholds {
+        *self.routing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// How many items this worker may hold claimed ahead of its work
     /// (lines not yet recorded in a batch included: they hold their rendered
     /// prompts). In batch mode what a batcher records at a time, twice, and

@@ -176,6 +176,7 @@ fn new_ctx(
         orphaned: AtomicU64::new(0),
         claim_room: tokio::sync::Notify::new(),
         delivery_ledger: Mutex::new(None),
+        routing: Mutex::new(p.thresholds),
     }))
 }
 

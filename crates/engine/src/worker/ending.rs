@@ -151,7 +151,7 @@ pub(super) async fn finish(
         confidence,
         verdict,
         note,
-    } = route(&p.thresholds, &gate_out, critic);
+    } = route(&ctx.thresholds(), &gate_out, critic);
     let (outcome, note) = if p.flag_injection {
         flag_injection(outcome, note, &item.evidence_json)
     } else {

@@ -159,12 +159,18 @@ pub fn desired_state(conn: &Connection, session_id: &str) -> crate::db::Result<O
 }
 
 /// Everything an operator may have asked of a running session: its desired
-/// state, a stop after a stage, and a retune of its limits.
+/// state, a stop after a stage, a retune of its limits, and the routing
+/// thresholds it records.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Controls {
     pub desired_state: String,
     pub stop_after_stage: Option<String>,
     pub tune: docket_model::live::Tune,
+    /// `(review, auto-accept)` as the session records them (its flags, else
+    /// its config; the auto-accept raised to its confidence floor): a resume
+    /// or a worker joining with other thresholds records them, and every
+    /// worker routes with them from then on. None where it records none.
+    pub routing: (Option<f64>, Option<f64>),
 }
 
 /// The run controls of a session (None when there is no such session). A
@@ -175,10 +181,14 @@ pub(crate) fn session_controls(
 ) -> crate::db::Result<Option<Controls>> {
     let tune = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
     conn.prepare_cached(
-        "SELECT desired_state, stop_after_stage, tune_rpm, tune_tpm, tune_concurrency
+        "SELECT desired_state, stop_after_stage, tune_rpm, tune_tpm, tune_concurrency, config_snapshot_json
          FROM llm_batch_session WHERE session_id = ?1",
     )?
     .query_row(params![session_id], |r| {
+        // Read at each control tick (400 ms): one small JSON document.
+        let snapshot: String = r.get(5)?;
+        let routing = serde_json::from_str::<serde_json::Value>(&snapshot)
+            .map_or((None, None), |s| docket_model::routing::session_thresholds(&s));
         Ok(Controls {
             desired_state: r.get(0)?,
             stop_after_stage: r.get(1)?,
@@ -187,6 +197,7 @@ pub(crate) fn session_controls(
                 tpm: tune(r.get(3)?),
                 concurrency: tune(r.get(4)?),
             },
+            routing,
         })
     })
     .optional()

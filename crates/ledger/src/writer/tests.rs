@@ -209,6 +209,7 @@ async fn heartbeat_gauges_events_and_controls_round_trip() {
     assert_eq!(c.desired_state, "running");
     assert_eq!(c.stop_after_stage, None);
     assert_eq!(c.tune, docket_model::live::Tune::default());
+    assert_eq!(c.routing, (None, None), "no thresholds recorded");
     conn.execute(
         "UPDATE llm_batch_session SET desired_state = 'paused', stop_after_stage = 'adjudicate',
                  tune_rpm = 1200, tune_tpm = -5, tune_concurrency = 3 WHERE session_id = 's1'",
@@ -226,5 +227,16 @@ async fn heartbeat_gauges_events_and_controls_round_trip() {
             concurrency: Some(3)
         }
     );
+    // The routing the session records: its flags over its config, the
+    // auto-accept raised to the confidence floor.
+    conn.execute(
+        r#"UPDATE llm_batch_session SET config_snapshot_json =
+             '{"flags":{"auto_accept_threshold":0.8,"min_confidence":0.95},"config":{"routing":{"auto_accept_threshold":0.7,"review_threshold":0.5}}}'
+           WHERE session_id = 's1'"#,
+        params![],
+    )
+    .unwrap();
+    let c = store::session_controls(&conn, "s1").unwrap().unwrap();
+    assert_eq!(c.routing, (Some(0.5), Some(0.95)));
     assert_eq!(store::session_controls(&conn, "nope").unwrap(), None);
 }
