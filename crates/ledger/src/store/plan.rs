@@ -1,5 +1,5 @@
 //! Planning a session: its row, stages, items and requests in one
-//! transaction, and the earlier answers a new plan would make stale.
+//! transaction.
 
 use super::candidates::live_cutoff;
 use super::sessions::hostname;
@@ -49,78 +49,6 @@ pub struct NewSession<'a> {
     /// from, written with the session row so no session is ever seen
     /// without the profile it ran with.
     pub profile: Option<(&'a str, i64)>,
-}
-
-/// Answered requests a new session would reuse although they were made with
-/// another template or parameters, per stage: (stage, count). Such answers
-/// are never reused or sent again silently: the operator chooses
-/// (`--rerun-stage`, or restoring the template).
-pub(crate) fn stale_answers(
-    conn: &Connection,
-    stages: &[NewStage<'_>],
-    item_ids: &[String],
-) -> crate::db::Result<Vec<(String, u64)>> {
-    let wanted: std::collections::HashSet<&str> = item_ids.iter().map(String::as_str).collect();
-    // One pass per stage over its answered requests (newest version per
-    // item), checked against the planned items in memory.
-    let mut stmt = conn.prepare_cached(
-        "SELECT r.item_id FROM llm_requests r
-         WHERE r.stage = ?1 AND r.provider = ?2 AND r.model = ?3 AND r.status = 'completed'
-           AND (r.template_hash != ?4 OR r.params_hash != ?5)
-           AND r.request_version = (SELECT MAX(v.request_version) FROM llm_requests v
-                                    WHERE v.item_id = r.item_id AND v.stage = r.stage
-                                      AND v.provider = r.provider AND v.model = r.model)",
-    )?;
-    let mut out = Vec::new();
-    for st in stages.iter().filter(|s| !s.rerun) {
-        let mut rows = stmt.query(params![
-            st.name,
-            st.provider,
-            st.model,
-            st.template_hash,
-            st.params_hash
-        ])?;
-        let mut n = 0u64;
-        while let Some(r) = rows.next()? {
-            let item: String = r.get(0)?;
-            if wanted.contains(item.as_str()) {
-                n += 1;
-            }
-        }
-        if n > 0 {
-            out.push((st.name.to_string(), n));
-        }
-    }
-    Ok(out)
-}
-
-/// Of `item_ids`, how many have an answer made on evidence `docket import
-/// --update` replaced since: a new session asks again for them (a new
-/// request_version), never silently.
-pub(crate) fn count_stale_evidence(
-    conn: &Connection,
-    item_ids: &[String],
-) -> crate::db::Result<u64> {
-    let wanted: std::collections::HashSet<&str> = item_ids.iter().map(String::as_str).collect();
-    // One pass over the answers on other evidence (few: the items an
-    // update changed), checked against the planned items in memory.
-    let mut stmt = conn.prepare_cached(
-        "SELECT DISTINCT r.item_id FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
-         WHERE r.status = 'completed' AND r.evidence_hash IS NOT NULL AND d.evidence_hash IS NOT NULL
-           AND r.evidence_hash != d.evidence_hash
-           AND r.request_version = (SELECT MAX(v.request_version) FROM llm_requests v
-                                    WHERE v.item_id = r.item_id AND v.stage = r.stage
-                                      AND v.provider = r.provider AND v.model = r.model)",
-    )?;
-    let mut rows = stmt.query(params![])?;
-    let mut n = 0u64;
-    while let Some(r) = rows.next()? {
-        let item: String = r.get(0)?;
-        if wanted.contains(item.as_str()) {
-            n += 1;
-        }
-    }
-    Ok(n)
 }
 
 /// Create the session, its requests for every stage (reusing answered ones
