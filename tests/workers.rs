@@ -1265,7 +1265,7 @@ fn joining_with_other_thresholds_on(pg: Option<&support::pg::PgServer>) {
         ws.conn()
             .query_row(
                 "SELECT MIN(at) FROM session_event WHERE session_id = ?1 AND kind = 'config'
-                   AND message LIKE '%auto_accept_threshold%'",
+                   AND message LIKE 'a worker joined with other flags: %auto_accept_threshold%'",
                 [&sid],
                 |r| r.get::<_, Option<f64>>(0),
             )

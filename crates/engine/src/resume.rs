@@ -101,7 +101,7 @@ fn record_flags(
         })
         .collect();
     let actor = format!("cli:{}", docket_ledger::review::Operator::current().user);
-    let changes = ledger.record_flags(id, &flags, &actor)?;
+    let changes = ledger.record_flags(id, &flags, &actor, opts.join)?;
     if !changes.is_empty() {
         let listed: Vec<String> = changes.iter().map(ToString::to_string).collect();
         reporter.line(&format!(

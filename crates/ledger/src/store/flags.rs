@@ -1,9 +1,10 @@
 //! A resumed session's flags. A resume may pass other routing thresholds,
 //! another rate limit, budget or completion mode than the session started
-//! with, and the session then runs with them: its record says so (the
-//! console's header, the report and `docket sessions` read the flags from
-//! the session's snapshot), with an event naming each change and who made
-//! it.
+//! with (a worker joining may bring other thresholds from a docket.toml it
+//! accepted the changes of), and the session then runs with them: its
+//! record says so (the console's header, the report and `docket sessions`
+//! read the flags from the session's snapshot), with an event naming each
+//! change and who made it.
 
 use serde_json::{Map, Value};
 
@@ -42,17 +43,19 @@ impl std::fmt::Display for FlagChange {
 }
 
 impl crate::Ledger {
-    /// A resume runs the session with `flags` (its thresholds, limits,
-    /// budget, completion mode): those that differ from what the session
-    /// recorded are written into its snapshot, with an event saying who
-    /// changed what. Returns the changes.
+    /// A resume (or a worker joining: `joined`) runs the session with
+    /// `flags` (its thresholds, limits, budget, completion mode): those
+    /// that differ from what the session recorded are written into its
+    /// snapshot, with an event saying who changed what, and how. Returns
+    /// the changes.
     pub fn record_flags(
         &self,
         session_id: &str,
         flags: &Map<String, Value>,
         actor: &str,
+        joined: bool,
     ) -> Result<Vec<FlagChange>, crate::LedgerError> {
-        Ok(record_flags(self.conn(), session_id, flags, actor)?)
+        Ok(record_flags(self.conn(), session_id, flags, actor, joined)?)
     }
 }
 
@@ -64,6 +67,7 @@ fn record_flags(
     session_id: &str,
     flags: &Map<String, Value>,
     actor: &str,
+    joined: bool,
 ) -> crate::db::Result<Vec<FlagChange>> {
     write_transaction(conn, || {
         let Some(text) = conn
@@ -106,7 +110,8 @@ fn record_flags(
             session_id,
             now,
             &format!(
-                "resumed with other flags: {} (by {actor})",
+                "{} with other flags: {} (by {actor})",
+                if joined { "a worker joined" } else { "resumed" },
                 listed.join(", ")
             ),
             actor,
