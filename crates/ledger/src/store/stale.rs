@@ -62,12 +62,7 @@ fn stale_answers_with(
             &st.params_hash,
         ];
         let n = if item_ids.len() <= lookup_max {
-            count_by_lookup(conn, &fixed, item_ids, |ids| {
-                format!(
-                    "SELECT COUNT(*) FROM llm_requests r WHERE r.item_id IN ({ids}) AND {}",
-                    other_template(true)
-                )
-            })?
+            count_by_lookup(conn, &fixed, item_ids, template_lookup)?
         } else {
             let sql = format!(
                 "SELECT r.item_id FROM llm_requests r WHERE {}",
@@ -80,6 +75,15 @@ fn stale_answers_with(
         }
     }
     Ok(out)
+}
+
+/// How many of the items `ids` (placeholders from ?6) have their newest
+/// answer made with another template or parameters (`other_template`).
+fn template_lookup(ids: &str) -> String {
+    format!(
+        "SELECT COUNT(*) FROM llm_requests r WHERE r.item_id IN ({ids}) AND {}",
+        other_template(true)
+    )
 }
 
 /// The newest answer of stage ?1 on provider ?2 and model ?3, made with
@@ -108,13 +112,7 @@ fn count_stale_evidence_with(
     lookup_max: usize,
 ) -> crate::db::Result<u64> {
     if item_ids.len() <= lookup_max {
-        return count_by_lookup(conn, &[], item_ids, |ids| {
-            format!(
-                "SELECT COUNT(DISTINCT r.item_id) FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
-                 WHERE r.item_id IN ({ids}) AND {}",
-                other_evidence(true)
-            )
-        });
+        return count_by_lookup(conn, &[], item_ids, evidence_lookup);
     }
     // Few rows: the answers on other evidence (the items an update changed).
     let sql = format!(
@@ -123,6 +121,16 @@ fn count_stale_evidence_with(
         other_evidence(false)
     );
     count_by_pass(conn, &sql, &[], item_ids)
+}
+
+/// How many of the items `ids` (placeholders from ?1) have their newest
+/// answer made on other evidence (`other_evidence`).
+fn evidence_lookup(ids: &str) -> String {
+    format!(
+        "SELECT COUNT(DISTINCT r.item_id) FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
+         WHERE r.item_id IN ({ids}) AND {}",
+        other_evidence(true)
+    )
 }
 
 /// The newest answer `r` made on other evidence than its item `d` has now.
@@ -256,30 +264,21 @@ mod tests {
     #[test]
     fn a_lookup_reads_its_items_not_every_answer() {
         let (_dir, conn, _) = ledger(10);
+        // The statements the lookups run, every parameter bound to a string.
         let plan = |sql: String| -> String {
             let Connection::Sqlite(c) = &conn else {
                 unreachable!()
             };
             let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let rows = stmt.query_map([], |r| r.get::<_, String>(3)).unwrap();
+            let values = vec!["x"; stmt.parameter_count()];
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(values), |r| {
+                    r.get::<_, String>(3)
+                })
+                .unwrap();
             rows.map(Result::unwrap).collect::<Vec<_>>().join("\n")
         };
-        for sql in [
-            format!(
-                "SELECT COUNT(*) FROM llm_requests r WHERE r.item_id IN ('a', 'b') AND {}",
-                other_template(true)
-                    .replace("?1", "'x'")
-                    .replace("?2", "'x'")
-                    .replace("?3", "'x'")
-                    .replace("?4", "'x'")
-                    .replace("?5", "'x'")
-            ),
-            format!(
-                "SELECT COUNT(*) FROM llm_requests r JOIN decision d ON d.item_id = r.item_id
-                 WHERE r.item_id IN ('a', 'b') AND {}",
-                other_evidence(true)
-            ),
-        ] {
+        for sql in [template_lookup("?6, ?7"), evidence_lookup("?1, ?2")] {
             let plan = plan(sql);
             assert!(
                 plan.contains("sqlite_autoindex_llm_requests_1 (item_id=?"),
