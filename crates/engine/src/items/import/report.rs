@@ -51,20 +51,13 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
             group_thousands(report.bad_count),
             plural(report.bad_count, "row", "rows"),
         )?;
-        for (line, id) in &report.differing_rows {
-            writeln!(
-                out,
-                "  {file}:{line}: {} differs from the ledger's copy (kept as first imported)",
-                printable(&format!("{:?}", docket_model::sanitize::for_terminal(id)))
-            )?;
-        }
-        if report.differing > report.differing_rows.len() as u64 {
-            writeln!(
-                out,
-                "  … and {} more with different content",
-                group_thousands(report.differing - report.differing_rows.len() as u64)
-            )?;
-        }
+        render_differing(
+            report,
+            file.as_str(),
+            "differs from the ledger's copy (kept as first imported)",
+            "with different content",
+            out,
+        )?;
         if report.differing > 0 {
             writeln!(
                 out,
@@ -112,20 +105,7 @@ fn render_update(
         group_thousands(report.bad_count),
         plural(report.bad_count, "row", "rows"),
     )?;
-    for (line, id) in &report.differing_rows {
-        writeln!(
-            out,
-            "  {file}:{line}: {} changed: evidence replaced",
-            printable(&format!("{:?}", docket_model::sanitize::for_terminal(id)))
-        )?;
-    }
-    if changed > report.differing_rows.len() as u64 {
-        writeln!(
-            out,
-            "  … and {} more changed",
-            group_thousands(changed - report.differing_rows.len() as u64)
-        )?;
-    }
+    render_differing(report, file, "changed: evidence replaced", "changed", out)?;
     if changed > 0 {
         let s = &report.stale;
         writeln!(
@@ -138,6 +118,34 @@ fn render_update(
             group_thousands(s.decided_reviews),
             plural(s.pending_reviews + s.decided_reviews, "item", "items"),
             group_thousands(s.auto_accepts_undone),
+        )?;
+    }
+    Ok(())
+}
+
+/// The rows whose content differs from the ledger's copy, up to the first
+/// few (`report.differing_rows`): `{file}:{line}: {id} {what}`, then how
+/// many more (`… and N more {more}`).
+fn render_differing(
+    report: &ImportReport,
+    file: &str,
+    what: &str,
+    more: &str,
+    out: &mut dyn io::Write,
+) -> io::Result<()> {
+    for (line, id) in &report.differing_rows {
+        writeln!(
+            out,
+            "  {file}:{line}: {} {what}",
+            printable(&format!("{:?}", docket_model::sanitize::for_terminal(id)))
+        )?;
+    }
+    let shown = report.differing_rows.len() as u64;
+    if report.differing > shown {
+        writeln!(
+            out,
+            "  … and {} more {more}",
+            group_thousands(report.differing - shown)
         )?;
     }
     Ok(())
@@ -202,5 +210,45 @@ mod tests {
         assert_eq!(group_thousands(999), "999");
         assert_eq!(group_thousands(1000), "1,000");
         assert_eq!(group_thousands(1234567), "1,234,567");
+    }
+
+    /// Differing rows read alike with and without `--update`: each shown
+    /// row by file and line, then the count beyond them.
+    #[test]
+    fn differing_rows_then_how_many_more() {
+        let mut report = ImportReport::new(std::path::Path::new("items.jsonl"));
+        report.committed = true;
+        report.rows_read = 1_502;
+        report.already_present = 1_502;
+        report.differing = 1_502;
+        report.differing_rows = vec![(3, "a".into()), (9, "b\u{1b}[2J".into())];
+        let text = |report: &ImportReport| {
+            let mut out = Vec::new();
+            render_import_report(report, &mut out).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let kept = text(&report);
+        assert!(
+            kept.contains(
+                "  items.jsonl:3: \"a\" differs from the ledger's copy (kept as first imported)\n"
+            ),
+            "{kept}"
+        );
+        assert!(kept.contains("  items.jsonl:9: \"b\" differs"), "{kept}");
+        assert!(
+            kept.contains("  … and 1,500 more with different content\n"),
+            "{kept}"
+        );
+        report.updated = true;
+        let replaced = text(&report);
+        assert!(
+            replaced.contains("  items.jsonl:3: \"a\" changed: evidence replaced\n"),
+            "{replaced}"
+        );
+        assert!(
+            replaced.contains("  … and 1,500 more changed\n"),
+            "{replaced}"
+        );
+        assert!(!replaced.contains('\u{1b}'), "{replaced}");
     }
 }
