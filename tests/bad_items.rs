@@ -435,6 +435,74 @@ fn strict_import_refuses_rows_the_templates_cannot_render() {
     assert_eq!(30, count(&ws.conn(), "SELECT COUNT(*) FROM decision", []));
 }
 
+/// The template check runs beside the import (on its own thread, rows
+/// handed over in chunks): what it finds still comes out in file order,
+/// merged with the rows that do not parse, over more rows than one chunk.
+#[test]
+fn unrenderable_and_malformed_rows_are_listed_in_file_order() {
+    let ws = workspace(&Job::new("http://127.0.0.1:9/v1"));
+    let home = tempfile::tempdir().unwrap();
+    let file = items_file(ws.path(), 1000, &[2, 400, 999]);
+    let mut lines: Vec<String> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.insert(700, "{broken".to_string());
+    lines.insert(5, "{not json".to_string());
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    // Lines 6 and 702 do not parse; lines 3, 402 and 1002 lack a title.
+    // The check's rows come to the report after the reader's: the first
+    // bad row is one of the check's only when they are put in file order.
+    let in_order = |text: &str, marks: &[&str]| {
+        let at: Vec<usize> = marks
+            .iter()
+            .map(|m| text.find(m).unwrap_or_else(|| panic!("no {m:?} in {text}")))
+            .collect();
+        assert!(
+            at.windows(2).all(|w| w[0] < w[1]),
+            "{marks:?} out of order: {text}"
+        );
+    };
+
+    let (code, _, said) = docket(
+        ws.path(),
+        home.path(),
+        &["import", "--strict", file.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains("5 bad rows in strict mode")
+            && said.contains("first: line 3: item")
+            && said.contains("undefined variable \"item.title\""),
+        "{said}"
+    );
+    assert_eq!(0, count(&ws.conn(), "SELECT COUNT(*) FROM decision", []));
+
+    // Exit 2: rows were bad (README: "so scripts notice").
+    let (code, out, said) = docket(ws.path(), home.path(), &["import", file.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        out.contains("Imported 1,000 new items") && out.contains("2 bad rows skipped"),
+        "{said}"
+    );
+    assert!(
+        out.contains("warning: 3 new items cannot be rendered"),
+        "{said}"
+    );
+    in_order(
+        &out,
+        &[
+            "mixed.jsonl:3: item",
+            "mixed.jsonl:402: item",
+            "mixed.jsonl:1002: item",
+            "mixed.jsonl:6: ",
+            "mixed.jsonl:702: ",
+        ],
+    );
+    assert_eq!(1000, count(&ws.conn(), "SELECT COUNT(*) FROM decision", []));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn items_rm_removes_unused_items_and_keeps_those_a_session_ran() {
     let m = mock(MockConfig::default()).await;

@@ -20,7 +20,7 @@ pub(super) fn import_csv<R: Read>(
     reader: BufReader<R>,
     path: &Path,
     id_field: &str,
-    sink: &mut Sink<'_, '_>,
+    sink: &mut Sink<'_, '_, '_>,
     report: &mut ImportReport,
 ) -> Result<(), ImportError> {
     let mut csv = Records::new(reader);

@@ -16,7 +16,7 @@ pub(super) fn import_jsonl<R: Read>(
     mut reader: BufReader<R>,
     path: &Path,
     id_field: &str,
-    sink: &mut Sink<'_, '_>,
+    sink: &mut Sink<'_, '_, '_>,
     report: &mut ImportReport,
 ) -> Result<(), ImportError> {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);

@@ -10,6 +10,7 @@
 //! `BufReader`, so a million items import in a few seconds with flat memory.
 
 mod check;
+mod checking;
 mod csv_rows;
 mod jsonl;
 mod report;
@@ -21,6 +22,7 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 pub use check::{TemplateCheck, TemplateCheckError};
+use checking::{Checking, Findings};
 use csv_rows::import_csv;
 use docket_ledger::LedgerError;
 use docket_ledger::import::{Import, ItemBatch, Replaced};
@@ -146,6 +148,36 @@ impl ImportReport {
             unrenderable_count: 0,
             committed: true,
         }
+    }
+
+    /// The template check's findings: rows imported all the same, or in
+    /// strict mode bad rows, merged with the others in file order.
+    fn unrenderable_found(&mut self, found: Findings, strict: bool) {
+        if !strict {
+            self.unrenderable_count = found.count;
+            self.unrenderable = found
+                .first
+                .into_iter()
+                .map(|(line, item_id, reason)| UnrenderableRow {
+                    line,
+                    item_id,
+                    reason,
+                })
+                .collect();
+            return;
+        }
+        self.bad_count += found.count;
+        self.bad_rows
+            .extend(found.first.into_iter().map(|(line, item_id, why)| BadRow {
+                line,
+                reason: format!(
+                    "item {:?}: its prompt cannot be rendered: {why}",
+                    docket_model::sanitize::for_terminal(&item_id)
+                ),
+            }));
+        // Each side kept its first rows: the first of both are among them.
+        self.bad_rows.sort_by_key(|b| b.line);
+        self.bad_rows.truncate(MAX_BAD_ROW_DETAILS);
     }
 
     fn bad(&mut self, line: u64, reason: String) {
@@ -278,15 +310,25 @@ pub fn import_file_checked(
     let mut batch = ledger.begin_import(&source_file).map_err(ledger_err)?;
     let mut report = ImportReport::new(path);
     report.updated = opts.update;
-    let mut sink = Sink {
-        batch: &mut *batch,
-        check,
-        strict: opts.strict,
-        update: opts.update,
-    };
-    match format {
-        ImportFormat::Jsonl => import_jsonl(reader, path, &opts.id_field, &mut sink, &mut report)?,
-        ImportFormat::Csv => import_csv(reader, path, &opts.id_field, &mut sink, &mut report)?,
+    // The rows are read and written here while the template check runs
+    // beside (`checking`); its findings join the report before the commit.
+    let findings = std::thread::scope(|scope| {
+        let mut checking = check.map(|c| Checking::start(scope, c));
+        let mut sink = Sink {
+            batch: &mut *batch,
+            checking: checking.as_mut(),
+            update: opts.update,
+        };
+        match format {
+            ImportFormat::Jsonl => {
+                import_jsonl(reader, path, &opts.id_field, &mut sink, &mut report)?
+            }
+            ImportFormat::Csv => import_csv(reader, path, &opts.id_field, &mut sink, &mut report)?,
+        }
+        Ok::<_, ImportError>(checking.map(Checking::finish))
+    })?;
+    if let Some(found) = findings {
+        report.unrenderable_found(found, opts.strict);
     }
     if opts.strict && report.bad_count > 0 {
         batch.rollback().map_err(ledger_err)?;
@@ -351,8 +393,7 @@ pub fn import_from<R: Read>(
     let mut report = ImportReport::new(path);
     let mut sink = Sink {
         batch,
-        check: None,
-        strict: false,
+        checking: None,
         update: false,
     };
     match format {

@@ -1,25 +1,22 @@
 //! Where good rows go: the ledger's open import, counted in the report,
-//! each new row checked against the job's templates when there is a check.
+//! each new row handed to the template check when there is one.
 
 use docket_ledger::LedgerError;
 use docket_ledger::import::{Added, ItemBatch};
 use docket_model::evidence::Evidence;
 
-use super::{
-    ImportReport, MAX_BAD_ROW_DETAILS, MAX_DIFFERING_DETAILS, TemplateCheck, UnrenderableRow,
-};
+use super::checking::Checking;
+use super::{ImportReport, MAX_DIFFERING_DETAILS};
 
-pub(super) struct Sink<'a, 'b> {
+pub(super) struct Sink<'a, 'b, 'c> {
     pub(super) batch: &'a mut (dyn ItemBatch + 'b),
-    /// The job's templates, when the workspace has a docket.toml.
-    pub(super) check: Option<&'a TemplateCheck>,
-    /// A row that cannot be rendered is a bad row (nothing is imported).
-    pub(super) strict: bool,
+    /// The check of the job's templates, when the workspace has a docket.toml.
+    pub(super) checking: Option<&'a mut Checking<'c>>,
     /// `--update`: changed evidence replaces the ledger's.
     pub(super) update: bool,
 }
 
-impl Sink<'_, '_> {
+impl Sink<'_, '_, '_> {
     pub(super) fn insert(
         &mut self,
         item_id: &str,
@@ -30,7 +27,7 @@ impl Sink<'_, '_> {
         match self.batch.add(item_id, evidence, line)? {
             Added::New => {
                 report.imported += 1;
-                self.check_new(item_id, &evidence.json, line, report);
+                self.check_new(item_id, &evidence.json, line);
             }
             Added::AlreadyPresent {
                 same_evidence: true,
@@ -50,7 +47,7 @@ impl Sink<'_, '_> {
                     report.stale.pending_reviews += marked.pending_reviews;
                     report.stale.decided_reviews += marked.decided_reviews;
                     report.stale.auto_accepts_undone += marked.auto_accepts_undone;
-                    self.check_new(item_id, &evidence.json, line, report);
+                    self.check_new(item_id, &evidence.json, line);
                 }
                 if report.differing_rows.len() < MAX_DIFFERING_DETAILS {
                     report.differing_rows.push((line, item_id.to_string()));
@@ -80,30 +77,11 @@ impl Sink<'_, '_> {
     }
 }
 
-impl Sink<'_, '_> {
-    /// A new row checked against the job's templates.
-    fn check_new(&self, item_id: &str, evidence_json: &str, line: u64, report: &mut ImportReport) {
-        let Some(Err(why)) = self.check.map(|c| c.check(item_id, evidence_json)) else {
-            return;
-        };
-        if self.strict {
-            report.bad(
-                line,
-                format!(
-                    "item {:?}: its prompt cannot be rendered: {}",
-                    docket_model::sanitize::for_terminal(item_id),
-                    why.reason()
-                ),
-            );
-            return;
-        }
-        report.unrenderable_count += 1;
-        if report.unrenderable.len() < MAX_BAD_ROW_DETAILS {
-            report.unrenderable.push(UnrenderableRow {
-                line,
-                item_id: item_id.to_string(),
-                reason: why.reason(),
-            });
+impl Sink<'_, '_, '_> {
+    /// A new row for the template check (see `checking`).
+    fn check_new(&mut self, item_id: &str, evidence_json: &str, line: u64) {
+        if let Some(checking) = self.checking.as_mut() {
+            checking.push(line, item_id, evidence_json);
         }
     }
 }
