@@ -103,13 +103,13 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
     };
     let mut scan = Scan::candidates(p, &ledger, filter, &counter)?;
     scan.some_render()?;
-    let items = scan.item_ids.len() as u64;
+    let items = scan.renderable;
     let prompt_tokens = if scan.counted == 0 {
         0
     } else {
         (scan.counted_tokens as f64 * items as f64 / scan.counted as f64).round() as u64
     };
-    let first_item = scan.item_ids.first().cloned();
+    let first_item = scan.first_renderable.take();
     let mut stages = Vec::with_capacity(p.stages.len());
     for k in 0..p.stages.len() {
         let per_item = if k == 0 {
@@ -171,10 +171,13 @@ pub fn plan(p: &Prepared, limit: Option<u64>, rereview_pending: bool) -> Result<
 /// rendered.
 #[derive(Default)]
 struct Scan {
-    /// Every candidate, in order.
+    /// Every candidate, in order: the session's items.
     all_ids: Vec<String>,
-    /// The candidates whose prompts render at every stage.
-    item_ids: Vec<String>,
+    /// The candidates whose prompts render at every stage: how many, and
+    /// the first. Not their ids: a second list of a million ids was 40 MB
+    /// of a run's peak memory.
+    renderable: u64,
+    first_renderable: Option<String>,
     counted_tokens: u64,
     counted: u64,
     first_prompt: Option<Prompt>,
@@ -199,7 +202,7 @@ impl Scan {
         // Sample every `stride`-th prompt for the token count when large.
         let stride = (total / EXACT_COUNT_MAX).max(1);
         let mut scan = Scan {
-            item_ids: Vec::with_capacity(total as usize),
+            all_ids: Vec::with_capacity(total as usize),
             ..Scan::default()
         };
         // Why the visit stopped, when this visitor stopped it.
@@ -218,7 +221,10 @@ impl Scan {
                     if let Some(prompt) = prompt {
                         scan.take(first, &c.item_id, prompt, stride, counter);
                     }
-                    scan.item_ids.push(c.item_id.clone());
+                    if scan.first_renderable.is_none() {
+                        scan.first_renderable = Some(c.item_id.clone());
+                    }
+                    scan.renderable += 1;
                 }
                 Err(why) => scan.unrenderable(&c.item_id, why),
             }
@@ -241,7 +247,7 @@ impl Scan {
         let Some((item, why)) = self
             .first_unrenderable
             .take()
-            .filter(|_| self.item_ids.is_empty())
+            .filter(|_| self.renderable == 0)
         else {
             return Ok(());
         };
@@ -291,7 +297,7 @@ impl Scan {
                 self.unsendable.push((item_id.to_string(), why));
             }
         }
-        if (self.item_ids.len() as u64).is_multiple_of(stride) {
+        if self.renderable.is_multiple_of(stride) {
             self.counted_tokens += counter.count_prompt(&prompt);
             self.counted += 1;
         }

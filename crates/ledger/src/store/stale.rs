@@ -174,13 +174,17 @@ fn count_by_pass(
     values: &[&dyn ToDb],
     item_ids: &[String],
 ) -> crate::db::Result<u64> {
-    let wanted: std::collections::HashSet<&str> = item_ids.iter().map(String::as_str).collect();
+    // A sorted list, not a hash set: half the memory (16 bytes an id
+    // against about 36), and this runs as a million-item run starts, at
+    // its peak.
+    let mut wanted: Vec<&str> = item_ids.iter().map(String::as_str).collect();
+    wanted.sort_unstable();
     let mut stmt = conn.prepare_cached(sql)?;
     let mut rows = stmt.query(values)?;
     let mut n = 0u64;
     while let Some(r) = rows.next()? {
         let item: String = r.get(0)?;
-        if wanted.contains(item.as_str()) {
+        if wanted.binary_search(&item.as_str()).is_ok() {
             n += 1;
         }
     }
