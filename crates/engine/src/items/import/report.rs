@@ -77,14 +77,7 @@ pub fn render_import_report(report: &ImportReport, out: &mut dyn io::Write) -> i
         writeln!(out, "  {file}:{}: {}", bad.line, printable(&bad.reason))?;
     }
     let shown = report.bad_rows.len().min(RENDERED_BAD_ROWS) as u64;
-    if report.bad_count > shown {
-        writeln!(
-            out,
-            "  … and {} more",
-            group_thousands(report.bad_count - shown)
-        )?;
-    }
-    Ok(())
+    and_more(out, report.bad_count, shown, "")
 }
 
 /// `--update`: new / changed / unchanged, and what the changed evidence
@@ -140,15 +133,12 @@ fn render_differing(
             printable(&format!("{:?}", docket_model::sanitize::for_terminal(id)))
         )?;
     }
-    let shown = report.differing_rows.len() as u64;
-    if report.differing > shown {
-        writeln!(
-            out,
-            "  … and {} more {more}",
-            group_thousands(report.differing - shown)
-        )?;
-    }
-    Ok(())
+    and_more(
+        out,
+        report.differing,
+        report.differing_rows.len() as u64,
+        &format!(" {more}"),
+    )
 }
 
 /// The new rows the job's templates cannot render: imported, but a run
@@ -183,8 +173,14 @@ fn render_unrenderable(
         )?;
     }
     let shown = report.unrenderable.len().min(RENDERED_BAD_ROWS) as u64;
-    if n > shown {
-        writeln!(out, "  … and {} more", group_thousands(n - shown))?;
+    and_more(out, n, shown, "")
+}
+
+/// `  … and N more{what}` under a list that showed `shown` of `total`;
+/// nothing when it showed them all.
+fn and_more(out: &mut dyn io::Write, total: u64, shown: u64, what: &str) -> io::Result<()> {
+    if total > shown {
+        writeln!(out, "  … and {} more{what}", group_thousands(total - shown))?;
     }
     Ok(())
 }
