@@ -53,6 +53,8 @@ fn stale_answers_with(
     lookup_max: usize,
 ) -> crate::db::Result<Vec<(String, u64)>> {
     let mut out = Vec::new();
+    // The one pass's list, made once for every stage.
+    let wanted = (item_ids.len() > lookup_max).then(|| sorted(item_ids));
     for st in stages.iter().filter(|s| !s.rerun) {
         let fixed: [&dyn ToDb; 5] = [
             &st.name,
@@ -61,14 +63,15 @@ fn stale_answers_with(
             &st.template_hash,
             &st.params_hash,
         ];
-        let n = if item_ids.len() <= lookup_max {
-            count_by_lookup(conn, &fixed, item_ids, template_lookup)?
-        } else {
-            let sql = format!(
-                "SELECT r.item_id FROM llm_requests r WHERE {}",
-                other_template(false)
-            );
-            count_by_pass(conn, &sql, &fixed, item_ids)?
+        let n = match &wanted {
+            None => count_by_lookup(conn, &fixed, item_ids, template_lookup)?,
+            Some(wanted) => {
+                let sql = format!(
+                    "SELECT r.item_id FROM llm_requests r WHERE {}",
+                    other_template(false)
+                );
+                count_by_pass(conn, &sql, &fixed, wanted)?
+            }
         };
         if n > 0 {
             out.push((st.name.to_string(), n));
@@ -120,7 +123,7 @@ fn count_stale_evidence_with(
          WHERE {}",
         other_evidence(false)
     );
-    count_by_pass(conn, &sql, &[], item_ids)
+    count_by_pass(conn, &sql, &[], &sorted(item_ids))
 }
 
 /// How many of the items `ids` (placeholders from ?1) have their newest
@@ -167,18 +170,23 @@ fn count_by_lookup(
     Ok(total)
 }
 
-/// How many of the item ids `sql` gives (one pass) are among `item_ids`.
+/// The plan's ids sorted, for the one pass to look up. A sorted list, not
+/// a hash set: half the memory (16 bytes an id against about 36), and this
+/// runs as a million-item run starts, at its peak.
+fn sorted(item_ids: &[String]) -> Vec<&str> {
+    let mut wanted: Vec<&str> = item_ids.iter().map(String::as_str).collect();
+    wanted.sort_unstable();
+    wanted
+}
+
+/// How many of the item ids `sql` gives (one pass) are among `wanted`
+/// (sorted: `sorted`).
 fn count_by_pass(
     conn: &Connection,
     sql: &str,
     values: &[&dyn ToDb],
-    item_ids: &[String],
+    wanted: &[&str],
 ) -> crate::db::Result<u64> {
-    // A sorted list, not a hash set: half the memory (16 bytes an id
-    // against about 36), and this runs as a million-item run starts, at
-    // its peak.
-    let mut wanted: Vec<&str> = item_ids.iter().map(String::as_str).collect();
-    wanted.sort_unstable();
     let mut stmt = conn.prepare_cached(sql)?;
     let mut rows = stmt.query(values)?;
     let mut n = 0u64;

@@ -7,7 +7,7 @@
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::{Scope, ScopedJoinHandle};
 
-use super::{MAX_BAD_ROW_DETAILS, TemplateCheck};
+use super::{MAX_BAD_ROW_DETAILS, TemplateCheck, UnrenderableRow};
 
 /// Rows handed over at a time: one channel message per chunk.
 const CHUNK: usize = 256;
@@ -23,11 +23,11 @@ struct NewRow {
 }
 
 /// The rows whose prompts cannot be rendered, in file order: how many, and
-/// the first [`MAX_BAD_ROW_DETAILS`] as (line, item id, why).
+/// the first [`MAX_BAD_ROW_DETAILS`].
 #[derive(Debug, Default)]
 pub(super) struct Findings {
     pub(super) count: u64,
-    pub(super) first: Vec<(u64, String, String)>,
+    pub(super) first: Vec<UnrenderableRow>,
 }
 
 /// The check running beside the import.
@@ -51,7 +51,11 @@ impl<'scope> Checking<'scope> {
                 if let Err(why) = check.check(&row.item_id, &row.evidence_json) {
                     found.count += 1;
                     if found.first.len() < MAX_BAD_ROW_DETAILS {
-                        found.first.push((row.line, row.item_id, why.reason()));
+                        found.first.push(UnrenderableRow {
+                            line: row.line,
+                            item_id: row.item_id,
+                            reason: why.reason(),
+                        });
                     }
                 }
             }

@@ -155,24 +155,17 @@ impl ImportReport {
     fn unrenderable_found(&mut self, found: Findings, strict: bool) {
         if !strict {
             self.unrenderable_count = found.count;
-            self.unrenderable = found
-                .first
-                .into_iter()
-                .map(|(line, item_id, reason)| UnrenderableRow {
-                    line,
-                    item_id,
-                    reason,
-                })
-                .collect();
+            self.unrenderable = found.first;
             return;
         }
         self.bad_count += found.count;
         self.bad_rows
-            .extend(found.first.into_iter().map(|(line, item_id, why)| BadRow {
-                line,
+            .extend(found.first.into_iter().map(|row| BadRow {
+                line: row.line,
                 reason: format!(
-                    "item {:?}: its prompt cannot be rendered: {why}",
-                    docket_model::sanitize::for_terminal(&item_id)
+                    "item {:?}: its prompt cannot be rendered: {}",
+                    docket_model::sanitize::for_terminal(&row.item_id),
+                    row.reason
                 ),
             }));
         // Each side kept its first rows: the first of both are among them.
