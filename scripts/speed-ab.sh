@@ -14,13 +14,16 @@
 #   D: requests/s from session start to completion over 30,000 items, no
 #      latency, no limit, concurrency 64 (target 8,000/s).
 #
-# Builds OLD_REV in a worktree under target/speed-ab (about 7 minutes on 2
-# cores the first time) and this checkout with `cargo build --release`.
+# Builds OLD_REV in a worktree under $SPEED_AB_DIR (default
+# ~/.cache/docket-speed-ab: outside this checkout, where cargo would take an
+# old single-crate commit for a member of this workspace and refuse it),
+# about 7 minutes on 2 cores the first time, and this checkout with
+# `cargo build --release`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old_rev=${1:?usage: scripts/speed-ab.sh OLD_REV [ROUNDS]}
 rounds=${2:-3}
-root=$(realpath -m "${SPEED_AB_DIR:-target/speed-ab}")
+root=$(realpath -m "${SPEED_AB_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/docket-speed-ab}")
 old_sha=$(git rev-parse --short=9 "$old_rev^{commit}")
 mkdir -p "$root"
 if [ ! -d "$root/src-$old_sha" ]; then
