@@ -6,6 +6,7 @@
 use tokio::sync::mpsc;
 
 use super::health::{FULL_GIVE_UP, FULL_RETRY, Health};
+use super::linger::Linger;
 use super::transaction::{Applied, apply_group, failure};
 use super::{Fence, Queued, WriteError, WriteOp};
 use crate::db::Connection;
@@ -13,10 +14,9 @@ use crate::search_index;
 
 /// The most operations one transaction takes.
 const GROUP_MAX: usize = 1024;
-/// A group smaller than this waits `LINGER` for more writes before it
-/// commits (see `run`).
-const LINGER_BELOW: usize = 32;
-const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+/// A group smaller than this waits a moment for more writes before it
+/// commits (how long: `Linger`).
+const LINGER_BELOW: usize = 128;
 
 pub(super) fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>, health: &Health) {
     let mut group: Vec<Queued> = Vec::with_capacity(GROUP_MAX);
@@ -24,9 +24,11 @@ pub(super) fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>,
     let mut intents: Vec<Queued> = Vec::new();
     // The session the writes are for (for the "ledger was busy" event).
     let mut session: Option<String> = None;
+    let mut linger = Linger::default();
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         collect(&mut rx, &mut group);
+        linger.observe(&group);
         if session.is_none() {
             session = group
                 .iter()
@@ -40,8 +42,10 @@ pub(super) fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Queued>,
         if group.len() < LINGER_BELOW {
             // Light load: a commit per two or three writes costs more than
             // the writes. Wait a moment for the next ones to join.
-            std::thread::sleep(LINGER);
+            std::thread::sleep(linger.duration());
+            let seen = group.len();
             collect(&mut rx, &mut group);
+            linger.observe(&group[seen..]);
             commit_intents(&mut conn, &mut group, &mut intents, &mut search, health);
         }
         if !group.is_empty() {

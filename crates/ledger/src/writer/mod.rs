@@ -21,6 +21,7 @@ mod counters;
 mod fence;
 mod group;
 mod health;
+mod linger;
 mod ops;
 mod outcomes;
 mod transaction;
